@@ -1,0 +1,1 @@
+"""Launching engines (separate from the request protocol): argv, process group, readiness."""

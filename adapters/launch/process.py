@@ -1,0 +1,140 @@
+"""A managed engine process: started from an argv list in its own process group,
+its output sent to a log file, waited on for readiness, and torn down as a group
+(SIGTERM, then SIGKILL) so no worker survives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+class EngineStartError(RuntimeError):
+    """The engine died or did not become ready; the message ends with its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class ManagedProcess:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        if isinstance(argv, str):
+            raise TypeError("argv must be a list of arguments, never a shell string")
+        self.argv = list(argv)
+        self.log_path = Path(log_path)
+        self.env = dict(os.environ if env is None else env)
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,  # its own process group, for group teardown
+                # if bench itself is killed (even with SIGKILL) the engine gets SIGTERM
+                preexec_fn=_die_with_parent if os.name == "posix" else None,
+            )
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, url: str, timeout_s: float, interval_s: float = 0.1) -> None:
+        """Poll ``url`` until it answers 200; fail early if the process exits."""
+        deadline = time.monotonic() + timeout_s
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                raise EngineStartError(
+                    f"engine exited with code {code} during start-up; last log lines:\n{log_tail(self.log_path)}"
+                )
+            try:
+                with opener.open(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(getattr(exc, "reason", exc))
+            time.sleep(interval_s)
+        raise EngineStartError(
+            f"engine not ready after {timeout_s:g} s ({url}: {last}); last log lines:\n{log_tail(self.log_path)}"
+        )
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            # the leader is gone; make sure no other member of the group survives
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            break
+
+    def __enter__(self) -> "ManagedProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,191 @@
+"""OpenAI-compatible completions and chat, as vLLM serves them.
+
+Requests ask for ``stream_options: {include_usage, continuous_usage_stats}`` so every
+chunk carries the cumulative completion-token count (exact per-chunk deltas), and
+``ignore_eos`` + ``min_tokens`` so the requested output length is honoured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import orjson
+
+from adapters.base import EventKind, HttpCall, StreamEvent
+from workloads.spec import Message, RequestSpec
+
+Api = Literal["completions", "chat"]
+
+DONE = StreamEvent(EventKind.DONE)
+_EMPTY = StreamEvent(EventKind.EMPTY)
+
+
+class StreamPayloadError(Exception):
+    """A payload that is not valid for the protocol (recorded as ``malformed_chunk``)."""
+
+
+def error_event(obj: dict[str, Any]) -> StreamEvent:
+    """An in-stream error object (``{"error": ...}`` or ``{"object": "error", ...}``)."""
+    err = obj.get("error", obj)
+    if isinstance(err, dict):
+        message = str(err.get("message", err))
+        etype = str(err.get("type") or err.get("code") or "server_error")
+    else:
+        message = str(err)
+        etype = str(obj.get("error_type") or "server_error")
+    return StreamEvent(EventKind.ERROR, error_type=etype, error_message=message[:500])
+
+
+def loads(payload: bytes) -> Any:
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise StreamPayloadError(f"malformed JSON in stream chunk: {payload[:80]!r}") from exc
+
+
+class OpenAIStreamParser:
+    """Parses one streamed OpenAI-style response (completions or chat)."""
+
+    __slots__ = ("_chat",)
+
+    def __init__(self, chat: bool) -> None:
+        self._chat = chat
+
+    def parse(self, payload: bytes) -> StreamEvent | None:
+        if payload == b"[DONE]":
+            return DONE
+        obj = loads(payload)
+        if not isinstance(obj, dict):
+            raise StreamPayloadError(f"stream chunk is not a JSON object: {payload[:80]!r}")
+        if "error" in obj or obj.get("object") == "error":
+            return error_event(obj)
+        usage = obj.get("usage")
+        choices = obj.get("choices")
+        rid = obj.get("id")
+        if not choices:
+            if not usage:
+                return _EMPTY
+            details = usage.get("prompt_tokens_details") or {}
+            return StreamEvent(
+                EventKind.USAGE,
+                prompt_tokens=usage.get("prompt_tokens"),
+                completion_tokens=usage.get("completion_tokens"),
+                cached_tokens=details.get("cached_tokens"),
+                server_request_id=rid,
+            )
+        choice = choices[0]
+        kind = EventKind.EMPTY
+        text = ""
+        if self._chat:
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if content:
+                kind, text = EventKind.CONTENT, content
+            elif delta.get("tool_calls"):
+                kind, text = EventKind.CONTENT, ""
+            else:
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if reasoning:
+                    kind, text = EventKind.REASONING, reasoning
+                elif "role" in delta:
+                    kind = EventKind.ROLE
+        else:
+            t = choice.get("text")
+            if t:
+                kind, text = EventKind.CONTENT, t
+        cumulative = usage.get("completion_tokens") if usage else None
+        prompt_tokens = usage.get("prompt_tokens") if usage else None
+        return StreamEvent(
+            kind,
+            text=text,
+            cumulative=cumulative,
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=prompt_tokens,
+            server_request_id=rid,
+        )
+
+
+class OpenAIAdapter:
+    """vLLM's OpenAI-compatible server (and any server that accepts the same fields)."""
+
+    name = "openai"
+    forces_output_length = True
+    exact_chunk_counts = True
+
+    def __init__(
+        self,
+        model: str = "default",
+        api: Api = "completions",
+        base_path: str = "/v1",
+        api_key: str | None = None,
+        continuous_usage: bool = True,
+        force_length_fields: bool = True,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        if api not in ("completions", "chat"):
+            raise ValueError(f"api must be 'completions' or 'chat', not {api!r}")
+        self.model = model
+        self.api: Api = api
+        self.base_path = base_path.rstrip("/")
+        self.continuous_usage = continuous_usage
+        self.force_length_fields = force_length_fields
+        self.extra_body = dict(extra_body or {})
+        headers = [("Content-Type", "application/json")]
+        if api_key:
+            headers.append(("Authorization", f"Bearer {api_key}"))
+        self._headers = tuple(headers)
+        self.exact_chunk_counts = continuous_usage
+
+    @property
+    def path(self) -> str:
+        return f"{self.base_path}/{'chat/completions' if self.api == 'chat' else 'completions'}"
+
+    def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": spec.max_output_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": self.continuous_usage}
+            if self.continuous_usage
+            else {"include_usage": True},
+        }
+        if self.api == "chat":
+            body["messages"] = [{"role": m.role, "content": m.content} for m in (*history, *_as_messages(spec))]
+        else:
+            body["prompt"] = _as_prompt(spec, history)
+        if spec.fixed_output and self.force_length_fields:
+            body["ignore_eos"] = True
+            body["min_tokens"] = spec.max_output_tokens
+        body.update(self.extra_body)
+        return body
+
+    def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
+        return HttpCall("POST", self.path, orjson.dumps(self.body(spec, history)), self._headers)
+
+    def parser(self) -> OpenAIStreamParser:
+        return OpenAIStreamParser(self.api == "chat")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "adapter": self.name,
+            "api": self.api,
+            "model": self.model,
+            "path": self.path,
+            "continuous_usage_stats": self.continuous_usage,
+            "force_length_fields": self.force_length_fields,
+        }
+
+
+def _as_messages(spec: RequestSpec) -> tuple[Message, ...]:
+    if spec.messages is not None:
+        return spec.messages
+    return (Message("user", spec.prompt or ""),)
+
+
+def _as_prompt(spec: RequestSpec, history: Sequence[Message] = ()) -> str:
+    if spec.prompt is not None and not history:
+        return spec.prompt
+    parts = [m.content for m in history]
+    parts.extend(m.content for m in _as_messages(spec))
+    return "\n".join(parts)

@@ -1,0 +1,1 @@
+"""Metrics from the Parquet results alone (never imports loadgen or adapters)."""

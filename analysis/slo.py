@@ -1,0 +1,63 @@
+"""Service-level objectives: parsing and checking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: SLO name -> per-request metric column (milliseconds).
+SLO_METRICS = {
+    "ttft_ms": "ttft_ms",
+    "ttfo_ms": "ttfo_ms",
+    "tpot_ms": "tpot_ms",
+    "e2e_ms": "e2e_ms",
+    "itl_max_ms": "max_itl_ms",
+}
+
+
+class SLOError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Upper bounds in milliseconds; a request meets the SLO when it meets every bound."""
+
+    limits: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str | None) -> "SLO":
+        """Parse ``ttft_ms=500,tpot_ms=50``. Raises SLOError with a one-line message."""
+        if not text:
+            return cls()
+        limits: dict[str, float] = {}
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            key, sep, value = part.partition("=")
+            key = key.strip()
+            if not sep:
+                raise SLOError(f"SLO {part!r}: expected name=value, e.g. ttft_ms=500")
+            if key not in SLO_METRICS:
+                raise SLOError(f"SLO {key!r}: unknown; use one of {', '.join(SLO_METRICS)}")
+            try:
+                v = float(value)
+            except ValueError:
+                raise SLOError(f"SLO {key}: {value.strip()!r} is not a number") from None
+            if not v > 0 or v != v or v == float("inf"):
+                raise SLOError(f"SLO {key}: must be a positive, finite number of milliseconds")
+            limits[key] = v
+        return cls(tuple(limits.items()))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, float]) -> "SLO":
+        return cls.parse(",".join(f"{k}={v}" for k, v in d.items()))
+
+    def __bool__(self) -> bool:
+        return bool(self.limits)
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.limits)
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v:g}" for k, v in self.limits) or "none"

@@ -1,0 +1,68 @@
+"""The ``bench`` command line: one verb per job.
+
+Subcommands live in ``bench/commands/<name>.py`` (each exports ``command``) and are
+imported only when used, so ``bench --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from bench import __version__
+
+#: verb -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("bench.commands.run", "Measure one workload against an engine (the embedded one by default)."),
+    "summary": ("bench.commands.summary", "Print the metric table of a run folder (or --json)."),
+    "sweep": ("bench.commands.sweep", "Launch an engine at each parallel configuration, measure, recommend."),
+    "recommend": ("bench.commands.recommend", "Recommend the smallest configuration that meets the SLOs."),
+    "report": ("bench.commands.report", "Write a self-contained HTML report of runs or a sweep."),
+    "compare": ("bench.commands.compare", "Compare two runs with bootstrap confidence intervals."),
+    "gate": ("bench.commands.gate", "CI performance gate: fail on a real regression, not on noise."),
+    "workload": ("bench.commands.workload", "Inspect workloads (bench workload show NAME|FILE)."),
+    "sim": ("bench.commands.sim", "The embedded simulated engine (bench sim serve)."),
+    "locust": ("bench.commands.locust", "Distributed load generation on locust (master/worker)."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, (module, _) in COMMANDS.items() if importlib.util.find_spec(module) is not None]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        entry = COMMANDS.get(name)
+        if entry is None or importlib.util.find_spec(entry[0]) is None:
+            return None
+        cmd: click.Command = importlib.import_module(entry[0]).command
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="bench")
+def cli() -> None:
+    """Benchmark and load-test LLM inference engines (vLLM, SGLang, TGI, OpenAI-compatible).
+
+    \b
+    Quick start (no GPU needed, uses the embedded simulated engine):
+      bench run --concurrency 16 --requests 200 --out runs/first
+      bench summary runs/first
+    """
+
+
+def main() -> None:
+    try:
+        cli.main(prog_name="bench", standalone_mode=True)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+

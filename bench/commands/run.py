@@ -1,0 +1,204 @@
+"""``bench run``: measure one workload against an engine."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import click
+
+from adapters.base import adapter_names, get_adapter
+from analysis.slo import SLO, SLOError
+from bench.errors import BenchError
+from bench.secrets import load_api_key
+from loadgen.runner import RunOptions
+from loadgen.transport import Timeouts
+from workloads.synthetic import SyntheticWorkload, WorkloadError
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    try:
+        ps = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise BenchError(f"--percentiles {text!r}: expected numbers like 50,90,99") from None
+    if not ps or any(not 0 <= p <= 100 for p in ps):
+        raise BenchError("--percentiles: each value must be between 0 and 100")
+    return ps
+
+
+def parse_slo(text: str | None) -> SLO:
+    try:
+        return SLO.parse(text)
+    except SLOError as exc:
+        raise BenchError(str(exc)) from None
+
+
+@click.command("run")
+@click.option("--url", help="Engine base URL (e.g. http://127.0.0.1:8000). Default: start the embedded simulated engine.")
+@click.option(
+    "--engine",
+    default="vllm",
+    show_default=True,
+    help="API flavour to speak: vllm/openai (OpenAI-compatible), sglang, tgi, generic.",
+)
+@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
+@click.option("--model", default="sim-model", show_default=True, help="Model name sent with each request.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Run folder to create.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing run in --out.")
+@click.option("--workload", "workload_ref", help="Named workload or TOML file (see `bench workload show`).")
+@click.option("--requests", "n_requests", type=int, default=100, show_default=True, help="Measured requests.")
+@click.option("--input-tokens", type=int, default=256, show_default=True)
+@click.option("--output-tokens", type=int, default=128, show_default=True)
+@click.option("--rate", type=float, help="Open loop: mean requests/s.")
+@click.option("--arrival", default="poisson", show_default=True, help="Open-loop arrivals: poisson or constant.")
+@click.option("--concurrency", type=int, help="Closed loop: requests kept in flight.")
+@click.option("--warmup", type=int, default=0, show_default=True, help="Warm-up requests (recorded, excluded).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--duration", type=float, help="Stop sending after this many seconds.")
+@click.option("--stall-timeout", type=float, default=120.0, show_default=True, help="Max seconds without data.")
+@click.option("--slo", "slo_text", help="SLOs for goodput, e.g. ttft_ms=500,tpot_ms=50.")
+@click.option("--percentiles", "pct_text", default="50,90,95,99", show_default=True)
+@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the API key.")
+@click.option("--api-key-file", type=click.Path(path_type=Path), help="File holding the API key.")
+@click.option("--save-text", is_flag=True, help="Store generated text in the results (off by default).")
+@click.option("--sim-ttft-ms", type=float, default=50.0, show_default=True, help="Embedded engine: time to first token.")
+@click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def command(
+    url: str | None,
+    engine: str,
+    api: str,
+    model: str,
+    out: Path,
+    overwrite: bool,
+    workload_ref: str | None,
+    n_requests: int,
+    input_tokens: int,
+    output_tokens: int,
+    rate: float | None,
+    arrival: str,
+    concurrency: int | None,
+    warmup: int,
+    seed: int,
+    duration: float | None,
+    stall_timeout: float,
+    slo_text: str | None,
+    pct_text: str,
+    api_key_env: str,
+    api_key_file: Path | None,
+    save_text: bool,
+    sim_ttft_ms: float,
+    sim_itl_ms: float,
+    progress: bool | None,
+    as_json: bool,
+) -> None:
+    """Measure one workload and print its metric table.
+
+    \b
+    Examples:
+      bench run --concurrency 16 --requests 200 --out runs/sim           # embedded engine
+      bench run --url http://127.0.0.1:8000 --model M --rate 4 --out runs/r4
+    """
+    from bench.embedded import embedded_engine
+    from bench.execute import RunConfig, execute_run, prepare_run_dir, run_async
+    from bench.report_text import print_summary
+
+    slo = parse_slo(slo_text)
+    percentiles = parse_percentiles(pct_text)
+    if duration is not None and duration <= 0:
+        raise BenchError("--duration must be positive")
+    if stall_timeout <= 0:
+        raise BenchError("--stall-timeout must be positive")
+    if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0):
+        raise BenchError("--sim-ttft-ms and --sim-itl-ms must be >= 0")
+    try:
+        schedule = _build_schedule(
+            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed
+        )
+    except (WorkloadError, ValueError) as exc:
+        raise BenchError(str(exc)) from None
+    api_key = load_api_key(api_key_env, api_key_file)
+    adapter_name = "vllm" if engine in ("sim", "vllm", "openai") else engine
+    try:
+        adapter = get_adapter(adapter_name, model=model, api=api, api_key=api_key) if adapter_name in (
+            "vllm",
+            "openai",
+        ) else get_adapter(adapter_name, model=model, api_key=api_key)
+    except (ValueError, TypeError) as exc:
+        raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
+    run_dir = prepare_run_dir(out, overwrite)
+    command_line = ("bench", *sys.argv[1:])
+    with contextlib.ExitStack() as stack:
+        if url:
+            target = url
+            engine_label = engine
+        else:
+            target = stack.enter_context(
+                embedded_engine(
+                    run_dir / "engine.log",
+                    ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms)],
+                )
+            )
+            engine_label = "sim"
+        cfg = RunConfig(
+            out=run_dir,
+            url=target,
+            engine=engine_label,
+            model=model,
+            schedule=schedule,
+            options=RunOptions(duration_s=duration, save_text=save_text, progress=progress),
+            timeouts=Timeouts(stall=stall_timeout),
+            command=command_line,
+            config={
+                "engine": engine_label,
+                "api": api,
+                "slo": slo.as_dict(),
+                "percentiles": list(percentiles),
+                "sim": None if url else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms},
+            },
+        )
+        result = run_async(lambda: execute_run(cfg, adapter))
+    print_summary(result.run_dir, slo, percentiles, as_json)
+    if result.stats.interrupted:
+        sys.exit(130)
+
+
+def _build_schedule(
+    workload_ref: str | None,
+    n_requests: int,
+    input_tokens: int,
+    output_tokens: int,
+    rate: float | None,
+    arrival: str,
+    concurrency: int | None,
+    warmup: int,
+    seed: int,
+):  # type: ignore[no-untyped-def]
+    if workload_ref:
+        try:
+            from workloads.catalog import build_named_schedule  # provided by the workloads package
+        except ImportError:
+            raise BenchError("--workload needs the workload catalogue, which this install lacks") from None
+        return build_named_schedule(
+            workload_ref,
+            requests=n_requests,
+            rate=rate,
+            arrival=arrival,
+            concurrency=concurrency,
+            warmup=warmup,
+            seed=seed,
+        )
+    if rate is None and concurrency is None:
+        concurrency = 8
+    return SyntheticWorkload(
+        requests=n_requests,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        rate=rate,
+        arrival=arrival,
+        concurrency=concurrency,
+        warmup=warmup,
+        seed=seed,
+    ).schedule()

@@ -1,0 +1,168 @@
+"""Wiring one run: schedule -> loadgen (adapter + transport) -> results folder.
+
+Used by ``bench run`` and by the sweep. Ctrl-C / SIGTERM stop the run cleanly: in-flight
+requests are recorded as cancelled and every row is flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from adapters.base import Adapter
+from bench import __version__
+from bench.errors import BenchError
+from bench.host import host_fingerprint
+from loadgen.runner import RunOptions, Runner, RunStats
+from loadgen.transport import AiohttpTransport, Timeouts, Transport
+from results.schema import RUN_FILE, SCHEMA_VERSION
+from results.writer import MonitorWriter, RequestsWriter, write_run_meta, write_schedule
+from workloads.spec import Schedule
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: Path
+    url: str
+    engine: str
+    model: str
+    schedule: Schedule
+    options: RunOptions = RunOptions()
+    timeouts: Timeouts = Timeouts()
+    command: tuple[str, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    run_id: str
+    stats: RunStats
+
+
+def prepare_run_dir(out: Path, overwrite: bool) -> Path:
+    out = Path(out)
+    if (out / RUN_FILE).exists() and not overwrite:
+        raise BenchError(f"{out} already holds a run; choose another --out (or pass --overwrite)")
+    if out.exists() and not out.is_dir():
+        raise BenchError(f"{out} exists and is not a folder")
+    if overwrite and out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+async def execute_run(
+    cfg: RunConfig, adapter: Adapter, transport: Transport | None = None, install_signals: bool = True
+) -> RunResult:
+    run_dir = prepare_run_dir(cfg.out, cfg.overwrite)
+    run_id = uuid.uuid4().hex[:16]
+    own_transport = transport is None
+    transport = transport or AiohttpTransport(cfg.url, cfg.timeouts)
+    writer = RequestsWriter(run_dir, run_id, worker_id=cfg.options.worker_id)
+    monitor = MonitorWriter(run_dir, worker_id=cfg.options.worker_id)
+    meta: dict[str, Any] = {
+        "run_id": run_id,
+        "schema_version": SCHEMA_VERSION,
+        "bench_version": __version__,
+        "status": "running",
+        "command": " ".join(cfg.command),
+        "config_json": cfg.config,
+        "engine": cfg.engine,
+        "model": cfg.model,
+        "adapter_json": {**adapter.describe(), **transport.describe(), "url": cfg.url},
+        "workload_json": {
+            "name": cfg.schedule.name,
+            "seed": cfg.schedule.seed,
+            "mode": cfg.schedule.mode,
+            "rate": cfg.schedule.rate,
+            "concurrency": cfg.schedule.concurrency,
+            "arrival": cfg.schedule.arrival,
+            "requests": len(cfg.schedule.measured),
+            "warmup": len(cfg.schedule.warmup),
+            **cfg.schedule.description,
+        },
+        "host_json": host_fingerprint(),
+        "start_utc": _utc_now(),
+        "t0_monotonic_ns": time.perf_counter_ns(),
+        "t0_unix_ns": time.time_ns(),
+        "clock": "perf_counter_ns (user space, at read)",
+        "extra_json": cfg.extra,
+    }
+    write_run_meta(run_dir, meta)
+    write_schedule(run_dir, cfg.schedule.requests)
+    runner = Runner(cfg.schedule, adapter, transport, writer, monitor, cfg.options)
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+    if install_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, _on_signal, runner, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+    try:
+        stats = await runner.run()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        if own_transport:
+            await transport.close()
+    notes = []
+    if stats.interrupted:
+        notes.append("run interrupted: in-flight requests recorded as cancelled")
+    meta.update(
+        status="interrupted" if stats.interrupted else "complete",
+        end_utc=_utc_now(),
+        notes_json={
+            "notes": notes,
+            "sent": stats.sent,
+            "completed": stats.completed,
+            "failed": stats.failed,
+            "cancelled": stats.cancelled,
+            "max_in_flight": stats.max_in_flight,
+            "t0_ns": stats.t0_ns,
+            "end_ns": stats.end_ns,
+        },
+    )
+    write_run_meta(run_dir, meta)
+    return RunResult(run_dir, run_id, stats)
+
+
+def _on_signal(runner: Runner, sig: int) -> None:
+    if runner.stop.is_set():
+        # second Ctrl-C: the rows flushed so far are safe on disk
+        sys.stderr.write("\nforced exit\n")
+        raise SystemExit(130)
+    sys.stderr.write(f"\n{signal.Signals(sig).name}: stopping, recording in-flight requests as cancelled...\n")
+    runner.stop.set()
+
+
+def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as r:
+        return r.run(main())

@@ -1,0 +1,48 @@
+"""Printing a run's summary (shared by ``bench run`` and ``bench summary``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+
+from analysis.format import format_summary
+from analysis.load import load_run
+from analysis.slo import SLO
+from analysis.summary import SummaryOptions, summarize
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple[dict[str, Any], str]:
+    run = load_run(run_dir)
+    s = summarize(run.requests, SummaryOptions(percentiles, slo), run.monitor)
+    s["run"] = {
+        "run_id": run.run_id,
+        "path": str(run.path),
+        "status": run.meta.get("status"),
+        "engine": run.meta.get("engine"),
+        "model": run.meta.get("model"),
+    }
+    title = f"run {run.run_id} ({run.meta.get('status')}) engine={run.meta.get('engine')} model={run.meta.get('model')}"
+    return s, title
+
+
+def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_json: bool) -> None:
+    s, title = summary_of(run_dir, slo, percentiles)
+    if as_json:
+        click.echo(json.dumps(_clean(s), indent=2, default=str))
+    else:
+        click.echo(format_summary(s, title))
+        click.echo(f"results: {run_dir}")

@@ -1,0 +1,1 @@
+"""Drives schedules through adapters over HTTP, timestamping every streamed chunk."""

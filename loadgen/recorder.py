@@ -1,0 +1,221 @@
+"""Per-request recording: the sink a transport feeds, turned into a RequestRecord.
+
+The hot path (``data``) does only: stamp arrives with the bytes, frame SSE, parse the
+payload, append. Token accounting is resolved once, in ``finish``.
+"""
+
+from __future__ import annotations
+
+from adapters.base import EventKind, StreamEvent, StreamParser
+from adapters.sse import SSEFramer
+from results.record import RequestRecord
+from workloads.spec import RequestSpec
+
+#: Token-count sources, most trusted first (see docs/metrics.md).
+SOURCE_CUMULATIVE = "server_cumulative"
+SOURCE_PROTOCOL = "protocol_exact"
+SOURCE_FINAL_SPREAD = "server_final_spread"
+SOURCE_CHUNKS = "chunk_count"
+
+
+class StreamError(Exception):
+    """A stream that went wrong in a way the protocol makes visible."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class RequestRecorder:
+    """Receives one response from a transport; builds its record."""
+
+    __slots__ = (
+        "spec",
+        "worker_id",
+        "intended_ns",
+        "send_ns",
+        "first_byte_ns",
+        "end_ns",
+        "status",
+        "_framer",
+        "_parser",
+        "_ts",
+        "_events",
+        "_done",
+        "_error",
+        "_keep_text",
+        "_text",
+        "_body",
+    )
+
+    def __init__(
+        self, spec: RequestSpec, parser: StreamParser, worker_id: int, intended_ns: int, keep_text: bool = False
+    ) -> None:
+        self.spec = spec
+        self.worker_id = worker_id
+        self.intended_ns = intended_ns
+        self.send_ns: int | None = None
+        self.first_byte_ns: int | None = None
+        self.end_ns: int | None = None
+        self.status: int | None = None
+        self._framer = SSEFramer()
+        self._parser = parser
+        self._ts: list[int] = []
+        self._events: list[StreamEvent] = []
+        self._done = False
+        self._error: StreamError | None = None
+        self._keep_text = keep_text
+        self._text: list[str] = []
+        self._body = b""
+
+    # -- transport callbacks -------------------------------------------------------
+    def sent(self, ts_ns: int) -> None:
+        """The request bytes were handed to the socket."""
+        self.send_ns = ts_ns
+
+    def headers(self, ts_ns: int, status: int) -> None:
+        self.first_byte_ns = ts_ns
+        self.status = status
+
+    def data(self, ts_ns: int, data: bytes) -> None:
+        """Body bytes read at ``ts_ns``. Returns quickly; never raises on bad payloads."""
+        if self.status is not None and self.status >= 400:
+            self._body += data[: 2048 - len(self._body)] if len(self._body) < 2048 else b""
+            return
+        if self._error is not None:
+            return
+        for payload in self._framer.feed(data):
+            try:
+                event = self._parser.parse(payload)
+            except Exception as exc:  # a malformed payload fails this request only
+                self._error = StreamError("malformed_chunk", str(exc)[:300])
+                return
+            if event is None:
+                continue
+            kind = event.kind
+            if kind == EventKind.DONE:
+                self._done = True
+                continue
+            if kind == EventKind.ERROR:
+                self._error = StreamError(event.error_type or "server_error", event.error_message or "")
+                self._ts.append(ts_ns)
+                self._events.append(event)
+                return
+            self._ts.append(ts_ns)
+            self._events.append(event)
+            if self._keep_text and event.text and kind == EventKind.CONTENT:
+                self._text.append(event.text)
+
+    @property
+    def saw_done(self) -> bool:
+        return self._done
+
+    @property
+    def answer_text(self) -> str:
+        return "".join(self._text)
+
+    # -- result --------------------------------------------------------------------
+    def finish(
+        self, end_ns: int, error: StreamError | None = None, requires_done: bool = True, save_text: bool = False
+    ) -> RequestRecord:
+        """Close the record. ``error`` comes from the transport (reset, timeout, ...)."""
+        self.end_ns = end_ns
+        events = self._events
+        err = self._error or error
+        if err is None and self.status is not None and self.status >= 400:
+            err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
+        finish_reason: str | None = None
+        prompt_tokens = completion_tokens = cached_tokens = None
+        server_id: str | None = None
+        for ev in events:
+            if ev.finish_reason is not None:
+                finish_reason = ev.finish_reason
+            if ev.prompt_tokens is not None:
+                prompt_tokens = ev.prompt_tokens
+            if ev.completion_tokens is not None:
+                completion_tokens = ev.completion_tokens
+            if ev.cached_tokens is not None:
+                cached_tokens = ev.cached_tokens
+            if server_id is None and ev.server_request_id:
+                server_id = ev.server_request_id
+        if err is None and self.status is None:
+            err = StreamError("no_response", "no response received")
+        if err is None:
+            if requires_done and not self._done:
+                err = StreamError("no_done", "stream ended without its end-of-stream marker")
+            elif not requires_done and finish_reason is None:
+                err = StreamError("truncated", "stream ended without a final event")
+            elif self._framer.pending.strip():
+                err = StreamError("truncated", "stream ended inside an event")
+        counts, source = _token_counts(events, completion_tokens)
+        first_token = first_content = None
+        for ts, ev, n in zip(self._ts, events, counts):
+            if n > 0 or (source == SOURCE_CHUNKS and ev.kind == EventKind.CONTENT and ev.text):
+                if first_token is None:
+                    first_token = ts
+                if ev.kind != EventKind.REASONING and ev.kind != EventKind.ERROR:
+                    first_content = ts
+                    break
+        spec = self.spec
+        return RequestRecord(
+            request_id=spec.request_id,
+            phase=spec.phase,
+            worker_id=self.worker_id,
+            intended_send_ns=self.intended_ns,
+            send_ns=self.send_ns,
+            first_byte_ns=self.first_byte_ns,
+            first_token_ns=first_token,
+            first_content_ns=first_content,
+            end_ns=end_ns,
+            chunk_ns=self._ts,
+            chunk_tokens=counts,
+            output_tokens=sum(counts),
+            token_source=source,
+            input_tokens_target=spec.input_tokens,
+            input_tokens_source=spec.input_tokens_source,
+            max_output_tokens=spec.max_output_tokens,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            http_status=self.status,
+            finish_reason=finish_reason,
+            ok=err is None,
+            error_type=None if err is None else err.error_type,
+            error_message=None if err is None else str(err)[:500],
+            server_request_id=server_id,
+            session_id=spec.session_id,
+            turn=spec.turn,
+            prefix_group=spec.prefix_group,
+            output_text=self.answer_text if save_text else None,
+        )
+
+
+def _token_counts(events: list[StreamEvent], final_completion: int | None) -> tuple[list[int], str]:
+    """Tokens carried by each event, and where the numbers came from."""
+    if any(ev.cumulative is not None for ev in events):
+        counts = []
+        last = 0
+        for ev in events:
+            c = ev.cumulative
+            if c is not None and c > last:
+                counts.append(c - last)
+                last = c
+            else:
+                counts.append(0)
+        return counts, SOURCE_CUMULATIVE
+    if any(ev.tokens is not None for ev in events):
+        return [ev.tokens or 0 for ev in events], SOURCE_PROTOCOL
+    carriers = [i for i, ev in enumerate(events) if ev.text and ev.kind in (EventKind.CONTENT, EventKind.REASONING)]
+    if final_completion is not None:
+        counts = [0] * len(events)
+        if carriers:
+            base, extra = divmod(final_completion, len(carriers))
+            for j, i in enumerate(carriers):
+                counts[i] = base + (1 if j < extra else 0)
+        elif events and final_completion > 0:
+            counts[-1] = final_completion
+        return counts, SOURCE_FINAL_SPREAD
+    counts = [0] * len(events)
+    for i in carriers:
+        counts[i] = 1
+    return counts, SOURCE_CHUNKS

@@ -1,0 +1,281 @@
+"""The asyncio load runner: open loop by intended send time, or closed loop at N in flight.
+
+Written once for every engine: it asks the adapter for the call, hands it to the
+transport with a recorder, and writes the record. A failed request is a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from adapters.base import Adapter, HttpCall
+from loadgen.progress import Progress
+from loadgen.recorder import RequestRecorder, StreamError
+from loadgen.transport import Transport
+from results.record import RequestRecord
+from results.writer import MonitorWriter, PartWriter, RequestsWriter
+from workloads.spec import Message, RequestSpec, Schedule
+
+_now = time.perf_counter_ns
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    worker_id: int = 0
+    #: Stop sending new requests this long after t0 (None: when the schedule is done).
+    duration_s: float | None = None
+    #: After sending stops, how long in-flight requests may take before being cancelled.
+    drain_timeout_s: float = 300.0
+    warmup_concurrency: int = 4
+    save_text: bool = False
+    progress: bool | None = None
+    monitor_interval_s: float = 0.1
+    #: Delay between building the plan and t0, so the first sends are not late.
+    start_lead_s: float = 0.05
+
+
+@dataclass(slots=True)
+class RunStats:
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    t0_ns: int = 0
+    end_ns: int = 0
+    interrupted: bool = False
+    error_types: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class Runner:
+    def __init__(
+        self,
+        schedule: Schedule,
+        adapter: Adapter,
+        transport: Transport,
+        writer: RequestsWriter,
+        monitor_writer: MonitorWriter | None = None,
+        options: RunOptions = RunOptions(),
+    ) -> None:
+        self.schedule = schedule
+        self.adapter = adapter
+        self.transport = transport
+        self.writer = writer
+        self.monitor_writer = monitor_writer
+        self.options = options
+        self.stats = RunStats()
+        self.stop = asyncio.Event()
+        self._requires_done = getattr(adapter, "requires_done", True)
+        self._tasks: set[asyncio.Task[None]] = set()
+        sessions: dict[str, list[RequestSpec]] = defaultdict(list)
+        for spec in schedule.measured:
+            if spec.session_id is not None:
+                sessions[spec.session_id].append(spec)
+        self._sessions = {k: sorted(v, key=lambda s: s.turn) for k, v in sessions.items()}
+        self._progress: Progress | None = None
+
+    # -- one request -----------------------------------------------------------------
+    async def _execute(
+        self, spec: RequestSpec, intended_ns: int, call: HttpCall | None = None, history: Sequence[Message] = ()
+    ) -> tuple[RequestRecord, str]:
+        recorder = RequestRecorder(
+            spec, self.adapter.parser(), self.options.worker_id, intended_ns, keep_text=spec.session_id is not None
+        )
+        if call is None:
+            call = self.adapter.build(spec, history)
+        stats = self.stats
+        stats.sent += 1
+        stats.in_flight += 1
+        if stats.in_flight > stats.max_in_flight:
+            stats.max_in_flight = stats.in_flight
+        error: StreamError | None = None
+        cancelled = False
+        try:
+            await self.transport.send(call, recorder)
+        except StreamError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = StreamError("cancelled", "cancelled before completion (run stopped)")
+            cancelled = True
+        except Exception as exc:  # never lose a request to an unexpected client error
+            error = StreamError("client_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            stats.in_flight -= 1
+        record = recorder.finish(_now(), error, self._requires_done, self.options.save_text)
+        self.writer.add_record(record)
+        if record.ok:
+            stats.completed += 1
+        elif record.error_type == "cancelled":
+            stats.cancelled += 1
+        else:
+            stats.failed += 1
+            stats.error_types[record.error_type or "unknown"] += 1
+        if cancelled:
+            raise asyncio.CancelledError
+        return record, recorder.answer_text
+
+    async def _run_session_from(self, spec: RequestSpec, intended_ns: int, call: HttpCall | None) -> None:
+        """Send ``spec``; if it opens a session, send the later turns after each answer."""
+        turns = self._sessions.get(spec.session_id or "", [spec]) if spec.session_id else [spec]
+        history: list[Message] = []
+        start = turns.index(spec) if spec in turns else 0
+        for i, turn in enumerate(turns[start:]):
+            if self.stop.is_set():
+                return
+            if i > 0:
+                intended_ns = _now() + turn.think_time_ns
+                await _sleep_until(intended_ns)
+                if self.stop.is_set() or self._past_duration():
+                    return
+                call = None
+            record, answer = await self._execute(turn, intended_ns, call, tuple(history))
+            if not record.ok:
+                return  # a broken turn ends its session; the failure is recorded
+            history.extend(_turn_messages(turn))
+            history.append(Message("assistant", answer))
+
+    def _past_duration(self) -> bool:
+        d = self.options.duration_s
+        return d is not None and _now() >= self.stats.t0_ns + int(d * 1e9)
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- phases ----------------------------------------------------------------------
+    async def _closed(self, specs: Sequence[RequestSpec], concurrency: int, respect_duration: bool) -> None:
+        units = [s for s in specs if s.session_id is None or s.turn == min(t.turn for t in self._sessions[s.session_id])]
+        it = iter(units)
+
+        async def slot() -> None:
+            intended = _now()
+            for spec in it:
+                if self.stop.is_set() or (respect_duration and self._past_duration()):
+                    return
+                await self._run_session_from(spec, intended, None)
+                intended = _now()
+
+        slots = asyncio.gather(*(slot() for _ in range(max(1, concurrency))))
+        duration = self.options.duration_s
+        if respect_duration and duration is not None:
+            limit_ns = self.stats.t0_ns + int((duration + self.options.drain_timeout_s) * 1e9)
+            try:
+                await asyncio.wait_for(slots, timeout=max(0.0, (limit_ns - _now()) / 1e9))
+            except asyncio.TimeoutError:
+                pass  # requests still running past the drain timeout are recorded as cancelled
+        else:
+            await slots
+
+    async def _open(self, specs: Sequence[RequestSpec]) -> None:
+        first_turns = [s for s in specs if s.session_id is None or s.turn == self._sessions[s.session_id][0].turn]
+        first_turns.sort(key=lambda s: s.send_offset_ns or 0)
+        t0 = self.stats.t0_ns
+        for spec in first_turns:
+            deadline = t0 + (spec.send_offset_ns or 0)
+            call = self.adapter.build(spec) if spec.session_id is None else None
+            await _sleep_until(deadline)
+            if self.stop.is_set() or self._past_duration():
+                break
+            self._spawn(self._run_session_from(spec, deadline, call))
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Let in-flight requests finish, within the drain timeout; cancel the rest."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=self.options.drain_timeout_s)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _monitor(self) -> None:
+        interval = self.options.monitor_interval_s
+        mw = self.monitor_writer
+        next_progress = 0
+        while True:
+            before = _now()
+            await asyncio.sleep(interval)
+            after = _now()
+            if mw is not None:
+                mw.add(
+                    {
+                        "worker_id": self.options.worker_id,
+                        "ts_ns": after,
+                        "loop_lag_ns": max(0, after - before - int(interval * 1e9)),
+                        "cpu_s": time.process_time(),
+                        "in_flight": self.stats.in_flight,
+                        "sent": self.stats.sent,
+                        "completed": self.stats.completed + self.stats.failed + self.stats.cancelled,
+                    }
+                )
+            await self._flush_due()
+            if self._progress is not None and after >= next_progress:
+                s = self.stats
+                self._progress.update(s.completed + s.failed + s.cancelled, s.in_flight, s.failed)
+                next_progress = after + 250_000_000
+
+    async def _flush_due(self, force: bool = False) -> None:
+        for w in (self.writer, self.monitor_writer):
+            if w is not None and (force or w.due):
+                rows = w.take()
+                if rows:
+                    await asyncio.to_thread(PartWriter.write, w, rows)
+
+    async def run(self) -> RunStats:
+        """Warm-up, then the measured schedule. Always flushes what was recorded."""
+        sched = self.schedule
+        total = len(sched.requests)
+        self._progress = Progress(total, sched.name, enabled=self.options.progress)
+        monitor = asyncio.ensure_future(self._monitor())
+        try:
+            if sched.warmup:
+                await self._closed(sched.warmup, min(len(sched.warmup), self.options.warmup_concurrency), False)
+            self.stats.t0_ns = _now() + int(self.options.start_lead_s * 1e9)
+            body = (
+                self._closed(sched.measured, sched.concurrency or 1, True)
+                if sched.mode == "closed"
+                else self._open(sched.measured)
+            )
+            work = asyncio.ensure_future(body)
+            stopper = asyncio.ensure_future(self.stop.wait())
+            done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if stopper in done:
+                self.stats.interrupted = True
+                work.cancel()
+                for t in list(self._tasks):
+                    t.cancel()
+                await asyncio.gather(work, *self._tasks, return_exceptions=True)
+            else:
+                stopper.cancel()
+                work.result()
+        except asyncio.CancelledError:
+            self.stats.interrupted = True
+            for t in list(self._tasks):
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            self.stats.end_ns = _now()
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
+            await self._flush_due(force=True)
+            self._progress.close()
+        return self.stats
+
+
+async def _sleep_until(deadline_ns: int) -> None:
+    delay = deadline_ns - _now()
+    if delay > 0:
+        await asyncio.sleep(delay / 1e9)
+
+
+def _turn_messages(spec: RequestSpec) -> tuple[Message, ...]:
+    if spec.messages is not None:
+        return spec.messages
+    return (Message("user", spec.prompt or ""),)

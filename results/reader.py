@@ -1,0 +1,79 @@
+"""Reading run folders back. Used by analysis; knows only the on-disk contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from results.schema import MONITOR_DIR, REQUESTS_DIR, REQUESTS_SCHEMA, RUN_FILE, SCHEMA_VERSION, SERVER_METRICS_DIR
+
+
+class ResultsError(Exception):
+    """A folder that is not a readable bench run."""
+
+
+def _check_version(version: str | None, where: Path) -> None:
+    if version is None:
+        return
+    major = version.split(".")[0]
+    if major != SCHEMA_VERSION.split(".")[0]:
+        raise ResultsError(f"{where}: schema version {version} is not readable by this bench (expects {SCHEMA_VERSION})")
+
+
+def find_runs(path: Path) -> list[Path]:
+    """Run folders at or below ``path`` (a run folder, a sweep folder, or a parent)."""
+    path = Path(path)
+    if not path.exists():
+        raise ResultsError(f"{path}: no such file or folder")
+    if (path / RUN_FILE).exists():
+        return [path]
+    runs = sorted(p.parent for p in path.rglob(RUN_FILE) if not any(part.startswith(".") for part in p.parts))
+    if not runs:
+        raise ResultsError(f"{path}: no bench run found (no {RUN_FILE} below it)")
+    return runs
+
+
+def read_run_meta(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / RUN_FILE
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ResultsError(f"{path}: unreadable run metadata ({exc})") from None
+    meta = table.to_pylist()[0]
+    _check_version(meta.get("schema_version"), path)
+    for key in list(meta):
+        if key.endswith("_json") and isinstance(meta[key], str):
+            meta[key[: -len("_json")]] = json.loads(meta[key])
+    return meta
+
+
+def _read_parts(folder: Path, schema: pa.Schema | None = None, columns: list[str] | None = None) -> pa.Table | None:
+    if not folder.is_dir():
+        return None
+    files = sorted(str(p) for p in folder.glob("*.parquet") if not p.name.startswith("."))
+    if not files:
+        return None
+    dataset = ds.dataset(files, format="parquet", schema=schema)
+    return dataset.to_table(columns=columns)
+
+
+def read_requests(run_dir: Path, columns: list[str] | None = None) -> pa.Table:
+    """All request rows of one run (empty table with the schema if none were written)."""
+    table = _read_parts(Path(run_dir) / REQUESTS_DIR, REQUESTS_SCHEMA, columns)
+    if table is None:
+        schema = REQUESTS_SCHEMA if columns is None else pa.schema([REQUESTS_SCHEMA.field(c) for c in columns])
+        return schema.empty_table()
+    return table
+
+
+def read_monitor(run_dir: Path) -> pa.Table | None:
+    return _read_parts(Path(run_dir) / MONITOR_DIR)
+
+
+def read_server_metrics(run_dir: Path) -> pa.Table | None:
+    return _read_parts(Path(run_dir) / SERVER_METRICS_DIR)

@@ -1,0 +1,47 @@
+"""The per-request record: one row of the requests table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Everything measured for one request. Timestamps are ``perf_counter_ns`` values.
+
+    ``intended_send_ns`` is when the schedule wanted the request to go (open loop) or
+    when its closed-loop slot became free; ``send_ns`` is when the request bytes were
+    handed to the socket; ``first_byte_ns`` when the response headers arrived.
+    ``chunk_ns``/``chunk_tokens`` hold every stream payload with the number of tokens
+    it carried (0 for role-only, empty and usage-only frames).
+    """
+
+    request_id: str
+    phase: str
+    worker_id: int
+    intended_send_ns: int
+    send_ns: int | None
+    first_byte_ns: int | None
+    first_token_ns: int | None
+    first_content_ns: int | None
+    end_ns: int | None
+    chunk_ns: list[int]
+    chunk_tokens: list[int]
+    output_tokens: int
+    token_source: str
+    input_tokens_target: int
+    input_tokens_source: str
+    max_output_tokens: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    http_status: int | None
+    finish_reason: str | None
+    ok: bool
+    error_type: str | None
+    error_message: str | None
+    server_request_id: str | None
+    session_id: str | None = None
+    turn: int = 0
+    prefix_group: str | None = None
+    output_text: str | None = None

@@ -1,0 +1,126 @@
+"""Arrow schemas, declared once. Timestamps are integer nanoseconds.
+
+Bump ``SCHEMA_VERSION`` on any incompatible change; readers refuse newer major versions.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1.0"
+
+REQUESTS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("worker_id", pa.int32(), nullable=False),
+        pa.field("session_id", pa.string()),
+        pa.field("turn", pa.int32()),
+        pa.field("prefix_group", pa.string()),
+        pa.field("intended_send_ns", pa.int64(), nullable=False),
+        pa.field("send_ns", pa.int64()),
+        pa.field("first_byte_ns", pa.int64()),
+        pa.field("first_token_ns", pa.int64()),
+        pa.field("first_content_ns", pa.int64()),
+        pa.field("end_ns", pa.int64()),
+        pa.field("chunk_ns", pa.list_(pa.int64())),
+        pa.field("chunk_tokens", pa.list_(pa.int32())),
+        pa.field("output_tokens", pa.int32(), nullable=False),
+        pa.field("token_source", pa.string(), nullable=False),
+        pa.field("input_tokens_target", pa.int32(), nullable=False),
+        pa.field("input_tokens_source", pa.string()),
+        pa.field("max_output_tokens", pa.int32(), nullable=False),
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("completion_tokens", pa.int32()),
+        pa.field("cached_tokens", pa.int32()),
+        pa.field("http_status", pa.int32()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("ok", pa.bool_(), nullable=False),
+        pa.field("error_type", pa.string()),
+        pa.field("error_message", pa.string()),
+        pa.field("server_request_id", pa.string()),
+        pa.field("output_text", pa.string()),
+    ],
+    metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
+)
+
+#: One row per run. JSON columns hold nested settings as text.
+RUN_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("schema_version", pa.string(), nullable=False),
+        pa.field("bench_version", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),  # running | complete | interrupted | failed
+        pa.field("command", pa.string()),
+        pa.field("config_json", pa.string()),
+        pa.field("engine", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("adapter_json", pa.string()),
+        pa.field("workload_json", pa.string()),
+        pa.field("host_json", pa.string()),
+        pa.field("start_utc", pa.timestamp("ns", tz="UTC")),
+        pa.field("end_utc", pa.timestamp("ns", tz="UTC")),
+        pa.field("t0_monotonic_ns", pa.int64()),
+        pa.field("t0_unix_ns", pa.int64()),
+        pa.field("clock", pa.string()),
+        pa.field("notes_json", pa.string()),
+        pa.field("extra_json", pa.string()),
+    ],
+    metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "run"},
+)
+
+SCHEDULE_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("phase", pa.string(), nullable=False),
+        pa.field("send_offset_ns", pa.int64()),
+        pa.field("input_tokens", pa.int32(), nullable=False),
+        pa.field("max_output_tokens", pa.int32(), nullable=False),
+        pa.field("session_id", pa.string()),
+        pa.field("turn", pa.int32()),
+        pa.field("think_time_ns", pa.int64()),
+        pa.field("prefix_group", pa.string()),
+        pa.field("input_tokens_source", pa.string()),
+    ],
+    metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "schedule"},
+)
+
+#: File and folder names inside a run folder.
+RUN_FILE = "run.parquet"
+SCHEDULE_FILE = "schedule.parquet"
+REQUESTS_DIR = "requests"
+SERVER_METRICS_DIR = "server_metrics"
+MONITOR_DIR = "client_monitor"
+ENGINE_LOG = "engine.log"
+
+#: Client self-monitoring samples (event-loop lag, CPU, in-flight counts).
+MONITOR_SCHEMA = pa.schema(
+    [
+        pa.field("worker_id", pa.int32(), nullable=False),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("loop_lag_ns", pa.int64()),
+        pa.field("cpu_s", pa.float64()),  # process CPU seconds (user+system) since start
+        pa.field("in_flight", pa.int32()),
+        pa.field("sent", pa.int64()),
+        pa.field("completed", pa.int64()),
+    ],
+    metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "client_monitor"},
+)
+
+#: Scraped engine /metrics in long format. Histograms are one row per bucket (``le``),
+#: plus ``_sum``/``_count`` rows; counters and buckets also carry ``delta`` from the
+#: previous scrape. ``common`` maps engine-specific names onto bench's common ones.
+SERVER_METRICS_SCHEMA = pa.schema(
+    [
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("common", pa.string()),
+        pa.field("type", pa.string()),
+        pa.field("labels", pa.string()),
+        pa.field("le", pa.float64()),
+        pa.field("value", pa.float64()),
+        pa.field("delta", pa.float64()),
+    ],
+    metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "server_metrics"},
+)

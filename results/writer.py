@@ -1,0 +1,149 @@
+"""Incremental, crash-safe Parquet writing.
+
+Rows are buffered and written as small self-contained part files (``part-W-NNNNNN``),
+each renamed into place atomically, so a reader never sees half a file. A flush
+happens when ``flush_rows`` rows are pending or ``flush_interval_s`` has passed since
+the last flush; a SIGKILL therefore loses at most one interval's worth of rows (1 s or
+256 requests by default). ``close()`` flushes the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from results.record import RequestRecord
+from results.schema import (
+    MONITOR_DIR,
+    MONITOR_SCHEMA,
+    REQUESTS_DIR,
+    REQUESTS_SCHEMA,
+    RUN_FILE,
+    RUN_SCHEMA,
+    SCHEDULE_FILE,
+    SCHEDULE_SCHEMA,
+)
+
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+
+
+def write_table_atomic(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` via a hidden temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+class PartWriter:
+    """Buffers rows (as dicts) for one table and writes numbered part files."""
+
+    def __init__(
+        self,
+        folder: Path,
+        schema: pa.Schema,
+        worker_id: int = 0,
+        flush_rows: int = 256,
+        flush_interval_s: float = 1.0,
+        constants: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.schema = schema
+        self.worker_id = worker_id
+        self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self.constants = dict(constants or {})
+        self._pending: list[dict[str, Any]] = []
+        self._seq = 0
+        self._last_flush = time.monotonic()
+        self._lock = threading.Lock()
+        self.rows_written = 0
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._pending.append(row)
+
+    @property
+    def due(self) -> bool:
+        return bool(self._pending) and (
+            len(self._pending) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_interval_s
+        )
+
+    def take(self) -> list[dict[str, Any]]:
+        """Detach the pending rows (cheap; call from the event loop)."""
+        rows, self._pending = self._pending, []
+        self._last_flush = time.monotonic()
+        return rows
+
+    def write(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Write ``rows`` as one part file (may run in a worker thread)."""
+        if not rows:
+            return
+        columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
+        for name, value in self.constants.items():
+            columns[name] = [value] * len(rows)
+        fill = [n for n in self.schema.names if n not in self.constants]
+        for row in rows:
+            for name in fill:
+                columns[name].append(row.get(name))
+        table = pa.Table.from_pydict(columns, schema=self.schema)
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+            write_table_atomic(table, self.folder / f"part-{self.worker_id:03d}-{seq:06d}.parquet")
+            self.rows_written += len(rows)
+
+    def flush(self) -> None:
+        self.write(self.take())
+
+
+class RequestsWriter(PartWriter):
+    """The requests table of one run (or one worker of a run)."""
+
+    def __init__(self, run_dir: Path, run_id: str, worker_id: int = 0, **kwargs: Any) -> None:
+        super().__init__(run_dir / REQUESTS_DIR, REQUESTS_SCHEMA, worker_id, constants={"run_id": run_id}, **kwargs)
+
+    def add_record(self, record: RequestRecord) -> None:
+        self.add({name: getattr(record, name) for name in _RECORD_FIELDS})
+
+
+class MonitorWriter(PartWriter):
+    def __init__(self, run_dir: Path, worker_id: int = 0) -> None:
+        super().__init__(run_dir / MONITOR_DIR, MONITOR_SCHEMA, worker_id, flush_rows=4096, flush_interval_s=2.0)
+
+
+def write_run_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
+    """Write (or rewrite) the one-row run table. Dict/list values become JSON text."""
+    row: dict[str, list[Any]] = {}
+    for name in RUN_SCHEMA.names:
+        value = meta.get(name)
+        if name.endswith("_json") and value is not None and not isinstance(value, str):
+            value = json.dumps(value, sort_keys=True, default=str)
+        row[name] = [value]
+    write_table_atomic(pa.Table.from_pydict(row, schema=RUN_SCHEMA), run_dir / RUN_FILE)
+
+
+def write_schedule(run_dir: Path, specs: Iterable[Any]) -> None:
+    """Store the precomputed schedule (``RequestSpec``-like objects) with the run."""
+    cols: dict[str, list[Any]] = {name: [] for name in SCHEDULE_SCHEMA.names}
+    for s in specs:
+        cols["request_id"].append(s.request_id)
+        cols["phase"].append(s.phase)
+        cols["send_offset_ns"].append(s.send_offset_ns)
+        cols["input_tokens"].append(s.input_tokens)
+        cols["max_output_tokens"].append(s.max_output_tokens)
+        cols["session_id"].append(s.session_id)
+        cols["turn"].append(s.turn)
+        cols["think_time_ns"].append(s.think_time_ns)
+        cols["prefix_group"].append(s.prefix_group)
+        cols["input_tokens_source"].append(s.input_tokens_source)
+    write_table_atomic(pa.Table.from_pydict(cols, schema=SCHEDULE_SCHEMA), run_dir / SCHEDULE_FILE)

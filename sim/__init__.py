@@ -1,0 +1,1 @@
+"""The embedded simulated engine: speaks real engine APIs, paces tokens in real time."""

@@ -1,0 +1,74 @@
+"""A small Prometheus text-format registry for the simulated engine's /metrics."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+DEFAULT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+@dataclass
+class Histogram:
+    name: str
+    help: str
+    buckets: tuple[float, ...] = DEFAULT_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+    def render(self, labels: str) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        cum = 0
+        sep = "," if labels else ""
+        for b, c in zip(self.buckets, self.counts):
+            cum += c
+            out.append(f'{self.name}_bucket{{{labels}{sep}le="{b}"}} {cum}')
+        out.append(f'{self.name}_bucket{{{labels}{sep}le="+Inf"}} {self.n}')
+        out.append(f"{self.name}_sum{{{labels}}} {self.total}")
+        out.append(f"{self.name}_count{{{labels}}} {self.n}")
+        return out
+
+
+class Registry:
+    """Gauges, counters and histograms rendered with fixed labels."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        self.gauges: dict[str, tuple[str, float]] = {}
+        self.counters: dict[str, tuple[str, float]] = {}
+        self.histograms: dict[str, Histogram] = {}
+
+    def gauge(self, name: str, help: str, value: float) -> None:
+        self.gauges[name] = (help, value)
+
+    def inc(self, name: str, help: str, by: float = 1.0) -> None:
+        old = self.counters.get(name, (help, 0.0))[1]
+        self.counters[name] = (help, old + by)
+
+    def histogram(self, name: str, help: str, buckets: tuple[float, ...] = DEFAULT_BUCKETS) -> Histogram:
+        h = self.histograms.get(name)
+        if h is None:
+            h = self.histograms[name] = Histogram(name, help, buckets)
+        return h
+
+    def render(self) -> str:
+        lines: list[str] = []
+        lb = f"{{{self.labels}}}" if self.labels else ""
+        for name, (help, value) in self.gauges.items():
+            lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge", f"{name}{lb} {value}"]
+        for name, (help, value) in self.counters.items():
+            lines += [f"# HELP {name} {help}", f"# TYPE {name} counter", f"{name}_total{lb} {value}"]
+        for h in self.histograms.values():
+            lines += h.render(self.labels)
+        return "\n".join(lines) + "\n"

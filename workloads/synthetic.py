@@ -1,0 +1,95 @@
+"""A synthetic workload from flags: fixed lengths, Poisson/constant arrivals or closed loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from workloads.prompts import synth_prompt
+from workloads.spec import RequestSpec, Schedule
+
+
+class WorkloadError(ValueError):
+    """A workload that makes no sense; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticWorkload:
+    requests: int = 100
+    input_tokens: int = 256
+    output_tokens: int = 128
+    rate: float | None = None  # requests/s (open loop); None with concurrency: closed loop
+    arrival: str = "poisson"  # poisson | constant
+    concurrency: int | None = None
+    warmup: int = 0
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.requests < 1:
+            raise WorkloadError("--requests must be at least 1")
+        if self.input_tokens < 1 or self.output_tokens < 1:
+            raise WorkloadError("--input-tokens and --output-tokens must be at least 1")
+        if self.rate is not None and self.concurrency is not None:
+            raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
+        if self.rate is None and self.concurrency is None:
+            raise WorkloadError("give --rate (requests/s, open loop) or --concurrency (closed loop)")
+        if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
+            raise WorkloadError("--rate must be a positive number of requests per second")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise WorkloadError("--concurrency must be at least 1")
+        if self.arrival not in ("poisson", "constant"):
+            raise WorkloadError(f"--arrival {self.arrival!r}: use poisson or constant")
+        if self.warmup < 0:
+            raise WorkloadError("--warmup must be >= 0")
+
+    def schedule(self) -> Schedule:
+        self.validate()
+        rng = np.random.default_rng(self.seed)
+        offsets: np.ndarray | None = None
+        if self.rate is not None:
+            if self.arrival == "poisson":
+                gaps = rng.exponential(1.0 / self.rate, size=self.requests)
+                gaps[0] = 0.0
+            else:
+                gaps = np.full(self.requests, 1.0 / self.rate)
+                gaps[0] = 0.0
+            offsets = np.round(np.cumsum(gaps) * 1e9).astype(np.int64)
+        specs: list[RequestSpec] = []
+        for i in range(self.warmup):
+            specs.append(
+                RequestSpec(
+                    request_id=f"w{i:06d}",
+                    input_tokens=self.input_tokens,
+                    max_output_tokens=self.output_tokens,
+                    prompt=synth_prompt(self.input_tokens, rng),
+                    phase="warmup",
+                )
+            )
+        for i in range(self.requests):
+            specs.append(
+                RequestSpec(
+                    request_id=f"r{i:06d}",
+                    input_tokens=self.input_tokens,
+                    max_output_tokens=self.output_tokens,
+                    prompt=synth_prompt(self.input_tokens, rng),
+                    send_offset_ns=int(offsets[i]) if offsets is not None else None,
+                )
+            )
+        mode = "open" if self.rate is not None else "closed"
+        return Schedule(
+            name="synthetic",
+            seed=self.seed,
+            mode=mode,
+            requests=tuple(specs),
+            concurrency=self.concurrency,
+            rate=self.rate,
+            arrival=self.arrival if mode == "open" else "closed",
+            description={
+                "kind": "synthetic",
+                "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+                "requests": self.requests,
+                "warmup": self.warmup,
+            },
+        )
