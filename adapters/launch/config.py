@@ -1,0 +1,96 @@
+"""A parallel configuration: how an engine splits one model over GPUs.
+
+Shared by launchers (which turn it into argv), the simulated engine (which models its
+cost) and sweeps (which enumerate it). ``gpus`` is what the configuration occupies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Disagg:
+    """Prefill/decode disaggregation: P prefill instances, D decode instances
+    (each instance has the configuration's tp×pp×pcp×dcp GPUs)."""
+
+    prefill: int
+    decode: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Disagg":
+        p, sep, d = text.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out = cls(int(p), int(d))
+        except ValueError:
+            raise ValueError(f"disaggregation {text!r}: expected P:D, e.g. 1:1") from None
+        if out.prefill < 1 or out.decode < 1:
+            raise ValueError(f"disaggregation {text!r}: both sides need at least one instance")
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.prefill}:{self.decode}"
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1  # expert-parallel width for MoE layers (1: off)
+    dcp: int = 1  # decode context parallel, inside the TP group (dcp must divide tp)
+    pcp: int = 1  # prefill context parallel, extra devices
+    disagg: Disagg | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "ep", "dcp", "pcp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, not {v!r}")
+        if self.tp % self.dcp:
+            raise ValueError(f"dcp ({self.dcp}) must divide tp ({self.tp})")
+
+    @property
+    def gpus_per_instance(self) -> int:
+        return self.tp * self.pp * self.pcp
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the whole configuration occupies."""
+        if self.disagg is not None:
+            return self.gpus_per_instance * (self.disagg.prefill + self.disagg.decode) * self.dp
+        return self.gpus_per_instance * self.dp
+
+    @property
+    def axes(self) -> int:
+        """How many parallel axes are in use (for 'fewest axes' tie-breaking)."""
+        n = sum(1 for name in ("tp", "pp", "dp", "ep", "dcp", "pcp") if getattr(self, name) > 1)
+        return n + (1 if self.disagg is not None else 0)
+
+    @property
+    def cell_id(self) -> str:
+        """A short stable name, e.g. ``tp2-dp2`` or ``tp1`` or ``tp4-disagg1x1``."""
+        parts = [f"tp{self.tp}"]
+        for name in ("pp", "dp", "ep", "dcp", "pcp"):
+            v = getattr(self, name)
+            if v > 1:
+                parts.append(f"{name}{v}")
+        if self.disagg is not None:
+            parts.append(f"disagg{self.disagg.prefill}x{self.disagg.decode}")
+        if self.extra_args:
+            import hashlib
+
+            parts.append("x" + hashlib.sha1(" ".join(self.extra_args).encode()).hexdigest()[:6])
+        return "-".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["disagg"] = str(self.disagg) if self.disagg is not None else None
+        d["extra_args"] = list(self.extra_args)
+        d["gpus"] = self.gpus
+        d["cell_id"] = self.cell_id
+        return d
