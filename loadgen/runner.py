@@ -36,6 +36,9 @@ class RunOptions:
     monitor_interval_s: float = 0.1
     #: Delay between building the plan and t0, so the first sends are not late.
     start_lead_s: float = 0.05
+    #: An explicit t0 (``perf_counter_ns``, CLOCK_MONOTONIC: shared by every process on the
+    #: host) so several worker processes start their shares of one schedule together.
+    start_at_ns: int | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +156,9 @@ class Runner:
         units = [s for s in specs if s.session_id is None or s.turn == min(t.turn for t in self._sessions[s.session_id])]
         it = iter(units)
 
+        if respect_duration:
+            await _sleep_until(self.stats.t0_ns)  # the measured phase starts at t0
+
         async def slot() -> None:
             intended = _now()
             for spec in it:
@@ -237,7 +243,8 @@ class Runner:
         try:
             if sched.warmup:
                 await self._closed(sched.warmup, min(len(sched.warmup), self.options.warmup_concurrency), False)
-            self.stats.t0_ns = _now() + int(self.options.start_lead_s * 1e9)
+            start_at = self.options.start_at_ns
+            self.stats.t0_ns = start_at if start_at is not None else _now() + int(self.options.start_lead_s * 1e9)
             body = (
                 self._closed(sched.measured, sched.concurrency or 1, True)
                 if sched.mode == "closed"
