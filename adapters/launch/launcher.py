@@ -1,0 +1,237 @@
+"""Launching an engine at a parallel configuration: argv, GPUs, readiness, teardown.
+
+``launch(spec, log_path)`` refuses axes the engine cannot run (before starting anything),
+builds each process's argv (never a shell string), assigns GPUs per instance with
+``CUDA_VISIBLE_DEVICES``, starts the processes in their own process groups with their output
+in the run folder, waits on the engine's own readiness probe, and returns an
+:class:`EngineHandle` whose ``stop()`` tears every group down (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adapters.launch.config import ParallelConfig
+from adapters.launch.engines import EngineLayout, ProcessPlan, plan_engine, unsupported_axes
+from adapters.launch.process import EngineStartError, ManagedProcess, free_port, log_tail
+
+__all__ = [
+    "EngineHandle",
+    "EngineStartError",
+    "LaunchSpec",
+    "UnsupportedConfigError",
+    "launch",
+    "unsupported_axes",
+]
+
+
+class UnsupportedConfigError(EngineStartError):
+    """The configuration asks for something the engine (or the host) cannot run; nothing was started."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    engine: str  # "sim" | "vllm" | "sglang" | "tgi"
+    model: str  # sim: preset name (e.g. "llama-3.1-70b"); others: path or id
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: pick a free port
+    gpu: str | None = None  # sim: GPU preset ("h100", ...); real engines: informational
+    gpus_available: int | None = None
+    extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    container_template: tuple[str, ...] | None = None
+    ready_timeout_s: float = 600.0
+    #: sim only: which engine API the simulated engine speaks (vllm | sglang | tgi).
+    flavor: str = "vllm"
+
+
+class EngineHandle:
+    """A running engine (one or several processes). A context manager; ``stop()`` is idempotent."""
+
+    def __init__(
+        self,
+        url: str,
+        argv: list[str],
+        gpus: int,
+        log_path: Path,
+        processes: Sequence[ManagedProcess],
+        version: str | None = None,
+        layout: EngineLayout | None = None,
+    ) -> None:
+        self.url = url
+        self.argv = argv
+        self.version = version
+        self.gpus = gpus
+        self.log_path = log_path
+        self.processes = list(processes)
+        self.layout = layout
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes if p.pid is not None]
+
+    def alive(self) -> bool:
+        return all(p.alive() for p in self.processes)
+
+    def describe(self) -> dict[str, Any]:
+        """What goes into the run metadata."""
+        return {
+            "url": self.url,
+            "argv": self.argv,
+            "all_argv": [p.argv for p in self.processes],
+            "version": self.version,
+            "gpus": self.gpus,
+            "log": str(self.log_path),
+            "cuda_visible_devices": [p.env.get("CUDA_VISIBLE_DEVICES") for p in self.processes],
+            "forces_output_length": None if self.layout is None else self.layout.forces_output_length,
+        }
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        # front (router) first, then the instances behind it
+        for proc in reversed(self.processes):
+            proc.stop(grace_s)
+
+    def __enter__(self) -> "EngineHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _visible_devices(base_env: Mapping[str, str]) -> list[str] | None:
+    current = base_env.get("CUDA_VISIBLE_DEVICES")
+    if current is None:
+        return None
+    return [d for d in current.split(",") if d.strip()]
+
+
+def _assign_devices(plans: Sequence[ProcessPlan], base_env: Mapping[str, str]) -> list[str | None]:
+    """Disjoint device lists per process, in order (mapped onto an existing CUDA_VISIBLE_DEVICES)."""
+    pool = _visible_devices(base_env)
+    out: list[str | None] = []
+    nxt = 0
+    for plan in plans:
+        if plan.gpus == 0:
+            out.append(None)
+            continue
+        idx = list(range(nxt, nxt + plan.gpus))
+        nxt += plan.gpus
+        if pool is not None:
+            if idx[-1] >= len(pool):
+                raise UnsupportedConfigError(
+                    f"the configuration needs {nxt} GPUs but CUDA_VISIBLE_DEVICES lists {len(pool)}"
+                )
+            out.append(",".join(pool[i] for i in idx))
+        else:
+            out.append(",".join(str(i) for i in idx))
+    return out
+
+
+def _log_path_for(log_path: Path, index: int, role: str) -> Path:
+    if index == 0:
+        return log_path
+    return log_path.with_name(f"{log_path.stem}.{role}{index}{log_path.suffix or '.log'}")
+
+
+def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
+    """Start the engine described by ``spec``; return when it answers its readiness probe."""
+    reasons = unsupported_axes(spec.engine, spec.parallel)
+    if spec.gpus_available is not None and spec.parallel.gpus > spec.gpus_available:
+        reasons.append(f"needs {spec.parallel.gpus} GPUs, only {spec.gpus_available} available")
+    if reasons:
+        raise UnsupportedConfigError(f"{spec.engine} cannot run {spec.parallel.cell_id}: " + "; ".join(reasons))
+    port = spec.port or free_port(spec.host)
+    layout = plan_engine(spec, port, free_port)
+    base_env = dict(os.environ)
+    base_env.update(dict(spec.env))
+    devices = _assign_devices(layout.processes, base_env) if layout.assign_gpus else [None] * len(layout.processes)
+    procs: list[ManagedProcess] = []
+    try:
+        for i, (plan, dev) in enumerate(zip(layout.processes, devices)):
+            env = dict(base_env)
+            env.update(plan.env)
+            if dev is not None:
+                env["CUDA_VISIBLE_DEVICES"] = dev
+            argv = _containerise(spec.container_template, plan.argv, plan.port)
+            proc = ManagedProcess(argv, _log_path_for(log_path, i, plan.role), env=env)
+            procs.append(proc)
+            proc.start()
+        for plan, proc in zip(layout.processes, procs):
+            if plan.ready_path is None:
+                continue
+            remaining = spec.ready_timeout_s
+            proc.wait_ready(f"http://{_connect_host(spec.host)}:{plan.port}{plan.ready_path}", remaining)
+        for plan, proc in zip(layout.processes, procs):
+            for path in plan.extra_ready_paths:
+                proc.wait_ready(f"http://{_connect_host(spec.host)}:{plan.port}{path}", spec.ready_timeout_s)
+    except BaseException:
+        for proc in reversed(procs):
+            proc.stop(grace_s=5.0)
+        raise
+    url = f"http://{_connect_host(spec.host)}:{layout.front_port}"
+    version = layout.version or _probe_version(url, layout.version_paths)
+    return EngineHandle(
+        url=url,
+        argv=list(procs[layout.front_index].argv),
+        gpus=spec.parallel.gpus,
+        log_path=log_path,
+        processes=procs,
+        version=version,
+        layout=layout,
+    )
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def _containerise(template: tuple[str, ...] | None, argv: list[str], port: int) -> list[str]:
+    """Substitute ``{argv}`` (the engine's own argv, spliced in) and ``{port}`` into a user template.
+
+    Example: ``("docker", "run", "--rm", "--gpus", "all", "-p", "{port}:{port}", "IMAGE", "{argv}")``.
+    For images whose entry point is the launcher itself, use ``{args}`` (the argv without
+    its program name).
+    """
+    if not template:
+        return argv
+    out: list[str] = []
+    for part in template:
+        if part == "{argv}":
+            out.extend(argv)
+        elif part == "{args}":
+            out.extend(argv[1:])
+        else:
+            out.append(part.replace("{port}", str(port)))
+    return out
+
+
+def _probe_version(url: str, paths: Sequence[tuple[str, str]]) -> str | None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for path, key in paths:
+        try:
+            with opener.open(url + path, timeout=5) as resp:
+                obj = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+        value = obj.get(key) if isinstance(obj, dict) else None
+        if value:
+            return str(value)
+    return None
+
+
+def sim_command() -> list[str]:
+    """How the simulated engine is started (this interpreter, ``-m bench``)."""
+    return [sys.executable, "-m", "bench", "sim", "serve"]
+
+
+def describe_failure(proc: ManagedProcess) -> str:
+    return log_tail(proc.log_path)

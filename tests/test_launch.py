@@ -1,0 +1,257 @@
+"""Launchers: refused axes, argv per engine, readiness, start-up death, group teardown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from adapters.launch.config import Disagg, ParallelConfig
+from adapters.launch.engines import plan_engine
+from adapters.launch.launcher import EngineStartError, LaunchSpec, UnsupportedConfigError, launch, unsupported_axes
+from adapters.launch.process import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+FIXED_SIM = (sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", "{port}")
+
+
+def _sim_has(flag: str) -> bool:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "sim", "serve", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    return flag in out.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_dead(pid: int, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append(int(entry))
+    return out
+
+
+# -- refused axes ---------------------------------------------------------------------------
+
+
+def test_sim_accepts_every_axis() -> None:
+    assert unsupported_axes("sim", ParallelConfig(tp=4, pp=2, dp=2, ep=8, dcp=2, pcp=2, disagg=Disagg(1, 1))) == []
+
+
+def test_tgi_refuses_everything_but_tp() -> None:
+    assert unsupported_axes("tgi", ParallelConfig(tp=4)) == []
+    reasons = unsupported_axes("tgi", ParallelConfig(tp=2, pp=2, dp=2, disagg=Disagg(1, 1)))
+    assert len(reasons) == 3
+    assert any("pipeline" in r for r in reasons) and any("disaggregation" in r for r in reasons)
+
+
+def test_vllm_ep_width_and_disagg() -> None:
+    assert unsupported_axes("vllm", ParallelConfig(tp=2, dp=2, ep=4)) == []
+    assert unsupported_axes("vllm", ParallelConfig(tp=2, dp=2, ep=2))
+    assert unsupported_axes("vllm", ParallelConfig(tp=2, dcp=2, pcp=2)) == []
+    assert any("disaggregation" in r for r in unsupported_axes("vllm", ParallelConfig(disagg=Disagg(1, 1))))
+
+
+def test_sglang_refuses_context_parallel() -> None:
+    assert unsupported_axes("sglang", ParallelConfig(tp=2, pp=2, dp=2, ep=4, disagg=Disagg(1, 1))) == []
+    assert len(unsupported_axes("sglang", ParallelConfig(tp=2, dcp=2, pcp=2))) == 2
+
+
+def test_unknown_engine() -> None:
+    assert unsupported_axes("nope", ParallelConfig()) != []
+
+
+def test_launch_refuses_before_starting(tmp_path: Path) -> None:
+    spec = LaunchSpec("tgi", "m", ParallelConfig(pp=2))
+    with pytest.raises(UnsupportedConfigError, match="pipeline"):
+        launch(spec, tmp_path / "engine.log")
+    with pytest.raises(UnsupportedConfigError, match="needs 8 GPUs, only 4"):
+        launch(LaunchSpec("vllm", "m", ParallelConfig(tp=8), gpus_available=4), tmp_path / "engine.log")
+    assert not (tmp_path / "engine.log").exists()
+
+
+# -- argv -----------------------------------------------------------------------------------
+
+
+def test_sim_argv_is_the_agreed_one() -> None:
+    spec = LaunchSpec("sim", "llama-3.1-70b", ParallelConfig(tp=4, dp=2, disagg=Disagg(1, 2)), gpu="h200",
+                      extra_args=("--seed", "3"), flavor="sglang")  # fmt: skip
+    (plan,) = plan_engine(spec, 4321, free_port).processes
+    assert plan.argv == [
+        sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", "4321",
+        "--timing", "model", "--flavor", "sglang", "--model-preset", "llama-3.1-70b", "--gpu", "h200",
+        "--tp", "4", "--pp", "1", "--dp", "2", "--ep", "1", "--dcp", "1", "--pcp", "1",
+        "--disagg", "1:2", "--seed", "3",
+    ]  # fmt: skip
+
+
+def test_vllm_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCH_VLLM_PYTHON", "/opt/vllm/bin/python")
+    spec = LaunchSpec("vllm", "/models/tiny", ParallelConfig(tp=2, pp=2, dp=2, ep=4, dcp=2, extra_args=("--enforce-eager",)))
+    (plan,) = plan_engine(spec, 9000, free_port).processes
+    a = plan.argv
+    assert a[:4] == ["/opt/vllm/bin/python", str(REPO / "adapters/launch/vllm_entry.py"), "serve", "/models/tiny"]
+    for flag, value in (("--tensor-parallel-size", "2"), ("--pipeline-parallel-size", "2"),
+                        ("--data-parallel-size", "2"), ("--decode-context-parallel-size", "2"), ("--port", "9000")):  # fmt: skip
+        assert a[a.index(flag) + 1] == value
+    assert "--enable-expert-parallel" in a and a[-1] == "--enforce-eager"
+    assert plan.gpus == 8 and plan.extra_ready_paths == ("/v1/models",)
+
+
+def test_sglang_disagg_has_router_and_disjoint_gpus(tmp_path: Path) -> None:
+    from adapters.launch.launcher import _assign_devices
+
+    spec = LaunchSpec("sglang", "m", ParallelConfig(tp=2, disagg=Disagg(1, 2)))
+    layout = plan_engine(spec, 30000, free_port)
+    roles = [p.role for p in layout.processes]
+    assert roles == ["prefill", "decode", "decode", "router"]
+    assert layout.processes[layout.front_index].port == 30000
+    assert all("--enable-metrics" in p.argv for p in layout.processes[:3])
+    devices = _assign_devices(layout.processes, {})
+    assert devices == ["0,1", "2,3", "4,5", None]
+    devices = _assign_devices(layout.processes, {"CUDA_VISIBLE_DEVICES": "7,6,5,4,3,2"})
+    assert devices == ["7,6", "5,4", "3,2", None]
+    with pytest.raises(UnsupportedConfigError):
+        _assign_devices(layout.processes, {"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+def test_tgi_argv_and_output_length_not_forced() -> None:
+    layout = plan_engine(LaunchSpec("tgi", "org/model", ParallelConfig(tp=2)), 3000, free_port)
+    a = layout.processes[0].argv
+    assert a[:3] == ["text-generation-launcher", "--model-id", "org/model"]
+    assert a[a.index("--num-shard") + 1] == "2" and "--prometheus-port" in a
+    assert layout.forces_output_length is False
+
+
+def test_argv_is_never_a_shell_string() -> None:
+    spec = LaunchSpec("vllm", "m; rm -rf /", ParallelConfig(), extra_args=("$(whoami)",), container_template=("docker", "run", "img", "{argv}"))
+    (plan,) = plan_engine(spec, 1, free_port).processes
+    assert "m; rm -rf /" in plan.argv and "$(whoami)" in plan.argv
+
+
+# -- lifecycle (the fixed-timing simulated engine through a command template) ---------------
+
+
+def test_launch_ready_and_teardown(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    spec = LaunchSpec("sim", "llama-3.1-8b", container_template=FIXED_SIM, ready_timeout_s=60)
+    with launch(spec, log) as handle:
+        assert handle.version and handle.version.startswith("bench-sim")
+        assert handle.argv[:3] == [sys.executable, "-m", "bench"]
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(handle.url + "/health", timeout=5) as resp:
+            assert resp.status == 200
+        pids = handle.pids
+        assert pids and all(_alive(p) for p in pids)
+    assert all(_wait_dead(p) for p in pids)
+    assert log.exists()
+
+
+def test_startup_death_reports_log_tail(tmp_path: Path) -> None:
+    template = (sys.executable, "-c", "import sys; print('out of memory: weights need 140 GB'); sys.exit(3)")
+    spec = LaunchSpec("sim", "llama-3.1-70b", container_template=template, ready_timeout_s=30)
+    with pytest.raises(EngineStartError, match="(?s)code 3.*out of memory: weights need 140 GB"):
+        launch(spec, tmp_path / "engine.log")
+
+
+def test_ready_timeout(tmp_path: Path) -> None:
+    template = (sys.executable, "-c", "import time; print('loading...', flush=True); time.sleep(60)")
+    spec = LaunchSpec("sim", "m", container_template=template, ready_timeout_s=1.5)
+    t = time.monotonic()
+    with pytest.raises(EngineStartError, match="(?s)not ready after 1.5 s.*loading"):
+        launch(spec, tmp_path / "engine.log")
+    assert time.monotonic() - t < 20
+
+
+WORKER_SERVER = """
+import http.server, signal, subprocess, sys
+w = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+open(sys.argv[2], "w").write(str(w.pid))
+
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+"""
+
+
+def test_teardown_kills_the_whole_group(tmp_path: Path) -> None:
+    """A worker that ignores SIGTERM must not survive teardown."""
+    script = tmp_path / "server.py"
+    script.write_text(WORKER_SERVER)
+    pidfile = tmp_path / "worker.pid"
+    spec = LaunchSpec("sim", "m", container_template=(sys.executable, str(script), "{port}", str(pidfile)), ready_timeout_s=30)
+    handle = launch(spec, tmp_path / "engine.log")
+    worker = int(pidfile.read_text())
+    assert _alive(worker) and handle.alive()
+    t = time.monotonic()
+    handle.stop(grace_s=1.0)
+    assert _wait_dead(worker, 10)
+    assert time.monotonic() - t < 15
+
+
+# -- killing bench mid-run ------------------------------------------------------------------
+
+
+def test_killing_bench_leaves_no_engine_behind(tmp_path: Path) -> None:
+    """SIGKILL bench while requests are in flight: the engine it started must go too."""
+    argv = [sys.executable, "-m", "bench", "run", "--out", str(tmp_path / "run"), "--requests", "2000",
+            "--concurrency", "4", "--output-tokens", "64", "--no-progress"]  # fmt: skip
+    if _sim_has("--timing"):
+        argv += ["--engine", "sim", "--launch", "--model", "llama-3.1-8b"] if _run_has_launch() else []
+    bench = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        engines: list[int] = []
+        while time.monotonic() < deadline:
+            engines = _children(bench.pid)
+            if engines and list((tmp_path / "run").glob("requests/part-*.parquet")):
+                break  # the engine is up and answers are being recorded
+            time.sleep(0.2)
+        assert engines, "bench never started its engine"
+        assert list((tmp_path / "run").glob("requests/part-*.parquet")), "no request was recorded"
+        bench.kill()
+        bench.wait(10)
+        for pid in engines:
+            assert _wait_dead(pid, 20), f"engine process {pid} survived bench"
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(10)
+
+
+def _run_has_launch() -> bool:
+    out = subprocess.run([sys.executable, "-m", "bench", "run", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    return "--launch" in out.stdout
