@@ -1,0 +1,518 @@
+"""bench's own lean HTTP/1.1 client transport, built for timing.
+
+Why not aiohttp: every read there passes through a protocol object, a flow-controlled
+stream reader and a task wake-up before user code sees it, and the send time can only
+be caught from a trace hook. Here the socket is read straight from the event loop's
+readiness callback, so per read the work is: ``recv``, one clock read, HTTP chunk
+de-framing, one call into the sink. The send time is stamped right after the request
+bytes were accepted by the kernel socket (the request "reached the socket").
+
+Clocks:
+``user``   ``perf_counter_ns()`` taken right after ``recv`` returned.
+``kernel`` the kernel's receive timestamp of the data (``SO_TIMESTAMPNS`` read with
+           ``recvmsg``): when the last packet of the read reached the socket, however
+           late the client gets round to reading it. The kernel stamps CLOCK_REALTIME;
+           it is converted to the monotonic ``perf_counter_ns`` timeline with an offset
+           re-measured every second. Where the platform gives no timestamp for a read,
+           that read falls back to the user stamp and is counted (``describe()``).
+
+Connections are kept alive and reused (a freed closed-loop slot sends at once); a
+reused connection that the server had closed is retried once on a fresh one, only when
+not a single response byte arrived. One stall watchdog per transport (not one timer per
+read) enforces the silence timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import sys
+import time
+from typing import Literal
+from urllib.parse import urlsplit
+
+from adapters.base import HttpCall
+from loadgen.recorder import StreamError
+from loadgen.transport import Sink, Timeouts
+
+_now = time.perf_counter_ns
+
+Clock = Literal["user", "kernel"]
+
+#: Linux values (not exported by Python's socket module).
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@qq")
+_READ_SIZE = 1 << 18
+_ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _CHUNK_TRAILER, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
+
+
+def kernel_timestamps_supported() -> bool:
+    """True when this platform can stamp received TCP data in the kernel."""
+    if not sys.platform.startswith("linux") or not hasattr(socket.socket, "recvmsg"):
+        return False
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def realtime_offset_ns(samples: int = 5) -> int:
+    """CLOCK_REALTIME minus the perf_counter clock, from the tightest of a few reads."""
+    best_width = None
+    offset = 0
+    for _ in range(samples):
+        a = _now()
+        r = time.time_ns()
+        b = _now()
+        if best_width is None or b - a < best_width:
+            best_width = b - a
+            offset = r - (a + b) // 2
+    return offset
+
+
+class _Conn:
+    __slots__ = ("sock", "fd", "reused")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.reused = False
+
+
+class _Exchange:
+    """One request/response on one connection: the readiness callback and its parser."""
+
+    __slots__ = (
+        "transport",
+        "conn",
+        "sink",
+        "future",
+        "state",
+        "buf",
+        "remaining",
+        "keep_alive",
+        "got_bytes",
+        "last_read_ns",
+        "head_only",
+    )
+
+    def __init__(self, transport: RawHttpTransport, conn: _Conn, sink: Sink, future: asyncio.Future[None], head_only: bool) -> None:
+        self.transport = transport
+        self.conn = conn
+        self.sink = sink
+        self.future = future
+        self.state = _HEAD
+        self.buf = b""
+        self.remaining = 0
+        self.keep_alive = True
+        self.got_bytes = False
+        self.last_read_ns = _now()
+        self.head_only = head_only
+
+    # -- the hot path ------------------------------------------------------------------
+    def on_readable(self) -> None:
+        t = self.transport
+        try:
+            if t.kernel_clock:
+                data, anc, _flags, _addr = self.conn.sock.recvmsg(_READ_SIZE, _ANC_SIZE)
+                now = _now()
+                if anc:
+                    ts = _TIMESPEC.unpack_from(anc[0][2])
+                    ts_ns = ts[0] * 1_000_000_000 + ts[1] - t.offset_ns
+                    # never after the moment we read it (guards against offset noise)
+                    if ts_ns > now:
+                        ts_ns = now
+                else:
+                    ts_ns = now
+                    t.user_fallback_reads += 1
+            else:
+                data = self.conn.sock.recv(_READ_SIZE)
+                ts_ns = _now()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(StreamError("stream_reset", f"connection error mid-response: {exc}"))
+            return
+        self.last_read_ns = ts_ns
+        if not data:
+            self._eof()
+            return
+        self.got_bytes = True
+        state = self.state
+        try:
+            if state == _CHUNK_SIZE and not self.buf:
+                # Fast path: the read holds whole HTTP chunks (the usual case for SSE).
+                out = self._dechunk(data)
+            elif state == _HEAD:
+                self._head(ts_ns, data)
+                return
+            elif state == _LENGTH:
+                out = data[: self.remaining]
+                self.remaining -= len(out)
+                if self.remaining <= 0:
+                    self.state = _DONE
+            elif state == _UNTIL_CLOSE:
+                out = data
+            else:
+                out = self._dechunk(self.buf + data)
+        except StreamError as exc:
+            self._fail(exc)
+            return
+        if out:
+            self.sink.data(ts_ns, out)
+        if self.state == _DONE:
+            self._complete()
+
+    def _dechunk(self, data: bytes) -> bytes:
+        """Strip HTTP/1.1 chunked framing; keeps any partial frame in ``buf``."""
+        out: list[bytes] = []
+        pos = 0
+        end = len(data)
+        state = self.state
+        remaining = self.remaining
+        while pos < end:
+            if state == _CHUNK_SIZE:
+                nl = data.find(b"\r\n", pos)
+                if nl < 0:
+                    break
+                line = data[pos:nl]
+                semi = line.find(b";")
+                try:
+                    size = int(line if semi < 0 else line[:semi], 16)
+                except ValueError:
+                    self.buf = b""
+                    raise StreamError("http_protocol", f"bad chunk size line {line[:40]!r}") from None
+                pos = nl + 2
+                if size == 0:
+                    state = _CHUNK_TRAILER
+                    continue
+                if end - pos >= size + 2:  # whole chunk present
+                    out.append(data[pos : pos + size])
+                    pos += size + 2
+                    continue
+                remaining = size
+                state = _CHUNK_DATA
+            elif state == _CHUNK_DATA:
+                take = min(remaining, end - pos)
+                out.append(data[pos : pos + take])
+                pos += take
+                remaining -= take
+                if remaining:
+                    break
+                remaining = 2
+                state = _CHUNK_CRLF
+            elif state == _CHUNK_CRLF:  # the CRLF that closes a data chunk
+                skip = min(remaining, end - pos)
+                pos += skip
+                remaining -= skip
+                if remaining == 0:
+                    state = _CHUNK_SIZE
+            else:  # _CHUNK_TRAILER: optional trailer lines, then an empty line
+                nl = data.find(b"\r\n", pos)
+                if nl < 0:
+                    break
+                if nl == pos:
+                    state = _DONE
+                    pos = nl + 2
+                    break
+                pos = nl + 2
+        self.state = state
+        self.remaining = remaining
+        self.buf = data[pos:] if pos < end and state != _DONE else b""
+        if state == _DONE and pos < end:
+            self.keep_alive = False  # bytes past the response: do not reuse
+        if not out:
+            return b""
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    # -- the head, once per response ---------------------------------------------------
+    def _head(self, ts_ns: int, data: bytes) -> None:
+        buf = self.buf + data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > 65536:
+                self._fail(StreamError("http_protocol", "response head larger than 64 KiB"))
+                return
+            self.buf = buf
+            return
+        lines = buf[:end].split(b"\r\n")
+        status_line = lines[0].split(b" ", 2)
+        try:
+            if not status_line[0].startswith(b"HTTP/1."):
+                raise ValueError
+            status = int(status_line[1])
+        except (ValueError, IndexError):
+            self._fail(StreamError("http_protocol", f"bad status line {lines[0][:60]!r}"))
+            return
+        if 100 <= status < 200:  # interim response (100 Continue): wait for the real one
+            self.buf = buf[end + 4 :]
+            if self.buf:
+                self._head(ts_ns, b"")
+            return
+        length: int | None = None
+        chunked = False
+        keep_alive = status_line[0] == b"HTTP/1.1"
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                try:
+                    length = int(value.strip())
+                except ValueError:
+                    self._fail(StreamError("http_protocol", "bad Content-Length"))
+                    return
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                v = value.strip().lower()
+                keep_alive = v == b"keep-alive" or (keep_alive and v != b"close")
+        self.keep_alive = keep_alive
+        self.sink.headers(ts_ns, status)
+        rest = buf[end + 4 :]
+        self.buf = b""
+        if self.head_only or status in (204, 304):
+            self.state = _DONE
+        elif chunked:
+            self.state = _CHUNK_SIZE
+        elif length is not None:
+            self.state = _LENGTH
+            self.remaining = length
+            if length == 0:
+                self.state = _DONE
+        else:
+            self.state = _UNTIL_CLOSE
+            self.keep_alive = False
+        if rest and self.state != _DONE:
+            try:
+                if self.state == _LENGTH:
+                    out = rest[: self.remaining]
+                    self.remaining -= len(out)
+                    if self.remaining <= 0:
+                        self.state = _DONE
+                elif self.state == _UNTIL_CLOSE:
+                    out = rest
+                else:
+                    out = self._dechunk(rest)
+            except StreamError as exc:
+                self._fail(exc)
+                return
+            if out:
+                self.sink.data(ts_ns, out)
+        if self.state == _DONE:
+            self._complete()
+
+    # -- endings -----------------------------------------------------------------------
+    def _eof(self) -> None:
+        if self.state == _UNTIL_CLOSE:
+            self.keep_alive = False
+            self._complete()
+        elif not self.got_bytes and self.conn.reused:
+            self._fail(_StaleConnection())
+        else:
+            self._fail(StreamError("stream_reset", "connection closed mid-response"))
+
+    def _complete(self) -> None:
+        t = self.transport
+        t._detach(self)
+        if self.keep_alive:
+            t._release(self.conn)
+        else:
+            t._discard(self.conn)
+        if not self.future.done():
+            self.future.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        t = self.transport
+        t._detach(self)
+        t._discard(self.conn)
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+class _StaleConnection(Exception):
+    """A kept-alive connection the server had already closed (retried once)."""
+
+
+class RawHttpTransport:
+    """The lean transport (see the module docstring). Plain HTTP only (no TLS)."""
+
+    def __init__(self, base_url: str, timeouts: Timeouts = Timeouts(), clock: Clock = "user") -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http":
+            raise ValueError(f"the raw transport speaks plain http only, not {parts.scheme!r} (use --transport aiohttp)")
+        if clock not in ("user", "kernel"):
+            raise ValueError(f"clock must be 'user' or 'kernel', not {clock!r}")
+        self.base_url = base_url.rstrip("/")
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+        host_header = parts.netloc
+        self._host_line = f"Host: {host_header}\r\n".encode()
+        self.timeouts = timeouts
+        self.requested_clock: Clock = clock
+        self.kernel_clock = clock == "kernel" and kernel_timestamps_supported()
+        self.offset_ns = realtime_offset_ns() if self.kernel_clock else 0
+        self.user_fallback_reads = 0
+        self.connections_opened = 0
+        self._idle: list[_Conn] = []
+        self._active: set[_Exchange] = set()
+        self._addr: tuple[str, int] | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    @property
+    def clock(self) -> str:
+        """The clock actually used: ``kernel`` or ``user``."""
+        return "kernel" if self.kernel_clock else "user"
+
+    # -- connections -------------------------------------------------------------------
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Conn:
+        if self._addr is None:
+            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            if not infos:
+                raise StreamError("connect", f"cannot resolve {self.host}")
+            family, _, _, _, addr = infos[0]
+            self._addr = addr[:2]
+            self._family = family
+        sock = socket.socket(self._family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.kernel_clock:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            await asyncio.wait_for(loop.sock_connect(sock, self._addr), self.timeouts.connect)
+        except asyncio.TimeoutError:
+            sock.close()
+            raise StreamError("connect", f"cannot connect to {self.base_url}: timed out") from None
+        except OSError as exc:
+            sock.close()
+            raise StreamError("connect", f"cannot connect to {self.base_url}: {exc}") from None
+        except BaseException:
+            sock.close()
+            raise
+        self.connections_opened += 1
+        return _Conn(sock)
+
+    def _release(self, conn: _Conn) -> None:
+        if self._closed:
+            conn.sock.close()
+            return
+        conn.reused = True
+        self._idle.append(conn)
+
+    def _discard(self, conn: _Conn) -> None:
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    def _detach(self, ex: _Exchange) -> None:
+        if ex in self._active:
+            self._active.discard(ex)
+            try:
+                self._loop.remove_reader(ex.conn.fd)  # type: ignore[union-attr]
+            except (ValueError, OSError):
+                pass
+
+    def _request_bytes(self, call: HttpCall) -> bytes:
+        head = [f"{call.method} {self.prefix}{call.path} HTTP/1.1\r\n".encode(), self._host_line]
+        for name, value in call.headers:
+            head.append(f"{name}: {value}\r\n".encode())
+        head.append(f"Content-Length: {len(call.body)}\r\nAccept: text/event-stream, */*\r\n\r\n".encode())
+        return b"".join(head) + call.body
+
+    # -- the seam ----------------------------------------------------------------------
+    async def send(self, call: HttpCall, sink: Sink) -> None:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        if self._watchdog is None:
+            self._arm_watchdog()
+        payload = self._request_bytes(call)
+        for attempt in (0, 1):
+            conn = self._idle.pop() if self._idle else await self._connect(loop)
+            try:
+                await self._exchange(loop, conn, payload, sink, call.method == "HEAD")
+                return
+            except _StaleConnection:
+                if attempt:
+                    raise StreamError("stream_reset", "connection closed before any response byte") from None
+
+    async def _exchange(self, loop: asyncio.AbstractEventLoop, conn: _Conn, payload: bytes, sink: Sink, head_only: bool) -> None:
+        future: asyncio.Future[None] = loop.create_future()
+        ex = _Exchange(self, conn, sink, future, head_only)
+        sock = conn.sock
+        try:
+            sent = sock.send(payload)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._discard(conn)
+            if conn.reused:
+                raise _StaleConnection() from None
+            raise StreamError("stream_reset", f"send failed: {exc}") from None
+        if sent < len(payload):
+            try:
+                await loop.sock_sendall(sock, payload[sent:])
+            except OSError as exc:
+                self._discard(conn)
+                if conn.reused:
+                    raise _StaleConnection() from None
+                raise StreamError("stream_reset", f"send failed: {exc}") from None
+        sink.sent(_now())
+        ex.last_read_ns = _now()
+        self._active.add(ex)
+        loop.add_reader(conn.fd, ex.on_readable)
+        try:
+            await future
+        except asyncio.CancelledError:
+            self._detach(ex)
+            self._discard(conn)
+            raise
+
+    def _arm_watchdog(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        self._watchdog = loop.call_later(1.0, self._check_stalls)
+
+    def _check_stalls(self) -> None:
+        """Once a second: fail exchanges silent for longer than the stall timeout."""
+        if self._closed:
+            return
+        if self.kernel_clock:
+            self.offset_ns = realtime_offset_ns()
+        limit = int(self.timeouts.stall * 1e9)
+        now = _now()
+        for ex in [e for e in self._active if now - e.last_read_ns > limit]:
+            ex._fail(StreamError("timeout", f"no data for {self.timeouts.stall:g} s"))
+        self._arm_watchdog()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        for ex in list(self._active):
+            ex._fail(StreamError("cancelled", "transport closed"))
+        for conn in self._idle:
+            self._discard(conn)
+        self._idle.clear()
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "transport": "raw",
+            "clock": self.clock,
+            "clock_requested": self.requested_clock,
+            "kernel_reads_without_timestamp": self.user_fallback_reads,
+            "connections_opened": self.connections_opened,
+            "pool_limit": "unlimited",
+            "timeouts": {"connect": self.timeouts.connect, "stall": self.timeouts.stall, "total": self.timeouts.total},
+        }

@@ -1,0 +1,160 @@
+"""bench's own HTTP/1.1 transport: framing, failures, keep-alive and both clocks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from adapters.openai import OpenAIAdapter
+from analysis.load import load_run
+from bench.execute import RunConfig, execute_run
+from loadgen.rawhttp import RawHttpTransport, kernel_timestamps_supported
+from loadgen.runner import RunOptions
+from loadgen.transport import Timeouts
+from sim.server import ServerConfig, create_app, serve_in_process
+from sim.timing import FixedTiming
+from tests.test_runner_failures import _schedule, faulty
+from workloads.spec import RequestSpec, Schedule
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.sent_ns: int | None = None
+        self.status: int | None = None
+        self.body = b""
+        self.reads: list[int] = []
+
+    def sent(self, ts: int) -> None:
+        self.sent_ns = ts
+
+    def headers(self, ts: int, status: int) -> None:
+        self.status = status
+
+    def data(self, ts: int, data: bytes) -> None:
+        self.reads.append(ts)
+        self.body += data
+
+
+def _chunked(parts: list[bytes]) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+def test_dechunking_copes_with_every_split_point() -> None:
+    from loadgen.rawhttp import _CHUNK_SIZE, _DONE, _Exchange
+
+    parts = [b"data: {\"a\":1}\n\n", b"x" * 300, b"data: [DONE]\n\n"]
+    wire = _chunked(parts)
+    for cut in range(1, len(wire)):
+        for pieces in ([wire[:cut], wire[cut:]], [wire[i : i + 1] for i in range(0, len(wire))] if cut == 1 else []):
+            if not pieces:
+                continue
+            ex = _Exchange.__new__(_Exchange)
+            ex.state, ex.buf, ex.remaining, ex.keep_alive = _CHUNK_SIZE, b"", 0, True
+            out = b""
+            for p in pieces:
+                out += ex._dechunk(ex.buf + p if ex.state != _CHUNK_SIZE or ex.buf else p)
+            assert out == b"".join(parts), cut
+            assert ex.state == _DONE and ex.keep_alive
+
+
+async def _one(url: str, transport: RawHttpTransport, path: str = "/v1/completions") -> _Sink:
+    adapter = OpenAIAdapter(model="sim-model")
+    spec = RequestSpec("r", 4, 5, prompt="hello there")
+    sink = _Sink()
+    call = adapter.build(spec)
+    await transport.send(type(call)(call.method, path, call.body, call.headers), sink)
+    return sink
+
+
+@pytest.mark.parametrize("clock", ["user", "kernel"])
+def test_streams_from_the_sim_reuse_the_connection_and_stamp_in_order(clock: str) -> None:
+    async def main() -> tuple[list[_Sink], RawHttpTransport, int, int]:
+        cfg = ServerConfig(timing=FixedTiming(0.02, 0.005))
+        async with serve_in_process(create_app(cfg)) as url:
+            t = RawHttpTransport(url, Timeouts(stall=5.0), clock=clock)  # type: ignore[arg-type]
+            before = time.perf_counter_ns()
+            sinks = [await _one(url, t) for _ in range(3)]
+            after = time.perf_counter_ns()
+            await t.close()
+            return sinks, t, before, after
+
+    sinks, t, before, after = asyncio.run(main())
+    for s in sinks:
+        assert s.status == 200 and s.body.endswith(b"data: [DONE]\n\n")
+        assert s.body.count(b"data: ") == 5 + 2  # five tokens, usage frame, [DONE]
+        assert s.sent_ns is not None and before < s.sent_ns < s.reads[0] <= after
+        assert s.reads == sorted(s.reads)
+        # TTFT of 20 ms is seen as such (generous upper bound: shared CPU)
+        assert 15e6 < s.reads[0] - s.sent_ns < 500e6
+    assert t.connections_opened == 1  # keep-alive reuse
+    expected = "kernel" if clock == "kernel" and kernel_timestamps_supported() else "user"
+    assert t.clock == expected and t.describe()["clock"] == expected
+
+
+def test_failures_are_classified_like_the_aiohttp_transport(tmp_path: Path) -> None:
+    modes = ["ok", "http500", "reset", "malformed", "no_done", "stall", "ok"]
+
+    async def main() -> Path:
+        app = web.Application()
+        app.router.add_post("/v1/completions", faulty)
+        async with serve_in_process(app) as url:
+            cfg = RunConfig(
+                out=tmp_path / "run",
+                url=url,
+                engine="test",
+                model="m",
+                schedule=_schedule(modes),
+                options=RunOptions(progress=False),
+                timeouts=Timeouts(stall=1.0),
+            )
+            transport = RawHttpTransport(url, cfg.timeouts)
+            res = await execute_run(cfg, OpenAIAdapter(model="m"), transport=transport, install_signals=False)
+            await transport.close()
+            return res.run_dir
+
+    run = load_run(asyncio.run(main()))
+    rows = {r["request_id"].split("-", 1)[1]: r for r in run.requests.to_pylist()}
+    assert rows["ok"]["ok"] and rows["ok"]["output_tokens"] == 2
+    assert rows["http500"]["error_type"] == "http_error" and rows["http500"]["http_status"] == 500
+    assert rows["reset"]["error_type"] in ("stream_reset", "no_done")
+    assert rows["malformed"]["error_type"] == "malformed_chunk"
+    assert rows["no_done"]["error_type"] == "no_done"
+    assert rows["stall"]["error_type"] == "timeout"
+
+
+def test_connection_refused_and_https_are_clear() -> None:
+    from adapters.launch.process import free_port
+    from loadgen.recorder import StreamError
+
+    async def main() -> None:
+        t = RawHttpTransport(f"http://127.0.0.1:{free_port()}", Timeouts(connect=2.0))
+        with pytest.raises(StreamError) as info:
+            await _one("", t)
+        assert info.value.error_type == "connect"
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="plain http"):
+        RawHttpTransport("https://example.invalid")
+
+
+def test_closed_loop_run_over_raw_transport(tmp_path: Path) -> None:
+    specs = tuple(RequestSpec(f"r{i}", 4, 8, prompt="p") for i in range(12))
+    sched = Schedule("c", 0, "closed", specs, concurrency=4)
+
+    async def main() -> Path:
+        cfg_s = ServerConfig(timing=FixedTiming(0.01, 0.002))
+        async with serve_in_process(create_app(cfg_s)) as url:
+            cfg = RunConfig(out=tmp_path / "run", url=url, engine="sim", model="sim-model", schedule=sched,
+                            options=RunOptions(progress=False))
+            transport = RawHttpTransport(url, cfg.timeouts)
+            res = await execute_run(cfg, OpenAIAdapter(model="sim-model"), transport=transport, install_signals=False)
+            await transport.close()
+            assert transport.connections_opened <= 5
+            return res.run_dir
+
+    rows = load_run(asyncio.run(main())).requests.to_pylist()
+    assert len(rows) == 12 and all(r["ok"] and r["output_tokens"] == 8 for r in rows)
