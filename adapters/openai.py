@@ -47,10 +47,14 @@ def loads(payload: bytes) -> Any:
 class OpenAIStreamParser:
     """Parses one streamed OpenAI-style response (completions or chat)."""
 
-    __slots__ = ("_chat",)
+    __slots__ = ("_chat", "_continuous")
 
     def __init__(self, chat: bool) -> None:
         self._chat = chat
+        # Usage on a choices chunk is cumulative only if every text chunk so far carried it
+        # (vLLM continuous_usage_stats); servers that put usage only in their last text chunk
+        # (transformers serve, llama.cpp) give the final count there, not a per-chunk one.
+        self._continuous = True
 
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
@@ -94,14 +98,20 @@ class OpenAIStreamParser:
             t = choice.get("text")
             if t:
                 kind, text = EventKind.CONTENT, t
-        cumulative = usage.get("completion_tokens") if usage else None
-        prompt_tokens = usage.get("prompt_tokens") if usage else None
+        if not usage:
+            if text:
+                self._continuous = False
+            return StreamEvent(kind, text=text, finish_reason=choice.get("finish_reason"), server_request_id=rid)
+        details = usage.get("prompt_tokens_details") or {}
+        final = usage.get("completion_tokens")
         return StreamEvent(
             kind,
             text=text,
-            cumulative=cumulative,
+            cumulative=final if self._continuous else None,
             finish_reason=choice.get("finish_reason"),
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=None if self._continuous else final,
+            cached_tokens=details.get("cached_tokens"),
             server_request_id=rid,
         )
 
