@@ -1,0 +1,114 @@
+"""`bench run` end to end on the embedded engine: timing, durability, errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from analysis.load import load_run
+from tests.conftest import bench_argv
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(bench_argv(*args), capture_output=True, text=True, timeout=timeout)
+
+
+def test_timing_matches_the_embedded_engine(tmp_path: Path) -> None:
+    """Engine set to TTFT 50 ms / ITL 10 ms at 16 in flight: TTFT p50 within 2 ms, ITL p50 within 0.5 ms."""
+    out = tmp_path / "run"
+    p = _run(
+        "run", "--concurrency", "16", "--requests", "96", "--input-tokens", "32", "--output-tokens", "64",
+        "--sim-ttft-ms", "50", "--sim-itl-ms", "10", "--out", str(out), "--json", "--no-progress",
+    )
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["requests"]["ok"] == 96 and s["requests"]["failed"] == 0
+    ttft, itl = s["latency"]["ttft_ms"]["p50"], s["latency"]["itl_ms"]["p50"]
+    print(f"TTFT p50 {ttft:.3f} ms, ITL p50 {itl:.3f} ms")
+    assert abs(ttft - 50) <= 2.0
+    assert abs(itl - 10) <= 0.5
+    assert s["tokens"]["sources"] == {"server_cumulative": 96}
+    assert (out / "run.parquet").exists() and (out / "schedule.parquet").exists()
+    assert (out / "engine.log").exists()
+
+
+def test_sigkill_mid_run_leaves_readable_rows(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        bench_argv("run", "--concurrency", "8", "--requests", "100000", "--output-tokens", "8",
+                   "--sim-itl-ms", "1", "--sim-ttft-ms", "5", "--out", str(out), "--no-progress"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list((out / "requests").glob("part-*.parquet")):
+            time.sleep(0.2)
+        time.sleep(2.5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    parts = sorted((out / "requests").glob("part-*.parquet"))
+    assert parts, "no part file flushed before the kill"
+    rows = sum(pq.read_table(p).num_rows for p in parts)
+    assert rows > 50
+    run = load_run(out)
+    assert run.meta["status"] == "running"  # killed: never marked complete
+    assert run.requests.num_rows == rows
+    # the engine subprocess died with its parent (PDEATHSIG)
+    time.sleep(1.0)
+    log = (out / "engine.log").read_text() if (out / "engine.log").exists() else ""
+    assert "Traceback" not in log
+
+
+def test_ctrl_c_stops_cleanly_with_a_complete_file(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        bench_argv("run", "--concurrency", "8", "--requests", "100000", "--output-tokens", "50",
+                   "--out", str(out), "--no-progress"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out / "requests").exists():
+        time.sleep(0.2)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    run = load_run(out)
+    assert run.meta["status"] == "interrupted"
+    types = set(run.requests.column("error_type").to_pylist())
+    assert "cancelled" in types  # in-flight requests recorded, not dropped
+    assert "requests:" in stdout  # the summary was still printed
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--rate", "-1"], "--rate"),
+        (["--rate", "2", "--concurrency", "4"], "not both"),
+        (["--requests", "0"], "--requests"),
+        (["--concurrency", "2", "--slo", "ttft=5"], "SLO"),
+        (["--concurrency", "2", "--slo", "ttft_ms=abc"], "not a number"),
+        (["--arrival", "sometimes", "--rate", "1"], "arrival"),
+        (["--concurrency", "2", "--percentiles", "50,200"], "percentiles"),
+    ],
+)
+def test_nonsense_arguments_get_one_line_errors(tmp_path: Path, args: list[str], needle: str) -> None:
+    p = _run("run", "--out", str(tmp_path / "x"), *args, timeout=60)
+    assert p.returncode == 2
+    err = p.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_summary_of_missing_folder_is_one_line(tmp_path: Path) -> None:
+    p = _run("summary", str(tmp_path / "nope"), timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
