@@ -36,6 +36,7 @@ class RequestRecorder:
         "send_ns",
         "first_byte_ns",
         "end_ns",
+        "last_data_ns",
         "status",
         "_framer",
         "_parser",
@@ -57,6 +58,8 @@ class RequestRecorder:
         self.send_ns: int | None = None
         self.first_byte_ns: int | None = None
         self.end_ns: int | None = None
+        #: When the last body bytes arrived: the end of a complete response.
+        self.last_data_ns: int | None = None
         self.status: int | None = None
         self._framer = SSEFramer()
         self._parser = parser
@@ -79,6 +82,7 @@ class RequestRecorder:
 
     def data(self, ts_ns: int, data: bytes) -> None:
         """Body bytes read at ``ts_ns``. Returns quickly; never raises on bad payloads."""
+        self.last_data_ns = ts_ns
         if self.status is not None and self.status >= 400:
             self._body += data[: 2048 - len(self._body)] if len(self._body) < 2048 else b""
             return

@@ -109,7 +109,10 @@ class Runner:
             error = StreamError("client_error", f"{type(exc).__name__}: {exc}")
         finally:
             stats.in_flight -= 1
-        record = recorder.finish(_now(), error, self._requires_done, self.options.save_text)
+        # A complete response ended with its last bytes; a failed one when it failed.
+        last = recorder.last_data_ns
+        end = last if error is None and last is not None else _now()
+        record = recorder.finish(end, error, self._requires_done, self.options.save_text)
         self.writer.add_record(record)
         if record.ok:
             stats.completed += 1
@@ -122,25 +125,33 @@ class Runner:
             raise asyncio.CancelledError
         return record, recorder.answer_text
 
-    async def _run_session_from(self, spec: RequestSpec, intended_ns: int, call: HttpCall | None) -> None:
-        """Send ``spec``; if it opens a session, send the later turns after each answer."""
+    async def _run_session_from(self, spec: RequestSpec, intended_ns: int, call: HttpCall | None) -> int | None:
+        """Send ``spec``; if it opens a session, send the later turns after each answer.
+
+        Returns when the last response ended (``end_ns``): a closed-loop slot is free from
+        that moment, so the next request's intended send time is that instant and any
+        client overhead before it reaches the socket shows as schedule lag.
+        """
         turns = self._sessions.get(spec.session_id or "", [spec]) if spec.session_id else [spec]
         history: list[Message] = []
         start = turns.index(spec) if spec in turns else 0
+        end_ns: int | None = None
         for i, turn in enumerate(turns[start:]):
             if self.stop.is_set():
-                return
+                return end_ns
             if i > 0:
-                intended_ns = _now() + turn.think_time_ns
+                intended_ns = (end_ns or _now()) + turn.think_time_ns
                 await _sleep_until(intended_ns)
                 if self.stop.is_set() or self._past_duration():
-                    return
+                    return end_ns
                 call = None
             record, answer = await self._execute(turn, intended_ns, call, tuple(history))
+            end_ns = record.end_ns
             if not record.ok:
-                return  # a broken turn ends its session; the failure is recorded
+                return end_ns  # a broken turn ends its session; the failure is recorded
             history.extend(_turn_messages(turn))
             history.append(Message("assistant", answer))
+        return end_ns
 
     def _past_duration(self) -> bool:
         d = self.options.duration_s
@@ -164,8 +175,8 @@ class Runner:
             for spec in it:
                 if self.stop.is_set() or (respect_duration and self._past_duration()):
                     return
-                await self._run_session_from(spec, intended, None)
-                intended = _now()
+                ended = await self._run_session_from(spec, intended, None)
+                intended = ended if ended is not None else _now()
 
         slots = asyncio.gather(*(slot() for _ in range(max(1, concurrency))))
         duration = self.options.duration_s
