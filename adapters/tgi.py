@@ -1,0 +1,101 @@
+"""Hugging Face TGI: ``POST /generate_stream``.
+
+Every event carries exactly one generated token (prefill is not streamed), so each event
+counts one token (``StreamEvent.tokens = 1``). ``parameters.details = true`` makes the last
+event carry ``details{finish_reason, generated_tokens, input_length}``. There is no
+``[DONE]``: the stream simply ends after the event with ``generated_text`` (so
+``requires_done = False``). Errors arrive as ``{"error": ..., "error_type": ...}`` events.
+TGI has no ``ignore_eos``/``min_new_tokens``: output length cannot be forced, and runs
+record that (``forces_output_length: false``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from adapters.base import EventKind, HttpCall, StreamEvent, register
+from adapters.openai import StreamPayloadError, _as_prompt, error_event, loads
+from workloads.spec import Message, RequestSpec
+
+_EMPTY = StreamEvent(EventKind.EMPTY)
+
+
+class TGIStreamParser:
+    __slots__ = ()
+
+    def parse(self, payload: bytes) -> StreamEvent | None:
+        obj = loads(payload)
+        if not isinstance(obj, dict):
+            raise StreamPayloadError(f"stream event is not a JSON object: {payload[:80]!r}")
+        if "error" in obj:
+            return error_event(obj)
+        token = obj.get("token")
+        if not isinstance(token, dict):
+            return _EMPTY
+        details = obj.get("details") or None
+        final = obj.get("generated_text") is not None or details is not None
+        finish_reason = None
+        completion = prompt = None
+        if details:
+            finish_reason = details.get("finish_reason") or "unknown"
+            completion = details.get("generated_tokens")
+            prompt = details.get("input_length")
+        elif final:
+            finish_reason = "unknown"  # details were not requested or not sent
+        return StreamEvent(
+            EventKind.CONTENT,
+            text="" if token.get("special") else (token.get("text") or ""),
+            tokens=1,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+        )
+
+
+class TGIAdapter:
+    name = "tgi"
+    forces_output_length = False
+    exact_chunk_counts = True
+    requires_done = False
+
+    def __init__(
+        self,
+        model: str = "default",
+        api_key: str | None = None,
+        extra_parameters: dict[str, Any] | None = None,
+        **_: Any,
+    ) -> None:
+        self.model = model
+        self.extra_parameters = dict(extra_parameters or {})
+        headers = [("Content-Type", "application/json")]
+        if api_key:
+            headers.append(("Authorization", f"Bearer {api_key}"))
+        self._headers = tuple(headers)
+
+    def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
+        params: dict[str, Any] = {"max_new_tokens": spec.max_output_tokens, "details": True}
+        params.update(self.extra_parameters)
+        return {"inputs": _as_prompt(spec, history), "parameters": params, "stream": True}
+
+    def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
+        return HttpCall("POST", "/generate_stream", orjson.dumps(self.body(spec, history)), self._headers)
+
+    def parser(self) -> TGIStreamParser:
+        return TGIStreamParser()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "adapter": self.name,
+            "path": "/generate_stream",
+            "model": self.model,
+            "forces_output_length": False,
+            "note": "TGI cannot force the output length (no ignore_eos/min_new_tokens): "
+            "requests may end early at the end-of-sequence token",
+            "token_counts": "exact (one token per event)",
+        }
+
+
+register("tgi", "adapters.tgi:TGIAdapter")

@@ -1,0 +1,101 @@
+"""SGLang native /generate: cumulative text and completion_tokens → exact per-event deltas."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from adapters.base import EventKind, get_adapter
+from adapters.sglang import SGLangAdapter
+from loadgen.recorder import SOURCE_CUMULATIVE
+from tests.adapter_streams import SPEC, record, sse
+from workloads.spec import Message, RequestSpec
+
+
+def ev(text: str, n: int, finish: object = None, cached: int = 3, rid: str = "sg-1") -> dict[str, object]:
+    return {"text": text, "meta_info": {"id": rid, "finish_reason": finish, "prompt_tokens": 5,
+                                        "completion_tokens": n, "cached_tokens": cached}}  # fmt: skip
+
+
+STREAM = sse(
+    ev("He", 1),
+    ev("Hello", 2),
+    ev("Hello", 2),  # no new token (e.g. a stream_interval tick)
+    ev("Hello wor", 4),  # two tokens in one event
+    ev("Hello world", 5, {"type": "length", "length": 5}),
+)
+
+
+def test_cumulative_events_become_deltas() -> None:
+    r = record(SGLangAdapter(), STREAM)
+    assert r.ok, r.error_message
+    assert r.chunk_tokens == [1, 1, 0, 2, 1]
+    assert r.output_tokens == 5 == r.completion_tokens
+    assert r.token_source == SOURCE_CUMULATIVE
+    assert r.output_text == "Hello world"
+    assert r.finish_reason == "length"
+    assert (r.prompt_tokens, r.cached_tokens, r.server_request_id) == (5, 3, "sg-1")
+    assert r.first_token_ns == r.chunk_ns[0]
+
+
+def test_any_split_point() -> None:
+    for cut in range(1, len(STREAM), 7):
+        r = record(SGLangAdapter(), STREAM, split=[cut])
+        assert r.ok and r.output_tokens == 5 and r.output_text == "Hello world", cut
+
+
+def test_incremental_text_with_stream_output() -> None:
+    r = record(SGLangAdapter(), sse(ev("He", 1), ev("llo", 2), ev(" world", 3, {"type": "stop", "matched": 2})))
+    assert r.ok and r.chunk_tokens == [1, 1, 1] and r.output_text == "Hello world" and r.finish_reason == "stop"
+
+
+def test_missing_done_is_a_failure() -> None:
+    r = record(SGLangAdapter(), sse(ev("a", 1), ev("ab", 2, {"type": "length"}), done=False))
+    assert not r.ok and r.error_type == "no_done"
+    assert r.output_tokens == 2  # what arrived is still counted
+
+
+def test_error_event_and_abort() -> None:
+    r = record(SGLangAdapter(), sse(ev("a", 1), {"error": {"message": "boom", "type": "internal"}}))
+    assert not r.ok and r.error_type == "internal" and "boom" in (r.error_message or "")
+    r = record(SGLangAdapter(), sse(ev("a", 1), ev("a", 1, {"type": "abort", "message": "client gone"})))
+    assert not r.ok and r.error_type == "abort" and "client gone" in (r.error_message or "")
+
+
+def test_malformed_json_fails_the_request_only() -> None:
+    r = record(SGLangAdapter(), sse(ev("a", 1), b"{not json"))
+    assert not r.ok and r.error_type == "malformed_chunk"
+
+
+def test_build_forces_length_and_flattens_chat() -> None:
+    call = get_adapter("sglang", model="m").build(SPEC)
+    body = orjson.loads(call.body)
+    assert call.path == "/generate" and body["stream"] is True and body["text"] == SPEC.prompt
+    sp = body["sampling_params"]
+    assert sp == {"max_new_tokens": 8, "ignore_eos": True, "min_new_tokens": 8}
+    chat = RequestSpec("c", input_tokens=4, max_output_tokens=2, messages=(Message("user", "hi"),), fixed_output=False)
+    body = orjson.loads(SGLangAdapter().build(chat, history=(Message("user", "before"),)).body)
+    assert body["text"] == "before\nhi" and "ignore_eos" not in body["sampling_params"]
+
+
+def test_parser_state_is_per_request() -> None:
+    a = SGLangAdapter()
+    p1, p2 = a.parser(), a.parser()
+    assert p1.parse(orjson.dumps(ev("abc", 3))).text == "abc"
+    assert p2.parse(orjson.dumps(ev("xy", 2))).text == "xy"
+
+
+def test_openai_surface_is_registered() -> None:
+    a = get_adapter("sglang-openai", model="m", api="chat")
+    body = orjson.loads(a.build(SPEC).body)
+    assert body["stream_options"]["continuous_usage_stats"] is True and body["ignore_eos"] is True
+    p = a.parser()
+    e = p.parse(orjson.dumps({"id": "x", "choices": [{"delta": {"reasoning_content": "hm"}}],
+                              "usage": {"completion_tokens": 1, "prompt_tokens": 3}}))  # fmt: skip
+    assert e is not None and e.kind == EventKind.REASONING and e.cumulative == 1
+
+
+@pytest.mark.parametrize("payload", [b"[1, 2]", b'"text"'])
+def test_non_object_payload(payload: bytes) -> None:
+    r = record(SGLangAdapter(), sse(payload))
+    assert not r.ok and r.error_type == "malformed_chunk"
