@@ -34,6 +34,8 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
         "status": run.meta.get("status"),
         "engine": run.meta.get("engine"),
         "model": run.meta.get("model"),
+        # run-level warnings recorded by the writer (e.g. a distributed worker lost mid-run)
+        "warnings": list((run.meta.get("notes") or {}).get("warnings") or []),
     }
     title = f"run {run.run_id} ({run.meta.get('status')}) engine={run.meta.get('engine')} model={run.meta.get('model')}"
     return s, title
@@ -45,4 +47,6 @@ def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_js
         click.echo(json.dumps(_clean(s), indent=2, default=str))
     else:
         click.echo(format_summary(s, title))
+        for warning in s["run"]["warnings"]:
+            click.echo(f"WARNING: {warning}")
         click.echo(f"results: {run_dir}")
