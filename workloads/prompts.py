@@ -1,15 +1,40 @@
 """Prompt synthesis to a target token count.
 
-Without a tokenizer, prompts are built from words that the simulated engine's
-tokenizer counts as exactly one token each ("approx" for other engines: about one
-token per short English word; the achieved count is recorded from the server).
+Three ways, in order of preference (``PromptSynth.source`` is recorded per request as
+``RequestSpec.input_tokens_source``):
+
+``tokenizer``
+    A local Hugging Face tokenizer folder (``tokenizer.json``; the ``tokenizers`` or
+    ``transformers`` package must be installed). Word text is encoded, cut to the exact
+    number of token ids and decoded, then checked by re-encoding.
+``server_tokenize``
+    The engine's ``POST /tokenize`` endpoint (vLLM, SGLang, the simulated engine).
+    Words are added or removed until the server counts exactly the target.
+``approx``
+    No tokenizer: prompts are made of short common English words, each written with
+    its leading space (``" the"``). The simulated engine counts each as exactly one
+    token, so lengths are exact there; BPE tokenizers of real models also give about
+    one token per such word, but the count is an approximation. The engine's own
+    ``prompt_tokens`` is recorded with every request, so the achieved length is known.
+
+Chat APIs add the model's chat template around the messages; those tokens are not
+part of the target (they are in the engine-reported ``prompt_tokens``).
 """
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 
 from sim.tokenizer import VOCAB
+from workloads.errors import WorkloadError
+
+_VOCAB_ARRAY = np.asarray(VOCAB, dtype=object)
 
 
 def synth_prompt(n_tokens: int, rng: np.random.Generator, prefix: str = "") -> str:
@@ -17,5 +42,202 @@ def synth_prompt(n_tokens: int, rng: np.random.Generator, prefix: str = "") -> s
     if n_tokens <= 0:
         return prefix
     idx = rng.integers(0, len(VOCAB), size=n_tokens)
-    body = "".join(VOCAB[i] for i in idx)
+    body = "".join(_VOCAB_ARRAY[idx])
     return (prefix + body) if prefix else body.lstrip()
+
+
+def words(n: int, rng: np.random.Generator) -> list[str]:
+    return list(_VOCAB_ARRAY[rng.integers(0, len(VOCAB), size=max(0, n))])
+
+
+class PromptSynth:
+    """Builds prompt text of an exact token count with one of the three methods above."""
+
+    source = "approx"
+
+    def count(self, text: str) -> int:
+        from sim.tokenizer import count_tokens
+
+        return count_tokens(text)
+
+    def text(self, n_tokens: int, rng: np.random.Generator, prefix: str = "") -> str:
+        """``prefix`` followed by new text, ``n_tokens`` in total after the prefix."""
+        return synth_prompt(n_tokens, rng, prefix)
+
+    def describe(self) -> dict[str, object]:
+        return {"method": self.source}
+
+
+class _CountingSynth(PromptSynth):
+    """Adjusts a word list until ``count(prefix + text) == count(prefix) + n``."""
+
+    def __init__(self, count: Callable[[str], int]) -> None:
+        self._count = count
+        self.misses = 0
+
+    def count(self, text: str) -> int:
+        return self._count(text)
+
+    def text(self, n_tokens: int, rng: np.random.Generator, prefix: str = "") -> str:
+        base = self._count(prefix) if prefix else 0
+        target = base + n_tokens
+        pool = words(max(8, int(n_tokens * 1.25) + 8), rng)
+        m = n_tokens
+        best = ""
+        for _ in range(8):
+            m = max(0, min(m, len(pool)))
+            candidate = prefix + "".join(pool[:m]) if prefix else "".join(pool[:m]).lstrip()
+            got = self._count(candidate)
+            best = candidate
+            if got == target:
+                return candidate
+            m += target - got
+            if m > len(pool):
+                pool += words(m - len(pool) + 8, rng)
+        self.misses += 1
+        return best
+
+
+class TokenizerSynth(_CountingSynth):
+    """A local Hugging Face tokenizer folder (or ``tokenizer.json`` file)."""
+
+    source = "tokenizer"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        encode, decode = _load_hf_tokenizer(self.path)
+        self._encode = encode
+        self._decode = decode
+        super().__init__(lambda t: len(encode(t)))
+
+    def text(self, n_tokens: int, rng: np.random.Generator, prefix: str = "") -> str:
+        pool = "".join(words(int(n_tokens * 1.3) + 16, rng))
+        ids = self._encode(pool)
+        while len(ids) < n_tokens:
+            pool += "".join(words(n_tokens, rng))
+            ids = self._encode(pool)
+        body = self._decode(ids[:n_tokens])
+        candidate = prefix + body if prefix else body
+        if self._count(candidate) == (self._count(prefix) if prefix else 0) + n_tokens:
+            return candidate
+        return super().text(n_tokens, rng, prefix)  # fall back to word adjustment
+
+    def describe(self) -> dict[str, object]:
+        return {"method": self.source, "tokenizer": str(self.path)}
+
+
+def _load_hf_tokenizer(path: Path) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not path.exists():
+        raise WorkloadError(f"tokenizer {path}: no such folder or file")
+    try:
+        from tokenizers import Tokenizer  # type: ignore[import-not-found]
+    except ImportError:
+        Tokenizer = None
+    if Tokenizer is not None and file.is_file():
+        tok = Tokenizer.from_file(str(file))
+        return (lambda t: tok.encode(t, add_special_tokens=False).ids), (lambda ids: tok.decode(ids))
+    try:
+        from transformers import AutoTokenizer  # type: ignore[import-not-found]
+    except ImportError:
+        raise WorkloadError(
+            f"tokenizer {path}: needs the 'tokenizers' or 'transformers' package (pip install tokenizers); "
+            "without it, omit the tokenizer to use the engine's /tokenize or the word approximation"
+        ) from None
+    try:
+        hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises many types
+        raise WorkloadError(f"tokenizer {path}: cannot load ({type(exc).__name__}: {str(exc)[:120]})") from None
+    return (lambda t: hf.encode(t, add_special_tokens=False)), (lambda ids: hf.decode(ids))
+
+
+class ServerTokenizeSynth(_CountingSynth):
+    """The engine's ``/tokenize`` endpoint counts the tokens."""
+
+    source = "server_tokenize"
+
+    def __init__(self, url: str, model: str | None = None, timeout_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self._overhead = 0
+        super().__init__(self._server_count)
+        # calibrate: tokens the server adds to any prompt (BOS and the like)
+        self._overhead = self._raw_count("")
+        if self._raw_count(" the of and") - self._overhead <= 0:
+            raise WorkloadError(f"{self.url}/tokenize: counts no tokens for plain words")
+
+    def _raw_count(self, text: str) -> int:
+        body: dict[str, object] = {"prompt": text}
+        if self.model:
+            body["model"] = self.model
+        req = urllib.request.Request(
+            self.url + "/tokenize",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                data = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise WorkloadError(f"{self.url}/tokenize: {type(exc).__name__}: {str(exc)[:120]}") from None
+        if isinstance(data, list):
+            return len(data)
+        if isinstance(data, dict):
+            if isinstance(data.get("count"), int):
+                return int(data["count"])
+            if isinstance(data.get("tokens"), list):
+                return len(data["tokens"])
+        raise WorkloadError(f"{self.url}/tokenize: unexpected reply {str(data)[:80]!r}")
+
+    def _server_count(self, text: str) -> int:
+        return self._raw_count(text) - self._overhead
+
+    def describe(self) -> dict[str, object]:
+        return {"method": self.source, "url": self.url, "overhead_tokens": self._overhead}
+
+
+def make_synth(tokenizer: str | None = None, tokenize_url: str | None = None, model: str | None = None) -> PromptSynth:
+    if tokenizer:
+        return TokenizerSynth(tokenizer)
+    if tokenize_url:
+        return ServerTokenizeSynth(tokenize_url, model)
+    return PromptSynth()
+
+
+class BlockTexts:
+    """Deterministic text blocks keyed by an id: the same id always gives the same words.
+
+    Used for shared prefixes and Mooncake ``hash_ids``: two requests that share a block
+    id share its exact text, so a prefix cache sees the reuse the trace recorded.
+    """
+
+    def __init__(self, seed: int, block_tokens: int, salt: int = 0) -> None:
+        self.seed = seed
+        self.block_tokens = block_tokens
+        self.salt = salt
+        self._cache: dict[int, str] = {}
+
+    def block(self, key: int) -> list[str]:
+        rng = np.random.default_rng([self.seed, self.salt, key])
+        return words(self.block_tokens, rng)
+
+    def text(self, keys: tuple[int, ...], n_tokens: int) -> str:
+        """The blocks' words concatenated, cut to ``n_tokens`` words."""
+        parts: list[str] = []
+        left = n_tokens
+        for key in keys:
+            if left <= 0:
+                break
+            s = self._cache.get(key)
+            if s is None:
+                s = "".join(self.block(key))
+                if len(self._cache) < 20_000:
+                    self._cache[key] = s
+            if left >= self.block_tokens:
+                parts.append(s)
+            else:
+                parts.append("".join(self.block(key)[:left]))
+            left -= self.block_tokens
+        return "".join(parts)

@@ -6,12 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workloads.errors import WorkloadError
 from workloads.prompts import synth_prompt
 from workloads.spec import RequestSpec, Schedule
 
-
-class WorkloadError(ValueError):
-    """A workload that makes no sense; the message is one line."""
+__all__ = ["SyntheticWorkload", "WorkloadError"]
 
 
 @dataclass(frozen=True, slots=True)

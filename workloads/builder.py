@@ -1,0 +1,352 @@
+"""From a workload definition to a schedule: first a plan (numbers only), then prompts.
+
+The plan holds lengths, send offsets and structure (sessions, prefix groups, trace
+blocks) as arrays; ``bench workload show`` summarises it without building any text.
+``materialize`` turns it into ``RequestSpec``s. Each part draws from its own seeded
+stream (``SeedSequence(seed).spawn``), so, e.g., changing the arrival process does not
+change the lengths, and the same seed always gives the same schedule byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from workloads.arrivals import ArrivalSpec, offsets_s, parse_arrival, trace_offsets
+from workloads.definition import WorkloadDef
+from workloads.errors import WorkloadError
+from workloads.prompts import BlockTexts, PromptSynth, make_synth
+from workloads.readers import TraceTable, read_trace
+from workloads.spec import RequestSpec, Schedule
+
+#: stream indices of SeedSequence(seed).spawn(N)
+_LENGTHS, _ARRIVALS, _STRUCTURE, _PROMPTS, _WARMUP = range(5)
+MAX_REQUESTS = 10_000_000
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A schedule's numbers, before any prompt text exists (measured requests only)."""
+
+    name: str
+    seed: int
+    mode: str  # open | closed
+    arrival: ArrivalSpec | None
+    rate: float | None
+    concurrency: int | None
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    offsets_s: np.ndarray | None  # per request; NaN for later session turns
+    session: np.ndarray  # session index per request, -1 = none
+    turn: np.ndarray
+    think_s: np.ndarray
+    prefix_group: np.ndarray  # -1 = none
+    prefix_tokens: int
+    warmup_input: np.ndarray
+    warmup_output: np.ndarray
+    trace: TraceTable | None = None
+    trace_rows: np.ndarray | None = None  # row of the trace per request
+    description: dict[str, object] | None = None
+
+    def __len__(self) -> int:
+        return int(len(self.input_tokens))
+
+
+def _streams(seed: int) -> list[np.random.Generator]:
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
+
+
+def _check_counts(requests: int, warmup: int) -> None:
+    if requests < 1:
+        raise WorkloadError("--requests must be at least 1")
+    if requests > MAX_REQUESTS:
+        raise WorkloadError(f"--requests {requests}: at most {MAX_REQUESTS:,} per schedule")
+    if warmup < 0:
+        raise WorkloadError("--warmup must be >= 0")
+
+
+def _load_mode(
+    wd: WorkloadDef, rate: float | None, arrival: str | None, concurrency: int | None, is_trace: bool
+) -> tuple[str, ArrivalSpec | None, float | None, int | None]:
+    if rate is not None and concurrency is not None:
+        raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
+    arrival_text = arrival or wd.arrival
+    if rate is None and concurrency is None:
+        rate, concurrency = wd.rate, wd.concurrency
+    if concurrency is not None:
+        if concurrency < 1:
+            raise WorkloadError("--concurrency must be at least 1")
+        return "closed", None, None, concurrency
+    if rate is None:
+        if is_trace and (arrival_text is None or arrival_text.startswith("trace")):
+            return "open", parse_arrival(arrival_text or "trace"), None, None
+        spec = parse_arrival(arrival_text or "poisson")
+        if spec.process not in ("steps", "ramp"):
+            raise WorkloadError(f"workload {wd.name!r}: give --rate (requests/s, open loop) or --concurrency (closed loop)")
+        return "open", spec, None, None
+    if not (rate > 0 and math.isfinite(rate)):
+        raise WorkloadError("--rate must be a positive number of requests per second")
+    spec = parse_arrival(arrival_text or "poisson")
+    if spec.process == "trace" and not is_trace:
+        raise WorkloadError("--arrival trace replays a trace file's timestamps; this workload has none")
+    return "open", spec, rate, None
+
+
+def plan_workload(
+    wd: WorkloadDef,
+    *,
+    requests: int,
+    rate: float | None,
+    arrival: str | None,
+    concurrency: int | None,
+    warmup: int,
+    seed: int,
+) -> Plan:
+    _check_counts(requests, warmup)
+    rngs = _streams(seed)
+    table: TraceTable | None = None
+    rows: np.ndarray | None = None
+    if wd.trace is not None:
+        tc = wd.trace
+        opts: dict[str, object] = {}
+        if tc.model is not None or tc.log_type is not None:
+            opts = {"model": tc.model, "log_type": tc.log_type}
+        table = read_trace(tc.path, tc.format, **opts)
+        if tc.start < 0 or tc.start >= len(table):
+            raise WorkloadError(f"trace start {tc.start}: the file has {len(table)} requests")
+        if table.timestamps_s is not None:
+            order = np.argsort(table.timestamps_s, kind="stable")
+        else:
+            order = np.arange(len(table))
+        rows = order[tc.start : tc.start + requests]
+        requests = len(rows)
+    mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, table is not None)
+    if arr is not None and arr.process == "trace" and (table is None or table.timestamps_s is None):
+        raise WorkloadError("--arrival trace: this trace file has no timestamps")
+
+    # -- lengths
+    if table is not None and rows is not None:
+        inputs = table.input_tokens[rows].copy()
+        outputs = table.output_tokens[rows].copy()
+    else:
+        assert wd.lengths is not None
+        inputs, outputs = wd.lengths.sample(requests, rngs[_LENGTHS])
+
+    # -- structure: sessions
+    session = np.full(requests, -1, dtype=np.int64)
+    turn = np.zeros(requests, dtype=np.int64)
+    think = np.zeros(requests)
+    if table is not None and table.session_ids is not None and rows is not None:
+        ids = {sid: i for i, sid in enumerate(dict.fromkeys(s for s in table.session_ids if s is not None))}
+        for j, r in enumerate(rows):
+            sid = table.session_ids[r]
+            if sid is not None:
+                session[j] = ids[sid]
+                turn[j] = table.turns[r] if table.turns else 0  # type: ignore[index]
+                think[j] = table.think_time_s[r] if table.think_time_s else 0.0  # type: ignore[index]
+    elif wd.sessions is not None:
+        sc = wd.sessions
+        srng = rngs[_STRUCTURE]
+        i = s = 0
+        while i < requests:
+            k = min(int(srng.integers(sc.turns_min, sc.turns_max + 1)), requests - i)
+            session[i : i + k] = s
+            turn[i : i + k] = np.arange(k)
+            i += k
+            s += 1
+        later = turn > 0
+        if sc.think_time_s > 0:
+            if sc.think == "fixed":
+                think[later] = sc.think_time_s
+            else:
+                think[later] = srng.exponential(sc.think_time_s, size=int(later.sum()))
+        if sc.followup_input is not None:
+            follow = sc.followup_input.build("sessions.followup_input")
+            inputs[later] = follow.sample(int(later.sum()), srng)
+
+    # -- structure: prefix groups
+    group = np.full(requests, -1, dtype=np.int64)
+    prefix_tokens = 0
+    if wd.prefix is not None and table is None:
+        pc = wd.prefix
+        pc.validate()
+        prefix_tokens = pc.tokens
+        shares = np.asarray(pc.shares(), dtype=float)
+        probs = np.append(shares, max(0.0, 1.0 - shares.sum()))
+        g = rngs[_STRUCTURE].choice(len(probs), size=requests, p=probs / probs.sum())
+        group = np.where(g < len(shares), g, -1).astype(np.int64)
+        if session.max() >= 0:  # a session keeps its first turn's group
+            first = {}
+            for j in range(requests):
+                if session[j] >= 0:
+                    first.setdefault(session[j], group[j])
+                    group[j] = first[session[j]]
+        inputs = np.where((group >= 0) & (turn == 0), np.maximum(inputs, pc.tokens + 1), inputs)
+
+    # -- arrivals (only first turns of sessions get a send offset)
+    offsets: np.ndarray | None = None
+    starts = (session < 0) | (turn == _first_turns(session, turn))
+    if mode == "open" and arr is not None:
+        n_units = int(starts.sum())
+        if arr.process == "trace":
+            assert table is not None and table.timestamps_s is not None and rows is not None and wd.trace is not None
+            scale = float(arr.params.get("time_scale", wd.trace.time_scale))  # type: ignore[arg-type]
+            bucket = wd.trace.bucket_s if wd.trace.bucket_s is not None else table.bucket_s
+            unit_offsets = trace_offsets(table.timestamps_s[rows][starts], scale, bucket)
+        else:
+            unit_rate = rate
+            if rate is not None and wd.sessions is not None and table is None:
+                unit_rate = rate * n_units / requests  # sessions start so requests/s ~ --rate
+            unit_offsets = offsets_s(arr, n_units, unit_rate, rngs[_ARRIVALS])
+        offsets = np.full(requests, np.nan)
+        offsets[starts] = unit_offsets
+
+    # -- warm-up: same lengths, no structure, own stream
+    if warmup:
+        if wd.lengths is not None:
+            w_in, w_out = wd.lengths.sample(warmup, rngs[_WARMUP])
+        else:
+            assert table is not None
+            pick = rngs[_WARMUP].integers(0, len(table), size=warmup)
+            w_in, w_out = table.input_tokens[pick], table.output_tokens[pick]
+    else:
+        w_in = w_out = np.zeros(0, dtype=np.int64)
+
+    return Plan(
+        name=wd.name,
+        seed=seed,
+        mode=mode,
+        arrival=arr,
+        rate=rate,
+        concurrency=concurrency,
+        input_tokens=np.asarray(inputs, dtype=np.int64),
+        output_tokens=np.asarray(outputs, dtype=np.int64),
+        offsets_s=offsets,
+        session=session,
+        turn=turn,
+        think_s=think,
+        prefix_group=group,
+        prefix_tokens=prefix_tokens,
+        warmup_input=np.asarray(w_in, dtype=np.int64),
+        warmup_output=np.asarray(w_out, dtype=np.int64),
+        trace=table,
+        trace_rows=rows,
+        description=_describe(wd, table),
+    )
+
+
+def _first_turns(session: np.ndarray, turn: np.ndarray) -> np.ndarray:
+    """Per request, the smallest turn number of its session (its own turn when none)."""
+    out = turn.copy()
+    if session.max(initial=-1) < 0:
+        return out
+    first: dict[int, int] = {}
+    for s, t in zip(session.tolist(), turn.tolist()):
+        if s >= 0:
+            first[s] = min(first.get(s, t), t)
+    for j, s in enumerate(session.tolist()):
+        if s >= 0:
+            out[j] = first[s]
+    return out
+
+
+def _describe(wd: WorkloadDef, table: TraceTable | None) -> dict[str, object]:
+    d: dict[str, object] = {"kind": "workload", "workload": wd.name}
+    if wd.description:
+        d["workload_description"] = wd.description
+    if wd.lengths is not None:
+        d["lengths"] = wd.lengths.describe()
+    if wd.source:
+        d["source"] = dict(wd.source)
+    if table is not None:
+        d["trace"] = {"path": table.path, "format": table.format, "rows": len(table), "dropped": table.dropped}
+    if wd.prefix is not None:
+        d["prefix"] = {"groups": wd.prefix.groups, "tokens": wd.prefix.tokens, "fractions": list(wd.prefix.shares())}
+    if wd.sessions is not None:
+        s = wd.sessions
+        d["sessions"] = {"turns_min": s.turns_min, "turns_max": s.turns_max, "think_time_s": s.think_time_s, "think": s.think}
+    return d
+
+
+def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None) -> Schedule:
+    """Build the prompts and the ``Schedule``."""
+    if synth is None:
+        synth = make_synth(wd.prompt.tokenizer, wd.prompt.tokenize_url, wd.prompt.model)
+    rng = _streams(plan.seed)[_PROMPTS]
+    specs: list[RequestSpec] = []
+    for i in range(len(plan.warmup_input)):
+        specs.append(
+            RequestSpec(
+                request_id=f"w{i:06d}",
+                input_tokens=int(plan.warmup_input[i]),
+                max_output_tokens=int(plan.warmup_output[i]),
+                prompt=synth.text(int(plan.warmup_input[i]), rng),
+                phase="warmup",
+                input_tokens_source=synth.source,
+            )
+        )
+    prefix_text: dict[int, str] = {}
+    if plan.prefix_tokens:
+        for g in sorted(set(plan.prefix_group.tolist()) - {-1}):
+            prefix_text[g] = synth.text(plan.prefix_tokens, np.random.default_rng([plan.seed, 7, g]))
+    blocks: BlockTexts | None = None
+    table = plan.trace
+    source = synth.source
+    if table is not None and table.hash_ids is not None:
+        blocks = BlockTexts(plan.seed, table.block_tokens)
+        source = "approx"  # trace blocks are word text; exact on the simulated engine
+    width = max(6, len(str(len(plan))))
+    for j in range(len(plan)):
+        n_in = int(plan.input_tokens[j])
+        n_out = int(plan.output_tokens[j])
+        row = int(plan.trace_rows[j]) if plan.trace_rows is not None else None
+        g = int(plan.prefix_group[j])
+        src = synth.source
+        given = table.prompts[row] if (table is not None and table.prompts is not None and row is not None) else None
+        if given is not None:
+            prompt, src = given, "given"
+        elif blocks is not None and row is not None and table is not None and table.hash_ids[row]:  # type: ignore[index]
+            prompt, src = blocks.text(table.hash_ids[row], n_in), source  # type: ignore[index]
+        elif g >= 0 and int(plan.turn[j]) == 0:
+            prompt = synth.text(n_in - plan.prefix_tokens, rng, prefix_text[g])
+        else:
+            prompt = synth.text(n_in, rng)
+        s = int(plan.session[j])
+        off = plan.offsets_s[j] if plan.offsets_s is not None else math.nan
+        group_label = None
+        if g >= 0:
+            group_label = f"p{g}"
+        elif table is not None and table.prefix_groups is not None and row is not None:
+            group_label = table.prefix_groups[row]
+        specs.append(
+            RequestSpec(
+                request_id=f"r{j:0{width}d}",
+                input_tokens=n_in,
+                max_output_tokens=n_out,
+                prompt=prompt,
+                send_offset_ns=None if math.isnan(off) else int(round(off * 1e9)),
+                session_id=None if s < 0 else f"s{s:0{width}d}",
+                turn=int(plan.turn[j]),
+                think_time_ns=int(round(float(plan.think_s[j]) * 1e9)),
+                prefix_group=group_label,
+                input_tokens_source=src,
+            )
+        )
+    desc = dict(plan.description or {})
+    desc["prompt"] = synth.describe()
+    if plan.arrival is not None:
+        desc["arrival_params"] = plan.arrival.as_dict()
+    desc["requests"] = len(plan)
+    desc["warmup"] = len(plan.warmup_input)
+    return Schedule(
+        name=plan.name,
+        seed=plan.seed,
+        mode=plan.mode,  # type: ignore[arg-type]
+        requests=tuple(specs),
+        concurrency=plan.concurrency,
+        rate=plan.rate,
+        arrival=plan.arrival.text if plan.arrival is not None else "closed",
+        description=desc,
+    )

@@ -1,0 +1,1 @@
+"""Fitted built-in workload tables (JSON package data; see workloads/fit.py)."""

@@ -1,0 +1,112 @@
+"""Named workloads: built-ins, TOML workload files and trace files, by one reference.
+
+``build_named_schedule`` is what ``bench run --workload`` and the sweep call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workloads.builder import Plan, materialize, plan_workload
+from workloads.definition import PromptConfig, TraceConfig, WorkloadDef, builtins, load_workload_file
+from workloads.errors import WorkloadError
+from workloads.spec import Schedule
+
+TRACE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json")
+
+
+def builtin_names() -> list[str]:
+    return list(builtins())
+
+
+def resolve(ref: str, **kwargs: Any) -> WorkloadDef:
+    """A built-in name, a ``.toml`` workload file or a trace file (CSV / JSONL)."""
+    if ref in builtins():
+        wd = builtins()[ref]
+    else:
+        path = Path(ref)
+        if path.suffix.lower() == ".toml":
+            if not path.is_file():
+                raise WorkloadError(f"{ref}: no such workload file")
+            wd = load_workload_file(path)
+        elif path.suffix.lower() in TRACE_SUFFIXES:
+            if not path.is_file():
+                raise WorkloadError(f"{ref}: no such trace file")
+            wd = WorkloadDef(
+                name=path.stem,
+                description=f"replay of {path.name}",
+                trace=TraceConfig(
+                    path=str(path),
+                    format=kwargs.get("trace_format"),
+                    time_scale=float(kwargs.get("time_scale", 1.0)),
+                    start=int(kwargs.get("trace_start", 0)),
+                ),
+                source={"file": str(path)},
+            )
+        else:
+            raise WorkloadError(
+                f"--workload {ref!r}: not a built-in ({', '.join(builtins())}) nor a .toml/.csv/.jsonl file"
+            )
+    prompt = wd.prompt
+    tok, url, model = kwargs.get("tokenizer"), kwargs.get("tokenize_url"), kwargs.get("model")
+    if tok or url:
+        prompt = PromptConfig(tokenizer=tok, tokenize_url=url, model=model or prompt.model)
+    if prompt is not wd.prompt:
+        wd = WorkloadDef(**{**wd.__dict__, "prompt": prompt})
+    return wd
+
+
+_KNOWN_KWARGS = {"tokenizer", "tokenize_url", "model", "trace_format", "time_scale", "trace_start"}
+
+
+def build_named_plan(
+    ref: str,
+    *,
+    requests: int,
+    rate: float | None,
+    arrival: str | None,
+    concurrency: int | None,
+    warmup: int,
+    seed: int,
+    **kwargs: Any,
+) -> tuple[WorkloadDef, Plan]:
+    unknown = sorted(set(kwargs) - _KNOWN_KWARGS)
+    if unknown:
+        raise WorkloadError(f"unknown workload option {unknown[0]!r}")
+    wd = resolve(ref, **kwargs)
+    plan = plan_workload(
+        wd, requests=requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
+    )
+    return wd, plan
+
+
+def build_named_schedule(
+    ref: str,
+    *,
+    requests: int,
+    rate: float | None,
+    arrival: str,
+    concurrency: int | None,
+    warmup: int,
+    seed: int,
+    **kwargs: Any,
+) -> Schedule:
+    """The schedule of workload ``ref``; ``WorkloadError`` (one line) for nonsense.
+
+    ``arrival`` "poisson" (the CLI default) yields to a workload file's own ``arrival``;
+    a trace file replays its own timestamps when neither --rate nor --concurrency is given.
+    Extra keyword options: tokenizer (HF folder), tokenize_url (engine base URL), model,
+    trace_format, time_scale, trace_start.
+    """
+    wd, plan = build_named_plan(
+        ref,
+        requests=requests,
+        rate=rate,
+        arrival=None if arrival in (None, "", "poisson") else arrival,
+        concurrency=concurrency,
+        warmup=warmup,
+        seed=seed,
+        **kwargs,
+    )
+    return materialize(plan, wd)
