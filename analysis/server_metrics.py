@@ -1,0 +1,190 @@
+"""The engine's own metrics (scraped /metrics, long format) and the client-vs-server TTFT check.
+
+Reads ``server_metrics/part-*.parquet`` only. A histogram over a window is the difference
+of its cumulative buckets between the first and the last scrape of the window, summed over
+label sets (DP ranks, models). Quantiles are interpolated linearly inside the bucket that
+holds them, as Prometheus' ``histogram_quantile`` does, so they are only as fine as the
+engine's buckets; the mean (``_sum``/``_count``) is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from results.reader import read_server_metrics
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True)
+class WindowHistogram:
+    """One histogram's observations inside a window."""
+
+    bounds: np.ndarray  # upper bounds (le), ascending, ending with +inf
+    counts: np.ndarray  # cumulative counts per bound over the window
+    total: float
+    sum: float
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.total if self.total > 0 else math.nan
+
+    def quantile(self, q: float) -> float:
+        return bucket_quantile(self.bounds, self.counts, q)
+
+    def bucket_of(self, q: float) -> tuple[float, float]:
+        """The (lower, upper) bounds of the bucket holding quantile ``q``."""
+        if self.total <= 0:
+            return (math.nan, math.nan)
+        rank = q * self.total
+        i = int(np.searchsorted(self.counts, rank, side="left"))
+        i = min(i, len(self.bounds) - 1)
+        lower = 0.0 if i == 0 else float(self.bounds[i - 1])
+        return (lower, float(self.bounds[i]))
+
+
+def bucket_quantile(bounds: np.ndarray, cumulative: np.ndarray, q: float) -> float:
+    """Prometheus-style quantile from cumulative bucket counts (linear inside a bucket)."""
+    if len(bounds) == 0 or cumulative[-1] <= 0:
+        return math.nan
+    total = float(cumulative[-1])
+    rank = q * total
+    i = int(np.searchsorted(cumulative, rank, side="left"))
+    if i >= len(bounds):
+        i = len(bounds) - 1
+    upper = float(bounds[i])
+    if math.isinf(upper):  # in the +Inf bucket: the best one can say is the last finite bound
+        return float(bounds[i - 1]) if i > 0 else math.nan
+    lower = 0.0 if i == 0 else float(bounds[i - 1])
+    below = 0.0 if i == 0 else float(cumulative[i - 1])
+    in_bucket = float(cumulative[i]) - below
+    if in_bucket <= 0:
+        return upper
+    return lower + (upper - lower) * (rank - below) / in_bucket
+
+
+def load_server_metrics(run_dir: Path) -> pa.Table | None:
+    return read_server_metrics(Path(run_dir))
+
+
+def window_histogram(
+    table: pa.Table, common: str, start_ns: int | None = None, end_ns: int | None = None
+) -> WindowHistogram | None:
+    """The histogram ``common`` between the scrape at/just before ``start_ns`` and the last scrape before ``end_ns``."""
+    t = table.filter(pc.equal(table["common"], common))
+    if t.num_rows == 0:
+        return None
+    df = t.select(["ts_ns", "type", "labels", "le", "value"]).to_pandas()
+    if end_ns is not None:
+        df = df[df["ts_ns"] <= end_ns]
+    if df.empty:
+        return None
+    scrape_times = np.sort(df["ts_ns"].unique())
+    if start_ns is None:
+        t_first = scrape_times[0]
+    else:
+        before = scrape_times[scrape_times <= start_ns]
+        t_first = before[-1] if len(before) else scrape_times[0]
+    t_last = scrape_times[-1]
+    first = df[df["ts_ns"] == t_first]
+    last = df[df["ts_ns"] == t_last]
+
+    def totals(part: Any, kind: str) -> Any:
+        return part[part["type"] == kind].groupby(["labels", "le"] if kind == "histogram_bucket" else ["labels"])["value"].sum()
+
+    b_last = totals(last, "histogram_bucket").groupby(level="le").sum()
+    if b_last.empty:
+        return None
+    b_first = totals(first, "histogram_bucket").groupby(level="le").sum() if t_first != t_last else b_last * 0
+    buckets = (b_last - b_first.reindex(b_last.index, fill_value=0.0)).sort_index()
+    s_last, s_first = totals(last, "histogram_sum").sum(), totals(first, "histogram_sum").sum()
+    c_last, c_first = totals(last, "histogram_count").sum(), totals(first, "histogram_count").sum()
+    if t_first == t_last:
+        s_first = c_first = 0.0
+    bounds = buckets.index.to_numpy(dtype=float)
+    counts = np.maximum.accumulate(np.clip(buckets.to_numpy(dtype=float), 0, None))
+    total = float(c_last - c_first) if c_last >= c_first else float(counts[-1])
+    return WindowHistogram(bounds, counts, total, float(s_last - s_first))
+
+
+def ttft_cross_check(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None:
+    """The client's TTFT beside the server's TTFT histogram for the same window.
+
+    The window runs from the first to the last scrape (bench scrapes right before the first
+    request and right after the last answer), so every request of the run is in both views;
+    the client side therefore includes warm-up requests too, as the server's does.
+    """
+    table = load_server_metrics(run_dir)
+    if table is None or table.num_rows == 0:
+        return None
+    hist = window_histogram(table, "ttft_seconds")
+    if hist is None:
+        return None
+    send = requests["send_ns"].to_numpy(zero_copy_only=False)
+    first = requests["first_token_ns"].to_numpy(zero_copy_only=False)
+    mask = ~(np.isnan(send.astype(float)) | np.isnan(first.astype(float)))
+    client_ms = (first[mask].astype(float) - send[mask].astype(float)) / NS_PER_MS
+    client_p50 = float(np.percentile(client_ms, 50)) if client_ms.size else math.nan
+    client_p90 = float(np.percentile(client_ms, 90)) if client_ms.size else math.nan
+    server_p50 = hist.quantile(0.5) * 1000
+    lo, hi = hist.bucket_of(0.5)
+    out = {
+        "metric": "ttft",
+        "server_count": hist.total,
+        "server_mean_ms": hist.mean * 1000,
+        "server_p50_ms": server_p50,
+        "server_p90_ms": hist.quantile(0.9) * 1000,
+        "server_p50_bucket_ms": [lo * 1000, hi * 1000],
+        "client_count": int(client_ms.size),
+        "client_mean_ms": float(client_ms.mean()) if client_ms.size else math.nan,
+        "client_p50_ms": client_p50,
+        "client_p90_ms": client_p90,
+        "p50_rel_diff": (client_p50 - server_p50) / server_p50 if server_p50 and not math.isnan(server_p50) else math.nan,
+    }
+    out["mean_rel_diff"] = (
+        (out["client_mean_ms"] - out["server_mean_ms"]) / out["server_mean_ms"]
+        if out["server_mean_ms"] and not math.isnan(out["server_mean_ms"])
+        else math.nan
+    )
+    out["client_p50_in_server_bucket"] = bool(lo * 1000 <= client_p50 <= hi * 1000) if not math.isnan(lo) else None
+    return out
+
+
+def gauge_series(table: pa.Table, common: str) -> Any:
+    """A gauge summed over label sets, per scrape (pandas Series indexed by ts_ns)."""
+    t = table.filter(pc.equal(table["common"], common))
+    df = t.select(["ts_ns", "type", "value"]).to_pandas()
+    return df[df["type"] == "gauge"].groupby("ts_ns")["value"].sum()
+
+
+def server_summary(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None:
+    """What `bench summary` shows about the engine's own view of the run."""
+    table = load_server_metrics(run_dir)
+    if table is None or table.num_rows == 0:
+        return None
+    out: dict[str, Any] = {"scrapes": int(len(set(table["ts_ns"].to_pylist())))}
+    for name in ("waiting", "running", "kv_cache_usage"):
+        s = gauge_series(table, name)
+        if len(s):
+            out[f"{name}_max"] = float(s.max())
+            out[f"{name}_mean"] = float(s.mean())
+    q = table.filter(pc.equal(table["common"], "prefix_cache_queries"))
+    h = table.filter(pc.equal(table["common"], "prefix_cache_hits"))
+    if q.num_rows and h.num_rows:
+        dq = pc.sum(pc.fill_null(q["delta"], 0)).as_py() or 0
+        dh = pc.sum(pc.fill_null(h["delta"], 0)).as_py() or 0
+        out["prefix_cache_hit_rate"] = dh / dq if dq else math.nan
+    p = table.filter(pc.equal(table["common"], "preemptions"))
+    if p.num_rows:
+        out["preemptions"] = float(pc.sum(pc.fill_null(p["delta"], 0)).as_py() or 0)
+    check = ttft_cross_check(run_dir, requests)
+    if check is not None:
+        out["ttft_check"] = check
+    return out
