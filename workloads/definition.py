@@ -235,11 +235,12 @@ def fitted_pair(name: str) -> PairDist:
     doc = fitted_document(name)["lengths"]
     assert isinstance(doc, dict)
     inp = Empirical(tuple(doc["input"]["probs"]), tuple(doc["input"]["values"]))
+    out = Empirical(tuple(doc["output"]["probs"]), tuple(doc["output"]["values"]))
     if doc["kind"] == "joint":
         j = doc["joint"]
-        probs = tuple(j["output_probs"])
-        return ConditionalPair(inp, tuple(j["bin_edges"]), tuple(Empirical(probs, tuple(v)) for v in j["output_values"]))
-    out = Empirical(tuple(doc["output"]["probs"]), tuple(doc["output"]["values"]))
+        return ConditionalPair(
+            inp, out, tuple(j["bin_edges"]), tuple(j["rank_probs"]), tuple(tuple(v) for v in j["rank_values"])
+        )
     return IndependentPair(inp, out)
 
 

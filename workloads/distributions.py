@@ -22,6 +22,16 @@ class LengthDist(Protocol):
     def describe(self) -> dict[str, object]: ...
 
 
+def stratified_uniform(n: int, rng: np.random.Generator) -> np.ndarray:
+    """n uniforms, one in each interval [i/n, (i+1)/n), in random order.
+
+    Each draw is still uniform on [0, 1), but the sample's quantiles sit within 1/n of
+    the target's, so a run of a few hundred requests already follows the table closely
+    (plain i.i.d. draws would leave the tails to chance).
+    """
+    return (rng.permutation(n) + rng.random(n)) / n
+
+
 def _clip(x: np.ndarray, lo: int, hi: int | None) -> np.ndarray:
     out = np.rint(x)
     out = np.maximum(out, max(1, lo))
@@ -112,7 +122,7 @@ class Empirical:
     ``probs`` rise from 0 to 1; ``values[i]`` is the ``probs[i]`` quantile. A uniform
     draw ``u`` maps to the straight line between the two surrounding knots, which is
     exactly how numpy's default (linear) percentile interpolates, so the table's knots
-    are reproduced by large samples.
+    are reproduced by large samples. Draws are stratified (``stratified_uniform``).
     """
 
     probs: tuple[float, ...]
@@ -132,7 +142,7 @@ class Empirical:
         return np.interp(u, self.probs, self.values)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return _clip(self.inverse_cdf(rng.random(n)), 1, None)
+        return _clip(self.inverse_cdf(stratified_uniform(n, rng)), 1, None)
 
     def quantile(self, q: float) -> float:
         return float(np.interp(q, self.probs, self.values))
@@ -170,34 +180,52 @@ class IndependentPair:
 
 @dataclass(frozen=True, slots=True)
 class ConditionalPair:
-    """Joint (input, output) sampling: input from its table, output from its input bin's table.
+    """Joint (input, output) sampling through a binned empirical copula.
 
-    ``bin_edges`` are input-quantile probabilities (0 .. 1) splitting the input range
-    into bins; ``outputs[b]`` is the output quantile table of requests in bin ``b``.
+    The input comes from its quantile table at a uniform draw ``u``. ``bin_edges`` are
+    input-quantile probabilities splitting ``u`` into bins; ``rank_values[b]`` is the
+    quantile table (at ``rank_probs``) of the *output ranks* (output CDF values, 0..1)
+    of requests in bin ``b``. The output is the output table's inverse CDF at a rank
+    drawn from the bin's table. Working in rank space keeps the output marginal equal
+    to its own fine table while the bins carry the dependence.
     """
 
     input: Empirical
+    output: Empirical
     bin_edges: tuple[float, ...]
-    outputs: tuple[Empirical, ...]
+    rank_probs: tuple[float, ...]
+    rank_values: tuple[tuple[float, ...], ...]
 
     def __post_init__(self) -> None:
-        if len(self.bin_edges) != len(self.outputs) + 1:
-            raise WorkloadError("a joint table needs one output table per input bin")
+        if len(self.bin_edges) != len(self.rank_values) + 1 or not self.rank_values:
+            raise WorkloadError("a joint table needs one rank table per input bin")
+        for table in self.rank_values:
+            if len(table) != len(self.rank_probs) or np.any(np.diff(table) < 0):
+                raise WorkloadError("joint rank tables must be non-decreasing with one value per probability")
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        u = rng.random(n)
+        u = stratified_uniform(n, rng)
         inputs = _clip(self.input.inverse_cdf(u), 1, None)
-        bins = np.clip(np.searchsorted(self.bin_edges, u, side="right") - 1, 0, len(self.outputs) - 1)
-        v = rng.random(n)
-        outputs = np.empty(n, dtype=np.int64)
-        for b, table in enumerate(self.outputs):
+        bins = np.clip(np.searchsorted(self.bin_edges, u, side="right") - 1, 0, len(self.rank_values) - 1)
+        v = stratified_uniform(n, rng)
+        ranks = np.empty(n)
+        for b, table in enumerate(self.rank_values):
             mask = bins == b
             if mask.any():
-                outputs[mask] = _clip(table.inverse_cdf(v[mask]), 1, None)
-        return inputs, outputs
+                ranks[mask] = np.interp(v[mask], self.rank_probs, table)
+        # Re-spread the drawn ranks so their marginal is exactly stratified uniform while
+        # their order (the dependence on the input) is kept.
+        spread = np.empty(n)
+        spread[np.argsort(ranks, kind="stable")] = (np.arange(n) + rng.random(n)) / n
+        return inputs, _clip(self.output.inverse_cdf(spread), 1, None)
 
     def describe(self) -> dict[str, object]:
-        return {"kind": "joint", "input": self.input.describe(), "input_bins": len(self.outputs)}
+        return {
+            "kind": "joint",
+            "input": self.input.describe(),
+            "output": self.output.describe(),
+            "input_bins": len(self.rank_values),
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,9 @@ from workloads.readers import TraceTable, read_trace
 
 #: Marginal tables: 201 knots (every 0.5 %) so p5/p50/p95 are knots and tails are kept.
 MARGINAL_PROBS = np.round(np.linspace(0.0, 1.0, 201), 6)
-#: Joint tables: 20 input bins, each with a 41-knot output table.
+#: Joint tables: 20 input bins, each with a 101-knot table of output ranks.
 JOINT_BIN_EDGES = np.round(np.linspace(0.0, 1.0, 21), 6)
-JOINT_OUTPUT_PROBS = np.round(np.linspace(0.0, 1.0, 41), 6)
+JOINT_OUTPUT_PROBS = np.round(np.linspace(0.0, 1.0, 101), 6)
 
 SUMMARY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
@@ -51,17 +51,26 @@ def marginal_table(x: np.ndarray, probs: np.ndarray = MARGINAL_PROBS) -> dict[st
 
 
 def joint_table(inputs: np.ndarray, outputs: np.ndarray) -> dict[str, object]:
-    """Output quantile tables per input-quantile bin (ties in input broken by a stable rank)."""
+    """Quantile tables of output ranks per input-quantile bin (see ``ConditionalPair``).
+
+    Output ranks are mid-ranks scaled to (0, 1); input ties are broken by a stable sort.
+    """
+    n = len(inputs)
     order = np.argsort(inputs, kind="stable")
-    n = len(order)
+    sorted_out = np.sort(outputs)
+    lo_rank = np.searchsorted(sorted_out, outputs, side="left")
+    hi_rank = np.searchsorted(sorted_out, outputs, side="right")
+    ranks = (lo_rank + hi_rank) / (2.0 * n)
     tables = []
     for lo, hi in zip(JOINT_BIN_EDGES[:-1], JOINT_BIN_EDGES[1:]):
-        idx = order[int(round(lo * n)) : max(int(round(hi * n)), int(round(lo * n)) + 1)]
-        tables.append(marginal_table(outputs[idx], JOINT_OUTPUT_PROBS)["values"])
+        a = int(round(lo * n))
+        idx = order[a : max(int(round(hi * n)), a + 1)]
+        vals = np.percentile(ranks[idx], JOINT_OUTPUT_PROBS * 100)
+        tables.append([round(float(v), 5) for v in np.maximum.accumulate(vals)])
     return {
         "bin_edges": [float(e) for e in JOINT_BIN_EDGES],
-        "output_probs": [float(p) for p in JOINT_OUTPUT_PROBS],
-        "output_values": tables,
+        "rank_probs": [float(p) for p in JOINT_OUTPUT_PROBS],
+        "rank_values": tables,
     }
 
 
@@ -74,10 +83,9 @@ def fit_lengths(table: TraceTable, joint: bool) -> dict[str, object]:
         "input": marginal_table(i),
         "summary": {"input": summarize(i), "output": summarize(o), "spearman": round(spearman, 3)},
     }
+    out["output"] = marginal_table(o)
     if joint:
         out["joint"] = joint_table(i, o)
-    else:
-        out["output"] = marginal_table(o)
     return out
 
 
