@@ -351,8 +351,10 @@ def read_bench_jsonl(path: Path) -> TraceTable:
     turns: list[int] = []
     thinks: list[float] = []
     groups: list[str | None] = []
+    lines: list[int] = []
     n_offsets = 0
     for line, obj in _jsonl(path):
+        lines.append(line)
         unknown = sorted(set(obj) - _BENCH_KEYS)
         if unknown:
             raise WorkloadError(f"{path}:{line}: unknown field {unknown[0]!r} (known: {', '.join(sorted(_BENCH_KEYS))})")
@@ -380,7 +382,9 @@ def read_bench_jsonl(path: Path) -> TraceTable:
         groups.append(None if grp is None else str(grp))
     if 0 < n_offsets < len(stamps):
         first_missing = next(i for i, s in enumerate(stamps) if math.isnan(s))
-        raise WorkloadError(f"{path}: request {first_missing + 1}: field 'offset_s' is missing (give it on every line or none)")
+        raise WorkloadError(
+            f"{path}:{lines[first_missing]}: field 'offset_s' is missing (give it on every line or none)"
+        )
     return _finish(
         path,
         "bench",
