@@ -22,12 +22,19 @@ from bench import __version__
 from bench.errors import BenchError
 from bench.host import host_fingerprint
 from loadgen.runner import RunOptions, Runner, RunStats
-from loadgen.transport import AiohttpTransport, Timeouts, Transport
+from loadgen.workers import WorkerPool
+from loadgen.transport import Timeouts, Transport, make_transport
 from results.schema import RUN_FILE, SCHEMA_VERSION
 from results.writer import MonitorWriter, RequestsWriter, write_run_meta, write_schedule
 from workloads.spec import Schedule
 
 T = TypeVar("T")
+
+#: ``run.parquet`` ``clock``: which clock stamped the received chunks.
+CLOCK_LABELS = {
+    "user": "user: perf_counter_ns at read",
+    "kernel": "kernel: SO_TIMESTAMPNS receive time on the perf_counter_ns timeline",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,10 @@ class RunConfig:
     config: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     overwrite: bool = False
+    #: Load generator (issue 8): transport auto|raw|aiohttp, clock user|kernel, processes.
+    transport: str = "auto"
+    clock: str = "user"
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,11 @@ async def execute_run(
     run_dir = prepare_run_dir(cfg.out, cfg.overwrite)
     run_id = uuid.uuid4().hex[:16]
     own_transport = transport is None
-    transport = transport or AiohttpTransport(cfg.url, cfg.timeouts)
+    if transport is None:
+        try:
+            transport = make_transport(cfg.transport, cfg.url, cfg.timeouts, cfg.clock)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
     writer = RequestsWriter(run_dir, run_id, worker_id=cfg.options.worker_id)
     monitor = MonitorWriter(run_dir, worker_id=cfg.options.worker_id)
     meta: dict[str, Any] = {
@@ -104,12 +119,20 @@ async def execute_run(
         "start_utc": _utc_now(),
         "t0_monotonic_ns": time.perf_counter_ns(),
         "t0_unix_ns": time.time_ns(),
-        "clock": "perf_counter_ns (user space, at read)",
+        "clock": CLOCK_LABELS.get(str(transport.describe().get("clock", "user")), "user"),
         "extra_json": cfg.extra,
     }
     write_run_meta(run_dir, meta)
     write_schedule(run_dir, cfg.schedule.requests)
-    runner = Runner(cfg.schedule, adapter, transport, writer, monitor, cfg.options)
+    runner: Runner | WorkerPool
+    if cfg.workers > 1:
+        runner = WorkerPool(run_dir, run_id, cfg.schedule, adapter, cfg.url, cfg.timeouts, cfg.workers,
+                            cfg.transport, cfg.clock, cfg.options)
+        meta["adapter_json"]["workers"] = cfg.workers
+        meta["adapter_json"]["worker_cpus"] = runner.cpus
+        write_run_meta(run_dir, meta)
+    else:
+        runner = Runner(cfg.schedule, adapter, transport, writer, monitor, cfg.options)
     loop = asyncio.get_running_loop()
     installed: list[int] = []
     if install_signals:
@@ -131,6 +154,7 @@ async def execute_run(
         notes.append("run interrupted: in-flight requests recorded as cancelled")
     meta.update(
         status="interrupted" if stats.interrupted else "complete",
+        adapter_json={**meta["adapter_json"], **(transport.describe() if cfg.workers <= 1 else {})},
         end_utc=_utc_now(),
         notes_json={
             "notes": notes,
@@ -147,7 +171,7 @@ async def execute_run(
     return RunResult(run_dir, run_id, stats)
 
 
-def _on_signal(runner: Runner, sig: int) -> None:
+def _on_signal(runner: Runner | WorkerPool, sig: int) -> None:
     if runner.stop.is_set():
         # second Ctrl-C: the rows flushed so far are safe on disk
         sys.stderr.write("\nforced exit\n")

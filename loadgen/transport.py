@@ -111,7 +111,30 @@ class AiohttpTransport:
     def describe(self) -> dict[str, object]:
         return {
             "transport": "aiohttp",
+            "clock": "user",
             "aiohttp_version": aiohttp.__version__,
             "pool_limit": "unlimited",
             "timeouts": {"connect": self.timeouts.connect, "stall": self.timeouts.stall, "total": self.timeouts.total},
         }
+
+
+def make_transport(kind: str, base_url: str, timeouts: Timeouts = Timeouts(), clock: str = "user") -> Transport:
+    """The transport for ``kind``: ``raw`` (bench's own), ``aiohttp``, or ``auto``.
+
+    ``auto`` picks the raw transport for plain http and aiohttp for https (the raw one has
+    no TLS). The kernel clock needs the raw transport.
+    """
+    if kind not in ("auto", "raw", "aiohttp"):
+        raise ValueError(f"unknown transport {kind!r}: use auto, raw or aiohttp")
+    if clock not in ("user", "kernel"):
+        raise ValueError(f"unknown clock {clock!r}: use user or kernel")
+    https = base_url.lower().startswith("https:")
+    if kind == "auto":
+        kind = "aiohttp" if https else "raw"
+    if kind == "aiohttp":
+        if clock == "kernel":
+            raise ValueError("--clock kernel needs the raw transport (aiohttp cannot expose receive timestamps)")
+        return AiohttpTransport(base_url, timeouts)
+    from loadgen.rawhttp import RawHttpTransport
+
+    return RawHttpTransport(base_url, timeouts, clock=clock)  # type: ignore[arg-type]

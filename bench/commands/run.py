@@ -66,6 +66,12 @@ def parse_slo(text: str | None) -> SLO:
 @click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Load-generating processes (schedule split by send time; one run folder).")
+@click.option("--transport", "transport_kind", type=click.Choice(["auto", "raw", "aiohttp"]), default="auto",
+              show_default=True, help="HTTP client: bench's own lean one (raw; http only), aiohttp, or auto.")
+@click.option("--clock", type=click.Choice(["user", "kernel"]), default="user", show_default=True,
+              help="Chunk timestamps: user space at read, or the kernel's receive time (raw transport, Linux).")
 def command(
     url: str | None,
     engine: str,
@@ -93,6 +99,9 @@ def command(
     sim_itl_ms: float,
     progress: bool | None,
     as_json: bool,
+    workers: int,
+    transport_kind: str,
+    clock: str,
 ) -> None:
     """Measure one workload and print its metric table.
 
@@ -151,6 +160,9 @@ def command(
             options=RunOptions(duration_s=duration, save_text=save_text, progress=progress),
             timeouts=Timeouts(stall=stall_timeout),
             command=command_line,
+            transport=transport_kind,
+            clock=clock,
+            workers=workers,
             config={
                 "engine": engine_label,
                 "api": api,
