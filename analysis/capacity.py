@@ -1,0 +1,360 @@
+"""Capacity under SLOs, from the Parquet results alone.
+
+Two quantities, named differently on purpose (docs/metrics.md, docs/sweeps.md):
+
+* **SLO attainment** of one run: the fraction of its measured requests that completed and met
+  every SLO bound. Here *every* measured request counts: a failed request, or one cancelled
+  because it was still running at the drain deadline, is a miss (cancelled requests are
+  the slowest ones; leaving them out would flatter an overloaded configuration).
+* **Single-run goodput** (vLLM ``--goodput`` style): requests meeting every SLO per second of
+  that run's window.
+* **Capacity** (DistServe's goodput): the highest offered request rate at which attainment is
+  at least the target (default 90 %) and the load is not saturated, found by bracketing and
+  bisection to a stated relative precision. Reported per configuration and per GPU.
+
+Saturation of one open-loop run: the rate at which requests got their first token fell
+behind the offered rate, or the time from intended send to first token kept growing over
+the run (queue building without bound), or the server's waiting queue grew.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from analysis.load import Run
+from analysis.metrics import measured, request_metrics
+from analysis.slo import SLO, SLO_METRICS
+
+#: Open loop: first tokens must keep up with at least this share of the offered rate.
+ADMISSION_RATIO_MIN = 0.85
+#: Queue growth: the late third's median TTFT-from-intended above this multiple of the early third's...
+QUEUE_GROWTH_RATIO = 2.0
+#: ...and above it by at least this many milliseconds (ignores noise on very fast TTFTs).
+QUEUE_GROWTH_MIN_MS = 100.0
+#: Share of measured requests failed or cancelled at the drain deadline that marks saturation.
+FAILED_SHARE_MAX = 0.10
+#: Fewest measured requests for the rate/trend tests to be meaningful.
+MIN_REQUESTS_FOR_TESTS = 9
+
+
+# -- per-run metrics ---------------------------------------------------------------------
+
+
+def slo_outcomes(df: pd.DataFrame, slo: SLO) -> dict[str, np.ndarray]:
+    """Per request: ``met`` (completed and met every bound) and ``miss_<name>`` per bound.
+
+    A request with fewer than two output tokens has no TPOT and is not judged on it; a
+    request that did not complete misses everything it has no value for.
+    """
+    ok = df["ok"].to_numpy(dtype=bool)
+    met = ok.copy()
+    out: dict[str, np.ndarray] = {}
+    for key, limit in slo.limits:
+        col = df[SLO_METRICS[key]].to_numpy(dtype=float)
+        no_value_ok = key in ("tpot_ms", "itl_max_ms")
+        good = np.where(np.isnan(col), no_value_ok & ok, col <= limit)
+        out[f"miss_{key}"] = ~good
+        met &= good
+    out["met"] = met
+    return out
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    v = values[~np.isnan(values)]
+    return float(np.percentile(v, q)) if len(v) else float("nan")
+
+
+@dataclass(frozen=True)
+class Saturation:
+    saturated: bool
+    reasons: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return "; ".join(self.reasons) if self.reasons else "not saturated"
+
+
+def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The numbers a sweep keeps for one load run (flat; NaN where not measurable)."""
+    table = measured(run.requests)
+    df = request_metrics(table)
+    n = len(df)
+    ok = df["ok"].to_numpy(dtype=bool) if n else np.zeros(0, dtype=bool)
+    intended = df["intended_send_ns"].to_numpy(dtype=float)
+    ends = df["end_ns"].to_numpy(dtype=float)
+    window_s = float((np.nanmax(ends) - np.nanmin(intended)) / 1e9) if n and np.isfinite(ends).any() else 0.0
+    wl = run.meta.get("workload") or {}
+    offered = wl.get("rate")
+    out: dict[str, Any] = {
+        "requests": n,
+        "ok": int(ok.sum()),
+        "failed": int(n - ok.sum()),
+        "cancelled": int(df["error_type"].eq("cancelled").sum()) if n else 0,
+        "window_s": window_s,
+        "offered_rps": float(offered) if offered else float("nan"),
+        "measured_offered_rps": _span_rate(intended),
+        "admitted_rps": _span_rate(df["first_token_ns"].to_numpy(dtype=float)),
+        "throughput_rps": float(ok.sum() / window_s) if window_s > 0 else 0.0,
+        "output_tokens_per_s": float(df.loc[ok, "output_tokens"].sum() / window_s) if window_s > 0 else 0.0,
+        "max_in_flight": _max_in_flight(df),
+    }
+    okdf = df[ok]
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "ttft_from_intended_ms"):
+        vals = okdf[name].to_numpy(dtype=float)
+        for q in (50, 90, 99):
+            out[f"{name[:-3]}_p{q}_ms"] = _pct(vals, q)
+    prompt = okdf["prompt_tokens"].astype("float64").fillna(okdf["input_tokens_target"].astype("float64"))
+    out["input_tokens_mean"] = float(prompt.mean()) if len(okdf) else float("nan")
+    out["output_tokens_mean"] = float(okdf["output_tokens"].mean()) if len(okdf) else float("nan")
+    if slo and n:
+        res = slo_outcomes(df, slo)
+        out["attainment"] = float(res["met"].mean())
+        out["goodput_rps"] = float(res["met"].sum() / window_s) if window_s > 0 else 0.0
+        for key, _ in slo.limits:
+            out[f"miss_share_{key}"] = float(res[f"miss_{key}"].mean())
+    else:
+        out["attainment"] = float("nan")
+        out["goodput_rps"] = float("nan")
+    sig = signals or {}
+    for key in ("queue_time_mean_ms", "kv_cache_usage_max", "preemptions", "waiting_max", "waiting_growth"):
+        out[f"server_{key}"] = float(sig.get(key, float("nan")))
+    return out
+
+
+def _span_rate(ns: np.ndarray) -> float:
+    v = np.sort(ns[np.isfinite(ns)])
+    if len(v) < 2 or v[-1] <= v[0]:
+        return float("nan")
+    return float((len(v) - 1) / ((v[-1] - v[0]) / 1e9))
+
+
+def _max_in_flight(df: pd.DataFrame) -> int:
+    s = df["send_ns"].to_numpy(dtype=float)
+    e = df["end_ns"].to_numpy(dtype=float)
+    keep = np.isfinite(s) & np.isfinite(e)
+    if not keep.any():
+        return 0
+    ev = np.concatenate([np.c_[s[keep], np.ones(keep.sum())], np.c_[e[keep], -np.ones(keep.sum())]])
+    ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
+    return int(np.cumsum(ev[:, 1]).max())
+
+
+def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None) -> Saturation:
+    """Is this open-loop run past what the engine sustains? (See the module docstring.)"""
+    df = request_metrics(measured(run.requests))
+    n = len(df)
+    reasons: list[str] = []
+    if n == 0:
+        return Saturation(False)
+    bad = (~df["ok"].to_numpy(dtype=bool)).sum()
+    if bad / n > FAILED_SHARE_MAX:
+        reasons.append(f"{bad} of {n} requests failed or were still queued at the drain deadline")
+    if n >= MIN_REQUESTS_FOR_TESTS:
+        offered = _span_rate(df["intended_send_ns"].to_numpy(dtype=float))
+        admitted = _span_rate(df["first_token_ns"].to_numpy(dtype=float))
+        if math.isfinite(offered) and math.isfinite(admitted) and admitted < ADMISSION_RATIO_MIN * offered:
+            reasons.append(f"first tokens at {admitted:.2f} req/s behind the offered {offered:.2f} req/s")
+        order = np.argsort(df["intended_send_ns"].to_numpy(dtype=float), kind="stable")
+        lag = df["ttft_from_intended_ms"].to_numpy(dtype=float)[order]
+        third = n // 3
+        early, late = np.nanmedian(lag[:third]), np.nanmedian(lag[-third:])
+        if (
+            np.isfinite(early)
+            and np.isfinite(late)
+            and late > QUEUE_GROWTH_RATIO * early
+            and late - early > QUEUE_GROWTH_MIN_MS
+        ):
+            reasons.append(f"queueing grew: median TTFT {early:,.0f} ms early in the run, {late:,.0f} ms late")
+    growth = (signals or {}).get("waiting_growth")
+    if growth is not None and math.isfinite(growth) and growth >= 4:
+        reasons.append(f"server waiting queue grew by {growth:.0f} requests over the run")
+    return Saturation(bool(reasons), tuple(reasons))
+
+
+def closed_loop_plateau(prev_throughput: float, prev_conc: int, throughput: float, conc: int) -> Saturation:
+    """Closed loop: more concurrency that buys (almost) no more throughput is saturation."""
+    if conc <= prev_conc or not (prev_throughput > 0):
+        return Saturation(False)
+    gain = throughput / prev_throughput
+    if gain < 1.0 + 0.1 * (conc / prev_conc - 1.0):
+        return Saturation(
+            True,
+            (f"throughput plateau: {throughput:.2f} req/s at concurrency {conc} vs {prev_throughput:.2f} at {prev_conc}",),
+        )
+    return Saturation(False)
+
+
+# -- server-side signals (optional) -------------------------------------------------------
+
+
+def server_signals(table: pa.Table | None) -> dict[str, float]:
+    """Queue time, KV-cache usage, preemptions and queue growth from scraped /metrics.
+
+    Reads bench's common names (``common`` column, adapters/metrics_map.py): ``waiting``,
+    ``kv_cache_usage``, ``preemptions``, ``queue_seconds`` (histogram). Returns only what
+    is present, so a run without server metrics degrades to the client's view.
+    """
+    if table is None or table.num_rows == 0 or "common" not in table.column_names:
+        return {}
+    cols = [c for c in ("ts_ns", "metric", "common", "type", "labels", "le", "value") if c in table.column_names]
+    df = table.select(cols).to_pandas()
+    df = df[df["common"].notna()]
+    if "type" not in df:
+        df["type"] = None
+    out: dict[str, float] = {}
+
+    def series(*names: str) -> pd.DataFrame:
+        rows = df[df["common"].isin(names)]
+        if "le" in rows:
+            rows = rows[rows["le"].isna()]
+        return rows
+
+    kv = series("kv_cache_usage")
+    if len(kv):
+        v = kv["value"].astype(float)
+        out["kv_cache_usage_max"] = float(v.max() / 100.0 if v.max() > 1.5 else v.max())
+    pre = series("preemptions", "num_preemptions")
+    if len(pre):
+        out["preemptions"] = float(_counter_increase(pre))
+    wait = series("waiting", "num_requests_waiting")
+    if len(wait):
+        w = wait.groupby("ts_ns")["value"].sum().sort_index().to_numpy(dtype=float)
+        out["waiting_max"] = float(w.max())
+        third = max(1, len(w) // 3)
+        if len(w) >= 6:
+            out["waiting_growth"] = float(np.mean(w[-third:]) - np.mean(w[:third]))
+    q = series("queue_seconds", "queue_time_seconds")
+    if len(q):
+        metric = q["metric"].astype(str)
+        qs = q[(q["type"] == "histogram_sum") | metric.str.endswith("_sum")]
+        qc = q[(q["type"] == "histogram_count") | metric.str.endswith("_count")]
+        s, c = _counter_increase(qs), _counter_increase(qc)
+        if c > 0:
+            out["queue_time_mean_ms"] = float(1000.0 * s / c)
+    return out
+
+
+def _counter_increase(rows: pd.DataFrame) -> float:
+    """Increase of a cumulative counter over the run, summed over label sets."""
+    if rows.empty:
+        return 0.0
+    total = 0.0
+    key = "labels" if "labels" in rows else None
+    groups = rows.groupby(key, dropna=False) if key else [(None, rows)]
+    for _, g in groups:
+        v = g.sort_values("ts_ns")["value"].astype(float).to_numpy()
+        total += float(max(v[-1] - v[0], 0.0)) if len(v) > 1 else 0.0
+    return total
+
+
+# -- capacity search ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    rate: float
+    passed: bool
+    attainment: float = float("nan")
+    saturated: bool = False
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    """``capacity_rps`` is the highest probed rate that passed below the lowest that failed.
+
+    ``upper_rps`` is that lowest failing rate (None: none failed, capacity is a lower bound).
+    ``converged`` says whether the bracket closed to ``precision``.
+    """
+
+    capacity_rps: float | None
+    upper_rps: float | None
+    precision: float
+    converged: bool
+    probes: tuple[Probe, ...]
+    note: str = ""
+
+    @property
+    def achieved_precision(self) -> float | None:
+        if self.capacity_rps and self.upper_rps:
+            return (self.upper_rps - self.capacity_rps) / self.capacity_rps
+        return None
+
+
+def bracket(probes: list[Probe] | tuple[Probe, ...]) -> tuple[float | None, float | None, bool]:
+    """(highest pass below the lowest fail, lowest fail, non-monotone?) of a set of probes."""
+    fails = [p.rate for p in probes if not p.passed]
+    upper = min(fails) if fails else None
+    passes = [p.rate for p in probes if p.passed and (upper is None or p.rate < upper)]
+    lower = max(passes) if passes else None
+    non_monotone = upper is not None and any(p.passed and p.rate > upper for p in probes)
+    return lower, upper, non_monotone
+
+
+@dataclass
+class CapacitySearch:
+    """Bracketing (×2 / ÷2 from ``start``) then bisection until the bracket is within
+    ``precision`` (relative to the lower end). Drive it with ``next_rate``/``record``."""
+
+    start: float
+    precision: float = 0.1
+    max_probes: int = 8
+    max_rate: float = 1000.0
+    min_rate: float = 0.01
+    probes: list[Probe] = field(default_factory=list)
+
+    def record(self, probe: Probe) -> None:
+        self.probes.append(probe)
+
+    def next_rate(self) -> float | None:
+        """The next rate to probe, or None when done."""
+        if len(self.probes) >= self.max_probes:
+            return None
+        if not self.probes:
+            return _round_rate(self.start)
+        lower, upper, _ = bracket(self.probes)
+        if upper is None:
+            nxt = _round_rate(lower * 2.0) if lower else None
+            return nxt if nxt is not None and nxt <= self.max_rate else None
+        if lower is None:
+            nxt = _round_rate(upper / 2.0)
+            return nxt if nxt >= self.min_rate else None
+        if upper - lower <= self.precision * lower:
+            return None
+        mid = _round_rate((lower + upper) / 2.0)
+        if mid <= lower or mid >= upper or any(abs(p.rate - mid) < 1e-9 for p in self.probes):
+            return None
+        return mid
+
+    def result(self) -> CapacityResult:
+        return capacity_from_probes(self.probes, self.precision, self.max_rate, self.min_rate)
+
+
+def capacity_from_probes(
+    probes: list[Probe] | tuple[Probe, ...], precision: float, max_rate: float = math.inf, min_rate: float = 0.0
+) -> CapacityResult:
+    lower, upper, non_monotone = bracket(probes)
+    converged = lower is not None and upper is not None and upper - lower <= precision * lower * (1 + 1e-9)
+    notes = []
+    if lower is None and probes:
+        notes.append(f"no probed rate met the SLOs (lowest tried {min(p.rate for p in probes):g} req/s)")
+    elif upper is None and probes:
+        notes.append(f"every probed rate met the SLOs; capacity is at least {lower:g} req/s")
+    if non_monotone:
+        notes.append("a higher rate passed after a lower one failed (noise); the lower bracket is kept")
+    return CapacityResult(lower, upper, precision, converged, tuple(probes), "; ".join(notes))
+
+
+def _round_rate(r: float) -> float:
+    """Rates to 4 significant digits, so folder names and repeats line up."""
+    if r <= 0:
+        return r
+    return float(f"{r:.4g}")
+
+
+def passes(attainment: float, saturated: bool, attainment_pct: float) -> bool:
+    return (not saturated) and math.isfinite(attainment) and attainment * 100.0 >= attainment_pct - 1e-9

@@ -1,0 +1,593 @@
+"""The recommendation and the limiting-resource diagnosis of a sweep, from its Parquet alone.
+
+Inputs: ``cells.parquet`` (which cells ran, failed, were skipped), each cell's
+``points.parquet`` (one row per load with the configuration as columns) and, when the SLO
+is changed after the fact, the load run folders themselves (recomputed from their request
+tables). Rules (docs/sweeps.md):
+
+* A configuration *meets the SLOs at the target load* when a measured load at or above the
+  target rate had at least the attainment target of requests meeting every SLO and was not
+  saturated, and no lower load failed (its capacity is at least the target).
+* The recommendation is the smallest such configuration: fewest GPUs, then fewest parallel
+  axes, then the highest capacity. Without a target rate: the highest capacity per GPU
+  (ties within 5 % go to fewer GPUs, then fewer axes).
+* The limiting resource of a configuration is read at its *knee*, the lowest load that
+  failed, against its lightest load: which SLO the misses are on, how much of TTFT is queue
+  time (server histogram when scraped, otherwise TTFT growth over the lightest load), and
+  KV-cache usage / preemptions when the server reported them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from analysis.capacity import Probe, capacity_from_probes, passes, point_metrics, server_signals
+from analysis.load import load_run
+from analysis.slo import SLO
+from results.reader import ResultsError, read_run_meta, read_server_metrics
+
+CELLS_FILE = "cells.parquet"
+POINTS_FILE = "points.parquet"
+#: Capacities per GPU within this fraction of the best count as tied (no target rate).
+TIE_FRACTION = 0.05
+#: TTFT counts as queue-dominated when queue time is at least this share of it.
+QUEUE_SHARE = 0.5
+KV_FULL = 0.95
+
+ADVICE = {
+    "queueing": "TTFT is mostly queue time: add replicas (DP) or admission control",
+    "prefill": "TTFT is mostly prefill: more TP or PCP per replica, prefix caching, or disaggregated prefill",
+    "prefill_unloaded": (
+        "TTFT misses the target even at the lightest load: prefill itself is too slow; "
+        "more TP or PCP per replica or prefix caching (more replicas will not help)"
+    ),
+    "decode": (
+        "TPOT rises with load (decode-bound): the step reads weights and KV and pays TP collectives; "
+        "prefer fewer collectives (smaller TP, more replicas) or a smaller batch per replica"
+    ),
+    "decode_unloaded": (
+        "TPOT misses the target even at the lightest load: one decode step is too slow; "
+        "more TP per replica (memory bandwidth per request)"
+    ),
+    "kv_cache": "KV cache full or requests preempted: DCP, or more memory per replica (larger TP, fewer replicas)",
+    "errors": "requests failed or timed out: read the engine log",
+    "none": "no tested load failed: capacity is at least the highest load tried",
+}
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def read_cells(sweep: Path) -> pd.DataFrame:
+    path = Path(sweep) / CELLS_FILE
+    if not path.exists():
+        raise ResultsError(f"{sweep}: not a sweep folder (no {CELLS_FILE})")
+    return pq.read_table(path).to_pandas()
+
+
+def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] | None = None) -> pd.DataFrame:
+    """Every load of the sweep (or of one cell), one row each; configuration as columns.
+
+    With ``slo`` given, attainment and the miss shares are recomputed from each load's
+    run folder under those bounds.
+    """
+    sweep = Path(sweep)
+    pattern = f"cell={cell_id}/{POINTS_FILE}" if cell_id else f"cell=*/{POINTS_FILE}"
+    files = sorted(str(p) for p in sweep.glob(pattern))
+    if not files:
+        return pd.DataFrame()
+    frames = [pq.read_table(f).to_pandas() for f in files]
+    df = pd.concat(frames, ignore_index=True, sort=False)
+    if slo is not None:
+        df = _rescore(sweep, df, SLO.from_dict(slo))
+    return df
+
+
+def sweep_dataset(sweep: Path) -> ds.Dataset:
+    """The points as one Arrow dataset partitioned by cell (hive: ``cell=<id>``)."""
+    files = sorted(str(p) for p in Path(sweep).glob(f"cell=*/{POINTS_FILE}"))
+    return ds.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(sweep))
+
+
+def _rescore(sweep: Path, df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
+    rows = []
+    for rec in df.to_dict("records"):
+        rd = rec.get("run_dir")
+        if rec.get("status") in ("complete", "interrupted") and isinstance(rd, str) and (sweep / rd).exists():
+            run = load_run(sweep / rd)
+            m = point_metrics(run, slo, server_signals(read_server_metrics(sweep / rd)))
+            for k in list(rec):
+                if k.startswith("miss_share_"):
+                    rec.pop(k)
+            rec.update({k: v for k, v in m.items() if k in ("attainment", "goodput_rps") or k.startswith("miss_share_")})
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def sweep_settings(sweep: Path, points: pd.DataFrame) -> dict[str, Any]:
+    """SLO, attainment target and target load as the sweep ran them (from a run's metadata)."""
+    for rd in points.get("run_dir", pd.Series(dtype=object)).dropna():
+        try:
+            meta = read_run_meta(Path(sweep) / rd)
+        except (ResultsError, OSError):
+            continue
+        cfg = meta.get("config") or {}
+        if "slo" in cfg:
+            return cfg  # type: ignore[no-any-return]
+    return {}
+
+
+# -- per-cell numbers --------------------------------------------------------------------
+
+
+def _pooled(points: pd.DataFrame, attainment_pct: float) -> pd.DataFrame:
+    """One row per load value: repeats pooled (attainment weighted by requests)."""
+    done = points[points["status"].isin(["complete", "interrupted"])].copy()
+    if done.empty:
+        return done
+    done["_w"] = done["requests"].astype(float)
+    out = []
+    for (kind, value), g in done.groupby(["load_kind", "load_value"], sort=True):
+        w = g["_w"].to_numpy()
+        row = g.iloc[0].to_dict()
+        for col in g.columns:
+            if col.startswith(("ttft_", "tpot_", "e2e_", "miss_share_", "server_")) or col in (
+                "attainment",
+                "throughput_rps",
+                "goodput_rps",
+                "admitted_rps",
+            ):
+                vals = pd.to_numeric(g[col], errors="coerce").to_numpy(dtype=float)
+                ok = ~np.isnan(vals)
+                row[col] = float(np.average(vals[ok], weights=w[ok])) if ok.any() and w[ok].sum() > 0 else float("nan")
+        row["requests"] = int(w.sum())
+        row["saturated"] = bool(g["saturated"].fillna(False).any())
+        reasons = [r for r in g.get("saturation_reason", pd.Series(dtype=object)).dropna()]
+        row["saturation_reason"] = reasons[0] if reasons else None
+        row["runs"] = list(g["run_dir"].dropna())
+        row["passed"] = passes(row.get("attainment", float("nan")), row["saturated"], attainment_pct)
+        out.append(row)
+    return pd.DataFrame(out).sort_values("load_value", kind="stable").reset_index(drop=True)
+
+
+def cell_capacity(points: pd.DataFrame, attainment_pct: float, precision: float | None) -> dict[str, Any]:
+    """Capacity of one cell and workload (rate loads), or the best passing concurrency."""
+    pooled = _pooled(points, attainment_pct)
+    if pooled.empty:
+        return {"capacity_rps": None, "note": "no measured loads"}
+    rates = pooled[pooled["load_kind"] == "rate"]
+    if len(rates):
+        probes = [Probe(float(r.load_value), bool(r.passed), float(r.attainment), bool(r.saturated)) for r in rates.itertuples()]
+        res = capacity_from_probes(probes, precision if precision else float("nan"))
+        return {
+            "kind": "rate",
+            "capacity_rps": res.capacity_rps,
+            "upper_rps": res.upper_rps,
+            "precision": precision,
+            "achieved_precision": res.achieved_precision,
+            "converged": res.converged if precision else res.upper_rps is not None,
+            "note": res.note,
+        }
+    conc = pooled[pooled["load_kind"] == "concurrency"]
+    good = conc[conc["passed"]]
+    best = good.iloc[-1] if len(good) else None
+    return {
+        "kind": "concurrency",
+        "capacity_rps": None,
+        "max_concurrency": int(best["load_value"]) if best is not None else None,
+        "throughput_rps_at_max": float(best["throughput_rps"]) if best is not None else None,
+        "note": "" if best is not None else "no tested concurrency met the SLOs",
+    }
+
+
+def diagnose_cell(points: pd.DataFrame, slo: dict[str, float], attainment_pct: float) -> dict[str, Any]:
+    """Which resource limits this configuration, read from its loads (one cell, one workload)."""
+    pooled = _pooled(points, attainment_pct)
+    if pooled.empty:
+        return {"limiting_factor": "unknown", "explanation": "no measured loads", "evidence": {}}
+    base = pooled.iloc[0]
+    failing = pooled[~pooled["passed"]]
+    knee = failing.iloc[0] if len(failing) else None
+    if knee is None:
+        top = pooled.iloc[-1]
+        return {
+            "limiting_factor": "none",
+            "explanation": ADVICE["none"] + f" ({_load_text(top)})",
+            "evidence": _evidence(base, top, None),
+        }
+    queue_ms, queue_src = _queue_estimate(base, knee)
+    ev = _evidence(base, knee, (queue_ms, queue_src))
+    kv = _f(knee.get("server_kv_cache_usage_max"))
+    pre = _f(knee.get("server_preemptions"))
+    miss = {k[len("miss_share_") :]: _f(knee[k]) for k in knee.index if str(k).startswith("miss_share_")}
+    failed_share = _f(knee.get("failed")) / max(1.0, _f(knee.get("requests"))) if "failed" in knee else float("nan")
+    code: str
+    if (math.isfinite(kv) and kv >= KV_FULL) or (math.isfinite(pre) and pre > 0):
+        code = "kv_cache"
+    elif math.isfinite(failed_share) and failed_share > 0.5:
+        code = "errors"
+    else:
+        ttft_miss = miss.get("ttft_ms", 0.0) + miss.get("ttfo_ms", 0.0)
+        tpot_miss = miss.get("tpot_ms", 0.0) + miss.get("itl_max_ms", 0.0)
+        ttft_slo = slo.get("ttft_ms") or slo.get("ttfo_ms")
+        tpot_slo = slo.get("tpot_ms")
+        if tpot_miss > ttft_miss and tpot_miss > 0:
+            base_tpot = _f(base.get("tpot_p90_ms"))
+            code = "decode_unloaded" if tpot_slo and base_tpot > tpot_slo else "decode"
+        elif ttft_miss > 0 or knee["saturated"]:
+            base_ttft = _f(base.get("ttft_p90_ms"))
+            if ttft_slo and base_ttft > ttft_slo and base is knee:
+                code = "prefill_unloaded"
+            elif ttft_slo and _f(base.get("ttft_p50_ms")) > ttft_slo:
+                code = "prefill_unloaded"
+            else:
+                ttft = _f(knee.get("ttft_p50_ms"))
+                code = "queueing" if (math.isfinite(queue_ms) and ttft > 0 and queue_ms >= QUEUE_SHARE * ttft) or (
+                    knee["saturated"] and not (ttft_miss > 0)
+                ) else "prefill"
+        else:
+            code = "errors" if failed_share > 0 else "queueing"
+    return {"limiting_factor": code, "explanation": ADVICE[code] + f" (at {_load_text(knee)})", "evidence": ev}
+
+
+def _queue_estimate(base: pd.Series, knee: pd.Series) -> tuple[float, str]:
+    server = _f(knee.get("server_queue_time_mean_ms"))
+    if math.isfinite(server):
+        return server, "server queue-time histogram (mean)"
+    a, b = _f(knee.get("ttft_p50_ms")), _f(base.get("ttft_p50_ms"))
+    if math.isfinite(a) and math.isfinite(b):
+        return max(0.0, a - b), "client: median TTFT above the lightest load's"
+    return float("nan"), "unavailable"
+
+
+def _evidence(base: pd.Series, point: pd.Series, queue: tuple[float, str] | None) -> dict[str, Any]:
+    ev: dict[str, Any] = {
+        "lightest_load": _load_text(base),
+        "point": _load_text(point),
+        "runs": point.get("runs"),
+        "attainment": _f(point.get("attainment")),
+        "requests": int(point.get("requests", 0)),
+        "saturated": bool(point.get("saturated")),
+        "saturation_reason": point.get("saturation_reason"),
+    }
+    for k in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms", "throughput_rps"):
+        ev[k] = _f(point.get(k))
+        ev[f"lightest_{k}"] = _f(base.get(k))
+    for k in point.index:
+        if str(k).startswith("miss_share_") or str(k).startswith("server_"):
+            v = _f(point[k])
+            if math.isfinite(v):
+                ev[str(k)] = v
+    if queue is not None:
+        ev["queue_ms"], ev["queue_source"] = queue
+    return ev
+
+
+def _load_text(row: pd.Series) -> str:
+    v = float(row["load_value"])
+    return f"{v:g} req/s" if row["load_kind"] == "rate" else f"concurrency {int(v)}"
+
+
+def _f(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+    return f
+
+
+# -- the recommendation -----------------------------------------------------------------
+
+
+def recommend(
+    sweep: Path,
+    slo: dict[str, float] | None = None,
+    attainment_pct: float | None = None,
+    target_rate: float | None = None,
+    target_concurrency: int | None = None,
+) -> dict[str, Any]:
+    sweep = Path(sweep)
+    cells = read_cells(sweep)
+    stored = load_points(sweep)
+    settings = sweep_settings(sweep, stored) if not stored.empty else {}
+    slo_used = dict(slo) if slo is not None else dict(settings.get("slo") or {})
+    points = load_points(sweep, slo=slo_used) if slo is not None else stored
+    att = attainment_pct if attainment_pct is not None else float(settings.get("attainment_pct") or 90.0)
+    target = target_rate if target_rate is not None else settings.get("target_rate")
+    target_c = target_concurrency if target_concurrency is not None else settings.get("target_concurrency")
+    spec = settings.get("sweep") or {}
+    loads = spec.get("loads") or {}
+    precision = loads.get("capacity_precision") if loads.get("capacity") else None
+    out: dict[str, Any] = {
+        "sweep": str(sweep),
+        "slo": slo_used,
+        "attainment_pct": att,
+        "target_rate": target,
+        "target_concurrency": target_c,
+        "definitions": {
+            "capacity_rps": (
+                f"highest offered rate at which >= {att:g}% of requests met every SLO and the load was not "
+                "saturated (DistServe goodput); "
+                + (
+                    f"searched by bracketing and bisection to {100 * precision:g}% precision"
+                    if precision
+                    else "here the highest listed rate that passed below the lowest that failed"
+                )
+            ),
+            "goodput_rps": "single run: requests meeting every SLO per second of the run window",
+            "attainment": "share of measured requests (failures and drain-deadline cancellations count as misses) meeting every SLO",
+        },
+        "cells": [],
+        "workloads": {},
+    }
+    cell_rows = cells.to_dict("records")
+    for c in cell_rows:
+        out["cells"].append(
+            {k: _clean(c.get(k)) for k in ("cell_id", "status", "reason", "gpus", "axes", "tp", "pp", "dp", "ep", "dcp", "pcp", "disagg")}
+        )
+    if points.empty:
+        out["recommendation"] = None
+        out["message"] = "no measured loads in this sweep"
+        return out
+    workloads = list(dict.fromkeys(points["workload"].dropna()))
+    for w in workloads:
+        out["workloads"][w] = _recommend_workload(points[points["workload"] == w], cell_rows, slo_used, att, target, target_c, precision)
+    first = out["workloads"][workloads[0]]
+    out["recommendation"] = first.get("recommendation")
+    out["message"] = first.get("message")
+    return out
+
+
+def _recommend_workload(
+    points: pd.DataFrame,
+    cells: list[dict[str, Any]],
+    slo: dict[str, float],
+    att: float,
+    target: float | None,
+    target_c: int | None,
+    precision: float | None,
+) -> dict[str, Any]:
+    configs: list[dict[str, Any]] = []
+    status = {c["cell_id"]: c for c in cells}
+    for cell_id, g in points.groupby("cell_id", sort=False):
+        c = status.get(cell_id, {})
+        if c.get("status") not in (None, "complete"):
+            continue
+        gpus = int(g["gpus"].iloc[0])
+        axes = int(g["axes"].iloc[0]) if "axes" in g else 0
+        cap = cell_capacity(g, att, precision)
+        diag = diagnose_cell(g, slo, att) if slo else {"limiting_factor": "unknown", "explanation": "no SLO given", "evidence": {}}
+        pooled = _pooled(g, att)
+        base = pooled.iloc[0] if len(pooled) else None
+        configs.append(
+            {
+                "cell_id": cell_id,
+                "gpus": gpus,
+                "axes": axes,
+                **{k: _clean(v) for k, v in cap.items()},
+                "capacity_rps_per_gpu": (cap["capacity_rps"] / gpus) if cap.get("capacity_rps") else None,
+                "limiting_factor": diag["limiting_factor"],
+                "diagnosis": diag["explanation"],
+                "evidence": _clean_dict(diag["evidence"]),
+                "lightest": _clean_dict(
+                    {
+                        "load": _load_text(base) if base is not None else None,
+                        "ttft_p50_ms": _f(base.get("ttft_p50_ms")) if base is not None else None,
+                        "tpot_p50_ms": _f(base.get("tpot_p50_ms")) if base is not None else None,
+                    }
+                ),
+                "loads": [_clean_dict(_point_summary(r)) for _, r in pooled.iterrows()],
+            }
+        )
+    result: dict[str, Any] = {"configurations": configs}
+    if not slo:
+        result["recommendation"] = None
+        result["message"] = "no SLO given: nothing to recommend against (pass --slo)"
+        return result
+    rec, message = _choose(configs, target, target_c)
+    result["recommendation"] = rec
+    result["message"] = message
+    result["same_gpus_tradeoffs"] = _tradeoffs(configs)
+    return result
+
+
+def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int | None) -> tuple[dict[str, Any] | None, str]:
+    def order(c: dict[str, Any]) -> tuple[Any, ...]:
+        return (c["gpus"], c["axes"], -(c.get("capacity_rps") or 0.0), c["cell_id"])
+
+    if target is not None:
+        ok = [c for c in configs if c.get("capacity_rps") is not None and c["capacity_rps"] >= target - 1e-9]
+        if not ok:
+            best = max(configs, key=lambda c: c.get("capacity_rps") or 0.0, default=None)
+            hint = (
+                f"; the highest capacity measured is {best['cell_id']} at {best['capacity_rps']:g} req/s"
+                if best and best.get("capacity_rps")
+                else ""
+            )
+            return None, f"no configuration meets the SLOs at {target:g} req/s{hint}"
+        pick = min(ok, key=order)
+        ev = _evidence_at(pick, target)
+        return _rec(pick, ev), (
+            f"{pick['cell_id']} ({pick['gpus']} GPUs) is the smallest configuration meeting the SLOs at {target:g} req/s"
+        )
+    if target_c is not None:
+        ok = [c for c in configs if (c.get("max_concurrency") or 0) >= target_c]
+        if not ok:
+            return None, f"no configuration meets the SLOs at concurrency {target_c}"
+        pick = min(ok, key=order)
+        return _rec(pick, _evidence_at(pick, float(target_c))), (
+            f"{pick['cell_id']} ({pick['gpus']} GPUs) is the smallest configuration meeting the SLOs at concurrency {target_c}"
+        )
+    with_cap = [c for c in configs if c.get("capacity_rps")]
+    if with_cap:
+        best = max(c["capacity_rps_per_gpu"] for c in with_cap)
+        tied = [c for c in with_cap if c["capacity_rps_per_gpu"] >= (1 - TIE_FRACTION) * best]
+        pick = min(tied, key=order)
+        return _rec(pick, _evidence_at(pick, pick["capacity_rps"])), (
+            f"{pick['cell_id']} serves the most load per GPU within the SLOs "
+            f"({pick['capacity_rps_per_gpu']:.3g} req/s per GPU; no --target-rate given)"
+        )
+    with_c = [c for c in configs if c.get("max_concurrency")]
+    if with_c:
+        pick = max(with_c, key=lambda c: ((c.get("throughput_rps_at_max") or 0) / c["gpus"], -c["gpus"], -c["axes"]))
+        return _rec(pick, _evidence_at(pick, float(pick["max_concurrency"]))), (
+            f"{pick['cell_id']} has the highest SLO-meeting throughput per GPU (no --target-concurrency given)"
+        )
+    return None, "no configuration met the SLOs at any tested load"
+
+
+def _rec(pick: dict[str, Any], evidence: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "cell_id": pick["cell_id"],
+        "gpus": pick["gpus"],
+        "capacity_rps": pick.get("capacity_rps"),
+        "capacity_rps_per_gpu": pick.get("capacity_rps_per_gpu"),
+        "evidence": evidence,
+    }
+
+
+def _evidence_at(cfg: dict[str, Any], value: float) -> dict[str, Any] | None:
+    """The passing load closest above ``value`` (else the highest passing one)."""
+    passing = [p for p in cfg["loads"] if p["passed"]]
+    above = [p for p in passing if p["load_value"] >= value - 1e-9]
+    if above:
+        return min(above, key=lambda p: p["load_value"])
+    return max(passing, key=lambda p: p["load_value"]) if passing else None
+
+
+def _point_summary(r: pd.Series) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "load": _load_text(r),
+        "load_kind": r["load_kind"],
+        "load_value": float(r["load_value"]),
+        "passed": bool(r["passed"]),
+        "attainment": _f(r.get("attainment")),
+        "goodput_rps": _f(r.get("goodput_rps")),
+        "throughput_rps": _f(r.get("throughput_rps")),
+        "requests": int(r.get("requests", 0)),
+        "saturated": bool(r["saturated"]),
+        "saturation_reason": r.get("saturation_reason"),
+        "runs": r.get("runs"),
+    }
+    for k in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms", "e2e_p90_ms"):
+        d[k] = _f(r.get(k))
+    return d
+
+
+def _tradeoffs(configs: list[dict[str, Any]]) -> list[str]:
+    """Same GPUs, spent on one fast request (lowest unloaded latency) or on more concurrent ones
+    (highest capacity)."""
+    lines = []
+    by_gpus: dict[int, list[dict[str, Any]]] = {}
+    for c in configs:
+        by_gpus.setdefault(c["gpus"], []).append(c)
+    for gpus, group in sorted(by_gpus.items()):
+        if len(group) < 2:
+            continue
+        lat = [c for c in group if c["lightest"].get("ttft_p50_ms") is not None]
+        if not lat:
+            continue
+        fastest = min(lat, key=lambda c: (c["lightest"]["ttft_p50_ms"] or math.inf) + 100 * (c["lightest"].get("tpot_p50_ms") or 0))
+        most = max(group, key=lambda c: c.get("capacity_rps") or c.get("throughput_rps_at_max") or 0.0)
+        if fastest["cell_id"] == most["cell_id"]:
+            lines.append(f"{gpus} GPUs: {fastest['cell_id']} is both the fastest single request and the highest capacity")
+        else:
+            fl = fastest["lightest"]
+            cap = most.get("capacity_rps")
+            lines.append(
+                f"{gpus} GPUs: {fastest['cell_id']} gives the fastest single request "
+                f"(TTFT p50 {fl['ttft_p50_ms']:,.0f} ms, TPOT p50 {fl.get('tpot_p50_ms') or float('nan'):.1f} ms at {fl['load']}); "
+                f"{most['cell_id']} serves the most concurrent load"
+                + (f" ({cap:g} req/s within the SLOs)" if cap else "")
+            )
+    return lines
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, (np.generic,)):
+        v = v.item()
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def _clean_dict(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _clean(v) for k, v in d.items()}
+
+
+# -- text ------------------------------------------------------------------------------
+
+
+def format_recommendation(rec: dict[str, Any]) -> str:
+    lines: list[str] = []
+    slo = ", ".join(f"{k}<={v:g}" for k, v in (rec.get("slo") or {}).items()) or "none"
+    tgt = rec.get("target_rate")
+    lines.append(
+        f"SLO: {slo}; attainment target {rec['attainment_pct']:g}% of requests"
+        + (f"; target load {tgt:g} req/s" if tgt else "")
+    )
+    for w, wr in rec.get("workloads", {}).items():
+        if len(rec["workloads"]) > 1:
+            lines.append(f"\nworkload {w}:")
+        lines.append(_table(wr.get("configurations", []), rec.get("cells", [])))
+        r = wr.get("recommendation")
+        if r:
+            lines.append(f"RECOMMENDATION: {r['cell_id']} ({r['gpus']} GPUs) - {wr.get('message')}")
+            ev = r.get("evidence")
+            if ev:
+                lines.append(
+                    f"  evidence: at {ev['load']}, {100 * (ev['attainment'] or 0):.1f}% of {ev['requests']} requests met every SLO; "
+                    f"TTFT p90 {_ms(ev.get('ttft_p90_ms'))}, TPOT p90 {_ms(ev.get('tpot_p90_ms'), 1)}, "
+                    f"{ev['throughput_rps'] or 0:.2f} req/s served"
+                    + (f" ({', '.join(ev['runs'])})" if ev.get("runs") else "")
+                )
+        else:
+            lines.append(f"RECOMMENDATION: none - {wr.get('message')}")
+        for c in wr.get("configurations", []):
+            lines.append(f"  {c['cell_id']}: {c['diagnosis']}")
+        for t in wr.get("same_gpus_tradeoffs", []):
+            lines.append(f"  {t}")
+    lines.append("capacity_rps: " + rec["definitions"]["capacity_rps"] + ".")
+    lines.append("goodput (per load): " + rec["definitions"]["goodput_rps"] + ".")
+    return "\n".join(lines)
+
+
+def _ms(v: Any, digits: int = 0) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.{digits}f} ms"
+
+
+def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
+    header = f"{'cell':<20}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'best goodput':>12}  {'limited by':<18}"
+    lines = [header, "-" * len(header)]
+    by_id = {c["cell_id"]: c for c in configs}
+    for cell in cells:
+        cid = cell["cell_id"]
+        c = by_id.get(cid)
+        if c is None:
+            reason = (cell.get("reason") or "").splitlines()[0] if cell.get("reason") else ""
+            reason = reason if len(reason) <= 70 else reason[:67] + "..."
+            lines.append(f"{cid:<20}{cell.get('gpus') or 0:>5}  {cell['status']:<9}{'':>15}{'':>9}  {'':>12}  {reason}")
+            continue
+        cap = c.get("capacity_rps")
+        if cap is not None:
+            capt = f"{cap:g}" + ("+" if c.get("upper_rps") is None else "")
+            pg = f"{c['capacity_rps_per_gpu']:.3g}"
+        elif c.get("max_concurrency"):
+            capt, pg = f"c={c['max_concurrency']}", ""
+        else:
+            capt, pg = "none", ""
+        good = max((p["goodput_rps"] or 0.0 for p in c["loads"]), default=0.0)
+        lines.append(f"{cid:<20}{c['gpus']:>5}  {'complete':<9}{capt:>15}{pg:>9}  {good:>12.2f}  {c['limiting_factor']:<18}")
+    return "\n".join(lines)
+
+
+def recommendation_json(rec: dict[str, Any]) -> str:
+    return json.dumps(rec, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,49 @@
+"""``bench recommend SWEEP``: the smallest configuration meeting the SLOs, with its evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bench.errors import BenchError
+
+
+@click.command("recommend")
+@click.argument("sweep", type=click.Path(path_type=Path))
+@click.option("--slo", "slo_text", help="Re-judge with these SLOs (default: the sweep's), e.g. ttft_ms=500,tpot_ms=50.")
+@click.option("--attainment", type=float, help="Percent of requests that must meet every SLO (default: the sweep's).")
+@click.option("--target-rate", type=float, help="Load (req/s) the configuration must serve (default: the sweep's).")
+@click.option("--target-concurrency", type=int, help="Concurrency it must serve (concurrency sweeps).")
+@click.option("--json", "as_json", is_flag=True, help="Print the recommendation and its evidence as JSON.")
+def command(
+    sweep: Path,
+    slo_text: str | None,
+    attainment: float | None,
+    target_rate: float | None,
+    target_concurrency: int | None,
+    as_json: bool,
+) -> None:
+    """Recommend the smallest configuration of a sweep that meets the SLOs at the target load,
+    and say what limits each configuration.
+
+    Reads only the sweep's Parquet files; with --slo the loads are re-judged from their
+    request tables (the capacity search's probes stay where the sweep put them).
+    """
+    from analysis.recommend import format_recommendation, recommend, recommendation_json
+    from analysis.slo import SLO, SLOError
+    from results.reader import ResultsError
+
+    slo = None
+    if slo_text is not None:
+        try:
+            slo = SLO.parse(slo_text).as_dict()
+        except SLOError as exc:
+            raise BenchError(str(exc)) from None
+    if attainment is not None and not 0 < attainment <= 100:
+        raise BenchError("--attainment must be a percentage in (0, 100]")
+    try:
+        rec = recommend(sweep, slo=slo, attainment_pct=attainment, target_rate=target_rate, target_concurrency=target_concurrency)
+    except ResultsError as exc:
+        raise BenchError(str(exc)) from None
+    click.echo(recommendation_json(rec) if as_json else format_recommendation(rec))

@@ -1,0 +1,197 @@
+"""``bench sweep``: launch the engine at each parallel configuration, measure, recommend."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from bench.errors import BenchError
+
+
+def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise BenchError(f"{flag} {text!r}: expected integers like 1,2,4") from None
+    if not values:
+        raise BenchError(f"{flag}: give at least one value")
+    return values
+
+
+def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise BenchError(f"{flag} {text!r}: expected numbers like 1,2,4") from None
+    if not values:
+        raise BenchError(f"{flag}: give at least one value")
+    return values
+
+
+@click.command("sweep")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="TOML sweep file (flags override it).")
+@click.option("--engine", type=click.Choice(["sim", "vllm", "sglang", "tgi"]), help="Engine to launch. [default: sim]")
+@click.option("--model", help="Model (sim: preset such as llama-3.1-70b; others: path or id).")
+@click.option("--gpu", help="GPU type (sim: a100|h100|h200|l40s; real engines: recorded only).")
+@click.option("--gpus", type=int, help="GPUs available; cells needing more are skipped with the reason.")
+@click.option("--tp", help="Tensor-parallel sizes, e.g. 1,2,4.")
+@click.option("--pp", help="Pipeline-parallel sizes.")
+@click.option("--dp", help="Data-parallel replicas.")
+@click.option("--ep", help="Expert-parallel sizes (MoE).")
+@click.option("--dcp", help="Decode context-parallel sizes (must divide tp).")
+@click.option("--pcp", help="Prefill context-parallel sizes.")
+@click.option("--disagg", help="Prefill:decode instance counts, e.g. 1:1,2:1 (none = colocated).")
+@click.option("--rate", "rates", help="Open-loop loads in requests/s, e.g. 1,2,4,8.")
+@click.option("--concurrency", "concs", help="Closed-loop loads (requests in flight), e.g. 1,8,32.")
+@click.option("--capacity", is_flag=True, default=None, help="Search each cell's capacity under --slo instead.")
+@click.option("--capacity-start", type=float, help="First rate the capacity search probes. [default: 1]")
+@click.option("--precision", type=float, help="Capacity search: stop when the bracket is within this fraction. [default: 0.1]")
+@click.option("--max-probes", type=int, help="Capacity search: most loads per cell. [default: 8]")
+@click.option("--requests", "n_requests", type=int, help="Measured requests per load. [default: 60]")
+@click.option("--warmup", type=int, help="Warm-up requests per cell (recorded, excluded). [default: 4]")
+@click.option("--workload", "workload_refs", multiple=True, help="Named workload or TOML file (repeatable).")
+@click.option("--input-tokens", type=int, help="Synthetic workload prompt length. [default: 512]")
+@click.option("--output-tokens", type=int, help="Synthetic workload output length. [default: 128]")
+@click.option("--arrival", type=click.Choice(["poisson", "constant"]), help="Open-loop arrivals. [default: poisson]")
+@click.option("--seed", type=int, help="Workload seed. [default: 0]")
+@click.option("--repeats", type=int, help="Runs per load (pooled). [default: 1]")
+@click.option("--slo", "slo_text", help="SLOs, e.g. ttft_ms=500,tpot_ms=50.")
+@click.option("--attainment", type=float, help="Percent of requests that must meet every SLO. [default: 90]")
+@click.option("--target-rate", type=float, help="Load (req/s) the recommendation must serve.")
+@click.option("--target-concurrency", type=int, help="Concurrency the recommendation must serve (concurrency sweeps).")
+@click.option("--engine-arg", "engine_args", multiple=True, help="Extra engine argument (repeatable).")
+@click.option("--engine-env", "engine_env", multiple=True, help="NAME=value for the engine's environment (repeatable).")
+@click.option("--ready-timeout", type=float, help="Seconds to wait for an engine to become ready. [default: 600]")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Sweep folder.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run.")
+@click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
+@click.option("--progress/--no-progress", default=None, help="Per-request progress bar (default: on a terminal).")
+def command(config_path: Path | None, **flags: object) -> None:
+    """Measure every parallel configuration under the workload and recommend the smallest
+    one that meets the SLOs.
+
+    \b
+    Examples:
+      bench sweep --engine sim --model llama-3.1-70b --gpu h100 --gpus 4 --tp 2,4 --dp 1,2 \\
+          --capacity --slo ttft_ms=1000,tpot_ms=60 --out sweeps/70b
+      bench sweep --engine vllm --model /models/M --tp 1,2,4 --rate 1,2,4,8 --slo ttft_ms=500 --out sweeps/m
+      bench sweep --config sweep.toml --out sweeps/s
+      bench sweep --resume --out sweeps/70b        # after an interruption
+    """
+    from analysis.recommend import format_recommendation, recommend
+    from bench.sweep.orchestrate import run_sweep, stored_spec
+    from bench.sweep.spec import SweepSpecError, load_spec
+    from bench.sweep.store import write_recommendation
+
+    out: Path = flags.pop("out")  # type: ignore[assignment]
+    resume = bool(flags.pop("resume"))
+    retry_failed = bool(flags.pop("retry_failed"))
+    progress = flags.pop("progress")
+    try:
+        if config_path is not None:
+            base = load_spec(config_path)
+        elif resume and stored_spec(out) is not None:
+            base = stored_spec(out)
+        else:
+            base = None
+        spec = _apply_flags(base, flags)
+        spec.validate()
+    except SweepSpecError as exc:
+        raise BenchError(str(exc)) from None
+    t0 = time.monotonic()
+    result = run_sweep(
+        spec,
+        out,
+        resume=resume,
+        retry_failed=retry_failed,
+        echo=lambda line: click.echo(line, err=True),
+        progress=progress,  # type: ignore[arg-type]
+    )
+    if result.interrupted:
+        click.echo(f"sweep interrupted; finish it with: bench sweep --resume --out {out}", err=True)
+        sys.exit(130)
+    rec = recommend(out)
+    write_recommendation(out, rec)
+    click.echo(f"\nsweep finished in {time.monotonic() - t0:.0f} s: {out}")
+    click.echo(format_recommendation(rec))
+
+
+def _apply_flags(base, flags: dict[str, object]):  # type: ignore[no-untyped-def]
+    from analysis.slo import SLO, SLOError
+    from bench.sweep.spec import SweepSpec, WorkloadSpec
+
+    model = flags.get("model")
+    if base is None:
+        if not model:
+            raise BenchError("--model is required (or give --config FILE)")
+        base = SweepSpec(model=str(model))
+    matrix_changes = {
+        axis: _ints(flags.get(axis), f"--{axis}")  # type: ignore[arg-type]
+        for axis in ("tp", "pp", "dp", "ep", "dcp", "pcp")
+    }
+    disagg = flags.get("disagg")
+    if disagg is not None:
+        matrix_changes["disagg"] = tuple(v.strip() for v in str(disagg).split(",") if v.strip())  # type: ignore[assignment]
+    matrix = dataclasses.replace(base.matrix, **{k: v for k, v in matrix_changes.items() if v is not None})
+
+    rates = _floats(flags.get("rates"), "--rate")  # type: ignore[arg-type]
+    concs = _ints(flags.get("concs"), "--concurrency")  # type: ignore[arg-type]
+    load_changes: dict[str, object] = {
+        "capacity_start": flags.get("capacity_start"),
+        "capacity_precision": flags.get("precision"),
+        "capacity_max_probes": flags.get("max_probes"),
+        "requests": flags.get("n_requests"),
+        "warmup": flags.get("warmup"),
+    }
+    if rates is not None or concs is not None or flags.get("capacity"):
+        # a load kind given on the command line replaces the file's
+        load_changes.update(rates=rates or (), concurrency=concs or (), capacity=bool(flags.get("capacity")))
+    loads = dataclasses.replace(base.loads, **{k: v for k, v in load_changes.items() if v is not None})
+
+    w_changes = {
+        "input_tokens": flags.get("input_tokens"),
+        "output_tokens": flags.get("output_tokens"),
+        "arrival": flags.get("arrival"),
+        "seed": flags.get("seed"),
+    }
+    w_changes = {k: v for k, v in w_changes.items() if v is not None}
+    refs = flags.get("workload_refs") or ()
+    if refs:
+        workloads = tuple(WorkloadSpec(name=str(r), **w_changes) for r in refs)  # type: ignore[arg-type]
+    else:
+        workloads = tuple(dataclasses.replace(w, **w_changes) for w in base.workloads)  # type: ignore[arg-type]
+
+    slo_text = flags.get("slo_text")
+    slo = None
+    if slo_text is not None:
+        try:
+            slo = SLO.parse(str(slo_text)).as_dict()
+        except SLOError as exc:
+            raise BenchError(str(exc)) from None
+    engine_args = tuple(flags.get("engine_args") or ()) or None  # type: ignore[arg-type]
+    engine_env = tuple(flags.get("engine_env") or ()) or None  # type: ignore[arg-type]
+    return base.with_overrides(
+        model=model,
+        engine=flags.get("engine"),
+        gpu=flags.get("gpu"),
+        gpus=flags.get("gpus"),
+        matrix=matrix,
+        loads=loads,
+        workloads=workloads,
+        repeats=flags.get("repeats"),
+        slo=slo,
+        attainment_pct=flags.get("attainment"),
+        target_rate=flags.get("target_rate"),
+        target_concurrency=flags.get("target_concurrency"),
+        engine_args=engine_args,
+        engine_env=engine_env,
+        ready_timeout_s=flags.get("ready_timeout"),
+    )

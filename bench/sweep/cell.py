@@ -1,0 +1,332 @@
+"""One cell: launch, readiness, warm-up, prefix-cache reset, the measured loads, teardown.
+
+Every load is an ordinary run folder; the cell's ``points.parquet`` is rewritten after each
+load so a crash loses at most the load in progress. An engine that fails to start or dies
+mid-cell fails the cell with its log tail; the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adapters.launch.config import ParallelConfig
+from analysis.capacity import CapacitySearch, Probe, closed_loop_plateau, passes
+from bench.sweep import store
+from bench.sweep.engines import CellEngine, EngineStartError, Launcher, alive, reset_prefix_cache, tail
+from bench.sweep.loads import Load, fmt, run_load
+from bench.sweep.spec import SweepSpec, WorkloadSpec
+
+Echo = Callable[[str], None]
+
+
+class SweepInterrupted(Exception):
+    """Ctrl-C / SIGTERM during a load: the sweep stops; --resume reruns this cell."""
+
+
+@dataclass
+class CellOutcome:
+    status: str  # complete | failed
+    reason: str | None = None
+    log_tail: str | None = None
+    points: list[dict[str, Any]] = field(default_factory=list)
+    #: workload tag -> capacity record (capacity search / rate sweeps)
+    capacity: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engine_version: str | None = None
+    engine_argv: str | None = None
+    prefix_cache_reset: str | None = None
+
+
+def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> dict[str, Any]:
+    return {
+        "cell_id": cell_id,
+        "engine": spec.engine,
+        "model": spec.model,
+        "gpu": spec.gpu,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "dp": cfg.dp,
+        "ep": cfg.ep,
+        "dcp": cfg.dcp,
+        "pcp": cfg.pcp,
+        "disagg": str(cfg.disagg) if cfg.disagg else None,
+        "gpus": cfg.gpus,
+        "axes": cfg.axes,
+    }
+
+
+class CellRunner:
+    def __init__(
+        self,
+        spec: SweepSpec,
+        sweep_dir: Path,
+        sweep_id: str,
+        launcher: Launcher,
+        echo: Echo,
+        progress: bool | None = None,
+        capacity_hint: Callable[[ParallelConfig, str], float | None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.sweep_dir = sweep_dir
+        self.sweep_id = sweep_id
+        self.launcher = launcher
+        self.echo = echo
+        self.progress = progress
+        self.capacity_hint = capacity_hint
+
+    def run(self, cfg: ParallelConfig, cell_id: str, index: str) -> CellOutcome:
+        spec = self.spec
+        cdir = store.cell_dir(self.sweep_dir, cell_id)
+        cdir.mkdir(parents=True, exist_ok=True)
+        log_path = cdir / "engine.log"
+        env = tuple(tuple(item.split("=", 1)) for item in spec.engine_env)
+        engine = CellEngine(
+            engine=spec.engine,
+            model=spec.model,
+            gpu=spec.gpu,
+            parallel=cfg,
+            gpus_available=spec.gpus,
+            extra_args=tuple(spec.engine_args),
+            env=env,  # type: ignore[arg-type]
+            ready_timeout_s=spec.ready_timeout_s,
+        )
+        self.echo(f"{index} {cell_id} ({cfg.gpus} GPU{'s' if cfg.gpus != 1 else ''}): starting {spec.engine}...")
+        t0 = time.monotonic()
+        try:
+            handle = self.launcher.start(engine, log_path)
+        except EngineStartError as exc:
+            return CellOutcome("failed", _start_failure(exc, log_path), tail(log_path) or str(exc))
+        out = CellOutcome("complete")
+        out.engine_version = getattr(handle, "version", None)
+        argv = getattr(handle, "argv", None)
+        out.engine_argv = json.dumps(list(argv)) if argv else None
+        try:
+            self.echo(f"{index} {cell_id}: ready after {time.monotonic() - t0:.1f} s at {handle.url}")
+            served = _served_model(spec)
+            first_run = True
+            for w in spec.workloads:
+                ok = self._run_workload(cfg, cell_id, index, w, handle.url, served, out, first_run)
+                first_run = False
+                if not ok:
+                    break
+        finally:
+            handle.stop()
+        return out
+
+    # -- loads ---------------------------------------------------------------------------
+
+    def _run_workload(
+        self,
+        cfg: ParallelConfig,
+        cell_id: str,
+        index: str,
+        w: WorkloadSpec,
+        url: str,
+        served: str,
+        out: CellOutcome,
+        first_run: bool,
+    ) -> bool:
+        """All loads of one workload; False when the cell must stop (engine died)."""
+        spec = self.spec
+        state = {"first": first_run}
+
+        def measure(load: Load) -> tuple[dict[str, Any], bool] | None:
+            """Run one load (with its repeats pooled by the caller); None if the engine died."""
+            label = load.label(len(spec.workloads) > 1, spec.repeats)
+            run_dir = store.cell_dir(self.sweep_dir, cell_id) / f"load={label}"
+            out.prefix_cache_reset = reset_prefix_cache(spec.engine, url)
+            warmup = spec.loads.warmup if state["first"] else 0
+            state["first"] = False
+            extra = {
+                "sweep_id": self.sweep_id,
+                "cell": {**cfg.as_dict(), "cell_id": cell_id, "engine": spec.engine, "model": spec.model, "gpu": spec.gpu},
+                "load": {"kind": load.kind, "value": load.value, "label": label},
+                "workload": w.tag,
+                "repeat": load.repeat,
+                "probe": load.probe,
+                "saturated": False,
+                "prefix_cache": out.prefix_cache_reset,
+            }
+            t = time.monotonic()
+            metrics, sat, interrupted = run_load(
+                spec=spec,
+                load=load,
+                run_dir=run_dir,
+                url=url,
+                served_model=served,
+                extra=extra,
+                warmup=warmup,
+                progress=self.progress,
+            )
+            row = {
+                **config_columns(spec, cfg, cell_id),
+                "sweep_id": self.sweep_id,
+                "workload": w.tag,
+                "load_label": label,
+                "load_kind": load.kind,
+                "load_value": float(load.value),
+                "repeat": load.repeat,
+                "probe": load.probe,
+                "status": "interrupted" if interrupted else "complete",
+                "saturated": sat.saturated,
+                "saturation_reason": str(sat) if sat.saturated else None,
+                "run_dir": str(run_dir.relative_to(self.sweep_dir)),
+                "warmup_requests": warmup,
+                **metrics,
+            }
+            if load.kind == "concurrency" and out.points:
+                prev = [p for p in out.points if p["workload"] == w.tag and p["load_kind"] == "concurrency"]
+                if prev:
+                    plateau = closed_loop_plateau(
+                        prev[-1]["throughput_rps"], int(prev[-1]["load_value"]), metrics["throughput_rps"], int(load.value)
+                    )
+                    if plateau.saturated:
+                        row["saturated"] = True
+                        row["saturation_reason"] = str(plateau)
+            out.points.append(row)
+            store.write_points(self.sweep_dir, cell_id, out.points)
+            self._echo_point(index, cell_id, label, row, time.monotonic() - t)
+            if interrupted:
+                raise SweepInterrupted(cell_id)
+            if not alive(url, spec.engine):
+                out.status = "failed"
+                out.reason = f"engine stopped answering during load {label}"
+                out.log_tail = tail(store.cell_dir(self.sweep_dir, cell_id) / "engine.log")
+                return None
+            return row, bool(row["saturated"])
+
+        def measure_pooled(kind: str, value: float, probe: bool) -> tuple[float, bool] | None:
+            atts: list[tuple[float, int]] = []
+            saturated = False
+            for r in range(spec.repeats):
+                res = measure(Load(kind, value, w, r, probe))
+                if res is None:
+                    return None
+                row, sat = res
+                saturated |= sat
+                atts.append((row["attainment"], row["requests"]))
+            total = sum(n for _, n in atts)
+            att = sum(a * n for a, n in atts if not math.isnan(a)) / total if total else float("nan")
+            return att, saturated
+
+        loads = spec.loads
+        if loads.capacity:
+            hint = self.capacity_hint(cfg, w.tag) if self.capacity_hint else None
+            search = CapacitySearch(
+                start=hint or loads.capacity_start,
+                precision=loads.capacity_precision,
+                max_probes=loads.capacity_max_probes,
+                max_rate=loads.capacity_max_rate,
+                min_rate=loads.capacity_min_rate,
+            )
+            while (rate := search.next_rate()) is not None:
+                res = measure_pooled("rate", rate, True)
+                if res is None:
+                    return False
+                att, sat = res
+                search.record(Probe(rate, passes(att, sat, spec.attainment_pct), att, sat))
+            result = search.result()
+            out.capacity[w.tag] = {
+                "method": "search",
+                "capacity_rps": result.capacity_rps,
+                "upper_rps": result.upper_rps,
+                "precision": result.precision,
+                "achieved_precision": result.achieved_precision,
+                "converged": result.converged,
+                "probes": len(result.probes),
+                "note": result.note,
+            }
+            self.echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}")
+            return True
+        values: list[tuple[str, float]] = (
+            [("rate", r) for r in sorted(loads.rates)]
+            if loads.rates
+            else [("concurrency", float(c)) for c in sorted(loads.concurrency)]
+        )
+        probes: list[Probe] = []
+        for i, (kind, value) in enumerate(values):
+            res = measure_pooled(kind, value, False)
+            if res is None:
+                return False
+            att, sat = res
+            probes.append(Probe(value, passes(att, sat, spec.attainment_pct) if spec.slo else not sat, att, sat))
+            if sat and loads.stop_at_saturation and i + 1 < len(values):
+                skipped = ", ".join(f"{v:g}" for _, v in values[i + 1 :])
+                self.echo(f"{index} {cell_id}: saturated at {kind} {value:g}; skipping higher loads ({skipped})")
+                for k2, v2 in values[i + 1 :]:
+                    label = Load(k2, v2, w).label(len(spec.workloads) > 1, 1)
+                    out.points.append(
+                        {
+                            **config_columns(spec, cfg, cell_id),
+                            "sweep_id": self.sweep_id,
+                            "workload": w.tag,
+                            "load_label": label,
+                            "load_kind": k2,
+                            "load_value": float(v2),
+                            "repeat": 0,
+                            "probe": False,
+                            "status": "skipped",
+                            "saturated": True,
+                            "saturation_reason": f"skipped: saturated at {kind} {value:g}",
+                        }
+                    )
+                store.write_points(self.sweep_dir, cell_id, out.points)
+                break
+        if kind == "rate" and spec.slo:
+            from analysis.capacity import capacity_from_probes
+
+            result = capacity_from_probes(probes, precision=float("nan"))
+            out.capacity[w.tag] = {
+                "method": "rate list",
+                "capacity_rps": result.capacity_rps,
+                "upper_rps": result.upper_rps,
+                "precision": None,
+                "achieved_precision": result.achieved_precision,
+                "converged": result.upper_rps is not None,
+                "probes": len(probes),
+                "note": result.note,
+            }
+            self.echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}")
+        return True
+
+    def _echo_point(self, index: str, cell_id: str, label: str, row: dict[str, Any], secs: float) -> None:
+        parts = [
+            f"{index} {cell_id} {label}:",
+            f"{row['ok']}/{row['requests']} ok",
+            f"{fmt(row['throughput_rps'], ' req/s', 2)}",
+        ]
+        if not math.isnan(row.get("attainment", float("nan"))):
+            parts.append(f"SLO met {100 * row['attainment']:.0f}%")
+        parts.append(f"TTFT p90 {fmt(row['ttft_p90_ms'], ' ms')}")
+        parts.append(f"TPOT p90 {fmt(row['tpot_p90_ms'], ' ms', 1)}")
+        parts.append(f"({secs:.1f} s)")
+        line = " ".join(parts)
+        if row.get("saturated"):
+            line += f"  SATURATED: {row['saturation_reason']}"
+        self.echo(line)
+
+
+def _cap_text(cap: float | None, upper: float | None, gpus: int) -> str:
+    if cap is None:
+        return "none (no load met the SLOs" + (f"; lowest tried failed at {upper:g} req/s)" if upper else ")")
+    up = f" (fails at {upper:g})" if upper is not None else " (no failing load found: a lower bound)"
+    return f"{cap:g} req/s, {cap / gpus:.3g} req/s per GPU{up}"
+
+
+def _start_failure(exc: Exception, log_path: Path) -> str:
+    """One line: what the launcher said, plus the engine's last meaningful log line."""
+    text = str(exc).splitlines()[0] if str(exc) else "no reason given"
+    text = text.split("; last log lines")[0].rstrip(":; ")
+    last = [ln.strip() for ln in (tail(log_path, 40) or "").splitlines() if ln.strip()]
+    if last and last[-1] not in text:
+        text += f" ({last[-1][:200]})"
+    return f"engine failed to start: {text}"
+
+
+def _served_model(spec: SweepSpec) -> str:
+    return spec.model

@@ -1,0 +1,167 @@
+"""One measured load inside a cell: schedule, run folder, metrics, saturation verdict."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapters.base import get_adapter
+from analysis.capacity import Saturation, open_loop_saturation, point_metrics, server_signals
+from analysis.load import load_run
+from analysis.slo import SLO
+from bench.errors import BenchError
+from bench.sweep.spec import SweepSpec, WorkloadSpec
+from loadgen.runner import RunOptions
+from loadgen.transport import Timeouts
+from results.reader import read_run_meta, read_server_metrics
+from results.schema import RUN_FILE
+from results.writer import write_run_meta
+from workloads.spec import Schedule
+
+
+@dataclass(frozen=True)
+class Load:
+    kind: str  # "rate" | "concurrency"
+    value: float
+    workload: WorkloadSpec
+    repeat: int = 0
+    probe: bool = False  # part of a capacity search
+
+    def label(self, several_workloads: bool, repeats: int) -> str:
+        v = f"{self.value:g}"
+        core = f"rate-{v}" if self.kind == "rate" else f"conc-{int(self.value)}"
+        if several_workloads:
+            core = f"{self.workload.tag}-{core}"
+        if repeats > 1:
+            core += f"-r{self.repeat + 1}"
+        return core
+
+
+def build_schedule(load: Load, spec: SweepSpec, warmup: int) -> Schedule:
+    w = load.workload
+    n = spec.loads.requests
+    rate = load.value if load.kind == "rate" else None
+    conc = int(load.value) if load.kind == "concurrency" else None
+    seed = w.seed + load.repeat
+    if w.name:
+        try:
+            from workloads.catalog import build_named_schedule
+        except ImportError:
+            raise BenchError("named workloads need the workload catalogue, which this install lacks") from None
+        return build_named_schedule(  # type: ignore[no-any-return]
+            w.name, requests=n, rate=rate, arrival=w.arrival, concurrency=conc, warmup=warmup, seed=seed
+        )
+    from workloads.synthetic import SyntheticWorkload
+
+    return SyntheticWorkload(
+        requests=n,
+        input_tokens=w.input_tokens,
+        output_tokens=w.output_tokens,
+        rate=rate,
+        arrival=w.arrival,
+        concurrency=conc,
+        warmup=warmup,
+        seed=seed,
+    ).schedule()
+
+
+def drain_timeout(spec: SweepSpec, w: WorkloadSpec) -> float:
+    """How long in-flight requests may run after the last send.
+
+    With an end-to-end bound known from the SLOs, a request still running at twice that
+    bound cannot meet it any more, so waiting longer only costs time; it counts as a miss.
+    """
+    if spec.loads.drain_timeout_s is not None:
+        return spec.loads.drain_timeout_s
+    slo = spec.slo
+    bound_ms: float | None = slo.get("e2e_ms")
+    if bound_ms is None and "ttft_ms" in slo and "tpot_ms" in slo and not w.name:
+        bound_ms = slo["ttft_ms"] + slo["tpot_ms"] * w.output_tokens
+    if bound_ms is None:
+        return 120.0
+    return max(5.0, 2.0 * bound_ms / 1000.0)
+
+
+def run_load(
+    *,
+    spec: SweepSpec,
+    load: Load,
+    run_dir: Path,
+    url: str,
+    served_model: str,
+    extra: dict[str, Any],
+    warmup: int,
+    progress: bool | None,
+) -> tuple[dict[str, Any], Saturation, bool]:
+    """Run one load into ``run_dir``; returns (metrics, saturation, interrupted)."""
+    from bench.execute import RunConfig, execute_run, run_async
+
+    schedule = build_schedule(load, spec, warmup)
+    adapter_name = "vllm" if spec.engine in ("sim", "vllm") else spec.engine
+    options: dict[str, Any] = {"model": served_model}
+    if adapter_name == "vllm":
+        options["api"] = spec.api
+    adapter = get_adapter(adapter_name, **options)
+    slo = SLO.from_dict(spec.slo)
+    cfg = RunConfig(
+        out=run_dir,
+        url=url,
+        engine=spec.engine,
+        model=spec.model,
+        schedule=schedule,
+        options=RunOptions(progress=progress, drain_timeout_s=drain_timeout(spec, load.workload)),
+        timeouts=Timeouts(stall=spec.stall_timeout_s),
+        command=("bench", "sweep"),
+        config={
+            "slo": slo.as_dict(),
+            "attainment_pct": spec.attainment_pct,
+            "target_rate": spec.target_rate,
+            "target_concurrency": spec.target_concurrency,
+            "sweep": spec.as_dict(),
+        },
+        extra=extra,
+    )
+    scraper = _scraper(url, run_dir)
+    try:
+        result = run_async(lambda: execute_run(cfg, adapter))
+    finally:
+        if scraper is not None:
+            scraper.stop()
+    run = load_run(run_dir)
+    signals = server_signals(read_server_metrics(run_dir))
+    metrics = point_metrics(run, slo, signals)
+    sat = open_loop_saturation(run, signals) if load.kind == "rate" else Saturation(False)
+    _mark_saturation(run_dir, sat)
+    return metrics, sat, bool(result.stats.interrupted)
+
+
+def _scraper(url: str, run_dir: Path):  # type: ignore[no-untyped-def]
+    """Scrape the engine's /metrics into the run folder throughout the load (when available)."""
+    try:
+        from loadgen.scrape import MetricsScraper
+    except ImportError:
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    scraper = MetricsScraper(url, run_dir, interval_s=1.0)
+    scraper.start()
+    return scraper
+
+
+def _mark_saturation(run_dir: Path, sat: Saturation) -> None:
+    """Record the verdict in the run's own metadata (extra_json.saturated)."""
+    if not (run_dir / RUN_FILE).exists():
+        return
+    meta = read_run_meta(run_dir)
+    extra = dict(meta.get("extra") or {})
+    extra["saturated"] = sat.saturated
+    extra["saturation_reasons"] = list(sat.reasons)
+    meta["extra_json"] = extra
+    write_run_meta(run_dir, meta)
+
+
+def fmt(v: float, unit: str = "", digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:,.{digits}f}{unit}"

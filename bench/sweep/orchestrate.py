@@ -1,0 +1,229 @@
+"""Running a whole sweep: plan the cells, run each in turn, resume, recommend."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapters.launch.config import ParallelConfig
+from bench import __version__
+from bench.errors import BenchError
+from bench.sweep import store
+from bench.sweep.cell import CellRunner, SweepInterrupted, config_columns
+from bench.sweep.engines import DefaultLauncher, Launcher
+from bench.sweep.matrix import PlannedCell, expand
+from bench.sweep.spec import SweepSpec, spec_from_dict
+
+Echo = Callable[[str], None]
+
+#: Spec fields that may change between a sweep and its --resume (they do not alter measured cells).
+RESUMABLE_CHANGES = {"matrix", "gpus", "target_rate", "target_concurrency", "ready_timeout_s"}
+
+FINISHED = ("complete", "skipped")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    sweep_dir: Path
+    ran: tuple[str, ...]
+    reused: tuple[str, ...]
+    failed: tuple[str, ...]
+    skipped: tuple[str, ...]
+    interrupted: bool = False
+
+
+def _check_resume(stored: dict[str, Any], spec: SweepSpec) -> None:
+    old = stored.get("spec") or {}
+    new = spec.as_dict()
+    differ = sorted(k for k in new if k not in RESUMABLE_CHANGES and _norm(old.get(k)) != _norm(new[k]))
+    if differ:
+        raise BenchError(
+            f"--resume: this sweep was defined differently ({', '.join(differ)} changed); "
+            "rerun with the same settings or choose a new --out"
+        )
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    return v
+
+
+def stored_spec(sweep_dir: Path) -> SweepSpec | None:
+    data = store.read_sweep_json(sweep_dir)
+    if not data or "spec" not in data:
+        return None
+    return spec_from_dict(data["spec"])
+
+
+def run_sweep(
+    spec: SweepSpec,
+    sweep_dir: Path,
+    *,
+    resume: bool = False,
+    retry_failed: bool = False,
+    launcher: Launcher | None = None,
+    echo: Echo = print,
+    progress: bool | None = None,
+) -> SweepResult:
+    spec.validate()
+    launcher = launcher or DefaultLauncher()
+    sweep_dir = Path(sweep_dir)
+    stored = store.read_sweep_json(sweep_dir)
+    if stored is not None and not resume:
+        raise BenchError(f"{sweep_dir} already holds a sweep; pass --resume to finish it, or choose another --out")
+    if stored is not None:
+        _check_resume(stored, spec)
+        sweep_id = str(stored.get("sweep_id"))
+    else:
+        if sweep_dir.exists() and any(sweep_dir.iterdir()):
+            raise BenchError(f"{sweep_dir} exists and is not empty; choose another --out")
+        sweep_id = uuid.uuid4().hex[:12]
+    planned = expand(spec, launcher.unsupported)
+    store.write_sweep_json(
+        sweep_dir,
+        {
+            "sweep_id": sweep_id,
+            "bench_version": __version__,
+            "spec": spec.as_dict(),
+            "cells": [c.cell_id for c in planned],
+            "created_unix_s": (stored or {}).get("created_unix_s", time.time()),
+            "updated_unix_s": time.time(),
+        },
+    )
+    previous = {r["cell_id"]: r for r in store.read_cells(sweep_dir)}
+    rows: dict[str, dict[str, Any]] = {}
+    for c in planned:
+        old = previous.get(c.cell_id)
+        if old and (old["status"] in FINISHED or (old["status"] == "failed" and not retry_failed)):
+            rows[c.cell_id] = old
+        else:
+            rows[c.cell_id] = _base_row(spec, c, "skipped" if c.skip_reason else "pending", c.skip_reason)
+    # cells of an earlier matrix that this one no longer lists are kept (their data is on disk)
+    for cid, old in previous.items():
+        rows.setdefault(cid, old)
+
+    def save() -> None:
+        # cells not started yet are not written: cells.parquet lists complete|failed|skipped|running
+        store.write_cells(sweep_dir, [r for r in rows.values() if r["status"] != "pending"])
+
+    save()
+    runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, _capacity_hint(rows))
+    ran: list[str] = []
+    reused: list[str] = []
+    todo = [c for c in planned if not c.skip_reason and rows[c.cell_id]["status"] not in ("complete", "failed")]
+    total = len(todo)
+    echo(
+        f"sweep {sweep_id}: {len(planned)} cells, {total} to run"
+        + (f", {sum(1 for c in planned if c.skip_reason)} skipped" if any(c.skip_reason for c in planned) else "")
+        + (f", {len(planned) - total - sum(1 for c in planned if c.skip_reason)} already done" if resume else "")
+        + f" -> {sweep_dir}"
+    )
+    for c in planned:
+        if c.skip_reason:
+            echo(f"skip {c.cell_id}: {c.skip_reason}")
+        elif c.cell_id not in [t.cell_id for t in todo]:
+            reused.append(c.cell_id)
+            echo(f"done {c.cell_id}: {rows[c.cell_id]['status']} (kept from the earlier run)")
+    interrupted = False
+    for i, c in enumerate(todo, 1):
+        store.set_aside_partial(sweep_dir, c.cell_id)
+        row = rows[c.cell_id]
+        row.update(status="running", reason=None, log_tail=None, started_unix_s=time.time(), ended_unix_s=None)
+        save()
+        try:
+            outcome = runner.run(c.config, c.cell_id, f"[{i}/{total}]")
+        except SweepInterrupted:
+            row.update(status="running", reason="interrupted; rerun with --resume")
+            save()
+            interrupted = True
+            break
+        except KeyboardInterrupt:
+            row.update(status="running", reason="interrupted; rerun with --resume")
+            save()
+            interrupted = True
+            break
+        row.update(
+            status=outcome.status,
+            reason=outcome.reason,
+            log_tail=outcome.log_tail,
+            engine_version=outcome.engine_version,
+            engine_argv=outcome.engine_argv,
+            prefix_cache_reset=outcome.prefix_cache_reset,
+            ended_unix_s=time.time(),
+        )
+        _set_capacity(row, outcome.capacity, spec, c.config)
+        _set_limiting(row, sweep_dir, spec)
+        save()
+        ran.append(c.cell_id)
+        if outcome.status == "failed":
+            echo(f"[{i}/{total}] {c.cell_id}: FAILED: {outcome.reason}")
+            for line in (outcome.log_tail or "").splitlines()[-8:]:
+                echo(f"    | {line}")
+    final = list(rows.values())
+    return SweepResult(
+        sweep_dir,
+        tuple(ran),
+        tuple(reused),
+        tuple(r["cell_id"] for r in final if r["status"] == "failed"),
+        tuple(r["cell_id"] for r in final if r["status"] == "skipped"),
+        interrupted,
+    )
+
+
+def _base_row(spec: SweepSpec, c: PlannedCell, status: str, reason: str | None) -> dict[str, Any]:
+    return {**config_columns(spec, c.config, c.cell_id), "status": status, "reason": reason}
+
+
+def _set_capacity(row: dict[str, Any], capacity: dict[str, dict[str, Any]], spec: SweepSpec, cfg: ParallelConfig) -> None:
+    import json
+
+    if not capacity:
+        return
+    first = capacity.get(spec.workloads[0].tag) or next(iter(capacity.values()))
+    cap = first.get("capacity_rps")
+    row["capacity_rps"] = cap
+    row["capacity_rps_per_gpu"] = cap / cfg.gpus if cap is not None else None
+    row["capacity_json"] = json.dumps(capacity, sort_keys=True)
+
+
+def _set_limiting(row: dict[str, Any], sweep_dir: Path, spec: SweepSpec) -> None:
+    """The cell's limiting resource, read from its points (first workload)."""
+    if row["status"] != "complete" or not spec.slo:
+        return
+    try:
+        from analysis.recommend import diagnose_cell, load_points
+
+        pts = load_points(sweep_dir, cell_id=row["cell_id"])
+        if pts.empty:
+            return
+        pts = pts[pts["workload"] == spec.workloads[0].tag]
+        diag = diagnose_cell(pts, spec.slo, spec.attainment_pct)
+        row["limiting_factor"] = diag["limiting_factor"]
+    except Exception as exc:  # a diagnosis problem must never lose a measured cell
+        row["limiting_factor"] = f"unknown ({type(exc).__name__}: {exc})"
+
+
+def _capacity_hint(rows: dict[str, dict[str, Any]]) -> Callable[[ParallelConfig, str], float | None]:
+    """Start each capacity search near what earlier cells found, scaled by GPUs."""
+
+    def hint(cfg: ParallelConfig, workload: str) -> float | None:
+        import json
+
+        per_gpu = []
+        for r in rows.values():
+            if r.get("status") == "complete" and r.get("capacity_json"):
+                cap = (json.loads(r["capacity_json"]).get(workload) or {}).get("capacity_rps")
+                if cap:
+                    per_gpu.append(cap / r["gpus"])
+        if not per_gpu:
+            return None
+        return max(per_gpu) * cfg.gpus
+
+    return hint

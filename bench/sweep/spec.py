@@ -1,0 +1,252 @@
+"""The sweep definition: one frozen dataclass, from flags or from a TOML file.
+
+A TOML sweep file says everything the flags say; flags given on the command line override
+the file. Example (docs/sweeps.md has the full reference)::
+
+    engine = "sim"
+    model = "llama-3.1-70b"
+    gpu = "h100"
+    gpus = 4
+    slo = { ttft_ms = 2000, tpot_ms = 60 }
+
+    [matrix]
+    tp = [2, 4]
+    dp = [1, 2]
+
+    [loads]
+    capacity = true
+    requests = 60
+
+    [[workloads]]
+    input_tokens = 1024
+    output_tokens = 64
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from adapters.launch.config import Disagg
+
+ENGINES = ("sim", "vllm", "sglang", "tgi")
+AXES = ("tp", "pp", "dp", "ep", "dcp", "pcp")
+
+
+class SweepSpecError(ValueError):
+    """A sweep definition that cannot run; one line."""
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """Lists of values per parallel axis; the matrix is their Cartesian product."""
+
+    tp: tuple[int, ...] = (1,)
+    pp: tuple[int, ...] = (1,)
+    dp: tuple[int, ...] = (1,)
+    ep: tuple[int, ...] = (1,)
+    dcp: tuple[int, ...] = (1,)
+    pcp: tuple[int, ...] = (1,)
+    #: "P:D" values, or "none" for colocated prefill/decode. Empty: colocated only.
+    disagg: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        for axis in AXES:
+            values = getattr(self, axis)
+            if not values:
+                raise SweepSpecError(f"matrix.{axis}: give at least one value")
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise SweepSpecError(f"matrix.{axis}: {v!r} is not a positive integer")
+        for d in self.disagg:
+            if d.lower() in ("none", "off", "colocated"):
+                continue
+            try:
+                Disagg.parse(d)
+            except ValueError as exc:
+                raise SweepSpecError(f"matrix.disagg: {exc}") from None
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Which loads each cell is measured at.
+
+    Exactly one of ``rates`` (open loop, req/s), ``concurrency`` (closed loop) or
+    ``capacity`` (a search for the highest rate meeting the SLOs) is used.
+    """
+
+    rates: tuple[float, ...] = ()
+    concurrency: tuple[int, ...] = ()
+    capacity: bool = False
+    #: First rate the capacity search probes (req/s); it then doubles or halves to bracket.
+    capacity_start: float = 1.0
+    #: Stop bisecting when (upper - lower) <= precision × lower.
+    capacity_precision: float = 0.1
+    capacity_max_probes: int = 8
+    capacity_max_rate: float = 1000.0
+    capacity_min_rate: float = 0.01
+    #: Measured requests per load.
+    requests: int = 60
+    #: Warm-up requests sent once per cell before its first load (recorded, excluded).
+    warmup: int = 4
+    #: Seconds in-flight requests may take after the last send (None: from the SLOs, else 120).
+    drain_timeout_s: float | None = None
+    #: Skip higher loads of a cell once a load is saturated.
+    stop_at_saturation: bool = True
+
+    def validate(self) -> None:
+        given = sum([bool(self.rates), bool(self.concurrency), self.capacity])
+        if given == 0:
+            raise SweepSpecError("loads: give --rate values, --concurrency values or --capacity")
+        if given > 1:
+            raise SweepSpecError("loads: --rate, --concurrency and --capacity are mutually exclusive; give one")
+        for r in self.rates:
+            if not (isinstance(r, (int, float)) and r > 0 and math.isfinite(r)):
+                raise SweepSpecError(f"loads.rates: {r!r} is not a positive number of requests/s")
+        for c in self.concurrency:
+            if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+                raise SweepSpecError(f"loads.concurrency: {c!r} is not a positive integer")
+        if not self.capacity_start > 0:
+            raise SweepSpecError("loads.capacity_start must be positive")
+        if not 0 < self.capacity_precision < 1:
+            raise SweepSpecError("loads.capacity_precision must be between 0 and 1 (a fraction, e.g. 0.1)")
+        if self.capacity_max_probes < 2:
+            raise SweepSpecError("loads.capacity_max_probes must be at least 2")
+        if not 0 < self.capacity_min_rate < self.capacity_max_rate:
+            raise SweepSpecError("loads: need 0 < capacity_min_rate < capacity_max_rate")
+        if self.requests < 1:
+            raise SweepSpecError("loads.requests must be at least 1")
+        if self.warmup < 0:
+            raise SweepSpecError("loads.warmup must be >= 0")
+        if self.drain_timeout_s is not None and not self.drain_timeout_s > 0:
+            raise SweepSpecError("loads.drain_timeout_s must be positive")
+
+    @property
+    def kind(self) -> str:
+        return "capacity" if self.capacity else ("rate" if self.rates else "concurrency")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A workload: a named one from the catalogue, or synthetic fixed lengths."""
+
+    #: Named workload or TOML file (``bench workload show``); None: synthetic lengths below.
+    name: str | None = None
+    #: Short label used in load folder names when a sweep has several workloads.
+    label: str | None = None
+    input_tokens: int = 512
+    output_tokens: int = 128
+    arrival: str = "poisson"
+    seed: int = 0
+
+    @property
+    def tag(self) -> str:
+        if self.label:
+            return self.label
+        if self.name:
+            return Path(self.name).stem.replace("_", "-")
+        return f"in{self.input_tokens}-out{self.output_tokens}"
+
+    def validate(self) -> None:
+        if self.input_tokens < 1 or self.output_tokens < 1:
+            raise SweepSpecError("workload: input_tokens and output_tokens must be at least 1")
+        if self.arrival not in ("poisson", "constant"):
+            raise SweepSpecError(f"workload: arrival {self.arrival!r}: use poisson or constant")
+        if self.label is not None and not all(ch.isalnum() or ch in "-_." for ch in self.label):
+            raise SweepSpecError(f"workload label {self.label!r}: use letters, digits, - _ .")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    model: str
+    engine: str = "sim"
+    gpu: str | None = None
+    #: GPUs available; cells needing more are skipped with a reason. None: no limit.
+    gpus: int | None = None
+    matrix: MatrixSpec = MatrixSpec()
+    loads: LoadSpec = LoadSpec()
+    workloads: tuple[WorkloadSpec, ...] = (WorkloadSpec(),)
+    repeats: int = 1
+    #: SLO bounds in milliseconds (ttft_ms, tpot_ms, e2e_ms, ttfo_ms, itl_max_ms).
+    slo: dict[str, float] = field(default_factory=dict)
+    #: Percentage of requests that must meet every SLO (DistServe attainment target).
+    attainment_pct: float = 90.0
+    #: The load the recommendation must serve (req/s). None: best capacity per GPU.
+    target_rate: float | None = None
+    #: For concurrency sweeps: the concurrency the recommendation must serve.
+    target_concurrency: int | None = None
+    api: str = "completions"
+    #: Extra arguments appended to every engine's argv.
+    engine_args: tuple[str, ...] = ()
+    #: Extra environment for the engine, as "NAME=value" strings.
+    engine_env: tuple[str, ...] = ()
+    ready_timeout_s: float = 600.0
+    #: Seconds without data before a request fails as stalled.
+    stall_timeout_s: float = 120.0
+
+    def validate(self) -> None:
+        if self.engine not in ENGINES:
+            raise SweepSpecError(f"engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if not self.model:
+            raise SweepSpecError("model: required")
+        if self.gpus is not None and self.gpus < 1:
+            raise SweepSpecError("gpus must be at least 1")
+        self.matrix.validate()
+        self.loads.validate()
+        if not self.workloads:
+            raise SweepSpecError("workloads: give at least one")
+        for w in self.workloads:
+            w.validate()
+        tags = [w.tag for w in self.workloads]
+        if len(set(tags)) != len(tags):
+            raise SweepSpecError(f"workloads: labels must differ ({', '.join(tags)}); set label = ...")
+        if self.repeats < 1:
+            raise SweepSpecError("repeats must be at least 1")
+        if not 0 < self.attainment_pct <= 100:
+            raise SweepSpecError("attainment must be a percentage in (0, 100]")
+        if self.loads.capacity and not self.slo:
+            raise SweepSpecError("--capacity needs --slo (capacity is the highest rate meeting the SLOs)")
+        if self.target_rate is not None and not self.target_rate > 0:
+            raise SweepSpecError("target_rate must be positive")
+        if self.ready_timeout_s <= 0 or self.stall_timeout_s <= 0:
+            raise SweepSpecError("ready_timeout_s and stall_timeout_s must be positive")
+        for item in self.engine_env:
+            if "=" not in item or item.startswith("="):
+                raise SweepSpecError(f"engine_env {item!r}: expected NAME=value")
+        from analysis.slo import SLO, SLOError
+
+        try:
+            SLO.from_dict(self.slo)
+        except SLOError as exc:
+            raise SweepSpecError(str(exc)) from None
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    def with_overrides(self, **changes: Any) -> "SweepSpec":
+        """Apply flag values that were given (None means 'not given')."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def load_spec(path: Path) -> SweepSpec:
+    """Read a TOML sweep file (unknown keys rejected with their dotted path)."""
+    from bench.config import ConfigError, from_mapping, load_toml
+
+    data = load_toml(Path(path))
+    if "model" not in data:
+        data = {"model": "", **data}
+    try:
+        return from_mapping(SweepSpec, data, "", str(path))
+    except ConfigError as exc:
+        raise SweepSpecError(str(exc)) from None
+
+
+def spec_from_dict(data: dict[str, Any]) -> SweepSpec:
+    """Rebuild a spec from ``as_dict`` output (sweep.json)."""
+    from bench.config import from_mapping
+
+    return from_mapping(SweepSpec, data)
