@@ -43,8 +43,10 @@ class Histogram:
 class Registry:
     """Gauges, counters and histograms rendered with fixed labels."""
 
-    def __init__(self, labels: dict[str, str]) -> None:
+    def __init__(self, labels: dict[str, str], counter_suffix: str = "_total") -> None:
         self.labels = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        self.counter_suffix = counter_suffix
+        self.labelled: dict[str, tuple[str, str, dict[str, float]]] = {}
         self.gauges: dict[str, tuple[str, float]] = {}
         self.counters: dict[str, tuple[str, float]] = {}
         self.histograms: dict[str, Histogram] = {}
@@ -55,6 +57,11 @@ class Registry:
     def inc(self, name: str, help: str, by: float = 1.0) -> None:
         old = self.counters.get(name, (help, 0.0))[1]
         self.counters[name] = (help, old + by)
+
+    def inc_labelled(self, name: str, help: str, label: str, value: str, by: float = 1.0) -> None:
+        """A counter with one extra label (e.g. ``finished_reason``, ``err``)."""
+        entry = self.labelled.setdefault(name, (help, label, {}))
+        entry[2][value] = entry[2].get(value, 0.0) + by
 
     def histogram(self, name: str, help: str, buckets: tuple[float, ...] = DEFAULT_BUCKETS) -> Histogram:
         h = self.histograms.get(name)
@@ -68,7 +75,12 @@ class Registry:
         for name, (help, value) in self.gauges.items():
             lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge", f"{name}{lb} {value}"]
         for name, (help, value) in self.counters.items():
-            lines += [f"# HELP {name} {help}", f"# TYPE {name} counter", f"{name}_total{lb} {value}"]
+            lines += [f"# HELP {name} {help}", f"# TYPE {name} counter", f"{name}{self.counter_suffix}{lb} {value}"]
+        sep = "," if self.labels else ""
+        for name, (help, label, values) in self.labelled.items():
+            lines += [f"# HELP {name} {help}", f"# TYPE {name} counter"]
+            for v, c in values.items():
+                lines.append(f'{name}{self.counter_suffix}{{{self.labels}{sep}{label}="{v}"}} {c}')
         for h in self.histograms.values():
             lines += h.render(self.labels)
         return "\n".join(lines) + "\n"

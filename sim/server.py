@@ -1,7 +1,10 @@
-"""The embedded engine's HTTP server (vLLM-flavoured OpenAI API), paced in real time.
+"""The embedded engine's HTTP server: vLLM, SGLang or TGI on the wire, paced in real time.
 
-Tokens are written against absolute deadlines (arrival + TTFT + k·ITL), so a late
-wake-up never accumulates into later tokens.
+One engine loop (``sim.loop``) drives a backend (fixed timing or the performance model);
+at each step boundary it hands every due token to its request's ``HttpStream``, which
+formats the flavour's payload and writes it to the socket synchronously, in the same
+pass, then records the token in the emission log. Request handlers only parse, submit
+and wait for the end of their stream.
 """
 
 from __future__ import annotations
@@ -12,66 +15,454 @@ import itertools
 import time
 import zlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from sim.metrics import Registry
+from sim.backend import FixedBackend, ModelBackend
+from sim.emission import EmissionLog
+from sim.faults import FaultPlanner, FaultSpec, RequestFaults
+from sim.loop import EngineLoop
+from sim.options import ModelTiming, describe
+from sim.prom import FlavorMetrics
+from sim.request import SimRequest
 from sim.timing import FixedTiming
 from sim.tokenizer import count_tokens, output_token, tokenize
+from sim.wire import OpenAIWire, SGLangWire, TGIWire
 
 _now = time.perf_counter_ns
+VERSION = "0.1.0-bench-sim"
+SPLIT_TOKEN = " caf\u00e9"  # one token whose UTF-8 bytes the split_utf8 fault cuts in half
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ServerConfig:
     model: str = "sim-model"
     timing: FixedTiming = FixedTiming()
     max_model_len: int = 131072
+    flavor: str = "vllm"
+    #: None: fixed timing; otherwise the performance model
+    model_timing: ModelTiming | None = None
+    faults: FaultSpec = field(default_factory=FaultSpec)
+    emission_log: Path | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.flavor not in ("vllm", "sglang", "tgi"):
+            raise ValueError(f"flavor must be vllm, sglang or tgi, not {self.flavor!r}")
 
 
-class SimEngine:
-    """State shared by the routes: counters and in-flight requests."""
+class HttpStream:
+    """A request's token sink: formats and writes its stream in the engine loop's pass."""
+
+    __slots__ = ("srv", "req", "rid", "wire", "kind", "seed", "faults", "pw", "transport", "done", "sent",
+                 "held", "hold_until", "buf_text", "buf_pieces", "buf_intended", "buf_first", "first_ns", "last_ns",
+                 "arrival_ns", "unary_text", "closed")
+
+    def __init__(self, srv: "SimServer", rid: str, wire: Any, kind: str, seed: int, faults: RequestFaults,
+                 arrival_ns: int) -> None:
+        self.srv = srv
+        self.req: SimRequest | None = None
+        self.rid = rid
+        self.wire = wire
+        self.kind = kind  # "openai" | "sglang" | "tgi"
+        self.seed = seed
+        self.faults = faults
+        self.pw: Any = None
+        self.transport: Any = None
+        self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.sent = 0
+        self.held: list[tuple[bytes, int, tuple[int, ...]]] | None = None
+        self.hold_until = 0
+        self.buf_text = ""
+        self.buf_pieces: list[str] = []
+        self.buf_intended: list[int] = []
+        self.buf_first = 0
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+        self.arrival_ns = arrival_ns
+        self.unary_text: list[str] | None = None
+        self.closed = False
+
+    # -- engine-loop side --------------------------------------------------------------------
+    def emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
+        if self.closed:
+            return
+        if self.transport is not None and self.transport.is_closing():
+            self._fail("client_disconnected")
+            return
+        first = self.sent
+        f = self.faults
+        pieces = [output_token(self.seed, first + j) for j in range(n)]
+        if f.split_at >= 0 and first <= f.split_at < first + n:
+            pieces[f.split_at - first] = SPLIT_TOKEN
+        self.sent += n
+        if self.kind != "tgi":
+            self.wire.cached = req.cached_tokens
+        if self.unary_text is not None:
+            self.unary_text.extend(pieces)
+            self._timing(n, _now())
+            if finished:
+                self._finish(req)
+            return
+        # several tokens per event (multi_token fault) are gathered before writing
+        tpe = f.tokens_per_event
+        if tpe > 1 or self.buf_pieces:
+            if not self.buf_pieces:
+                self.buf_first = first
+            self.buf_pieces.extend(pieces)
+            self.buf_intended.extend(intended)
+            if len(self.buf_pieces) < tpe and not finished:
+                return
+            pieces, intended, first = self.buf_pieces, tuple(self.buf_intended), self.buf_first
+            self.buf_pieces, self.buf_intended = [], []
+            n = len(pieces)
+        done = first + n
+        finish = "length" if finished else None
+        if f.malformed_at >= 0 and first <= f.malformed_at < done:
+            data = self.wire.malformed("".join(pieces))
+        elif self.kind == "tgi":
+            data = self.wire.token_list(pieces, done, finish, suppress_final=finished and f.no_done)
+        else:
+            data = self.wire.tokens("".join(pieces), done, finish)
+        if f.split_at >= 0 and first <= f.split_at < done and self.held is None:
+            cut = data.find("\u00e9".encode()) + 1
+            self._send(data[:cut], first, intended)
+            self._hold(0.005)
+            self._send(data[cut:], -1, ())
+        else:
+            self._send(data, first, intended)
+        if f.reset_at >= 0 and first <= f.reset_at < done:
+            self._reset()
+            return
+        if f.stall_at >= 0 and first <= f.stall_at < done:
+            self._hold(f.stall_s)
+        if finished:
+            self._send(self.wire.closing(done, f.no_done), -1, ())
+            self._finish(req)
+
+    def _timing(self, n: int, actual: int) -> None:
+        m = self.srv.metrics
+        if self.first_ns is None:
+            self.first_ns = actual
+            m.first_token((actual - self.arrival_ns) / 1e9)
+        elif self.last_ns is not None:
+            gap = (actual - self.last_ns) / 1e9 / n
+            for _ in range(n):
+                m.inter_token(gap)
+        self.last_ns = actual
+
+    def _send(self, data: bytes, first_index: int, intended: tuple[int, ...]) -> None:
+        if self.held is not None:
+            self.held.append((data, first_index, intended))
+            return
+        self._write(data, first_index, intended)
+
+    def _write(self, data: bytes, first_index: int, intended: tuple[int, ...]) -> None:
+        if self.closed:
+            return
+        if data:
+            try:
+                self.pw._write_chunked_payload(data)
+            except (ConnectionError, RuntimeError, AttributeError):
+                self._fail("client_disconnected")
+                return
+        if first_index >= 0:
+            actual = _now()
+            self._timing(len(intended), actual)
+            log = self.srv.emission_log
+            if log is not None:
+                log.add(self.rid, first_index, intended, actual)
+
+    def _hold(self, seconds: float) -> None:
+        self.held = []
+        asyncio.get_running_loop().call_later(seconds, self._release)
+
+    def _release(self) -> None:
+        held, self.held = self.held or [], None
+        for data, idx, intended in held:
+            self._write(data, idx, intended)
+            if self.held is not None:  # a second hold started while flushing
+                self.held.extend(held[held.index((data, idx, intended)) + 1 :])
+                return
+        if self.req is not None and self.req.finished and not self.done.done():
+            self._resolve("ok")
+
+    def _finish(self, req: SimRequest) -> None:
+        if self.held is not None:
+            return  # resolved when the hold ends
+        self._resolve("ok")
+
+    def _resolve(self, how: str) -> None:
+        if not self.done.done():
+            self.done.set_result(how)
+
+    def _reset(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        if self.req is not None:
+            self.srv.engine.abort(self.req)
+        self.srv.metrics.failed("reset")
+        self._resolve("reset")
+
+    def _fail(self, why: str) -> None:
+        self.closed = True
+        if self.req is not None and not self.req.finished:
+            self.srv.engine.abort(self.req)
+        self.srv.metrics.failed(why)
+        self._resolve(why)
+
+
+class SimServer:
+    """State shared by the routes."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.running = 0
-        self.metrics = Registry({"model_name": config.model, "engine": "0"})
+        self.flavor = config.flavor
+        mt = config.model_timing
+        self.backend: FixedBackend | ModelBackend
+        if mt is not None:
+            self.backend = ModelBackend(mt)  # raises OutOfMemory
+            self.max_model_len = min(config.max_model_len, self.backend.max_model_len)
+            self.kv_tokens = self.backend.cost.kv_tokens()
+        else:
+            self.backend = FixedBackend(config.timing, _now())
+            self.max_model_len = config.max_model_len
+            self.kv_tokens = 0
+        self.engine = EngineLoop(self.backend)
+        self.metrics = FlavorMetrics(self.flavor, config.model)
+        self.emission_log = EmissionLog(config.emission_log) if config.emission_log else None
+        self.faults = FaultPlanner(config.faults, config.seed)
+        self.started_ns = _now()
         self._ids = itertools.count()
-        self.ttft_hist = self.metrics.histogram("vllm:time_to_first_token_seconds", "Time to first token.")
-        self.itl_hist = self.metrics.histogram("vllm:inter_token_latency_seconds", "Inter-token latency.")
-        self.e2e_hist = self.metrics.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.")
+        self._flush_task: asyncio.Task[None] | None = None
+        self._gen_mark = (0, _now())
+        self.gen_throughput = 0.0
 
-    def next_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids):08x}"
+    # -- lifecycle ---------------------------------------------------------------------
+    async def on_startup(self, app: web.Application) -> None:
+        self.started_ns = _now()
+        if isinstance(self.backend, FixedBackend):
+            self.backend.origin = self.started_ns
+        self.engine.start()
+        if self.emission_log is not None:
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
 
-    # -- routes --------------------------------------------------------------------------
+    async def on_cleanup(self, app: web.Application) -> None:
+        await self.engine.stop()
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flush_task
+        if self.emission_log is not None:
+            self.emission_log.close()
+
+    async def _flush_loop(self) -> None:
+        log = self.emission_log
+        assert log is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(2.0)
+            table = log.take()
+            if table is not None:
+                await loop.run_in_executor(None, log.write, table)
+
+    # -- helpers -----------------------------------------------------------------------
+    def next_id(self) -> str:
+        return f"{next(self._ids):08x}{zlib.crc32(str(self.started_ns).encode()):08x}"
+
+    @property
+    def starting(self) -> bool:
+        s = self.config.faults.slow_start_s
+        return s > 0 and (_now() - self.started_ns) < s * 1e9
+
+    def _make_request(self, rid: str, prompt_ids: list[int], max_tokens: int, arrival: int,
+                      sink: HttpStream) -> SimRequest:
+        hashes = self.backend.hashes_for(prompt_ids) if isinstance(self.backend, ModelBackend) else ()
+        req = SimRequest(rid, arrival, len(prompt_ids), max_tokens, sink, hashes)
+        req.tag = sink
+        sink.req = req
+        return req
+
+    def _record_finish(self, sink: HttpStream, prompt_tokens: int) -> None:
+        req = sink.req
+        if req is None:
+            return
+        now = _now()
+        e2e = (now - sink.arrival_ns) / 1e9
+        queue = prefill = decode = None
+        if req.admitted_ns is not None:
+            queue = max(0, req.admitted_ns - req.arrival_ns) / 1e9
+            if req.prefill_done_ns is not None:
+                prefill = max(0, req.prefill_done_ns - req.admitted_ns) / 1e9
+        if sink.first_ns is not None and sink.last_ns is not None:
+            decode = (sink.last_ns - sink.first_ns) / 1e9
+        self.metrics.finished(e2e, sink.sent, req.cached_tokens, queue, prefill, decode, "length")
+
+    # -- common routes -------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
+        if self.starting:
+            if self.flavor == "tgi":
+                return web.json_response({"error": "unhealthy", "error_type": "healthcheck"}, status=503)
+            return web.Response(status=503, text="")
         return web.Response(text="")
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        b = self.backend
+        if isinstance(b, ModelBackend):
+            st = (b.running, b.waiting, b.kv_usage, b.prefix_queries, b.prefix_hits, b.preemptions)
+            its = b.stats.iteration_tokens
+            gen = b.stats.generation_tokens
+        else:
+            st = (b.running, b.waiting, 0.0, 0, 0, 0)
+            its = []
+            gen = 0
+        n0, t0 = self._gen_mark
+        now = _now()
+        if now - t0 > 1e9:
+            self.gen_throughput = (gen - n0) / ((now - t0) / 1e9)
+            self._gen_mark = (gen, now)
+        text = self.metrics.render(*st, self.kv_tokens, self._budget(), its, self.gen_throughput)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    def _budget(self) -> int:
+        mt = self.config.model_timing
+        return mt.limits()[1] if mt is not None else 0
 
     async def models(self, request: web.Request) -> web.Response:
         m = self.config.model
-        data = {"object": "list", "data": [{"id": m, "object": "model", "root": m, "max_model_len": self.config.max_model_len}]}
+        data = {"object": "list", "data": [{"id": m, "object": "model", "created": int(time.time()),
+                                            "owned_by": "bench-sim", "root": m, "parent": None,
+                                            "max_model_len": self.max_model_len}]}
         return web.json_response(data)
 
     async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": "bench-sim"})
+        return web.json_response({"version": VERSION})
 
-    async def tokenize(self, request: web.Request) -> web.Response:
+    async def tokenize_route(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
+        if self.flavor == "tgi":
+            text = str(body.get("inputs", ""))
+            out = [{"id": i, "text": t, "start": 0, "stop": 0} for i, t in zip(tokenize(text), _pieces(text))]
+            return web.json_response(out)
         text = body.get("prompt")
         if text is None and "messages" in body:
-            text = "\n".join(str(m.get("content", "")) for m in body["messages"])
+            text = _chat_prompt(body["messages"])
         tokens = tokenize(str(text or ""))
-        return web.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": self.config.max_model_len})
+        return web.json_response({"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens,
+                                  "token_strs": None})
 
-    async def prometheus(self, request: web.Request) -> web.Response:
-        self.metrics.gauge("vllm:num_requests_running", "Requests running.", self.running)
-        self.metrics.gauge("vllm:num_requests_waiting", "Requests waiting.", 0)
-        self.metrics.gauge("vllm:kv_cache_usage_perc", "KV-cache usage (0-1).", 0.0)
-        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        ids = body.get("tokens") or []
+        return web.json_response({"prompt": "".join(output_token(int(i), 0) for i in ids)})
+
+    # -- generation (all flavours) -------------------------------------------------------
+    async def _run(
+        self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
+        arrival: int, status_error: Any,
+    ) -> web.StreamResponse:
+        if self.starting:
+            return status_error(503, "the engine is starting")
+        prompt_ids = tokenize(prompt)
+        if not prompt_ids:
+            prompt_ids = [0]
+        if len(prompt_ids) + max_tokens > self.max_model_len:
+            return status_error(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the "
+                "completion).",
+            )
+        faults = self.faults.plan(max_tokens)
+        if faults.http_status:
+            self.metrics.failed(f"http{faults.http_status}")
+            msg = {429: "Too many requests", 503: "Service unavailable", 500: "Internal server error"}
+            return status_error(faults.http_status, msg[faults.http_status])
+        seed = zlib.crc32(rid.encode())
+        sink = HttpStream(self, rid, wire, kind, seed, faults, arrival)
+        req = self._make_request(rid, prompt_ids, max_tokens, arrival, sink)
+        self.metrics.request(len(prompt_ids))
+        headers = {"x-request-id": rid}
+        if not stream:
+            sink.unary_text = []
+            self.engine.submit(req)
+            try:
+                await sink.done
+            except asyncio.CancelledError:
+                self.engine.abort(req)
+                raise
+            if hasattr(wire, "cached"):
+                wire.cached = req.cached_tokens
+            self._record_finish(sink, len(prompt_ids))
+            body = wire.unary("".join(sink.unary_text), sink.sent, "length")
+            return web.json_response(body, headers=headers, dumps=lambda o: orjson.dumps(o).decode())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        pw = resp._payload_writer  # noqa: SLF001 - synchronous writes from the engine loop
+        assert pw is not None
+        pw.send_headers()
+        sink.pw = pw
+        sink.transport = request.transport
+        if hasattr(wire, "cached"):
+            wire.cached = 0
+        self.engine.submit(req)
+        try:
+            how = await sink.done
+        except asyncio.CancelledError:
+            self.engine.abort(req)
+            raise
+        if how == "ok":
+            self._record_finish(sink, len(prompt_ids))
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await resp.write_eof()
+        return resp
+
+
+def _pieces(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"\s*\S+", text)
+
+
+def _chat_prompt(messages: Any) -> str:
+    if not isinstance(messages, list):
+        return ""
+    parts = []
+    for m in messages:
+        if isinstance(m, dict):
+            c = m.get("content", "")
+            if isinstance(c, list):
+                c = " ".join(str(p.get("text", "")) for p in c if isinstance(p, dict))
+            parts.append(str(c))
+    return "\n".join(parts)
+
+
+# -- flavour routes ------------------------------------------------------------------------------
+def _openai_error(status: int, message: str) -> web.Response:
+    etype = {400: "BadRequestError", 404: "NotFoundError", 429: "TooManyRequestsError", 500: "InternalServerError",
+             503: "ServiceUnavailableError"}.get(status, "Error")
+    return web.json_response({"error": {"message": message, "type": etype, "param": None, "code": status}},
+                             status=status)
+
+
+def _tgi_error(status: int, message: str) -> web.Response:
+    etype = {400: "validation", 429: "overloaded", 503: "unhealthy"}.get(status, "generation")
+    return web.json_response({"error": message, "error_type": etype}, status=status)
+
+
+def _sglang_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+class OpenAIRoutes:
+    def __init__(self, srv: SimServer) -> None:
+        self.srv = srv
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -79,136 +470,152 @@ class SimEngine:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
-    # -- generation ------------------------------------------------------------------------
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival = _now()
+        srv = self.srv
         body = await _json_body(request)
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
-                return _error(400, "messages must be a non-empty list")
-            prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+                return _openai_error(400, "messages must be a non-empty list")
+            prompt = _chat_prompt(messages)
         else:
             prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+                prompt = " ".join(f"t{p}" for p in prompt)
             if not isinstance(prompt, str):
-                return _error(400, "prompt must be a string")
-        model = body.get("model", self.config.model)
-        if model != self.config.model:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
-        max_tokens = body.get("max_tokens", 16)
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            return _error(400, "max_tokens must be a positive integer")
-        prompt_tokens = count_tokens(prompt)
-        if prompt_tokens + max_tokens > self.config.max_model_len:
-            return _error(400, f"prompt ({prompt_tokens}) + max_tokens ({max_tokens}) exceeds max_model_len")
+                return _openai_error(400, "prompt must be a string")
+        model = body.get("model", srv.config.model)
+        if model != srv.config.model:
+            return _openai_error(404, f"The model `{model}` does not exist.")
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is None:
+            max_tokens = 16 if not chat else max(1, srv.max_model_len - count_tokens(prompt))
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            return _openai_error(400, "max_tokens must be a positive integer")
+        min_tokens = body.get("min_tokens", 0)
+        if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
+            return _openai_error(400, "min_tokens must be an integer between 0 and max_tokens")
         opts = body.get("stream_options") or {}
-        include_usage = bool(opts.get("include_usage"))
-        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
-        rid = self.next_id("chatcmpl" if chat else "cmpl")
-        seed = zlib.crc32(rid.encode())
-        self.running += 1
-        self.metrics.inc("vllm:prompt_tokens", "Prefill tokens processed.", prompt_tokens)
-        try:
-            if not body.get("stream"):
-                return await self._unary(rid, chat, model, seed, prompt_tokens, max_tokens, arrival)
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await resp.prepare(request)
-            base: dict[str, Any] = {
-                "id": rid,
-                "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": model,
-            }
-
-            def usage(done: int) -> dict[str, int]:
-                return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + done, "completion_tokens": done}
-
-            if chat:
-                first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-                if continuous:
-                    first["usage"] = usage(0)
-                await resp.write(_sse(first))
-            done = 0
-            last_emit = arrival
-            async for k, n in self._pace(arrival, max_tokens):
-                text = "".join(output_token(seed, done + j) for j in range(n))
-                done += n
-                finish = "length" if done >= max_tokens else None
-                choice: dict[str, Any] = (
-                    {"index": 0, "delta": {"content": text}, "finish_reason": finish}
-                    if chat
-                    else {"index": 0, "text": text, "finish_reason": finish}
-                )
-                chunk = {**base, "choices": [choice]}
-                if continuous:
-                    chunk["usage"] = usage(done)
-                await resp.write(_sse(chunk))
-                now = _now()
-                if k == 0:
-                    self.ttft_hist.observe((now - arrival) / 1e9)
-                else:
-                    self.itl_hist.observe((now - last_emit) / 1e9 / n)
-                last_emit = now
-            if include_usage:
-                await resp.write(_sse({**base, "choices": [], "usage": usage(done)}))
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-            self._finished(arrival, done)
-            return resp
-        finally:
-            self.running -= 1
-
-    async def _pace(self, arrival: int, max_tokens: int) -> AsyncIterator[tuple[int, int]]:
-        """Yield (chunk index, tokens in chunk) at each chunk's absolute deadline."""
-        t = self.config.timing
-        per = t.tokens_per_chunk
-        emitted = 0
-        k = 0
-        while emitted < max_tokens:
-            n = min(per, max_tokens - emitted)
-            last_token_index = emitted + n - 1
-            deadline = arrival + int((t.ttft_s + last_token_index * t.itl_s) * 1e9)
-            delay = deadline - _now()
-            if delay > 0:
-                await asyncio.sleep(delay / 1e9)
-            yield k, n
-            emitted += n
-            k += 1
-
-    async def _unary(
-        self, rid: str, chat: bool, model: str, seed: int, prompt_tokens: int, max_tokens: int, arrival: int
-    ) -> web.Response:
-        async for _ in self._pace(arrival, max_tokens):
-            pass
-        text = "".join(output_token(seed, j) for j in range(max_tokens))
-        choice: dict[str, Any] = (
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-            if chat
-            else {"index": 0, "text": text, "finish_reason": "length"}
-        )
-        self._finished(arrival, max_tokens)
-        return web.json_response(
-            {
-                "id": rid,
-                "object": "chat.completion" if chat else "text_completion",
-                "model": model,
-                "choices": [choice],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens + max_tokens},
-            }
-        )
-
-    def _finished(self, arrival: int, tokens: int) -> None:
-        self.metrics.inc("vllm:generation_tokens", "Generated tokens.", tokens)
-        self.metrics.inc("vllm:request_success", "Finished requests.")
-        self.e2e_hist.observe((_now() - arrival) / 1e9)
+        stream = bool(body.get("stream"))
+        if opts and not stream:
+            return _openai_error(400, "Stream options can only be defined when `stream=True`.")
+        rid = ("chatcmpl-" if chat else "cmpl-") + srv.next_id()
+        wire = OpenAIWire(rid, chat, model, count_tokens(prompt) or 1, bool(opts.get("include_usage")),
+                          bool(opts.get("continuous_usage_stats")), cached_details=True)
+        return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error)
 
 
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+class SGLangRoutes:
+    def __init__(self, srv: SimServer) -> None:
+        self.srv = srv
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        arrival = _now()
+        srv = self.srv
+        body = await _json_body(request)
+        text = body.get("text")
+        if text is None and isinstance(body.get("input_ids"), list):
+            text = " ".join(f"t{i}" for i in body["input_ids"])
+        if not isinstance(text, str):
+            return _sglang_error(400, "text (a string) or input_ids is required")
+        sp = body.get("sampling_params") or {}
+        max_tokens = sp.get("max_new_tokens", 128)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _sglang_error(400, "sampling_params.max_new_tokens must be a positive integer")
+        rid = str(body.get("rid") or srv.next_id())
+        wire = SGLangWire(rid, count_tokens(text) or 1, arrival)
+        return await srv._run(request, "sglang", wire, rid, text, max_tokens, bool(body.get("stream")), arrival,
+                              _sglang_error)
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        mt = srv.config.model_timing
+        info: dict[str, Any] = {
+            "model_path": srv.config.model,
+            "served_model_name": srv.config.model,
+            "tp_size": mt.tp if mt else 1,
+            "dp_size": mt.dp if mt else 1,
+            "pp_size": mt.pp if mt else 1,
+            "ep_size": mt.ep if mt else 1,
+            "max_total_num_tokens": srv.kv_tokens,
+            "chunked_prefill_size": mt.limits()[1] if mt else 8192,
+            "max_running_requests": mt.limits()[0] if mt else 1024,
+            "disaggregation_mode": "null" if not (mt and mt.disaggregated) else "prefill-decode",
+            "version": VERSION,
+            "internal_states": [{"avg_spec_accept_length": None, "last_gen_throughput": srv.gen_throughput}],
+        }
+        if mt is not None:
+            info["sim"] = describe(mt)
+        return web.json_response(info)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.srv.config.model, "tokenizer_path": self.srv.config.model,
+                                  "is_generation": True})
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        return await self.srv.health(request)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        b = self.srv.backend
+        if isinstance(b, ModelBackend):
+            for inst in b.instances:
+                inst.pool.reset_prefix_cache()
+        return web.Response(text="Cache flushed.")
 
 
-def _error(status: int, message: str, etype: str = "BadRequestError") -> web.Response:
-    return web.json_response({"object": "error", "message": message, "type": etype, "code": status}, status=status)
+class TGIRoutes:
+    def __init__(self, srv: SimServer) -> None:
+        self.srv = srv
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, stream=True)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        if body.get("stream") is True:
+            return await self._generate(request, stream=True, body=body)
+        return await self._generate(request, stream=False, body=body)
+
+    async def _generate(self, request: web.Request, stream: bool, body: dict[str, Any] | None = None) -> web.StreamResponse:
+        arrival = _now()
+        srv = self.srv
+        if body is None:
+            body = await _json_body(request)
+        text = body.get("inputs")
+        if not isinstance(text, str) or not text:
+            return _tgi_error(422, "`inputs` must be a non-empty string")
+        params = body.get("parameters") or {}
+        max_tokens = params.get("max_new_tokens") or 100
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _tgi_error(422, "`max_new_tokens` must be strictly positive")
+        t = params.get("temperature")
+        if t is not None and (not isinstance(t, (int, float)) or t <= 0):
+            return _tgi_error(422, "`temperature` must be strictly positive")
+        rid = srv.next_id()
+        wire = TGIWire(count_tokens(text) or 1, bool(params.get("details")), params.get("seed"))
+        return await srv._run(request, "tgi", wire, rid, text, max_tokens, stream, arrival, _tgi_error)
+
+    async def info(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        mt = srv.config.model_timing
+        return web.json_response({
+            "model_id": srv.config.model,
+            "model_sha": None,
+            "model_pipeline_tag": "text-generation",
+            "max_concurrent_requests": 128,
+            "max_best_of": 2,
+            "max_stop_sequences": 4,
+            "max_input_tokens": srv.max_model_len - 1,
+            "max_total_tokens": srv.max_model_len,
+            "validation_workers": 2,
+            "max_client_batch_size": 4,
+            "router": "text-generation-router",
+            "version": VERSION,
+            "sha": None,
+            "docker_label": None,
+            "num_shard": mt.tp if mt else 1,
+        })
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -222,16 +629,44 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 
 def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
-    engine = SimEngine(config)
-    app = web.Application()
-    app["engine"] = engine
-    app.router.add_get("/health", engine.health)
-    app.router.add_get("/v1/models", engine.models)
-    app.router.add_get("/version", engine.version)
-    app.router.add_get("/metrics", engine.prometheus)
-    app.router.add_post("/tokenize", engine.tokenize)
-    app.router.add_post("/v1/completions", engine.completions)
-    app.router.add_post("/v1/chat/completions", engine.chat)
+    """The simulated engine as an aiohttp app (raises ``OutOfMemory`` for impossible configurations)."""
+    srv = SimServer(config)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app["engine"] = srv
+    app.on_startup.append(srv.on_startup)
+    app.on_cleanup.append(srv.on_cleanup)
+    r = app.router
+    r.add_get("/health", srv.health)
+    r.add_get("/metrics", srv.metrics_page)
+    r.add_get("/v1/models", srv.models)
+    oa = OpenAIRoutes(srv)
+    if config.flavor == "vllm":
+        r.add_get("/version", srv.version)
+        r.add_get("/ping", srv.health)
+        r.add_post("/tokenize", srv.tokenize_route)
+        r.add_post("/detokenize", srv.detokenize)
+        r.add_post("/v1/completions", oa.completions)
+        r.add_post("/v1/chat/completions", oa.chat)
+    elif config.flavor == "sglang":
+        sg = SGLangRoutes(srv)
+        r.add_post("/generate", sg.generate)
+        r.add_get("/health_generate", sg.health_generate)
+        r.add_get("/get_server_info", sg.server_info)
+        r.add_get("/server_info", sg.server_info)
+        r.add_get("/get_model_info", sg.model_info)
+        r.add_get("/model_info", sg.model_info)
+        r.add_post("/flush_cache", sg.flush_cache)
+        r.add_post("/v1/completions", oa.completions)
+        r.add_post("/v1/chat/completions", oa.chat)
+    else:
+        tg = TGIRoutes(srv)
+        r.add_post("/generate_stream", tg.generate_stream)
+        r.add_post("/generate", tg.generate)
+        r.add_get("/info", tg.info)
+        r.add_get("/ping", srv.health)
+        r.add_post("/tokenize", srv.tokenize_route)
+        r.add_post("/v1/completions", oa.completions)
+        r.add_post("/v1/chat/completions", oa.chat)
     return app
 
 

@@ -43,3 +43,12 @@ def tokenize(text: str) -> list[int]:
 def output_token(request_seed: int, index: int) -> str:
     """The ``index``-th generated token of a request: deterministic text."""
     return VOCAB[(request_seed * 2654435761 + index * 40503) % len(VOCAB)]
+
+
+def prompt_token_ids(n: int, request_seed: int, prefix_id: int | None = None, prefix_len: int = 0) -> list[int]:
+    """Synthetic token ids for an ``n``-token prompt; prompts with the same ``prefix_id``
+    share their first ``prefix_len`` ids (used by virtual-time tests of the prefix cache)."""
+    shared = min(prefix_len, n) if prefix_id is not None else 0
+    head = [(prefix_id * 7919 + j * 104729) % 32000 for j in range(shared)] if prefix_id is not None else []
+    tail = [(request_seed * 2654435761 + j * 40503 + 17) % 32000 for j in range(n - shared)]
+    return head + tail

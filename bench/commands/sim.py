@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Any
+
 import click
 
-from sim.server import ServerConfig, create_app
-from sim.timing import FixedTiming
+from bench.errors import BenchError
+
+_GPUS = ("a100", "h100", "h200", "l40s")
+_PRESETS = ("llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")
 
 
 @click.group("sim")
@@ -16,12 +22,55 @@ def command() -> None:
 @command.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise).")
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--model", default="sim-model", show_default=True, help="Served model name.")
-@click.option("--ttft-ms", default=50.0, show_default=True, type=float, help="Fixed time to first token.")
-@click.option("--itl-ms", default=10.0, show_default=True, type=float, help="Fixed inter-token latency.")
-@click.option("--tokens-per-chunk", default=1, show_default=True, type=int, help="Tokens sent in each stream chunk.")
-def serve(host: str, port: int, model: str, ttft_ms: float, itl_ms: float, tokens_per_chunk: int) -> None:
-    """Serve the simulated engine (vLLM-flavoured OpenAI API) until interrupted."""
+@click.option("--model", default=None, help="Served model name (default: sim-model, or the preset name with --timing model).")
+@click.option("--timing", type=click.Choice(["fixed", "model"]), default="fixed", show_default=True,
+              help="fixed: same TTFT/ITL for every request; model: batching, KV capacity and the cost model.")
+@click.option("--flavor", type=click.Choice(["vllm", "sglang", "tgi"]), default="vllm", show_default=True,
+              help="Which engine's API, stream format and metric names to imitate.")
+@click.option("--ttft-ms", default=50.0, show_default=True, type=float, help="Fixed timing: time to first token.")
+@click.option("--itl-ms", default=10.0, show_default=True, type=float, help="Fixed timing: inter-token latency (step).")
+@click.option("--tokens-per-chunk", default=1, show_default=True, type=int, help="Fixed timing: tokens per stream chunk.")
+@click.option("--model-preset", type=click.Choice(_PRESETS), default="llama-3.1-8b", show_default=True)
+@click.option("--gpu", type=click.Choice(_GPUS), default="h100", show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default=None,
+              help="Weight precision (default: the preset's; llama-3.1-70b and deepseek-v3 default to fp8).")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel degree.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline parallel stages.")
+@click.option("--dp", type=int, default=1, show_default=True, help="Data parallel replicas (behind --router).")
+@click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel width (MoE presets).")
+@click.option("--dcp", type=int, default=1, show_default=True, help="Decode context parallel (divides --tp).")
+@click.option("--pcp", type=int, default=1, show_default=True, help="Prefill context parallel (extra GPUs).")
+@click.option("--disagg", default=None, metavar="P:D", help="Prefill/decode disaggregation: P prefill, D decode instances.")
+@click.option("--router", type=click.Choice(["round-robin", "least-queue", "kv-aware", "prefix-aware"]),
+              default="round-robin", show_default=True, help="How requests are spread over DP replicas.")
+@click.option("--profile", type=click.Choice(["vllm", "sglang", "tgi", "legacy-2023"]), default=None,
+              help="Engine profile (step overhead, TP skew, limits); default: the flavour's.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help="TOML overrides: [gpu], [model], [profile], [engine] tables.")
+@click.option("--max-num-seqs", type=int, default=None, help="Max running requests per instance.")
+@click.option("--max-num-batched-tokens", type=int, default=None, help="Token budget per step.")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None, help="Prefix cache (default on).")
+@click.option("--slowdown", type=float, default=1.0, show_default=True, help="Multiply every step time by this factor.")
+@click.option("--jitter", type=float, default=0.0, show_default=True, help="Gaussian step-time jitter sigma (fraction).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for jitter and faults.")
+@click.option("--faults", default=None, help="Fault injection, e.g. reset=0.1,http500=0.05,stall=0.05:5s,slow_start=3s.")
+@click.option("--emission-log", type=click.Path(path_type=Path), default=None,
+              help="Parquet of every token's intended and actual send time (written at shutdown).")
+def serve(**kw: Any) -> None:
+    """Serve the simulated engine until interrupted."""
+    from sim.costmodel import OutOfMemory
+
+    try:
+        cfg = build_config(kw)
+        from sim.server import create_app
+
+        app = create_app(cfg)
+    except OutOfMemory as exc:
+        sys.stderr.write(f"{exc}\n")
+        sys.stderr.flush()
+        raise SystemExit(3) from None
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
     from aiohttp import web
 
     try:
@@ -30,5 +79,82 @@ def serve(host: str, port: int, model: str, ttft_ms: float, itl_ms: float, token
         uvloop.install()
     except ImportError:
         pass
-    cfg = ServerConfig(model=model, timing=FixedTiming(ttft_ms / 1000, itl_ms / 1000, tokens_per_chunk))
-    web.run_app(create_app(cfg), host=host, port=port, access_log=None, print=lambda *_: None, backlog=4096)
+    if cfg.model_timing is not None:
+        from sim.options import describe
+
+        import json
+
+        sys.stderr.write(f"bench sim: {json.dumps(describe(cfg.model_timing))}\n")
+        sys.stderr.flush()
+    web.run_app(app, host=kw["host"], port=kw["port"], access_log=None, print=lambda *_: None, backlog=4096)
+
+
+def build_config(kw: dict[str, Any]) -> Any:
+    """Turn the CLI options into a ``ServerConfig`` (also used by tests)."""
+    from bench.config import ConfigError
+    from sim.faults import FaultSpec, FaultSpecError
+    from sim.options import ModelTiming, apply_toml
+    from sim.server import ServerConfig
+    from sim.timing import FixedTiming
+
+    try:
+        faults = FaultSpec.parse(kw.get("faults"))
+    except FaultSpecError as exc:
+        raise BenchError(str(exc)) from None
+    model_timing = None
+    if kw.get("timing", "fixed") == "model":
+        dp, dd = 0, 0
+        if kw.get("disagg"):
+            p, sep, d = str(kw["disagg"]).partition(":")
+            try:
+                dp, dd = int(p), int(d)
+                if not sep or dp < 1 or dd < 1:
+                    raise ValueError
+            except ValueError:
+                raise BenchError(f"--disagg {kw['disagg']!r}: expected P:D, e.g. 1:1") from None
+        cli: dict[str, Any] = {
+            "preset": kw.get("model_preset") or "llama-3.1-8b",
+            "gpu": kw.get("gpu") or "h100",
+            "tp": kw.get("tp", 1), "pp": kw.get("pp", 1), "dp": kw.get("dp", 1), "ep": kw.get("ep", 1),
+            "dcp": kw.get("dcp", 1), "pcp": kw.get("pcp", 1),
+            "disagg_prefill": dp, "disagg_decode": dd,
+            "router": kw.get("router") or "round-robin",
+            "profile": kw.get("profile") or kw.get("flavor") or "vllm",
+            "slowdown": kw.get("slowdown", 1.0), "jitter": kw.get("jitter", 0.0), "seed": kw.get("seed", 0),
+        }
+        for key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
+            if kw.get(key) is not None:
+                cli[key] = kw[key]
+        try:
+            if kw.get("config_path"):
+                defaults = {k: v for k, v in cli.items() if _given(kw, k)}
+                model_timing = apply_toml(ModelTiming(**cli), Path(kw["config_path"]), defaults)
+            else:
+                model_timing = ModelTiming(**cli)
+        except ConfigError as exc:
+            raise BenchError(str(exc)) from None
+    model = kw.get("model") or (model_timing.preset if model_timing else "sim-model")
+    timing = FixedTiming(float(kw.get("ttft_ms", 50.0)) / 1000, float(kw.get("itl_ms", 10.0)) / 1000,
+                         int(kw.get("tokens_per_chunk", 1)))
+    return ServerConfig(
+        model=model, timing=timing, flavor=kw.get("flavor") or "vllm", model_timing=model_timing, faults=faults,
+        emission_log=kw.get("emission_log"), seed=int(kw.get("seed", 0)),
+    )
+
+
+_DEFAULTS = {"preset": "llama-3.1-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 1, "ep": 1, "dcp": 1, "pcp": 1,
+             "disagg_prefill": 0, "disagg_decode": 0, "router": "round-robin", "slowdown": 1.0, "jitter": 0.0,
+             "seed": 0}
+
+
+def _given(kw: dict[str, Any], key: str) -> bool:
+    """True when a CLI value differs from its default (so the TOML file does not override it)."""
+    if key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
+        return True
+    if key == "profile":
+        return kw.get("profile") is not None
+    if key == "preset":
+        return kw.get("model_preset") not in (None, _DEFAULTS["preset"])
+    if key in ("disagg_prefill", "disagg_decode"):
+        return bool(kw.get("disagg"))
+    return kw.get(key) != _DEFAULTS.get(key)

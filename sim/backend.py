@@ -1,0 +1,376 @@
+"""The engines behind the HTTP surface, driven by event times (virtual or real).
+
+Both backends share one small interface: ``submit(req)``, ``next_event_ns()`` (the next
+virtual time something happens, or None when idle) and ``advance(now_ns)`` (process every
+event up to ``now_ns`` in order, calling each request's sink with the tokens due and
+their intended emission times). The real-time loop (``sim.loop``) sleeps until the next
+event; tests drive the same objects in virtual time (``simulate``), so what the tests
+measure is what the server does.
+
+``FixedBackend`` (``--timing fixed``): one engine loop steps every ``itl`` on a global
+grid anchored at engine start; a request's first token is emitted at the first step
+boundary at or after ``arrival + ttft``; each later token at each following boundary. All
+streams due at a boundary are emitted together in one pass, like a real batch.
+
+``ModelBackend`` (``--timing model``): DP replicas (or prefill/decode pools) of
+``sim.scheduler.Instance`` behind a router, stepping by the cost model.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from sim.options import ModelTiming
+from sim.request import SimRequest, prefix_block_hashes
+from sim.scheduler import Instance, Limits
+from sim.timing import FixedTiming
+
+
+class FixedBackend:
+    def __init__(self, timing: FixedTiming, origin_ns: int = 0) -> None:
+        self.ttft_ns = int(round(timing.ttft_s * 1e9))
+        self.itl_ns = int(round(timing.itl_s * 1e9))
+        self.per_chunk = timing.tokens_per_chunk
+        self.origin = origin_ns
+        self.pending: list[tuple[int, int, SimRequest]] = []
+        self.active: list[SimRequest] = []
+        self.next_grid: int | None = None
+        self._seq = 0
+        self._held: dict[SimRequest, list[int]] = {}
+        self.steps = 0
+
+    def _ceil_grid(self, t: int) -> int:
+        if self.itl_ns <= 0:
+            return t
+        k = -(-(t - self.origin) // self.itl_ns)
+        return self.origin + k * self.itl_ns
+
+    def first_token_ns(self, arrival_ns: int) -> int:
+        """Intended time of a request's first token (documented truth for TTFT)."""
+        return self._ceil_grid(arrival_ns + self.ttft_ns)
+
+    def submit(self, req: SimRequest) -> None:
+        self._seq += 1
+        heapq.heappush(self.pending, (self.first_token_ns(req.arrival_ns), self._seq, req))
+
+    def abort(self, req: SimRequest) -> None:
+        req.aborted = True
+
+    @property
+    def running(self) -> int:
+        return len(self.active)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.pending)
+
+    def next_event_ns(self) -> int | None:
+        if self.active and self.next_grid is not None:
+            if self.pending and self.pending[0][0] < self.next_grid:
+                return self.pending[0][0]
+            return self.next_grid
+        if self.pending:
+            return self.pending[0][0]
+        return None
+
+    def advance(self, now: int) -> None:
+        while True:
+            t = self.next_event_ns()
+            if t is None or t > now:
+                return
+            self._step(t)
+
+    def _step(self, g: int) -> None:
+        pending = self.pending
+        while pending and pending[0][0] <= g:
+            self.active.append(heapq.heappop(pending)[2])
+        self.steps += 1
+        if self.itl_ns <= 0:
+            for req in self.active:
+                self._emit_all(req, g)
+            self.active = []
+            self.next_grid = None
+            return
+        keep: list[SimRequest] = []
+        per = self.per_chunk
+        for req in self.active:
+            if req.aborted:
+                continue
+            req.generated += 1
+            done = req.generated >= req.max_tokens
+            if per == 1:
+                req.sink.emit(req, 1, (g,), done)  # type: ignore[union-attr]
+            else:
+                held = self._held.setdefault(req, [])
+                held.append(g)
+                if len(held) >= per or done:
+                    del self._held[req]
+                    req.sink.emit(req, len(held), tuple(held), done)  # type: ignore[union-attr]
+            if done:
+                req.finished = True
+            else:
+                keep.append(req)
+        self.active = keep
+        self.next_grid = g + self.itl_ns if keep else None
+
+    def _emit_all(self, req: SimRequest, g: int) -> None:
+        while req.generated < req.max_tokens and not req.aborted:
+            n = min(self.per_chunk, req.max_tokens - req.generated)
+            req.generated += n
+            done = req.generated >= req.max_tokens
+            req.sink.emit(req, n, (g,) * n, done)  # type: ignore[union-attr]
+        req.finished = True
+
+
+@dataclass
+class Stats:
+    """Counters the /metrics surfaces read."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: int = 0
+    kv_transfers: int = 0
+    iteration_tokens: list[int] = field(default_factory=list)
+
+
+class ModelBackend:
+    """DP replicas (or P/D pools) of scheduler instances behind a router."""
+
+    def __init__(self, timing: ModelTiming) -> None:
+        self.timing = timing
+        cm = timing.cost_model()
+        cm.check_fits()
+        self.cost = cm
+        seqs, budget, prefix = timing.limits()
+        prof = timing.engine_profile
+        self.block_size = prof.block_size
+        self.prefix_caching = prefix
+        limits = Limits(seqs, budget, prof.block_size, cm.kv_blocks(), prof.watermark, prefix)
+        self.request_overhead_ns = int(prof.request_overhead_ms * 1e6)
+        rng = random.Random(timing.seed)
+        jitter = timing.jitter or prof.jitter_sigma
+        self.instances: list[Instance] = []
+        self.prefill_pool: list[Instance] = []
+        self.decode_pool: list[Instance] = []
+        if timing.disaggregated:
+            for i in range(timing.disagg_prefill * timing.dp):
+                inst = Instance(len(self.instances), cm, limits, "prefill", timing.pp, timing.slowdown, jitter,
+                                random.Random(rng.random()))
+                self.instances.append(inst)
+                self.prefill_pool.append(inst)
+            for i in range(timing.disagg_decode * timing.dp):
+                inst = Instance(len(self.instances), cm, limits, "decode", timing.pp, timing.slowdown, jitter,
+                                random.Random(rng.random()))
+                self.instances.append(inst)
+                self.decode_pool.append(inst)
+        else:
+            for i in range(timing.dp):
+                inst = Instance(i, cm, limits, "both", timing.pp, timing.slowdown, jitter, random.Random(rng.random()))
+                self.instances.append(inst)
+            self.prefill_pool = list(self.instances)
+        self.max_model_len = min(timing.model.max_model_len, cm.kv_tokens())
+        self._rr = 0
+        self.stats = Stats()
+        #: called as observer(req, event, t_ns) for token/prefilled events (metrics)
+        self.observer: Callable[[SimRequest, str, int], None] | None = None
+
+    # -- intake --------------------------------------------------------------------------
+    def hashes_for(self, token_ids: list[int]) -> tuple[int, ...]:
+        return prefix_block_hashes(token_ids, self.block_size) if self.prefix_caching else ()
+
+    def submit(self, req: SimRequest) -> None:
+        req.ready_ns = max(req.ready_ns, req.arrival_ns + self.request_overhead_ns)
+        self.stats.prompt_tokens += req.prompt_len
+        self._route(req, self.prefill_pool).add(req)
+
+    def _route(self, req: SimRequest, pool: list[Instance]) -> Instance:
+        if len(pool) == 1:
+            return pool[0]
+        mode = self.timing.router
+        if mode == "round-robin" and pool is self.prefill_pool:
+            inst = pool[self._rr % len(pool)]
+            self._rr += 1
+            return inst
+        if mode == "kv-aware":
+            return min(pool, key=lambda i: (i.pool.usage, i.load, i.index))
+        if mode == "prefix-aware" and req.block_hashes:
+            return max(
+                pool,
+                key=lambda i: (i.pool.lookup(req.block_hashes, len(req.block_hashes)), -i.load, -i.index),
+            )
+        return min(pool, key=lambda i: (i.load, i.index))
+
+    def abort(self, req: SimRequest) -> None:
+        if 0 <= req.replica < len(self.instances):
+            self.instances[req.replica].abort(req)
+        else:
+            req.aborted = True
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        return sum(len(i.running) for i in self.instances)
+
+    @property
+    def waiting(self) -> int:
+        return sum(i.num_waiting for i in self.instances)
+
+    @property
+    def kv_usage(self) -> float:
+        return max((i.pool.usage for i in self.instances), default=0.0)
+
+    @property
+    def prefix_queries(self) -> int:
+        return sum(i.pool.queries for i in self.instances)
+
+    @property
+    def prefix_hits(self) -> int:
+        return sum(i.pool.hits for i in self.instances)
+
+    @property
+    def preemptions(self) -> int:
+        return sum(i.preemptions for i in self.instances)
+
+    # -- events --------------------------------------------------------------------------
+    def next_event_ns(self) -> int | None:
+        best: int | None = None
+        for inst in self.instances:
+            t = inst.next_event_ns()
+            if t is not None and (best is None or t < best):
+                best = t
+        return best
+
+    def advance(self, now: int) -> None:
+        while True:
+            best: int | None = None
+            which: Instance | None = None
+            for inst in self.instances:
+                t = inst.next_event_ns()
+                if t is not None and (best is None or t < best):
+                    best, which = t, inst
+            if best is None or best > now or which is None:
+                return
+            b = which.pop_completion(best)
+            if b is None:
+                which.start_step(best)
+                continue
+            if b.prefill_tokens + b.decode_tokens:
+                self.stats.iteration_tokens.append(b.prefill_tokens + b.decode_tokens)
+                if len(self.stats.iteration_tokens) > 4096:
+                    del self.stats.iteration_tokens[:2048]
+            for req, event in which.finish_step(b):
+                if event == "prefilled":
+                    self._hand_off(req, b.end_ns)
+                    continue
+                self.stats.generation_tokens += 1
+                if req.first_token_ns is None:
+                    req.first_token_ns = b.end_ns
+                req.last_token_ns = b.end_ns
+                if req.finished:
+                    self.stats.finished += 1
+                if self.observer is not None:
+                    self.observer(req, event, b.end_ns)
+                if req.sink is not None:
+                    req.sink.emit(req, 1, (b.end_ns,), req.finished)
+
+    def _hand_off(self, req: SimRequest, t: int) -> None:
+        """Prefill finished on a prefill instance: move the KV to a decode instance."""
+        t_kv = self.cost.kv_transfer_s(
+            req.prompt_len, self.timing.kv_link_gb_s, self.timing.kv_setup_ms, self.timing.kv_link_efficiency
+        )
+        self.stats.kv_transfers += 1
+        req.prefilled_remote = True
+        req.num_computed = req.prompt_len
+        req.prefill_target = req.prompt_len
+        req.cache_checked = True
+        req.ready_ns = t + int(t_kv * 1e9 * self.timing.slowdown)
+        if self.observer is not None:
+            self.observer(req, "prefilled", t)
+        self._route(req, self.decode_pool).add(req)
+
+
+# -- virtual time ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    t_s: float
+    prompt_len: int
+    output_len: int
+    prefix_id: int | None = None  # requests with the same prefix_id share their first prefix_len tokens
+    prefix_len: int = 0
+
+
+@dataclass
+class Outcome:
+    arrival_ns: int
+    prompt_len: int
+    token_ns: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    replica: int = -1
+    queue_ns: int | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        return (self.token_ns[0] - self.arrival_ns) / 1e9
+
+    @property
+    def itls_s(self) -> list[float]:
+        return [(b - a) / 1e9 for a, b in zip(self.token_ns, self.token_ns[1:])]
+
+    @property
+    def tpot_s(self) -> float:
+        n = len(self.token_ns)
+        return (self.token_ns[-1] - self.token_ns[0]) / 1e9 / (n - 1) if n > 1 else 0.0
+
+    @property
+    def e2e_s(self) -> float:
+        return (self.token_ns[-1] - self.arrival_ns) / 1e9
+
+
+class _Collect:
+    def __init__(self, out: Outcome) -> None:
+        self.out = out
+
+    def emit(self, req: SimRequest, n: int, intended_ns: tuple[int, ...], finished: bool) -> None:
+        self.out.token_ns.extend(intended_ns)
+        if finished:
+            self.out.cached_tokens = req.cached_tokens
+            self.out.replica = req.replica
+            if req.admitted_ns is not None:
+                self.out.queue_ns = req.admitted_ns - req.arrival_ns
+
+
+def simulate(
+    backend: ModelBackend | FixedBackend, arrivals: Iterable[Arrival], horizon_s: float | None = None
+) -> list[Outcome]:
+    """Run ``arrivals`` through ``backend`` in virtual time; one Outcome per request."""
+    from sim.tokenizer import prompt_token_ids
+
+    items = sorted(arrivals, key=lambda a: a.t_s)
+    outs: list[Outcome] = []
+    i = 0
+    limit = None if horizon_s is None else int(horizon_s * 1e9)
+    while True:
+        next_arrival = int(items[i].t_s * 1e9) if i < len(items) else None
+        ev = backend.next_event_ns()
+        if next_arrival is None and ev is None:
+            break
+        if next_arrival is not None and (ev is None or next_arrival <= ev):
+            a = items[i]
+            i += 1
+            out = Outcome(next_arrival, a.prompt_len)
+            outs.append(out)
+            hashes: tuple[int, ...] = ()
+            if isinstance(backend, ModelBackend) and backend.prefix_caching:
+                hashes = backend.hashes_for(prompt_token_ids(a.prompt_len, i, a.prefix_id, a.prefix_len))
+            req = SimRequest(f"r{i}", next_arrival, a.prompt_len, a.output_len, _Collect(out), hashes)
+            backend.advance(next_arrival - 1)
+            backend.submit(req)
+            continue
+        assert ev is not None
+        if limit is not None and ev > limit:
+            break
+        backend.advance(ev)
+    return outs

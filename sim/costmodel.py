@@ -1,0 +1,185 @@
+"""Per-step roofline cost model (reference ``simulator-model.md`` §2).
+
+One engine step processes prefill chunks and decode tokens together. Its time is the
+blended roofline of the linear layers (weights read vs FLOPs), attention for prefill
+chunks (FLOPs) and decode contexts (KV reads), the collectives of every parallel axis,
+and a fixed per-step overhead from the engine profile. With pipeline parallelism a step
+is a micro-batch: its tokens come out after all stages, but the first stage is free again
+after one stage time, so up to ``pp`` micro-batches overlap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.presets import Dtype, EngineProfile, GpuSpec, ModelSpec
+
+GB = 1e9
+
+
+class OutOfMemory(ValueError):
+    """The configuration cannot hold the model weights (plus reserve) on its GPUs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Parallel:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    dcp: int = 1
+    pcp: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    latency_s: float  # step start -> tokens out
+    occupancy_s: float  # step start -> the engine (first pipeline stage) can start the next step
+    parts: dict[str, float]
+
+
+def _blend(t_mem: float, t_comp: float) -> float:
+    return max(t_mem, t_comp) + 0.5 * min(t_mem, t_comp)
+
+
+def _pick(values: tuple[float, float, float], n: int) -> float:
+    """Interpolate a 2/4/8-GPU table by log2(n)."""
+    if n <= 2:
+        return values[0]
+    if n >= 8:
+        return values[2]
+    x = math.log2(n) - 1.0  # 4 -> 1
+    lo = int(x)
+    return values[lo] + (values[min(lo + 1, 2)] - values[lo]) * (x - lo)
+
+
+class CostModel:
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        profile: EngineProfile,
+        parallel: Parallel,
+        dtype: Dtype,
+        kv_dtype: Dtype = "bf16",
+        expert_imbalance: float = 1.0,
+    ) -> None:
+        self.m, self.g, self.prof, self.par, self.dtype = model, gpu, profile, parallel, dtype
+        self.b_w = 1.0 if dtype == "fp8" else 2.0
+        self.b_kv = 1.0 if kv_dtype == "fp8" else 2.0
+        self.expert_imbalance = max(1.0, expert_imbalance)
+        t, p = parallel.tp, parallel.pp
+        self.layers_stage = model.layers / p
+        self.flops = gpu.peak_flops(dtype)
+        self.attn_flops = gpu.bf16_tflops * 1e12 * gpu.mfu_attn
+        self.bw = gpu.hbm_tb_s * 1e12
+        # weights on one GPU
+        dense_params = (model.params_b - model.expert_params_b) * 1e9
+        self.ep_width = parallel.ep if (model.is_moe and parallel.ep > 1) else t
+        expert_params = model.expert_params_b * 1e9
+        self.weight_bytes_gpu = dense_params * self.b_w / (t * p) + expert_params * self.b_w / (self.ep_width * p)
+        self.dense_weight_bytes_gpu = dense_params * self.b_w / (t * p)
+        self.expert_weight_bytes_gpu = expert_params * self.b_w / (self.ep_width * p)
+        # KV bytes per token on one GPU (all layers of its stage)
+        self.kv_bytes_token_gpu = self.layers_stage * model.kv_elems_per_token_layer(t) * self.b_kv / parallel.dcp
+        self.kv_bytes_token_layer_total = model.kv_elems_per_token_layer(1) * self.b_kv
+        self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t / 4.0) ** 1.25 if t > 1 else 0.0
+
+    # -- memory ------------------------------------------------------------------------
+    @property
+    def weights_gb_per_gpu(self) -> float:
+        return self.weight_bytes_gpu / GB
+
+    def kv_budget_bytes(self) -> float:
+        return self.g.memory_gb * GB * self.prof.gpu_memory_utilization - self.weight_bytes_gpu - self.prof.reserve_gb * GB
+
+    def check_fits(self) -> None:
+        budget = self.kv_budget_bytes()
+        if budget <= self.kv_bytes_token_gpu * self.prof.block_size * 16:
+            raise OutOfMemory(
+                f"out of memory: {self.m.name} {self.dtype} needs {self.weights_gb_per_gpu:.1f} GB of weights per GPU "
+                f"(tp={self.par.tp}, pp={self.par.pp}, ep={self.par.ep}) but a {self.g.name} has "
+                f"{self.g.memory_gb * self.prof.gpu_memory_utilization:.1f} GB usable "
+                f"(utilization {self.prof.gpu_memory_utilization}, reserve {self.prof.reserve_gb} GB)"
+            )
+
+    def kv_blocks(self) -> int:
+        """KV blocks of one instance (the minimum over its GPUs; they are symmetric here)."""
+        budget = max(0.0, self.kv_budget_bytes())
+        return int(budget // (self.kv_bytes_token_gpu * self.prof.block_size))
+
+    def kv_tokens(self) -> int:
+        return self.kv_blocks() * self.prof.block_size
+
+    # -- collectives ---------------------------------------------------------------------
+    def all_reduce_s(self, n: int, nbytes: float) -> float:
+        if n <= 1:
+            return 0.0
+        alpha = _pick(self.g.ar_alpha_us, n) * 1e-6
+        bus = _pick(self.g.ar_bus_gb_s, n) * GB
+        return alpha + 2.0 * (n - 1) / n * nbytes / bus
+
+    def all_gather_s(self, n: int, nbytes: float) -> float:
+        if n <= 1:
+            return 0.0
+        alpha = _pick(self.g.ar_alpha_us, n) * 1e-6
+        bus = _pick(self.g.ar_bus_gb_s, n) * GB
+        return alpha + (n - 1) / n * nbytes / bus
+
+    # -- one step ------------------------------------------------------------------------
+    def step(self, prefill: list[tuple[int, int]], n_decode: int, decode_ctx_sum: int) -> StepCost:
+        """Cost of one step: ``prefill`` is (chunk tokens, context before the chunk) per request."""
+        m, g, par = self.m, self.g, self.par
+        t, p = par.tp, par.pp
+        pf_tokens = 0
+        attn_pf_flops = 0.0
+        for chunk, ctx in prefill:
+            pf_tokens += chunk
+            attn_pf_flops += chunk * (ctx + chunk / 2.0)
+        T = pf_tokens + n_decode
+        # linear layers (per GPU, one stage)
+        active_expert = (m.active_params_b - (m.params_b - m.expert_params_b)) * 1e9 if m.is_moe else 0.0
+        dense_active = m.active_params_b * 1e9 - active_expert
+        lin_flops = 2.0 * dense_active * T / (t * p)
+        weight_bytes = self.dense_weight_bytes_gpu
+        if m.is_moe:
+            imb = self.expert_imbalance if self.ep_width > 1 and par.ep > 1 else 1.0
+            lin_flops += 2.0 * active_expert * T / (self.ep_width * p) * imb
+            # experts touched by T tokens (each picks top_k of E)
+            touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(T, 0)
+            weight_bytes += self.expert_weight_bytes_gpu * touched
+        t_lin = _blend(weight_bytes / (self.bw * g.mbu), lin_flops / self.flops) if T else 0.0
+        # attention
+        t_attn_pf = (
+            2.0 * self.layers_stage * attn_pf_flops * 2.0 * m.heads * m.head_dim / (t * par.pcp) / self.attn_flops
+        )
+        t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / (self.bw * g.mbu_kv)
+        # collectives
+        act_bytes = T * m.hidden * 2.0
+        t_tp = self.layers_stage * 2.0 * (self.all_reduce_s(t, act_bytes) + self.skew_s) if t > 1 and T else 0.0
+        t_dcp = 2.0 * self.layers_stage * _pick(g.ar_alpha_us, par.dcp) * 1e-6 if par.dcp > 1 and n_decode else 0.0
+        t_pcp = 0.0
+        if par.pcp > 1 and pf_tokens:
+            t_pcp = self.layers_stage * self.all_gather_s(par.pcp, pf_tokens * self.kv_bytes_token_layer_total)
+        t_ep = 0.0
+        if m.is_moe and par.ep > 1 and T:
+            moe_layers = m.moe_layers / p
+            nbytes = T * m.top_k * m.hidden * 3.0 / par.ep  # FP8 dispatch + BF16 combine, per rank
+            alpha = g.a2a_alpha_us * 1e-6 * (1.0 + math.log2(par.ep) / 3.0)
+            t_ep = moe_layers * (2.0 * alpha + nbytes / (g.a2a_gb_s * GB))
+        stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep
+        send = (g.p2p_alpha_us * 1e-6 + act_bytes / (g.p2p_gb_s * GB)) if p > 1 else 0.0
+        fixed = self.prof.t_fixed_ms * 1e-3
+        latency = p * stage + (p - 1) * send + fixed
+        occupancy = stage + send + fixed if p > 1 else latency
+        parts = {
+            "linear": t_lin, "attn_prefill": t_attn_pf, "attn_decode": t_attn_dec, "tp": t_tp, "dcp": t_dcp,
+            "pcp": t_pcp, "ep": t_ep, "pp_send": (p - 1) * send, "fixed": fixed,
+        }
+        return StepCost(latency, occupancy, parts)
+
+    def kv_transfer_s(self, tokens: int, link_gb_s: float, setup_ms: float, efficiency: float) -> float:
+        """Moving a prompt's KV (all layers) from a prefill to a decode instance."""
+        nbytes = tokens * self.kv_bytes_token_layer_total * self.m.layers
+        return setup_ms * 1e-3 + nbytes / (efficiency * link_gb_s * GB)

@@ -1,0 +1,97 @@
+"""The real-time engine loop: one task drives a backend against absolute deadlines.
+
+The loop sleeps until the backend's next event time (a simulated step boundary mapped
+1:1 to ``perf_counter_ns``), then lets the backend emit everything due in one pass. A
+late wake-up never shifts later deadlines: event times are computed from the previous
+step's intended end, not from when the loop woke. The event loop's timers have
+millisecond granularity, so the last ``spin_ns`` before a deadline are busy-waited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Protocol
+
+from sim.request import SimRequest
+
+_now = time.perf_counter_ns
+
+
+class Backend(Protocol):
+    def submit(self, req: SimRequest) -> None: ...
+    def abort(self, req: SimRequest) -> None: ...
+    def next_event_ns(self) -> int | None: ...
+    def advance(self, now: int) -> None: ...
+
+
+class EngineLoop:
+    def __init__(self, backend: Backend, spin_ns: int = 400_000) -> None:
+        self.backend = backend
+        self.spin_ns = spin_ns
+        self._wake: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+
+    def submit(self, req: SimRequest) -> None:
+        self.backend.submit(req)
+        self._kick()
+
+    def abort(self, req: SimRequest) -> None:
+        self.backend.abort(req)
+        self._kick()
+
+    def _kick(self) -> None:
+        w = self._wake
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _sleep(self, delay_s: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._wake = fut
+        handle = None
+        if delay_s is not None:
+            handle = loop.call_later(delay_s, _resolve, fut)
+        try:
+            await fut
+        finally:
+            self._wake = None
+            if handle is not None:
+                handle.cancel()
+
+    async def _run(self) -> None:
+        backend = self.backend
+        spin = self.spin_ns
+        while True:
+            t = backend.next_event_ns()
+            if t is None:
+                await self._sleep(None)
+                continue
+            delay = t - _now()
+            if delay > spin:
+                await self._sleep((delay - spin) / 1e9)
+                continue  # re-read: a new request may have created an earlier event
+            while _now() < t:
+                pass
+            backend.advance(_now())
+            self.passes += 1
+            if self.passes % 64 == 0:
+                await asyncio.sleep(0)  # let request handlers in even when every step is late
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,183 @@
+"""Configuration of the modelled engine: presets, parallel layout, limits and TOML overrides.
+
+TOML layout (every table optional; unknown keys are rejected with their dotted path)::
+
+    [gpu]       # any GpuSpec field, e.g. hbm_tb_s = 3.0, mbu = 0.75
+    [model]     # any ModelSpec field, e.g. layers = 40
+    [profile]   # any EngineProfile field, e.g. t_fixed_ms = 4.0
+    [engine]    # any ModelTiming field, e.g. tp = 2, max_num_seqs = 64 (CLI flags win)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bench.config import ConfigError, from_mapping, load_toml
+from sim.costmodel import CostModel, Parallel
+from sim.presets import GPUS, MODELS, PROFILES, Dtype, EngineProfile, GpuSpec, ModelSpec
+
+Router = Literal["round-robin", "least-queue", "kv-aware", "prefix-aware"]
+
+
+@dataclass(frozen=True)
+class ModelTiming:
+    """Everything the performance-model engine needs (CLI flags map onto these fields)."""
+
+    preset: str = "llama-3.1-8b"
+    gpu: str = "h100"
+    dtype: Dtype | None = None  # None: the model preset's default
+    kv_dtype: Dtype = "bf16"
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    dcp: int = 1
+    pcp: int = 1
+    disagg_prefill: int = 0  # 0: colocated
+    disagg_decode: int = 0
+    router: Router = "round-robin"
+    profile: str = "vllm"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool | None = None
+    slowdown: float = 1.0
+    jitter: float = 0.0
+    seed: int = 0
+    #: max/mean expert load across EP ranks (1.0: perfectly balanced)
+    expert_imbalance: float = 1.3
+    #: P/D KV transfer link (default: InfiniBand NDR ~45 GB/s), setup and efficiency
+    kv_link_gb_s: float = 45.0
+    kv_setup_ms: float = 1.0
+    kv_link_efficiency: float = 0.7
+    gpu_spec: GpuSpec | None = None
+    model_spec: ModelSpec | None = None
+    profile_spec: EngineProfile | None = None
+
+    def __post_init__(self) -> None:
+        if self.preset not in MODELS and self.model_spec is None:
+            raise ValueError(f"unknown model preset {self.preset!r}; known: {', '.join(MODELS)}")
+        if self.gpu not in GPUS and self.gpu_spec is None:
+            raise ValueError(f"unknown GPU {self.gpu!r}; known: {', '.join(GPUS)}")
+        if self.profile not in PROFILES and self.profile_spec is None:
+            raise ValueError(f"unknown engine profile {self.profile!r}; known: {', '.join(PROFILES)}")
+        for name in ("tp", "pp", "dp", "ep", "dcp", "pcp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.tp % self.dcp:
+            raise ValueError(f"dcp ({self.dcp}) must divide tp ({self.tp})")
+        if self.slowdown <= 0:
+            raise ValueError("slowdown must be > 0")
+        if self.jitter < 0:
+            raise ValueError("jitter must be >= 0")
+        if (self.disagg_prefill > 0) != (self.disagg_decode > 0):
+            raise ValueError("disaggregation needs both prefill and decode instances")
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.model_spec or MODELS[self.preset]
+
+    @property
+    def gpu_model(self) -> GpuSpec:
+        return self.gpu_spec or GPUS[self.gpu]
+
+    @property
+    def engine_profile(self) -> EngineProfile:
+        return self.profile_spec or PROFILES[self.profile]
+
+    @property
+    def weight_dtype(self) -> Dtype:
+        return self.dtype or self.model.default_dtype
+
+    @property
+    def parallel(self) -> Parallel:
+        return Parallel(self.tp, self.pp, self.dp, self.ep, self.dcp, self.pcp)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.disagg_prefill > 0
+
+    @property
+    def gpus(self) -> int:
+        per = self.tp * self.pp * self.pcp
+        if self.disaggregated:
+            return per * (self.disagg_prefill + self.disagg_decode) * self.dp
+        return per * self.dp
+
+    def cost_model(self) -> CostModel:
+        return CostModel(
+            self.model, self.gpu_model, self.engine_profile, self.parallel, self.weight_dtype, self.kv_dtype,
+            self.expert_imbalance if self.ep > 1 else 1.0,
+        )
+
+    def limits(self) -> tuple[int, int, bool]:
+        """(max_num_seqs, max_num_batched_tokens, prefix caching) after profile and GPU defaults."""
+        prof = self.engine_profile
+        big = self.gpu_model.memory_gb >= 70 and self.gpu != "a100"
+        seqs = self.max_num_seqs or prof.max_num_seqs or (1024 if big else 256)
+        budget = self.max_num_batched_tokens or prof.max_num_batched_tokens or (8192 if big else 2048)
+        prefix = prof.enable_prefix_caching if self.enable_prefix_caching is None else self.enable_prefix_caching
+        return seqs, budget, prefix
+
+
+_TABLES = ("gpu", "model", "profile", "engine")
+
+
+def apply_toml(base: ModelTiming, path: Path, cli: dict[str, Any]) -> ModelTiming:
+    """``base`` with the TOML file's overrides, then the explicitly given CLI values on top."""
+    data = load_toml(path)
+    unknown = [k for k in data if k not in _TABLES]
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(_TABLES)})")
+    engine = data.get("engine", {})
+    timing = from_mapping(ModelTiming, {**_plain(base), **engine, **cli}, "engine", str(path)) if engine or cli else base
+    values: dict[str, Any] = {}
+    if "gpu" in data:
+        values["gpu_spec"] = from_mapping(GpuSpec, {**_plain(timing.gpu_model), **data["gpu"]}, "gpu", str(path))
+    if "model" in data:
+        values["model_spec"] = from_mapping(ModelSpec, {**_plain(timing.model), **data["model"]}, "model", str(path))
+    if "profile" in data:
+        values["profile_spec"] = from_mapping(
+            EngineProfile, {**_plain(timing.engine_profile), **data["profile"]}, "profile", str(path)
+        )
+    return dataclasses.replace(timing, **values) if values else timing
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            continue
+        out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def describe(t: ModelTiming) -> dict[str, Any]:
+    """A JSON-able summary (served by /get_server_info and /info, logged at start)."""
+    cm = t.cost_model()
+    seqs, budget, prefix = t.limits()
+    return {
+        "model": t.model.name,
+        "gpu": t.gpu_model.name,
+        "dtype": t.weight_dtype,
+        "kv_dtype": t.kv_dtype,
+        "profile": t.engine_profile.name,
+        "parallel": {"tp": t.tp, "pp": t.pp, "dp": t.dp, "ep": t.ep, "dcp": t.dcp, "pcp": t.pcp,
+                     "disagg": f"{t.disagg_prefill}:{t.disagg_decode}" if t.disaggregated else None},
+        "gpus": t.gpus,
+        "router": t.router,
+        "weights_gb_per_gpu": round(cm.weights_gb_per_gpu, 2),
+        "kv_tokens_per_instance": cm.kv_tokens(),
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": budget,
+        "enable_prefix_caching": prefix,
+        "slowdown": t.slowdown,
+        "jitter": t.jitter,
+        "seed": t.seed,
+    }
+
+
+_ = field  # keep dataclasses.field importable for subclasses

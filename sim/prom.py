@@ -1,0 +1,154 @@
+"""Each flavour's /metrics page, with that engine's own Prometheus names (engine-protocols §5.4)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sim.metrics import Registry
+
+TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0)
+
+
+class EngineState(Protocol):
+    running: int
+    waiting: int
+
+
+class FlavorMetrics:
+    """Records request events; renders the page of the engine being imitated."""
+
+    def __init__(self, flavor: str, model: str) -> None:
+        self.flavor = flavor
+        if flavor == "tgi":
+            self.reg = Registry({}, counter_suffix="")
+        elif flavor == "sglang":
+            self.reg = Registry({"model_name": model})
+        else:
+            self.reg = Registry({"model_name": model, "engine": "0"})
+        p = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_"}[flavor]
+        self.p = p
+        r = self.reg
+        if flavor == "tgi":
+            self.ttft = None
+            self.itl = r.histogram("tgi_request_mean_time_per_token_duration", "Mean time per token.")
+            self.e2e = r.histogram("tgi_request_duration", "Request duration.")
+            self.queue = r.histogram("tgi_request_queue_duration", "Queue time.")
+            self.prefill = r.histogram("tgi_batch_forward_duration", "Prefill forward duration.")
+            self.decode = r.histogram("tgi_request_inference_duration", "Inference duration.")
+            self.gen_tokens = r.histogram("tgi_request_generated_tokens", "Generated tokens.", TOKEN_BUCKETS)
+            self.in_tokens = r.histogram("tgi_request_input_length", "Input length.", TOKEN_BUCKETS)
+        else:
+            self.ttft = r.histogram(f"{p}time_to_first_token_seconds", "Time to first token.")
+            self.itl = r.histogram(f"{p}inter_token_latency_seconds", "Inter-token latency.")
+            self.e2e = r.histogram(f"{p}e2e_request_latency_seconds", "End-to-end request latency.")
+            self.queue = r.histogram(f"{p}request_queue_time_seconds", "Queue time.") if flavor == "vllm" else None
+            self.prefill = r.histogram(f"{p}request_prefill_time_seconds", "Prefill time.") if flavor == "vllm" else None
+            self.decode = r.histogram(f"{p}request_decode_time_seconds", "Decode time.") if flavor == "vllm" else None
+            self.gen_tokens = (
+                r.histogram(f"{p}request_generation_tokens", "Generation tokens per request.", TOKEN_BUCKETS)
+                if flavor == "vllm" else None
+            )
+            self.in_tokens = (
+                r.histogram(f"{p}request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
+                if flavor == "vllm" else None
+            )
+        if flavor == "vllm":
+            self.iter_tokens = r.histogram("vllm:iteration_tokens_total", "Tokens per engine step.", TOKEN_BUCKETS)
+        else:
+            self.iter_tokens = None
+
+    # -- events ------------------------------------------------------------------------
+    def request(self, prompt_tokens: int) -> None:
+        if self.flavor == "tgi":
+            self.reg.inc("tgi_request_count", "Requests received.")
+            self.in_tokens.observe(prompt_tokens)  # type: ignore[union-attr]
+        elif self.flavor == "sglang":
+            self.reg.inc("sglang:prompt_tokens", "Prompt tokens.", prompt_tokens)
+            self.reg.inc("sglang:num_requests", "Requests.")
+        else:
+            self.reg.inc("vllm:prompt_tokens", "Prefill tokens processed.", prompt_tokens)
+            if self.in_tokens is not None:
+                self.in_tokens.observe(prompt_tokens)
+
+    def first_token(self, ttft_s: float) -> None:
+        if self.ttft is not None:
+            self.ttft.observe(ttft_s)
+
+    def inter_token(self, itl_s: float) -> None:
+        if self.flavor != "tgi":
+            self.itl.observe(itl_s)
+
+    def finished(
+        self, e2e_s: float, tokens: int, cached: int, queue_s: float | None, prefill_s: float | None,
+        decode_s: float | None, reason: str,
+    ) -> None:
+        r = self.reg
+        if self.flavor == "tgi":
+            r.inc("tgi_request_success", "Successful requests.")
+            self.e2e.observe(e2e_s)
+            if queue_s is not None:
+                self.queue.observe(queue_s)  # type: ignore[union-attr]
+            if decode_s is not None:
+                self.decode.observe(decode_s)  # type: ignore[union-attr]
+            if prefill_s is not None:
+                self.prefill.observe(prefill_s)  # type: ignore[union-attr]
+            if tokens > 0:
+                self.itl.observe(e2e_s / tokens)
+            self.gen_tokens.observe(tokens)  # type: ignore[union-attr]
+            return
+        if self.flavor == "sglang":
+            r.inc("sglang:generation_tokens", "Generation tokens.", tokens)
+            r.inc("sglang:cached_tokens", "Prefix-cache hit tokens.", cached)
+            self.e2e.observe(e2e_s)
+            return
+        r.inc("vllm:generation_tokens", "Generation tokens processed.", tokens)
+        r.inc_labelled("vllm:request_success", "Finished requests.", "finished_reason", reason)
+        self.e2e.observe(e2e_s)
+        if queue_s is not None and self.queue is not None:
+            self.queue.observe(queue_s)
+        if prefill_s is not None and self.prefill is not None:
+            self.prefill.observe(prefill_s)
+        if decode_s is not None and self.decode is not None:
+            self.decode.observe(decode_s)
+        if self.gen_tokens is not None:
+            self.gen_tokens.observe(tokens)
+
+    def failed(self, err: str) -> None:
+        if self.flavor == "tgi":
+            self.reg.inc_labelled("tgi_request_failure", "Failed requests.", "err", err)
+        elif self.flavor == "vllm":
+            self.reg.inc_labelled("vllm:request_success", "Finished requests.", "finished_reason", "abort")
+
+    # -- page ------------------------------------------------------------------------------
+    def render(
+        self, running: int, waiting: int, kv_usage: float, queries: int, hits: int, preemptions: int,
+        kv_tokens: int, batch_tokens: int, iteration_tokens: list[int], gen_throughput: float,
+    ) -> str:
+        r = self.reg
+        if self.iter_tokens is not None:
+            for n in iteration_tokens:
+                self.iter_tokens.observe(n)
+            iteration_tokens.clear()
+        if self.flavor == "tgi":
+            r.gauge("tgi_queue_size", "Requests waiting.", waiting)
+            r.gauge("tgi_batch_current_size", "Requests in the current batch.", running)
+            r.gauge("tgi_batch_current_max_tokens", "Tokens the current batch may hold.", batch_tokens)
+            r.gauge("tgi_batch_max_total_tokens", "Max tokens in a batch.", kv_tokens)
+            r.gauge("tgi_batch_total_tokens", "KV tokens in use.", int(kv_usage * kv_tokens))
+        elif self.flavor == "sglang":
+            r.gauge("sglang:num_running_reqs", "Running requests.", running)
+            r.gauge("sglang:num_queue_reqs", "Queued requests.", waiting)
+            r.gauge("sglang:token_usage", "KV token usage (0-1).", round(kv_usage, 6))
+            r.gauge("sglang:num_used_tokens", "KV tokens in use.", int(kv_usage * kv_tokens))
+            r.gauge("sglang:max_total_num_tokens", "KV token capacity.", kv_tokens)
+            r.gauge("sglang:cache_hit_rate", "Prefix-cache hit rate.", hits / queries if queries else 0.0)
+            r.gauge("sglang:gen_throughput", "Generation throughput (token/s).", round(gen_throughput, 3))
+            r.gauge("sglang:num_retracted_reqs", "Retracted (preempted) requests.", preemptions)
+        else:
+            r.gauge("vllm:num_requests_running", "Requests in model execution batches.", running)
+            r.gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", waiting)
+            r.gauge("vllm:kv_cache_usage_perc", "KV-cache usage (0-1).", round(kv_usage, 6))
+            r.counters["vllm:prefix_cache_queries"] = ("Prefix cache queries (tokens).", float(queries))
+            r.counters["vllm:prefix_cache_hits"] = ("Prefix cache hits (tokens).", float(hits))
+            r.counters["vllm:num_preemptions"] = ("Preemptions.", float(preemptions))
+        return r.render()

@@ -1,0 +1,329 @@
+"""One engine instance's scheduler, in virtual time (vLLM V1 style).
+
+Each step: decodes first (one token per running request), then prefill chunks FCFS
+(partial prefills first, then newly admitted requests) up to the token budget and
+``max_num_seqs``. KV blocks are allocated for the tokens a step computes; when they run
+out the newest running request is preempted (recompute). Admission of a new request
+keeps a small watermark of free blocks. With pipeline parallelism up to ``pp``
+micro-batches are in flight, each over a disjoint set of requests.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from sim.costmodel import CostModel
+from sim.kvcache import BlockPool
+from sim.request import SimRequest
+
+Role = Literal["both", "prefill", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_blocks: int
+    watermark: float = 0.01
+    prefix_caching: bool = True
+
+
+@dataclass(slots=True)
+class Batch:
+    start_ns: int
+    end_ns: int
+    work: list[tuple[SimRequest, int]]  # (request, tokens computed this step)
+    prefill_tokens: int
+    decode_tokens: int
+
+
+class Instance:
+    """One engine instance (a DP replica, or a prefill/decode pool member)."""
+
+    def __init__(
+        self,
+        index: int,
+        cost: CostModel,
+        limits: Limits,
+        role: Role = "both",
+        pp: int = 1,
+        slowdown: float = 1.0,
+        jitter: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.index = index
+        self.cost = cost
+        self.limits = limits
+        self.role = role
+        self.pp = pp
+        self.slowdown = slowdown
+        self.jitter = jitter
+        self.rng = rng or random.Random(index)
+        self.pool = BlockPool(limits.num_blocks, limits.prefix_caching)
+        self.pending: list[tuple[int, int, SimRequest]] = []  # heap by ready time
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.inflight: list[Batch] = []
+        self.stage_free_ns = 0
+        self.blocked = False
+        self._seq = 0
+        self.preemptions = 0
+        self.steps = 0
+        self.busy_ns = 0
+        self.last_batch_tokens = 0
+        self._watermark_blocks = int(limits.num_blocks * limits.watermark)
+
+    # -- queue -------------------------------------------------------------------------
+    def add(self, req: SimRequest) -> None:
+        req.replica = self.index
+        self._seq += 1
+        heapq.heappush(self.pending, (req.ready_ns, self._seq, req))
+        self.blocked = False
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.pending)
+
+    @property
+    def load(self) -> int:
+        return self.num_waiting + len(self.running)
+
+    def _release_pending(self, t: int) -> None:
+        pending = self.pending
+        while pending and pending[0][0] <= t:
+            req = heapq.heappop(pending)[2]
+            if not req.aborted:
+                self.waiting.append(req)
+
+    # -- events ------------------------------------------------------------------------
+    def next_event_ns(self) -> int | None:
+        ev: int | None = None
+        if self.inflight:
+            ev = min(b.end_ns for b in self.inflight)
+        if len(self.inflight) < self.pp:
+            start: int | None = None
+            if not self.blocked and (self.waiting or any(not r.in_flight for r in self.running)):
+                start = self.stage_free_ns
+            elif self.pending:
+                start = max(self.stage_free_ns, self.pending[0][0])
+            if start is not None and (ev is None or start < ev):
+                ev = start
+        return ev
+
+    def pop_completion(self, t: int) -> Batch | None:
+        due = [b for b in self.inflight if b.end_ns <= t]
+        if not due:
+            return None
+        best = min(due, key=lambda x: x.end_ns)
+        self.inflight.remove(best)
+        self.blocked = False
+        return best
+
+    # -- KV helpers ----------------------------------------------------------------------
+    def _blocks_held(self, req: SimRequest) -> int:
+        return len(req.shared_blocks) + req.private_blocks
+
+    def _grow(self, req: SimRequest, tokens: int, watermark: int = 0) -> bool:
+        bs = self.limits.block_size
+        need = -(-tokens // bs) - self._blocks_held(req)
+        if need <= 0:
+            return True
+        if self.pool.available - need < watermark:
+            return False
+        if not self.pool.alloc(need):
+            return False
+        req.private_blocks += need
+        return True
+
+    def free(self, req: SimRequest) -> None:
+        for h in req.shared_blocks:
+            self.pool.release(h)
+        req.shared_blocks = []
+        self.pool.free_private(req.private_blocks)
+        req.private_blocks = 0
+
+    def _register_full_blocks(self, req: SimRequest) -> None:
+        hashes = req.block_hashes
+        if not hashes or not self.pool.prefix_caching:
+            return
+        full = min(req.num_computed // self.limits.block_size, len(hashes))
+        while len(req.shared_blocks) < full and req.private_blocks > 0:
+            h = hashes[len(req.shared_blocks)]
+            if not self.pool.register(h):
+                break
+            req.private_blocks -= 1
+            req.shared_blocks.append(h)
+
+    def _preempt(self, victim: SimRequest) -> None:
+        self.free(victim)
+        victim.num_computed = 0
+        victim.prefill_target = victim.prompt_len + victim.generated
+        victim.cache_checked = False
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.running.remove(victim)
+        self.waiting.appendleft(victim)
+
+    def _admit_prefix(self, req: SimRequest) -> None:
+        """First look-up of the prefix cache for a newly admitted request."""
+        if req.cache_checked:
+            return
+        req.cache_checked = True
+        if req.prefilled_remote or req.num_computed:
+            return
+        bs = self.limits.block_size
+        limit = (req.prefill_target - 1) // bs
+        hit = self.pool.lookup(req.block_hashes, limit)
+        if req.generated == 0:
+            self.pool.queries += req.prompt_len
+            self.pool.hits += hit * bs
+        for h in req.block_hashes[:hit]:
+            self.pool.acquire(h)
+        req.shared_blocks = list(req.block_hashes[:hit])
+        req.num_computed = hit * bs
+        if req.generated == 0:
+            req.cached_tokens = hit * bs
+
+    # -- one step --------------------------------------------------------------------------
+    def start_step(self, t: int) -> Batch | None:
+        """Plan and cost one step (micro-batch) starting at virtual time ``t``."""
+        self._release_pending(t)
+        lim = self.limits
+        budget = lim.max_num_batched_tokens
+        work: list[tuple[SimRequest, int]] = []
+        prefill: list[tuple[int, int]] = []
+        n_dec = 0
+        dec_ctx = 0
+        # 1. decodes
+        if self.role != "prefill":
+            i = 0
+            while i < len(self.running) and budget > 0:
+                req = self.running[i]
+                i += 1
+                if req.in_flight or req.in_prefill or req.aborted:
+                    continue
+                while not self._grow(req, req.num_computed + 1):
+                    victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
+                    if victim is None:
+                        break
+                    if self.running.index(victim) < i:
+                        i -= 1
+                    self._preempt(victim)
+                else:
+                    work.append((req, 1))
+                    req.in_flight = True
+                    n_dec += 1
+                    dec_ctx += req.num_computed + 1
+                    budget -= 1
+                    continue
+                # could not grow even after preempting everything else: preempt itself
+                i -= 1
+                self._preempt(req)
+        # 2. partial prefills of running requests
+        for req in self.running:
+            if budget <= 0:
+                break
+            if req.in_flight or not req.in_prefill or req.aborted:
+                continue
+            chunk = min(req.prefill_target - req.num_computed, budget)
+            if not self._grow(req, req.num_computed + chunk):
+                continue
+            work.append((req, chunk))
+            prefill.append((chunk, req.num_computed))
+            req.in_flight = True
+            budget -= chunk
+        # 3. admit waiting requests
+        while self.waiting and budget > 0 and len(self.running) < lim.max_num_seqs:
+            req = self.waiting[0]
+            if req.aborted:
+                self.waiting.popleft()
+                continue
+            self._admit_prefix(req)
+            if req.prefilled_remote and not req.in_prefill:
+                if not self._grow(req, req.num_computed + 1, self._watermark_blocks):
+                    break
+                self.waiting.popleft()
+                self.running.append(req)
+                req.admitted_ns = req.admitted_ns or t
+                work.append((req, 1))
+                req.in_flight = True
+                n_dec += 1
+                dec_ctx += req.num_computed + 1
+                budget -= 1
+                continue
+            chunk = min(req.prefill_target - req.num_computed, budget)
+            if not self._grow(req, req.num_computed + chunk, self._watermark_blocks):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            if req.admitted_ns is None:
+                req.admitted_ns = t
+            work.append((req, chunk))
+            prefill.append((chunk, req.num_computed))
+            req.in_flight = True
+            budget -= chunk
+        if not work:
+            self.blocked = True
+            return None
+        c = self.cost.step(prefill, n_dec, dec_ctx)
+        factor = self.slowdown
+        if self.jitter > 0:
+            factor *= min(1.5, max(0.5, self.rng.gauss(1.0, self.jitter)))
+        end = t + int(c.latency_s * factor * 1e9)
+        self.stage_free_ns = t + int(c.occupancy_s * factor * 1e9)
+        pf = sum(p[0] for p in prefill)
+        b = Batch(t, end, work, pf, n_dec)
+        self.inflight.append(b)
+        self.steps += 1
+        self.busy_ns += int(c.occupancy_s * factor * 1e9)
+        self.last_batch_tokens = pf + n_dec
+        return b
+
+    def finish_step(self, b: Batch) -> list[tuple[SimRequest, str]]:
+        """Apply a finished step; returns (request, event) with event ``token`` or ``prefilled``."""
+        out: list[tuple[SimRequest, str]] = []
+        for req, n in b.work:
+            req.in_flight = False
+            if req.aborted:
+                if req in self.running:
+                    self.running.remove(req)
+                self.free(req)
+                continue
+            was_prefill = req.in_prefill
+            req.num_computed += n
+            if was_prefill:
+                self._register_full_blocks(req)
+                if req.in_prefill:
+                    continue  # more chunks to go
+                if self.role == "prefill":
+                    req.prefill_done_ns = b.end_ns
+                    self.running.remove(req)
+                    self.free(req)
+                    out.append((req, "prefilled"))
+                    continue
+            req.generated += 1
+            if req.prefill_done_ns is None:
+                req.prefill_done_ns = b.end_ns
+            if req.generated >= req.max_tokens:
+                req.finished = True
+                self.running.remove(req)
+                self.free(req)
+            out.append((req, "token"))
+        return out
+
+    def abort(self, req: SimRequest) -> None:
+        req.aborted = True
+        if req.in_flight:
+            return
+        if req in self.running:
+            self.running.remove(req)
+            self.free(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+            self.free(req)
+        self.blocked = False

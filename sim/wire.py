@@ -1,0 +1,189 @@
+"""Stream payloads of each engine flavour, byte for byte (reference engine-protocols.md §5).
+
+One formatter per request. ``tokens`` turns the tokens of one emission into the bytes to
+write (one SSE event, or one event per token for TGI); ``closing`` ends the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from sim.tokenizer import tokenize
+
+_dumps = orjson.dumps
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+class OpenAIWire:
+    """vLLM's /v1/completions and /v1/chat/completions streams."""
+
+    __slots__ = ("rid", "chat", "model", "created", "prompt_tokens", "cached", "include_usage", "continuous",
+                 "details", "_opened")
+
+    def __init__(self, rid: str, chat: bool, model: str, prompt_tokens: int, include_usage: bool, continuous: bool,
+                 cached_details: bool = False) -> None:
+        self.rid, self.chat, self.model = rid, chat, model
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens
+        self.cached = 0
+        self.include_usage = include_usage
+        self.continuous = include_usage and continuous
+        self.details = cached_details
+        self._opened = False
+
+    def usage(self, done: int) -> dict[str, Any]:
+        u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + done,
+                             "completion_tokens": done}
+        if self.details:
+            u["prompt_tokens_details"] = {"cached_tokens": self.cached}
+        return u
+
+    def _base(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices}
+
+    def tokens(self, text: str, done: int, finish: str | None) -> bytes:
+        out = b""
+        if self.chat and not self._opened:
+            self._opened = True
+            first = self._base([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}])
+            if self.continuous:
+                first["usage"] = self.usage(0)
+            out = sse(first)
+        if self.chat:
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        chunk = self._base([choice])
+        if self.continuous:
+            chunk["usage"] = self.usage(done)
+        return out + sse(chunk)
+
+    def malformed(self, text: str) -> bytes:
+        return b'data: {"id":"' + self.rid.encode() + b'","object":"text_completion","choices":[{"index":0,"text":' + \
+            _dumps(text)[:-1] + b"\n\n"
+
+    def closing(self, done: int, no_done: bool) -> bytes:
+        out = sse(self._base([]) | {"usage": self.usage(done)}) if self.include_usage else b""
+        return out if no_done else out + b"data: [DONE]\n\n"
+
+    def error(self, message: str, etype: str = "InternalServerError", code: int = 500) -> bytes:
+        return sse({"error": {"object": "error", "message": message, "type": etype, "param": None, "code": code}}) + \
+            b"data: [DONE]\n\n"
+
+    def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        )
+        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": self.usage(done)}
+
+
+class SGLangWire:
+    """SGLang's native /generate stream: cumulative text, cumulative meta_info."""
+
+    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns")
+
+    def __init__(self, rid: str, prompt_tokens: int, arrival_ns: int) -> None:
+        self.rid = rid
+        self.prompt_tokens = prompt_tokens
+        self.cached = 0
+        self.text = ""
+        self.arrival_ns = arrival_ns
+
+    def _meta(self, done: int, finish: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": None if finish is None else {"type": finish, "length": done} if finish == "length"
+            else {"type": finish},
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": done,
+            "cached_tokens": self.cached,
+        }
+        if finish is not None:
+            meta["e2e_latency"] = (time.perf_counter_ns() - self.arrival_ns) / 1e9
+        return meta
+
+    def event(self, done: int, finish: str | None) -> dict[str, Any]:
+        return {"text": self.text, "output_ids": [], "meta_info": self._meta(done, finish)}
+
+    def tokens(self, text: str, done: int, finish: str | None) -> bytes:
+        self.text += text
+        return sse(self.event(done, finish))
+
+    def malformed(self, text: str) -> bytes:
+        return b'data: {"text": ' + _dumps(self.text + text) + b', "meta_info": {"id": "' + self.rid.encode() + b"\n\n"
+
+    def closing(self, done: int, no_done: bool) -> bytes:
+        return b"" if no_done else b"data: [DONE]\n\n"
+
+    def error(self, message: str, etype: str = "InternalServerError", code: int = 500) -> bytes:
+        return sse({"error": {"message": message, "type": etype, "code": code}}) + b"data: [DONE]\n\n"
+
+    def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
+        self.text = text
+        return self.event(done, finish)
+
+
+class TGIWire:
+    """TGI's /generate_stream: one token per event, ``data:`` without a space, no [DONE]."""
+
+    __slots__ = ("prompt_tokens", "details", "text", "index", "max_new_tokens", "seed")
+
+    def __init__(self, prompt_tokens: int, details: bool, seed: int | None) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.details = details
+        self.text = ""
+        self.index = 0
+        self.seed = seed
+
+    @staticmethod
+    def frame(obj: Any) -> bytes:
+        return b"data:" + _dumps(obj) + b"\n\n"
+
+    def _event(self, piece: str, last: bool, finish: str | None, done: int) -> bytes:
+        self.index += 1
+        self.text += piece
+        tok_id = tokenize(piece)[0] if piece.strip() else 0
+        ev: dict[str, Any] = {
+            "index": self.index,
+            "token": {"id": tok_id, "text": piece, "logprob": -0.25, "special": False},
+            "generated_text": self.text if last else None,
+            "details": None,
+        }
+        if last and self.details:
+            ev["details"] = {"finish_reason": finish or "length", "generated_tokens": done, "seed": self.seed,
+                             "input_length": self.prompt_tokens}
+        return self.frame(ev)
+
+    def token_list(self, pieces: list[str], done: int, finish: str | None, suppress_final: bool = False) -> bytes:
+        out = b""
+        n = len(pieces)
+        for j, piece in enumerate(pieces):
+            last = finish is not None and j == n - 1 and not suppress_final
+            out += self._event(piece, last, finish, done - n + j + 1)
+        return out
+
+    def malformed(self, text: str) -> bytes:
+        return b'data:{"index":' + str(self.index + 1).encode() + b',"token":{"id":' + b"\n\n"
+
+    def closing(self, done: int, no_done: bool) -> bytes:
+        return b""
+
+    def error(self, message: str, etype: str = "generation", code: int = 500) -> bytes:
+        return self.frame({"error": message, "error_type": etype})
+
+    def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"generated_text": text}
+        if self.details:
+            out["details"] = {"finish_reason": finish, "generated_tokens": done, "seed": self.seed, "prefill": [],
+                              "tokens": []}
+        return out
