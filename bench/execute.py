@@ -54,6 +54,10 @@ class RunConfig:
     transport: str = "auto"
     clock: str = "user"
     workers: int = 1
+    #: Engine /metrics scraping (issue 4): seconds between scrapes, None to not scrape.
+    scrape_interval_s: float | None = 1.0
+    #: A launched engine's version, argv, GPUs (``EngineHandle.describe()``), into config_json.
+    engine_info: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ async def execute_run(
         "bench_version": __version__,
         "status": "running",
         "command": " ".join(cfg.command),
-        "config_json": cfg.config,
+        "config_json": {**cfg.config, "engine_launch": cfg.engine_info} if cfg.engine_info else cfg.config,
         "engine": cfg.engine,
         "model": cfg.model,
         "adapter_json": {**adapter.describe(), **transport.describe(), "url": cfg.url},
@@ -142,9 +146,17 @@ async def execute_run(
                 installed.append(sig)
             except (NotImplementedError, RuntimeError):
                 pass
+    scraper = None
+    if cfg.scrape_interval_s:
+        from loadgen.scrape import MetricsScraper
+
+        scraper = MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s)
+        await asyncio.to_thread(scraper.start)
     try:
         stats = await runner.run()
     finally:
+        if scraper is not None:
+            await asyncio.to_thread(scraper.stop)
         for sig in installed:
             loop.remove_signal_handler(sig)
         if own_transport:
@@ -165,6 +177,7 @@ async def execute_run(
             "max_in_flight": stats.max_in_flight,
             "t0_ns": stats.t0_ns,
             "end_ns": stats.end_ns,
+            **({"server_metrics": scraper.describe()} if scraper is not None else {}),
         },
     )
     write_run_meta(run_dir, meta)
