@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from tests.conftest import shared_path
 from workloads.builder import plan_workload
 from workloads.definition import FITTED, builtins, fitted_document
 from workloads.distributions import ConditionalPair, Empirical, Fixed, LogNormal, Normal, Uniform
@@ -14,7 +13,6 @@ from workloads.errors import WorkloadError
 from workloads.fit import BUILTIN_SOURCES
 from workloads.readers import read_trace
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 N = 100_000
 QS = (5, 50, 95)
 
@@ -41,10 +39,7 @@ def test_builtin_matches_shipped_figures(name: str) -> None:
 @pytest.mark.parametrize("name", FITTED)
 def test_builtin_matches_raw_trace(name: str) -> None:
     """Same check against percentiles computed now from the raw trace in ../shared/traces."""
-    rel = BUILTIN_SOURCES[name][0]
-    path = TRACES / rel
-    if not path.is_file():
-        pytest.skip(f"trace {path} not present (the shared traces folder is absent)")
+    path = shared_path("traces", BUILTIN_SOURCES[name][0])
     table = read_trace(path)
     inputs, outputs = _sample(name)
     for side, x, ref in (("input", inputs, table.input_tokens), ("output", outputs, table.output_tokens)):

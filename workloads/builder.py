@@ -183,7 +183,11 @@ def plan_workload(
                 if session[j] >= 0:
                     first.setdefault(session[j], group[j])
                     group[j] = first[session[j]]
-        inputs = np.where((group >= 0) & (turn == 0), np.maximum(inputs, pc.tokens + 1), inputs)
+        with_prefix = (group >= 0) & (turn == 0)
+        if pc.included:
+            inputs = np.where(with_prefix, np.maximum(inputs, pc.tokens + 1), inputs)
+        else:
+            inputs = np.where(with_prefix, inputs + pc.tokens, inputs)
 
     # -- arrivals (only first turns of sessions get a send offset)
     offsets: np.ndarray | None = None
@@ -263,7 +267,12 @@ def _describe(wd: WorkloadDef, table: TraceTable | None) -> dict[str, object]:
     if table is not None:
         d["trace"] = {"path": table.path, "format": table.format, "rows": len(table), "dropped": table.dropped}
     if wd.prefix is not None:
-        d["prefix"] = {"groups": wd.prefix.groups, "tokens": wd.prefix.tokens, "fractions": list(wd.prefix.shares())}
+        d["prefix"] = {
+            "groups": wd.prefix.groups,
+            "tokens": wd.prefix.tokens,
+            "fractions": list(wd.prefix.shares()),
+            "included": wd.prefix.included,
+        }
     if wd.sessions is not None:
         s = wd.sessions
         d["sessions"] = {"turns_min": s.turns_min, "turns_max": s.turns_max, "think_time_s": s.think_time_s, "think": s.think}

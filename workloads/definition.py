@@ -125,11 +125,18 @@ class LengthsConfig:
 
 @dataclass(frozen=True)
 class PrefixConfig:
-    """``groups`` prefixes of ``tokens`` tokens; group g is used by ``fractions[g]`` of requests."""
+    """``groups`` prefixes of ``tokens`` tokens; group g is used by ``fractions[g]`` of requests.
+
+    By default the prefix comes in front of the sampled input (a system prompt before
+    the user's message: input = tokens + sampled). With ``included = true`` the prefix
+    is the first ``tokens`` of the sampled input (inputs shorter are raised to
+    tokens + 1), as in traces whose lengths already count the shared part.
+    """
 
     groups: int = 1
     tokens: int = 512
     fractions: tuple[float, ...] = ()
+    included: bool = False
 
     def validate(self, where: str = "prefix") -> None:
         if self.groups < 1 or self.tokens < 1:
@@ -253,7 +260,7 @@ def _builtin_defs() -> dict[str, WorkloadDef]:
             description=str(doc["description"]),
             lengths=fitted_pair(name),
             # Every Mooncake conversation request starts with the same 512-token block.
-            prefix=PrefixConfig(groups=1, tokens=512, fractions=(1.0,)) if name == "long-context" else None,
+            prefix=PrefixConfig(groups=1, tokens=512, fractions=(1.0,), included=True) if name == "long-context" else None,
             source={"source": doc["source"], "licence": doc["licence"]},
         )
     defs["fixed"] = WorkloadDef(

@@ -1,0 +1,164 @@
+"""``bench workload``: list the built-in workloads, show a workload's statistics and histogram."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import click
+
+from bench.errors import BenchError
+
+
+@click.group("workload")
+def command() -> None:
+    """Inspect workloads: built-in names, TOML workload files, trace files (CSV/JSONL)."""
+
+
+@command.command("list")
+def list_cmd() -> None:
+    """The built-in workloads and what they are."""
+    from workloads.definition import builtins
+
+    for name, wd in builtins().items():
+        src = wd.source.get("licence")
+        click.echo(f"{name:22s} {wd.description}" + (f" [{src}]" if src else ""))
+
+
+@command.command("show")
+@click.argument("ref")
+@click.option("--requests", "n_requests", type=int, default=1000, show_default=True, help="Requests to plan.")
+@click.option("--rate", type=float, help="Open loop: mean requests/s (default: the workload's own, else 1).")
+@click.option("--arrival", help="Arrival process (poisson, gamma:cv=2, constant, onoff:..., ramp:..., steps:..., trace).")
+@click.option("--concurrency", type=int, help="Closed loop instead (no arrival times).")
+@click.option("--warmup", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--time-scale", type=float, default=1.0, show_default=True, help="Trace replay: multiply timestamps.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), help="Histogram file (default: <name>-workload.html).")
+@click.option("--no-html", is_flag=True, help="Do not write the histogram.")
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+def show_cmd(
+    ref: str,
+    n_requests: int,
+    rate: float | None,
+    arrival: str | None,
+    concurrency: int | None,
+    warmup: int,
+    seed: int,
+    time_scale: float,
+    html_path: Path | None,
+    no_html: bool,
+    as_json: bool,
+) -> None:
+    """Print summary statistics of workload REF and write a plotly histogram of its lengths and arrivals.
+
+    \b
+    Examples:
+      bench workload show chat --rate 5
+      bench workload show ../traces/conversation_trace.jsonl --requests 2000
+      bench workload show my-workload.toml --json
+    """
+    from workloads.builder import plan_workload
+    from workloads.catalog import resolve
+    from workloads.errors import WorkloadError
+    from workloads.stats import plan_summary
+
+    try:
+        wd = resolve(ref, time_scale=time_scale)
+        if rate is None and concurrency is None and wd.rate is None and wd.concurrency is None and wd.trace is None:
+            if arrival is None or not arrival.startswith(("ramp", "steps")):
+                rate = 1.0
+        plan = plan_workload(
+            wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
+        )
+    except WorkloadError as exc:
+        raise BenchError(str(exc)) from None
+    summary = plan_summary(plan)
+    summary["description"] = wd.description
+    summary["source"] = wd.source
+    out_html = None
+    if not no_html:
+        out_html = html_path or Path(f"{_slug(plan.name)}-workload.html")
+        write_histogram(plan, out_html)
+        summary["html"] = str(out_html)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    click.echo(format_summary(summary))
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name) or "workload"
+
+
+def format_summary(s: dict[str, object]) -> str:
+    lines = [f"workload {s['name']}" + (f" - {s['description']}" if s.get("description") else "")]
+    src = s.get("source") or {}
+    if isinstance(src, dict) and src:
+        main = src.get("source") or src.get("file") or src.get("short")
+        lines.append(f"source: {main}" + (f" (licence {src['licence']})" if src.get("licence") else ""))
+    load = f"closed loop, concurrency {s['concurrency']}" if s["mode"] == "closed" else f"open loop, arrival {s['arrival']}"
+    if s.get("rate"):
+        load += f", rate {s['rate']:g} req/s"
+    lines.append(f"requests {s['requests']} (+{s['warmup']} warm-up), seed {s['seed']}, {load}")
+    cols = ("mean", "p5", "p25", "p50", "p75", "p95", "p99", "max")
+    lines.append(f"{'':15s}" + "".join(f"{c:>9s}" for c in cols))
+    for key, label in (("input_tokens", "input tokens"), ("output_tokens", "output tokens")):
+        row = s[key]
+        assert isinstance(row, dict)
+        lines.append(f"{label:15s}" + "".join(f"{row.get(c, float('nan')):9.0f}" for c in cols))
+    arr = s.get("arrivals")
+    if isinstance(arr, dict) and arr.get("count", 0) >= 2:
+        what = "session starts" if s.get("sessions") else "send times"
+        lines.append(
+            f"arrivals: {arr['count']} {what} over {arr['span_s']:.1f} s, mean rate {arr['mean_rate']:.3f} req/s, "
+            f"inter-arrival CV {arr['gap_cv']:.2f}, longest gap {arr['max_gap_s']:.2f} s"
+        )
+    pg = s.get("prefix_groups")
+    if isinstance(pg, dict):
+        shares = ", ".join(f"{k} {v:.1%}" for k, v in pg["shares"].items())
+        lines.append(f"shared prefixes of {pg['tokens']} tokens: {shares}; none {pg['none']:.1%}")
+    ss = s.get("sessions")
+    if isinstance(ss, dict):
+        lines.append(
+            f"sessions: {ss['count']}, {ss['turns_mean']:.2f} turns on average, mean think time {ss['think_s_mean']:.2f} s"
+        )
+    tr = s.get("trace")
+    if isinstance(tr, dict):
+        t = f"trace: {tr['path']} ({tr['format']}, {tr['rows']} rows"
+        t += f", {tr['dropped']} failed rows dropped)" if tr.get("dropped") else ")"
+        if "prefix_reuse_tokens" in tr:
+            t += f"; reusable prefix {float(tr['prefix_reuse_tokens']):.1%} of input tokens (infinite cache)"
+        lines.append(t)
+    if s.get("html"):
+        lines.append(f"histogram: {s['html']}")
+    return "\n".join(lines)
+
+
+def write_histogram(plan: object, path: Path) -> None:
+    """Input and output length histograms and arrivals per second, one self-contained HTML file."""
+    import numpy as np
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from workloads.builder import Plan
+
+    assert isinstance(plan, Plan)
+    fig = make_subplots(
+        rows=3, cols=1, subplot_titles=("input tokens", "output tokens", "arrivals per second"), vertical_spacing=0.09
+    )
+    fig.add_trace(go.Histogram(x=plan.input_tokens, nbinsx=80, name="input tokens"), row=1, col=1)
+    fig.add_trace(go.Histogram(x=plan.output_tokens, nbinsx=80, name="output tokens"), row=2, col=1)
+    if plan.offsets_s is not None:
+        t = plan.offsets_s[~np.isnan(plan.offsets_s)]
+        fig.add_trace(go.Histogram(x=t, xbins={"size": 1.0}, name="requests per 1 s"), row=3, col=1)
+        fig.update_xaxes(title_text="seconds from start", row=3, col=1)
+    else:
+        fig.add_annotation(text="closed loop: no send times", row=3, col=1, showarrow=False)
+    fig.update_xaxes(title_text="tokens", row=1, col=1)
+    fig.update_xaxes(title_text="tokens", row=2, col=1)
+    title = f"workload {plan.name}: {len(plan)} requests, seed {plan.seed}"
+    fig.update_layout(title_text=html.escape(title), showlegend=False, height=900, bargap=0.02)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_html(str(path), include_plotlyjs=True, full_html=True)
