@@ -72,6 +72,15 @@ def parse_slo(text: str | None) -> SLO:
               show_default=True, help="HTTP client: bench's own lean one (raw; http only), aiohttp, or auto.")
 @click.option("--clock", type=click.Choice(["user", "kernel"]), default="user", show_default=True,
               help="Chunk timestamps: user space at read, or the kernel's receive time (raw transport, Linux).")
+@click.option("--launch", is_flag=True,
+              help="Start --engine (sim|vllm|sglang|tgi) with --model through bench's launcher; stop it after the run.")
+@click.option("--parallel", "parallel_text", default="",
+              help="With --launch: parallel configuration, e.g. tp=2,dp=2 or tp=4,disagg=1:1.")
+@click.option("--engine-arg", "engine_args", multiple=True, help="With --launch: one extra engine argument (repeatable).")
+@click.option("--gpu", help="With --launch: GPU preset of the simulated engine (h100, ...); informational otherwise.")
+@click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="With --launch: seconds to wait for readiness.")
+@click.option("--scrape-interval", type=float, default=1.0, show_default=True, help="Seconds between /metrics scrapes.")
+@click.option("--no-scrape", is_flag=True, help="Do not scrape the engine's /metrics.")
 def command(
     url: str | None,
     engine: str,
@@ -102,6 +111,13 @@ def command(
     workers: int,
     transport_kind: str,
     clock: str,
+    launch: bool,
+    parallel_text: str,
+    engine_args: tuple[str, ...],
+    gpu: str | None,
+    ready_timeout: float,
+    scrape_interval: float,
+    no_scrape: bool,
 ) -> None:
     """Measure one workload and print its metric table.
 
@@ -128,21 +144,30 @@ def command(
         )
     except (WorkloadError, ValueError) as exc:
         raise BenchError(str(exc)) from None
+    if launch and url:
+        raise BenchError("--launch starts the engine itself: drop --url")
+    if scrape_interval <= 0:
+        raise BenchError("--scrape-interval must be positive")
     api_key = load_api_key(api_key_env, api_key_file)
     adapter_name = "vllm" if engine in ("sim", "vllm", "openai") else engine
     try:
-        adapter = get_adapter(adapter_name, model=model, api=api, api_key=api_key) if adapter_name in (
-            "vllm",
-            "openai",
-        ) else get_adapter(adapter_name, model=model, api_key=api_key)
+        adapter = get_adapter(adapter_name, model=model, api=api, api_key=api_key)
     except (ValueError, TypeError) as exc:
         raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
     run_dir = prepare_run_dir(out, overwrite)
     command_line = ("bench", *sys.argv[1:])
+    engine_info = None
     with contextlib.ExitStack() as stack:
         if url:
             target = url
             engine_label = engine
+        elif launch:
+            from adapters.launch.cli import launch_engine
+
+            handle = stack.enter_context(
+                launch_engine(engine, model, parallel_text, engine_args, gpu, ready_timeout, run_dir / "engine.log")
+            )
+            target, engine_label, engine_info = handle.url, engine, handle.describe()
         else:
             target = stack.enter_context(
                 embedded_engine(
@@ -163,12 +188,14 @@ def command(
             transport=transport_kind,
             clock=clock,
             workers=workers,
+            scrape_interval_s=None if no_scrape else scrape_interval,
+            engine_info=engine_info,
             config={
                 "engine": engine_label,
                 "api": api,
                 "slo": slo.as_dict(),
                 "percentiles": list(percentiles),
-                "sim": None if url else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms},
+                "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms},
             },
         )
         result = run_async(lambda: execute_run(cfg, adapter))
