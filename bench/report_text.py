@@ -37,8 +37,31 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
         # run-level warnings recorded by the writer (e.g. a distributed worker lost mid-run)
         "warnings": list((run.meta.get("notes") or {}).get("warnings") or []),
     }
+    from analysis.server_metrics import server_summary
+
+    server = server_summary(run.path, run.requests)
+    if server is not None:
+        s["server"] = server
     title = f"run {run.run_id} ({run.meta.get('status')}) engine={run.meta.get('engine')} model={run.meta.get('model')}"
     return s, title
+
+
+def _server_lines(server: dict[str, Any]) -> list[str]:
+    """The engine's own view: the TTFT cross-check and its queue/KV gauges."""
+    lines = []
+    c = server.get("ttft_check")
+    if c:
+        lo, hi = c["server_p50_bucket_ms"]
+        lines.append(
+            f"TTFT cross-check (same window): client p50 {c['client_p50_ms']:.2f} ms, mean {c['client_mean_ms']:.2f} ms "
+            f"(n={c['client_count']}) | server histogram p50 {c['server_p50_ms']:.2f} ms (bucket {lo:g}-{hi:g} ms), "
+            f"mean {c['server_mean_ms']:.2f} ms (n={c['server_count']:.0f}); p50 diff {100 * c['p50_rel_diff']:+.1f}%, "
+            f"mean diff {100 * c['mean_rel_diff']:+.1f}%"
+        )
+    gauges = [f"{k[:-4]} max {server[k]:.3g}" for k in ("waiting_max", "running_max", "kv_cache_usage_max") if k in server]
+    if gauges:
+        lines.append(f"server metrics ({server.get('scrapes', 0)} scrapes): " + ", ".join(gauges))
+    return lines
 
 
 def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_json: bool) -> None:
@@ -47,6 +70,8 @@ def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_js
         click.echo(json.dumps(_clean(s), indent=2, default=str))
     else:
         click.echo(format_summary(s, title))
+        for line in _server_lines(s.get("server") or {}):
+            click.echo(line)
         for warning in s["run"]["warnings"]:
             click.echo(f"WARNING: {warning}")
         click.echo(f"results: {run_dir}")
