@@ -79,8 +79,12 @@ def build_adapter(client: ClientSettings) -> Adapter:
 
 
 def _emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        # the locust worker is gone; the part files in the spool folder remain
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _stats_dict(stats: RunStats, shift_ns: int) -> dict[str, Any]:
@@ -111,7 +115,19 @@ def _stdin_commands(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[dict[s
         pass
 
 
+def _prime_arrow() -> None:
+    """Pay pyarrow's first-table cost now (it imports pandas, ~0.5 s of CPU holding the
+    GIL), not in the first flush mid-run where it would stall the event loop."""
+    import pyarrow as pa
+
+    from results.schema import MONITOR_SCHEMA, REQUESTS_SCHEMA
+
+    for schema in (REQUESTS_SCHEMA, MONITOR_SCHEMA):
+        pa.Table.from_pydict({n: [] for n in schema.names}, schema=schema)
+
+
 async def run_job(job: dict[str, Any], spool: Path) -> dict[str, Any]:
+    _prime_arrow()
     client = ClientSettings.from_wire(job["client"])
     schedule = schedule_from_wire(job["schedule"])
     worker_id = int(job["worker_id"])
