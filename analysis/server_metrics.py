@@ -153,6 +153,15 @@ def ttft_cross_check(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None
         if out["server_mean_ms"] and not math.isnan(out["server_mean_ms"])
         else math.nan
     )
+    # Like with like: the client's TTFTs put into the server's buckets and interpolated the same
+    # way, so the buckets' coarseness cancels out of the comparison.
+    if client_ms.size:
+        idx = np.searchsorted(hist.bounds, client_ms / 1000, side="left")
+        binned = np.cumsum(np.bincount(np.minimum(idx, len(hist.bounds) - 1), minlength=len(hist.bounds)))
+        out["client_p50_bucketed_ms"] = bucket_quantile(hist.bounds, binned.astype(float), 0.5) * 1000
+        out["p50_rel_diff_bucketed"] = (
+            (out["client_p50_bucketed_ms"] - server_p50) / server_p50 if server_p50 and not math.isnan(server_p50) else math.nan
+        )
     out["client_p50_in_server_bucket"] = bool(lo * 1000 <= client_p50 <= hi * 1000) if not math.isnan(lo) else None
     return out
 

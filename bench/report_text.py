@@ -58,6 +58,11 @@ def _server_lines(server: dict[str, Any]) -> list[str]:
             f"mean {c['server_mean_ms']:.2f} ms (n={c['server_count']:.0f}); p50 diff {100 * c['p50_rel_diff']:+.1f}%, "
             f"mean diff {100 * c['mean_rel_diff']:+.1f}%"
         )
+        if "client_p50_bucketed_ms" in c:
+            lines.append(
+                f"  client p50 in the server's buckets {c['client_p50_bucketed_ms']:.2f} ms vs server "
+                f"{c['server_p50_ms']:.2f} ms: {100 * c['p50_rel_diff_bucketed']:+.1f}%"
+            )
     gauges = [f"{k[:-4]} max {server[k]:.3g}" for k in ("waiting_max", "running_max", "kv_cache_usage_max") if k in server]
     if gauges:
         lines.append(f"server metrics ({server.get('scrapes', 0)} scrapes): " + ", ".join(gauges))
