@@ -134,8 +134,10 @@ def _pooled(points: pd.DataFrame, attainment_pct: float) -> pd.DataFrame:
     if done.empty:
         return done
     done["_w"] = done["requests"].astype(float)
+    role = done["role"] if "role" in done else pd.Series("load", index=done.index)
+    done["_base"] = role.fillna("load").eq("baseline")
     out = []
-    for (kind, value), g in done.groupby(["load_kind", "load_value"], sort=True):
+    for (_, kind, value), g in done.groupby(["_base", "load_kind", "load_value"], sort=True):
         w = g["_w"].to_numpy()
         row = g.iloc[0].to_dict()
         for col in g.columns:
@@ -155,7 +157,9 @@ def _pooled(points: pd.DataFrame, attainment_pct: float) -> pd.DataFrame:
         row["runs"] = list(g["run_dir"].dropna())
         row["passed"] = passes(row.get("attainment", float("nan")), row["saturated"], attainment_pct)
         out.append(row)
-    return pd.DataFrame(out).sort_values("load_value", kind="stable").reset_index(drop=True)
+    df = pd.DataFrame(out)
+    # the one-at-a-time baseline first (the lightest load), then by load
+    return df.sort_values(["_base", "load_value"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
 def cell_capacity(points: pd.DataFrame, attainment_pct: float, precision: float | None) -> dict[str, Any]:
@@ -163,7 +167,7 @@ def cell_capacity(points: pd.DataFrame, attainment_pct: float, precision: float 
     pooled = _pooled(points, attainment_pct)
     if pooled.empty:
         return {"capacity_rps": None, "note": "no measured loads"}
-    rates = pooled[pooled["load_kind"] == "rate"]
+    rates = pooled[(pooled["load_kind"] == "rate") & ~pooled["_base"]]
     if len(rates):
         probes = [Probe(float(r.load_value), bool(r.passed), float(r.attainment), bool(r.saturated)) for r in rates.itertuples()]
         res = capacity_from_probes(probes, precision if precision else float("nan"))
@@ -176,7 +180,7 @@ def cell_capacity(points: pd.DataFrame, attainment_pct: float, precision: float 
             "converged": res.converged if precision else res.upper_rps is not None,
             "note": res.note,
         }
-    conc = pooled[pooled["load_kind"] == "concurrency"]
+    conc = pooled[(pooled["load_kind"] == "concurrency") & ~pooled["_base"]]
     good = conc[conc["passed"]]
     best = good.iloc[-1] if len(good) else None
     return {
@@ -224,7 +228,7 @@ def diagnose_cell(points: pd.DataFrame, slo: dict[str, float], attainment_pct: f
             code = "decode_unloaded" if tpot_slo and base_tpot > tpot_slo else "decode"
         elif ttft_miss > 0 or knee["saturated"]:
             base_ttft = _f(base.get("ttft_p90_ms"))
-            if ttft_slo and base_ttft > ttft_slo and base is knee:
+            if ttft_slo and base_ttft > ttft_slo and knee.name == base.name:
                 code = "prefill_unloaded"
             elif ttft_slo and _f(base.get("ttft_p50_ms")) > ttft_slo:
                 code = "prefill_unloaded"
@@ -273,7 +277,8 @@ def _evidence(base: pd.Series, point: pd.Series, queue: tuple[float, str] | None
 
 def _load_text(row: pd.Series) -> str:
     v = float(row["load_value"])
-    return f"{v:g} req/s" if row["load_kind"] == "rate" else f"concurrency {int(v)}"
+    text = f"{v:g} req/s" if row["load_kind"] == "rate" else f"concurrency {int(v)}"
+    return "one request at a time (baseline)" if bool(row.get("_base", False)) else text
 
 
 def _f(v: Any) -> float:
@@ -423,7 +428,7 @@ def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int |
         if not ok:
             return None, f"no configuration meets the SLOs at concurrency {target_c}"
         pick = min(ok, key=order)
-        return _rec(pick, _evidence_at(pick, float(target_c))), (
+        return _rec(pick, _evidence_at(pick, float(target_c), "concurrency")), (
             f"{pick['cell_id']} ({pick['gpus']} GPUs) is the smallest configuration meeting the SLOs at concurrency {target_c}"
         )
     with_cap = [c for c in configs if c.get("capacity_rps")]
@@ -438,7 +443,7 @@ def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int |
     with_c = [c for c in configs if c.get("max_concurrency")]
     if with_c:
         pick = max(with_c, key=lambda c: ((c.get("throughput_rps_at_max") or 0) / c["gpus"], -c["gpus"], -c["axes"]))
-        return _rec(pick, _evidence_at(pick, float(pick["max_concurrency"]))), (
+        return _rec(pick, _evidence_at(pick, float(pick["max_concurrency"]), "concurrency")), (
             f"{pick['cell_id']} has the highest SLO-meeting throughput per GPU (no --target-concurrency given)"
         )
     return None, "no configuration met the SLOs at any tested load"
@@ -454,9 +459,9 @@ def _rec(pick: dict[str, Any], evidence: dict[str, Any] | None) -> dict[str, Any
     }
 
 
-def _evidence_at(cfg: dict[str, Any], value: float) -> dict[str, Any] | None:
+def _evidence_at(cfg: dict[str, Any], value: float, kind: str = "rate") -> dict[str, Any] | None:
     """The passing load closest above ``value`` (else the highest passing one)."""
-    passing = [p for p in cfg["loads"] if p["passed"]]
+    passing = [p for p in cfg["loads"] if p["passed"] and not p["baseline"] and p["load_kind"] == kind]
     above = [p for p in passing if p["load_value"] >= value - 1e-9]
     if above:
         return min(above, key=lambda p: p["load_value"])
@@ -468,6 +473,7 @@ def _point_summary(r: pd.Series) -> dict[str, Any]:
         "load": _load_text(r),
         "load_kind": r["load_kind"],
         "load_value": float(r["load_value"]),
+        "baseline": bool(r.get("_base", False)),
         "passed": bool(r["passed"]),
         "attainment": _f(r.get("attainment")),
         "goodput_rps": _f(r.get("goodput_rps")),

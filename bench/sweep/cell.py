@@ -24,6 +24,9 @@ from bench.sweep.spec import SweepSpec, WorkloadSpec
 
 Echo = Callable[[str], None]
 
+#: Requests in the one-at-a-time baseline that opens a capacity search.
+BASELINE_REQUESTS = 6
+
 
 class SweepInterrupted(Exception):
     """Ctrl-C / SIGTERM during a load: the sweep stops; --resume reruns this cell."""
@@ -149,6 +152,7 @@ class CellRunner:
                 "workload": w.tag,
                 "repeat": load.repeat,
                 "probe": load.probe,
+                "role": load.role,
                 "saturated": False,
                 "prefix_cache": out.prefix_cache_reset,
             }
@@ -172,6 +176,7 @@ class CellRunner:
                 "load_value": float(load.value),
                 "repeat": load.repeat,
                 "probe": load.probe,
+                "role": load.role,
                 "status": "interrupted" if interrupted else "complete",
                 "saturated": sat.saturated,
                 "saturation_reason": str(sat) if sat.saturated else None,
@@ -179,8 +184,12 @@ class CellRunner:
                 "warmup_requests": warmup,
                 **metrics,
             }
-            if load.kind == "concurrency" and out.points:
-                prev = [p for p in out.points if p["workload"] == w.tag and p["load_kind"] == "concurrency"]
+            if load.kind == "concurrency" and load.role == "load" and out.points:
+                prev = [
+                    p
+                    for p in out.points
+                    if p["workload"] == w.tag and p["load_kind"] == "concurrency" and p.get("role") == "load"
+                ]
                 if prev:
                     plateau = closed_loop_plateau(
                         prev[-1]["throughput_rps"], int(prev[-1]["load_value"]), metrics["throughput_rps"], int(load.value)
@@ -200,11 +209,11 @@ class CellRunner:
                 return None
             return row, bool(row["saturated"])
 
-        def measure_pooled(kind: str, value: float, probe: bool) -> tuple[float, bool] | None:
+        def measure_pooled(kind: str, value: float, role: str, requests: int | None = None) -> tuple[float, bool] | None:
             atts: list[tuple[float, int]] = []
             saturated = False
-            for r in range(spec.repeats):
-                res = measure(Load(kind, value, w, r, probe))
+            for r in range(spec.repeats if role != "baseline" else 1):
+                res = measure(Load(kind, value, w, r, role, requests))
                 if res is None:
                     return None
                 row, sat = res
@@ -216,6 +225,23 @@ class CellRunner:
 
         loads = spec.loads
         if loads.capacity:
+            base = measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
+            if base is None:
+                return False
+            base_att, _ = base
+            if not passes(base_att, False, spec.attainment_pct):
+                out.capacity[w.tag] = {
+                    "method": "search",
+                    "capacity_rps": None,
+                    "upper_rps": None,
+                    "precision": loads.capacity_precision,
+                    "achieved_precision": None,
+                    "converged": True,
+                    "probes": 0,
+                    "note": f"fails the SLOs even one request at a time ({100 * base_att:.0f}% met)",
+                }
+                self.echo(f"{index} {cell_id}: capacity none: fails the SLOs even one request at a time")
+                return True
             hint = self.capacity_hint(cfg, w.tag) if self.capacity_hint else None
             search = CapacitySearch(
                 start=hint or loads.capacity_start,
@@ -225,7 +251,7 @@ class CellRunner:
                 min_rate=loads.capacity_min_rate,
             )
             while (rate := search.next_rate()) is not None:
-                res = measure_pooled("rate", rate, True)
+                res = measure_pooled("rate", rate, "probe")
                 if res is None:
                     return False
                 att, sat = res
@@ -250,7 +276,7 @@ class CellRunner:
         )
         probes: list[Probe] = []
         for i, (kind, value) in enumerate(values):
-            res = measure_pooled(kind, value, False)
+            res = measure_pooled(kind, value, "load")
             if res is None:
                 return False
             att, sat = res
@@ -270,6 +296,7 @@ class CellRunner:
                             "load_value": float(v2),
                             "repeat": 0,
                             "probe": False,
+                            "role": "load",
                             "status": "skipped",
                             "saturated": True,
                             "saturation_reason": f"skipped: saturated at {kind} {value:g}",

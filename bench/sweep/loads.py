@@ -27,11 +27,20 @@ class Load:
     value: float
     workload: WorkloadSpec
     repeat: int = 0
-    probe: bool = False  # part of a capacity search
+    #: "load" (a listed load), "probe" (capacity search) or "baseline" (one request at a time)
+    role: str = "load"
+    #: measured requests (None: the sweep's)
+    requests: int | None = None
+
+    @property
+    def probe(self) -> bool:
+        return self.role == "probe"
 
     def label(self, several_workloads: bool, repeats: int) -> str:
         v = f"{self.value:g}"
         core = f"rate-{v}" if self.kind == "rate" else f"conc-{int(self.value)}"
+        if self.role == "baseline":
+            core = "baseline-" + core
         if several_workloads:
             core = f"{self.workload.tag}-{core}"
         if repeats > 1:
@@ -41,7 +50,7 @@ class Load:
 
 def build_schedule(load: Load, spec: SweepSpec, warmup: int) -> Schedule:
     w = load.workload
-    n = spec.loads.requests
+    n = load.requests or spec.loads.requests
     rate = load.value if load.kind == "rate" else None
     conc = int(load.value) if load.kind == "concurrency" else None
     seed = w.seed + load.repeat

@@ -1,0 +1,207 @@
+"""Sweep orchestration on the fixed-timing embedded engine (fast): cells, skips, failures,
+the folder layout, resume after a kill, and the sweep definition (flags and TOML)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from analysis.recommend import load_points, recommend, sweep_dataset
+from bench.errors import BenchError
+from bench.sweep.orchestrate import run_sweep
+from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec, load_spec
+from bench.sweep.store import read_cells
+from results.reader import read_run_meta
+from tests.conftest import REPO
+from tests.sweep_fakes import FixedSimLauncher
+
+
+def _spec(**kw: object) -> SweepSpec:
+    base = dict(
+        model="m",
+        gpus=4,
+        matrix=MatrixSpec(tp=(2, 4), dp=(1, 2)),
+        loads=LoadSpec(rates=(10.0, 20.0), requests=12, warmup=2),
+        workloads=(WorkloadSpec(input_tokens=32, output_tokens=8),),
+        slo={"ttft_ms": 1000.0, "tpot_ms": 200.0},
+    )
+    base.update(kw)
+    return SweepSpec(**base)  # type: ignore[arg-type]
+
+
+def test_cells_run_skip_and_fail_with_the_engine_log(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    launcher = FixedSimLauncher(bad_cells=("tp4",))
+    lines: list[str] = []
+    res = run_sweep(_spec(), out, launcher=launcher, echo=lines.append, progress=False)
+    cells = {r["cell_id"]: r for r in read_cells(out)}
+    assert set(cells) == {"tp2", "tp4", "tp2-dp2", "tp4-dp2"}
+    assert cells["tp4-dp2"]["status"] == "skipped" and "needs 8 GPUs, 4 available" in cells["tp4-dp2"]["reason"]
+    assert cells["tp4"]["status"] == "failed"
+    assert "engine failed to start" in cells["tp4"]["reason"]
+    assert "No such option" in cells["tp4"]["log_tail"]  # the engine's own last lines
+    assert cells["tp2"]["status"] == "complete" and cells["tp2-dp2"]["status"] == "complete"
+    assert res.failed == ("tp4",) and res.skipped == ("tp4-dp2",)
+    assert cells["tp2"]["capacity_rps"] == 20.0 and cells["tp2"]["capacity_rps_per_gpu"] == 10.0
+    assert any("FAILED" in ln for ln in lines) and any("tp2 rate-10" in ln for ln in lines)
+
+    # each load is an ordinary run folder with the sweep's extra_json
+    meta = read_run_meta(out / "cell=tp2-dp2" / "load=rate-10")
+    extra = meta["extra"]
+    assert extra["sweep_id"] == json.loads((out / "sweep.json").read_text())["sweep_id"]
+    assert extra["cell"]["dp"] == 2 and extra["cell"]["tp"] == 2 and extra["cell"]["engine"] == "sim"
+    assert extra["load"] == {"kind": "rate", "value": 10.0, "label": "rate-10"}
+    assert extra["repeat"] == 0 and extra["saturated"] is False
+    # warm-up once per cell, recorded and excluded
+    first = pq.read_table(out / "cell=tp2" / "load=rate-10" / "requests").to_pandas()
+    second = pq.read_table(out / "cell=tp2" / "load=rate-20" / "requests").to_pandas()
+    assert (first["phase"] == "warmup").sum() == 2 and (second["phase"] == "warmup").sum() == 0
+    assert (out / "cell=tp2" / "engine.log").exists()
+
+    # one dataset partitioned by cell with the configuration as columns
+    table = sweep_dataset(out).to_table()
+    assert set(table.column("cell").to_pylist()) == {"tp2", "tp2-dp2"}
+    for col in ("tp", "dp", "gpus", "load_value", "attainment", "goodput_rps", "ttft_p90_ms"):
+        assert col in table.column_names
+    pts = load_points(out)
+    assert len(pts) == 4 and set(pts["gpus"]) == {2, 4}
+
+
+def test_recommendation_file_and_rescoring(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    run_sweep(_spec(matrix=MatrixSpec(tp=(1, 2))), out, launcher=FixedSimLauncher(), echo=lambda s: None, progress=False)
+    rec = recommend(out)
+    assert rec["recommendation"]["cell_id"] == "tp1"  # both meet the SLOs; tp1 uses fewer GPUs
+    assert rec["recommendation"]["evidence"]["attainment"] == 1.0
+    # re-judged from the request tables with an SLO no request can meet (fixed TTFT is 20 ms)
+    strict = recommend(out, slo={"ttft_ms": 5.0})
+    assert strict["recommendation"] is None
+    assert all(c["capacity_rps"] is None for c in strict["workloads"]["in32-out8"]["configurations"])
+
+
+def test_resume_after_a_kill_runs_only_the_missing_cells(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from bench.sweep.orchestrate import run_sweep
+        from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
+        from tests.sweep_fakes import FixedSimLauncher
+        spec = SweepSpec(model="m", matrix=MatrixSpec(tp=(1, 2, 4)),
+                         loads=LoadSpec(rates=(10.0, 20.0), requests=20, warmup=0),
+                         workloads=(WorkloadSpec(input_tokens=32, output_tokens=8),),
+                         slo={{"ttft_ms": 1000.0}})
+        run_sweep(spec, Path({str(out)!r}), launcher=FixedSimLauncher(), echo=print, progress=False)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            statuses = {r["cell_id"]: r["status"] for r in read_cells(out)} if (out / "cells.parquet").exists() else {}
+            if statuses.get("tp1") == "complete":
+                break
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            time.sleep(0.05)
+        else:
+            pytest.fail("the first cell did not finish in time")
+        os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    before = {r["cell_id"]: r["status"] for r in read_cells(out)}
+    assert before["tp1"] == "complete" and before.get("tp4") != "complete"
+    run_id_tp1 = read_run_meta(out / "cell=tp1" / "load=rate-10")["run_id"]
+
+    spec = SweepSpec(
+        model="m",
+        matrix=MatrixSpec(tp=(1, 2, 4)),
+        loads=LoadSpec(rates=(10.0, 20.0), requests=20, warmup=0),
+        workloads=(WorkloadSpec(input_tokens=32, output_tokens=8),),
+        slo={"ttft_ms": 1000.0},
+    )
+    launcher = FixedSimLauncher()
+    res = run_sweep(spec, out, resume=True, launcher=launcher, echo=lambda s: None, progress=False)
+    assert "tp1" not in launcher.started
+    assert set(launcher.started) == {c for c, s in before.items() if s != "complete"} | (
+        {"tp2", "tp4"} - set(before)
+    )
+    assert res.reused == ("tp1",)
+    after = {r["cell_id"]: r["status"] for r in read_cells(out)}
+    assert after == {"tp1": "complete", "tp2": "complete", "tp4": "complete"}
+    assert read_run_meta(out / "cell=tp1" / "load=rate-10")["run_id"] == run_id_tp1  # untouched
+    # a rerun without --resume refuses to mix sweeps; a changed definition refuses to resume
+    with pytest.raises(BenchError, match="--resume"):
+        run_sweep(spec, out, launcher=launcher, echo=lambda s: None)
+    changed = SweepSpec(**{**spec.__dict__, "slo": {"ttft_ms": 10.0}})
+    with pytest.raises(BenchError, match="slo"):
+        run_sweep(changed, out, resume=True, launcher=launcher, echo=lambda s: None)
+
+
+def test_sweep_toml_and_flag_validation(tmp_path: Path) -> None:
+    f = tmp_path / "sweep.toml"
+    f.write_text(
+        textwrap.dedent(
+            """
+            engine = "sim"
+            model = "llama-3.1-70b"
+            gpu = "h100"
+            gpus = 4
+            slo = { ttft_ms = 1000, tpot_ms = 60 }
+            target_rate = 2.0
+
+            [matrix]
+            tp = [2, 4]
+            dp = [1, 2]
+
+            [loads]
+            capacity = true
+            requests = 40
+
+            [[workloads]]
+            label = "long"
+            input_tokens = 6000
+            output_tokens = 32
+            """
+        )
+    )
+    spec = load_spec(f)
+    spec.validate()
+    assert spec.matrix.tp == (2, 4) and spec.loads.capacity and spec.workloads[0].tag == "long"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('model = "m"\n[loads]\nrates = [1]\nrequestz = 3\n')
+    with pytest.raises(SweepSpecError, match="loads.requestz"):
+        load_spec(bad)
+    with pytest.raises(SweepSpecError, match="mutually exclusive"):
+        _spec(loads=LoadSpec(rates=(1.0,), concurrency=(2,))).validate()
+    with pytest.raises(SweepSpecError, match="needs --slo"):
+        _spec(loads=LoadSpec(capacity=True), slo={}).validate()
+
+
+def test_cli_flags_override_the_file_and_bad_input_is_one_line(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text('model = "m"\n[matrix]\ntp = [1]\n[loads]\nrates = [1]\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "sweep", "--config", str(f), "--tp", "x", "--out", str(tmp_path / "o")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: --tp") and "Traceback" not in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "recommend", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and "not a sweep folder" in r.stderr
