@@ -20,7 +20,7 @@ import pytest
 from analysis.load import load_run
 from analysis.summary import summarize
 from bench.distributed.assemble import PartRejected, RunAssembly
-from bench.distributed.clock import ClockSample, estimate_offset
+from bench.distributed.clock import CLOCK_DOMAIN_ENV, ClockSample, estimate_offset
 from bench.distributed.loopback import run_loopback
 from bench.distributed.measure import ShiftedRequestsWriter
 from bench.distributed.wire import schedule_from_wire, schedule_to_wire
@@ -125,7 +125,9 @@ def _single_run(url: str, out: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_two_workers_match_a_single_process_run(engine_url: str, tmp_path: Path) -> None:
-    dist = run_loopback(engine_url, tmp_path / "dist", WORKLOAD, workers=2)
+    # the second worker process pretends to be another machine: its measured clock offset
+    # is applied to its rows (the cross-machine path), which must not change the result
+    dist = run_loopback(engine_url, tmp_path / "dist", WORKLOAD, workers=2, worker_env=[{}, {CLOCK_DOMAIN_ENV: "other"}])
     assert dist.returncode == 0, dist.master_stderr + "\n".join(dist.worker_stderr)
     _single_run(engine_url, tmp_path / "single")
 
@@ -139,6 +141,10 @@ def test_two_workers_match_a_single_process_run(engine_url: str, tmp_path: Path)
     workers = meta["extra"]["distributed"]["workers"]
     assert [w["status"] for w in workers] == ["done", "done"]
     assert all(w["clock_start"]["rtt_ns"] > 0 and w["drift_ns"] is not None for w in workers)
+    assert sorted(w["same_clock"] for w in workers) == [False, True]
+    other = next(w for w in workers if not w["same_clock"])
+    assert other["applied_offset_ns"] == other["clock_start"]["offset_ns"]
+    assert abs(other["applied_offset_ns"]) <= other["clock_start"]["error_bound_ns"] + 2_000_000
 
     d, s = summarize(d_run.requests), summarize(s_run.requests)
     assert d["requests"]["measured"] == s["requests"]["measured"] == REQUESTS

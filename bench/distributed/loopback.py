@@ -41,11 +41,13 @@ def run_loopback(
     kill_worker: int | None = None,
     kill_after_s: float = 1.0,
     master_args: Sequence[str] = (),
+    worker_env: Sequence[dict[str, str]] = (),
     timeout_s: float = 180.0,
 ) -> LoopbackResult:
     """Run ``bench locust master`` + ``workers`` x ``bench locust worker``; return when done.
 
-    ``kill_worker`` is an index into the started worker processes (not a worker_id).
+    ``kill_worker`` is an index into the started worker processes (not a worker_id);
+    ``worker_env[i]`` adds environment variables to worker process ``i``.
     """
     logs = logs or out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -74,6 +76,7 @@ def run_loopback(
                         stdout=subprocess.DEVNULL,
                         stderr=fe,
                         stdin=subprocess.DEVNULL,
+                        env={**os.environ, **(worker_env[i] if i < len(worker_env) else {})},
                     )
                 )
         deadline = time.monotonic() + timeout_s
