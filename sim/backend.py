@@ -7,10 +7,12 @@ their intended emission times). The real-time loop (``sim.loop``) sleeps until t
 event; tests drive the same objects in virtual time (``simulate``), so what the tests
 measure is what the server does.
 
-``FixedBackend`` (``--timing fixed``): one engine loop steps every ``itl`` on a global
-grid anchored at engine start; a request's first token is emitted at the first step
-boundary at or after ``arrival + ttft``; each later token at each following boundary. All
-streams due at a boundary are emitted together in one pass, like a real batch.
+``FixedBackend`` (``--timing fixed``): token ``i`` of a request is due at
+``arrival + ttft + i·itl`` (request deadlines, the default), or (``--fixed-grid``) one
+engine loop steps every ``itl`` on a global grid anchored at engine start, a request's
+first token is due at the first boundary at or after ``arrival + ttft`` and each later
+token at each following boundary. Either way one engine loop emits every token due at a
+wake-up in one pass, so concurrent streams leave together like a batch.
 
 ``ModelBackend`` (``--timing model``): DP replicas (or prefill/decode pools) of
 ``sim.scheduler.Instance`` behind a router, stepping by the cost model.
@@ -30,7 +32,8 @@ from sim.timing import FixedTiming
 
 
 class FixedBackend:
-    def __init__(self, timing: FixedTiming, origin_ns: int = 0) -> None:
+    def __init__(self, timing: FixedTiming, origin_ns: int = 0, grid: bool = False) -> None:
+        self.grid = grid
         self.ttft_ns = int(round(timing.ttft_s * 1e9))
         self.itl_ns = int(round(timing.itl_s * 1e9))
         self.per_chunk = timing.tokens_per_chunk
@@ -49,7 +52,10 @@ class FixedBackend:
         return self.origin + k * self.itl_ns
 
     def first_token_ns(self, arrival_ns: int) -> int:
-        """Intended time of a request's first token (documented truth for TTFT)."""
+        """Intended time of a request's first token: ``arrival + ttft`` (request
+        deadlines), or the first grid point at or after it (grid mode)."""
+        if not self.grid:
+            return arrival_ns + self.ttft_ns
         return self._ceil_grid(arrival_ns + self.ttft_ns)
 
     def submit(self, req: SimRequest) -> None:
@@ -61,13 +67,15 @@ class FixedBackend:
 
     @property
     def running(self) -> int:
-        return len(self.active)
+        return len(self.active) if self.grid else len(self.pending)
 
     @property
     def waiting(self) -> int:
-        return len(self.pending)
+        return len(self.pending) if self.grid else 0
 
     def next_event_ns(self) -> int | None:
+        if not self.grid:
+            return self.pending[0][0] if self.pending else None
         if self.active and self.next_grid is not None:
             if self.pending and self.pending[0][0] < self.next_grid:
                 return self.pending[0][0]
@@ -84,6 +92,9 @@ class FixedBackend:
             self._step(t)
 
     def _step(self, g: int) -> None:
+        if not self.grid:
+            self._request_pass(g)
+            return
         pending = self.pending
         while pending and pending[0][0] <= g:
             self.active.append(heapq.heappop(pending)[2])
@@ -115,6 +126,33 @@ class FixedBackend:
                 keep.append(req)
         self.active = keep
         self.next_grid = g + self.itl_ns if keep else None
+
+    def _request_pass(self, t: int) -> None:
+        """Request-deadline mode: emit every token due at ``t`` (one pass, arrival order)."""
+        pending = self.pending
+        per = self.per_chunk
+        self.steps += 1
+        while pending and pending[0][0] <= t:
+            due, seq, req = heapq.heappop(pending)
+            if req.aborted:
+                continue
+            if self.itl_ns <= 0:
+                self._emit_all(req, due)
+                continue
+            req.generated += 1
+            done = req.generated >= req.max_tokens
+            if per == 1:
+                req.sink.emit(req, 1, (due,), done)  # type: ignore[union-attr]
+            else:
+                held = self._held.setdefault(req, [])
+                held.append(due)
+                if len(held) >= per or done:
+                    del self._held[req]
+                    req.sink.emit(req, len(held), tuple(held), done)  # type: ignore[union-attr]
+            if done:
+                req.finished = True
+            else:
+                heapq.heappush(pending, (due + self.itl_ns, seq, req))
 
     def _emit_all(self, req: SimRequest, g: int) -> None:
         while req.generated < req.max_tokens and not req.aborted:

@@ -38,6 +38,8 @@ class EmissionLog:
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(self.path, SCHEMA)
         self._lock = threading.Lock()
         self.rows = 0
+        # the first list -> Arrow conversion loads lazy modules (~1 s): pay it at start, not mid-run
+        pa.Table.from_arrays([pa.array(["x"]), pa.array(array("q", [0]), pa.int64())], names=["a", "b"])
 
     def add(self, rid: str, first_index: int, intended: tuple[int, ...], actual_ns: int) -> None:
         n = len(intended)

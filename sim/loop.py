@@ -4,7 +4,10 @@ The loop sleeps until the backend's next event time (a simulated step boundary m
 1:1 to ``perf_counter_ns``), then lets the backend emit everything due in one pass. A
 late wake-up never shifts later deadlines: event times are computed from the previous
 step's intended end, not from when the loop woke. The event loop's timers have
-millisecond granularity, so the last ``spin_ns`` before a deadline are busy-waited.
+millisecond granularity (uvloop's can fire up to ~1 ms early): a wake-up before the
+deadline simply sleeps again for the remainder (sub-millisecond remainders become
+zero-delay timers, a cooperative spin that still serves sockets), and the last
+``spin_ns`` (default 0) may be busy-waited for the tightest timing.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class Backend(Protocol):
 
 
 class EngineLoop:
-    def __init__(self, backend: Backend, spin_ns: int = 400_000) -> None:
+    def __init__(self, backend: Backend, spin_ns: int = 0) -> None:
         self.backend = backend
         self.spin_ns = spin_ns
         self._wake: asyncio.Future[None] | None = None

@@ -49,6 +49,8 @@ class ServerConfig:
     faults: FaultSpec = field(default_factory=FaultSpec)
     emission_log: Path | None = None
     seed: int = 0
+    #: fixed timing on a global ITL grid (all streams step together) instead of per-request deadlines
+    fixed_grid: bool = False
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -230,7 +232,7 @@ class SimServer:
             self.max_model_len = min(config.max_model_len, self.backend.max_model_len)
             self.kv_tokens = self.backend.cost.kv_tokens()
         else:
-            self.backend = FixedBackend(config.timing, _now())
+            self.backend = FixedBackend(config.timing, _now(), grid=config.fixed_grid)
             self.max_model_len = config.max_model_len
             self.kv_tokens = 0
         self.engine = EngineLoop(self.backend)

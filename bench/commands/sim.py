@@ -30,6 +30,9 @@ def command() -> None:
 @click.option("--ttft-ms", default=50.0, show_default=True, type=float, help="Fixed timing: time to first token.")
 @click.option("--itl-ms", default=10.0, show_default=True, type=float, help="Fixed timing: inter-token latency (step).")
 @click.option("--tokens-per-chunk", default=1, show_default=True, type=int, help="Fixed timing: tokens per stream chunk.")
+@click.option("--fixed-grid", is_flag=True,
+              help="Fixed timing: step every stream on one global ITL grid (first token at the first step "
+                   "boundary at or after arrival+TTFT) instead of per-request deadlines.")
 @click.option("--model-preset", type=click.Choice(_PRESETS), default="llama-3.1-8b", show_default=True)
 @click.option("--gpu", type=click.Choice(_GPUS), default="h100", show_default=True)
 @click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default=None,
@@ -139,6 +142,7 @@ def build_config(kw: dict[str, Any]) -> Any:
     return ServerConfig(
         model=model, timing=timing, flavor=kw.get("flavor") or "vllm", model_timing=model_timing, faults=faults,
         emission_log=kw.get("emission_log"), seed=int(kw.get("seed", 0)),
+        fixed_grid=bool(kw.get("fixed_grid")),
     )
 
 
