@@ -35,6 +35,7 @@ from sim.wire import OpenAIWire, SGLangWire, TGIWire
 
 _now = time.perf_counter_ns
 VERSION = "0.1.0-bench-sim"
+ENGINE_KEY: web.AppKey["SimServer"] = web.AppKey("sim_engine")
 SPLIT_TOKEN = " caf\u00e9"  # one token whose UTF-8 bytes the split_utf8 fault cuts in half
 
 
@@ -634,7 +635,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
     """The simulated engine as an aiohttp app (raises ``OutOfMemory`` for impossible configurations)."""
     srv = SimServer(config)
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app["engine"] = srv
+    app[ENGINE_KEY] = srv
     app.on_startup.append(srv.on_startup)
     app.on_cleanup.append(srv.on_cleanup)
     r = app.router
