@@ -55,3 +55,5 @@ class GenericOpenAIAdapter(OpenAIAdapter):
 
 
 register("generic", "adapters.generic:GenericOpenAIAdapter")
+for _alias in ("llamacpp", "llama.cpp", "ollama", "trtllm", "tensorrt-llm"):
+    register(_alias, "adapters.generic:GenericOpenAIAdapter")
