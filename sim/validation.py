@@ -1,0 +1,66 @@
+"""Predicted vs published figures for the reference's validation rows (simulator-model.md §3.4/§4).
+
+Each row is run through the modelled engine in virtual time (the same scheduler and cost
+model the server uses). ``rows()`` returns (name, metric, published, predicted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.backend import Arrival, ModelBackend, simulate
+from sim.options import ModelTiming
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    metric: str
+    published: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.published - 1.0
+
+
+def _batch(timing: ModelTiming, n: int, prompt: int, output: int) -> float:
+    """e2e (ms) of a fixed batch of ``n`` requests submitted together (vLLM's latency benchmark)."""
+    outs = simulate(ModelBackend(timing), [Arrival(0.0, prompt, output) for _ in range(n)])
+    return max(o.e2e_s for o in outs) * 1e3
+
+
+def _single(timing: ModelTiming, prompt: int, output: int) -> tuple[float, float]:
+    """(TTFT ms, mean ITL ms) of one request alone."""
+    (o,) = simulate(ModelBackend(timing), [Arrival(0.0, prompt, output)])
+    return o.ttft_s * 1e3, o.tpot_s * 1e3
+
+
+def rows() -> list[Row]:
+    out: list[Row] = []
+    for gpu, e2e_8b, e2e_70b, src in (("h200", 833.4, 2077.5, "vLLM CI H200"), ("h100", 997.5, 2444.5, "vLLM CI H100")):
+        t8 = ModelTiming("llama-3.1-8b", gpu, "bf16", tp=1)
+        p = _batch(t8, 8, 32, 128)
+        out.append(Row(f"{src} Llama-3.1-8B TP1 bs8 32/128", "e2e ms", e2e_8b, p))
+        t70 = ModelTiming("llama-3.1-70b", gpu, "bf16", tp=4)
+        p = _batch(t70, 8, 32, 128)
+        out.append(Row(f"{src} Llama-3-70B TP4 bs8 32/128", "e2e ms", e2e_70b, p))
+    nim = ModelTiming("llama-3.1-70b", "h100", "fp8", tp=2)
+    ttft, itl = _single(nim, 5000, 500)
+    out.append(Row("NIM 2xH100 70B FP8 TP2 c1 5000/500", "TTFT ms", 406.8, ttft))
+    out.append(Row("NIM 2xH100 70B FP8 TP2 c1 5000/500", "ITL ms", 18.58, itl))
+    ttft, itl = _single(nim, 500, 2000)
+    out.append(Row("NIM 2xH100 70B FP8 TP2 c1 500/2000", "TTFT ms", 47.77, ttft))
+    out.append(Row("NIM 2xH100 70B FP8 TP2 c1 500/2000", "ITL ms", 18.91, itl))
+    return out
+
+
+def table() -> str:
+    lines = [f"{'row':<44} {'metric':<8} {'published':>10} {'predicted':>10} {'error':>7}"]
+    for r in rows():
+        lines.append(f"{r.name:<44} {r.metric:<8} {r.published:>10.1f} {r.predicted:>10.1f} {r.error:>+7.1%}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
