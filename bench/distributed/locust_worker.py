@@ -31,6 +31,9 @@ from bench.distributed.clock import boot_id
 from results.schema import MONITOR_DIR, REQUESTS_DIR
 
 STATUS_INTERVAL_S = 0.25
+#: Without a locust heartbeat from the master for this long, stop measuring: nobody
+#: would receive the rows (locust itself only gives up after 60 s).
+MASTER_SILENCE_S = 15.0
 
 
 class WorkerNode:
@@ -114,6 +117,11 @@ class WorkerNode:
             self._send("bench_status", {"worker_id": self.worker_id})
             if self.finish_event.wait(timeout=STATUS_INTERVAL_S):
                 self._to_child({"stop": True})
+            last = self.runner.last_heartbeat_timestamp
+            if last is not None and time.time() - last > MASTER_SILENCE_S:
+                self.echo(f"worker {self.worker_id}: no heartbeat from the master for {MASTER_SILENCE_S:g} s; stopping")
+                self._to_child({"stop": True})
+                self.finish_event.set()
         reader.join(timeout=5)
         self._stream_parts()
         code = self.proc.returncode
