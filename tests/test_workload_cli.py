@@ -60,3 +60,26 @@ def test_show_a_trace_and_list(tmp_path: Path) -> None:
     assert q.returncode != 0 and f"{bad}:2: field 'num_decode_tokens'" in q.stderr
     ls = _run("workload", "list")
     assert "long-context" in ls.stdout and "Apache-2.0" in ls.stdout
+
+
+def test_multi_turn_sessions_carry_history(tmp_path: Path) -> None:
+    out = tmp_path / "mt"
+    wl = tmp_path / "mt.toml"
+    wl.write_text(
+        '[lengths]\ninput = { kind = "uniform", low = 20, high = 60 }\noutput = { kind = "fixed", value = 8 }\n'
+        "[sessions]\nturns_min = 2\nturns_max = 3\nthink_time_s = 0.05\n"
+    )
+    p = _run(
+        "run", "--workload", str(wl), "--rate", "10", "--requests", "8", "--sim-itl-ms", "1", "--sim-ttft-ms", "5",
+        "--out", str(out), "--json", "--no-progress",
+    )
+    assert p.returncode == 0, p.stderr
+    rows = pq.read_table(out / "requests").to_pandas()
+    assert rows["ok"].all() and len(rows) == 8
+    later = rows[rows["turn"] > 0]
+    assert len(later) > 0
+    # later turns carry the real history: the engine sees more than the new message
+    assert (later["prompt_tokens"] > later["input_tokens_target"]).all()
+    first = rows[rows["turn"] == 0].set_index("session_id")
+    for _, r in later.iterrows():
+        assert r["send_ns"] >= first.loc[r["session_id"], "end_ns"]
