@@ -1,0 +1,225 @@
+"""The self-contained HTML report of runs or a sweep (``bench report``).
+
+One file, plotly.js inline, no network access needed to open it. Built from the Parquet
+results alone. Figures whose data is absent are left out with a note saying why.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from analysis.compare import config_key
+from analysis.load import load_runs
+from analysis.report import figures as F
+from analysis.report.data import RunView, build_run_view, read_sweep_tables
+from analysis.report.page import render_page
+from analysis.slo import SLO
+
+#: Runs that get their own detailed section; beyond this the page lists them in the table only.
+MAX_RUN_SECTIONS = 24
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    slo: SLO = SLO()
+    title: str | None = None
+    max_run_sections: int = MAX_RUN_SECTIONS
+    seed: int = 0
+
+
+@dataclass
+class ReportInfo:
+    path: Path
+    bytes: int
+    runs: int
+    figures: int
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Section:
+    title: str
+    html: str = ""  # pre-escaped HTML shown above the figures
+    figures: list[tuple[str, go.Figure]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def build_report(results: Path, out: Path, options: ReportOptions = ReportOptions()) -> ReportInfo:
+    results = Path(results)
+    runs = load_runs(results)
+    views = [build_run_view(r, config_key(r.meta), options.slo, options.seed) for r in runs]
+    views.sort(key=lambda v: (F._config_of(v), v.offered if v.offered is not None else math.inf, v.label))
+    is_sweep = results.is_dir() and ((results / "cells.parquet").exists() or (results / "sweep.json").exists())
+    sections: list[Section] = []
+    top_notes: list[str] = []
+
+    if is_sweep:
+        cells, rec, notes = read_sweep_tables(results)
+        top_notes += notes
+        sections.append(_sweep_section(cells, rec))
+    sections.append(_runs_table_section(views))
+
+    overview = Section("Across runs")
+    for name, fig in (
+        ("latency-throughput", F.latency_vs_throughput(views)),
+        ("goodput-load", F.goodput_vs_load(views)),
+        ("achieved-offered", F.achieved_vs_offered(views)),
+    ):
+        if fig is not None:
+            overview.figures.append((name, fig))
+    if not any(v.summary.get("slo") for v in views):
+        overview.notes.append("no SLO in the runs and none given (--slo): goodput and SLO attainment omitted")
+    if len(views) < 2:
+        overview.notes.append("one run: achieved vs offered load is shown over time in the run's section")
+    sections.append(overview)
+
+    for i, v in enumerate(views):
+        if i >= options.max_run_sections:
+            top_notes.append(
+                f"{len(views) - options.max_run_sections} more runs are summarised in the table only "
+                f"(detailed sections are limited to {options.max_run_sections})"
+            )
+            break
+        sections.append(_run_section(i, v))
+
+    title = options.title or f"bench report: {results.name or results}"
+    n_figs = sum(len(s.figures) for s in sections)
+    page = render_page(title, str(results), sections, top_notes, _dt.datetime.now(_dt.timezone.utc))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return ReportInfo(out, out.stat().st_size, len(views), n_figs, top_notes)
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return F.esc(v)
+
+
+def _table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
+    """Headers and cells must already be escaped."""
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
+    sec = Section("Sweep summary")
+    parts = []
+    if rec is not None:
+        message = rec.get("message") or ""
+        pick = rec.get("recommendation")
+        parts.append('<div class="recommendation"><h3>Recommendation</h3>')
+        if message:
+            parts.append(f"<p>{F.esc(message)}</p>")
+        if isinstance(pick, dict):
+            rows = [[F.esc(k), F.esc(json.dumps(v, default=str) if isinstance(v, (dict, list)) else v)] for k, v in pick.items()]
+            parts.append(_table(["field", "value"], rows, "kv"))
+        elif pick is None:
+            parts.append("<p>No configuration is recommended.</p>")
+        slo = rec.get("slo")
+        if slo:
+            parts.append(f"<p class='muted'>SLO: {F.esc(json.dumps(slo, default=str))}</p>")
+        parts.append("</div>")
+    else:
+        sec.notes.append("no recommendation.json: recommendation omitted")
+    if cells is not None and len(cells):
+        preferred = [
+            "cell_id", "status", "engine", "model", "gpu", "gpus", "tp", "pp", "dp", "ep", "dcp", "pcp", "disagg",
+            "capacity_rps", "capacity_rps_per_gpu", "limiting_factor", "reason",
+        ]  # fmt: skip
+        cols = [c for c in preferred if c in cells.columns]
+        rows = []
+        for _, r in cells.iterrows():
+            rows.append([_fmt(r[c]) for c in cols])
+        parts.append("<h3>Cells</h3>" + _table([F.esc(c) for c in cols], rows, "cells"))
+    else:
+        sec.notes.append("no cells.parquet: cell table omitted")
+    sec.html = "".join(parts)
+    return sec
+
+
+def _runs_table_section(views: list[RunView]) -> Section:
+    sec = Section("Runs")
+    headers = [
+        "run", "configuration", "status", "GPUs", "measured", "failed", "req/s", "output tok/s", "tok/s per GPU",
+        "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "ITL p99", "E2E p50", "goodput", "attainment", "fluidity",
+    ]  # fmt: skip
+    rows = []
+    for v in views:
+        s = v.summary
+        lat, thr, req = s["latency"], s["throughput"], s["requests"]
+        slo = s.get("slo")
+        rows.append(
+            [
+                f'<a href="#run-{F.esc(v.run_id)}">{F.esc(v.run_id)}</a>',
+                F.esc(v.key or "–"),
+                F.esc(v.meta.get("status", "?")),
+                str(v.gpus),
+                str(req["measured"]),
+                str(req["failed"]),
+                _fmt(thr["requests_per_s"]),
+                _fmt(thr["output_tokens_per_s"], 0),
+                _fmt(thr["output_tokens_per_s"] / max(v.gpus, 1), 0),
+                _fmt(lat["ttft_ms"]["p50"]),
+                _fmt(lat["ttft_ms"]["p95"]),
+                _fmt(lat["tpot_ms"]["p50"]),
+                _fmt(lat["tpot_ms"]["p95"]),
+                _fmt(lat["itl_ms"]["p99"]),
+                _fmt(lat["e2e_ms"]["p50"]),
+                _fmt(slo["goodput_rps"]) if slo else "–",
+                f"{100 * slo['attainment']:.1f}%" if slo else "–",
+                _fmt(v.smoothness.get("fluidity_mean"), 3),
+            ]
+        )
+    sec.html = "<p class='muted'>Latencies in ms. Goodput: requests meeting every SLO per second; fluidity: docs/metrics.md.</p>" + _table(
+        headers, rows, "runs"
+    )
+    return sec
+
+
+def _run_section(i: int, v: RunView) -> Section:
+    meta = v.meta
+    sec = Section(f"Run {v.label}")
+    info = [
+        ["run id", F.esc(v.run_id)],
+        ["folder", F.esc(v.path)],
+        ["engine", F.esc(meta.get("engine"))],
+        ["model", F.esc(meta.get("model"))],
+        ["status", F.esc(meta.get("status"))],
+        ["window", f"{v.summary['window_s']:.2f} s"],
+    ]
+    if v.key:
+        info.insert(1, ["configuration", F.esc(v.key)])
+    for k, val in v.smoothness.items():
+        info.append([F.esc(k), _fmt(val, 3)])
+    for w in v.summary.get("client", {}).get("warnings", []):
+        info.append(["warning", F.esc(w)])
+    sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv")
+    for name, fig in (
+        ("cdf", F.latency_cdfs(v)),
+        ("load-time", F.load_over_time(v)),
+        ("ttft-split", F.ttft_split(v)),
+        ("engine-state", F.engine_state(v)),
+        ("timeline", F.token_timeline(v)),
+    ):
+        if fig is not None:
+            sec.figures.append((f"run{i}-{name}", fig))
+    sec.notes += v.notes
+    if v.server and "ttft_split" not in v.server:
+        sec.notes.append("server metrics have no queue/prefill histograms: TTFT split omitted")
+    if v.server and "gauges" not in v.server:
+        sec.notes.append("server metrics have no queue/running/KV gauges: engine state omitted")
+    return sec

@@ -1,0 +1,166 @@
+"""The report opens in headless Chromium with no console errors and every figure drawn.
+
+Chromium is driven over the DevTools protocol (a small client on aiohttp websockets): console
+errors, uncaught exceptions and log errors are collected while the page loads, then the page
+is asked how many plotly figures exist and whether each drew its SVG and traces.
+Skips, saying why, where /usr/bin/chromium (Debian package `chromium`) is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from analysis.report import build_report
+from tests.test_report_fixtures import make_sweep, real_run
+
+CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
+
+_PROBE = """JSON.stringify({
+  expected: document.body.getAttribute('data-figures-expected'),
+  drawn: document.body.getAttribute('data-figures-drawn'),
+  xss: typeof window.__xss !== 'undefined',
+  plots: Array.from(document.querySelectorAll('div.fig')).map(function(d){ return {
+    id: d.id,
+    plotly: d.classList.contains('js-plotly-plot'),
+    svg: d.querySelectorAll('svg.main-svg').length,
+    traces: d.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length,
+    height: d.getBoundingClientRect().height
+  };})
+})"""
+
+
+def _need_chromium() -> None:
+    if not (Path(CHROMIUM).exists() and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip(f"{CHROMIUM} not installed (Debian: apt-get install -y chromium); the browser check needs it")
+
+
+async def _cdp_load(url: str, profile: Path, settle_s: float = 1.5, timeout_s: float = 60.0) -> tuple[list[str], dict[str, Any]]:
+    argv = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + timeout_s
+        while not port_file.exists() or not port_file.read_text().strip():
+            if proc.poll() is not None:
+                raise RuntimeError(f"chromium exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("chromium did not open its DevTools port")
+            await asyncio.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):
+                async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
+                    pages = [t for t in await r.json() if t.get("type") == "page"]
+                if pages:
+                    break
+                await asyncio.sleep(0.1)
+            ws_url = pages[0]["webSocketDebuggerUrl"]
+            async with http.ws_connect(ws_url, max_msg_size=0) as ws:
+                return await asyncio.wait_for(_drive(ws, url, settle_s), timeout_s)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+async def _drive(ws: aiohttp.ClientWebSocketResponse, url: str, settle_s: float) -> tuple[list[str], dict[str, Any]]:
+    errors: list[str] = []
+    next_id = 0
+    pending: dict[int, asyncio.Future[Any]] = {}
+    loaded = asyncio.Event()
+
+    async def reader() -> None:
+        async for msg in ws:
+            m = json.loads(msg.data)
+            if "id" in m and m["id"] in pending:
+                pending.pop(m["id"]).set_result(m)
+            method = m.get("method")
+            p = m.get("params", {})
+            if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                errors.append("console: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
+            elif method == "Runtime.exceptionThrown":
+                d = p.get("exceptionDetails", {})
+                errors.append("exception: " + str(d.get("exception", {}).get("description") or d.get("text")))
+            elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+                errors.append("log: " + str(p["entry"].get("text")))
+            elif method == "Page.loadEventFired":
+                loaded.set()
+
+    async def call(method: str, **params: Any) -> Any:
+        nonlocal next_id
+        next_id += 1
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        pending[next_id] = fut
+        await ws.send_str(json.dumps({"id": next_id, "method": method, "params": params}))
+        return await fut
+
+    task = asyncio.create_task(reader())
+    try:
+        for domain in ("Runtime", "Log", "Page"):
+            await call(f"{domain}.enable")
+        await call("Page.navigate", url=url)
+        await loaded.wait()
+        await asyncio.sleep(settle_s)
+        res = await call("Runtime.evaluate", expression=_PROBE, returnByValue=True)
+        probe = json.loads(res["result"]["result"]["value"])
+    finally:
+        task.cancel()
+    return errors, probe
+
+
+def _check_in_browser(html_path: Path, tmp_path: Path) -> dict[str, Any]:
+    _need_chromium()
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    errors, probe = asyncio.run(_cdp_load(html_path.resolve().as_uri(), profile))
+    assert errors == [], errors
+    assert not probe["xss"], "model text was executed as HTML"
+    n = int(probe["expected"])
+    assert n > 0 and int(probe["drawn"]) == n, probe
+    assert len(probe["plots"]) == n
+    for p in probe["plots"]:
+        assert p["plotly"] and p["svg"] >= 1 and p["traces"] >= 1 and p["height"] > 100, p
+    return probe
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("report_browser")
+    run = real_run(root / "run")
+    return make_sweep(run, root / "sweep")
+
+
+def test_sweep_report_draws_every_figure_without_console_errors(sweep_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    info = build_report(sweep_dir, out)
+    probe = _check_in_browser(out, tmp_path)
+    ids = " ".join(p["id"] for p in probe["plots"])
+    for kind in ("latency-throughput", "goodput-load", "achieved-offered", "cdf", "load-time", "ttft-split", "engine-state", "timeline"):
+        assert kind in ids, f"{kind} figure missing: {ids}"
+    assert info.figures == len(probe["plots"])
+
+
+def test_single_run_report_in_browser(sweep_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "one.html"
+    build_report(sweep_dir / "cell=tp1" / "load=rate-4", out)  # no server metrics in this one
+    probe = _check_in_browser(out, tmp_path)
+    ids = " ".join(p["id"] for p in probe["plots"])
+    assert "cdf" in ids and "timeline" in ids and "ttft-split" not in ids
+    assert "no server metrics" in out.read_text()

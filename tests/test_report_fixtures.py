@@ -1,0 +1,145 @@
+"""Result folders for the report tests: a real small run, a synthetic sweep around it, and a
+synthetic large run (no engine needed for the last two)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from results.reader import read_run_meta
+from results.schema import REQUESTS_SCHEMA, SERVER_METRICS_SCHEMA
+from results.writer import write_run_meta, write_table_atomic
+from tests.conftest import REPO, bench_argv
+
+NASTY_MODEL = '<img src=x onerror="window.__xss=1">&"model"</script>'
+
+
+def real_run(out: Path, requests: int = 60, concurrency: int = 8, output_tokens: int = 16, slo: str = "ttft_ms=80,tpot_ms=12") -> Path:
+    argv = bench_argv(
+        "run", "--requests", str(requests), "--concurrency", str(concurrency), "--input-tokens", "64",
+        "--output-tokens", str(output_tokens), "--model", NASTY_MODEL, "--slo", slo, "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def add_server_metrics(run_dir: Path) -> None:
+    """Synthetic scrapes: queue/running/KV gauges and queue/prefill histogram sums/counts."""
+    reqs = pq.read_table(next((run_dir / "requests").glob("*.parquet")), columns=["intended_send_ns", "end_ns"])
+    t0 = int(min(reqs["intended_send_ns"].to_pylist()))
+    t1 = int(max(v for v in reqs["end_ns"].to_pylist() if v is not None))
+    ts = np.linspace(t0, t1, 12).astype(np.int64)
+    rows: dict[str, list] = {n: [] for n in SERVER_METRICS_SCHEMA.names}
+
+    def add(t: int, metric: str, common: str, typ: str, value: float, delta: float | None = None) -> None:
+        for k, v in (("ts_ns", t), ("metric", metric), ("common", common), ("type", typ), ("labels", "{}"),
+                     ("le", None), ("value", value), ("delta", delta)):  # fmt: skip
+            rows[k].append(v)
+
+    for i, t in enumerate(ts.tolist()):
+        add(t, "vllm:num_requests_waiting", "waiting", "gauge", float(i % 4))
+        add(t, "vllm:num_requests_running", "running", "gauge", float(4 + i % 3))
+        add(t, "vllm:kv_cache_usage_perc", "kv_cache_usage", "gauge", 0.05 * i)
+        for metric, common, mean_s in (("vllm:request_queue_time_seconds", "queue_seconds", 0.004),
+                                       ("vllm:request_prefill_time_seconds", "prefill_seconds", 0.03)):  # fmt: skip
+            n = 0.0 if i == 0 else 5.0
+            add(t, metric + "_sum", common, "histogram_sum", mean_s * 5 * i, mean_s * n if i else None)
+            add(t, metric + "_count", common, "histogram_count", 5.0 * i, n if i else None)
+    (run_dir / "server_metrics").mkdir(exist_ok=True)
+    write_table_atomic(pa.Table.from_pydict(rows, schema=SERVER_METRICS_SCHEMA), run_dir / "server_metrics" / "part-000-000000.parquet")
+
+
+def make_sweep(src_run: Path, sweep: Path) -> Path:
+    """A sweep folder (interfaces.md layout) built from copies of one real run."""
+    cells = [("tp1", {"tp": 1, "pp": 1, "dp": 1, "ep": 1, "dcp": 1, "pcp": 1, "gpus": 1}),
+             ("tp2", {"tp": 2, "pp": 1, "dp": 1, "ep": 1, "dcp": 1, "pcp": 1, "gpus": 2})]  # fmt: skip
+    for cell_id, cell in cells:
+        for j, rate in enumerate((2.0, 4.0)):
+            dst = sweep / f"cell={cell_id}" / f"load=rate-{rate:g}"
+            shutil.copytree(src_run, dst)
+            meta = read_run_meta(dst)
+            meta = {k: v for k, v in meta.items() if not (k + "_json") in meta}
+            meta["run_id"] = f"{cell_id}-r{rate:g}"
+            extra = {"sweep_id": "s1", "cell": {**cell, "engine": "sim", "model": NASTY_MODEL, "gpu": "h100"},
+                     "load": {"kind": "rate", "value": rate, "label": f"rate-{rate:g}"}, "repeat": 0, "saturated": False}  # fmt: skip
+            meta["extra_json"] = json.dumps(extra)
+            write_run_meta(dst, meta)
+            if j == 0:
+                add_server_metrics(dst)
+    table = pa.table(
+        {
+            "cell_id": ["tp1", "tp2", "tp4"],
+            "status": ["complete", "complete", "failed"],
+            "reason": [None, None, "out of memory: <weights> don't fit"],
+            "tp": [1, 2, 4], "pp": [1, 1, 1], "dp": [1, 1, 1], "gpus": [1, 2, 4],
+            "engine": ["sim"] * 3, "model": [NASTY_MODEL] * 3, "gpu": ["h100"] * 3,
+            "capacity_rps": [3.5, 7.9, None], "capacity_rps_per_gpu": [3.5, 3.95, None],
+            "limiting_factor": ["queueing", "decode", None],
+        }
+    )  # fmt: skip
+    write_table_atomic(table, sweep / "cells.parquet")
+    rec = {"message": "tp2 (2 GPUs) is the smallest configuration meeting the SLOs at 4 req/s <b>bold?</b>",
+           "recommendation": {"cell_id": "tp2", "gpus": 2, "capacity_rps": 7.9, "capacity_rps_per_gpu": 3.95},
+           "slo": {"ttft_ms": 80, "tpot_ms": 12}}  # fmt: skip
+    (sweep / "recommendation.json").write_text(json.dumps(rec))
+    (sweep / "sweep.json").write_text(json.dumps({"bench_version": "test"}))
+    return sweep
+
+
+def synthetic_run(run_dir: Path, n: int, tokens: int, seed: int = 0) -> Path:
+    """A run folder with ``n`` requests of ``tokens`` single-token chunks (open loop, 50 req/s)."""
+    rng = np.random.default_rng(seed)
+    intended = np.cumsum(rng.exponential(1 / 50, n) * 1e9).astype(np.int64) + 10**12
+    send = intended + rng.integers(10_000, 200_000, n)
+    ttft = rng.lognormal(np.log(80e6), 0.3, n).astype(np.int64)
+    gaps = rng.lognormal(np.log(12e6), 0.25, (n, tokens)).astype(np.int64)
+    gaps[:, 0] = ttft
+    chunk = send[:, None] + np.cumsum(gaps, axis=1)
+    offsets = np.arange(0, n * tokens + 1, tokens, dtype=np.int32)
+    chunk_ns = pa.ListArray.from_arrays(pa.array(offsets), pa.array(chunk.ravel()))
+    chunk_tk = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.ones(n * tokens, dtype=np.int32)))
+    cols = {
+        "run_id": pa.array(["synthetic"] * n),
+        "request_id": pa.array([f"r{i:07d}" for i in range(n)]),
+        "phase": pa.array(["measure"] * n),
+        "worker_id": pa.array(np.zeros(n, np.int32)),
+        "intended_send_ns": pa.array(intended),
+        "send_ns": pa.array(send),
+        "first_byte_ns": pa.array(send + ttft // 2),
+        "first_token_ns": pa.array(chunk[:, 0]),
+        "first_content_ns": pa.array(chunk[:, 0]),
+        "end_ns": pa.array(chunk[:, -1] + 100_000),
+        "chunk_ns": chunk_ns,
+        "chunk_tokens": chunk_tk,
+        "output_tokens": pa.array(np.full(n, tokens, np.int32)),
+        "token_source": pa.array(["server_cumulative"] * n),
+        "input_tokens_target": pa.array(np.full(n, 256, np.int32)),
+        "max_output_tokens": pa.array(np.full(n, tokens, np.int32)),
+        "ok": pa.array(np.ones(n, bool)),
+    }
+    table = pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in REQUESTS_SCHEMA}, schema=REQUESTS_SCHEMA)
+    (run_dir / "requests").mkdir(parents=True, exist_ok=True)
+    write_table_atomic(table, run_dir / "requests" / "part-000-000000.parquet")
+    write_run_meta(
+        run_dir,
+        {"run_id": "synthetic", "schema_version": "1.0", "bench_version": "test", "status": "complete",
+         "engine": "synthetic", "model": "m", "config_json": {"slo": {"ttft_ms": 200, "tpot_ms": 20}}},
+    )  # fmt: skip
+    return run_dir
+
+
+def test_synthetic_run_reads_back(tmp_path: Path) -> None:
+    from analysis.load import load_run
+    from analysis.summary import summarize
+
+    run = load_run(synthetic_run(tmp_path / "syn", 200, 8))
+    s = summarize(run.requests)
+    assert s["requests"]["ok"] == 200
+    assert 60 < s["latency"]["ttft_ms"]["p50"] < 110
