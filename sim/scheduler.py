@@ -70,6 +70,7 @@ class Instance:
         self.running: list[SimRequest] = []
         self.inflight: list[Batch] = []
         self.stage_free_ns = 0
+        self.clock = 0  # virtual time of the last event this instance processed
         self.blocked = False
         self._seq = 0
         self.preemptions = 0
@@ -108,9 +109,9 @@ class Instance:
         if len(self.inflight) < self.pp:
             start: int | None = None
             if not self.blocked and (self.waiting or any(not r.in_flight for r in self.running)):
-                start = self.stage_free_ns
+                start = max(self.stage_free_ns, self.clock)
             elif self.pending:
-                start = max(self.stage_free_ns, self.pending[0][0])
+                start = max(self.stage_free_ns, self.clock, self.pending[0][0])
             if start is not None and (ev is None or start < ev):
                 ev = start
         return ev
@@ -121,6 +122,7 @@ class Instance:
             return None
         best = min(due, key=lambda x: x.end_ns)
         self.inflight.remove(best)
+        self.clock = max(self.clock, best.end_ns)
         self.blocked = False
         return best
 
@@ -192,6 +194,7 @@ class Instance:
     # -- one step --------------------------------------------------------------------------
     def start_step(self, t: int) -> Batch | None:
         """Plan and cost one step (micro-batch) starting at virtual time ``t``."""
+        self.clock = max(self.clock, t)
         self._release_pending(t)
         lim = self.limits
         budget = lim.max_num_batched_tokens
