@@ -174,10 +174,12 @@ def master(
     gevent.signal_handler(signal.SIGINT, on_signal)
     gevent.signal_handler(signal.SIGTERM, on_signal)
     try:
-        node.run(schedule, client, run_dir, base_meta)
+        assembly = node.run(schedule, client, run_dir, base_meta)
     finally:
         node.close()
     print_summary(run_dir, slo, percentiles, as_json)
+    if assembly.meta.get("status") == "interrupted":
+        sys.exit(130)
 
 
 @command.command("worker")
