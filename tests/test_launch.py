@@ -255,3 +255,48 @@ def test_killing_bench_leaves_no_engine_behind(tmp_path: Path) -> None:
 def _run_has_launch() -> bool:
     out = subprocess.run([sys.executable, "-m", "bench", "run", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60)
     return "--launch" in out.stdout
+
+
+# -- bench run --launch ---------------------------------------------------------------------
+
+
+def test_parse_parallel() -> None:
+    from adapters.launch.cli import parse_parallel
+    from bench.errors import BenchError
+
+    p = parse_parallel("tp=2, dp=2,disagg=1:1", ("--seed", "1"))
+    assert (p.tp, p.dp, str(p.disagg), p.extra_args) == (2, 2, "1:1", ("--seed", "1"))
+    assert parse_parallel("") == ParallelConfig()
+    for bad in ("tp", "zz=1", "tp=x", "tp=0", "tp=2,dcp=3", "disagg=1"):
+        with pytest.raises(BenchError):
+            parse_parallel(bad)
+
+
+def test_bench_run_launch_records_engine(tmp_path: Path) -> None:
+    import json
+
+    import pyarrow.parquet as pq
+
+    if not (_sim_has("--timing") and _run_has_launch()):
+        pytest.skip("this checkout's simulated engine has no --timing model yet")
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "bench", "run", "--engine", "sim", "--launch", "--model", "llama-3.1-8b",
+            "--parallel", "tp=2", "--requests", "6", "--concurrency", "2", "--output-tokens", "8",
+            "--scrape-interval", "0.2", "--out", str(out), "--no-progress"]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = pq.read_table(out / "run.parquet").to_pylist()[0]
+    launch_info = json.loads(meta["config_json"])["engine_launch"]
+    assert launch_info["version"].startswith("bench-sim") and launch_info["gpus"] == 2
+    argv_rec = launch_info["argv"]
+    assert argv_rec[argv_rec.index("--tp") + 1] == "2" and argv_rec[argv_rec.index("--timing") + 1] == "model"
+    assert (out / "engine.log").exists() and list((out / "server_metrics").glob("part-*.parquet"))
+    assert "TTFT cross-check" in proc.stdout
+
+
+def test_bench_run_launch_refuses_unsupported_axes(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "bench", "run", "--engine", "tgi", "--launch", "--model", "m",
+            "--parallel", "tp=2,pp=2", "--requests", "1", "--out", str(tmp_path / "r")]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "TGI has no pipeline parallelism" in proc.stderr and "Traceback" not in proc.stderr
