@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,14 @@ def test_parametric_distributions() -> None:
 def test_nonsense_distributions_are_rejected(make: object) -> None:
     with pytest.raises(WorkloadError):
         make()  # type: ignore[operator]
+
+
+def test_shipped_tables_are_what_fit_produces(tmp_path: Path) -> None:
+    """Regenerating the tables from ../shared/traces gives the shipped files exactly."""
+    from workloads.fit import regenerate
+
+    traces = shared_path("traces")
+    out = tmp_path
+    for f in regenerate(traces, out):
+        shipped = Path(__file__).resolve().parents[1] / "workloads" / "builtin" / f.name
+        assert f.read_text() == shipped.read_text(), f.name
