@@ -455,7 +455,7 @@ def _openai_error(status: int, message: str) -> web.Response:
 
 
 def _tgi_error(status: int, message: str) -> web.Response:
-    etype = {400: "validation", 429: "overloaded", 503: "unhealthy"}.get(status, "generation")
+    etype = {400: "validation", 422: "validation", 429: "overloaded", 503: "unhealthy"}.get(status, "generation")
     return web.json_response({"error": message, "error_type": etype}, status=status)
 
 

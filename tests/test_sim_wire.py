@@ -1,0 +1,180 @@
+"""Each flavour's wire surface, byte-level details and bench's own clients against it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from adapters.openai import OpenAIAdapter
+from adapters.sglang import SGLangAdapter
+from adapters.tgi import TGIAdapter
+from sim.options import ModelTiming
+from sim.server import ServerConfig, create_app, serve_in_process
+from tests.sim_helpers import run_against, schedule, spaced
+
+MODEL = ModelTiming("llama-3.1-8b", "h100")
+
+
+def cfg(flavor: str, **kw: Any) -> ServerConfig:
+    return ServerConfig(model="llama-3.1-8b", flavor=flavor, model_timing=MODEL, **kw)
+
+
+async def _calls(config: ServerConfig, calls: list[tuple[str, str, Any]]) -> list[tuple[int, bytes, Any]]:
+    out = []
+    async with serve_in_process(create_app(config)) as url, aiohttp.ClientSession() as s:
+        for method, path, body in calls:
+            async with s.request(method, url + path, json=body) as r:
+                out.append((r.status, await r.read(), r.headers))
+    return out
+
+
+def calls(config: ServerConfig, *items: tuple[str, str, Any]) -> list[tuple[int, bytes, Any]]:
+    return asyncio.run(_calls(config, list(items)))
+
+
+def events(body: bytes, prefix: bytes = b"data: ") -> list[bytes]:
+    return [e[len(prefix):] for e in body.split(b"\n\n") if e]
+
+
+def test_vllm_completions_chat_usage_and_endpoints() -> None:
+    prompt = " ".join(["word"] * 40)
+    res = calls(
+        cfg("vllm"),
+        ("POST", "/v1/completions", {"model": "llama-3.1-8b", "prompt": prompt, "max_tokens": 5, "stream": True,
+                                     "ignore_eos": True, "min_tokens": 5,
+                                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+        ("POST", "/v1/chat/completions", {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": prompt}],
+                                          "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}),
+        ("POST", "/tokenize", {"model": "llama-3.1-8b", "prompt": prompt}),
+        ("GET", "/v1/models", None),
+        ("GET", "/version", None),
+        ("GET", "/health", None),
+        ("POST", "/v1/completions", {"model": "other", "prompt": "x", "max_tokens": 2}),
+        ("POST", "/v1/completions", {"model": "llama-3.1-8b", "prompt": "x", "max_tokens": 10**7}),
+        ("POST", "/v1/completions", {"model": "llama-3.1-8b", "prompt": prompt, "max_tokens": 4}),
+        ("GET", "/metrics", None),
+    )
+    status, body, headers = res[0]
+    ev = events(body)
+    assert status == 200 and ev[-1] == b"[DONE]"
+    chunks = [orjson.loads(e) for e in ev[:-1]]
+    assert [c["usage"]["completion_tokens"] for c in chunks[:-1]] == [1, 2, 3, 4, 5]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * 4 + ["length"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 40
+    assert all(c["id"] == headers["x-request-id"] and c["object"] == "text_completion" for c in chunks)
+    chat = [orjson.loads(e) for e in events(res[1][1])[:-1]]
+    assert chat[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "usage" not in chat[1]  # usage only at the end without continuous_usage_stats
+    assert chat[-1]["usage"]["completion_tokens"] == 3 and chat[-2]["choices"][0]["finish_reason"] == "length"
+    tok = orjson.loads(res[2][1])
+    assert tok["count"] == 40 and len(tok["tokens"]) == 40
+    models = orjson.loads(res[3][1])
+    assert models["data"][0]["id"] == "llama-3.1-8b" and models["data"][0]["max_model_len"] > 8192
+    assert "version" in orjson.loads(res[4][1]) and res[5][0] == 200
+    assert res[6][0] == 404 and res[7][0] == 400
+    unary = orjson.loads(res[8][1])
+    assert unary["usage"]["completion_tokens"] == 4 and unary["choices"][0]["finish_reason"] == "length"
+    page = res[9][1].decode()
+    for name in ("vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{",
+                 "vllm:prefix_cache_queries_total{", "vllm:prefix_cache_hits_total{", "vllm:num_preemptions_total{",
+                 "vllm:time_to_first_token_seconds_bucket{", "vllm:inter_token_latency_seconds_bucket{",
+                 "vllm:request_queue_time_seconds_bucket{", "vllm:request_prefill_time_seconds_bucket{",
+                 "vllm:request_decode_time_seconds_bucket{", "vllm:e2e_request_latency_seconds_bucket{",
+                 'vllm:request_success_total{model_name="llama-3.1-8b",engine="0",finished_reason="length"} 3'):
+        assert name in page, name
+
+
+def test_prefix_cache_hits_reach_usage_and_metrics(tmp_path: Path) -> None:
+    shared = " ".join(f"w{i}" for i in range(600))
+    prompts = [shared + f" tail{i} more words" for i in range(3)]
+    rows = run_against(cfg("vllm"), spaced(prompts, 4, gap_ms=150), tmp_path)
+    assert all(r["ok"] for r in rows)
+    cached = [r["cached_tokens"] for r in rows]
+    assert cached[0] == 0 and cached[1] >= 576 and cached[2] >= 576, cached
+    # the server's TTFT shrinks with the hit (prefill skipped)
+    ttft = [r["first_token_ns"] - r["send_ns"] for r in rows]
+    assert ttft[1] < ttft[0]
+
+
+def test_sglang_generate_cumulative_text_and_meta_info() -> None:
+    res = calls(
+        cfg("sglang"),
+        ("POST", "/generate", {"text": "one two three four", "stream": True,
+                               "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}),
+        ("POST", "/generate", {"text": "one two", "sampling_params": {"max_new_tokens": 2}}),
+        ("GET", "/health_generate", None),
+        ("GET", "/get_server_info", None),
+        ("GET", "/metrics", None),
+    )
+    ev = events(res[0][1])
+    assert ev[-1] == b"[DONE]"
+    objs = [orjson.loads(e) for e in ev[:-1]]
+    texts = [o["text"] for o in objs]
+    assert all(b.startswith(a) and len(b) > len(a) for a, b in zip(texts, texts[1:]))  # cumulative
+    assert [o["meta_info"]["completion_tokens"] for o in objs] == [1, 2, 3, 4]
+    assert [o["meta_info"]["finish_reason"] for o in objs[:-1]] == [None] * 3
+    assert objs[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+    assert objs[-1]["meta_info"]["prompt_tokens"] == 4 and objs[-1]["meta_info"]["cached_tokens"] == 0
+    unary = orjson.loads(res[1][1])
+    assert unary["meta_info"]["completion_tokens"] == 2
+    assert res[2][0] == 200
+    info = orjson.loads(res[3][1])
+    assert info["tp_size"] == 1 and info["max_total_num_tokens"] > 0
+    page = res[4][1].decode()
+    for name in ("sglang:num_running_reqs{", "sglang:num_queue_reqs{", "sglang:token_usage{", "sglang:cache_hit_rate{",
+                 "sglang:prompt_tokens_total{", "sglang:generation_tokens_total{", "sglang:cached_tokens_total{",
+                 "sglang:time_to_first_token_seconds_bucket{", "sglang:inter_token_latency_seconds_bucket{",
+                 "sglang:e2e_request_latency_seconds_bucket{"):
+        assert name in page, name
+
+
+def test_tgi_generate_stream_framing_details_and_errors() -> None:
+    res = calls(
+        cfg("tgi"),
+        ("POST", "/generate_stream", {"inputs": "one two three", "parameters": {"max_new_tokens": 3, "details": True}}),
+        ("POST", "/generate_stream", {"inputs": "one two three", "parameters": {"max_new_tokens": 2}}),
+        ("POST", "/generate_stream", {"inputs": "", "parameters": {"max_new_tokens": 2}}),
+        ("POST", "/generate", {"inputs": "a b", "parameters": {"max_new_tokens": 2}}),
+        ("GET", "/info", None),
+        ("GET", "/health", None),
+        ("GET", "/metrics", None),
+    )
+    body = res[0][1]
+    assert b"data: " not in body and b"[DONE]" not in body and body.startswith(b"data:{")
+    objs = [orjson.loads(e) for e in events(body, b"data:")]
+    assert [o["index"] for o in objs] == [1, 2, 3]
+    assert all(isinstance(o["token"]["text"], str) and o["token"]["special"] is False for o in objs)
+    assert [o["generated_text"] for o in objs[:-1]] == [None, None] and objs[-1]["generated_text"]
+    assert [o["details"] for o in objs[:-1]] == [None, None]
+    assert objs[-1]["details"]["finish_reason"] == "length" and objs[-1]["details"]["generated_tokens"] == 3
+    plain = [orjson.loads(e) for e in events(res[1][1], b"data:")]
+    assert plain[-1]["details"] is None and plain[-1]["generated_text"]
+    assert res[2][0] == 422 and orjson.loads(res[2][1])["error_type"] == "validation"
+    assert orjson.loads(res[3][1])["generated_text"]
+    info = orjson.loads(res[4][1])
+    assert info["model_id"] == "llama-3.1-8b" and info["max_total_tokens"] > 0
+    assert res[5][0] == 200
+    page = res[6][1].decode()
+    for name in ("tgi_queue_size ", "tgi_batch_current_size ", "tgi_request_count ", "tgi_request_success ",
+                 "tgi_request_duration_bucket", "tgi_request_queue_duration_bucket",
+                 "tgi_request_mean_time_per_token_duration_bucket", "tgi_request_generated_tokens_bucket"):
+        assert name in page, name
+
+
+def test_bench_clients_against_each_flavour(tmp_path: Path) -> None:
+    for flavor, adapter in (
+        ("vllm", OpenAIAdapter(model="llama-3.1-8b")),
+        ("vllm", OpenAIAdapter(model="llama-3.1-8b", api="chat")),
+        ("sglang", SGLangAdapter(model="llama-3.1-8b")),
+        ("tgi", TGIAdapter(model="llama-3.1-8b")),
+    ):
+        d = tmp_path / f"{flavor}-{id(adapter)}"
+        d.mkdir()
+        rows = run_against(cfg(flavor), schedule(6, input_tokens=64, output_tokens=12, concurrency=3), d, adapter)
+        assert all(r["ok"] for r in rows), [(r["error_type"], r["error_message"]) for r in rows]
+        assert all(r["output_tokens"] == 12 for r in rows)
+        assert all(r["prompt_tokens"] in (64, None) for r in rows)
