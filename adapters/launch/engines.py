@@ -152,6 +152,8 @@ def _plan_vllm(spec: "LaunchSpec", port: int) -> EngineLayout:
         argv += ["--prefill-context-parallel-size", str(p.pcp)]
     argv += [*p.extra_args, *spec.extra_args]
     env = {"VLLM_NO_USAGE_STATS": "1"}
+    if spec.host in ("127.0.0.1", "localhost", "::1"):
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between sweep loads; loopback only
     plan = ProcessPlan("engine", argv, port, gpus=p.gpus, env=env, extra_ready_paths=("/v1/models",))
     return EngineLayout([plan], 0, port, version_paths=(("/version", "version"),))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -155,10 +156,12 @@ def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
     base_env.update(dict(spec.env))
     devices = _assign_devices(layout.processes, base_env) if layout.assign_gpus else [None] * len(layout.processes)
     procs: list[ManagedProcess] = []
+    deadline = time.monotonic() + spec.ready_timeout_s
     try:
         for i, (plan, dev) in enumerate(zip(layout.processes, devices)):
-            env = dict(base_env)
-            env.update(plan.env)
+            env = dict(os.environ)
+            env.update(plan.env)  # the engine's defaults; the user's env wins
+            env.update(dict(spec.env))
             if dev is not None:
                 env["CUDA_VISIBLE_DEVICES"] = dev
             argv = _containerise(spec.container_template, plan.argv, plan.port)
@@ -168,11 +171,12 @@ def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
         for plan, proc in zip(layout.processes, procs):
             if plan.ready_path is None:
                 continue
-            remaining = spec.ready_timeout_s
+            remaining = max(1.0, deadline - time.monotonic())
             proc.wait_ready(f"http://{_connect_host(spec.host)}:{plan.port}{plan.ready_path}", remaining)
         for plan, proc in zip(layout.processes, procs):
             for path in plan.extra_ready_paths:
-                proc.wait_ready(f"http://{_connect_host(spec.host)}:{plan.port}{path}", spec.ready_timeout_s)
+                remaining = max(1.0, deadline - time.monotonic())
+                proc.wait_ready(f"http://{_connect_host(spec.host)}:{plan.port}{path}", remaining)
     except BaseException:
         for proc in reversed(procs):
             proc.stop(grace_s=5.0)
