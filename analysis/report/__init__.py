@@ -55,6 +55,10 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
     results = Path(results)
     runs = load_runs(results)
     views = [build_run_view(r, config_key(r.meta), options.slo, options.seed) for r in runs]
+    for v in views:
+        if not v.key and results.is_dir():
+            rel = Path(v.path).resolve().relative_to(results.resolve()) if Path(v.path).resolve() != results.resolve() else None
+            v.label = f"{rel} ({v.run_id})" if rel else v.run_id
     views.sort(key=lambda v: (F._config_of(v), v.offered if v.offered is not None else math.inf, v.label))
     is_sweep = results.is_dir() and ((results / "cells.parquet").exists() or (results / "sweep.json").exists())
     sections: list[Section] = []
@@ -203,6 +207,10 @@ def _run_section(i: int, v: RunView) -> Section:
     ]
     if v.key:
         info.insert(1, ["configuration", F.esc(v.key)])
+    slo = v.summary.get("slo")
+    if slo:
+        objs = ", ".join(f"{k} ≤ {val:g}" for k, val in slo["objectives"].items())
+        info.append(["SLO", F.esc(f"{objs}: attainment {100 * slo['attainment']:.1f}%, goodput {slo['goodput_rps']:.2f} req/s")])
     for k, val in v.smoothness.items():
         info.append([F.esc(k), _fmt(val, 3)])
     for w in v.summary.get("client", {}).get("warnings", []):

@@ -157,8 +157,10 @@ def latency_vs_throughput(views: Sequence[RunView]) -> go.Figure | None:
             ys = [v.summary["latency"][metric][stat] for v in vs]
             text = [esc(f"{cfg} | {v.label} | {v.gpus} GPU(s)") for v in vs]
             all_points += [(x, y) for x, y in zip(xs, ys) if math.isfinite(y)]
+            # runs of one configuration at several loads form a curve; unrelated runs are points
+            mode = "lines+markers" if cfg != "run" else "markers"
             fig.add_trace(
-                go.Scatter(x=xs, y=ys, mode="lines+markers", name=esc(cfg or "run"), legendgroup=esc(cfg), showlegend=col == 1,
+                go.Scatter(x=xs, y=ys, mode=mode, name=esc(cfg), legendgroup=esc(cfg), showlegend=col == 1,
                            text=text, line={"color": COLORS[gi % len(COLORS)]},
                            hovertemplate="%{text}<br>%{x:.1f} output tok/s per GPU<br>" + label + " %{y:.2f}<extra></extra>"),
                 row=1, col=col,
@@ -191,9 +193,10 @@ def goodput_vs_load(views: Sequence[RunView]) -> go.Figure | None:
         vs = sorted(vs, key=_offered_x)
         xs = [_offered_x(v) for v in vs]
         color = COLORS[gi % len(COLORS)]
-        fig.add_trace(go.Scatter(x=xs, y=[v.summary["slo"]["goodput_rps"] for v in vs], mode="lines+markers", name=esc(cfg),
+        mode = "lines+markers" if cfg != "run" else "markers"
+        fig.add_trace(go.Scatter(x=xs, y=[v.summary["slo"]["goodput_rps"] for v in vs], mode=mode, name=esc(cfg),
                                  legendgroup=esc(cfg), line={"color": color}), row=1, col=1)  # fmt: skip
-        fig.add_trace(go.Scatter(x=xs, y=[100 * v.summary["slo"]["attainment"] for v in vs], mode="lines+markers", name=esc(cfg),
+        fig.add_trace(go.Scatter(x=xs, y=[100 * v.summary["slo"]["attainment"] for v in vs], mode=mode, name=esc(cfg),
                                  legendgroup=esc(cfg), showlegend=False, line={"color": color}), row=1, col=2)  # fmt: skip
     kinds = {v.offered_kind for v in pts if v.offered is not None}
     xlabel = "offered load (" + ("concurrency" if kinds == {"concurrency"} else "req/s") + ")"
@@ -222,7 +225,7 @@ def achieved_vs_offered(views: Sequence[RunView]) -> go.Figure | None:
         vs = sorted(vs, key=_offered_rate)
         xs = [_offered_rate(v) for v in vs]
         offered += xs
-        fig.add_trace(go.Scatter(x=xs, y=[v.summary["throughput"]["requests_per_s"] for v in vs], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=xs, y=[v.summary["throughput"]["requests_per_s"] for v in vs], mode="lines+markers" if cfg != "run" else "markers",
                                  name=esc(cfg), line={"color": COLORS[gi % len(COLORS)]}))  # fmt: skip
     hi = max(offered) if offered else 1.0
     fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="achieved = offered", line={"dash": "dot", "color": "#888"}))

@@ -1,0 +1,83 @@
+"""Report content without a browser: escaping, sweep summary on top, graceful degradation, size."""
+
+from __future__ import annotations
+
+import html
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from plotly.offline import get_plotlyjs
+
+from analysis.report import build_report
+from tests.conftest import REPO, bench_argv
+from tests.test_report_fixtures import NASTY_MODEL, make_sweep, real_run, synthetic_run
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("report_content")
+    return make_sweep(real_run(root / "run"), root / "sweep")
+
+
+def _visible(page: str) -> str:
+    """The page without plotly.js (which legitimately contains '<' and script text)."""
+    return page.replace(get_plotlyjs(), "")
+
+
+def test_model_and_prompt_text_is_escaped(sweep_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    build_report(sweep_dir, out)
+    page = _visible(out.read_text(encoding="utf-8"))
+    assert NASTY_MODEL not in page
+    assert "<img" not in page and 'onerror="' not in page
+    assert html.escape(NASTY_MODEL, quote=True) in page  # shown, as text
+    assert "<b>bold?</b>" not in page and "&lt;b&gt;bold?&lt;/b&gt;" in page
+    # exactly the two scripts of the page (plotly.js, the data block, the boot script)
+    assert len(re.findall(r"<script\b", page)) == 3
+
+
+def test_sweep_summary_with_recommendation_on_top(sweep_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    info = build_report(sweep_dir, out)
+    page = _visible(out.read_text(encoding="utf-8"))
+    rec = page.index("Recommendation")
+    assert rec < page.index("<h3>Cells</h3>") < page.index("<h2>Runs</h2>") < page.index("Across runs")
+    assert "tp2 (2 GPUs) is the smallest configuration" in page
+    assert "out of memory: &lt;weights&gt; don&#x27;t fit" in page  # failed cell listed with its reason
+    assert info.runs == 4 and info.figures >= 4 * 3 + 3
+
+
+def test_sweep_without_recommendation_or_cells_degrades_with_notes(sweep_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, copy)
+    (copy / "recommendation.json").unlink()
+    (copy / "cells.parquet").unlink()
+    out = tmp_path / "r.html"
+    build_report(copy, out)
+    page = out.read_text(encoding="utf-8")
+    assert "no recommendation.json: recommendation omitted" in page
+    assert "no cells.parquet: cell table omitted" in page
+
+
+def test_cli_writes_report_and_reports_size(sweep_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cli.html"
+    run = sweep_dir / "cell=tp1" / "load=rate-2"
+    proc = subprocess.run(bench_argv("report", str(run), "-o", str(out), "--slo", "ttft_ms=60"), capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "MB" in proc.stdout and out.exists()
+    page = out.read_text(encoding="utf-8")
+    assert "ttft_ms ≤ 60" in page  # the --slo override is the one shown
+    bad = subprocess.run(bench_argv("report", str(tmp_path / "nope"), "-o", str(out)), capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+def test_report_size_is_bounded_for_100k_requests(tmp_path: Path) -> None:
+    run = synthetic_run(tmp_path / "big", 100_000, 16)
+    info = build_report(run, tmp_path / "big.html")
+    data_bytes = info.bytes - len(get_plotlyjs().encode())
+    assert data_bytes < 400_000, f"page + data {data_bytes / 1e3:.0f} kB for 100k requests"
+    assert info.bytes < 6_000_000
