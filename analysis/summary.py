@@ -96,7 +96,21 @@ def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monit
             "goodput_rps": float(meets.sum() / window_s) if window_s > 0 else 0.0,
         }
     summary["client"] = _client_health(df, monitor)
+    summary["smoothness"] = _smoothness(ok_table, options.slo)
     return summary
+
+
+def _smoothness(ok_table: pa.Table, slo: SLO) -> dict[str, Any]:
+    """Fluidity and longest gap per request (analysis/smoothness.py, docs/metrics.md)."""
+    from analysis.smoothness import Deadlines, smoothness_metrics
+
+    deadlines = Deadlines.from_slo(slo.as_dict())
+    sm = smoothness_metrics(ok_table, deadlines)
+    return {
+        "deadlines_ms": {"ttft": deadlines.ttft_ms, "token_interval": deadlines.token_interval_ms},
+        "fluidity": percentiles(sm["fluidity"].to_numpy(dtype=float), (1, 5, 10, 50)),
+        "longest_gap_ms": percentiles(sm["longest_gap_ms"].to_numpy(dtype=float), (50, 90, 95, 99)),
+    }
 
 
 def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
