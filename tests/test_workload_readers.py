@@ -124,3 +124,19 @@ def test_missing_column_and_unknown_field(tmp_path: Path) -> None:
     q = _write(tmp_path, "b.jsonl", '{"input_tokens": 1, "output_tokens": 2, "colour": "red"}\n')
     with pytest.raises(WorkloadError, match=r"b.jsonl:1: unknown field 'colour'"):
         read_trace(q)
+
+
+def test_burstgpt_filters_and_azure_2024_timestamps(tmp_path: Path) -> None:
+    p = _write(tmp_path, "b.csv", GOOD["burst.csv"][1])
+    gpt4 = read_trace(p, model="GPT-4")
+    assert len(gpt4) == 1 and gpt4.input_tokens[0] == 417
+    assert len(read_trace(p, log_type="Conversation log")) == 1
+    with pytest.raises(WorkloadError, match="does not apply"):
+        read_trace(_write(tmp_path, "l.csv", GOOD["lens.csv"][1]), model="GPT-4")
+    az = _write(
+        tmp_path,
+        "a24.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,10,2\n2024-05-10 00:00:01+00:00,5,1\n",
+    )
+    t = read_trace(az)
+    assert np.allclose(t.timestamps_s, [0.0, 0.99007])  # type: ignore[arg-type]

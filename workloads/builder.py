@@ -124,7 +124,9 @@ def plan_workload(
         requests = len(rows)
     mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, table is not None)
     if arr is not None and arr.process == "trace" and (table is None or table.timestamps_s is None):
-        raise WorkloadError("--arrival trace: this trace file has no timestamps")
+        raise WorkloadError(
+            "this trace file has no timestamps to replay: give --rate (open loop) or --concurrency (closed loop)"
+        )
 
     # -- lengths
     if table is not None and rows is not None:

@@ -90,7 +90,11 @@ def read_trace(path: str | Path, fmt: str | None = None, **options: Any) -> Trac
     }
     if fmt not in readers:
         raise WorkloadError(f"trace format {fmt!r}: use one of {', '.join(FORMATS)}")
-    return readers[fmt](p, **options)  # type: ignore[operator]
+    allowed = {"burstgpt": {"model", "log_type"}, "mooncake": {"bucket_s", "block_tokens"}}.get(fmt, set())
+    extra = sorted(k for k, v in options.items() if v is not None and k not in allowed)
+    if extra:
+        raise WorkloadError(f"{p}: option {extra[0]!r} does not apply to the {fmt} format")
+    return readers[fmt](p, **{k: v for k, v in options.items() if v is not None})  # type: ignore[operator]
 
 
 # -- helpers ------------------------------------------------------------------------------

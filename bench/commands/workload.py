@@ -28,7 +28,7 @@ def list_cmd() -> None:
 
 @command.command("show")
 @click.argument("ref")
-@click.option("--requests", "n_requests", type=int, default=1000, show_default=True, help="Requests to plan.")
+@click.option("--requests", "n_requests", type=int, help="Requests to plan (default 1000; a trace file: all its rows).")
 @click.option("--rate", type=float, help="Open loop: mean requests/s (default: the workload's own, else 1).")
 @click.option("--arrival", help="Arrival process (poisson, gamma:cv=2, constant, onoff:..., ramp:..., steps:..., trace).")
 @click.option("--concurrency", type=int, help="Closed loop instead (no arrival times).")
@@ -40,7 +40,7 @@ def list_cmd() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 def show_cmd(
     ref: str,
-    n_requests: int,
+    n_requests: int | None,
     rate: float | None,
     arrival: str | None,
     concurrency: int | None,
@@ -59,19 +59,29 @@ def show_cmd(
       bench workload show ../traces/conversation_trace.jsonl --requests 2000
       bench workload show my-workload.toml --json
     """
-    from workloads.builder import plan_workload
+    from workloads.builder import MAX_REQUESTS, plan_workload
     from workloads.catalog import resolve
     from workloads.errors import WorkloadError
     from workloads.stats import plan_summary
 
     try:
         wd = resolve(ref, time_scale=time_scale)
+        if n_requests is None:
+            n_requests = MAX_REQUESTS if wd.trace is not None else 1000
         if rate is None and concurrency is None and wd.rate is None and wd.concurrency is None and wd.trace is None:
             if arrival is None or not arrival.startswith(("ramp", "steps")):
                 rate = 1.0
-        plan = plan_workload(
-            wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
-        )
+        try:
+            plan = plan_workload(
+                wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
+            )
+        except WorkloadError as exc:
+            if "no timestamps" not in str(exc) or rate is not None or concurrency is not None:
+                raise
+            rate = 1.0  # a length-only table: show it with Poisson arrivals at 1 req/s
+            plan = plan_workload(
+                wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
+            )
     except WorkloadError as exc:
         raise BenchError(str(exc)) from None
     summary = plan_summary(plan)
