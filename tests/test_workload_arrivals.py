@@ -58,6 +58,10 @@ def test_gamma_burstiness_maps_to_cv() -> None:
     _batch_check(_gaps(f"gamma:burstiness={b}", 2.0), 0.5, 3.0)
 
 
+def test_gamma_shape_maps_to_cv() -> None:
+    _batch_check(_gaps("gamma:shape=0.25", 2.0), 0.5, 2.0)  # BurstGPT's published demo shape
+
+
 def test_constant_is_truly_even() -> None:
     t = offsets_s(parse_arrival("constant"), 1000, 4.0, np.random.default_rng(0))
     assert t[0] == 0 and np.allclose(np.diff(t), 0.25, rtol=0, atol=1e-12)
@@ -116,7 +120,7 @@ def test_mooncake_buckets_are_spread_evenly() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["nonsense", "gamma:cv=0", "gamma:shape=2", "onoff:on_s=0", "steps:rates=1/2", "gamma:cv=x", "ramp:start=0,end=0"],
+    ["nonsense", "gamma:cv=0", "gamma:k=2", "gamma:cv=2,shape=4", "onoff:on_s=0", "steps:rates=1/2", "gamma:cv=x", "ramp:start=0,end=0"],
 )
 def test_bad_arrivals_are_rejected(text: str) -> None:
     with pytest.raises(WorkloadError):

@@ -6,7 +6,8 @@ Written as ``NAME`` or ``NAME:key=value,key=value`` (lists separated by ``/``):
 ``poisson``                                exponential gaps, mean rate ``--rate``
 ``gamma:cv=3``                             gamma gaps with coefficient of variation ``cv``
                                            (``burstiness=B`` is accepted too:
-                                           ``cv = (1+B)/(1-B)``, 0 = Poisson)
+                                           ``cv = (1+B)/(1-B)``, 0 = Poisson; or
+                                           the gamma ``shape=k``, ``cv = 1/sqrt(k)``)
 ``constant``                               exactly even spacing ``1/rate``
 ``onoff:on_s=5,off_s=10``                  Poisson bursts during ON, silence during OFF;
                                            ``--rate`` is the long-run mean rate
@@ -35,7 +36,7 @@ PROCESSES = ("poisson", "gamma", "constant", "onoff", "ramp", "steps", "trace")
 
 _PARAMS: dict[str, tuple[str, ...]] = {
     "poisson": (),
-    "gamma": ("cv", "burstiness"),
+    "gamma": ("cv", "burstiness", "shape"),
     "constant": (),
     "onoff": ("on_s", "off_s"),
     "ramp": ("start", "end"),
@@ -96,8 +97,10 @@ def _positive(spec: ArrivalSpec, key: str, value: float | None) -> float:
 
 
 def gamma_cv(spec: ArrivalSpec) -> float:
-    if "cv" in spec.params and "burstiness" in spec.params:
-        raise WorkloadError(f"--arrival {spec.text}: give cv or burstiness, not both")
+    if sum(k in spec.params for k in ("cv", "burstiness", "shape")) > 1:
+        raise WorkloadError(f"--arrival {spec.text}: give one of cv, burstiness, shape")
+    if "shape" in spec.params:
+        return 1.0 / math.sqrt(_positive(spec, "shape", float(spec.params["shape"])))  # type: ignore[arg-type]
     if "burstiness" in spec.params:
         b = float(spec.params["burstiness"])  # type: ignore[arg-type]
         if not -1 < b < 1:
