@@ -211,3 +211,17 @@ def test_killed_worker_leaves_a_readable_run_and_a_warning(engine_url: str, tmp_
     for pid in leftovers:
         os.kill(pid, 9)
     assert not leftovers
+
+
+@pytest.mark.timeout(120)
+def test_worker_side_error_is_one_line_and_the_folder_says_failed(engine_url: str, tmp_path: Path) -> None:
+    res = run_loopback(
+        engine_url, tmp_path / "dist", ["--rate", "4", "--requests", "8"], workers=2,
+        master_args=["--api-key-file", str(tmp_path / "missing-key")],
+    )  # fmt: skip
+    assert res.returncode != 0
+    errors = [line for line in res.master_stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no worker became ready" in errors[0] and "missing-key" in errors[0]
+    assert "Traceback" not in res.master_stderr
+    meta = read_run_meta(tmp_path / "dist")
+    assert meta["status"] == "failed" and "missing-key" in meta["notes"]["warnings"][0]

@@ -184,6 +184,16 @@ class MasterNode:
             w.applied_offset_ns = 0 if w.same_clock else w.clock_start.offset_ns
         run_id = uuid.uuid4().hex[:16]
         self.assembly = RunAssembly(out, run_id, schedule, base_meta)
+        try:
+            self._run(schedule, client, run_id, workers)
+        except BenchError as exc:
+            # the folder must not claim to be running: record why it failed
+            extra = {"distributed": {"workers": [_worker_record(w, 0) for w in workers]}}
+            self.assembly.finish("failed", {"notes": [], "warnings": [str(exc)]}, extra, 0)
+            raise
+        return self.assembly
+
+    def _run(self, schedule: Schedule, client: ClientSettings, run_id: str, workers: list[WorkerState]) -> None:
         shares = split_schedule(schedule, len(workers))
         for w, share in zip(workers, shares):
             w.scheduled = len(share.measured)
@@ -214,7 +224,6 @@ class MasterNode:
             if w.state != "lost":
                 self.runner.send_message("bench_finish", {"reason": "run complete"}, client_id=w.client_id)
         self._finish(workers, t0)
-        return self.assembly
 
     def _wait_ready(self, workers: list[WorkerState]) -> None:
         deadline = time.monotonic() + self.settings.ready_timeout_s
@@ -316,6 +325,10 @@ class MasterNode:
             self.echo(f"master: WARNING {line}")
 
     def close(self) -> None:
+        """Release every worker (also after an error) and stop locust."""
+        for w in self.workers.values():
+            if w.state != "lost":
+                self.runner.send_message("bench_finish", {"reason": "master stopped"}, client_id=w.client_id)
         try:
             self.runner.quit()
         finally:
