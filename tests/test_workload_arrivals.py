@@ -91,6 +91,16 @@ def test_onoff_rate_cv_and_silence() -> None:
     assert np.all(phase < on + 1e-9), "no request during OFF periods"
 
 
+def test_random_onoff_mean_rate_and_burstiness() -> None:
+    rate = 3.0
+    t = offsets_s(parse_arrival("onoff:on_s=2,off_s=6,random=1"), N, rate, np.random.default_rng(5))
+    gaps = np.diff(t)
+    batches = np.array_split(gaps, BATCHES)
+    se = np.std([b.mean() for b in batches], ddof=1) / np.sqrt(BATCHES)
+    assert abs(gaps.mean() - 1 / rate) <= Z * se
+    assert gaps.std() / gaps.mean() > 1.5  # bursty, unlike Poisson
+
+
 def test_ramp_by_time_rescaling() -> None:
     start, end = 1.0, 20.0
     t = offsets_s(parse_arrival(f"ramp:start={start},end={end}"), N, None, np.random.default_rng(3))

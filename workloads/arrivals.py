@@ -10,7 +10,9 @@ Written as ``NAME`` or ``NAME:key=value,key=value`` (lists separated by ``/``):
                                            the gamma ``shape=k``, ``cv = 1/sqrt(k)``)
 ``constant``                               exactly even spacing ``1/rate``
 ``onoff:on_s=5,off_s=10``                  Poisson bursts during ON, silence during OFF;
-                                           ``--rate`` is the long-run mean rate
+                                           ``--rate`` is the long-run mean rate;
+                                           ``random=1``: exponential ON/OFF durations
+                                           with those means (a two-state MMPP)
 ``ramp:start=1,end=20``                    Poisson with the rate rising linearly
                                            (requests/s) over the schedule
 ``steps:rates=1/2/4/8,step_s=30``          Poisson, piecewise-constant rate per step;
@@ -38,7 +40,7 @@ _PARAMS: dict[str, tuple[str, ...]] = {
     "poisson": (),
     "gamma": ("cv", "burstiness", "shape"),
     "constant": (),
-    "onoff": ("on_s", "off_s"),
+    "onoff": ("on_s", "off_s", "random"),
     "ramp": ("start", "end"),
     "steps": ("rates", "step_s"),
     "trace": ("time_scale",),
@@ -144,7 +146,17 @@ def offsets_s(spec: ArrivalSpec, n: int, rate: float | None, rng: np.random.Gene
             raise WorkloadError(f"--arrival {spec.text}: off_s must be >= 0")
         lam_on = lam * (on + off) / on
         on_time = np.cumsum(rng.exponential(1.0 / lam_on, size=n))
-        return on_time + off * np.floor(on_time / on)
+        if not spec.params.get("random"):
+            return on_time + off * np.floor(on_time / on)
+        # two-state MMPP-like: exponential ON and OFF durations with means on_s, off_s
+        k = int(on_time[-1] / on * 1.5) + 16
+        ons = rng.exponential(on, size=k)
+        while ons.sum() < on_time[-1]:
+            ons = np.concatenate([ons, rng.exponential(on, size=k)])
+        offs = rng.exponential(off, size=len(ons)) if off > 0 else np.zeros(len(ons))
+        period = np.searchsorted(np.cumsum(ons), on_time, side="right")
+        off_before = np.concatenate([[0.0], np.cumsum(offs)])[period]
+        return on_time + off_before
     else:  # pragma: no cover - parse_arrival guards the names
         raise WorkloadError(f"unknown arrival process {p!r}")
     gaps[0] = 0.0
