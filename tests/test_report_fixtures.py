@@ -93,14 +93,18 @@ def make_sweep(src_run: Path, sweep: Path) -> Path:
     return sweep
 
 
-def synthetic_run(run_dir: Path, n: int, tokens: int, seed: int = 0) -> Path:
-    """A run folder with ``n`` requests of ``tokens`` single-token chunks (open loop, 50 req/s)."""
+def synthetic_run(run_dir: Path, n: int, tokens: int, seed: int = 0, scale: float = 1.0, extra: dict | None = None) -> Path:
+    """A run folder with ``n`` requests of ``tokens`` single-token chunks (open loop, 50 req/s).
+
+    ``scale`` multiplies every latency (TTFT and each token gap): 1.15 is a 15 % slower engine.
+    """
     rng = np.random.default_rng(seed)
     intended = np.cumsum(rng.exponential(1 / 50, n) * 1e9).astype(np.int64) + 10**12
     send = intended + rng.integers(10_000, 200_000, n)
     ttft = rng.lognormal(np.log(80e6), 0.3, n).astype(np.int64)
     gaps = rng.lognormal(np.log(12e6), 0.25, (n, tokens)).astype(np.int64)
     gaps[:, 0] = ttft
+    gaps = (gaps * scale).astype(np.int64)
     chunk = send[:, None] + np.cumsum(gaps, axis=1)
     offsets = np.arange(0, n * tokens + 1, tokens, dtype=np.int32)
     chunk_ns = pa.ListArray.from_arrays(pa.array(offsets), pa.array(chunk.ravel()))
@@ -129,8 +133,8 @@ def synthetic_run(run_dir: Path, n: int, tokens: int, seed: int = 0) -> Path:
     write_table_atomic(table, run_dir / "requests" / "part-000-000000.parquet")
     write_run_meta(
         run_dir,
-        {"run_id": "synthetic", "schema_version": "1.0", "bench_version": "test", "status": "complete",
-         "engine": "synthetic", "model": "m", "config_json": {"slo": {"ttft_ms": 200, "tpot_ms": 20}}},
+        {"run_id": f"synthetic-{run_dir.name}", "schema_version": "1.0", "bench_version": "test", "status": "complete",
+         "engine": "synthetic", "model": "m", "config_json": {"slo": {"ttft_ms": 200, "tpot_ms": 20}}, "extra_json": extra},
     )  # fmt: skip
     return run_dir
 
