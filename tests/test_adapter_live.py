@@ -66,3 +66,40 @@ def test_adapter_against_sim_flavour(name: str, engines: dict[str, EngineHandle]
         assert adapter_json["forces_output_length"] is False
     table = read_server_metrics(result.run_dir)
     assert table is not None and common in set(pc.unique(table["common"]).to_pylist())
+
+
+FLAVOUR_ADAPTER = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi"}
+
+
+@pytest.mark.parametrize("flavor", sorted(FLAVOUR_ADAPTER))
+@pytest.mark.parametrize(
+    "faults, expect",
+    [
+        ("split_utf8=1,multi_token=1,slow_start=1s", "ok"),
+        ("no_done=1", {"vllm": "no_done", "sglang": "no_done", "tgi": "truncated"}),
+        ("malformed=1", "malformed_chunk"),
+    ],
+)
+def test_stream_faults_per_flavour(flavor: str, faults: str, expect: object, tmp_path: Path) -> None:
+    """Edge cases on the wire, per flavour: split UTF-8 and multi-token events still count
+    exactly; a missing end marker / final event and invalid JSON fail the request, never the run.
+    ``slow_start`` makes /health answer 503 first: the launcher must keep waiting."""
+    spec = LaunchSpec("sim", "llama-3.1-8b", flavor=flavor, extra_args=("--faults", faults, "--seed", "3"),
+                      ready_timeout_s=60)  # fmt: skip
+    with launch(spec, tmp_path / "engine.log") as engine:
+        adapter = get_adapter(FLAVOUR_ADAPTER[flavor], model="llama-3.1-8b")
+        schedule = SyntheticWorkload(requests=4, input_tokens=32, output_tokens=10, concurrency=2, seed=4).schedule()
+        cfg = RunConfig(out=tmp_path / "run", url=engine.url, engine=f"sim-{flavor}", model="llama-3.1-8b",
+                        schedule=schedule, scrape_interval_s=None)  # fmt: skip
+        result = run_async(lambda: execute_run(cfg, adapter, install_signals=False))
+    rows = read_requests(result.run_dir).to_pylist()
+    assert len(rows) == 4
+    if expect == "ok":
+        for r in rows:
+            assert r["ok"], (r["error_type"], r["error_message"])
+            assert r["output_tokens"] == sum(r["chunk_tokens"])
+            if r["completion_tokens"] is not None:
+                assert r["output_tokens"] == r["completion_tokens"]
+    else:
+        want = expect[flavor] if isinstance(expect, dict) else expect
+        assert [r["error_type"] for r in rows] == [want] * 4
