@@ -300,3 +300,16 @@ def test_bench_run_launch_refuses_unsupported_axes(tmp_path: Path) -> None:
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "TGI has no pipeline parallelism" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_container_template_splices_args_and_port() -> None:
+    from adapters.launch.launcher import _containerise
+
+    argv = ["text-generation-launcher", "--model-id", "m", "--port", "3000"]
+    tpl = ("docker", "run", "--rm", "-p", "{port}:{port}", "ghcr.io/huggingface/text-generation-inference:3", "{args}")
+    assert _containerise(tpl, argv, 3000) == [
+        "docker", "run", "--rm", "-p", "3000:3000", "ghcr.io/huggingface/text-generation-inference:3",
+        "--model-id", "m", "--port", "3000",
+    ]  # fmt: skip
+    assert _containerise(("podman", "run", "img", "{argv}"), argv, 1)[3:] == argv
+    assert _containerise(None, argv, 1) == argv
