@@ -112,3 +112,20 @@ def test_missing_configuration_fails_the_gate(tmp_path: Path) -> None:
     res = run_gate(tmp_path / "base", tmp_path / "cur", cfg)
     assert res.missing == ("tp=2",) and not res.passed
     assert "missing" in junit_xml(res)
+
+
+def test_ci_examples_use_existing_files_and_options() -> None:
+    """The workflows and the sweep script only use bench options that exist."""
+    import re
+
+    ci = REPO / "ci"
+    texts = {p.name: p.read_text() for p in [ci / "sweep-sim.sh", *(ci / "workflows").glob("*.yml")]}
+    assert {"sweep-sim.sh", "nightly.yml", "baseline.yml"} <= set(texts)
+    for name, text in texts.items():
+        for ref in re.findall(r"ci/[\w./-]+", text):
+            assert (REPO / ref).exists(), f"{name} refers to missing {ref}"
+        flat = text.replace("\\\n", " ")
+        for verb, args in re.findall(r"\bbench (sweep|gate|report|compare)\b([^\n]*(?:\n\s+--[^\n]*)*)", flat):
+            helptext = subprocess.run(bench_argv(verb, "--help"), capture_output=True, text=True, timeout=60, cwd=REPO).stdout
+            for opt in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", args):
+                assert opt in helptext, f"{name}: bench {verb} has no option {opt}"
