@@ -30,7 +30,10 @@ def config_key(meta: dict[str, Any]) -> str:
     load = extra.get("load")
     parts = []
     if isinstance(cell, dict):
-        parts.append(",".join(f"{k}={cell[k]}" for k in sorted(cell)))
+        if cell.get("cell_id"):
+            parts.append(str(cell["cell_id"]))
+        else:
+            parts.append(",".join(f"{k}={cell[k]}" for k in sorted(cell) if not isinstance(cell[k], (list, dict))))
     if isinstance(load, dict):
         parts.append(str(load.get("label") or f"{load.get('kind')}={load.get('value')}"))
     return " / ".join(parts)
