@@ -112,6 +112,12 @@ def vllm_command() -> list[str]:
     )
 
 
+def _bind_host(spec: "LaunchSpec") -> str:
+    """Inside a container the engine must listen on all of the container's interfaces; the
+    template's port mapping (e.g. ``-p 127.0.0.1:{port}:{port}``) decides what the host exposes."""
+    return "0.0.0.0" if spec.container_template else spec.host
+
+
 def _python_for(var: str) -> str:
     return os.environ.get(var) or sys.executable
 
@@ -140,7 +146,7 @@ def _plan_sim(spec: "LaunchSpec", port: int) -> EngineLayout:
 def _plan_vllm(spec: "LaunchSpec", port: int) -> EngineLayout:
     p = spec.parallel
     cmd = ["vllm"] if spec.container_template else vllm_command()
-    argv = [*cmd, "serve", spec.model, "--host", spec.host, "--port", str(port)]
+    argv = [*cmd, "serve", spec.model, "--host", _bind_host(spec), "--port", str(port)]
     argv += ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
     if p.dp > 1:
         argv += ["--data-parallel-size", str(p.dp)]
@@ -161,7 +167,7 @@ def _plan_vllm(spec: "LaunchSpec", port: int) -> EngineLayout:
 def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[str]:
     p = spec.parallel
     py = "python3" if spec.container_template else _python_for("BENCH_SGLANG_PYTHON")
-    argv = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port", str(port)]
+    argv = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", _bind_host(spec), "--port", str(port)]
     argv += ["--tp-size", str(p.tp)]
     if p.pp > 1:
         argv += ["--pp-size", str(p.pp)]
@@ -202,7 +208,7 @@ def _plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int])
 def _plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     p = spec.parallel
     exe = os.environ.get("BENCH_TGI_LAUNCHER", "text-generation-launcher")
-    argv = [exe, "--model-id", spec.model, "--hostname", spec.host, "--port", str(port)]
+    argv = [exe, "--model-id", spec.model, "--hostname", _bind_host(spec), "--port", str(port)]
     argv += ["--num-shard", str(p.tp)]
     if p.tp > 1:
         argv += ["--sharded", "true"]
