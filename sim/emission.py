@@ -49,6 +49,13 @@ class EmissionLog:
         self._actual.extend([actual_ns] * n) if n > 1 else self._actual.append(actual_ns)
         self.rows += n
 
+    def add1(self, rid: str, index: int, intended: int, actual_ns: int) -> None:
+        self._rids.append(rid)
+        self._idx.append(index)
+        self._intended.append(intended)
+        self._actual.append(actual_ns)
+        self.rows += 1
+
     def take(self) -> pa.Table | None:
         """Detach the buffered rows as a table (cheap; call on the event loop)."""
         if not self._rids:

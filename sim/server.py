@@ -63,7 +63,7 @@ class HttpStream:
 
     __slots__ = ("srv", "req", "rid", "wire", "kind", "seed", "faults", "pw", "transport", "done", "sent",
                  "held", "hold_until", "buf_text", "buf_pieces", "buf_intended", "buf_first", "first_ns", "last_ns",
-                 "arrival_ns", "unary_text", "closed")
+                 "arrival_ns", "unary_text", "closed", "fast")
 
     def __init__(self, srv: "SimServer", rid: str, wire: Any, kind: str, seed: int, faults: RequestFaults,
                  arrival_ns: int) -> None:
@@ -89,16 +89,31 @@ class HttpStream:
         self.arrival_ns = arrival_ns
         self.unary_text: list[str] | None = None
         self.closed = False
+        self.fast = False  # set once streaming starts with no faults planned
 
     # -- engine-loop side --------------------------------------------------------------------
     def emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
         if self.closed:
             return
-        if self.transport is not None and self.transport.is_closing():
+        tr = self.transport
+        if tr is not None and tr.is_closing():
             self._fail("client_disconnected")
             return
         first = self.sent
         f = self.faults
+        if self.fast and n == 1 and not finished:
+            # hot path: one token, no faults, streaming, OpenAI/SGLang framing
+            self.sent = first + 1
+            wire = self.wire
+            wire.cached = req.cached_tokens
+            data = wire.tokens(output_token(self.seed, first), first + 1, None)
+            tr.write(b"%x\r\n%b\r\n" % (len(data), data))
+            actual = _now()
+            self._timing(1, actual)
+            log = self.srv.emission_log
+            if log is not None:
+                log.add1(self.rid, first, intended[0], actual)
+            return
         pieces = [output_token(self.seed, first + j) for j in range(n)]
         if f.split_at >= 0 and first <= f.split_at < first + n:
             pieces[f.split_at - first] = SPLIT_TOKEN
@@ -412,6 +427,7 @@ class SimServer:
         pw.send_headers()
         sink.pw = pw
         sink.transport = request.transport
+        sink.fast = faults.clean and kind != "tgi" and request.transport is not None
         if hasattr(wire, "cached"):
             wire.cached = 0
         self.engine.submit(req)

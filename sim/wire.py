@@ -24,7 +24,7 @@ class OpenAIWire:
     """vLLM's /v1/completions and /v1/chat/completions streams."""
 
     __slots__ = ("rid", "chat", "model", "created", "prompt_tokens", "cached", "include_usage", "continuous",
-                 "details", "_opened")
+                 "details", "_opened", "_head", "_mid", "_usage_head")
 
     def __init__(self, rid: str, chat: bool, model: str, prompt_tokens: int, include_usage: bool, continuous: bool,
                  cached_details: bool = False) -> None:
@@ -36,6 +36,13 @@ class OpenAIWire:
         self.continuous = include_usage and continuous
         self.details = cached_details
         self._opened = False
+        # byte templates for the hot path (same bytes orjson would produce)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._head = (b'data: {"id":' + _dumps(rid) + b',"object":"' + obj.encode() + b'","created":'
+                      + str(self.created).encode() + b',"model":' + _dumps(model)
+                      + (b',"choices":[{"index":0,"delta":{"content":' if chat else b',"choices":[{"index":0,"text":'))
+        self._mid = (b'},"logprobs":null,"finish_reason":' if chat else b',"logprobs":null,"finish_reason":')
+        self._usage_head = b',"usage":{"prompt_tokens":' + str(prompt_tokens).encode() + b',"total_tokens":'
 
     def usage(self, done: int) -> dict[str, Any]:
         u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + done,
@@ -57,14 +64,16 @@ class OpenAIWire:
             if self.continuous:
                 first["usage"] = self.usage(0)
             out = sse(first)
-        if self.chat:
-            choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-        chunk = self._base([choice])
+        fin = b"null" if finish is None else b'"' + finish.encode() + b'"'
+        tail = b"}]" if self.chat else b',"stop_reason":null}]'
         if self.continuous:
-            chunk["usage"] = self.usage(done)
-        return out + sse(chunk)
+            usage = (self._usage_head + str(self.prompt_tokens + done).encode() + b',"completion_tokens":'
+                     + str(done).encode()
+                     + (b',"prompt_tokens_details":{"cached_tokens":' + str(self.cached).encode() + b"}}}\n\n"
+                        if self.details else b"}}\n\n"))
+        else:
+            usage = b"}\n\n"
+        return out + self._head + _dumps(text) + self._mid + fin + tail + usage
 
     def malformed(self, text: str) -> bytes:
         return b'data: {"id":"' + self.rid.encode() + b'","object":"text_completion","choices":[{"index":0,"text":' + \
