@@ -159,6 +159,23 @@ def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None) -> Sat
         admitted = _span_rate(df["first_token_ns"].to_numpy(dtype=float))
         if math.isfinite(offered) and math.isfinite(admitted) and admitted < ADMISSION_RATIO_MIN * offered:
             reasons.append(f"first tokens at {admitted:.2f} req/s behind the offered {offered:.2f} req/s")
+        else:
+            # completions: a server keeping up finishes the N requests about one typical
+            # latency after the last send; one falling behind takes longer
+            intended = df["intended_send_ns"].to_numpy(dtype=float)
+            ends = df["end_ns"].to_numpy(dtype=float)
+            ok = df["ok"].to_numpy(dtype=bool)
+            send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9
+            e2e = np.nanmedian(df.loc[ok, "e2e_ms"].to_numpy(dtype=float)) / 1000.0 if ok.any() else float("nan")
+            if ok.any() and math.isfinite(e2e) and send_span > 0 and math.isfinite(offered):
+                window = (np.nanmax(ends[ok]) - np.nanmin(intended)) / 1e9
+                achieved = ok.sum() / window if window > 0 else float("nan")
+                expected = n / (send_span + e2e)
+                if math.isfinite(achieved) and achieved < ADMISSION_RATIO_MIN * expected:
+                    reasons.append(
+                        f"completions at {achieved:.2f} req/s behind the {expected:.2f} req/s a server keeping up "
+                        f"with {offered:.2f} req/s would reach"
+                    )
         order = np.argsort(df["intended_send_ns"].to_numpy(dtype=float), kind="stable")
         lag = df["ttft_from_intended_ms"].to_numpy(dtype=float)[order]
         third = n // 3

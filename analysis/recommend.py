@@ -571,7 +571,7 @@ def _ms(v: Any, digits: int = 0) -> str:
 
 
 def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
-    header = f"{'cell':<20}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'best goodput':>12}  {'limited by':<18}"
+    header = f"{'cell':<20}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'max goodput':>12}  {'limited by':<18}"
     lines = [header, "-" * len(header)]
     by_id = {c["cell_id"]: c for c in configs}
     for cell in cells:
@@ -590,7 +590,7 @@ def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
             capt, pg = f"c={c['max_concurrency']}", ""
         else:
             capt, pg = "none", ""
-        good = max((p["goodput_rps"] or 0.0 for p in c["loads"]), default=0.0)
+        good = max((p["goodput_rps"] or 0.0 for p in c["loads"] if not p["baseline"]), default=0.0)
         lines.append(f"{cid:<20}{c['gpus']:>5}  {'complete':<9}{capt:>15}{pg:>9}  {good:>12.2f}  {c['limiting_factor']:<18}")
     return "\n".join(lines)
 

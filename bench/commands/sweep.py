@@ -57,6 +57,8 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--max-probes", type=int, help="Capacity search: most loads per cell. [default: 8]")
 @click.option("--requests", "n_requests", type=int, help="Measured requests per load. [default: 60]")
 @click.option("--warmup", type=int, help="Warm-up requests per cell (recorded, excluded). [default: 4]")
+@click.option("--min-window", type=float, help="Rate loads send for at least this many seconds (default: capacity: 8x one-at-a-time latency).")
+@click.option("--max-requests", type=int, help="Most measured requests per load. [default: 600]")
 @click.option("--workload", "workload_refs", multiple=True, help="Named workload or TOML file (repeatable).")
 @click.option("--input-tokens", type=int, help="Synthetic workload prompt length. [default: 512]")
 @click.option("--output-tokens", type=int, help="Synthetic workload output length. [default: 128]")
@@ -150,6 +152,8 @@ def _apply_flags(base, flags: dict[str, object]):  # type: ignore[no-untyped-def
         "capacity_max_probes": flags.get("max_probes"),
         "requests": flags.get("n_requests"),
         "warmup": flags.get("warmup"),
+        "min_window_s": flags.get("min_window"),
+        "max_requests": flags.get("max_requests"),
     }
     if rates is not None or concs is not None or flags.get("capacity"):
         # a load kind given on the command line replaces the file's

@@ -26,6 +26,8 @@ Echo = Callable[[str], None]
 
 #: Requests in the one-at-a-time baseline that opens a capacity search.
 BASELINE_REQUESTS = 6
+#: A capacity probe sends for at least this many one-at-a-time latencies (see LoadSpec.min_window_s).
+WINDOW_E2E_MULTIPLE = 8.0
 
 
 class SweepInterrupted(Exception):
@@ -136,7 +138,7 @@ class CellRunner:
     ) -> bool:
         """All loads of one workload; False when the cell must stop (engine died)."""
         spec = self.spec
-        state = {"first": first_run}
+        state = {"first": first_run, "seq": 0}
 
         def measure(load: Load) -> tuple[dict[str, Any], bool] | None:
             """Run one load (with its repeats pooled by the caller); None if the engine died."""
@@ -213,7 +215,8 @@ class CellRunner:
             atts: list[tuple[float, int]] = []
             saturated = False
             for r in range(spec.repeats if role != "baseline" else 1):
-                res = measure(Load(kind, value, w, r, role, requests))
+                res = measure(Load(kind, value, w, r, role, requests, seq=state["seq"]))
+                state["seq"] += 1
                 if res is None:
                     return None
                 row, sat = res
@@ -224,11 +227,19 @@ class CellRunner:
             return att, saturated
 
         loads = spec.loads
+
+        def requests_for(rate: float, window_s: float) -> int:
+            return int(min(loads.max_requests, max(loads.requests, math.ceil(rate * window_s))))
+
         if loads.capacity:
             base = measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
             if base is None:
                 return False
             base_att, _ = base
+            base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
+            window = loads.min_window_s if loads.min_window_s is not None else WINDOW_E2E_MULTIPLE * base_e2e_s
+            if not math.isfinite(window):
+                window = 0.0
             if not passes(base_att, False, spec.attainment_pct):
                 out.capacity[w.tag] = {
                     "method": "search",
@@ -251,7 +262,7 @@ class CellRunner:
                 min_rate=loads.capacity_min_rate,
             )
             while (rate := search.next_rate()) is not None:
-                res = measure_pooled("rate", rate, "probe")
+                res = measure_pooled("rate", rate, "probe", requests_for(rate, window))
                 if res is None:
                     return False
                 att, sat = res
@@ -276,7 +287,9 @@ class CellRunner:
         )
         probes: list[Probe] = []
         for i, (kind, value) in enumerate(values):
-            res = measure_pooled(kind, value, "load")
+            res = measure_pooled(
+                kind, value, "load", requests_for(value, loads.min_window_s or 0.0) if kind == "rate" else None
+            )
             if res is None:
                 return False
             att, sat = res
@@ -335,6 +348,8 @@ class CellRunner:
         line = " ".join(parts)
         if row.get("saturated"):
             line += f"  SATURATED: {row['saturation_reason']}"
+        if row.get("missing_rows"):
+            line += f"  WARNING: {row['missing_rows']} scheduled requests have no row in the results"
         self.echo(line)
 
 

@@ -31,6 +31,10 @@ class Load:
     role: str = "load"
     #: measured requests (None: the sweep's)
     requests: int | None = None
+    #: position of this load in its cell: each load gets its own prompts, so a later load
+    #: never hits the prefix cache on an earlier load's prompts (same lengths and arrivals
+    #: process, different text)
+    seq: int = 0
 
     @property
     def probe(self) -> bool:
@@ -53,7 +57,7 @@ def build_schedule(load: Load, spec: SweepSpec, warmup: int) -> Schedule:
     n = load.requests or spec.loads.requests
     rate = load.value if load.kind == "rate" else None
     conc = int(load.value) if load.kind == "concurrency" else None
-    seed = w.seed + load.repeat
+    seed = w.seed + 1000 * load.seq + load.repeat
     if w.name:
         try:
             from workloads.catalog import build_named_schedule
@@ -132,30 +136,17 @@ def run_load(
         },
         extra=extra,
     )
-    scraper = _scraper(url, run_dir)
-    try:
-        result = run_async(lambda: execute_run(cfg, adapter))
-    finally:
-        if scraper is not None:
-            scraper.stop()
+    # execute_run scrapes the engine's /metrics into the run folder throughout the load
+    result = run_async(lambda: execute_run(cfg, adapter))
     run = load_run(run_dir)
     signals = server_signals(read_server_metrics(run_dir))
     metrics = point_metrics(run, slo, signals)
+    expected = len(schedule.measured)
+    if metrics["requests"] < expected and not result.stats.interrupted:
+        metrics["missing_rows"] = expected - metrics["requests"]
     sat = open_loop_saturation(run, signals) if load.kind == "rate" else Saturation(False)
     _mark_saturation(run_dir, sat)
     return metrics, sat, bool(result.stats.interrupted)
-
-
-def _scraper(url: str, run_dir: Path):  # type: ignore[no-untyped-def]
-    """Scrape the engine's /metrics into the run folder throughout the load (when available)."""
-    try:
-        from loadgen.scrape import MetricsScraper
-    except ImportError:
-        return None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    scraper = MetricsScraper(url, run_dir, interval_s=1.0)
-    scraper.start()
-    return scraper
 
 
 def _mark_saturation(run_dir: Path, sat: Saturation) -> None:

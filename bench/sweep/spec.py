@@ -87,8 +87,14 @@ class LoadSpec:
     capacity_max_probes: int = 8
     capacity_max_rate: float = 1000.0
     capacity_min_rate: float = 0.01
-    #: Measured requests per load.
+    #: Measured requests per load (at least; see min_window_s).
     requests: int = 60
+    #: Rate loads send for at least this many seconds (more requests at higher rates), so a
+    #: burst is not mistaken for a sustained rate. None: for a capacity search, 8 × the
+    #: one-at-a-time latency measured first; for listed rates, no minimum.
+    min_window_s: float | None = None
+    #: Most measured requests per load.
+    max_requests: int = 600
     #: Warm-up requests sent once per cell before its first load (recorded, excluded).
     warmup: int = 4
     #: Seconds in-flight requests may take after the last send (None: from the SLOs, else 120).
@@ -118,6 +124,10 @@ class LoadSpec:
             raise SweepSpecError("loads: need 0 < capacity_min_rate < capacity_max_rate")
         if self.requests < 1:
             raise SweepSpecError("loads.requests must be at least 1")
+        if self.max_requests < self.requests:
+            raise SweepSpecError("loads.max_requests must be at least loads.requests")
+        if self.min_window_s is not None and not self.min_window_s >= 0:
+            raise SweepSpecError("loads.min_window_s must be >= 0")
         if self.warmup < 0:
             raise SweepSpecError("loads.warmup must be >= 0")
         if self.drain_timeout_s is not None and not self.drain_timeout_s > 0:

@@ -1,0 +1,88 @@
+"""The sweep on the simulated engine's performance model (70B on H100, real time): every cell
+runs or is skipped with its reason, each cell's capacity is found, and the recommendation
+changes with the workload the way serving practice predicts:
+
+* short prompts at high load: replicas win (DP2×TP2 serves more than TP4 on the same 4 GPUs,
+  since TP4 pays collectives on every decode step for a faster single request);
+* long prompts with a tight TTFT target: only TP4 prefills fast enough (TP2 misses the TTFT
+  target even one request at a time, so adding a replica does not help).
+
+Runs are kept short (small request counts, coarse precision); the sim's batch limit is set
+low in the first scenario so the event rate stays small on two shared cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.sweep.store import read_cells
+from tests.conftest import REPO
+
+BASE = [
+    "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "4",
+    "--tp", "2,4", "--dp", "1,2", "--capacity",
+]  # fmt: skip
+
+
+def _sweep(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", *BASE, *args, "--out", str(out), "--no-progress"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_short_prompts_at_high_load_favour_replicas(tmp_path: Path) -> None:
+    out = tmp_path / "short"
+    r = _sweep(
+        out,
+        "--input-tokens", "128", "--output-tokens", "16", "--requests", "20", "--warmup", "2",
+        "--capacity-start", "10", "--precision", "0.2", "--max-probes", "7",
+        "--slo", "ttft_ms=300,tpot_ms=40", "--target-rate", "38",
+        "--engine-arg=--max-num-seqs=8",
+    )  # fmt: skip
+    cells = {c["cell_id"]: c for c in read_cells(out)}
+    assert cells["tp4-dp2"]["status"] == "skipped" and "needs 8 GPUs, 4 available" in cells["tp4-dp2"]["reason"]
+    for cid in ("tp2", "tp4", "tp2-dp2"):
+        assert cells[cid]["status"] == "complete", cells[cid]
+        assert cells[cid]["capacity_rps"] and cells[cid]["capacity_rps"] > 0
+        cap = json.loads(cells[cid]["capacity_json"])["in128-out16"]
+        assert cap["converged"], cap  # bracketed to the stated precision
+        assert cells[cid]["limiting_factor"]
+    # the same 4 GPUs: replicas serve more; TP4 gives the faster single request
+    assert cells["tp2-dp2"]["capacity_rps"] > cells["tp4"]["capacity_rps"] > cells["tp2"]["capacity_rps"]
+    rec = json.loads((out / "recommendation.json").read_text())
+    assert rec["recommendation"]["cell_id"] == "tp2-dp2"
+    assert rec["recommendation"]["evidence"]["load_value"] >= 38
+    assert "RECOMMENDATION: tp2-dp2" in r.stdout
+    assert "tp4 gives the fastest single request" in r.stdout
+    assert "[1/3] tp2 rate-" in r.stderr  # progress per cell and load
+
+
+def test_long_prompts_with_a_tight_ttft_favour_tp4(tmp_path: Path) -> None:
+    out = tmp_path / "long"
+    r = _sweep(
+        out,
+        "--input-tokens", "6000", "--output-tokens", "16", "--requests", "6", "--warmup", "1",
+        "--capacity-start", "1", "--precision", "0.5", "--max-probes", "3",
+        "--slo", "ttft_ms=400,tpot_ms=40", "--target-rate", "0.5",
+    )  # fmt: skip
+    cells = {c["cell_id"]: c for c in read_cells(out)}
+    assert cells["tp4"]["capacity_rps"] and cells["tp4"]["capacity_rps"] >= 0.5
+    for cid in ("tp2", "tp2-dp2"):
+        assert cells[cid]["status"] == "complete" and cells[cid]["capacity_rps"] is None
+        assert cells[cid]["limiting_factor"] == "prefill_unloaded"
+    assert "RECOMMENDATION: tp4" in r.stdout
+    # bench recommend reads the same answer back from the Parquet alone
+    again = subprocess.run(
+        [sys.executable, "-m", "bench", "recommend", str(out), "--json"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["recommendation"]["cell_id"] == "tp4"
