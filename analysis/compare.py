@@ -22,7 +22,11 @@ from analysis.smoothness import Deadlines
 
 
 def config_key(meta: dict[str, Any]) -> str:
-    """The configuration a run measured: '' for a plain run, 'cell / load' inside a sweep."""
+    """The configuration a run measured: '' for a plain run, 'cell / workload / load' in a sweep.
+
+    The load is named by its kind and value, not its label, so repeats of one load (whose
+    labels may carry a repeat suffix) share a key and are pooled.
+    """
     extra = meta.get("extra")
     if not isinstance(extra, dict):
         return ""
@@ -34,8 +38,14 @@ def config_key(meta: dict[str, Any]) -> str:
             parts.append(str(cell["cell_id"]))
         else:
             parts.append(",".join(f"{k}={cell[k]}" for k in sorted(cell) if not isinstance(cell[k], (list, dict))))
+    if isinstance(extra.get("workload"), str) and extra["workload"]:
+        parts.append(extra["workload"])
     if isinstance(load, dict):
-        parts.append(str(load.get("label") or f"{load.get('kind')}={load.get('value')}"))
+        value = load.get("value")
+        if load.get("kind") and isinstance(value, (int, float)):
+            parts.append(f"{load['kind']}={value:g}")
+        else:
+            parts.append(str(load.get("label")))
     return " / ".join(parts)
 
 

@@ -90,8 +90,19 @@ def test_sweep_folders_are_compared_cell_by_cell(tmp_path: Path) -> None:
         for cell in cells:
             synthetic_run(tmp_path / side / f"cell={cell}" / "load=rate-2", 100, 4, seed=len(cell), extra=extra(cell, 2))
     cmp = compare_paths(tmp_path / "A", tmp_path / "B", ["ttft_p50_ms"], options=OPTS)
-    assert [g.key for g in cmp.groups] == ["tp=1 / rate-2"]
-    assert cmp.unmatched == ("tp=2 / rate-2", "tp=4 / rate-2")
+    assert [g.key for g in cmp.groups] == ["tp=1 / rate=2"]
+    assert cmp.unmatched == ("tp=2 / rate=2", "tp=4 / rate=2")
+
+
+def test_repeats_with_suffixed_labels_are_pooled(tmp_path: Path) -> None:
+    for side in ("A", "B"):
+        for r in range(2):
+            extra = {"cell": {"cell_id": "tp1", "tp": 1}, "workload": "in256-out32",
+                     "load": {"kind": "rate", "value": 2.0, "label": f"rate-2-r{r + 1}"}, "repeat": r}  # fmt: skip
+            synthetic_run(tmp_path / side / "cell=tp1" / f"load=rate-2-r{r + 1}", 100, 4, seed=r + 7 * (side == "B"), extra=extra)
+    cmp = compare_paths(tmp_path / "A", tmp_path / "B", ["ttft_p50_ms"], options=OPTS)
+    (g,) = cmp.groups
+    assert g.key == "tp1 / in256-out32 / rate=2" and len(g.baseline_runs) == 2 and g.current_requests == 200
 
 
 def test_compare_cli_text_json_and_errors(tmp_path: Path) -> None:
