@@ -138,14 +138,16 @@ class CostModel:
             pf_tokens += chunk
             attn_pf_flops += chunk * (ctx + chunk / 2.0)
         T = pf_tokens + n_decode
+        # PCP splits prompt tokens across its ranks: each rank runs the linear layers on its share
+        T_rank = pf_tokens / par.pcp + n_decode if par.pcp > 1 else float(T)
         # linear layers (per GPU, one stage)
         active_expert = (m.active_params_b - (m.params_b - m.expert_params_b)) * 1e9 if m.is_moe else 0.0
         dense_active = m.active_params_b * 1e9 - active_expert
-        lin_flops = 2.0 * dense_active * T / (t * p)
+        lin_flops = 2.0 * dense_active * T_rank / (t * p)
         weight_bytes = self.dense_weight_bytes_gpu
         if m.is_moe:
             imb = self.expert_imbalance if self.ep_width > 1 and par.ep > 1 else 1.0
-            lin_flops += 2.0 * active_expert * T / (self.ep_width * p) * imb
+            lin_flops += 2.0 * active_expert * T_rank / (self.ep_width * p) * imb
             # experts touched by T tokens (each picks top_k of E)
             touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(T, 0)
             weight_bytes += self.expert_weight_bytes_gpu * touched
@@ -156,7 +158,7 @@ class CostModel:
         )
         t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / (self.bw * g.mbu_kv)
         # collectives
-        act_bytes = T * m.hidden * 2.0
+        act_bytes = T_rank * m.hidden * 2.0
         t_tp = self.layers_stage * 2.0 * (self.all_reduce_s(t, act_bytes) + self.skew_s) if t > 1 and T else 0.0
         t_dcp = 2.0 * self.layers_stage * _pick(g.ar_alpha_us, par.dcp) * 1e-6 if par.dcp > 1 and n_decode else 0.0
         t_pcp = 0.0

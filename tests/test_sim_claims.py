@@ -218,3 +218,21 @@ def test_sweep_trade_off_tp4_for_long_prompts_dp2tp2_for_short_prompts_at_load()
     ta, tb = throughput(run(tp4, load)), throughput(run(dp2, load))
     print(f"short prompts at load: TP4 {ta:.0f} tok/s, DP2xTP2 {tb:.0f} tok/s")
     assert tb > 1.1 * ta
+
+
+def test_pcp_shortens_very_long_prefill_at_extra_gpus() -> None:
+    base = ModelTiming("llama-3.1-8b", "h100")
+    pcp = dataclasses.replace(base, pcp=2)
+    a, b = single(base, 60000, 4), single(pcp, 60000, 4)
+    print(f"60k prompt TTFT: pcp1 {a.ttft_s*1e3:.0f} ms, pcp2 {b.ttft_s*1e3:.0f} ms ({pcp.gpus} GPUs)")
+    assert b.ttft_s < 0.9 * a.ttft_s and pcp.gpus == 2
+
+
+def test_jitter_is_seeded() -> None:
+    t = ModelTiming("llama-3.1-8b", "h100", jitter=0.08, seed=4)
+    load = [Arrival(0.0, 300, 40), Arrival(0.01, 300, 40)]
+    a = [o.token_ns for o in run(t, load)]
+    assert a == [o.token_ns for o in run(t, load)]
+    assert a != [o.token_ns for o in run(dataclasses.replace(t, seed=5), load)]
+    itl = [x for o in run(t, load) for x in o.itls_s]
+    assert statistics.pstdev(itl) / statistics.mean(itl) > 0.03
