@@ -178,3 +178,23 @@ def test_bench_clients_against_each_flavour(tmp_path: Path) -> None:
         assert all(r["ok"] for r in rows), [(r["error_type"], r["error_message"]) for r in rows]
         assert all(r["output_tokens"] == 12 for r in rows)
         assert all(r["prompt_tokens"] in (64, None) for r in rows)
+
+
+def test_client_disconnect_frees_the_request() -> None:
+    async def main() -> tuple[str, str]:
+        async with serve_in_process(create_app(cfg("vllm"))) as url:
+            async with aiohttp.ClientSession() as s:
+                r = await s.post(url + "/v1/completions", json={"model": "llama-3.1-8b", "prompt": "a b c",
+                                                                "max_tokens": 3000, "stream": True})
+                await r.content.readline()
+                async with s.get(url + "/metrics") as m:
+                    during = await m.text()
+                r.close()
+                await asyncio.sleep(0.3)
+                async with s.get(url + "/metrics") as m:
+                    after = await m.text()
+        return during, after
+
+    during, after = asyncio.run(main())
+    line = 'vllm:num_requests_running{model_name="llama-3.1-8b",engine="0"}'
+    assert f"{line} 1" in during and f"{line} 0" in after
