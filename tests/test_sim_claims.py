@@ -102,7 +102,7 @@ def test_dcp_raises_kv_capacity_at_a_higher_tpot() -> None:
     sb = ModelBackend(dataclasses.replace(dcp, profile_spec=small))
     peak_a = _peak_running(sa, load)
     peak_b = _peak_running(sb, load)
-    print(f"peak running (30k-token contexts): tp8 {peak_a}, tp8 dcp8 {peak_b}")
+    print(f"peak running (6k-token prompts, small KV pool): tp8 {peak_a}, tp8 dcp8 {peak_b}")
     assert peak_b > 2 * peak_a
 
 
