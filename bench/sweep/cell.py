@@ -159,16 +159,26 @@ class CellRunner:
                 "prefix_cache": out.prefix_cache_reset,
             }
             t = time.monotonic()
-            metrics, sat, interrupted = run_load(
-                spec=spec,
-                load=load,
-                run_dir=run_dir,
-                url=url,
-                served_model=served,
-                extra=extra,
-                warmup=warmup,
-                progress=self.progress,
-            )
+            for attempt in range(2):
+                metrics, sat, interrupted = run_load(
+                    spec=spec,
+                    load=load,
+                    run_dir=run_dir,
+                    url=url,
+                    served_model=served,
+                    extra=extra,
+                    warmup=warmup,
+                    progress=self.progress,
+                )
+                if not metrics.get("missing_rows") or interrupted or attempt == 1:
+                    break
+                # a results-writing fault lost rows: judging the load on part of it would be
+                # wrong, so keep the incomplete folder aside and measure the load again
+                kept = store.set_aside_partial(self.sweep_dir, cell_id, run_dir)
+                self.echo(
+                    f"{index} {cell_id} {label}: WARNING: {metrics['missing_rows']} requests have no row in the "
+                    f"results; measuring this load again (incomplete run kept in {kept})"
+                )
             row = {
                 **config_columns(spec, cfg, cell_id),
                 "sweep_id": self.sweep_id,
@@ -253,9 +263,14 @@ class CellRunner:
                 }
                 self.echo(f"{index} {cell_id}: capacity none: fails the SLOs even one request at a time")
                 return True
-            hint = self.capacity_hint(cfg, w.tag) if self.capacity_hint else None
+            # later cells start near what earlier cells found per GPU (fewer probes)
+            start = self.capacity_hint(cfg, w.tag) if self.capacity_hint else None
+            if start is None:
+                start = loads.capacity_start
+            if start is None:
+                start = 2.0 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 1.0
             search = CapacitySearch(
-                start=hint or loads.capacity_start,
+                start=start,
                 precision=loads.capacity_precision,
                 max_probes=loads.capacity_max_probes,
                 max_rate=loads.capacity_max_rate,

@@ -81,14 +81,16 @@ class LoadSpec:
     concurrency: tuple[int, ...] = ()
     capacity: bool = False
     #: First rate the capacity search probes (req/s); it then doubles or halves to bracket.
-    capacity_start: float = 1.0
+    #: Later cells start from what earlier cells found per GPU. None: twice the one-at-a-time
+    #: request rate measured first.
+    capacity_start: float | None = None
     #: Stop bisecting when (upper - lower) <= precision × lower.
     capacity_precision: float = 0.1
     capacity_max_probes: int = 8
     capacity_max_rate: float = 1000.0
     capacity_min_rate: float = 0.01
     #: Measured requests per load (at least; see min_window_s).
-    requests: int = 60
+    requests: int = 30
     #: Rate loads send for at least this many seconds (more requests at higher rates), so a
     #: burst is not mistaken for a sustained rate. None: for a capacity search, 8 × the
     #: one-at-a-time latency measured first; for listed rates, no minimum.
@@ -114,7 +116,7 @@ class LoadSpec:
         for c in self.concurrency:
             if isinstance(c, bool) or not isinstance(c, int) or c < 1:
                 raise SweepSpecError(f"loads.concurrency: {c!r} is not a positive integer")
-        if not self.capacity_start > 0:
+        if self.capacity_start is not None and not self.capacity_start > 0:
             raise SweepSpecError("loads.capacity_start must be positive")
         if not 0 < self.capacity_precision < 1:
             raise SweepSpecError("loads.capacity_precision must be between 0 and 1 (a fraction, e.g. 0.1)")

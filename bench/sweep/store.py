@@ -105,12 +105,14 @@ def write_points(sweep: Path, cell_id: str, rows: list[dict[str, Any]]) -> None:
     write_table_atomic(table, cell_dir(sweep, cell_id) / POINTS_FILE)
 
 
-def set_aside_partial(sweep: Path, cell_id: str) -> Path | None:
-    """Move an unfinished cell's folder under .partial/ (kept, but out of the results)."""
-    src = cell_dir(sweep, cell_id)
+def set_aside_partial(sweep: Path, cell_id: str, folder: Path | None = None) -> Path | None:
+    """Move an unfinished cell's folder (or one load folder of it) under .partial/
+    (kept, but out of the results)."""
+    src = folder if folder is not None else cell_dir(sweep, cell_id)
     if not src.exists():
         return None
-    dest = Path(sweep) / PARTIAL_DIR / f"{src.name}-{int(time.time())}"
+    name = src.name if folder is None else f"{cell_dir(sweep, cell_id).name}-{src.name}"
+    dest = Path(sweep) / PARTIAL_DIR / f"{name}-{time.time_ns()}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(src), str(dest))
     return dest
