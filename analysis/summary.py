@@ -18,6 +18,8 @@ LATENCY_METRICS = ("ttft_ms", "ttfo_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e
 #: The client is judged a bottleneck when its own send lag or event-loop lag passes these.
 CLIENT_LAG_P99_MS = 5.0
 LOOP_LAG_MAX_MS = 20.0
+#: ... or when a client process is busy for this fraction of one core.
+CLIENT_CPU_BUSY = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,21 +129,112 @@ def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
 
 
 def _client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:
+    """Was the client itself the bottleneck? Overall figures, then per time window.
+
+    Signals (docs/instrument.md): schedule lag (send minus intended send, per request),
+    event-loop lag and process CPU (client_monitor samples, per worker process), and
+    sent versus offered requests. A window is flagged "client saturated" when its send
+    lag p99 passes CLIENT_LAG_P99_MS, its event-loop lag passes LOOP_LAG_MAX_MS, or a
+    client process was busy for CLIENT_CPU_BUSY of a core or more.
+    """
     lag = df["schedule_lag_ms"].to_numpy(dtype=float)
-    lag = lag[~np.isnan(lag)]
+    lag_ok = ~np.isnan(lag)
     health: dict[str, Any] = {
-        "schedule_lag_p99_ms": float(np.percentile(lag, 99)) if len(lag) else float("nan"),
+        "schedule_lag_p99_ms": float(np.percentile(lag[lag_ok], 99)) if lag_ok.any() else float("nan"),
     }
     warnings = []
-    if len(lag) and health["schedule_lag_p99_ms"] > CLIENT_LAG_P99_MS:
+    if lag_ok.any() and health["schedule_lag_p99_ms"] > CLIENT_LAG_P99_MS:
         warnings.append(
             f"client saturated: send lag p99 {health['schedule_lag_p99_ms']:.1f} ms > {CLIENT_LAG_P99_MS:g} ms"
         )
+    loop_ms = np.empty(0)
+    mon_ts = np.empty(0)
+    cpu = np.empty(0)
+    workers = np.empty(0, dtype=np.int64)
     if monitor is not None and monitor.num_rows:
-        loop = monitor["loop_lag_ns"].to_numpy(zero_copy_only=False).astype(float) / 1e6
-        health["loop_lag_p99_ms"] = float(np.percentile(loop, 99))
-        health["loop_lag_max_ms"] = float(loop.max())
-        if health["loop_lag_p99_ms"] > LOOP_LAG_MAX_MS:
-            warnings.append(f"client saturated: event-loop lag p99 {health['loop_lag_p99_ms']:.1f} ms")
+        loop_ms = monitor["loop_lag_ns"].to_numpy(zero_copy_only=False).astype(float) / 1e6
+        mon_ts = monitor["ts_ns"].to_numpy(zero_copy_only=False).astype(np.int64)
+        cpu = monitor["cpu_s"].to_numpy(zero_copy_only=False).astype(float)
+        workers = monitor["worker_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+        if np.isfinite(loop_ms).any():
+            health["loop_lag_p99_ms"] = float(np.nanpercentile(loop_ms, 99))
+            health["loop_lag_max_ms"] = float(np.nanmax(loop_ms))
+            if health["loop_lag_p99_ms"] > LOOP_LAG_MAX_MS:
+                warnings.append(f"client saturated: event-loop lag p99 {health['loop_lag_p99_ms']:.1f} ms")
+    windows = _client_windows(df, lag, mon_ts, loop_ms, cpu, workers)
+    health["windows"] = windows
+    busy = [w["cpu_busy"] for w in windows if w["cpu_busy"] == w["cpu_busy"]]
+    health["cpu_busy_max"] = max(busy) if busy else float("nan")
+    if busy and max(busy) >= CLIENT_CPU_BUSY:
+        warnings.append(f"client saturated: a client process used {100 * max(busy):.0f}% of a core")
+    flagged = [w for w in windows if w["saturated"]]
+    health["saturated_windows"] = len(flagged)
+    if flagged:
+        spans = ", ".join(f"{w['start_s']:g}-{w['end_s']:g} s" for w in flagged[:6]) + (", ..." if len(flagged) > 6 else "")
+        warnings.append(f"client saturated in {len(flagged)} of {len(windows)} windows ({spans}): timings there include client delay")
     health["warnings"] = warnings
     return health
+
+
+def _client_windows(
+    df: pd.DataFrame, lag: np.ndarray, mon_ts: np.ndarray, loop_ms: np.ndarray, cpu: np.ndarray, workers: np.ndarray
+) -> list[dict[str, Any]]:
+    """Per-window client signals over the measured period (windows of 1-10 s)."""
+    intended = df["intended_send_ns"].to_numpy(dtype=float)
+    send = df["send_ns"].to_numpy(dtype=float)
+    if not len(intended) or not np.isfinite(intended).any():
+        return []
+    t0 = float(np.nanmin(intended))
+    ends = df["end_ns"].to_numpy(dtype=float)
+    t1 = float(np.nanmax(np.concatenate([ends[np.isfinite(ends)], intended[np.isfinite(intended)]])))
+    span_s = max((t1 - t0) / 1e9, 1e-3)
+    width_s = min(10.0, max(1.0, span_s / 10))
+    n = max(1, int(np.ceil(span_s / width_s)))
+    width = width_s * 1e9
+    w_int = np.clip(((intended - t0) // width), 0, n - 1)
+    w_send = np.where(np.isfinite(send), np.clip((send - t0) // width, 0, n - 1), -1)
+    offered = np.bincount(w_int[np.isfinite(w_int)].astype(np.int64), minlength=n)
+    sent = np.bincount(w_send[w_send >= 0].astype(np.int64), minlength=n)
+    out: list[dict[str, Any]] = []
+    lag_w = w_int.astype(np.int64)
+    finite_lag = np.isfinite(lag)
+    for i in range(n):
+        lo, hi = t0 + i * width, t0 + (i + 1) * width
+        sel = (lag_w == i) & finite_lag
+        lag_p99 = float(np.percentile(lag[sel], 99)) if sel.any() else float("nan")
+        in_win = (mon_ts >= lo) & (mon_ts < hi)
+        loop_max = float(np.nanmax(loop_ms[in_win])) if in_win.any() and np.isfinite(loop_ms[in_win]).any() else float("nan")
+        busy = float("nan")
+        for w in np.unique(workers):
+            # CPU over the window from this worker's samples bracketing it
+            m = workers == w
+            ts_w, cpu_w = mon_ts[m], cpu[m]
+            k = np.nonzero((ts_w >= lo) & (ts_w < hi))[0]
+            if len(k) == 0:
+                continue
+            a = k[0] - 1 if k[0] > 0 else k[0]
+            b = k[-1]
+            if b > a and ts_w[b] > ts_w[a]:
+                frac = float((cpu_w[b] - cpu_w[a]) / ((ts_w[b] - ts_w[a]) / 1e9))
+                busy = frac if busy != busy else max(busy, frac)
+        why = []
+        if lag_p99 > CLIENT_LAG_P99_MS:
+            why.append(f"send lag p99 {lag_p99:.1f} ms")
+        if loop_max > LOOP_LAG_MAX_MS:
+            why.append(f"event-loop lag {loop_max:.0f} ms")
+        if busy >= CLIENT_CPU_BUSY:
+            why.append(f"client CPU {100 * busy:.0f}% of a core")
+        out.append(
+            {
+                "start_s": round(i * width_s, 3),
+                "end_s": round((i + 1) * width_s, 3),
+                "offered": int(offered[i]),
+                "sent": int(sent[i]),
+                "send_lag_p99_ms": lag_p99,
+                "loop_lag_max_ms": loop_max,
+                "cpu_busy": busy,
+                "saturated": bool(why),
+                "why": why,
+            }
+        )
+    return out

@@ -148,8 +148,16 @@ class _Exchange:
         state = self.state
         try:
             if state == _CHUNK_SIZE and not self.buf:
-                # Fast path: the read holds whole HTTP chunks (the usual case for SSE).
-                out = self._dechunk(data)
+                # Fast path: the read is exactly one whole HTTP chunk (the usual case for SSE).
+                nl = data.find(b"\r\n")
+                try:
+                    size = int(data[:nl], 16) if 0 < nl <= 8 else -1
+                except ValueError:  # a chunk extension: the general path copes
+                    size = -1
+                if size > 0 and len(data) == nl + size + 4 and data[-2:] == b"\r\n":
+                    out = data[nl + 2 : -2]
+                else:
+                    out = self._dechunk(data)
             elif state == _HEAD:
                 self._head(ts_ns, data)
                 return

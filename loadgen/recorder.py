@@ -1,10 +1,16 @@
 """Per-request recording: the sink a transport feeds, turned into a RequestRecord.
 
-The hot path (``data``) does only: stamp arrives with the bytes, frame SSE, parse the
-payload, append. Token accounting is resolved once, in ``finish``.
+The hot path (``data``) only appends the read's timestamp and bytes to two lists. The
+SSE framing and payload parsing ("digest") happen later, off the read path: through a
+``DigestQueue`` the runner drains once per event-loop iteration (after every socket of
+that iteration was read and stamped), or inline every ``DIGEST_EVERY`` reads when there
+is no queue. Memory per stream stays bounded by that batch. Token accounting is resolved
+once, in ``finish``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from adapters.base import EventKind, StreamEvent, StreamParser
 from adapters.sse import SSEFramer
@@ -16,6 +22,35 @@ SOURCE_CUMULATIVE = "server_cumulative"
 SOURCE_PROTOCOL = "protocol_exact"
 SOURCE_FINAL_SPREAD = "server_final_spread"
 SOURCE_CHUNKS = "chunk_count"
+
+
+#: Without a digest queue, reads are digested inline in batches of this size.
+DIGEST_EVERY = 64
+
+
+class DigestQueue:
+    """Recorders with undigested reads, drained in one batch per event-loop iteration.
+
+    ``schedule`` is called with ``drain`` when the queue becomes non-empty (the runner
+    passes ``loop.call_soon``): every I/O callback of the current iteration runs (and
+    stamps its read) before the parsing work of any of them.
+    """
+
+    __slots__ = ("_pending", "_schedule")
+
+    def __init__(self, schedule: "Callable[[Callable[[], None]], object]") -> None:
+        self._pending: list[RequestRecorder] = []
+        self._schedule = schedule
+
+    def add(self, recorder: RequestRecorder) -> None:
+        if not self._pending:
+            self._schedule(self.drain)
+        self._pending.append(recorder)
+
+    def drain(self) -> None:
+        pending, self._pending = self._pending, []
+        for rec in pending:
+            rec._digest()
 
 
 class StreamError(Exception):
@@ -47,10 +82,20 @@ class RequestRecorder:
         "_keep_text",
         "_text",
         "_body",
+        "_raw",
+        "_raw_ts",
+        "_queue",
+        "_queued",
     )
 
     def __init__(
-        self, spec: RequestSpec, parser: StreamParser, worker_id: int, intended_ns: int, keep_text: bool = False
+        self,
+        spec: RequestSpec,
+        parser: StreamParser,
+        worker_id: int,
+        intended_ns: int,
+        keep_text: bool = False,
+        queue: DigestQueue | None = None,
     ) -> None:
         self.spec = spec
         self.worker_id = worker_id
@@ -70,6 +115,10 @@ class RequestRecorder:
         self._keep_text = keep_text
         self._text: list[str] = []
         self._body = b""
+        self._raw: list[bytes] = []
+        self._raw_ts: list[int] = []
+        self._queue = queue
+        self._queued = False
 
     # -- transport callbacks -------------------------------------------------------
     def sent(self, ts_ns: int) -> None:
@@ -81,37 +130,72 @@ class RequestRecorder:
         self.status = status
 
     def data(self, ts_ns: int, data: bytes) -> None:
-        """Body bytes read at ``ts_ns``. Returns quickly; never raises on bad payloads."""
+        """Body bytes read at ``ts_ns``: kept for the digest. Never raises."""
         self.last_data_ns = ts_ns
-        if self.status is not None and self.status >= 400:
-            self._body += data[: 2048 - len(self._body)] if len(self._body) < 2048 else b""
+        status = self.status
+        if status is not None and status >= 400:
+            if len(self._body) < 2048:
+                self._body += data[: 2048 - len(self._body)]
             return
+        self._raw.append(data)
+        self._raw_ts.append(ts_ns)
+        if not self._queued:
+            queue = self._queue
+            if queue is not None:
+                self._queued = True
+                queue.add(self)
+            elif len(self._raw) >= DIGEST_EVERY:
+                self._digest()
+
+    def _digest(self) -> None:
+        """Frame and parse the reads received so far (off the read path)."""
+        self._queued = False
+        raw, stamps = self._raw, self._raw_ts
+        if not raw:
+            return
+        self._raw, self._raw_ts = [], []
         if self._error is not None:
             return
-        for payload in self._framer.feed(data):
-            try:
-                event = self._parser.parse(payload)
-            except Exception as exc:  # a malformed payload fails this request only
-                self._error = StreamError("malformed_chunk", str(exc)[:300])
-                return
-            if event is None:
-                continue
-            kind = event.kind
-            if kind == EventKind.DONE:
-                self._done = True
-                continue
-            if kind == EventKind.ERROR:
-                self._error = StreamError(event.error_type or "server_error", event.error_message or "")
-                self._ts.append(ts_ns)
-                self._events.append(event)
-                return
-            self._ts.append(ts_ns)
-            self._events.append(event)
-            if self._keep_text and event.text and kind == EventKind.CONTENT:
-                self._text.append(event.text)
+        framer = self._framer
+        parse = self._parser.parse
+        ts_list, events = self._ts, self._events
+        keep_text = self._keep_text
+        for ts_ns, data in zip(stamps, raw):
+            if (
+                data[:5] == b"data:"
+                and data[-2:] == b"\n\n"
+                and data.count(b"\n") == 2
+                and b"\r" not in data
+                and not framer.pending
+            ):
+                # fast path: the read is exactly one single-line event
+                payload = data[5:-2]
+                payloads = [payload[1:] if payload[:1] == b" " else payload]
+            else:
+                payloads = framer.feed(data)
+            for payload in payloads:
+                try:
+                    event = parse(payload)
+                except Exception as exc:  # a malformed payload fails this request only
+                    self._error = StreamError("malformed_chunk", str(exc)[:300])
+                    return
+                if event is None:
+                    continue
+                kind = event.kind
+                if kind == EventKind.DONE:
+                    self._done = True
+                    continue
+                ts_list.append(ts_ns)
+                events.append(event)
+                if kind == EventKind.ERROR:
+                    self._error = StreamError(event.error_type or "server_error", event.error_message or "")
+                    return
+                if keep_text and event.text and kind == EventKind.CONTENT:
+                    self._text.append(event.text)
 
     @property
     def saw_done(self) -> bool:
+        self._digest()
         return self._done
 
     @property
@@ -123,6 +207,7 @@ class RequestRecorder:
         self, end_ns: int, error: StreamError | None = None, requires_done: bool = True, save_text: bool = False
     ) -> RequestRecord:
         """Close the record. ``error`` comes from the transport (reset, timeout, ...)."""
+        self._digest()
         self.end_ns = end_ns
         events = self._events
         err = self._error or error

@@ -7,6 +7,7 @@ transport with a recorder, and writes the record. A failed request is a row.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from adapters.base import Adapter, HttpCall
 from loadgen.progress import Progress
-from loadgen.recorder import RequestRecorder, StreamError
+from loadgen.recorder import DigestQueue, RequestRecorder, StreamError
 from loadgen.transport import Transport
 from results.record import RequestRecord
 from results.writer import MonitorWriter, PartWriter, RequestsWriter
@@ -81,13 +82,19 @@ class Runner:
                 sessions[spec.session_id].append(spec)
         self._sessions = {k: sorted(v, key=lambda s: s.turn) for k, v in sessions.items()}
         self._progress: Progress | None = None
+        self._digest_queue: DigestQueue | None = None
 
     # -- one request -----------------------------------------------------------------
     async def _execute(
         self, spec: RequestSpec, intended_ns: int, call: HttpCall | None = None, history: Sequence[Message] = ()
     ) -> tuple[RequestRecord, str]:
         recorder = RequestRecorder(
-            spec, self.adapter.parser(), self.options.worker_id, intended_ns, keep_text=spec.session_id is not None
+            spec,
+            self.adapter.parser(),
+            self.options.worker_id,
+            intended_ns,
+            keep_text=spec.session_id is not None,
+            queue=self._digest_queue,
         )
         if call is None:
             call = self.adapter.build(spec, history)
@@ -220,23 +227,30 @@ class Runner:
             before = _now()
             await asyncio.sleep(interval)
             after = _now()
-            if mw is not None:
-                mw.add(
-                    {
-                        "worker_id": self.options.worker_id,
-                        "ts_ns": after,
-                        "loop_lag_ns": max(0, after - before - int(interval * 1e9)),
-                        "cpu_s": time.process_time(),
-                        "in_flight": self.stats.in_flight,
-                        "sent": self.stats.sent,
-                        "completed": self.stats.completed + self.stats.failed + self.stats.cancelled,
-                    }
-                )
+            self._sample(after, max(0, after - before - int(interval * 1e9)))
             await self._flush_due()
             if self._progress is not None and after >= next_progress:
                 s = self.stats
                 self._progress.update(s.completed + s.failed + s.cancelled, s.in_flight, s.failed)
                 next_progress = after + 250_000_000
+
+    def _sample(self, ts_ns: int, loop_lag_ns: int | None) -> None:
+        """One self-monitoring row: event-loop lag, process CPU, load counters."""
+        mw = self.monitor_writer
+        if mw is None:
+            return
+        s = self.stats
+        mw.add(
+            {
+                "worker_id": self.options.worker_id,
+                "ts_ns": ts_ns,
+                "loop_lag_ns": loop_lag_ns,
+                "cpu_s": time.process_time(),
+                "in_flight": s.in_flight,
+                "sent": s.sent,
+                "completed": s.completed + s.failed + s.cancelled,
+            }
+        )
 
     async def _flush_due(self, force: bool = False) -> None:
         for w in (self.writer, self.monitor_writer):
@@ -250,6 +264,12 @@ class Runner:
         sched = self.schedule
         total = len(sched.requests)
         self._progress = Progress(total, sched.name, enabled=self.options.progress)
+        self._digest_queue = DigestQueue(asyncio.get_running_loop().call_soon)
+        _warm_up_writer()
+        # The Parquet flush runs in a thread; a shorter GIL switch interval bounds how long
+        # it can hold the event loop off (the default 5 ms would show up in timestamps).
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, 0.0005))
         monitor = asyncio.ensure_future(self._monitor())
         try:
             if sched.warmup:
@@ -282,9 +302,22 @@ class Runner:
             self.stats.end_ns = _now()
             monitor.cancel()
             await asyncio.gather(monitor, return_exceptions=True)
+            self._sample(self.stats.end_ns, None)  # a closing sample, so short runs have one
             await self._flush_due(force=True)
             self._progress.close()
+            sys.setswitchinterval(switch)
         return self.stats
+
+
+def _warm_up_writer() -> None:
+    """Write one empty Parquet table in memory: the first real flush otherwise pays for
+    pyarrow's lazy imports (hundreds of ms) in the middle of the measurement."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from results.schema import REQUESTS_SCHEMA
+
+    pq.write_table(REQUESTS_SCHEMA.empty_table(), pa.BufferOutputStream(), compression="zstd")
 
 
 async def _sleep_until(deadline_ns: int) -> None:

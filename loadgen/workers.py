@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter
-from loadgen.runner import RunOptions, Runner, RunStats
+from loadgen.runner import RunOptions, Runner, RunStats, _warm_up_writer
 from loadgen.split import split_schedule
 from loadgen.transport import Timeouts, make_transport
 from results.writer import MonitorWriter, RequestsWriter
@@ -110,6 +110,7 @@ async def _worker_async(job: WorkerJob, conn: Connection) -> RunStats:
             runner = Runner(_with_requests(job.schedule, warm), job.adapter, transport, writer, monitor, base)
             current[:] = [runner]
             await runner.run()
+        _warm_up_writer()  # pyarrow's lazy imports take seconds: before t0, not after
         conn.send(("ready", transport.describe()))
         t0 = await asyncio.to_thread(conn.recv)
         runner = Runner(
