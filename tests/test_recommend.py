@@ -1,0 +1,144 @@
+"""Recommendation and limiting-resource diagnosis on constructed sweep folders (Parquet only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from analysis.recommend import diagnose_cell, format_recommendation, recommend
+from bench.sweep.store import write_cells, write_points
+
+SLO = {"ttft_ms": 500.0, "tpot_ms": 50.0}
+
+
+def _cfg(cell: str) -> dict[str, Any]:
+    parts = dict(tp=1, pp=1, dp=1, ep=1, dcp=1, pcp=1)
+    for p in cell.split("-"):
+        name = p.rstrip("0123456789")
+        parts[name] = int(p[len(name) :])
+    gpus = parts["tp"] * parts["pp"] * parts["pcp"] * parts["dp"]
+    axes = sum(1 for k in ("tp", "pp", "dp", "ep", "dcp", "pcp") if parts[k] > 1)
+    return {"cell_id": cell, **parts, "disagg": None, "gpus": gpus, "axes": axes, "engine": "sim", "model": "m"}
+
+
+def _point(cell: str, rate: float, att: float, *, sat: bool = False, ttft50: float = 100.0, ttft90: float = 200.0,
+           tpot50: float = 20.0, tpot90: float = 30.0, miss_ttft: float = 0.0, miss_tpot: float = 0.0,
+           kind: str = "rate", role: str = "probe", **server: float) -> dict[str, Any]:  # fmt: skip
+    return {
+        **_cfg(cell),
+        "workload": "w",
+        "load_label": f"rate-{rate:g}",
+        "load_kind": kind,
+        "load_value": rate,
+        "repeat": 0,
+        "role": role,
+        "status": "complete",
+        "saturated": sat,
+        "saturation_reason": "queueing grew" if sat else None,
+        "run_dir": f"cell={cell}/load=rate-{rate:g}",
+        "requests": 50,
+        "ok": 50,
+        "failed": 0,
+        "attainment": att,
+        "goodput_rps": rate * att,
+        "throughput_rps": rate,
+        "ttft_p50_ms": ttft50,
+        "ttft_p90_ms": ttft90,
+        "tpot_p50_ms": tpot50,
+        "tpot_p90_ms": tpot90,
+        "miss_share_ttft_ms": miss_ttft,
+        "miss_share_tpot_ms": miss_tpot,
+        **{f"server_{k}": v for k, v in server.items()},
+    }
+
+
+def _sweep(tmp: Path, points: list[dict[str, Any]], extra_cells: list[dict[str, Any]] = ()) -> Path:  # type: ignore[assignment]
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for p in points:
+        by_cell.setdefault(p["cell_id"], []).append(p)
+    rows = []
+    for cell, pts in by_cell.items():
+        write_points(tmp, cell, pts)
+        rows.append({**_cfg(cell), "status": "complete"})
+    write_cells(tmp, rows + list(extra_cells))
+    return tmp
+
+
+def _two_plus_one(tmp: Path) -> Path:
+    """tp2: capacity 4; tp4: capacity 6; tp2-dp2: capacity 8 (same 4 GPUs as tp4).
+
+    Without a target, tp2 and tp2-dp2 tie at 2 req/s per GPU and the fewer GPUs win."""
+    pts = []
+    for cell, cap in (("tp2", 4.0), ("tp4", 6.0), ("tp2-dp2", 8.0)):
+        for rate in (2.0, 4.0, 6.0, 8.0, 10.0):
+            ok = rate <= cap
+            pts.append(_point(cell, rate, 0.99 if ok else 0.5, sat=not ok, ttft50=100 if ok else 900, miss_ttft=0 if ok else 0.5))
+    return _sweep(tmp, pts, [{**_cfg("tp4-dp2"), "status": "skipped", "reason": "needs 8 GPUs, 4 available"}])
+
+
+def test_without_an_slo_there_is_nothing_to_recommend(tmp_path: Path) -> None:
+    sweep = _two_plus_one(tmp_path)  # its load folders hold no run metadata, so no stored SLO
+    rec = recommend(sweep, target_rate=3.0)
+    assert rec["recommendation"] is None and rec["message"].startswith("no SLO")
+
+
+@pytest.mark.parametrize(
+    "target,expected",
+    [(3.0, "tp2"), (5.0, "tp4"), (7.0, "tp2-dp2"), (None, "tp2"), (9.0, None)],
+)
+def test_choice_by_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: float | None, expected: str | None) -> None:
+    sweep = _two_plus_one(tmp_path)
+    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    rec = recommend(sweep, target_rate=target)
+    if expected is None:
+        assert rec["recommendation"] is None and "no configuration meets" in rec["message"]
+        assert "tp2-dp2 at 8 req/s" in rec["message"]
+        return
+    assert rec["recommendation"]["cell_id"] == expected
+    ev = rec["recommendation"]["evidence"]
+    assert ev["passed"] and (target is None or ev["load_value"] >= target)
+    text = format_recommendation(rec)
+    assert f"RECOMMENDATION: {expected}" in text and "needs 8 GPUs" in text
+
+
+def test_fewer_axes_breaks_a_tie_in_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pts = [_point(c, r, 0.95) for c in ("tp4", "tp2-dp2") for r in (2.0, 4.0)]
+    sweep = _sweep(tmp_path, pts)
+    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    assert recommend(sweep, target_rate=4.0)["recommendation"]["cell_id"] == "tp4"
+
+
+def _diag(points: list[dict[str, Any]]) -> str:
+    return str(diagnose_cell(pd.DataFrame(points), SLO, 90.0)["limiting_factor"])
+
+
+def test_diagnosis_reads_the_limiting_resource() -> None:
+    # TTFT grows from 100 ms to 900 ms under load: queueing
+    assert _diag([_point("tp2", 1, 1.0), _point("tp2", 4, 0.4, ttft50=900, ttft90=1500, miss_ttft=0.6)]) == "queueing"
+    # TTFT misses but barely grew over the lightest load: prefill
+    assert _diag([_point("tp2", 1, 1.0, ttft50=420), _point("tp2", 2, 0.6, ttft50=480, ttft90=700, miss_ttft=0.4)]) == "prefill"
+    # TTFT above target even one request at a time: prefill, unloaded
+    assert (
+        _diag([_point("tp2", 1, 0.0, ttft50=700, ttft90=800, miss_ttft=1.0, kind="concurrency", role="baseline")])
+        == "prefill_unloaded"
+    )
+    # TPOT misses dominate, fine at the lightest load: decode-bound
+    assert _diag([_point("tp2", 1, 1.0), _point("tp2", 4, 0.5, tpot50=60, tpot90=80, miss_tpot=0.5)]) == "decode"
+    assert _diag([_point("tp8", 1, 0.2, tpot50=70, tpot90=80, miss_tpot=0.8)]) == "decode_unloaded"
+    # the server says the KV cache filled / requests were preempted
+    assert (
+        _diag([_point("tp2", 1, 1.0), _point("tp2", 4, 0.5, ttft50=900, miss_ttft=0.5, kv_cache_usage_max=0.99)])
+        == "kv_cache"
+    )
+    assert _diag([_point("tp2", 1, 1.0), _point("tp2", 4, 0.5, tpot50=60, miss_tpot=0.5, preemptions=12.0)]) == "kv_cache"
+    # the server's queue-time histogram overrides the client's estimate
+    assert (
+        _diag([_point("tp2", 1, 1.0, ttft50=400), _point("tp2", 2, 0.5, ttft50=600, miss_ttft=0.5, queue_time_mean_ms=500.0)])
+        == "queueing"
+    )
+    # nothing failed
+    d = diagnose_cell(pd.DataFrame([_point("tp2", 1, 1.0), _point("tp2", 2, 0.97)]), SLO, 90.0)
+    assert d["limiting_factor"] == "none" and "2 req/s" in d["explanation"]
