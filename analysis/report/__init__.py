@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from analysis.compare import config_key
 from analysis.load import load_runs
 from analysis.report import figures as F
-from analysis.report.data import RunView, build_run_view, read_sweep_tables
+from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
 from analysis.report.page import render_page
 from analysis.slo import SLO
 
@@ -59,7 +59,7 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
         if not v.key and results.is_dir():
             rel = Path(v.path).resolve().relative_to(results.resolve()) if Path(v.path).resolve() != results.resolve() else None
             v.label = f"{rel} ({v.run_id})" if rel else v.run_id
-    views.sort(key=lambda v: (F._config_of(v), v.offered if v.offered is not None else math.inf, v.label))
+    views.sort(key=lambda v: (v.key.split(' / ')[0], v.offered if v.offered is not None else math.inf, v.label))
     is_sweep = results.is_dir() and ((results / "cells.parquet").exists() or (results / "sweep.json").exists())
     sections: list[Section] = []
     top_notes: list[str] = []
@@ -71,17 +71,20 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
     sections.append(_runs_table_section(views))
 
     overview = Section("Across runs")
+    by_id = {r.run_id: r for r in runs}
+    points = load_points([by_id[v.run_id] for v in views], views, options.slo)
+    objectives = next((v.summary["slo"]["objectives"] for v in views if v.summary.get("slo")), {})
     for name, fig in (
-        ("latency-throughput", F.latency_vs_throughput(views)),
-        ("goodput-load", F.goodput_vs_load(views)),
-        ("achieved-offered", F.achieved_vs_offered(views)),
+        ("latency-throughput", F.latency_vs_throughput(points)),
+        ("goodput-load", F.goodput_vs_load(points, objectives)),
+        ("achieved-offered", F.achieved_vs_offered(points)),
     ):
         if fig is not None:
             overview.figures.append((name, fig))
     if not any(v.summary.get("slo") for v in views):
         overview.notes.append("no SLO in the runs and none given (--slo): goodput and SLO attainment omitted")
-    if len(views) < 2:
-        overview.notes.append("one run: achieved vs offered load is shown over time in the run's section")
+    if len(points) < 2:
+        overview.notes.append("one configuration and load: achieved vs offered load is shown over time in the run's section")
     sections.append(overview)
 
     for i, v in enumerate(views):

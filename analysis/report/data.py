@@ -312,3 +312,43 @@ def read_sweep_tables(path: Path) -> tuple[pd.DataFrame | None, dict[str, Any] |
         notes.append("no recommendation.json in this sweep (run `bench recommend` to add one)")
     return cells, rec, notes
 
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One configuration at one load, repeats pooled (analysis/bootstrap.py point estimates)."""
+
+    config: str  # the sweep cell, or 'run' for plain runs
+    label: str
+    gpus: int
+    offered: float  # the load asked for (rate or concurrency), else the measured send rate
+    offered_kind: str | None
+    offered_rps: float  # measured requests sent per second of window
+    runs: int
+    metrics: dict[str, float]
+
+
+POINT_METRICS = ("tpot_p50_ms", "ttft_p95_ms", "output_tokens_per_s", "requests_per_s", "goodput_rps", "slo_attainment")
+
+
+def load_points(runs: list[Run], views: list[RunView], slo_override: SLO) -> list[LoadPoint]:
+    """Pool the repeats of each configuration and load into one point."""
+    from analysis.bootstrap import make_side, point_estimates
+
+    groups: dict[str, list[int]] = {}
+    for i, v in enumerate(views):
+        groups.setdefault(v.key or f"run:{v.run_id}", []).append(i)
+    points = []
+    for key, idx in groups.items():
+        first = views[idx[0]]
+        slo = run_slo(first.meta, slo_override)
+        side = make_side([runs[i].requests for i in idx], slo)
+        names = [n for n in POINT_METRICS if slo or n not in ("goodput_rps", "slo_attainment")]
+        metrics = point_estimates(side, names)
+        window = sum(r.window_s for r in side.runs)
+        sent_rps = sum(len(r.requests) for r in side.runs) / window if window > 0 else 0.0
+        config = first.key.split(" / ")[0] if first.key else "run"
+        label = first.key if first.key else first.label
+        offered = first.offered if first.offered is not None else sent_rps
+        points.append(LoadPoint(config, label, first.gpus, offered, first.offered_kind, sent_rps, len(idx), metrics))
+    return points

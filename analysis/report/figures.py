@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.report.data import RunView
+from analysis.report.data import LoadPoint, RunView
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 MARK_SYMBOLS = {"p50": "circle", "p95": "diamond", "p99": "x"}
@@ -139,28 +139,35 @@ def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return sorted(front)
 
 
-def latency_vs_throughput(views: Sequence[RunView]) -> go.Figure | None:
-    """One point per run, one line per configuration, Pareto front per panel."""
-    pts = [v for v in views if v.summary["throughput"]["output_tokens_per_s"] > 0]
+def _by_config(points: Sequence[LoadPoint]) -> list[tuple[str, list[LoadPoint]]]:
+    groups: dict[str, list[LoadPoint]] = {}
+    for p in points:
+        groups.setdefault(p.config, []).append(p)
+    return sorted(groups.items())
+
+
+def _mode(config: str) -> str:
+    """Loads of one configuration form a curve; unrelated plain runs are separate points."""
+    return "markers" if config == "run" else "lines+markers"
+
+
+def latency_vs_throughput(points: Sequence[LoadPoint]) -> go.Figure | None:
+    """One point per configuration and load (repeats pooled), one curve per configuration."""
+    pts = [p for p in points if p.metrics.get("output_tokens_per_s", 0) > 0]
     if not pts:
         return None
-    panels = (("tpot_ms", "p50", "TPOT p50 (ms)"), ("ttft_ms", "p95", "TTFT p95 (ms)"))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[p[2] for p in panels], horizontal_spacing=0.08)
-    groups: dict[str, list[RunView]] = {}
-    for v in pts:
-        groups.setdefault(_config_of(v), []).append(v)
-    for col, (metric, stat, label) in enumerate(panels, start=1):
+    panels = (("tpot_p50_ms", "TPOT p50 (ms)"), ("ttft_p95_ms", "TTFT p95 (ms)"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[p[1] for p in panels], horizontal_spacing=0.08)
+    for col, (metric, label) in enumerate(panels, start=1):
         all_points = []
-        for gi, (cfg, vs) in enumerate(sorted(groups.items())):
-            vs = sorted(vs, key=lambda v: v.summary["throughput"]["output_tokens_per_s"])
-            xs = [v.summary["throughput"]["output_tokens_per_s"] / max(v.gpus, 1) for v in vs]
-            ys = [v.summary["latency"][metric][stat] for v in vs]
-            text = [esc(f"{cfg} | {v.label} | {v.gpus} GPU(s)") for v in vs]
+        for gi, (cfg, ps) in enumerate(_by_config(pts)):
+            ps = sorted(ps, key=lambda p: p.metrics["output_tokens_per_s"])
+            xs = [p.metrics["output_tokens_per_s"] / max(p.gpus, 1) for p in ps]
+            ys = [p.metrics[metric] for p in ps]
+            text = [esc(f"{p.label} | {p.gpus} GPU(s) | {p.runs} run(s)") for p in ps]
             all_points += [(x, y) for x, y in zip(xs, ys) if math.isfinite(y)]
-            # runs of one configuration at several loads form a curve; unrelated runs are points
-            mode = "lines+markers" if cfg != "run" else "markers"
             fig.add_trace(
-                go.Scatter(x=xs, y=ys, mode=mode, name=esc(cfg), legendgroup=esc(cfg), showlegend=col == 1,
+                go.Scatter(x=xs, y=ys, mode=_mode(cfg), name=esc(cfg), legendgroup=esc(cfg), showlegend=col == 1,
                            text=text, line={"color": COLORS[gi % len(COLORS)]},
                            hovertemplate="%{text}<br>%{x:.1f} output tok/s per GPU<br>" + label + " %{y:.2f}<extra></extra>"),
                 row=1, col=col,
@@ -169,80 +176,48 @@ def latency_vs_throughput(views: Sequence[RunView]) -> go.Figure | None:
         if front:
             fig.add_trace(
                 go.Scatter(x=[p[0] for p in front], y=[p[1] for p in front], mode="lines", name="Pareto front",
-                           legendgroup="pareto", showlegend=col == 1, line={"dash": "dash", "color": "#000"}),
+                           legendgroup="pareto", showlegend=col == 1, line={"dash": "dash", "color": "#000", "shape": "vh"}),
                 row=1, col=col,
             )  # fmt: skip
         fig.update_xaxes(title_text="output tokens/s per GPU", row=1, col=col)
         fig.update_yaxes(title_text=label, row=1, col=col)
-    return _layout(fig, "Latency vs throughput per configuration (Pareto front dashed)", height=430)
+    return _layout(fig, "Latency vs throughput per configuration (repeats pooled; Pareto front dashed)", height=430)
 
 
-def _config_of(v: RunView) -> str:
-    return v.key.split(" / ")[0] if v.key else "run"
-
-
-def goodput_vs_load(views: Sequence[RunView]) -> go.Figure | None:
-    pts = [v for v in views if "slo" in v.summary]
+def goodput_vs_load(points: Sequence[LoadPoint], objectives: dict[str, float]) -> go.Figure | None:
+    pts = [p for p in points if "goodput_rps" in p.metrics]
     if not pts:
         return None
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Goodput (req/s meeting every SLO)", "SLO attainment"), horizontal_spacing=0.08)
-    groups: dict[str, list[RunView]] = {}
-    for v in pts:
-        groups.setdefault(_config_of(v), []).append(v)
-    for gi, (cfg, vs) in enumerate(sorted(groups.items())):
-        vs = sorted(vs, key=_offered_x)
-        xs = [_offered_x(v) for v in vs]
+    for gi, (cfg, ps) in enumerate(_by_config(pts)):
+        ps = sorted(ps, key=lambda p: p.offered)
+        xs = [p.offered for p in ps]
         color = COLORS[gi % len(COLORS)]
-        mode = "lines+markers" if cfg != "run" else "markers"
-        fig.add_trace(go.Scatter(x=xs, y=[v.summary["slo"]["goodput_rps"] for v in vs], mode=mode, name=esc(cfg),
+        text = [esc(f"{p.label} | {p.runs} run(s)") for p in ps]
+        fig.add_trace(go.Scatter(x=xs, y=[p.metrics["goodput_rps"] for p in ps], mode=_mode(cfg), name=esc(cfg), text=text,
                                  legendgroup=esc(cfg), line={"color": color}), row=1, col=1)  # fmt: skip
-        fig.add_trace(go.Scatter(x=xs, y=[100 * v.summary["slo"]["attainment"] for v in vs], mode=mode, name=esc(cfg),
+        fig.add_trace(go.Scatter(x=xs, y=[100 * p.metrics["slo_attainment"] for p in ps], mode=_mode(cfg), name=esc(cfg), text=text,
                                  legendgroup=esc(cfg), showlegend=False, line={"color": color}), row=1, col=2)  # fmt: skip
-    kinds = {v.offered_kind for v in pts if v.offered is not None}
+    kinds = {p.offered_kind for p in pts}
     xlabel = "offered load (" + ("concurrency" if kinds == {"concurrency"} else "req/s") + ")"
     fig.update_xaxes(title_text=xlabel)
     fig.update_yaxes(title_text="req/s", row=1, col=1)
     fig.update_yaxes(title_text="% of requests", range=[0, 102], row=1, col=2)
-    objs = ", ".join(f"{k} ≤ {v:g}" for k, v in pts[0].summary["slo"]["objectives"].items())
+    objs = ", ".join(f"{k} ≤ {v:g}" for k, v in objectives.items())
     return _layout(fig, "Goodput and SLO attainment vs load (" + esc(objs) + ")", height=400)
 
 
-def _offered_x(v: RunView) -> float:
-    """The run's offered load: its sweep load value, else its measured requests per second."""
-    if v.offered is not None:
-        return v.offered
-    window = v.summary["window_s"]
-    return v.summary["requests"]["measured"] / window if window > 0 else 0.0
-
-
-def achieved_vs_offered(views: Sequence[RunView]) -> go.Figure | None:
-    pts = [v for v in views if v.summary["window_s"] > 0]
+def achieved_vs_offered(points: Sequence[LoadPoint]) -> go.Figure | None:
+    pts = [p for p in points if p.offered_rps > 0]
     if len(pts) < 2:
         return None
     fig = go.Figure()
-    offered = []
-    for gi, (cfg, vs) in enumerate(sorted(_group(pts).items())):
-        vs = sorted(vs, key=_offered_rate)
-        xs = [_offered_rate(v) for v in vs]
-        offered += xs
-        fig.add_trace(go.Scatter(x=xs, y=[v.summary["throughput"]["requests_per_s"] for v in vs], mode="lines+markers" if cfg != "run" else "markers",
-                                 name=esc(cfg), line={"color": COLORS[gi % len(COLORS)]}))  # fmt: skip
-    hi = max(offered) if offered else 1.0
+    for gi, (cfg, ps) in enumerate(_by_config(pts)):
+        ps = sorted(ps, key=lambda p: p.offered_rps)
+        fig.add_trace(go.Scatter(x=[p.offered_rps for p in ps], y=[p.metrics["requests_per_s"] for p in ps], mode=_mode(cfg),
+                                 text=[esc(p.label) for p in ps], name=esc(cfg), line={"color": COLORS[gi % len(COLORS)]}))  # fmt: skip
+    hi = max(p.offered_rps for p in pts)
     fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="achieved = offered", line={"dash": "dot", "color": "#888"}))
-    fig.update_xaxes(title_text="offered (intended sends/s over the run)")
+    fig.update_xaxes(title_text="offered (requests sent per second of the run window)")
     fig.update_yaxes(title_text="achieved (completed req/s)")
-    return _layout(fig, "Achieved vs offered load, per run")
-
-
-def _group(views: Sequence[RunView]) -> dict[str, list[RunView]]:
-    groups: dict[str, list[RunView]] = {}
-    for v in views:
-        groups.setdefault(_config_of(v), []).append(v)
-    return groups
-
-
-def _offered_rate(v: RunView) -> float:
-    s = v.load_series
-    if not s or not s["t_s"]:
-        return 0.0
-    return float(sum(s["offered_rps"]) / len(s["offered_rps"]))
+    return _layout(fig, "Achieved vs offered load (repeats pooled)")
