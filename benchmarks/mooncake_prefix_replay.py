@@ -86,14 +86,30 @@ def replay(
     rows = pq.read_table(out / "run" / "requests").to_pandas()
     ok = rows[rows["ok"]]
     lines = [json.loads(x) for x in trace.read_text().splitlines()[:requests]]
-    reusable = prefix_reuse([r["hash_ids"] for r in lines], [r["input_length"] for r in lines], 512)
+    hashes, lengths = [r["hash_ids"] for r in lines], [r["input_length"] for r in lines]
+    reusable = prefix_reuse(hashes, lengths, 512)
+    kv_tokens = _kv_tokens(out / "engine.log")
+    lru = prefix_reuse(hashes, lengths, 512, kv_tokens // 512) if kv_tokens else float("nan")
     return {
+        "kv_tokens": float(kv_tokens or 0),
+        "reusable_lru": lru,
         "requests": float(len(rows)),
         "ok": float(len(ok)),
         "hit_rate": float(ok["cached_tokens"].fillna(0).sum() / max(1, ok["prompt_tokens"].sum())),
         "reusable": reusable,
         "exact_lengths": float((ok["prompt_tokens"] == ok["input_tokens_target"]).mean()),
     }
+
+
+def _kv_tokens(log: Path) -> int | None:
+    """KV tokens per instance from the simulated engine's start line (``bench sim: {...}``)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("bench sim: "):
+            try:
+                return int(json.loads(line[len("bench sim: ") :])["kv_tokens_per_instance"])
+            except (ValueError, KeyError):
+                return None
+    return None
 
 
 def main() -> int:
@@ -118,6 +134,10 @@ def main() -> int:
         print(f"sim flags: {args.sim} --enable-prefix-caching")
         print(f"completed: {r['ok']:.0f}/{r['requests']:.0f}; prompt_tokens == target: {r['exact_lengths']:.1%}")
         print(f"reusable prefix fraction of the slice (hash_ids, infinite cache): {r['reusable']:.1%}")
+        print(
+            f"same with an LRU of the engine's KV capacity ({r['kv_tokens'] / 1e6:.1f}M tokens, "
+            f"512-token blocks): {r['reusable_lru']:.1%}"
+        )
         print(f"engine prefix-cache hit rate (cached_tokens / prompt_tokens): {r['hit_rate']:.1%}")
         print(f"whole trace, STATS.md: 37.4 % reusable (infinite cache), 26.8 % with an LRU of 8.2M tokens")
         if args.control:

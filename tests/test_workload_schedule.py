@@ -233,3 +233,12 @@ def test_tokenizer_folder_without_package_is_a_clear_error(tmp_path: Path) -> No
         TokenizerSynth(tmp_path)
     with pytest.raises(WorkloadError, match="no such"):
         TokenizerSynth(tmp_path / "missing")
+
+
+def test_prefix_reuse_definition() -> None:
+    hashes = [[0, 1], [0, 1, 2], [3], [0, 4]]
+    lengths = [1024, 1300, 100, 700]
+    # reused: 0, 2 blocks (1024), 0, 1 block (512) of 3124 tokens
+    assert prefix_reuse(hashes, lengths, 512) == pytest.approx(1536 / 3124)
+    # an LRU of 3 blocks has forgotten block 0 by the last request (3, 2, 1 are newer)
+    assert prefix_reuse(hashes, lengths, 512, lru_blocks=3) == pytest.approx(1024 / 3124)

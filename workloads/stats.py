@@ -43,9 +43,20 @@ def arrival_summary(offsets_s: np.ndarray | None) -> dict[str, float] | None:
     }
 
 
-def prefix_reuse(hash_ids: Sequence[Sequence[int]], input_tokens: Sequence[int], block_tokens: int) -> float:
-    """Fraction of input tokens that are a prefix already sent (infinite prefix cache)."""
-    seen: set[int] = set()
+def prefix_reuse(
+    hash_ids: Sequence[Sequence[int]],
+    input_tokens: Sequence[int],
+    block_tokens: int,
+    lru_blocks: int | None = None,
+) -> float:
+    """Fraction of input tokens that are a prefix already sent.
+
+    ``lru_blocks`` None: an infinite prefix cache; else an LRU cache of that many blocks
+    (every block of a request is touched when the request is sent).
+    """
+    from collections import OrderedDict
+
+    seen: OrderedDict[int, None] = OrderedDict()
     reused = total = 0
     for ids, n in zip(hash_ids, input_tokens):
         run = 0
@@ -56,7 +67,12 @@ def prefix_reuse(hash_ids: Sequence[Sequence[int]], input_tokens: Sequence[int],
                 break
         reused += min(run * block_tokens, int(n))
         total += int(n)
-        seen.update(ids)
+        for h in ids:
+            seen[h] = None
+            seen.move_to_end(h)
+        if lru_blocks is not None:
+            while len(seen) > lru_blocks:
+                seen.popitem(last=False)
     return reused / total if total else 0.0
 
 
