@@ -112,6 +112,22 @@ def _rescore(sweep: Path, df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _settings_from_definition(sweep: Path) -> dict[str, Any]:
+    """Fallback when no load ran (every cell failed): the definition in sweep.json."""
+    path = Path(sweep) / "sweep.json"
+    try:
+        spec = json.loads(path.read_text()).get("spec") or {}
+    except (OSError, ValueError):
+        return {}
+    return {
+        "slo": spec.get("slo") or {},
+        "attainment_pct": spec.get("attainment_pct"),
+        "target_rate": spec.get("target_rate"),
+        "target_concurrency": spec.get("target_concurrency"),
+        "sweep": spec,
+    }
+
+
 def sweep_settings(sweep: Path, points: pd.DataFrame) -> dict[str, Any]:
     """SLO, attainment target and target load as the sweep ran them (from a run's metadata)."""
     for rd in points.get("run_dir", pd.Series(dtype=object)).dropna():
@@ -303,6 +319,8 @@ def recommend(
     cells = read_cells(sweep)
     stored = load_points(sweep)
     settings = sweep_settings(sweep, stored) if not stored.empty else {}
+    if not settings:
+        settings = _settings_from_definition(sweep)
     slo_used = dict(slo) if slo is not None else dict(settings.get("slo") or {})
     points = load_points(sweep, slo=slo_used) if slo is not None else stored
     att = attainment_pct if attainment_pct is not None else float(settings.get("attainment_pct") or 90.0)
@@ -340,7 +358,7 @@ def recommend(
         )
     if points.empty:
         out["recommendation"] = None
-        out["message"] = "no measured loads in this sweep"
+        out["message"] = "no load was measured in this sweep (see each cell's reason)"
         return out
     workloads = list(dict.fromkeys(points["workload"].dropna()))
     for w in workloads:
@@ -540,6 +558,9 @@ def format_recommendation(rec: dict[str, Any]) -> str:
         f"SLO: {slo}; attainment target {rec['attainment_pct']:g}% of requests"
         + (f"; target load {tgt:g} req/s" if tgt else "")
     )
+    if not rec.get("workloads"):
+        lines.append(_table([], rec.get("cells", [])))
+        lines.append(f"RECOMMENDATION: none - {rec.get('message')}")
     for w, wr in rec.get("workloads", {}).items():
         if len(rec["workloads"]) > 1:
             lines.append(f"\nworkload {w}:")
@@ -579,7 +600,7 @@ def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
         c = by_id.get(cid)
         if c is None:
             reason = (cell.get("reason") or "").splitlines()[0] if cell.get("reason") else ""
-            reason = reason if len(reason) <= 70 else reason[:67] + "..."
+            reason = reason if len(reason) <= 100 else reason[:97] + "..."
             lines.append(f"{cid:<20}{cell.get('gpus') or 0:>5}  {cell['status']:<9}{'':>15}{'':>9}  {'':>12}  {reason}")
             continue
         cap = c.get("capacity_rps")

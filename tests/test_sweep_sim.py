@@ -86,3 +86,21 @@ def test_long_prompts_with_a_tight_ttft_favour_tp4(tmp_path: Path) -> None:
     )
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["recommendation"]["cell_id"] == "tp4"
+
+
+def test_an_engine_that_cannot_start_is_recorded_and_the_others_complete(tmp_path: Path) -> None:
+    out = tmp_path / "oom"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100",
+         "--tp", "1,4", "--rate", "2", "--requests", "6", "--warmup", "1", "--input-tokens", "64",
+         "--output-tokens", "8", "--slo", "ttft_ms=1000", "--engine-arg=--dtype=bf16", "--out", str(out),
+         "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    cells = {c["cell_id"]: c for c in read_cells(out)}
+    # 140 GB of BF16 weights do not fit one H100: the engine exits at start with its reason
+    assert cells["tp1"]["status"] == "failed"
+    assert "out of memory" in cells["tp1"]["reason"] and "out of memory" in cells["tp1"]["log_tail"]
+    assert cells["tp4"]["status"] == "complete" and cells["tp4"]["capacity_rps"] == 2.0
+    assert "RECOMMENDATION: tp4" in r.stdout and "out of memory" in r.stdout

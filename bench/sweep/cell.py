@@ -376,13 +376,13 @@ def _cap_text(cap: float | None, upper: float | None, gpus: int) -> str:
 
 
 def _start_failure(exc: Exception, log_path: Path) -> str:
-    """One line: what the launcher said, plus the engine's last meaningful log line."""
-    text = str(exc).splitlines()[0] if str(exc) else "no reason given"
-    text = text.split("; last log lines")[0].rstrip(":; ")
+    """One line: the engine's last meaningful log line first, then what the launcher saw."""
+    said = str(exc).splitlines()[0] if str(exc) else "no reason given"
+    said = said.split("; last log lines")[0].rstrip(":; ")
     last = [ln.strip() for ln in (tail(log_path, 40) or "").splitlines() if ln.strip()]
-    if last and last[-1] not in text:
-        text += f" ({last[-1][:200]})"
-    return f"engine failed to start: {text}"
+    if last and last[-1] not in said:
+        return f"engine failed to start: {last[-1][:300]} ({said})"
+    return f"engine failed to start: {said}"
 
 
 def _served_model(spec: SweepSpec) -> str:
