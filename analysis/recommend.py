@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -94,7 +95,11 @@ def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] |
 def sweep_dataset(sweep: Path) -> ds.Dataset:
     """The points as one Arrow dataset partitioned by cell (hive: ``cell=<id>``)."""
     files = sorted(str(p) for p in Path(sweep).glob(f"cell=*/{POINTS_FILE}"))
-    return ds.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(sweep))
+    schemas = [pq.read_schema(f) for f in files]
+    schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else None
+    if schema is not None:
+        schema = schema.append(pa.field("cell", pa.string()))
+    return ds.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(sweep), schema=schema)
 
 
 def _rescore(sweep: Path, df: pd.DataFrame, slo: SLO) -> pd.DataFrame:

@@ -142,6 +142,7 @@ def run_load(
     signals = server_signals(read_server_metrics(run_dir))
     metrics = point_metrics(run, slo, signals)
     expected = len(schedule.measured)
+    metrics["missing_rows"] = 0
     if metrics["requests"] < expected and not result.stats.interrupted:
         metrics["missing_rows"] = expected - metrics["requests"]
     sat = open_loop_saturation(run, signals) if load.kind == "rate" else Saturation(False)
