@@ -83,6 +83,10 @@ def main() -> None:
     ap.add_argument("--timing", choices=["fixed", "model"], default="fixed")
     ap.add_argument("--fixed-grid", action="store_true")
     ap.add_argument("--cpu", type=int, default=0, help="CPU the engine is pinned to (-1: no pinning)")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="run the engine at this niceness (e.g. -10 as root, so a shared, loaded host does not "
+                         "preempt it)")
+    ap.add_argument("--spin-us", type=int, default=0, help="engine busy-waits this long before each deadline")
     ap.add_argument("--client", choices=["drain", "bench"], default="drain",
                     help="drain: minimal byte-discarding clients; bench: bench's own parsing client")
     args = ap.parse_args()
@@ -92,12 +96,16 @@ def main() -> None:
     port = free_port()
     itl_ms = args.streams / args.tokens_per_s * 1000
     argv = [sys.executable, "-m", "bench", "sim", "serve", "--port", str(port), "--emission-log", str(log)]
+    if args.spin_us:
+        argv += ["--spin-us", str(args.spin_us)]
     if args.timing == "fixed":
         argv += ["--ttft-ms", "50", "--itl-ms", f"{itl_ms:.3f}"] + (["--fixed-grid"] if args.fixed_grid else [])
     else:
         argv += ["--timing", "model", "--model-preset", "llama-3.1-8b", "--gpu", "h100", "--model", "sim-model"]
     if args.cpu >= 0 and hasattr(os, "sched_setaffinity"):
         argv = ["taskset", "-c", str(args.cpu), *argv]
+    if args.nice:
+        argv = ["nice", "-n", str(args.nice), *argv]
     if args.cpu >= 0 and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {c for c in range(os.cpu_count() or 2) if c != args.cpu})  # client elsewhere
     proc = ManagedProcess(argv, tmp / "engine.log")
@@ -132,7 +140,7 @@ def main() -> None:
     late = (s.actual_ns - s.intended_ns).to_numpy() / 1e6
     rate = len(s) / ((hi - lo) / 1e9)
     print(f"command: {' '.join(sys.argv)}")
-    print(f"engine: {' '.join(argv[argv.index('serve') - 3:])}")
+    print(f"engine: {' '.join(argv[argv.index('serve') - 3:])}" + (f" (nice {args.nice})" if args.nice else ""))
     print(f"streams {args.streams}, timing {args.timing}{' (grid)' if args.fixed_grid else ''}, "
           f"engine pinned to CPU {args.cpu}, client {args.client} (other CPUs), run {wall:.1f} s")
     print(f"emitted tokens/s (steady state): {rate:,.0f}; engine CPU {engine_cpu:.0%} of one core "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from typing import Protocol
 
@@ -89,7 +90,10 @@ class EngineLoop:
                 continue  # re-read: a new request may have created an earlier event
             while _now() < t:
                 pass
-            backend.advance(_now())
+            try:
+                backend.advance(_now())
+            except Exception as exc:  # noqa: BLE001 - keep serving; the error is logged
+                sys.stderr.write(f"bench sim: engine step failed: {type(exc).__name__}: {exc}\n")
             self.passes += 1
             if self.passes % 64 == 0:
                 await asyncio.sleep(0)  # let request handlers in even when every step is late

@@ -11,7 +11,7 @@ TOML layout (every table optional; unknown keys are rejected with their dotted p
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -179,5 +179,3 @@ def describe(t: ModelTiming) -> dict[str, Any]:
         "seed": t.seed,
     }
 
-
-_ = field  # keep dataclasses.field importable for subclasses

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import sys
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -52,6 +53,8 @@ class ServerConfig:
     seed: int = 0
     #: fixed timing on a global ITL grid (all streams step together) instead of per-request deadlines
     fixed_grid: bool = False
+    #: busy-wait the last microseconds before each deadline (tighter emission times, more CPU)
+    spin_us: int = 0
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -93,6 +96,14 @@ class HttpStream:
 
     # -- engine-loop side --------------------------------------------------------------------
     def emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
+        """Called by the engine loop; a failure here fails this request only, never the loop."""
+        try:
+            self._emit(req, n, intended, finished)
+        except Exception as exc:  # noqa: BLE001 - one broken stream must not stop the engine
+            sys.stderr.write(f"bench sim: stream {self.rid} failed: {type(exc).__name__}: {exc}\n")
+            self._fail("internal")
+
+    def _emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
         if self.closed:
             return
         tr = self.transport
@@ -203,9 +214,6 @@ class HttpStream:
         held, self.held = self.held or [], None
         for data, idx, intended in held:
             self._write(data, idx, intended)
-            if self.held is not None:  # a second hold started while flushing
-                self.held.extend(held[held.index((data, idx, intended)) + 1 :])
-                return
         if self.req is not None and self.req.finished and not self.done.done():
             self._resolve("ok")
 
@@ -251,7 +259,7 @@ class SimServer:
             self.backend = FixedBackend(config.timing, _now(), grid=config.fixed_grid)
             self.max_model_len = config.max_model_len
             self.kv_tokens = 0
-        self.engine = EngineLoop(self.backend)
+        self.engine = EngineLoop(self.backend, spin_ns=config.spin_us * 1000)
         self.metrics = FlavorMetrics(self.flavor, config.model)
         self.emission_log = EmissionLog(config.emission_log) if config.emission_log else None
         self.faults = FaultPlanner(config.faults, config.seed)
