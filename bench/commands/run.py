@@ -14,6 +14,7 @@ from bench.errors import BenchError
 from bench.secrets import load_api_key
 from loadgen.runner import RunOptions
 from loadgen.transport import Timeouts
+from workloads.spec import Schedule
 from workloads.synthetic import SyntheticWorkload, WorkloadError
 
 
@@ -51,7 +52,14 @@ def parse_slo(text: str | None) -> SLO:
 @click.option("--input-tokens", type=int, default=256, show_default=True)
 @click.option("--output-tokens", type=int, default=128, show_default=True)
 @click.option("--rate", type=float, help="Open loop: mean requests/s.")
-@click.option("--arrival", default="poisson", show_default=True, help="Open-loop arrivals: poisson or constant.")
+@click.option(
+    "--arrival",
+    default=None,
+    help="Open-loop arrivals (default poisson): poisson, constant; with --workload also "
+    "gamma:cv=2, onoff, ramp, steps, trace (see docs/workloads.md).",
+)
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path), help="Local HF tokenizer folder for exact prompt lengths (--workload).")
+@click.option("--tokenize-url", help="Calibrate prompt lengths with this engine's /tokenize (--workload).")
 @click.option("--concurrency", type=int, help="Closed loop: requests kept in flight.")
 @click.option("--warmup", type=int, default=0, show_default=True, help="Warm-up requests (recorded, excluded).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -93,7 +101,9 @@ def command(
     input_tokens: int,
     output_tokens: int,
     rate: float | None,
-    arrival: str,
+    arrival: str | None,
+    tokenizer_dir: Path | None,
+    tokenize_url: str | None,
     concurrency: int | None,
     warmup: int,
     seed: int,
@@ -140,7 +150,8 @@ def command(
         raise BenchError("--sim-ttft-ms and --sim-itl-ms must be >= 0")
     try:
         schedule = _build_schedule(
-            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed
+            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
+            tokenizer_dir, tokenize_url, model,
         )
     except (WorkloadError, ValueError) as exc:
         raise BenchError(str(exc)) from None
@@ -210,24 +221,41 @@ def _build_schedule(
     input_tokens: int,
     output_tokens: int,
     rate: float | None,
-    arrival: str,
+    arrival: str | None,
     concurrency: int | None,
     warmup: int,
     seed: int,
-):  # type: ignore[no-untyped-def]
+    tokenizer_dir: Path | None = None,
+    tokenize_url: str | None = None,
+    model: str | None = None,
+) -> Schedule:
     if workload_ref:
-        try:
-            from workloads.catalog import build_named_schedule  # provided by the workloads package
-        except ImportError:
-            raise BenchError("--workload needs the workload catalogue, which this install lacks") from None
+        from workloads.catalog import build_named_schedule
+
+        extra: dict[str, object] = {}
+        if tokenizer_dir is not None:
+            extra["tokenizer"] = str(tokenizer_dir)
+        if tokenize_url:
+            extra["tokenize_url"] = tokenize_url
+        if extra and model:
+            extra["model"] = model
         return build_named_schedule(
             workload_ref,
             requests=n_requests,
             rate=rate,
-            arrival=arrival,
+            arrival=arrival or "poisson",
             concurrency=concurrency,
             warmup=warmup,
             seed=seed,
+            **extra,
+        )
+    if tokenizer_dir is not None or tokenize_url:
+        raise WorkloadError("--tokenizer/--tokenize-url apply to --workload runs")
+    arrival = arrival or "poisson"
+    if arrival not in ("poisson", "constant"):
+        raise WorkloadError(
+            f"--arrival {arrival!r}: without --workload use poisson or constant "
+            "(other processes with e.g. --workload fixed --arrival gamma:cv=2)"
         )
     if rate is None and concurrency is None:
         concurrency = 8
