@@ -41,7 +41,12 @@ class FlavorMetrics:
             self.ttft = r.histogram(f"{p}time_to_first_token_seconds", "Time to first token.")
             self.itl = r.histogram(f"{p}inter_token_latency_seconds", "Inter-token latency.")
             self.e2e = r.histogram(f"{p}e2e_request_latency_seconds", "End-to-end request latency.")
-            self.queue = r.histogram(f"{p}request_queue_time_seconds", "Queue time.") if flavor == "vllm" else None
+            self.queue = r.histogram(f"{p}request_queue_time_seconds" if flavor == "vllm" else f"{p}queue_time_seconds",
+                                     "Queue time.")
+            self.inference = (r.histogram(f"{p}request_inference_time_seconds", "Prefill + decode time.")
+                              if flavor == "vllm" else None)
+            self.tpot = r.histogram(f"{p}request_time_per_output_token_seconds" if flavor == "vllm"
+                                    else f"{p}time_per_output_token_seconds", "Per-request time per output token.")
             self.prefill = r.histogram(f"{p}request_prefill_time_seconds", "Prefill time.") if flavor == "vllm" else None
             self.decode = r.histogram(f"{p}request_decode_time_seconds", "Decode time.") if flavor == "vllm" else None
             self.gen_tokens = (
@@ -64,7 +69,6 @@ class FlavorMetrics:
             self.in_tokens.observe(prompt_tokens)  # type: ignore[union-attr]
         elif self.flavor == "sglang":
             self.reg.inc("sglang:prompt_tokens", "Prompt tokens.", prompt_tokens)
-            self.reg.inc("sglang:num_requests", "Requests.")
         else:
             self.reg.inc("vllm:prompt_tokens", "Prefill tokens processed.", prompt_tokens)
             if self.in_tokens is not None:
@@ -88,24 +92,30 @@ class FlavorMetrics:
             self.e2e.observe(e2e_s)
             if queue_s is not None:
                 self.queue.observe(queue_s)  # type: ignore[union-attr]
-            if decode_s is not None:
-                self.decode.observe(decode_s)  # type: ignore[union-attr]
+            if queue_s is not None:
+                self.decode.observe(max(0.0, e2e_s - queue_s))  # type: ignore[union-attr]
             if prefill_s is not None:
                 self.prefill.observe(prefill_s)  # type: ignore[union-attr]
             if tokens > 0:
                 self.itl.observe(e2e_s / tokens)
             self.gen_tokens.observe(tokens)  # type: ignore[union-attr]
             return
+        if decode_s is not None and tokens > 1:
+            self.tpot.observe(decode_s / (tokens - 1))
+        if queue_s is not None and self.queue is not None:
+            self.queue.observe(queue_s)
         if self.flavor == "sglang":
             r.inc("sglang:generation_tokens", "Generation tokens.", tokens)
             r.inc("sglang:cached_tokens", "Prefix-cache hit tokens.", cached)
+            r.inc("sglang:num_requests", "Finished requests.")
             self.e2e.observe(e2e_s)
             return
         r.inc("vllm:generation_tokens", "Generation tokens processed.", tokens)
+        r.inc("vllm:prompt_tokens_cached", "Prompt tokens served from the prefix cache.", cached)
+        if queue_s is not None and self.inference is not None:
+            self.inference.observe(max(0.0, e2e_s - queue_s))
         r.inc_labelled("vllm:request_success", "Finished requests.", "finished_reason", reason)
         self.e2e.observe(e2e_s)
-        if queue_s is not None and self.queue is not None:
-            self.queue.observe(queue_s)
         if prefill_s is not None and self.prefill is not None:
             self.prefill.observe(prefill_s)
         if decode_s is not None and self.decode is not None:

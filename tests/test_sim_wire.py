@@ -128,7 +128,8 @@ def test_sglang_generate_cumulative_text_and_meta_info() -> None:
     for name in ("sglang:num_running_reqs{", "sglang:num_queue_reqs{", "sglang:token_usage{", "sglang:cache_hit_rate{",
                  "sglang:prompt_tokens_total{", "sglang:generation_tokens_total{", "sglang:cached_tokens_total{",
                  "sglang:time_to_first_token_seconds_bucket{", "sglang:inter_token_latency_seconds_bucket{",
-                 "sglang:e2e_request_latency_seconds_bucket{"):
+                 "sglang:e2e_request_latency_seconds_bucket{", "sglang:queue_time_seconds_bucket{",
+                 "sglang:num_requests_total{"):
         assert name in page, name
 
 
