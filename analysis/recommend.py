@@ -415,6 +415,7 @@ def _recommend_workload(
                 "loads": [_clean_dict(_point_summary(r)) for _, r in pooled.iterrows()],
             }
         )
+    configs.sort(key=lambda c: (c["gpus"], c["axes"], c["cell_id"]))
     result: dict[str, Any] = {"configurations": configs}
     if not slo:
         result["recommendation"] = None

@@ -205,3 +205,26 @@ def test_cli_flags_override_the_file_and_bad_input_is_one_line(tmp_path: Path) -
         [sys.executable, "-m", "bench", "recommend", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and "not a sweep folder" in r.stderr
+
+
+def test_concurrency_loads_with_repeats_are_pooled(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    spec = _spec(
+        matrix=MatrixSpec(tp=(1, 2)),
+        loads=LoadSpec(concurrency=(1, 4), requests=8, warmup=0),
+        repeats=2,
+        target_concurrency=4,
+    )
+    run_sweep(spec, out, launcher=FixedSimLauncher(), echo=lambda s: None, progress=False)
+    pts = load_points(out, cell_id="tp1")
+    assert sorted(pts["load_label"]) == ["conc-1-r1", "conc-1-r2", "conc-4-r1", "conc-4-r2"]
+    assert set(pts["repeat"]) == {0, 1}
+    # repeats use different prompts (seeds), the same lengths
+    a = pq.read_table(out / "cell=tp1" / "load=conc-1-r1" / "schedule.parquet")
+    assert a.num_rows == 8
+    rec = recommend(out)
+    cfg = {c["cell_id"]: c for c in rec["workloads"]["in32-out8"]["configurations"]}
+    assert cfg["tp1"]["max_concurrency"] == 4
+    assert [p["requests"] for p in cfg["tp1"]["loads"]] == [16, 16]  # two repeats pooled per load
+    assert rec["recommendation"]["cell_id"] == "tp1"
+    assert rec["recommendation"]["evidence"]["load"] == "concurrency 4"

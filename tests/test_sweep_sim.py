@@ -104,3 +104,56 @@ def test_an_engine_that_cannot_start_is_recorded_and_the_others_complete(tmp_pat
     assert "out of memory" in cells["tp1"]["reason"] and "out of memory" in cells["tp1"]["log_tail"]
     assert cells["tp4"]["status"] == "complete" and cells["tp4"]["capacity_rps"] == 2.0
     assert "RECOMMENDATION: tp4" in r.stdout and "out of memory" in r.stdout
+
+
+def _alive_with_port(port: str) -> list[int]:
+    """Processes whose command line carries ``--port PORT`` (the engine)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for a, b in zip(argv, argv[1:]):
+            if a == b"--port" and b.decode(errors="replace") == port:
+                found.append(int(d.name))
+    return found
+
+
+def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
+    import re
+    import signal
+    import time
+
+    out = tmp_path / "int"
+    args = [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+            "--tp", "1,2", "--rate", "4", "--requests", "8", "--warmup", "0", "--input-tokens", "64",
+            "--output-tokens", "8", "--slo", "ttft_ms=1000", "--out", str(out), "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "cell=tp1" / "load=rate-4" / "run.parquet").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the first load never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, err[-2000:]
+    assert "bench sweep --resume --out" in err
+    port = re.search(r"ready after .* at http://127\.0\.0\.1:(\d+)", err)
+    assert port and not _alive_with_port(port.group(1))  # the engine went down with the sweep
+    assert {c["cell_id"]: c["status"] for c in read_cells(out)} == {"tp1": "running"}
+
+    again = subprocess.run(
+        [sys.executable, "-m", "bench", "sweep", "--resume", "--out", str(out), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {c["cell_id"]: c["status"] for c in read_cells(out)} == {"tp1": "complete", "tp2": "complete"}
+    assert list((out / ".partial").iterdir())  # the interrupted attempt is kept aside
+    assert "RECOMMENDATION: tp1" in again.stdout
