@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from results.reader import read_run_meta
 from results.schema import REQUESTS_SCHEMA, SERVER_METRICS_SCHEMA
@@ -32,7 +31,9 @@ def real_run(out: Path, requests: int = 60, concurrency: int = 8, output_tokens:
 
 def add_server_metrics(run_dir: Path) -> None:
     """Synthetic scrapes: queue/running/KV gauges and queue/prefill histogram sums/counts."""
-    reqs = pq.read_table(next((run_dir / "requests").glob("*.parquet")), columns=["intended_send_ns", "end_ns"])
+    from results.reader import read_requests
+
+    reqs = read_requests(run_dir, ["intended_send_ns", "end_ns"])
     t0 = int(min(reqs["intended_send_ns"].to_pylist()))
     t1 = int(max(v for v in reqs["end_ns"].to_pylist() if v is not None))
     ts = np.linspace(t0, t1, 12).astype(np.int64)
