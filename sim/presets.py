@@ -120,7 +120,7 @@ PROFILES: dict[str, EngineProfile] = {
     "sglang": EngineProfile("sglang", t_fixed_ms=2.0, request_overhead_ms=4.0),
     "tgi": EngineProfile("tgi", t_fixed_ms=3.0, request_overhead_ms=5.0, max_num_batched_tokens=4096,
                          enable_prefix_caching=True),
-    "legacy-2023": EngineProfile("legacy-2023", t_fixed_ms=20.0, tp_skew_us_at_4=60.0, request_overhead_ms=10.0,
+    "legacy-2023": EngineProfile("legacy-2023", t_fixed_ms=13.0, tp_skew_us_at_4=15.0, request_overhead_ms=10.0,
                                  max_num_batched_tokens=4096, max_num_seqs=256, enable_prefix_caching=False),
 }
 

@@ -52,6 +52,10 @@ def rows() -> list[Row]:
     ttft, itl = _single(nim, 500, 2000)
     out.append(Row("NIM 2xH100 70B FP8 TP2 c1 500/2000", "TTFT ms", 47.77, ttft))
     out.append(Row("NIM 2xH100 70B FP8 TP2 c1 500/2000", "ITL ms", 18.91, itl))
+    for tp, published in ((4, 29.7), (8, 29.8)):
+        legacy = ModelTiming("llama-3.1-70b", "h100", "bf16", tp=tp, profile="legacy-2023")
+        _, itl = _single(legacy, 128, 64)
+        out.append(Row(f"Splitwise 2023 vLLM H100 70B TP{tp} bs1 (legacy)", "token ms", published, itl))
     return out
 
 
