@@ -81,3 +81,10 @@ def test_report_size_is_bounded_for_100k_requests(tmp_path: Path) -> None:
     data_bytes = info.bytes - len(get_plotlyjs().encode())
     assert data_bytes < 400_000, f"page + data {data_bytes / 1e3:.0f} kB for 100k requests"
     assert info.bytes < 6_000_000
+
+
+def test_pareto_front_keeps_only_undominated_points() -> None:
+    from analysis.report.figures import _pareto
+
+    pts = [(1.0, 5.0), (2.0, 4.0), (3.0, 6.0), (2.5, 3.0), (0.5, 2.9)]
+    assert _pareto(pts) == [(0.5, 2.9), (2.5, 3.0), (3.0, 6.0)]
