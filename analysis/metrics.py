@@ -80,14 +80,76 @@ def _flatten(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ts[keep].astype(np.int64), tk[keep].astype(np.int64), row[keep]
 
 
-def _gaps(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gaps (ns) between consecutive token-carrying chunks of the same request."""
-    ts, tk, row = _flatten(table)
-    if len(ts) < 2:
+#: The last table's gaps (identity-keyed): the summary asks for them three times.
+_GAPS_CACHE: list[tuple[pa.Table, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+
+
+def clear_cache() -> None:
+    _GAPS_CACHE.clear()
+
+
+def _keep_freed_memory() -> None:
+    """Let glibc keep freed large blocks for reuse instead of returning them to the OS.
+
+    Large per-token arrays are otherwise mmapped fresh each time, and first-touch page
+    faults (slow on virtual machines) then cost more than the arithmetic itself.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _batch_gaps(ts_arr: pa.ListArray, tk_arr: pa.ListArray, row0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ts = ts_arr.flatten().to_numpy(zero_copy_only=False)
+    tk = tk_arr.flatten().to_numpy(zero_copy_only=False)
+    offsets = ts_arr.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    keep = tk > 0
+    if keep.all():
+        ts_k, tk_k = ts, tk
+        row = np.repeat(np.arange(row0, row0 + len(lengths), dtype=np.int64), lengths)
+    else:
+        ts_k, tk_k = ts[keep], tk[keep]
+        row = np.repeat(np.arange(row0, row0 + len(lengths), dtype=np.int64), lengths)[keep]
+    if len(ts_k) < 2:
         return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     same = row[1:] == row[:-1]
-    gaps = (ts[1:] - ts[:-1])[same]
-    return gaps.astype(np.float64), tk[1:][same], row[1:][same]
+    gaps = np.subtract(ts_k[1:], ts_k[:-1], dtype=np.int64)[same].astype(np.float64)
+    return gaps, tk_k[1:][same].astype(np.int64), row[1:][same]
+
+
+def _gaps(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gaps (ns) between consecutive token-carrying chunks of the same request.
+
+    Computed record batch by record batch (no whole-table copy), rows in table order.
+    """
+    if _GAPS_CACHE and _GAPS_CACHE[0][0] is table:
+        return _GAPS_CACHE[0][1]
+    if table.num_rows > 100_000:
+        _keep_freed_memory()
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    row0 = 0
+    for batch in table.select(["chunk_ns", "chunk_tokens"]).to_batches():
+        if batch.num_rows:
+            parts.append(_batch_gaps(batch.column(0), batch.column(1), row0))
+        row0 += batch.num_rows
+    if not parts:
+        result = (np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+    elif len(parts) == 1:
+        result = parts[0]
+    else:
+        result = (
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]),
+        )
+    _GAPS_CACHE[:] = [(table, result)]
+    return result
 
 
 def itl_ms(table: pa.Table) -> np.ndarray:
@@ -95,6 +157,8 @@ def itl_ms(table: pa.Table) -> np.ndarray:
     gaps, k, _ = _gaps(table)
     if len(gaps) == 0:
         return np.empty(0)
+    if (k == 1).all():  # one token per chunk (the common case): no repeat needed
+        return gaps / NS_PER_MS
     return np.repeat(gaps / k, k) / NS_PER_MS
 
 
@@ -109,10 +173,9 @@ def _max_itl_per_request(table: pa.Table) -> np.ndarray:
     gaps, k, row = _gaps(table)
     if len(gaps):
         per_token = gaps / k
-        order = np.lexsort((per_token, row))
-        # last entry per row in (row, value) order is that row's max
-        last = np.r_[row[order][1:] != row[order][:-1], True]
-        out[row[order][last]] = per_token[order][last] / NS_PER_MS
+        # rows come in table order, so each row's gaps are one contiguous run
+        starts = np.r_[0, np.flatnonzero(row[1:] != row[:-1]) + 1]
+        out[row[starts]] = np.maximum.reduceat(per_token, starts) / NS_PER_MS
     return out
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analysis.metrics import chunk_gap_ms, itl_ms, measured, percentiles, request_metrics
+from analysis.metrics import chunk_gap_ms, clear_cache, itl_ms, measured, percentiles, request_metrics
 from analysis.slo import SLO, SLO_METRICS
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
@@ -61,7 +61,9 @@ def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monit
     prompt = ok_df["prompt_tokens"].astype("float64").fillna(ok_df["input_tokens_target"].astype("float64"))
     in_tokens = float(prompt.sum())
 
-    ok_table = table.filter(pa.array(df["ok"].to_numpy(dtype=bool)))
+    ok_rows = df["ok"].to_numpy(dtype=bool)
+    # the same object when every row is ok, so per-token gaps are computed once
+    ok_table = table if ok_rows.all() else table.filter(pa.array(ok_rows))
     latency: dict[str, dict[str, float]] = {}
     for name in ("ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms", "schedule_lag_ms", "ttft_from_intended_ms", "max_itl_ms"):
         latency[name] = percentiles(ok_df[name].to_numpy(dtype=float), ps)
@@ -99,6 +101,7 @@ def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monit
         }
     summary["client"] = _client_health(df, monitor)
     summary["smoothness"] = _smoothness(ok_table, options.slo)
+    clear_cache()
     return summary
 
 

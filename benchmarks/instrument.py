@@ -444,6 +444,87 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
     return res
 
 
+def synthesize_run(out: Path, requests: int, tokens: int, rows_per_part: int = 16384, seed: int = 0) -> None:
+    """A results folder as ``bench run`` writes it: ``requests`` rows of ``tokens`` tokens.
+
+    Closed loop at 1024 in flight, TTFT ~50 ms, ITL ~10 ms with jitter, a final usage
+    frame of 0 tokens per request (257 chunks), written in part files with the
+    writer's atomic part writing.
+    """
+    import uuid
+
+    import pyarrow as pa
+
+    from results.schema import REQUESTS_SCHEMA, SCHEMA_VERSION
+    from results.writer import write_run_meta, write_table_atomic
+
+    rng = np.random.default_rng(seed)
+    run_id = uuid.uuid4().hex[:16]
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_meta(out, {"run_id": run_id, "schema_version": SCHEMA_VERSION, "bench_version": "synthetic",
+                         "status": "complete", "engine": "synthetic", "model": "m", "clock": "user: perf_counter_ns at read"})
+    chunks = tokens + 1
+    slot_period = int((0.05 + tokens * 0.01) * 1e9)
+    for part, first in enumerate(range(0, requests, rows_per_part)):
+        n = min(rows_per_part, requests - first)
+        idx = np.arange(first, first + n)
+        send = (idx // 1024) * slot_period + (idx % 1024) * 1000 + 10**12
+        ttft = 50_000_000 + rng.integers(0, 2_000_000, n)
+        steps = np.cumsum(10_000_000 + rng.integers(-300_000, 300_000, (n, chunks)), axis=1) - 10_000_000
+        ts = (send + ttft)[:, None] + steps
+        ts[:, -1] = ts[:, -2] + 20_000
+        tk = np.ones((n, chunks), np.int32)
+        tk[:, -1] = 0
+        offsets = pa.array(np.arange(0, (n + 1) * chunks, chunks, dtype=np.int32))
+        chunk_ns = pa.ListArray.from_arrays(offsets, pa.array(ts.ravel()))
+        chunk_tokens = pa.ListArray.from_arrays(offsets, pa.array(tk.ravel()))
+        cols = {
+            "run_id": pa.array([run_id] * n),
+            "request_id": pa.array([f"r{i:07d}" for i in idx]),
+            "phase": pa.array(["measure"] * n),
+            "worker_id": pa.array(np.zeros(n, np.int32)),
+            "intended_send_ns": pa.array(send - 50_000),
+            "send_ns": pa.array(send),
+            "first_byte_ns": pa.array(send + 1_000_000),
+            "first_token_ns": pa.array(ts[:, 0]),
+            "first_content_ns": pa.array(ts[:, 0]),
+            "end_ns": pa.array(ts[:, -1]),
+            "chunk_ns": chunk_ns,
+            "chunk_tokens": chunk_tokens,
+            "output_tokens": pa.array(np.full(n, tokens, np.int32)),
+            "token_source": pa.array(["server_cumulative"] * n),
+            "input_tokens_target": pa.array(np.full(n, 32, np.int32)),
+            "input_tokens_source": pa.array(["approx"] * n),
+            "max_output_tokens": pa.array(np.full(n, tokens, np.int32)),
+            "prompt_tokens": pa.array(np.full(n, 32, np.int32)),
+            "completion_tokens": pa.array(np.full(n, tokens, np.int32)),
+            "http_status": pa.array(np.full(n, 200, np.int32)),
+            "finish_reason": pa.array(["length"] * n),
+            "ok": pa.array(np.ones(n, bool)),
+            "server_request_id": pa.array([f"cmpl-{i}" for i in idx]),
+        }
+        table = pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in REQUESTS_SCHEMA}, schema=REQUESTS_SCHEMA)
+        write_table_atomic(table, out / "requests" / f"part-000-{part:06d}.parquet")
+
+
+def scale_main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    if not (out / "run.parquet").exists():
+        t = time.perf_counter()
+        synthesize_run(out, args.requests, args.tokens)
+        print(f"synthesised {args.requests} requests x {args.tokens} tokens in {time.perf_counter() - t:.1f} s "
+              f"({sum(p.stat().st_size for p in (out / 'requests').glob('*.parquet')) / 1e9:.2f} GB)")
+    argv = [sys.executable, "-m", "bench", "summary", str(out)]
+    t = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.perf_counter() - t
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(proc.stdout[-3000:] if proc.returncode == 0 else proc.stderr[-3000:])
+    print(f"bench summary: {wall:.2f} s wall, peak RSS {rss:.0f} MB, loadavg {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
@@ -453,6 +534,10 @@ def main() -> None:
     sv.add_argument("--itl-ms", type=float, default=10.0)
     sv.add_argument("--model", default="sim-model")
     sv.add_argument("--log", required=True)
+    sc = sub.add_parser("scale", help="time `bench summary` on a synthesised run of many requests")
+    sc.add_argument("--out", required=True, help="results folder (synthesised when absent)")
+    sc.add_argument("--requests", type=int, default=1_000_000)
+    sc.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--concurrency", default="64,256,1024", help="comma-separated in-flight levels")
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per request")
     ap.add_argument("--rounds", type=int, default=3, help="requests per closed-loop slot")
@@ -470,6 +555,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.cmd == "serve":
         serve_main(args)
+        return
+    if args.cmd == "scale":
+        scale_main(args)
         return
     from adapters.launch.process import free_port
 

@@ -78,12 +78,26 @@ def realtime_offset_ns(samples: int = 5) -> int:
 
 
 class _Conn:
-    __slots__ = ("sock", "fd", "reused")
+    """One kept-alive connection. Its reader stays registered for the connection's life
+    (no epoll_ctl per request) and routes reads to the current exchange; a read on an
+    idle connection means the server closed it."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    __slots__ = ("sock", "fd", "reused", "exchange", "transport", "closed")
+
+    def __init__(self, sock: socket.socket, transport: RawHttpTransport) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.reused = False
+        self.exchange: _Exchange | None = None
+        self.transport = transport
+        self.closed = False
+
+    def readable(self) -> None:
+        ex = self.exchange
+        if ex is not None:
+            ex.on_readable()
+        else:
+            self.transport._idle_readable(self)
 
 
 class _Exchange:
@@ -407,28 +421,44 @@ class RawHttpTransport:
             sock.close()
             raise
         self.connections_opened += 1
-        return _Conn(sock)
+        conn = _Conn(sock, self)
+        loop.add_reader(conn.fd, conn.readable)
+        return conn
 
     def _release(self, conn: _Conn) -> None:
+        conn.exchange = None
         if self._closed:
-            conn.sock.close()
+            self._discard(conn)
             return
         conn.reused = True
         self._idle.append(conn)
 
+    def _idle_readable(self, conn: _Conn) -> None:
+        """An idle connection became readable: the server closed it (or sent junk)."""
+        try:
+            self._idle.remove(conn)
+        except ValueError:
+            pass
+        self._discard(conn)
+
     def _discard(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        conn.exchange = None
+        try:
+            self._loop.remove_reader(conn.fd)  # type: ignore[union-attr]
+        except (ValueError, OSError, AttributeError):
+            pass
         try:
             conn.sock.close()
         except OSError:
             pass
 
     def _detach(self, ex: _Exchange) -> None:
-        if ex in self._active:
-            self._active.discard(ex)
-            try:
-                self._loop.remove_reader(ex.conn.fd)  # type: ignore[union-attr]
-            except (ValueError, OSError):
-                pass
+        self._active.discard(ex)
+        if ex.conn.exchange is ex:
+            ex.conn.exchange = None
 
     def _request_bytes(self, call: HttpCall) -> bytes:
         head = [f"{call.method} {self.prefix}{call.path} HTTP/1.1\r\n".encode(), self._host_line]
@@ -457,12 +487,15 @@ class RawHttpTransport:
     async def _exchange(self, loop: asyncio.AbstractEventLoop, conn: _Conn, payload: bytes, sink: Sink, head_only: bool) -> None:
         future: asyncio.Future[None] = loop.create_future()
         ex = _Exchange(self, conn, sink, future, head_only)
+        conn.exchange = ex
+        self._active.add(ex)
         sock = conn.sock
         try:
             sent = sock.send(payload)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
+            self._detach(ex)
             self._discard(conn)
             if conn.reused:
                 raise _StaleConnection() from None
@@ -471,14 +504,17 @@ class RawHttpTransport:
             try:
                 await loop.sock_sendall(sock, payload[sent:])
             except OSError as exc:
+                self._detach(ex)
                 self._discard(conn)
                 if conn.reused:
                     raise _StaleConnection() from None
                 raise StreamError("stream_reset", f"send failed: {exc}") from None
-        sink.sent(_now())
-        ex.last_read_ns = _now()
-        self._active.add(ex)
-        loop.add_reader(conn.fd, ex.on_readable)
+            except asyncio.CancelledError:
+                self._detach(ex)
+                self._discard(conn)
+                raise
+        ex.last_read_ns = now = _now()
+        sink.sent(now)
         try:
             await future
         except asyncio.CancelledError:
@@ -499,7 +535,7 @@ class RawHttpTransport:
             self.offset_ns = realtime_offset_ns()
         limit = int(self.timeouts.stall * 1e9)
         now = _now()
-        for ex in [e for e in self._active if now - e.last_read_ns > limit]:
+        for ex in [e for e in self._active if now - e.last_read_ns > limit and not e.future.done()]:
             ex._fail(StreamError("timeout", f"no data for {self.timeouts.stall:g} s"))
         self._arm_watchdog()
 

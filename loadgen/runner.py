@@ -83,11 +83,18 @@ class Runner:
         self._sessions = {k: sorted(v, key=lambda s: s.turn) for k, v in sessions.items()}
         self._progress: Progress | None = None
         self._digest_queue: DigestQueue | None = None
+        self._to_finish: list[tuple[RequestRecorder, int, StreamError | None]] = []
 
     # -- one request -----------------------------------------------------------------
     async def _execute(
         self, spec: RequestSpec, intended_ns: int, call: HttpCall | None = None, history: Sequence[Message] = ()
-    ) -> tuple[RequestRecord, str]:
+    ) -> tuple[RequestRecord | None, str, int]:
+        """Send one request; returns (record, answer text, end ns).
+
+        A request outside a session is closed *after* its freed slot has sent the next
+        one (``record`` is then None): the bookkeeping waits one loop iteration rather
+        than delaying the next send.
+        """
         recorder = RequestRecorder(
             spec,
             self.adapter.parser(),
@@ -119,8 +126,20 @@ class Runner:
         # A complete response ended with its last bytes; a failed one when it failed.
         last = recorder.last_data_ns
         end = last if error is None and last is not None else _now()
+        if spec.session_id is None and not cancelled:
+            if not self._to_finish:
+                asyncio.get_running_loop().call_soon(self._finish_pending)
+            self._to_finish.append((recorder, end, error))
+            return None, "", end
+        record = self._finish(recorder, end, error)
+        if cancelled:
+            raise asyncio.CancelledError
+        return record, recorder.answer_text, end
+
+    def _finish(self, recorder: RequestRecorder, end: int, error: StreamError | None) -> RequestRecord:
         record = recorder.finish(end, error, self._requires_done, self.options.save_text)
         self.writer.add_record(record)
+        stats = self.stats
         if record.ok:
             stats.completed += 1
         elif record.error_type == "cancelled":
@@ -128,9 +147,12 @@ class Runner:
         else:
             stats.failed += 1
             stats.error_types[record.error_type or "unknown"] += 1
-        if cancelled:
-            raise asyncio.CancelledError
-        return record, recorder.answer_text
+        return record
+
+    def _finish_pending(self) -> None:
+        pending, self._to_finish = self._to_finish, []
+        for recorder, end, error in pending:
+            self._finish(recorder, end, error)
 
     async def _run_session_from(self, spec: RequestSpec, intended_ns: int, call: HttpCall | None) -> int | None:
         """Send ``spec``; if it opens a session, send the later turns after each answer.
@@ -152,8 +174,9 @@ class Runner:
                 if self.stop.is_set() or self._past_duration():
                     return end_ns
                 call = None
-            record, answer = await self._execute(turn, intended_ns, call, tuple(history))
-            end_ns = record.end_ns
+            record, answer, end_ns = await self._execute(turn, intended_ns, call, tuple(history))
+            if record is None:
+                continue  # not a session: nothing follows
             if not record.ok:
                 return end_ns  # a broken turn ends its session; the failure is recorded
             history.extend(_turn_messages(turn))
@@ -302,6 +325,7 @@ class Runner:
             self.stats.end_ns = _now()
             monitor.cancel()
             await asyncio.gather(monitor, return_exceptions=True)
+            self._finish_pending()
             self._sample(self.stats.end_ns, None)  # a closing sample, so short runs have one
             await self._flush_due(force=True)
             self._progress.close()
