@@ -424,6 +424,13 @@ def _recommend_workload(
     rec, message = _choose(configs, target, target_c)
     result["recommendation"] = rec
     result["message"] = message
+    if target is not None:
+        result["short_of_target"] = [
+            f"{c['cell_id']} ({c['gpus']} GPU{'s' if c['gpus'] != 1 else ''}): "
+            + (f"capacity {c['capacity_rps']:g} req/s" if c.get("capacity_rps") else "no capacity under the SLOs")
+            for c in configs
+            if (c.get("capacity_rps") or 0.0) < target - 1e-9
+        ]
     result["same_gpus_tradeoffs"] = _tradeoffs(configs)
     return result
 
@@ -444,16 +451,14 @@ def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int |
             return None, f"no configuration meets the SLOs at {target:g} req/s{hint}"
         pick = min(ok, key=order)
         ev = _evidence_at(pick, target)
-        return _rec(pick, ev), (
-            f"{pick['cell_id']} ({pick['gpus']} GPUs) is the smallest configuration meeting the SLOs at {target:g} req/s"
-        )
+        return _rec(pick, ev), f"the smallest configuration meeting the SLOs at {target:g} req/s"
     if target_c is not None:
         ok = [c for c in configs if (c.get("max_concurrency") or 0) >= target_c]
         if not ok:
             return None, f"no configuration meets the SLOs at concurrency {target_c}"
         pick = min(ok, key=order)
         return _rec(pick, _evidence_at(pick, float(target_c), "concurrency")), (
-            f"{pick['cell_id']} ({pick['gpus']} GPUs) is the smallest configuration meeting the SLOs at concurrency {target_c}"
+            f"the smallest configuration meeting the SLOs at concurrency {target_c}"
         )
     with_cap = [c for c in configs if c.get("capacity_rps")]
     if with_cap:
@@ -461,14 +466,14 @@ def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int |
         tied = [c for c in with_cap if c["capacity_rps_per_gpu"] >= (1 - TIE_FRACTION) * best]
         pick = min(tied, key=order)
         return _rec(pick, _evidence_at(pick, pick["capacity_rps"])), (
-            f"{pick['cell_id']} serves the most load per GPU within the SLOs "
-            f"({pick['capacity_rps_per_gpu']:.3g} req/s per GPU; no --target-rate given)"
+            f"the most load per GPU within the SLOs ({pick['capacity_rps_per_gpu']:.3g} req/s per GPU; "
+            "no --target-rate given, so no smaller configuration is preferred for meeting one)"
         )
     with_c = [c for c in configs if c.get("max_concurrency")]
     if with_c:
         pick = max(with_c, key=lambda c: ((c.get("throughput_rps_at_max") or 0) / c["gpus"], -c["gpus"], -c["axes"]))
         return _rec(pick, _evidence_at(pick, float(pick["max_concurrency"]), "concurrency")), (
-            f"{pick['cell_id']} has the highest SLO-meeting throughput per GPU (no --target-concurrency given)"
+            "the highest SLO-meeting throughput per GPU (no --target-concurrency given)"
         )
     return None, "no configuration met the SLOs at any tested load"
 
@@ -566,14 +571,15 @@ def format_recommendation(rec: dict[str, Any]) -> str:
     )
     if not rec.get("workloads"):
         lines.append(_table([], rec.get("cells", [])))
-        lines.append(f"RECOMMENDATION: none - {rec.get('message')}")
+        lines.append(f"RECOMMENDATION: none: {rec.get('message')}")
     for w, wr in rec.get("workloads", {}).items():
         if len(rec["workloads"]) > 1:
             lines.append(f"\nworkload {w}:")
         lines.append(_table(wr.get("configurations", []), rec.get("cells", [])))
         r = wr.get("recommendation")
         if r:
-            lines.append(f"RECOMMENDATION: {r['cell_id']} ({r['gpus']} GPUs) - {wr.get('message')}")
+            plural = "s" if r["gpus"] != 1 else ""
+            lines.append(f"RECOMMENDATION: {r['cell_id']} ({r['gpus']} GPU{plural}): {wr.get('message')}")
             ev = r.get("evidence")
             if ev:
                 lines.append(
@@ -583,7 +589,9 @@ def format_recommendation(rec: dict[str, Any]) -> str:
                     + (f" ({', '.join(ev['runs'])})" if ev.get("runs") else "")
                 )
         else:
-            lines.append(f"RECOMMENDATION: none - {wr.get('message')}")
+            lines.append(f"RECOMMENDATION: none: {wr.get('message')}")
+        if wr.get("short_of_target"):
+            lines.append(f"  short of {rec['target_rate']:g} req/s: " + "; ".join(wr["short_of_target"]))
         for c in wr.get("configurations", []):
             lines.append(f"  {c['cell_id']}: {c['diagnosis']}")
         for t in wr.get("same_gpus_tradeoffs", []):
