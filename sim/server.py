@@ -271,6 +271,9 @@ class SimServer:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
+        import gc
+
+        gc.freeze()  # start-up objects (modules, presets) never need scanning again: shorter GC pauses
         self.started_ns = _now()
         if isinstance(self.backend, FixedBackend):
             self.backend.origin = self.started_ns
