@@ -95,3 +95,20 @@ def test_real_time_follows_the_model_and_slowdown(tmp_path: Path) -> None:
     assert abs(itl - pred.tpot_s) < 0.25 * pred.tpot_s
     assert 2.5 < res[3.0][1] / itl < 3.5  # --slowdown multiplies every step
     assert second["cached_tokens"] >= 1984  # same prompt again: prefix-cache hit reported
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{"dp": 2, "router": "least-queue"}, {"pp": 2}, {"disagg_prefill": 1, "disagg_decode": 1}, {"tp": 2, "dcp": 2},
+     {"pcp": 2}],
+)
+def test_parallel_layouts_serve_in_real_time(tmp_path: Path, layout: dict) -> None:
+    t = dataclasses.replace(ModelTiming("llama-3.1-8b", "h100"), **layout)
+    cfg = ServerConfig(model="llama-3.1-8b", model_timing=t, emission_log=tmp_path / "e.parquet")
+    prompts = [" ".join(f"p{i}w{j}" for j in range(300)) for i in range(6)]
+    rows = run_against(cfg, spaced(prompts, 10, gap_ms=5), tmp_path)
+    assert all(r["ok"] and r["output_tokens"] == 10 for r in rows)
+    import pyarrow.parquet as pq
+
+    log = pq.read_table(tmp_path / "e.parquet").to_pandas()
+    assert len(log) == 60 and (log.actual_ns >= log.intended_ns).all()
