@@ -126,6 +126,11 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
     return out
 
 
+def _nanmedian(v: np.ndarray) -> float:
+    v = v[~np.isnan(v)]
+    return float(np.median(v)) if len(v) else float("nan")
+
+
 def _span_rate(ns: np.ndarray) -> float:
     v = np.sort(ns[np.isfinite(ns)])
     if len(v) < 2 or v[-1] <= v[0]:
@@ -166,7 +171,7 @@ def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None) -> Sat
             ends = df["end_ns"].to_numpy(dtype=float)
             ok = df["ok"].to_numpy(dtype=bool)
             send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9
-            e2e = np.nanmedian(df.loc[ok, "e2e_ms"].to_numpy(dtype=float)) / 1000.0 if ok.any() else float("nan")
+            e2e = _nanmedian(df.loc[ok, "e2e_ms"].to_numpy(dtype=float)) / 1000.0 if ok.any() else float("nan")
             if ok.any() and math.isfinite(e2e) and send_span > 0 and math.isfinite(offered):
                 window = (np.nanmax(ends[ok]) - np.nanmin(intended)) / 1e9
                 achieved = ok.sum() / window if window > 0 else float("nan")
@@ -179,7 +184,7 @@ def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None) -> Sat
         order = np.argsort(df["intended_send_ns"].to_numpy(dtype=float), kind="stable")
         lag = df["ttft_from_intended_ms"].to_numpy(dtype=float)[order]
         third = n // 3
-        early, late = np.nanmedian(lag[:third]), np.nanmedian(lag[-third:])
+        early, late = _nanmedian(lag[:third]), _nanmedian(lag[-third:])
         if (
             np.isfinite(early)
             and np.isfinite(late)

@@ -4,6 +4,8 @@ engine (fast, no performance model) and can be told to fail chosen cells."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,8 @@ class FixedSimLauncher:
     ttft_ms: float = 20.0
     itl_ms: float = 2.0
     bad_cells: tuple[str, ...] = ()
+    #: cell -> load label: the engine is killed as soon as that load's run folder appears
+    crash_at: dict[str, str] = field(default_factory=dict)
     refuse: dict[str, str] = field(default_factory=dict)
     started: list[str] = field(default_factory=list)
 
@@ -55,4 +59,17 @@ class FixedSimLauncher:
         except EngineStartError:
             proc.stop()
             raise
+        label = self.crash_at.get(cell.parallel.cell_id)
+        if label:
+            target = log_path.parent / f"load={label}" / "run.parquet"
+
+            def crash() -> None:
+                deadline = time.monotonic() + 120
+                while not target.exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                with open(log_path, "a") as f:
+                    f.write("simulated crash: engine killed by the test\n")
+                proc.stop(grace_s=0.0)
+
+            threading.Thread(target=crash, daemon=True).start()
         return FixedSimHandle(f"http://127.0.0.1:{port}", log_path, proc, argv)

@@ -228,3 +228,19 @@ def test_concurrency_loads_with_repeats_are_pooled(tmp_path: Path) -> None:
     assert [p["requests"] for p in cfg["tp1"]["loads"]] == [16, 16]  # two repeats pooled per load
     assert rec["recommendation"]["cell_id"] == "tp1"
     assert rec["recommendation"]["evidence"]["load"] == "concurrency 4"
+
+
+def test_an_engine_dying_mid_cell_fails_that_cell_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    launcher = FixedSimLauncher(crash_at={"tp1": "rate-20"})
+    spec = _spec(matrix=MatrixSpec(tp=(1, 2)), loads=LoadSpec(rates=(10.0, 20.0, 40.0), requests=10, warmup=0))
+    run_sweep(spec, out, launcher=launcher, echo=lambda s: None, progress=False)
+    cells = {r["cell_id"]: r for r in read_cells(out)}
+    assert cells["tp1"]["status"] == "failed"
+    assert "stopped answering during load rate-20" in cells["tp1"]["reason"]
+    assert "simulated crash" in cells["tp1"]["log_tail"]
+    assert cells["tp2"]["status"] == "complete"
+    # what tp1 measured before it died is kept
+    pts = load_points(out, cell_id="tp1")
+    assert list(pts["load_label"]) == ["rate-10", "rate-20"]
+    assert pts.iloc[0]["attainment"] == 1.0 and pts.iloc[1]["ok"] < 10
