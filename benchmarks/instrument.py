@@ -7,7 +7,10 @@ every client timestamp with the engine's own emission log (same CLOCK_MONOTONIC)
 
 Printed per concurrency:
   tok/s        achieved output tokens/s (whole run)
-  TTFT err     client TTFT minus the engine's (first-token emission - request arrival)
+  TTFT err     client TTFT minus true TTFT = client first-token stamp minus the engine's
+               first-token emission (the send is stamped when the bytes reach the socket,
+               so the send side adds no error; what the engine does between the socket
+               and its read of the request is engine time, printed as "send->read")
   ITL          the client's ITL p50/p99 (truth: exactly --itl-ms between steps)
   ITL err      client gap minus the engine's gap between the same two tokens
   stamp        client chunk stamp minus the engine's emission time (p50/p99)
@@ -393,7 +396,7 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
         for i, r in enumerate(e_rid):
             if r not in starts:
                 starts[r] = i
-        ttft_err, itl_err, stamp_err = [], [], []
+        ttft_err, itl_err, stamp_err, to_read = [], [], [], []
         for r, ts, tk, s in zip(rids, lists, toks, send):
             if r not in starts:
                 continue
@@ -404,12 +407,16 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
                 continue
             stamp_err.append(a - truth)
             itl_err.append(np.diff(a) - np.diff(truth))
-            true_ttft = truth[0] - (arrival[i0] if arrival is not None else e_int[i0] - int(args.ttft_ms * 1e6))
-            ttft_err.append((a[0] - s) - true_ttft)
+            # client TTFT (a0 - s) minus true TTFT (truth0 - s)
+            ttft_err.append(a[0] - truth[0])
+            if arrival is not None:
+                to_read.append(arrival[i0] - s)
         te = np.asarray(ttft_err) / 1e6
         ie = np.concatenate(itl_err) / 1e6 if itl_err else np.empty(0)
         se = np.concatenate(stamp_err) / 1e6 if stamp_err else np.empty(0)
         late = (e_act - e_int) / 1e6
+        tr = np.asarray(to_read) / 1e6
+        res.update(read_p50=_pct(tr, 50), read_p99=_pct(tr, 99))
         res.update(ttft_err_p50=_pct(te, 50), ttft_err_p99=_pct(te, 99), itl_err_p50=_pct(ie, 50), itl_err_p99=_pct(ie, 99),
                    stamp_p50=_pct(se, 50), stamp_p99=_pct(se, 99), late_p50=_pct(late, 50), late_p99=_pct(late, 99))
         steps_path = log.with_name(log.stem + "-steps.parquet")
@@ -599,7 +606,8 @@ def _print_row(r: dict[str, float | str]) -> None:
         f" | stamp p50/p99 {f('stamp_p50', '{:.3f}')}/{f('stamp_p99', '{:.3f}')} ms"
         f" | re-send p50/p99 {f('resend_p50', '{:.3f}')}/{f('resend_p99', '{:.3f}')} ms"
         f" | CPU/tok {f('cpu_us_tok', '{:.1f}')} us | RSS {f('rss_mb', '{:.0f}')} MB | open {f('open_pct', '{:.1f}')} %"
-        f" | engine late p50/p99 {f('late_p50', '{:.3f}')}/{f('late_p99', '{:.3f}')} ms | failed {r['failed']}"
+        f" | engine late p50/p99 {f('late_p50', '{:.3f}')}/{f('late_p99', '{:.3f}')} ms"
+        f" | send->read p50/p99 {f('read_p50', '{:.3f}')}/{f('read_p99', '{:.3f}')} ms | failed {r['failed']}"
         f" | flags: {r['flags']}"
     )
 
