@@ -37,6 +37,8 @@ class EngineLoop:
         self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        self.max_lag_ns = 0  # worst lateness of a pass start (since start)
+        self._warned_ns = 0
 
     def submit(self, req: SimRequest) -> None:
         self.backend.submit(req)
@@ -90,8 +92,18 @@ class EngineLoop:
                 continue  # re-read: a new request may have created an earlier event
             while _now() < t:
                 pass
+            now = _now()
+            lag = now - t
+            if lag > self.max_lag_ns:
+                self.max_lag_ns = lag
+            if lag > 50_000_000 and now - self._warned_ns > 10_000_000_000:
+                self._warned_ns = now
+                sys.stderr.write(
+                    f"bench sim: emission running {lag / 1e6:.0f} ms behind its deadlines (CPU-bound or host "
+                    "busy): streamed timings lag the model; see the emission log\n"
+                )
             try:
-                backend.advance(_now())
+                backend.advance(now)
             except Exception as exc:  # noqa: BLE001 - keep serving; the error is logged
                 sys.stderr.write(f"bench sim: engine step failed: {type(exc).__name__}: {exc}\n")
             self.passes += 1
