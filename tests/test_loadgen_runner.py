@@ -1,0 +1,79 @@
+"""Runner behaviour issue 8 changed: slot turnover, deferred recording, sessions, t0."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from adapters.openai import OpenAIAdapter
+from analysis.load import load_run
+from bench.execute import RunConfig, execute_run
+from loadgen.recorder import DigestQueue, RequestRecorder
+from loadgen.runner import RunOptions
+from sim.server import ServerConfig, create_app, serve_in_process
+from sim.timing import FixedTiming
+from workloads.spec import Message, RequestSpec, Schedule
+
+
+def _run(tmp_path: Path, sched: Schedule, options: RunOptions = RunOptions(progress=False)) -> Path:
+    async def main() -> Path:
+        cfg_s = ServerConfig(timing=FixedTiming(0.005, 0.001))
+        async with serve_in_process(create_app(cfg_s)) as url:
+            cfg = RunConfig(out=tmp_path / "run", url=url, engine="sim", model="sim-model", schedule=sched,
+                            options=options, transport="raw")
+            res = await execute_run(cfg, OpenAIAdapter(model="sim-model", api="chat"), install_signals=False)
+            return res.run_dir
+
+    return asyncio.run(main())
+
+
+def test_closed_loop_slot_intends_next_send_at_previous_end(tmp_path: Path) -> None:
+    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(6))
+    rows = load_run(_run(tmp_path, Schedule("c", 0, "closed", specs, concurrency=1))).requests.to_pylist()
+    rows.sort(key=lambda r: r["send_ns"])
+    assert all(r["ok"] for r in rows) and len(rows) == 6
+    for prev, nxt in zip(rows, rows[1:]):
+        assert nxt["intended_send_ns"] == prev["end_ns"]  # the slot was free from that moment
+        assert nxt["send_ns"] >= nxt["intended_send_ns"]
+        assert prev["end_ns"] >= prev["chunk_ns"][-1]  # end = the last read (the [DONE] may follow)
+
+
+def test_sessions_still_carry_their_history(tmp_path: Path) -> None:
+    turns = tuple(
+        RequestSpec(f"s-{t}", 4, 3, messages=(Message("user", f"turn {t} " + "w " * 20),), session_id="s", turn=t,
+                    think_time_ns=1_000_000)
+        for t in range(3)
+    )
+    rows = load_run(_run(tmp_path, Schedule("s", 0, "closed", turns, concurrency=1))).requests.to_pylist()
+    rows.sort(key=lambda r: r["turn"])
+    assert [r["turn"] for r in rows] == [0, 1, 2] and all(r["ok"] for r in rows)
+    prompts = [r["prompt_tokens"] for r in rows]
+    assert prompts[0] < prompts[1] < prompts[2]  # earlier turns and answers were prepended
+    for prev, nxt in zip(rows, rows[1:]):
+        assert nxt["intended_send_ns"] == prev["end_ns"] + 1_000_000
+
+
+def test_start_at_ns_sets_t0(tmp_path: Path) -> None:
+    t0 = time.perf_counter_ns() + 300_000_000
+    specs = tuple(RequestSpec(f"r{i}", 4, 2, prompt="p", send_offset_ns=i * 1_000_000) for i in range(3))
+    run = load_run(_run(tmp_path, Schedule("o", 0, "open", specs, rate=100.0), RunOptions(progress=False, start_at_ns=t0)))
+    rows = run.requests.to_pylist()
+    assert sorted(r["intended_send_ns"] - t0 for r in rows) == [0, 1_000_000, 2_000_000]
+    assert run.meta["notes"]["t0_ns"] == t0
+
+
+def test_digest_queue_parses_after_all_reads_of_an_iteration() -> None:
+    scheduled: list[object] = []
+    queue = DigestQueue(scheduled.append)
+    recs = [RequestRecorder(RequestSpec(f"r{i}", 1, 2, prompt="p"), OpenAIAdapter().parser(), 0, 0, queue=queue) for i in range(3)]
+    for i, r in enumerate(recs):
+        r.headers(1, 200)
+        r.data(10 + i, b'data: {"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}\n\n')
+    assert len(scheduled) == 1  # one drain for the whole iteration
+    assert all(r._events == [] for r in recs)  # nothing parsed on the read path
+    queue.drain()
+    assert [r._ts for r in recs] == [[10], [11], [12]]
+    recs[0].data(20, b'data: {"choices":[{"text":"b","finish_reason":"length"}],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+    rec = recs[0].finish(30)  # finish digests whatever is left
+    assert rec.ok and rec.chunk_ns == [10, 20] and rec.chunk_tokens == [1, 1]
