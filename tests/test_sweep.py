@@ -75,6 +75,14 @@ def test_cells_run_skip_and_fail_with_the_engine_log(tmp_path: Path) -> None:
     pts = load_points(out)
     assert len(pts) == 4 and set(pts["gpus"]) == {2, 4}
 
+    # --resume keeps a failed cell; --retry-failed runs it again (now it starts)
+    again = FixedSimLauncher()
+    run_sweep(_spec(), out, resume=True, launcher=again, echo=lambda s: None, progress=False)
+    assert again.started == []
+    run_sweep(_spec(), out, resume=True, retry_failed=True, launcher=again, echo=lambda s: None, progress=False)
+    assert again.started == ["tp4"]
+    assert {r["cell_id"]: r["status"] for r in read_cells(out)}["tp4"] == "complete"
+
 
 def test_recommendation_file_and_rescoring(tmp_path: Path) -> None:
     out = tmp_path / "sweep"

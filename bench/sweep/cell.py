@@ -105,7 +105,12 @@ class CellRunner:
         try:
             handle = self.launcher.start(engine, log_path)
         except EngineStartError as exc:
-            return CellOutcome("failed", _start_failure(exc, log_path), tail(log_path) or str(exc))
+            text = str(exc)
+            # the launcher's message carries the tail of the process that failed (a replica's
+            # own log for DP / disaggregated cells); fall back to the cell's logs
+            log = text.split("last log lines:", 1)[1].strip("\n") if "last log lines:" in text else ""
+            log = log or _logs_tail(cdir) or text
+            return CellOutcome("failed", _start_failure(text, log), log)
         out = CellOutcome("complete")
         out.engine_version = getattr(handle, "version", None)
         argv = getattr(handle, "argv", None)
@@ -217,7 +222,7 @@ class CellRunner:
             if not alive(url, spec.engine):
                 out.status = "failed"
                 out.reason = f"engine stopped answering during load {label}"
-                out.log_tail = tail(store.cell_dir(self.sweep_dir, cell_id) / "engine.log")
+                out.log_tail = _logs_tail(store.cell_dir(self.sweep_dir, cell_id))
                 return None
             return row, bool(row["saturated"])
 
@@ -375,14 +380,25 @@ def _cap_text(cap: float | None, upper: float | None, gpus: int) -> str:
     return f"{cap:g} req/s, {cap / gpus:.3g} req/s per GPU{up}"
 
 
-def _start_failure(exc: Exception, log_path: Path) -> str:
+def _start_failure(said: str, log: str) -> str:
     """One line: the engine's last meaningful log line first, then what the launcher saw."""
-    said = str(exc).splitlines()[0] if str(exc) else "no reason given"
+    said = said.splitlines()[0] if said else "no reason given"
     said = said.split("; last log lines")[0].rstrip(":; ")
-    last = [ln.strip() for ln in (tail(log_path, 40) or "").splitlines() if ln.strip()]
+    last = [ln.strip() for ln in log.splitlines() if ln.strip()]
     if last and last[-1] not in said:
         return f"engine failed to start: {last[-1][:300]} ({said})"
     return f"engine failed to start: {said}"
+
+
+def _logs_tail(cdir: Path, lines: int = 20) -> str:
+    """The tail of the cell's engine log(s): engine.log, then any per-process logs."""
+    logs = sorted(cdir.glob("engine*.log"), key=lambda p: (p.name != "engine.log", p.name))
+    parts = []
+    for p in logs:
+        t = tail(p, lines)
+        if t:
+            parts.append(t if len(logs) == 1 else f"== {p.name} ==\n{t}")
+    return "\n".join(parts)
 
 
 def _served_model(spec: SweepSpec) -> str:
