@@ -52,10 +52,10 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--rate", "rates", help="Open-loop loads in requests/s, e.g. 1,2,4,8.")
 @click.option("--concurrency", "concs", help="Closed-loop loads (requests in flight), e.g. 1,8,32.")
 @click.option("--capacity", is_flag=True, default=None, help="Search each cell's capacity under --slo instead.")
-@click.option("--capacity-start", type=float, help="First rate the capacity search probes. [default: 1]")
+@click.option("--capacity-start", type=float, help="First rate the first cell's capacity search probes (later cells start from what earlier ones found; default: 2x the one-at-a-time rate).")
 @click.option("--precision", type=float, help="Capacity search: stop when the bracket is within this fraction. [default: 0.1]")
 @click.option("--max-probes", type=int, help="Capacity search: most loads per cell. [default: 8]")
-@click.option("--requests", "n_requests", type=int, help="Measured requests per load. [default: 60]")
+@click.option("--requests", "n_requests", type=int, help="Measured requests per load (at least). [default: 30]")
 @click.option("--warmup", type=int, help="Warm-up requests per cell (recorded, excluded). [default: 4]")
 @click.option("--min-window", type=float, help="Rate loads send for at least this many seconds (default: capacity: 8x one-at-a-time latency).")
 @click.option("--max-requests", type=int, help="Most measured requests per load. [default: 600]")
@@ -83,7 +83,8 @@ def command(config_path: Path | None, **flags: object) -> None:
     \b
     Examples:
       bench sweep --engine sim --model llama-3.1-70b --gpu h100 --gpus 4 --tp 2,4 --dp 1,2 \\
-          --capacity --slo ttft_ms=1000,tpot_ms=60 --out sweeps/70b
+          --capacity --slo ttft_ms=300,tpot_ms=40 --target-rate 38 --input-tokens 128 \\
+          --output-tokens 16 --requests 20 --precision 0.2 --engine-arg=--max-num-seqs=8 --out sweeps/70b
       bench sweep --engine vllm --model /models/M --tp 1,2,4 --rate 1,2,4,8 --slo ttft_ms=500 --out sweeps/m
       bench sweep --config sweep.toml --out sweeps/s
       bench sweep --resume --out sweeps/70b        # after an interruption
