@@ -84,6 +84,7 @@ class Runner:
         self._sessions = {k: sorted(v, key=lambda s: s.turn) for k, v in sessions.items()}
         self._progress: Progress | None = None
         self._digest_queue: DigestQueue | None = None
+        self._writes: set[asyncio.Future[None]] = set()
         self._to_finish: list[tuple[RequestRecorder, int, StreamError | None]] = []
 
     # -- one request -----------------------------------------------------------------
@@ -281,7 +282,12 @@ class Runner:
             if w is not None and (force or w.due):
                 rows = w.take()
                 if rows:
-                    await asyncio.to_thread(PartWriter.write, w, rows)
+                    # Shielded and tracked: cancelling the monitor at the end of a run must not
+                    # cancel a write whose rows were already taken (they would be lost).
+                    write = asyncio.ensure_future(asyncio.to_thread(PartWriter.write, w, rows))
+                    self._writes.add(write)
+                    write.add_done_callback(self._writes.discard)
+                    await asyncio.shield(write)
 
     async def run(self) -> RunStats:
         """Warm-up, then the measured schedule. Always flushes what was recorded."""
@@ -333,6 +339,7 @@ class Runner:
             self.stats.end_ns = _now()
             monitor.cancel()
             await asyncio.gather(monitor, return_exceptions=True)
+            await asyncio.gather(*self._writes)  # writes the cancelled monitor had started
             self._finish_pending()
             self._sample(self.stats.end_ns, None)  # a closing sample, so short runs have one
             await self._flush_due(force=True)
