@@ -274,6 +274,7 @@ class SimServer:
         import gc
 
         gc.freeze()  # start-up objects (modules, presets) never need scanning again: shorter GC pauses
+        sys.setswitchinterval(0.0005)  # the log-writer thread must not hold the GIL for 5 ms slices
         self.started_ns = _now()
         if isinstance(self.backend, FixedBackend):
             self.backend.origin = self.started_ns
