@@ -112,15 +112,15 @@ def _batch_gaps(ts_arr: pa.ListArray, tk_arr: pa.ListArray, row0: int) -> tuple[
     keep = tk > 0
     if keep.all():
         ts_k, tk_k = ts, tk
-        row = np.repeat(np.arange(row0, row0 + len(lengths), dtype=np.int64), lengths)
+        row = np.repeat(np.arange(row0, row0 + len(lengths), dtype=np.int32), lengths)
     else:
         ts_k, tk_k = ts[keep], tk[keep]
-        row = np.repeat(np.arange(row0, row0 + len(lengths), dtype=np.int64), lengths)[keep]
+        row = np.repeat(np.arange(row0, row0 + len(lengths), dtype=np.int32), lengths)[keep]
     if len(ts_k) < 2:
         return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     same = row[1:] == row[:-1]
     gaps = np.subtract(ts_k[1:], ts_k[:-1], dtype=np.int64)[same].astype(np.float64)
-    return gaps, tk_k[1:][same].astype(np.int64), row[1:][same]
+    return gaps, tk_k[1:][same], row[1:][same]  # int32 tokens and rows: memory for 1e8+ chunks
 
 
 def _gaps(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
