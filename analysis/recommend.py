@@ -531,16 +531,23 @@ def _tradeoffs(configs: list[dict[str, Any]]) -> list[str]:
         if not lat:
             continue
         fastest = min(lat, key=lambda c: (c["lightest"]["ttft_p50_ms"] or math.inf) + 100 * (c["lightest"].get("tpot_p50_ms") or 0))
-        most = max(group, key=lambda c: c.get("capacity_rps") or c.get("throughput_rps_at_max") or 0.0)
-        if fastest["cell_id"] == most["cell_id"]:
+        caps = {c["cell_id"]: (c.get("capacity_rps") or c.get("throughput_rps_at_max") or 0.0) for c in group}
+        best = max(caps.values())
+        leaders = [cid for cid, v in caps.items() if best > 0 and v >= (1 - TIE_FRACTION) * best]
+        fl = fastest["lightest"]
+        fast_text = (
+            f"{fastest['cell_id']} gives the fastest single request "
+            f"(TTFT p50 {fl['ttft_p50_ms']:,.0f} ms, TPOT p50 {fl.get('tpot_p50_ms') or float('nan'):.1f} ms at {fl['load']})"
+        )
+        if len(leaders) != 1:
+            lines.append(f"{gpus} GPUs: {fast_text}; capacities tie within the loads tried")
+        elif leaders[0] == fastest["cell_id"]:
             lines.append(f"{gpus} GPUs: {fastest['cell_id']} is both the fastest single request and the highest capacity")
         else:
-            fl = fastest["lightest"]
+            most = next(c for c in group if c["cell_id"] == leaders[0])
             cap = most.get("capacity_rps")
             lines.append(
-                f"{gpus} GPUs: {fastest['cell_id']} gives the fastest single request "
-                f"(TTFT p50 {fl['ttft_p50_ms']:,.0f} ms, TPOT p50 {fl.get('tpot_p50_ms') or float('nan'):.1f} ms at {fl['load']}); "
-                f"{most['cell_id']} serves the most concurrent load"
+                f"{gpus} GPUs: {fast_text}; {most['cell_id']} serves the most concurrent load"
                 + (f" ({cap:g} req/s within the SLOs)" if cap else "")
             )
     return lines
@@ -606,7 +613,8 @@ def _ms(v: Any, digits: int = 0) -> str:
 
 
 def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
-    header = f"{'cell':<20}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'max goodput':>12}  {'limited by':<18}"
+    w = max([20] + [len(str(c["cell_id"])) + 2 for c in cells])
+    header = f"{'cell':<{w}}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'max goodput':>12}  {'limited by':<18}"
     lines = [header, "-" * len(header)]
     by_id = {c["cell_id"]: c for c in configs}
     for cell in cells:
@@ -615,7 +623,7 @@ def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
         if c is None:
             reason = (cell.get("reason") or "").splitlines()[0] if cell.get("reason") else ""
             reason = reason if len(reason) <= 100 else reason[:97] + "..."
-            lines.append(f"{cid:<20}{cell.get('gpus') or 0:>5}  {cell['status']:<9}{'':>15}{'':>9}  {'':>12}  {reason}")
+            lines.append(f"{cid:<{w}}{cell.get('gpus') or 0:>5}  {cell['status']:<9}{'':>15}{'':>9}  {'':>12}  {reason}")
             continue
         cap = c.get("capacity_rps")
         if cap is not None:
@@ -626,7 +634,7 @@ def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
         else:
             capt, pg = "none", ""
         good = max((p["goodput_rps"] or 0.0 for p in c["loads"] if not p["baseline"]), default=0.0)
-        lines.append(f"{cid:<20}{c['gpus']:>5}  {'complete':<9}{capt:>15}{pg:>9}  {good:>12.2f}  {c['limiting_factor']:<18}")
+        lines.append(f"{cid:<{w}}{c['gpus']:>5}  {'complete':<9}{capt:>15}{pg:>9}  {good:>12.2f}  {c['limiting_factor']:<18}")
     return "\n".join(lines)
 
 
