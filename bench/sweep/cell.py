@@ -279,7 +279,13 @@ class CellRunner:
                 precision=loads.capacity_precision,
                 max_probes=loads.capacity_max_probes,
                 max_rate=loads.capacity_max_rate,
-                min_rate=loads.capacity_min_rate,
+                # a quarter of the one-at-a-time rate is nearly unloaded: a configuration that
+                # passed one at a time but fails there is reported below it rather than probed
+                # at ever slower (and ever longer) rates
+                min_rate=max(
+                    loads.capacity_min_rate,
+                    0.25 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 0.0,
+                ),
             )
             while (rate := search.next_rate()) is not None:
                 res = measure_pooled("rate", rate, "probe", requests_for(rate, window))
