@@ -344,7 +344,12 @@ class CapacitySearch:
             return nxt if nxt is not None and nxt <= self.max_rate else None
         if lower is None:
             nxt = _round_rate(upper / 2.0)
-            return nxt if nxt >= self.min_rate else None
+            if nxt < self.min_rate:
+                # one last probe at the floor itself, unless it was already tried
+                nxt = _round_rate(self.min_rate)
+                if nxt >= upper or any(abs(p.rate - nxt) < 1e-9 for p in self.probes):
+                    return None
+            return nxt
         if upper - lower <= self.precision * lower:
             return None
         mid = _round_rate((lower + upper) / 2.0)

@@ -53,7 +53,9 @@ def test_search_stops_at_max_probes_and_says_it_did_not_converge() -> None:
 def test_search_nothing_passes_and_everything_passes() -> None:
     none = _search(0.0, start=1.0, min_rate=0.1, max_probes=20).result()
     assert none.capacity_rps is None and "no probed rate" in none.note
-    assert min(p.rate for p in none.probes) >= 0.1
+    assert min(p.rate for p in none.probes) == 0.1  # the floor itself is the last probe
+    floor = _search(0.35, start=1.0, min_rate=0.3, max_probes=20).result()
+    assert [p.rate for p in floor.probes][:3] == [1.0, 0.5, 0.3] and floor.capacity_rps is not None
     all_ = _search(1e9, start=1.0, max_rate=16.0, max_probes=20).result()
     assert all_.capacity_rps == 16.0 and all_.upper_rps is None and "at least" in all_.note
 
