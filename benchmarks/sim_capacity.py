@@ -86,6 +86,9 @@ def main() -> None:
     ap.add_argument("--nice", type=int, default=0,
                     help="run the engine at this niceness (e.g. -10 as root, so a shared, loaded host does not "
                          "preempt it)")
+    ap.add_argument("--realtime", action="store_true",
+                    help="run the engine under SCHED_FIFO (chrt -f 10; needs root) so other processes on a "
+                         "shared host cannot preempt it: measures the engine, not the host's load")
     ap.add_argument("--spin-us", type=int, default=0, help="engine busy-waits this long before each deadline")
     ap.add_argument("--client", choices=["drain", "bench"], default="drain",
                     help="drain: minimal byte-discarding clients; bench: bench's own parsing client")
@@ -106,6 +109,8 @@ def main() -> None:
         argv = ["taskset", "-c", str(args.cpu), *argv]
     if args.nice:
         argv = ["nice", "-n", str(args.nice), *argv]
+    if args.realtime:
+        argv = ["chrt", "-f", "10", *argv]
     if args.cpu >= 0 and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {c for c in range(os.cpu_count() or 2) if c != args.cpu})  # client elsewhere
     proc = ManagedProcess(argv, tmp / "engine.log")
@@ -140,7 +145,8 @@ def main() -> None:
     late = (s.actual_ns - s.intended_ns).to_numpy() / 1e6
     rate = len(s) / ((hi - lo) / 1e9)
     print(f"command: {' '.join(sys.argv)}")
-    print(f"engine: {' '.join(argv[argv.index('serve') - 3:])}" + (f" (nice {args.nice})" if args.nice else ""))
+    print(f"engine: {' '.join(argv[argv.index('serve') - 3:])}" + (f" (nice {args.nice})" if args.nice else "")
+          + (" (SCHED_FIFO)" if args.realtime else ""))
     print(f"streams {args.streams}, timing {args.timing}{' (grid)' if args.fixed_grid else ''}, "
           f"engine pinned to CPU {args.cpu}, client {args.client} (other CPUs), run {wall:.1f} s")
     print(f"emitted tokens/s (steady state): {rate:,.0f}; engine CPU {engine_cpu:.0%} of one core "
