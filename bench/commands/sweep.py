@@ -117,6 +117,7 @@ def command(config_path: Path | None, **flags: object) -> None:
         retry_failed=retry_failed,
         echo=lambda line: click.echo(line, err=True),
         progress=progress,  # type: ignore[arg-type]
+        command=("bench", *sys.argv[1:]),
     )
     if result.interrupted:
         click.echo(f"sweep interrupted; finish it with: bench sweep --resume --out {out}", err=True)

@@ -71,6 +71,7 @@ def run_sweep(
     launcher: Launcher | None = None,
     echo: Echo = print,
     progress: bool | None = None,
+    command: tuple[str, ...] = (),
 ) -> SweepResult:
     spec.validate()
     launcher = launcher or DefaultLauncher()
@@ -92,6 +93,7 @@ def run_sweep(
             "sweep_id": sweep_id,
             "bench_version": __version__,
             "spec": spec.as_dict(),
+            "command": (stored or {}).get("command") or (" ".join(command) if command else None),
             "cells": [c.cell_id for c in planned],
             "created_unix_s": (stored or {}).get("created_unix_s", time.time()),
             "updated_unix_s": time.time(),
