@@ -87,8 +87,8 @@ def main() -> None:
                     help="run the engine at this niceness (e.g. -10 as root, so a shared, loaded host does not "
                          "preempt it)")
     ap.add_argument("--realtime", action="store_true",
-                    help="run the engine under SCHED_FIFO (chrt -f 10; needs root) so other processes on a "
-                         "shared host cannot preempt it: measures the engine, not the host's load")
+                    help="run the engine under SCHED_FIFO (chrt -f 10) with --mlock (needs root) so other processes "
+                         "and memory reclaim on a shared host cannot stall it: measures the engine, not the host")
     ap.add_argument("--spin-us", type=int, default=0, help="engine busy-waits this long before each deadline")
     ap.add_argument("--client", choices=["drain", "bench"], default="drain",
                     help="drain: minimal byte-discarding clients; bench: bench's own parsing client")
@@ -101,6 +101,8 @@ def main() -> None:
     argv = [sys.executable, "-m", "bench", "sim", "serve", "--port", str(port), "--emission-log", str(log)]
     if args.spin_us:
         argv += ["--spin-us", str(args.spin_us)]
+    if args.realtime:
+        argv += ["--mlock"]
     if args.timing == "fixed":
         argv += ["--ttft-ms", "50", "--itl-ms", f"{itl_ms:.3f}"] + (["--fixed-grid"] if args.fixed_grid else [])
     else:

@@ -55,6 +55,8 @@ class ServerConfig:
     fixed_grid: bool = False
     #: busy-wait the last microseconds before each deadline (tighter emission times, more CPU)
     spin_us: int = 0
+    #: lock the process's memory (mlockall) so host memory reclaim cannot stall emission
+    mlock: bool = False
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -273,6 +275,8 @@ class SimServer:
     async def on_startup(self, app: web.Application) -> None:
         import gc
 
+        if self.config.mlock:
+            _mlockall()
         gc.freeze()  # start-up objects (modules, presets) never need scanning again: shorter GC pauses
         sys.setswitchinterval(0.0005)  # the log-writer thread must not hold the GIL for 5 ms slices
         self.started_ns = _now()
@@ -453,6 +457,20 @@ class SimServer:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
         return resp
+
+
+def _mlockall() -> None:
+    """Keep every page resident: proactive reclaim on a busy host otherwise stalls the engine
+    for hundreds of milliseconds when it touches a reclaimed page. Needs CAP_IPC_LOCK/root."""
+    try:
+        import ctypes
+        import os
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        if libc.mlockall(3) != 0:  # MCL_CURRENT | MCL_FUTURE
+            sys.stderr.write(f"bench sim: --mlock failed: {os.strerror(ctypes.get_errno())}\n")
+    except OSError as exc:
+        sys.stderr.write(f"bench sim: --mlock unavailable: {exc}\n")
 
 
 def _pieces(text: str) -> list[str]:
