@@ -97,7 +97,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sim-capacity-"))
     log = tmp / "emissions.parquet"
     port = free_port()
-    itl_ms = args.streams / args.tokens_per_s * 1000
+    # each stream spends TTFT (50 ms) + output·ITL per request: pick ITL so the streams deliver the target
+    itl_ms = (args.streams * args.output_tokens / args.tokens_per_s - 0.050) / args.output_tokens * 1000
     argv = [sys.executable, "-m", "bench", "sim", "serve", "--port", str(port), "--emission-log", str(log)]
     if args.spin_us:
         argv += ["--spin-us", str(args.spin_us)]
@@ -142,7 +143,7 @@ def main() -> None:
     t = pq.read_table(log).to_pandas()
     # steady state: after the staggered starts, before the end
     lo = t.intended_ns.min() + args.duration / 4 * 1e9 + 1e9
-    hi = t.intended_ns.max() - 2e9
+    hi = t.intended_ns.min() + args.duration * 1e9  # clients stop starting requests here
     s = t[(t.intended_ns >= lo) & (t.intended_ns <= hi)]
     late = (s.actual_ns - s.intended_ns).to_numpy() / 1e6
     rate = len(s) / ((hi - lo) / 1e9)
