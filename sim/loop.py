@@ -3,7 +3,9 @@
 The loop sleeps until the backend's next event time (a simulated step boundary mapped
 1:1 to ``perf_counter_ns``), then lets the backend emit everything due in one pass. A
 late wake-up never shifts later deadlines: event times are computed from the previous
-step's intended end, not from when the loop woke. The event loop's timers have
+step's intended end, not from when the loop woke. On Linux the loop sleeps on a
+``timerfd`` armed at the absolute CLOCK_MONOTONIC deadline (``sim.timerfd``), which wakes it
+within tens of microseconds. Elsewhere the event loop's timers are used; they have
 millisecond granularity (uvloop's can fire up to ~1 ms early), so the loop never sleeps
 less than ``min_sleep_ns`` (1 ms): dense deadlines (thousands of streams' tokens per
 second) are served in batches at most about a millisecond late, with ~1 000 wake-ups per
@@ -33,8 +35,10 @@ class Backend(Protocol):
 
 
 class EngineLoop:
-    def __init__(self, backend: Backend, spin_ns: int = 0, min_sleep_ns: int = 1_000_000) -> None:
+    def __init__(self, backend: Backend, spin_ns: int = 0, min_sleep_ns: int = 1_000_000, precise: bool = True) -> None:
         self.backend = backend
+        self.precise = precise
+        self._timer: object = None
         self.spin_ns = spin_ns
         self.min_sleep_ns = min_sleep_ns
         self._wake: asyncio.Future[None] | None = None
@@ -67,6 +71,18 @@ class EngineLoop:
                 await self._task
             self._task = None
 
+    async def _sleep_until(self, t_ns: int) -> None:
+        """Sleep until ``t_ns`` on the precise timer (or until a new request kicks the loop)."""
+        timer = self._timer
+        assert timer is not None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wake = fut
+        timer.arm(t_ns)
+        try:
+            await fut
+        finally:
+            self._wake = None
+
     async def _sleep(self, delay_s: float | None) -> None:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
@@ -82,9 +98,21 @@ class EngineLoop:
                 handle.cancel()
 
     async def _run(self) -> None:
+        from sim.timerfd import DeadlineTimer
+
+        self._timer = DeadlineTimer.create(self._kick) if self.precise else None
+        try:
+            await self._run_loop()
+        finally:
+            if self._timer is not None:
+                self._timer.close()
+                self._timer = None
+
+    async def _run_loop(self) -> None:
         backend = self.backend
         spin = self.spin_ns
         tick = self.min_sleep_ns
+        timer = self._timer
         slept = False
         while True:
             t = backend.next_event_ns()
@@ -92,6 +120,9 @@ class EngineLoop:
                 await self._sleep(None)
                 continue
             delay = t - _now()
+            if timer is not None and delay > spin:
+                await self._sleep_until(t - spin)
+                continue  # re-read: a new request may have created an earlier event
             if delay > spin:
                 if slept and delay <= tick:
                     # woke a little early (millisecond timers): wait out the remainder here rather
