@@ -236,3 +236,11 @@ def test_jitter_is_seeded() -> None:
     assert a != [o.token_ns for o in run(dataclasses.replace(t, seed=5), load)]
     itl = [x for o in run(t, load) for x in o.itls_s]
     assert statistics.pstdev(itl) / statistics.mean(itl) > 0.03
+
+
+def test_least_queue_and_kv_aware_routers_spread_a_burst() -> None:
+    for router in ("least-queue", "kv-aware", "round-robin"):
+        b = ModelBackend(ModelTiming("llama-3.1-8b", "h100", dp=2, router=router))
+        outs = simulate(b, [Arrival(i * 0.001, 3000, 50) for i in range(10)])
+        per = [sum(1 for o in outs if o.replica == r) for r in (0, 1)]
+        assert per == [5, 5], (router, per)
