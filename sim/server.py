@@ -55,8 +55,6 @@ class ServerConfig:
     fixed_grid: bool = False
     #: busy-wait the last microseconds before each deadline (tighter emission times, more CPU)
     spin_us: int = 0
-    #: lock the process's memory (mlockall) so host memory reclaim cannot stall emission
-    mlock: bool = False
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -273,12 +271,6 @@ class SimServer:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
-        import gc
-
-        if self.config.mlock:
-            _mlockall()
-        gc.freeze()  # start-up objects (modules, presets) never need scanning again: shorter GC pauses
-        sys.setswitchinterval(0.0005)  # the log-writer thread must not hold the GIL for 5 ms slices
         self.started_ns = _now()
         if isinstance(self.backend, FixedBackend):
             self.backend.origin = self.started_ns
@@ -457,6 +449,16 @@ class SimServer:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
         return resp
+
+
+def tune_process(mlock: bool = False) -> None:
+    """Process-wide settings for a dedicated engine process (``bench sim serve``)."""
+    import gc
+
+    if mlock:
+        _mlockall()
+    gc.freeze()  # start-up objects (modules, presets) never need scanning again: shorter GC pauses
+    sys.setswitchinterval(0.0005)  # the log-writer thread must not hold the GIL for 5 ms slices
 
 
 def _mlockall() -> None:

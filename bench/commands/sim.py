@@ -80,6 +80,9 @@ def serve(**kw: Any) -> None:
         raise BenchError(str(exc)) from None
     from aiohttp import web
 
+    from sim.server import tune_process
+
+    tune_process(mlock=bool(kw.get("mlock")))
     try:
         import uvloop
 
@@ -147,7 +150,6 @@ def build_config(kw: dict[str, Any]) -> Any:
         model=model, timing=timing, flavor=kw.get("flavor") or "vllm", model_timing=model_timing, faults=faults,
         emission_log=kw.get("emission_log"), seed=int(kw.get("seed", 0)),
         fixed_grid=bool(kw.get("fixed_grid")), spin_us=int(kw.get("spin_us") or 0),
-        mlock=bool(kw.get("mlock")),
     )
 
 
