@@ -47,9 +47,18 @@ class DigestQueue:
             self._schedule(self.drain)
         self._pending.append(recorder)
 
+    #: Recorders digested per loop iteration: the rest wait one more iteration, so the
+    #: socket reads of the next iteration (and their stamps) never wait behind a backlog.
+    BATCH = 64
+
     def drain(self) -> None:
-        pending, self._pending = self._pending, []
-        for rec in pending:
+        pending = self._pending
+        if len(pending) > self.BATCH:
+            batch, self._pending = pending[: self.BATCH], pending[self.BATCH :]
+            self._schedule(self.drain)
+        else:
+            batch, self._pending = pending, []
+        for rec in batch:
             rec._digest()
 
 

@@ -163,9 +163,15 @@ class Runner:
             stats.error_types[record.error_type or "unknown"] += 1
         return record
 
-    def _finish_pending(self) -> None:
-        pending, self._to_finish = self._to_finish, []
-        for recorder, end, error in pending:
+    def _finish_pending(self, limit: int | None = 32) -> None:
+        """Record finished requests, ``limit`` per loop iteration (reads come in between)."""
+        pending = self._to_finish
+        if limit is not None and len(pending) > limit:
+            batch, self._to_finish = pending[:limit], pending[limit:]
+            asyncio.get_running_loop().call_soon(self._finish_pending)
+        else:
+            batch, self._to_finish = pending, []
+        for recorder, end, error in batch:
             self._finish(recorder, end, error)
 
     async def _run_session_from(self, spec: RequestSpec, intended_ns: int, call: HttpCall | None) -> int | None:
@@ -355,7 +361,7 @@ class Runner:
             monitor.cancel()
             await asyncio.gather(monitor, return_exceptions=True)
             await asyncio.gather(*self._writes)  # writes the cancelled monitor had started
-            self._finish_pending()
+            self._finish_pending(limit=None)
             self._sample(self.stats.end_ns, None)  # a closing sample, so short runs have one
             await self._flush_due(force=True)
             self._progress.close()
