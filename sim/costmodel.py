@@ -99,9 +99,9 @@ class CostModel:
         if budget <= self.kv_bytes_token_gpu * self.prof.block_size * 16:
             raise OutOfMemory(
                 f"out of memory: {self.m.name} {self.dtype} needs {self.weights_gb_per_gpu:.1f} GB of weights per GPU "
-                f"(tp={self.par.tp}, pp={self.par.pp}, ep={self.par.ep}) but a {self.g.name} has "
-                f"{self.g.memory_gb * self.prof.gpu_memory_utilization:.1f} GB usable "
-                f"(utilization {self.prof.gpu_memory_utilization}, reserve {self.prof.reserve_gb} GB)"
+                f"(tp={self.par.tp}, pp={self.par.pp}, ep={self.par.ep}) plus a {self.prof.reserve_gb:g} GB reserve "
+                f"and KV blocks, but a {self.g.name} has {self.g.memory_gb * self.prof.gpu_memory_utilization:.1f} GB "
+                f"usable ({self.g.memory_gb:g} GB x {self.prof.gpu_memory_utilization})"
             )
 
     def kv_blocks(self) -> int:

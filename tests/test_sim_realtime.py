@@ -112,3 +112,12 @@ def test_parallel_layouts_serve_in_real_time(tmp_path: Path, layout: dict) -> No
 
     log = pq.read_table(tmp_path / "e.parquet").to_pandas()
     assert len(log) == 60 and (log.actual_ns >= log.intended_ns).all()
+
+
+def test_describe_and_validate_commands() -> None:
+    p = subprocess.run(bench_argv("sim", "describe", "--model-preset", "llama-3.1-70b", "--tp", "2", "--dp", "2"),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and '"kv_tokens_per_instance": 211776' in p.stdout and '"gpus": 4' in p.stdout
+    p = subprocess.run(bench_argv("sim", "describe", "--model-preset", "deepseek-v3", "--tp", "8"),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "out of memory: deepseek-v3" in p.stderr

@@ -169,3 +169,41 @@ def _given(kw: dict[str, Any], key: str) -> bool:
     if key in ("disagg_prefill", "disagg_decode"):
         return bool(kw.get("disagg"))
     return kw.get(key) != _DEFAULTS.get(key)
+
+
+@command.command("describe", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def describe_cmd(ctx: click.Context) -> None:
+    """Print what a modelled configuration holds (weights and KV per GPU, limits), or its
+    out-of-memory reason. Takes the same flags as ``serve``, e.g.
+    ``bench sim describe --model-preset llama-3.1-70b --gpu h100 --tp 2 --dp 2``."""
+    import json
+
+    from sim.costmodel import OutOfMemory
+    from sim.options import describe
+
+    args = list(ctx.args)
+    if "--timing" not in args:
+        args = ["--timing", "model", *args]
+    try:
+        params = serve.make_context("serve", args).params
+    except click.UsageError as exc:
+        raise BenchError(str(exc)) from None
+    cfg = build_config(params)
+    if cfg.model_timing is None:
+        raise BenchError("describe needs --timing model")
+    try:
+        cfg.model_timing.cost_model().check_fits()
+    except OutOfMemory as exc:
+        raise BenchError(str(exc)) from None
+    click.echo(json.dumps(describe(cfg.model_timing), indent=2))
+
+
+@command.command("validate")
+def validate_cmd() -> None:
+    """Print the cost model's predictions next to the published figures it was checked against."""
+    from sim.validation import load_rows, table
+
+    click.echo(table())
+    click.echo("\nunder load (informational):")
+    click.echo(table(load_rows()))
