@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import random
 import sys
 import time
 import zlib
@@ -55,6 +56,9 @@ class ServerConfig:
     fixed_grid: bool = False
     #: busy-wait the last microseconds before each deadline (tighter emission times, more CPU)
     spin_us: int = 0
+    #: > 0: requests that do not force their length (no ignore_eos; TGI always) stop at a seeded
+    #: geometric "end of sequence" with this mean length; 0: every request gets max_tokens
+    natural_stop_mean: float = 0.0
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -66,7 +70,7 @@ class HttpStream:
 
     __slots__ = ("srv", "req", "rid", "wire", "kind", "seed", "faults", "pw", "transport", "done", "sent",
                  "held", "hold_until", "buf_text", "buf_pieces", "buf_intended", "buf_first", "first_ns", "last_ns",
-                 "arrival_ns", "unary_text", "closed", "fast")
+                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason")
 
     def __init__(self, srv: "SimServer", rid: str, wire: Any, kind: str, seed: int, faults: RequestFaults,
                  arrival_ns: int) -> None:
@@ -93,6 +97,7 @@ class HttpStream:
         self.unary_text: list[str] | None = None
         self.closed = False
         self.fast = False  # set once streaming starts with no faults planned
+        self.finish_reason = "length"
 
     # -- engine-loop side --------------------------------------------------------------------
     def emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
@@ -150,7 +155,7 @@ class HttpStream:
             self.buf_pieces, self.buf_intended = [], []
             n = len(pieces)
         done = first + n
-        finish = "length" if finished else None
+        finish = self.finish_reason if finished else None
         if f.malformed_at >= 0 and first <= f.malformed_at < done:
             data = self.wire.malformed("".join(pieces))
         elif self.kind == "tgi":
@@ -327,7 +332,7 @@ class SimServer:
                 prefill = max(0, req.prefill_done_ns - req.admitted_ns) / 1e9
         if sink.first_ns is not None and sink.last_ns is not None:
             decode = (sink.last_ns - sink.first_ns) / 1e9
-        self.metrics.finished(e2e, sink.sent, req.cached_tokens, queue, prefill, decode, "length")
+        self.metrics.finished(e2e, sink.sent, req.cached_tokens, queue, prefill, decode, sink.finish_reason)
 
     # -- common routes -------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -390,7 +395,7 @@ class SimServer:
     # -- generation (all flavours) -------------------------------------------------------
     async def _run(
         self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
-        arrival: int, status_error: Any,
+        arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0,
     ) -> web.StreamResponse:
         if self.starting:
             return status_error(503, "the engine is starting")
@@ -411,6 +416,13 @@ class SimServer:
             return status_error(faults.http_status, msg[faults.http_status])
         seed = zlib.crc32(rid.encode())
         sink = HttpStream(self, rid, wire, kind, seed, faults, arrival)
+        mean = self.config.natural_stop_mean
+        if mean > 0 and not forced:
+            natural = 1 + int(random.Random(seed ^ self.config.seed).expovariate(1.0 / mean))
+            n = min(max_tokens, max(min_tokens, natural))
+            if n < max_tokens:
+                max_tokens = n
+                sink.finish_reason = "eos_token" if kind == "tgi" else "stop"
         req = self._make_request(rid, prompt_ids, max_tokens, arrival, sink)
         self.metrics.request(len(prompt_ids))
         headers = {"x-request-id": rid}
@@ -425,7 +437,7 @@ class SimServer:
             if hasattr(wire, "cached"):
                 wire.cached = req.cached_tokens
             self._record_finish(sink, len(prompt_ids))
-            body = wire.unary("".join(sink.unary_text), sink.sent, "length")
+            body = wire.unary("".join(sink.unary_text), sink.sent, sink.finish_reason)
             return web.json_response(body, headers=headers, dumps=lambda o: orjson.dumps(o).decode())
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
         resp.enable_chunked_encoding()
@@ -554,7 +566,8 @@ class OpenAIRoutes:
         rid = ("chatcmpl-" if chat else "cmpl-") + srv.next_id()
         wire = OpenAIWire(rid, chat, model, count_tokens(prompt) or 1, bool(opts.get("include_usage")),
                           bool(opts.get("continuous_usage_stats")), cached_details=True)
-        return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error)
+        return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error,
+                              forced=bool(body.get("ignore_eos")), min_tokens=min_tokens)
 
 
 class SGLangRoutes:
@@ -576,8 +589,10 @@ class SGLangRoutes:
             return _sglang_error(400, "sampling_params.max_new_tokens must be a positive integer")
         rid = str(body.get("rid") or srv.next_id())
         wire = SGLangWire(rid, count_tokens(text) or 1, arrival)
+        min_new = sp.get("min_new_tokens", 0)
         return await srv._run(request, "sglang", wire, rid, text, max_tokens, bool(body.get("stream")), arrival,
-                              _sglang_error)
+                              _sglang_error, forced=bool(sp.get("ignore_eos")),
+                              min_tokens=min_new if isinstance(min_new, int) else 0)
 
     async def server_info(self, request: web.Request) -> web.Response:
         srv = self.srv
@@ -645,7 +660,7 @@ class TGIRoutes:
             return _tgi_error(422, "`temperature` must be strictly positive")
         rid = srv.next_id()
         wire = TGIWire(count_tokens(text) or 1, bool(params.get("details")), params.get("seed"))
-        return await srv._run(request, "tgi", wire, rid, text, max_tokens, stream, arrival, _tgi_error)
+        return await srv._run(request, "tgi", wire, rid, text, max_tokens, stream, arrival, _tgi_error, forced=False)
 
     async def info(self, request: web.Request) -> web.Response:
         srv = self.srv

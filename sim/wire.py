@@ -112,7 +112,7 @@ class SGLangWire:
         meta: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": None if finish is None else {"type": finish, "length": done} if finish == "length"
-            else {"type": finish},
+            else {"type": finish, "matched": 128009},
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": done,
             "cached_tokens": self.cached,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,19 @@ def test_client_disconnect_frees_the_request() -> None:
     during, after = asyncio.run(main())
     line = 'vllm:num_requests_running{model_name="llama-3.1-8b",engine="0"}'
     assert f"{line} 1" in during and f"{line} 0" in after
+
+
+def test_natural_stop_ends_unforced_requests_early_and_says_so(tmp_path: Path) -> None:
+    sched = schedule(12, input_tokens=16, output_tokens=60, concurrency=6)
+    c = ServerConfig(model="llama-3.1-8b", flavor="tgi", model_timing=MODEL, natural_stop_mean=10.0)
+    tgi = run_against(c, sched, tmp_path / "tgi", TGIAdapter(model="llama-3.1-8b"))
+    assert all(r["ok"] for r in tgi)
+    short = [r for r in tgi if r["output_tokens"] < 60]
+    assert len(short) >= 6 and all(r["finish_reason"] == "eos_token" for r in short)
+    # vLLM with ignore_eos + min_tokens (bench's OpenAI adapter asks for them): exact lengths
+    c2 = dataclasses.replace(c, flavor="vllm")
+    vllm = run_against(c2, sched, tmp_path / "vllm")
+    assert all(r["ok"] and r["output_tokens"] == 60 and r["finish_reason"] == "length" for r in vllm)
+    # without them the same server stops early with finish_reason "stop"
+    free = run_against(c2, sched, tmp_path / "free", OpenAIAdapter(model="llama-3.1-8b", force_length_fields=False))
+    assert any(r["output_tokens"] < 60 and r["finish_reason"] == "stop" for r in free)

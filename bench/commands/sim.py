@@ -59,6 +59,9 @@ def command() -> None:
 @click.option("--faults", default=None, help="Fault injection, e.g. reset=0.1,http500=0.05,stall=0.05:5s,slow_start=3s.")
 @click.option("--spin-us", type=int, default=0, show_default=True,
               help="Busy-wait this many µs before each deadline (tighter emission times at the cost of CPU).")
+@click.option("--natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
+              help="Requests that do not force their length (no ignore_eos; TGI always) end at a seeded "
+                   "end-of-sequence with this mean length (0: every request gets max_tokens).")
 @click.option("--mlock", is_flag=True,
               help="Lock the engine's memory (mlockall; needs root) so host memory reclaim cannot stall emission.")
 @click.option("--emission-log", type=click.Path(path_type=Path), default=None,
@@ -150,6 +153,7 @@ def build_config(kw: dict[str, Any]) -> Any:
         model=model, timing=timing, flavor=kw.get("flavor") or "vllm", model_timing=model_timing, faults=faults,
         emission_log=kw.get("emission_log"), seed=int(kw.get("seed", 0)),
         fixed_grid=bool(kw.get("fixed_grid")), spin_us=int(kw.get("spin_us") or 0),
+        natural_stop_mean=float(kw.get("natural_stop") or 0.0),
     )
 
 
