@@ -210,6 +210,9 @@ class ModelBackend:
                 self.instances.append(inst)
             self.prefill_pool = list(self.instances)
         self.max_model_len = min(timing.model.max_model_len, cm.kv_tokens())
+        #: DP attention + EP on a MoE model: the DP ranks step in lock-step
+        self.lockstep = (timing.model.is_moe and timing.ep > 1 and timing.dp > 1 and timing.pp == 1
+                         and not timing.disaggregated)
         self._rr = 0
         self.stats = Stats()
         #: called as observer(req, event, t_ns) for token/prefilled events (metrics)
@@ -293,7 +296,10 @@ class ModelBackend:
                 return
             b = which.pop_completion(best)
             if b is None:
-                which.start_step(best)
+                if self.lockstep:
+                    self._start_together(best)
+                else:
+                    which.start_step(best)
                 continue
             if b.prefill_tokens + b.decode_tokens:
                 self.stats.iteration_tokens.append(b.prefill_tokens + b.decode_tokens)
@@ -313,6 +319,24 @@ class ModelBackend:
                     self.observer(req, event, b.end_ns)
                 if req.sink is not None:
                     req.sink.emit(req, 1, (b.end_ns,), req.finished)
+
+    def _start_together(self, t: int) -> None:
+        """MoE with DP attention + EP: every DP rank steps together (idle ranks run a dummy
+        step) because each MoE layer's all-to-all joins them; the slowest rank sets the step."""
+        batches = []
+        for inst in self.instances:
+            if not inst.inflight:
+                b = inst.start_step(t)
+                if b is not None:
+                    batches.append(b)
+        if not batches:
+            return
+        end = max(b.end_ns for b in batches)
+        for b in batches:
+            b.end_ns = end
+        for inst in self.instances:
+            inst.stage_free_ns = max(inst.stage_free_ns, end)
+            inst.blocked = False
 
     def _hand_off(self, req: SimRequest, t: int) -> None:
         """Prefill finished on a prefill instance: move the KV to a decode instance."""

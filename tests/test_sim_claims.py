@@ -244,3 +244,15 @@ def test_least_queue_and_kv_aware_routers_spread_a_burst() -> None:
         outs = simulate(b, [Arrival(i * 0.001, 3000, 50) for i in range(10)])
         per = [sum(1 for o in outs if o.replica == r) for r in (0, 1)]
         assert per == [5, 5], (router, per)
+
+
+def test_moe_dp_attention_ranks_step_together_so_a_long_prefill_on_one_slows_all() -> None:
+    ep = ModelTiming("mixtral-8x7b", "h100", "fp8", dp=2, ep=2, router="round-robin")
+    no_ep = dataclasses.replace(ep, ep=1)
+    # rank 0 decodes a short request; rank 1 gets a 8000-token prompt meanwhile
+    load = [Arrival(0.0, 100, 60), Arrival(0.05, 8000, 2)]
+    short_ep = run(ep, load)[0]
+    short_plain = run(no_ep, load)[0]
+    worst_ep, worst_plain = max(short_ep.itls_s), max(short_plain.itls_s)
+    print(f"decode ITL max on the other rank: EP lock-step {worst_ep*1e3:.1f} ms, independent DP {worst_plain*1e3:.1f} ms")
+    assert short_ep.replica != 1 and worst_ep > 3 * worst_plain
