@@ -49,7 +49,7 @@ class DigestQueue:
 
     #: Recorders digested per loop iteration: the rest wait one more iteration, so the
     #: socket reads of the next iteration (and their stamps) never wait behind a backlog.
-    BATCH = 64
+    BATCH = 32
 
     def drain(self) -> None:
         pending = self._pending

@@ -163,7 +163,7 @@ class Runner:
             stats.error_types[record.error_type or "unknown"] += 1
         return record
 
-    def _finish_pending(self, limit: int | None = 32) -> None:
+    def _finish_pending(self, limit: int | None = 8) -> None:
         """Record finished requests, ``limit`` per loop iteration (reads come in between)."""
         pending = self._to_finish
         if limit is not None and len(pending) > limit:
