@@ -227,14 +227,23 @@ class Instance:
                 # could not grow even after preempting everything else: preempt itself
                 i -= 1
                 self._preempt(req)
-        # 2. partial prefills of running requests
-        for req in self.running:
-            if budget <= 0:
-                break
+        # 2. partial prefills of running requests (preempting the newest when blocks run out,
+        #    so two half-prefilled prompts can never hold each other's blocks forever)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            i += 1
             if req.in_flight or not req.in_prefill or req.aborted:
                 continue
             chunk = min(req.prefill_target - req.num_computed, budget)
-            if not self._grow(req, req.num_computed + chunk):
+            grown = self._grow(req, req.num_computed + chunk)
+            while not grown:
+                victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
+                if victim is None or self.running.index(victim) < i - 1:
+                    break  # never preempt an older request for a newer one's prefill
+                self._preempt(victim)
+                grown = self._grow(req, req.num_computed + chunk)
+            if not grown:
                 continue
             work.append((req, chunk))
             prefill.append((chunk, req.num_computed))

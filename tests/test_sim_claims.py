@@ -256,3 +256,15 @@ def test_moe_dp_attention_ranks_step_together_so_a_long_prefill_on_one_slows_all
     worst_ep, worst_plain = max(short_ep.itls_s), max(short_plain.itls_s)
     print(f"decode ITL max on the other rank: EP lock-step {worst_ep*1e3:.1f} ms, independent DP {worst_plain*1e3:.1f} ms")
     assert short_ep.replica != 1 and worst_ep > 3 * worst_plain
+
+
+def test_long_prompts_competing_for_kv_never_deadlock() -> None:
+    from sim.presets import PROFILES
+
+    t = ModelTiming("llama-3.1-70b", "h100", tp=2, max_num_batched_tokens=2048,
+                    profile_spec=dataclasses.replace(PROFILES["vllm"], gpu_memory_utilization=0.5))
+    backend = ModelBackend(t)
+    kv = backend.cost.kv_tokens()
+    prompt = int(kv * 0.6)
+    outs = simulate(backend, [Arrival(0.0, prompt, 20), Arrival(0.0, prompt, 20), Arrival(0.001, prompt, 20)])
+    assert all(len(o.token_ns) == 20 for o in outs)
