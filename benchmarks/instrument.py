@@ -24,8 +24,9 @@ Printed per concurrency:
 Engines:
   lean (default): a minimal batch-stepping emitter in this file (one write per stream
       per step, emission log in memory), cheap enough that it is not the bottleneck.
-  sim: ``bench sim serve`` in fixed-timing mode; uses ``--emission-log`` when the sim
-      offers it (otherwise truth is the nominal TTFT/ITL and lateness is unknown).
+  sim: ``bench sim serve --timing fixed --fixed-grid --spin-us 1500 --emission-log``
+      (options used when the sim offers them; without an emission log, truth is the
+      nominal TTFT/ITL and lateness is unknown).
 
 Example:
   python benchmarks/instrument.py --concurrency 64,256,1024 --clock user
@@ -293,6 +294,10 @@ def _start_engine(args: argparse.Namespace, port: int, log: Path, engine_log: Pa
             argv += ["--emission-log", str(log)]
         if "--timing" in help_text:
             argv += ["--timing", "fixed"]
+        if "--fixed-grid" in help_text:  # every stream steps on one grid, like a batch
+            argv += ["--fixed-grid"]
+        if "--spin-us" in help_text:
+            argv += ["--spin-us", "1500"]
     with open(engine_log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                 preexec_fn=(lambda: _pin(cpus)) if cpus else None)
