@@ -392,6 +392,17 @@ class SimServer:
         ids = body.get("tokens") or []
         return web.json_response({"prompt": "".join(output_token(int(i), 0) for i in ids)})
 
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix block (in every replica) so the next load starts cold."""
+        b = self.backend
+        if isinstance(b, ModelBackend):
+            for inst in b.instances:
+                inst.pool.reset_prefix_cache()
+
+    async def reset_prefix_cache_route(self, request: web.Request) -> web.Response:
+        self.reset_prefix_cache()
+        return web.Response(text="")
+
     # -- generation (all flavours) -------------------------------------------------------
     async def _run(
         self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
@@ -623,10 +634,7 @@ class SGLangRoutes:
         return await self.srv.health(request)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        b = self.srv.backend
-        if isinstance(b, ModelBackend):
-            for inst in b.instances:
-                inst.pool.reset_prefix_cache()
+        self.srv.reset_prefix_cache()
         return web.Response(text="Cache flushed.")
 
 
@@ -711,6 +719,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
         r.add_get("/ping", srv.health)
         r.add_post("/tokenize", srv.tokenize_route)
         r.add_post("/detokenize", srv.detokenize)
+        r.add_post("/reset_prefix_cache", srv.reset_prefix_cache_route)  # vLLM dev-mode route
         r.add_post("/v1/completions", oa.completions)
         r.add_post("/v1/chat/completions", oa.chat)
     elif config.flavor == "sglang":

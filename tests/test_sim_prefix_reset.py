@@ -1,0 +1,39 @@
+"""The simulated engine's cache-reset routes empty the prefix cache (what sweeps call between loads)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from sim.options import ModelTiming
+from sim.server import ServerConfig, create_app, serve_in_process
+
+PROMPT = " ".join(f"w{i}" for i in range(512))
+
+
+async def _cached_tokens(session: aiohttp.ClientSession, url: str, model: str) -> int:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 2, "stream": False}
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        data = await resp.json()
+    details = data["usage"].get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
+@pytest.mark.parametrize(("flavor", "route"), [("vllm", "/reset_prefix_cache"), ("sglang", "/flush_cache")])
+def test_reset_route_empties_the_prefix_cache(flavor: str, route: str) -> None:
+    t = ModelTiming("llama-3.1-8b", "h100")
+    cfg = ServerConfig(model="llama-3.1-8b", model_timing=t, flavor=flavor)
+
+    async def main() -> tuple[int, int, int]:
+        async with serve_in_process(create_app(cfg)) as url, aiohttp.ClientSession() as s:
+            first = await _cached_tokens(s, url, cfg.model)
+            warm = await _cached_tokens(s, url, cfg.model)
+            async with s.post(url + route) as resp:
+                assert resp.status == 200
+            cold = await _cached_tokens(s, url, cfg.model)
+            return first, warm, cold
+
+    first, warm, cold = asyncio.run(main())
+    assert first == 0 and warm >= 496 and cold == 0, (first, warm, cold)
