@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from workloads.spec import Message, RequestSpec
 
@@ -33,9 +33,11 @@ class HttpCall:
     headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
 
 
-@dataclass(frozen=True, slots=True)
-class StreamEvent:
-    """One parsed stream payload.
+class StreamEvent(NamedTuple):
+    """One parsed stream payload (immutable).
+
+    A NamedTuple rather than a frozen dataclass: one is built per streamed chunk on the
+    client's hot path, and a tuple is built in a third of the time.
 
     Token accounting, in order of trust:
     ``cumulative``: the server's cumulative completion-token count after this payload
