@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from adapters.openai import OpenAIAdapter
 from analysis.load import load_run
@@ -17,7 +16,6 @@ from loadgen.runner import RunOptions
 from loadgen.transport import Timeouts
 from sim.server import ServerConfig, create_app, serve_in_process
 from sim.timing import FixedTiming
-from tests.test_runner_failures import _schedule, faulty
 from workloads.spec import RequestSpec, Schedule
 
 
@@ -93,37 +91,6 @@ def test_streams_from_the_sim_reuse_the_connection_and_stamp_in_order(clock: str
     assert t.connections_opened == 1  # keep-alive reuse
     expected = "kernel" if clock == "kernel" and kernel_timestamps_supported() else "user"
     assert t.clock == expected and t.describe()["clock"] == expected
-
-
-def test_failures_are_classified_like_the_aiohttp_transport(tmp_path: Path) -> None:
-    modes = ["ok", "http500", "reset", "malformed", "no_done", "stall", "ok"]
-
-    async def main() -> Path:
-        app = web.Application()
-        app.router.add_post("/v1/completions", faulty)
-        async with serve_in_process(app) as url:
-            cfg = RunConfig(
-                out=tmp_path / "run",
-                url=url,
-                engine="test",
-                model="m",
-                schedule=_schedule(modes),
-                options=RunOptions(progress=False),
-                timeouts=Timeouts(stall=1.0),
-            )
-            transport = RawHttpTransport(url, cfg.timeouts)
-            res = await execute_run(cfg, OpenAIAdapter(model="m"), transport=transport, install_signals=False)
-            await transport.close()
-            return res.run_dir
-
-    run = load_run(asyncio.run(main()))
-    rows = {r["request_id"].split("-", 1)[1]: r for r in run.requests.to_pylist()}
-    assert rows["ok"]["ok"] and rows["ok"]["output_tokens"] == 2
-    assert rows["http500"]["error_type"] == "http_error" and rows["http500"]["http_status"] == 500
-    assert rows["reset"]["error_type"] in ("stream_reset", "no_done")
-    assert rows["malformed"]["error_type"] == "malformed_chunk"
-    assert rows["no_done"]["error_type"] == "no_done"
-    assert rows["stall"]["error_type"] == "timeout"
 
 
 def test_connection_refused_and_https_are_clear() -> None:

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import orjson
+import pytest
 from aiohttp import web
 
 from adapters.openai import OpenAIAdapter
@@ -51,7 +52,9 @@ def _schedule(modes: list[str]) -> Schedule:
     return Schedule("faults", 0, "open", specs, rate=50.0)
 
 
-def test_each_failure_is_a_row_and_the_run_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_each_failure_is_a_row_and_the_run_goes_on(tmp_path: Path, transport: str) -> None:
+    """Both transports classify every failure the same way."""
     modes = ["ok", "http500", "reset", "malformed", "no_done", "stall", "ok"]
 
     async def main() -> Path:
@@ -66,6 +69,7 @@ def test_each_failure_is_a_row_and_the_run_goes_on(tmp_path: Path) -> None:
                 schedule=_schedule(modes),
                 options=RunOptions(progress=False),
                 timeouts=Timeouts(stall=1.0),
+                transport=transport,
             )
             res = await execute_run(cfg, OpenAIAdapter(model="m"), install_signals=False)
             return res.run_dir
