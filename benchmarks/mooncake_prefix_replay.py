@@ -139,7 +139,7 @@ def main() -> int:
             f"512-token blocks): {r['reusable_lru']:.1%}"
         )
         print(f"engine prefix-cache hit rate (cached_tokens / prompt_tokens): {r['hit_rate']:.1%}")
-        print(f"whole trace, STATS.md: 37.4 % reusable (infinite cache), 26.8 % with an LRU of 8.2M tokens")
+        print("whole trace, STATS.md: 37.4 % reusable (infinite cache), 26.8 % with an LRU of 8.2M tokens")
         if args.control:
             c = replay(args.trace, args.requests, args.time_scale, args.sim.split(), Path(tmp) / "off", caching=False)
             print(f"control, prefix caching off: hit rate {c['hit_rate']:.1%}")

@@ -264,7 +264,6 @@ class Runner:
 
     async def _monitor(self) -> None:
         interval = self.options.monitor_interval_s
-        mw = self.monitor_writer
         next_progress = 0
         while True:
             before = _now()

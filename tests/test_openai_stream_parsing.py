@@ -5,7 +5,6 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from adapters.base import EventKind
 from adapters.openai import OpenAIAdapter, OpenAIStreamParser
 from adapters.sse import SSEFramer
 from loadgen.recorder import (
