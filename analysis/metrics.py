@@ -6,6 +6,8 @@ counts from ``chunk_tokens`` (whose source each row names in ``token_source``).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -55,8 +57,19 @@ def request_metrics(table: pa.Table) -> pd.DataFrame:
     ttft_from_intended: first token − intended send (includes any client lag).
     max_itl: the longest token-level gap inside the request (stall).
     """
-    cols = [c for c in _SCALAR_COLUMNS if c in table.column_names]
-    df = table.select(cols).to_pandas()
+    df = scalar_metrics(table.select(scalar_columns(table.column_names)))
+    df["max_itl_ms"] = _max_itl_per_request(table)
+    return df
+
+
+def scalar_columns(names: list[str]) -> list[str]:
+    """The per-request (non-list) columns the metrics need, of those present."""
+    return [c for c in _SCALAR_COLUMNS if c in names]
+
+
+def scalar_metrics(scalars: pa.Table) -> pd.DataFrame:
+    """``request_metrics`` without ``max_itl_ms`` (which needs the chunk lists)."""
+    df = scalars.to_pandas()
     send = df["send_ns"].astype("float64")
     ft = df["first_token_ns"].astype("float64")
     df["ttft_ms"] = (ft - send) / NS_PER_MS
@@ -66,120 +79,117 @@ def request_metrics(table: pa.Table) -> pd.DataFrame:
     df["tpot_ms"] = np.where(out >= 2, (df["e2e_ms"] - df["ttft_ms"]) / (out - 1), np.nan)
     df["schedule_lag_ms"] = (send - df["intended_send_ns"].astype("float64")) / NS_PER_MS
     df["ttft_from_intended_ms"] = (ft - df["intended_send_ns"].astype("float64")) / NS_PER_MS
-    df["max_itl_ms"] = _max_itl_per_request(table)
     return df
 
 
-def _flatten(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(timestamps, tokens, row index) of every chunk that carries tokens."""
-    ts_col = table["chunk_ns"].combine_chunks()
-    tk_col = table["chunk_tokens"].combine_chunks()
-    ts = ts_col.flatten().to_numpy(zero_copy_only=False)
-    tk = tk_col.flatten().to_numpy(zero_copy_only=False)
-    offsets = ts_col.offsets.to_numpy()
+class TokenChunks(NamedTuple):
+    """The token-carrying chunks of a batch of rows, flattened in row order."""
+
+    ts: np.ndarray  # chunk time (ns, int64)
+    tokens: np.ndarray  # tokens in the chunk (> 0)
+    row: np.ndarray  # row index within the batch (int32, non-decreasing)
+    rows: int  # rows in the batch
+
+
+class ChunkGaps(NamedTuple):
+    """Gaps between consecutive token-carrying chunks of the same request."""
+
+    gap_ns: np.ndarray  # float64
+    tokens: np.ndarray  # tokens in the chunk that ends the gap
+    row: np.ndarray  # row index within the batch (non-decreasing)
+
+
+def token_chunks(batch: pa.Table | pa.RecordBatch) -> TokenChunks:
+    """Flatten ``chunk_ns``/``chunk_tokens`` of one batch (zero-copy where Arrow allows)."""
+    ts_arr, tk_arr = batch.column("chunk_ns"), batch.column("chunk_tokens")
+    if isinstance(ts_arr, pa.ChunkedArray):
+        ts_arr, tk_arr = ts_arr.combine_chunks(), tk_arr.combine_chunks()
+    n = len(ts_arr)
+    if n == 0:
+        return TokenChunks(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int32), 0)
+    ts = ts_arr.flatten().to_numpy(zero_copy_only=False)
+    tk = tk_arr.flatten().to_numpy(zero_copy_only=False)
+    offsets = ts_arr.offsets.to_numpy()
     lengths = np.diff(offsets)
-    row = np.repeat(np.arange(len(lengths)), lengths)
+    row = np.repeat(np.arange(n, dtype=np.int32), lengths)
     keep = tk > 0
-    return ts[keep].astype(np.int64), tk[keep].astype(np.int64), row[keep]
+    if not keep.all():
+        ts, tk, row = ts[keep], tk[keep], row[keep]
+    return TokenChunks(ts.astype(np.int64, copy=False), tk, row, n)
 
 
-#: The last table's gaps (identity-keyed): the summary asks for them three times.
-_GAPS_CACHE: list[tuple[pa.Table, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+def chunk_gaps(chunks: TokenChunks) -> ChunkGaps:
+    ts, tk, row = chunks.ts, chunks.tokens, chunks.row
+    if len(ts) < 2:
+        return ChunkGaps(np.empty(0), np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32))
+    same = row[1:] == row[:-1]
+    gaps = np.subtract(ts[1:], ts[:-1], dtype=np.int64)[same].astype(np.float64)
+    return ChunkGaps(gaps, tk[1:][same], row[1:][same])
+
+
+def itl_values_ms(gaps: ChunkGaps) -> np.ndarray:
+    """Token-level ITL values: a chunk of k tokens gives k values of gap/k."""
+    if len(gaps.gap_ns) == 0:
+        return np.empty(0)
+    if (gaps.tokens == 1).all():  # one token per chunk (the common case): no repeat needed
+        return gaps.gap_ns / NS_PER_MS
+    return np.repeat(gaps.gap_ns / gaps.tokens, gaps.tokens) / NS_PER_MS
+
+
+def row_max(values: np.ndarray, row: np.ndarray, rows: int) -> np.ndarray:
+    """Per-row maximum of ``values`` (``row`` non-decreasing); NaN for rows without values."""
+    out = np.full(rows, np.nan)
+    if len(values):
+        starts = np.r_[0, np.flatnonzero(row[1:] != row[:-1]) + 1]
+        out[row[starts]] = np.maximum.reduceat(values, starts)
+    return out
+
+
+def max_itl_ms(gaps: ChunkGaps, rows: int) -> np.ndarray:
+    """Per row: the longest token-level gap (gap / tokens of the chunk that ends it), ms."""
+    return row_max(gaps.gap_ns / gaps.tokens, gaps.row, rows) / NS_PER_MS
+
+#: The last table's gaps (identity-keyed): report code asks for them more than once.
+_GAPS_CACHE: list[tuple[pa.Table, ChunkGaps]] = []
 
 
 def clear_cache() -> None:
     _GAPS_CACHE.clear()
 
 
-def _keep_freed_memory() -> None:
-    """Let glibc keep freed large blocks for reuse instead of returning them to the OS.
-
-    Large per-token arrays are otherwise mmapped fresh each time, and first-touch page
-    faults (slow on virtual machines) then cost more than the arithmetic itself.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
-def _batch_gaps(ts_arr: pa.ListArray, tk_arr: pa.ListArray, row0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    ts = ts_arr.flatten().to_numpy(zero_copy_only=False)
-    tk = tk_arr.flatten().to_numpy(zero_copy_only=False)
-    offsets = ts_arr.offsets.to_numpy()
-    lengths = np.diff(offsets)
-    keep = tk > 0
-    if keep.all():
-        ts_k, tk_k = ts, tk
-        row = np.repeat(np.arange(row0, row0 + len(lengths), dtype=np.int32), lengths)
-    else:
-        ts_k, tk_k = ts[keep], tk[keep]
-        row = np.repeat(np.arange(row0, row0 + len(lengths), dtype=np.int32), lengths)[keep]
-    if len(ts_k) < 2:
-        return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-    same = row[1:] == row[:-1]
-    gaps = np.subtract(ts_k[1:], ts_k[:-1], dtype=np.int64)[same].astype(np.float64)
-    return gaps, tk_k[1:][same], row[1:][same]  # int32 tokens and rows: memory for 1e8+ chunks
-
-
-def _gaps(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gaps (ns) between consecutive token-carrying chunks of the same request.
-
-    Computed record batch by record batch (no whole-table copy), rows in table order.
-    """
+def _gaps(table: pa.Table) -> ChunkGaps:
+    """Chunk gaps of a whole table, computed record batch by record batch, rows in table order."""
     if _GAPS_CACHE and _GAPS_CACHE[0][0] is table:
         return _GAPS_CACHE[0][1]
-    if table.num_rows > 100_000:
-        _keep_freed_memory()
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    parts: list[ChunkGaps] = []
     row0 = 0
     for batch in table.select(["chunk_ns", "chunk_tokens"]).to_batches():
         if batch.num_rows:
-            parts.append(_batch_gaps(batch.column(0), batch.column(1), row0))
+            g = chunk_gaps(token_chunks(batch))
+            parts.append(ChunkGaps(g.gap_ns, g.tokens, g.row + row0))
         row0 += batch.num_rows
     if not parts:
-        result = (np.empty(0), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+        result = ChunkGaps(np.empty(0), np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32))
     elif len(parts) == 1:
         result = parts[0]
     else:
-        result = (
-            np.concatenate([p[0] for p in parts]),
-            np.concatenate([p[1] for p in parts]),
-            np.concatenate([p[2] for p in parts]),
-        )
+        result = ChunkGaps(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
     _GAPS_CACHE[:] = [(table, result)]
     return result
 
 
 def itl_ms(table: pa.Table) -> np.ndarray:
     """Token-level inter-token latency: a chunk of k tokens gives k values of gap/k."""
-    gaps, k, _ = _gaps(table)
-    if len(gaps) == 0:
-        return np.empty(0)
-    if (k == 1).all():  # one token per chunk (the common case): no repeat needed
-        return gaps / NS_PER_MS
-    return np.repeat(gaps / k, k) / NS_PER_MS
+    return itl_values_ms(_gaps(table))
 
 
 def chunk_gap_ms(table: pa.Table) -> np.ndarray:
     """Raw gaps between consecutive token-carrying chunks (one value per chunk)."""
-    gaps, _, _ = _gaps(table)
-    return gaps / NS_PER_MS
+    return _gaps(table).gap_ns / NS_PER_MS
 
 
 def _max_itl_per_request(table: pa.Table) -> np.ndarray:
-    out = np.full(table.num_rows, np.nan)
-    gaps, k, row = _gaps(table)
-    if len(gaps):
-        per_token = gaps / k
-        # rows come in table order, so each row's gaps are one contiguous run
-        starts = np.r_[0, np.flatnonzero(row[1:] != row[:-1]) + 1]
-        out[row[starts]] = np.maximum.reduceat(per_token, starts) / NS_PER_MS
-    return out
+    return max_itl_ms(_gaps(table), table.num_rows)
 
 
 def percentiles(values: np.ndarray, ps: tuple[float, ...]) -> dict[str, float]:
@@ -193,3 +203,123 @@ def percentiles(values: np.ndarray, ps: tuple[float, ...]) -> dict[str, float]:
 
 def _pname(p: float) -> str:
     return f"{p:g}".replace(".", "_")
+
+
+def keep_freed_memory() -> None:
+    """Let glibc keep freed large blocks for reuse instead of returning them to the OS.
+
+    Per-batch token arrays are otherwise mmapped fresh each time, and first-touch page
+    faults (slow on virtual machines) then cost more than the arithmetic itself.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+#: Pooled token-level values kept exactly up to this many per distribution (8 bytes each).
+EXACT_LIMIT = 25_000_000
+
+#: Histogram bins: the top 12 mantissa bits of a float64 (4096 bins per power of two), so a
+#: bin's half-width is at most 2**-13 (0.0122 %) of any value in it.
+_MANTISSA_BITS = 12
+_SHIFT = 52 - _MANTISSA_BITS
+_LOW_KEY = int(np.array([2.0**-30], np.float64).view(np.int64)[0]) >> _SHIFT  # 2**-30 ms ≈ 1 ps
+_HIGH_KEY = int(np.array([2.0**30], np.float64).view(np.int64)[0]) >> _SHIFT  # 2**30 ms ≈ 12 days
+_BINS = _HIGH_KEY - _LOW_KEY + 2  # bin 0: |v| < 2**-30 ms (shown as 0)
+HISTOGRAM_RELATIVE_ERROR = 2.0**-13
+
+
+def _bin_index(magnitude: np.ndarray) -> np.ndarray:
+    keys = np.ascontiguousarray(magnitude, dtype=np.float64).view(np.int64) >> _SHIFT
+    return np.clip(keys - (_LOW_KEY - 1), 0, _BINS - 1)
+
+
+def _bin_values() -> np.ndarray:
+    """A representative value per bin: the middle of its range."""
+    keys = np.arange(_LOW_KEY, _HIGH_KEY + 1, dtype=np.int64)
+    lo = (keys << _SHIFT).view(np.float64)
+    hi = ((keys + 1) << _SHIFT).view(np.float64)
+    return np.r_[0.0, (lo + hi) / 2]
+
+
+class PooledDistribution:
+    """Token-level values pooled over a run, fed batch by batch.
+
+    Exact (the values themselves, numpy 'linear' percentiles) while at most ``exact_limit``
+    values have been added; past that, a log-linear histogram (``_bin_index``) whose
+    percentiles are within HISTOGRAM_RELATIVE_ERROR (0.0122 %) of the exact ones. The mean
+    is a running sum either way. Which method applies depends on the total count alone.
+    """
+
+    def __init__(self, exact_limit: int = EXACT_LIMIT) -> None:
+        self.exact_limit = exact_limit
+        self.n = 0
+        self.total = 0.0
+        self._parts: list[np.ndarray] = []
+        self._pos: np.ndarray | None = None  # histogram counts of values >= 0
+        self._neg: np.ndarray | None = None  # ... of -v for values < 0
+
+    @property
+    def method(self) -> str:
+        return "exact" if self._pos is None else "histogram"
+
+    def add(self, values: np.ndarray, repeats: np.ndarray | None = None) -> None:
+        """Add ``values`` (each ``repeats`` times when given; NaNs ignored)."""
+        if len(values) == 0:
+            return
+        if np.isnan(values).any():
+            keep = ~np.isnan(values)
+            values = values[keep]
+            repeats = None if repeats is None else repeats[keep]
+        if repeats is not None and (repeats == 1).all():
+            repeats = None
+        count = len(values) if repeats is None else int(repeats.sum())
+        self.n += count
+        self.total += float(values.sum() if repeats is None else (values * repeats).sum())
+        if self._pos is None and self.n <= self.exact_limit:
+            self._parts.append(values.copy() if repeats is None else np.repeat(values, repeats))
+            return
+        if self._pos is None:
+            self._pos = np.zeros(_BINS, np.int64)
+            self._neg = np.zeros(_BINS, np.int64)
+            for part in self._parts:
+                self._count(part, None)
+            self._parts = []
+        self._count(values, repeats)
+
+    def _count(self, values: np.ndarray, repeats: np.ndarray | None) -> None:
+        assert self._pos is not None and self._neg is not None
+        neg = values < 0
+        if neg.any():
+            w = None if repeats is None else repeats[neg]
+            self._neg += np.bincount(_bin_index(-values[neg]), weights=w, minlength=_BINS).astype(np.int64)
+            values = values[~neg]
+            repeats = None if repeats is None else repeats[~neg]
+        self._pos += np.bincount(_bin_index(values), weights=repeats, minlength=_BINS).astype(np.int64)
+
+    def values(self) -> np.ndarray:
+        """The pooled values (exact method only)."""
+        if self._pos is not None:
+            raise ValueError("values are not kept past the exact limit")
+        return np.concatenate(self._parts) if self._parts else np.empty(0)
+
+    def summary(self, ps: tuple[float, ...]) -> dict[str, float]:
+        """Like ``percentiles`` on the pooled values (exact, or within the stated bound)."""
+        if self._pos is None:
+            return percentiles(self.values(), ps)
+        assert self._neg is not None
+        if self.n == 0:
+            return percentiles(np.empty(0), ps)
+        reps = _bin_values()
+        value = np.r_[-reps[::-1], reps]
+        cum = np.cumsum(np.r_[self._neg[::-1], self._pos])
+        h = (self.n - 1) * np.asarray(ps, dtype=np.float64) / 100
+        lo = np.floor(h)
+        at = lambda rank: value[np.searchsorted(cum, rank, side="right")]  # noqa: E731
+        qs = at(lo) + (h - lo) * (at(np.minimum(lo + 1, self.n - 1)) - at(lo))
+        return {"n": int(self.n), "mean": self.total / self.n, **{f"p{_pname(p)}": float(q) for p, q in zip(ps, qs)}}

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.metrics import ChunkGaps, TokenChunks, chunk_gaps, row_max, token_chunks
 
 NS_PER_MS = 1e6
 
@@ -48,54 +51,135 @@ class Deadlines:
         )
 
 
-def _token_arrivals(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(arrival ns, row index) of every output token; a k-token chunk gives k equal arrivals."""
-    if table.num_rows == 0:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    ts_col = table["chunk_ns"].combine_chunks()
-    tk_col = table["chunk_tokens"].combine_chunks()
-    ts = ts_col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-    tk = tk_col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-    lengths = np.diff(ts_col.offsets.to_numpy())
-    row = np.repeat(np.arange(len(lengths)), lengths)
-    keep = tk > 0
-    ts, tk, row = ts[keep], tk[keep], row[keep]
-    return np.repeat(ts, tk), np.repeat(row, tk)
+def send_ns_float(batch: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """``send_ns`` of a batch as float64 ns, NaN where missing."""
+    col = batch.column("send_ns")
+    return np.asarray(pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 def smoothness_metrics(table: pa.Table, deadlines: Deadlines = Deadlines()) -> pd.DataFrame:
     """Per request (one row per table row, same order): ``fluidity``, ``missed_deadlines``,
     ``longest_gap_ms``. Requests with no tokens or no send time get NaN."""
-    n = table.num_rows
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for batch in table.select(["send_ns", "chunk_ns", "chunk_tokens"]).to_batches():
+        if batch.num_rows:
+            chunks = token_chunks(batch)
+            parts.append(batch_smoothness(chunks, chunk_gaps(chunks), send_ns_float(batch), deadlines))
+    if not parts:
+        return pd.DataFrame({"fluidity": np.empty(0), "missed_deadlines": np.empty(0), "longest_gap_ms": np.empty(0)})
+    return pd.DataFrame(
+        {name: np.concatenate([p[i] for p in parts]) for i, name in enumerate(("fluidity", "missed_deadlines", "longest_gap_ms"))}
+    )
+
+
+def batch_smoothness(
+    chunks: TokenChunks, gaps: ChunkGaps, send: np.ndarray, deadlines: Deadlines
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(fluidity, missed deadlines, longest gap ms) per row of one batch.
+
+    Takes the batch's token chunks and chunk gaps as analysis/metrics.py computed them for
+    ITL, so the chunk lists are flattened once per batch.
+    """
+    n = chunks.rows
     fluidity = np.full(n, np.nan)
     misses = np.full(n, np.nan)
-    longest = np.full(n, np.nan)
-    arrivals, row = _token_arrivals(table)
-    if len(arrivals):
-        send = table["send_ns"].to_numpy(zero_copy_only=False)
-        send = np.asarray(pd.array(send, dtype="Float64").to_numpy(dtype=float, na_value=np.nan))
-        starts = np.r_[0, np.flatnonzero(row[1:] != row[:-1]) + 1]
-        counts = np.diff(np.r_[starts, len(row)])
-        idx = np.arange(len(row)) - np.repeat(starts, counts) + 1  # 1-based token index
-        dd = deadlines.token_interval_ms * NS_PER_MS
-        rel = (arrivals - arrivals[np.repeat(starts, counts)]).astype(np.float64)  # precision
-        base = arrivals[starts].astype(np.float64)
-        c0 = send[row[starts]] + deadlines.ttft_ms * NS_PER_MS - dd - base
-        u = rel - idx * dd
-        prev_max = pd.Series(u).groupby(row).cummax().groupby(row).shift(1).to_numpy()
-        thresh = np.fmax(np.repeat(c0, counts), prev_max)  # fmax: NaN (first token) → c0
-        missed = u > thresh
-        r = row[starts]
-        valid = ~np.isnan(send[r])
-        miss_n = np.add.reduceat(missed.astype(np.int64), starts)
-        fluidity[r[valid]] = 1.0 - miss_n[valid] / counts[valid]
-        misses[r[valid]] = miss_n[valid]
-        gaps = np.diff(arrivals).astype(np.float64)
-        gaps[row[1:] != row[:-1]] = 0.0
-        gaps = np.r_[gaps, 0.0]
-        longest[r] = np.maximum.reduceat(gaps, starts) / NS_PER_MS
-        longest[r[counts < 2]] = np.nan
-    return pd.DataFrame({"fluidity": fluidity, "missed_deadlines": misses, "longest_gap_ms": longest})
+    if len(chunks.ts) == 0:
+        return fluidity, misses, np.full(n, np.nan)
+    tokens = np.bincount(chunks.row, weights=chunks.tokens, minlength=n)
+    # a row's longest gap is its longest chunk gap; tokens sharing one chunk are 0 apart
+    longest = row_max(gaps.gap_ns, gaps.row, n)
+    longest = np.where(tokens >= 2, np.nan_to_num(longest, nan=0.0), np.nan) / NS_PER_MS
+    if (chunks.tokens == 1).all():
+        arrivals, row = chunks.ts, chunks.row
+    else:
+        arrivals, row = np.repeat(chunks.ts, chunks.tokens), np.repeat(chunks.row, chunks.tokens)
+    starts = np.r_[0, np.flatnonzero(row[1:] != row[:-1]) + 1]
+    counts = np.diff(np.r_[starts, len(row)])
+    r = row[starts]
+    valid = ~np.isnan(send[r])
+    miss_n = np.zeros(len(starts), np.int64)
+    late = _may_miss(arrivals, starts, send[r], deadlines) & valid
+    if late.any():
+        # only requests with a token behind the un-rebased schedule can miss: the rest are 0
+        if late.all():
+            sub_arr, sub_row, sub_starts, sub_counts = arrivals, row, starts, counts
+        else:
+            tok = np.repeat(late, counts)
+            sub_arr, sub_row, sub_counts = arrivals[tok], row[tok], counts[late]
+            sub_starts = np.r_[0, np.cumsum(sub_counts)[:-1]]
+        missed = _missed_integer(sub_arr, sub_starts, sub_counts, send[r[late]], deadlines)
+        if missed is None:
+            missed = _missed_float(sub_arr, sub_row, sub_starts, sub_counts, send[r[late]], deadlines)
+        miss_n[late] = np.add.reduceat(missed.astype(np.int64), sub_starts)
+    fluidity[r[valid]] = 1.0 - miss_n[valid] / counts[valid]
+    misses[r[valid]] = miss_n[valid]
+    return fluidity, misses, longest
+
+
+def _may_miss(arrivals: np.ndarray, starts: np.ndarray, send: np.ndarray, deadlines: Deadlines) -> np.ndarray:
+    """Per request: does a token arrive after ``send + D_p + (i − 1)·D_d`` (its deadline if
+    nothing before it missed)? When none does, nothing is ever re-based and the request has
+    no miss; when one does, the first such token is a miss. True where unsure (NaN send,
+    values beyond float64's exact integers)."""
+    dd_f = deadlines.token_interval_ms * NS_PER_MS
+    dp_f = deadlines.ttft_ms * NS_PER_MS
+    exact = dd_f.is_integer() and dp_f.is_integer() and max(dd_f, dp_f) < 2**40 and len(arrivals) < 2**31
+    if not exact or len(arrivals) == 0 or arrivals.max() >= 2**52 or arrivals.min() <= -(2**52):
+        return np.ones(len(starts), bool)  # integers beyond exact float64 range: decide per token
+    dd = int(dd_f)
+    z = arrivals - dd * np.arange(1, len(arrivals) + 1, dtype=np.int64)  # t − (index in batch)·D_d
+    worst = np.maximum.reduceat(z, starts) + starts * dd  # max over the request of t_i − i·D_d
+    return ~(worst <= send + (dp_f - dd))
+
+
+def _missed_float(
+    arrivals: np.ndarray, row: np.ndarray, starts: np.ndarray, counts: np.ndarray, send: np.ndarray, deadlines: Deadlines
+) -> np.ndarray:
+    """Per token: did it miss its deadline (module docstring), in float64 with a grouped cummax."""
+    idx = np.arange(len(row)) - np.repeat(starts, counts) + 1  # 1-based token index
+    dd = deadlines.token_interval_ms * NS_PER_MS
+    rel = (arrivals - arrivals[np.repeat(starts, counts)]).astype(np.float64)  # precision
+    base = arrivals[starts].astype(np.float64)
+    c0 = send + deadlines.ttft_ms * NS_PER_MS - dd - base
+    u = rel - idx * dd
+    prev_max = pd.Series(u).groupby(row).cummax().groupby(row).shift(1).to_numpy()
+    thresh = np.fmax(np.repeat(c0, counts), prev_max)  # fmax: NaN (first token) → c0
+    return u > thresh
+
+
+def _missed_integer(
+    arrivals: np.ndarray, starts: np.ndarray, counts: np.ndarray, send: np.ndarray, deadlines: Deadlines
+) -> np.ndarray | None:
+    """``_missed_float`` in int64 when the deadlines are whole nanoseconds (the same result,
+    since float64 holds these integers exactly), with a segmented cummax done as one global
+    ``maximum.accumulate`` over keys that put each request above the one before it.
+    None when that does not fit in 63 bits (the caller then uses the float form)."""
+    dd_f = deadlines.token_interval_ms * NS_PER_MS
+    dp_f = deadlines.ttft_ms * NS_PER_MS
+    if not (dd_f.is_integer() and dp_f.is_integer()) or max(dd_f, dp_f) > 2**40:
+        return None
+    dd, dp = int(dd_f), int(dp_f)
+    seg_of = np.repeat(np.arange(len(starts), dtype=np.int64), counts)
+    base = arrivals[starts]
+    idx = np.arange(1, len(arrivals) + 1, dtype=np.int64) - np.repeat(starts, counts)
+    u = arrivals - base[seg_of] - idx * dd
+    send_ok = ~np.isnan(send)
+    if send_ok.any() and np.abs(send[send_ok]).max() >= 2**53:
+        return None
+    first_u = u[starts]
+    c0 = np.where(send_ok, np.nan_to_num(send).astype(np.int64) + (dp - dd) - base, first_u)
+    v = u.copy()
+    v[starts] = np.maximum(first_u, c0)
+    off = np.minimum.reduceat(v, starts)
+    w = v - off[seg_of]
+    shift = int(w.max()).bit_length()
+    if shift + int(len(starts)).bit_length() > 62:
+        return None
+    cm = np.maximum.accumulate(w + (seg_of << shift)) - (seg_of << shift) + off[seg_of]
+    thresh = np.empty_like(u)
+    thresh[1:] = cm[:-1]
+    thresh[starts] = c0
+    return u > thresh
 
 
 def fluidity_reference(send_ns: int, arrivals_ns: list[int], deadlines: Deadlines) -> float:

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analysis.metrics import chunk_gap_ms, clear_cache, itl_ms, measured, percentiles, request_metrics
+from analysis.metrics import (
+    EXACT_LIMIT,
+    HISTOGRAM_RELATIVE_ERROR,
+    NS_PER_MS,
+    ChunkGaps,
+    PooledDistribution,
+    chunk_gaps,
+    keep_freed_memory,
+    max_itl_ms,
+    measured,
+    percentiles,
+    scalar_columns,
+    scalar_metrics,
+    token_chunks,
+)
+from analysis.smoothness import Deadlines, batch_smoothness, send_ns_float
 from analysis.slo import SLO, SLO_METRICS
+from results.schema import REQUESTS_SCHEMA
+
+REQUESTS_COLUMN_NAMES = tuple(REQUESTS_SCHEMA.names)
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft_ms", "ttfo_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "schedule_lag_ms")
@@ -43,9 +63,69 @@ def slo_mask(df: pd.DataFrame, slo: SLO) -> np.ndarray:
 
 def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monitor: pa.Table | None = None) -> dict[str, Any]:
     """Summary of the measured (non-warm-up) requests of ``table``."""
-    all_rows = table.num_rows
-    table = measured(table)
-    df = request_metrics(table)
+    batches: Iterable[pa.Table | pa.RecordBatch] = table.to_batches() if table.num_rows else [table]
+    return summarize_batches(batches, options, monitor)
+
+
+def summarize_run(run_dir: Path, options: SummaryOptions = SummaryOptions(), monitor: pa.Table | None = None) -> dict[str, Any]:
+    """``summarize`` of a run folder's requests, streamed record batch by record batch.
+
+    Only the columns the summary needs are read; the chunk lists of one batch at a time are
+    in memory, and the token-level distributions are pooled as they go (PooledDistribution).
+    """
+    from analysis.load import iter_request_batches
+
+    keep_freed_memory()
+    return summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS)), options, monitor)
+
+
+#: The per-request columns ``summarize`` reads, and all the columns it reads.
+REQUEST_SCALAR_COLUMNS: tuple[str, ...] = tuple(scalar_columns(list(REQUESTS_COLUMN_NAMES)))
+REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_SCALAR_COLUMNS, "chunk_ns", "chunk_tokens")
+
+
+def summarize_batches(
+    batches: Iterable[pa.Table | pa.RecordBatch],
+    options: SummaryOptions = SummaryOptions(),
+    monitor: pa.Table | None = None,
+    exact_limit: int = EXACT_LIMIT,
+) -> dict[str, Any]:
+    """``summarize`` over the requests table given as consecutive batches of rows.
+
+    Per-request metrics are computed per batch and kept (one value per request); ITL and
+    chunk gaps go into pooled distributions, exact up to ``exact_limit`` values each
+    (docs/metrics.md, Aggregates).
+    """
+    deadlines = Deadlines.from_slo(options.slo.as_dict())
+    itl = PooledDistribution(exact_limit)
+    chunk_gap = PooledDistribution(exact_limit)
+    all_rows = 0
+    scalars: list[pa.Table] = []
+    per_row: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for batch in batches:
+        all_rows += batch.num_rows
+        batch = measured(batch)
+        cols = scalar_columns(batch.schema.names)
+        scalars.append(pa.Table.from_batches([batch.select(cols)]) if isinstance(batch, pa.RecordBatch) else batch.select(cols))
+        if batch.num_rows == 0:
+            continue
+        chunks = token_chunks(batch)
+        gaps = chunk_gaps(chunks)
+        fluidity, misses, longest = batch_smoothness(chunks, gaps, send_ns_float(batch), deadlines)
+        per_row.append((max_itl_ms(gaps, batch.num_rows), fluidity, misses, longest))
+        ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool)
+        if not ok.all():
+            sel = ok[gaps.row]
+            gaps = ChunkGaps(gaps.gap_ns[sel], gaps.tokens[sel], gaps.row[sel])
+        # the same values, element by element, as itl_ms()/chunk_gap_ms() of the ok rows
+        itl.add(gaps.gap_ns / gaps.tokens / NS_PER_MS, gaps.tokens)
+        chunk_gap.add(gaps.gap_ns / NS_PER_MS)
+
+    table = pa.concat_tables(scalars) if scalars else pa.table({})
+    measured_rows = table.num_rows
+    df = scalar_metrics(table)
+    row_arrays = [np.concatenate([p[i] for p in per_row]) if per_row else np.empty(0) for i in range(4)]
+    df["max_itl_ms"] = row_arrays[0]
     ps = options.percentiles
     cancelled = df["error_type"].eq("cancelled").to_numpy()
     counted = df[~cancelled]
@@ -62,18 +142,16 @@ def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monit
     in_tokens = float(prompt.sum())
 
     ok_rows = df["ok"].to_numpy(dtype=bool)
-    # the same object when every row is ok, so per-token gaps are computed once
-    ok_table = table if ok_rows.all() else table.filter(pa.array(ok_rows))
     latency: dict[str, dict[str, float]] = {}
     for name in ("ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms", "schedule_lag_ms", "ttft_from_intended_ms", "max_itl_ms"):
         latency[name] = percentiles(ok_df[name].to_numpy(dtype=float), ps)
-    latency["itl_ms"] = percentiles(itl_ms(ok_table), ps)
-    latency["chunk_gap_ms"] = percentiles(chunk_gap_ms(ok_table), ps)
+    latency["itl_ms"] = itl.summary(ps)
+    latency["chunk_gap_ms"] = chunk_gap.summary(ps)
 
     summary: dict[str, Any] = {
         "requests": {
             "rows": all_rows,
-            "warmup_excluded": all_rows - table.num_rows,
+            "warmup_excluded": all_rows - measured_rows,
             "measured": n,
             "ok": int(ok_mask.sum()),
             "failed": int(n - ok_mask.sum()),
@@ -88,6 +166,7 @@ def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monit
             "total_tokens_per_s": (out_tokens + in_tokens) / window_s if window_s > 0 else 0.0,
         },
         "latency": latency,
+        "token_distributions": _distribution_method(itl, chunk_gap),
         "tokens": _token_accounting(ok_df),
         "percentiles": list(ps),
     }
@@ -100,21 +179,22 @@ def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monit
             "goodput_rps": float(meets.sum() / window_s) if window_s > 0 else 0.0,
         }
     summary["client"] = _client_health(df, monitor)
-    summary["smoothness"] = _smoothness(ok_table, options.slo)
-    clear_cache()
+    summary["smoothness"] = {
+        "deadlines_ms": {"ttft": deadlines.ttft_ms, "token_interval": deadlines.token_interval_ms},
+        "fluidity": percentiles(row_arrays[1][ok_rows], (1, 5, 10, 50)),
+        "longest_gap_ms": percentiles(row_arrays[3][ok_rows], (50, 90, 95, 99)),
+    }
     return summary
 
 
-def _smoothness(ok_table: pa.Table, slo: SLO) -> dict[str, Any]:
-    """Fluidity and longest gap per request (analysis/smoothness.py, docs/metrics.md)."""
-    from analysis.smoothness import Deadlines, smoothness_metrics
-
-    deadlines = Deadlines.from_slo(slo.as_dict())
-    sm = smoothness_metrics(ok_table, deadlines)
+def _distribution_method(*dists: PooledDistribution) -> dict[str, Any]:
+    """How the pooled token-level percentiles (ITL, chunk gap) were computed."""
+    exact = all(d.method == "exact" for d in dists)
     return {
-        "deadlines_ms": {"ttft": deadlines.ttft_ms, "token_interval": deadlines.token_interval_ms},
-        "fluidity": percentiles(sm["fluidity"].to_numpy(dtype=float), (1, 5, 10, 50)),
-        "longest_gap_ms": percentiles(sm["longest_gap_ms"].to_numpy(dtype=float), (50, 90, 95, 99)),
+        "method": "exact" if exact else "histogram",
+        "values": max(d.n for d in dists),
+        "exact_limit": dists[0].exact_limit,
+        "max_relative_error": 0.0 if exact else HISTOGRAM_RELATIVE_ERROR,
     }
 
 

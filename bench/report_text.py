@@ -12,7 +12,7 @@ import click
 from analysis.format import format_summary
 from analysis.load import load_run
 from analysis.slo import SLO
-from analysis.summary import SummaryOptions, summarize
+from analysis.summary import REQUEST_SCALAR_COLUMNS, SummaryOptions, summarize_run
 
 
 def _clean(obj: Any) -> Any:
@@ -26,8 +26,9 @@ def _clean(obj: Any) -> Any:
 
 
 def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple[dict[str, Any], str]:
-    run = load_run(run_dir)
-    s = summarize(run.requests, SummaryOptions(percentiles, slo), run.monitor)
+    # per-request columns only: summarize_run streams the chunk lists batch by batch
+    run = load_run(run_dir, list(REQUEST_SCALAR_COLUMNS))
+    s = summarize_run(run.path, SummaryOptions(percentiles, slo), run.monitor)
     s["run"] = {
         "run_id": run.run_id,
         "path": str(run.path),
@@ -77,6 +78,12 @@ def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_js
         click.echo(format_summary(s, title))
         for line in _server_lines(s.get("server") or {}):
             click.echo(line)
+        td = s.get("token_distributions") or {}
+        if td.get("method") == "histogram":
+            click.echo(
+                f"note: ITL and chunk-gap percentiles over {td['values']:,} values from a histogram "
+                f"(within {100 * td['max_relative_error']:.4f} % of exact; docs/metrics.md)"
+            )
         for warning in s["run"]["warnings"]:
             click.echo(f"WARNING: {warning}")
         click.echo(f"results: {run_dir}")
