@@ -236,7 +236,10 @@ HISTOGRAM_RELATIVE_ERROR = 2.0**-13
 
 def _bin_index(magnitude: np.ndarray) -> np.ndarray:
     keys = np.ascontiguousarray(magnitude, dtype=np.float64).view(np.int64) >> _SHIFT
-    return np.clip(keys - (_LOW_KEY - 1), 0, _BINS - 1)
+    keys -= _LOW_KEY - 1
+    if len(keys) and (keys.min() < 0 or keys.max() > _BINS - 1):
+        np.clip(keys, 0, _BINS - 1, out=keys)
+    return keys
 
 
 def _bin_values() -> np.ndarray:
@@ -263,15 +266,30 @@ class PooledDistribution:
         self._parts: list[np.ndarray] = []
         self._pos: np.ndarray | None = None  # histogram counts of values >= 0
         self._neg: np.ndarray | None = None  # ... of -v for values < 0
+        #: (values, their bin counts or None, count, sum) of the last ``add``, for ``same_as``
+        self._last: tuple[np.ndarray, np.ndarray | None, int, float] | None = None
 
     @property
     def method(self) -> str:
         return "exact" if self._pos is None else "histogram"
 
-    def add(self, values: np.ndarray, repeats: np.ndarray | None = None) -> None:
-        """Add ``values`` (each ``repeats`` times when given; NaNs ignored)."""
+    def add(self, values: np.ndarray, repeats: np.ndarray | None = None, same_as: "PooledDistribution | None" = None) -> None:
+        """Add ``values`` (each ``repeats`` times when given; NaNs ignored). ``same_as``: a
+        distribution that was just given the very same array (its bins are reused)."""
         if len(values) == 0:
             return
+        if same_as is not None and same_as._last is not None and same_as._last[0] is values and repeats is None:
+            self.n += same_as._last[2]
+            self.total += same_as._last[3]
+            if self._pos is None and self.n <= self.exact_limit:
+                self._parts.append(same_as._parts[-1] if same_as._pos is None else values.copy())
+                return
+            if self._pos is not None and same_as._last[1] is not None:
+                self._pos += same_as._last[1]
+                return
+            self.n -= same_as._last[2]
+            self.total -= same_as._last[3]
+        self._last = None
         if np.isnan(values).any():
             keep = ~np.isnan(values)
             values = values[keep]
@@ -280,7 +298,9 @@ class PooledDistribution:
             repeats = None
         count = len(values) if repeats is None else int(repeats.sum())
         self.n += count
-        self.total += float(values.sum() if repeats is None else (values * repeats).sum())
+        added = float(values.sum() if repeats is None else (values * repeats).sum())
+        self.total += added
+        self._last = (values, None, count, added)
         if self._pos is None and self.n <= self.exact_limit:
             self._parts.append(values.copy() if repeats is None else np.repeat(values, repeats))
             return
@@ -294,13 +314,18 @@ class PooledDistribution:
 
     def _count(self, values: np.ndarray, repeats: np.ndarray | None) -> None:
         assert self._pos is not None and self._neg is not None
+        original = values
         neg = values < 0
-        if neg.any():
+        has_neg = bool(neg.any())
+        if has_neg:
             w = None if repeats is None else repeats[neg]
             self._neg += np.bincount(_bin_index(-values[neg]), weights=w, minlength=_BINS).astype(np.int64)
             values = values[~neg]
             repeats = None if repeats is None else repeats[~neg]
-        self._pos += np.bincount(_bin_index(values), weights=repeats, minlength=_BINS).astype(np.int64)
+        counts = np.bincount(_bin_index(values), weights=repeats, minlength=_BINS).astype(np.int64)
+        self._pos += counts
+        if self._last is not None and self._last[0] is original and not has_neg and repeats is None:
+            self._last = (original, counts, self._last[2], self._last[3])
 
     def values(self) -> np.ndarray:
         """The pooled values (exact method only)."""
@@ -323,3 +348,59 @@ class PooledDistribution:
         at = lambda rank: value[np.searchsorted(cum, rank, side="right")]  # noqa: E731
         qs = at(lo) + (h - lo) * (at(np.minimum(lo + 1, self.n - 1)) - at(lo))
         return {"n": int(self.n), "mean": self.total / self.n, **{f"p{_pname(p)}": float(q) for p, q in zip(ps, qs)}}
+
+
+class OneTokenChunks(NamedTuple):
+    """A batch whose token-carrying chunks all carry one token (the common case), kept as
+    flat times plus per-row offsets: no per-chunk row index is needed."""
+
+    ts: np.ndarray  # times of the token-carrying chunks (int64 ns), row after row
+    offsets: np.ndarray  # row r's chunks are ts[offsets[r]:offsets[r + 1]] (int64, rows + 1)
+
+
+def one_token_chunks(batch: pa.Table | pa.RecordBatch) -> OneTokenChunks | None:
+    """``OneTokenChunks`` of a batch, or None when some chunk carries more than one token."""
+    ts_arr, tk_arr = batch.column("chunk_ns"), batch.column("chunk_tokens")
+    if isinstance(ts_arr, pa.ChunkedArray):
+        ts_arr, tk_arr = ts_arr.combine_chunks(), tk_arr.combine_chunks()
+    if len(ts_arr) == 0:
+        return None
+    ts = ts_arr.flatten().to_numpy(zero_copy_only=False)
+    tk = tk_arr.flatten().to_numpy(zero_copy_only=False)
+    offsets = ts_arr.offsets.to_numpy().astype(np.int64)
+    offsets -= offsets[0]
+    if len(tk) != len(ts) or not np.array_equal(tk_arr.offsets.to_numpy() - tk_arr.offsets.to_numpy()[0], offsets):
+        return None
+    if len(tk) and (tk.max() > 1 or tk.min() < 0):
+        return None
+    drop = np.flatnonzero(tk == 0)  # role-only, empty and usage-only frames: usually few
+    if len(drop):
+        ts = np.delete(ts, drop)
+        offsets = offsets - np.searchsorted(drop, offsets)
+    return OneTokenChunks(ts.astype(np.int64, copy=False), offsets)
+
+
+def one_token_gaps(chunks: OneTokenChunks) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk gaps in row order as int64 ns, per-row longest gap in ns as float64, NaN for
+    rows with fewer than two chunks). With one token per chunk the longest gap is also the
+    row's max ITL."""
+    ts, off = chunks.ts, chunks.offsets
+    rows = len(off) - 1
+    longest = np.full(rows, np.nan)
+    if len(ts) < 2:
+        return np.empty(0, np.int64), longest
+    d = np.diff(ts)
+    inner = off[1:-1]
+    boundary = np.unique(inner[(inner > 0) & (inner < len(ts))]) - 1  # gaps that cross rows
+    gaps = np.delete(d, boundary) if len(boundary) else d.copy()
+    d[boundary] = np.iinfo(np.int64).min
+    n = np.diff(off)
+    has = n >= 2
+    if has.any():
+        longest[has] = np.maximum.reduceat(d, off[:-1][has]).astype(np.float64)
+    return gaps, longest
+
+
+def one_token_gap_rows_ok(chunks: OneTokenChunks, ok: np.ndarray) -> np.ndarray:
+    """Per gap (in ``one_token_gaps`` order): does it belong to an ``ok`` row?"""
+    return np.repeat(ok, np.maximum(np.diff(chunks.offsets) - 1, 0))

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.metrics import ChunkGaps, TokenChunks, chunk_gaps, row_max, token_chunks
+from analysis.metrics import ChunkGaps, OneTokenChunks, TokenChunks, chunk_gaps, row_max, token_chunks
 
 NS_PER_MS = 1e6
 
@@ -126,10 +126,20 @@ def _may_miss(arrivals: np.ndarray, starts: np.ndarray, send: np.ndarray, deadli
     exact = dd_f.is_integer() and dp_f.is_integer() and max(dd_f, dp_f) < 2**40 and len(arrivals) < 2**31
     if not exact or len(arrivals) == 0 or arrivals.max() >= 2**52 or arrivals.min() <= -(2**52):
         return np.ones(len(starts), bool)  # integers beyond exact float64 range: decide per token
+    z = arrivals - _steps(int(dd_f), len(arrivals))  # t − (index in batch)·D_d
     dd = int(dd_f)
-    z = arrivals - dd * np.arange(1, len(arrivals) + 1, dtype=np.int64)  # t − (index in batch)·D_d
     worst = np.maximum.reduceat(z, starts) + starts * dd  # max over the request of t_i − i·D_d
     return ~(worst <= send + (dp_f - dd))
+
+
+_STEPS: list[tuple[int, np.ndarray]] = []
+
+
+def _steps(dd: int, n: int) -> np.ndarray:
+    """``dd * [1, 2, …, n]`` (int64), kept for the next batch of the same deadline."""
+    if not (_STEPS and _STEPS[0][0] == dd and len(_STEPS[0][1]) >= n):
+        _STEPS[:] = [(dd, dd * np.arange(1, max(n, 1 << 21) + 1, dtype=np.int64))]
+    return _STEPS[0][1][:n]
 
 
 def _missed_float(
@@ -195,3 +205,33 @@ def fluidity_reference(send_ns: int, arrivals_ns: list[int], deadlines: Deadline
         else:
             due = t + deadlines.token_interval_ms * NS_PER_MS
     return met / len(arrivals_ns)
+
+
+def one_token_fluidity(chunks: OneTokenChunks, send: np.ndarray, deadlines: Deadlines) -> tuple[np.ndarray, np.ndarray]:
+    """(fluidity, missed deadlines) per row when every chunk carries one token
+    (``batch_smoothness`` without per-token row indices; the same numbers)."""
+    ts, off = chunks.ts, chunks.offsets
+    rows = len(off) - 1
+    fluidity = np.full(rows, np.nan)
+    misses = np.full(rows, np.nan)
+    counts_all = np.diff(off)
+    nonempty = counts_all > 0
+    if not nonempty.any():
+        return fluidity, misses
+    r = np.flatnonzero(nonempty)
+    starts, counts = off[:-1][nonempty], counts_all[nonempty]
+    valid = ~np.isnan(send[r])
+    miss_n = np.zeros(len(r), np.int64)
+    late = _may_miss(ts, starts, send[r], deadlines) & valid
+    if late.any():
+        tok = np.repeat(late, counts)
+        sub_arr, sub_counts = ts[tok], counts[late]
+        sub_starts = np.r_[0, np.cumsum(sub_counts)[:-1]]
+        missed = _missed_integer(sub_arr, sub_starts, sub_counts, send[r[late]], deadlines)
+        if missed is None:
+            sub_row = np.repeat(r[late], sub_counts)
+            missed = _missed_float(sub_arr, sub_row, sub_starts, sub_counts, send[r[late]], deadlines)
+        miss_n[late] = np.add.reduceat(missed.astype(np.int64), sub_starts)
+    fluidity[r[valid]] = 1.0 - miss_n[valid] / counts[valid]
+    misses[r[valid]] = miss_n[valid]
+    return fluidity, misses

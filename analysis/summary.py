@@ -21,12 +21,15 @@ from analysis.metrics import (
     keep_freed_memory,
     max_itl_ms,
     measured,
+    one_token_chunks,
+    one_token_gap_rows_ok,
+    one_token_gaps,
     percentiles,
     scalar_columns,
     scalar_metrics,
     token_chunks,
 )
-from analysis.smoothness import Deadlines, batch_smoothness, send_ns_float
+from analysis.smoothness import Deadlines, batch_smoothness, one_token_fluidity, send_ns_float
 from analysis.slo import SLO, SLO_METRICS
 from results.schema import REQUESTS_SCHEMA
 
@@ -109,11 +112,23 @@ def summarize_batches(
         scalars.append(pa.Table.from_batches([batch.select(cols)]) if isinstance(batch, pa.RecordBatch) else batch.select(cols))
         if batch.num_rows == 0:
             continue
+        ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool)
+        one = one_token_chunks(batch)
+        if one is not None:  # fast path, the same numbers: one token per chunk, no row index
+            gap_ns, longest_ns = one_token_gaps(one)
+            longest = longest_ns / NS_PER_MS
+            fluidity, misses = one_token_fluidity(one, send_ns_float(batch), deadlines)
+            per_row.append((longest, fluidity, misses, longest))
+            if not ok.all():
+                gap_ns = gap_ns[one_token_gap_rows_ok(one, ok)]
+            values = gap_ns / NS_PER_MS
+            itl.add(values)
+            chunk_gap.add(values, same_as=itl)
+            continue
         chunks = token_chunks(batch)
         gaps = chunk_gaps(chunks)
         fluidity, misses, longest = batch_smoothness(chunks, gaps, send_ns_float(batch), deadlines)
         per_row.append((max_itl_ms(gaps, batch.num_rows), fluidity, misses, longest))
-        ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool)
         if not ok.all():
             sel = ok[gaps.row]
             gaps = ChunkGaps(gaps.gap_ns[sel], gaps.tokens[sel], gaps.row[sel])

@@ -21,9 +21,9 @@ from tests.helpers_records import record
 OPTIONS = SummaryOptions((1, 50, 90, 99, 99.9), SLO.parse("ttft_ms=120,tpot_ms=9"))
 
 
-def _random_run(run_dir: Path, n: int = 400, parts: int = 5, seed: int = 11) -> Path:
-    """Requests with multi-token, empty and role-only chunks, stalls, failures, warm-up and
-    cancelled rows, written as ``parts`` part files."""
+def _random_run(run_dir: Path, n: int = 400, parts: int = 5, seed: int = 11, multi_token: bool = True) -> Path:
+    """Requests with multi-token (unless not ``multi_token``), empty and role-only chunks,
+    stalls, failures, warm-up and cancelled rows, written as ``parts`` part files."""
     rng = np.random.default_rng(seed)
     recs = []
     for i in range(n):
@@ -31,7 +31,7 @@ def _random_run(run_dir: Path, n: int = 400, parts: int = 5, seed: int = 11) -> 
         t = send + float(rng.choice([40, 90, 130, 400]))
         chunks: list[tuple[float, int]] = [(send + 1, 0)]  # role-only opening frame
         for _ in range(int(rng.integers(1, 30))):
-            chunks.append((t, int(rng.choice([1, 1, 1, 2, 3, 0]))))
+            chunks.append((t, int(rng.choice([1, 1, 1, 2, 3, 0] if multi_token else [1, 1, 1, 0]))))
             t += float(rng.choice([0, 3.5, 8, 8.25, 11, 250]))
         kind = rng.random()
         if kind < 0.08:
@@ -53,8 +53,9 @@ def _same(a: dict, b: dict) -> None:
     assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
 
-def test_streamed_summary_equals_in_memory_on_several_part_files(tmp_path: Path) -> None:
-    run_dir = _random_run(tmp_path / "run")
+@pytest.mark.parametrize("multi_token", [True, False])  # False: the one-token-per-chunk fast path
+def test_streamed_summary_equals_in_memory_on_several_part_files(tmp_path: Path, multi_token: bool) -> None:
+    run_dir = _random_run(tmp_path / "run", multi_token=multi_token)
     assert len(list((run_dir / "requests").glob("*.parquet"))) == 5
     table = load_run(run_dir).requests
     whole = summarize(pa.Table.from_batches([table.combine_chunks().to_batches()[0]]), OPTIONS)
@@ -77,8 +78,9 @@ def test_streamed_summary_equals_in_memory_on_several_part_files(tmp_path: Path)
     assert 0 < streamed["smoothness"]["fluidity"]["mean"] < 1  # the sample exercises misses
 
 
-def test_past_the_exact_limit_the_summary_says_histogram(tmp_path: Path) -> None:
-    run_dir = _random_run(tmp_path / "run", n=120, parts=3)
+@pytest.mark.parametrize("multi_token", [True, False])
+def test_past_the_exact_limit_the_summary_says_histogram(tmp_path: Path, multi_token: bool) -> None:
+    run_dir = _random_run(tmp_path / "run", n=120, parts=3, multi_token=multi_token)
     exact = summarize_run(run_dir, OPTIONS)
     approx = summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS), batch_rows=16), OPTIONS, exact_limit=50)
     td = approx["token_distributions"]
