@@ -38,7 +38,7 @@ def load_runs(path: Path, columns: list[str] | None = None) -> list[Run]:
     return [Run(p, read_run_meta(p), read_requests(p, columns), read_monitor(p)) for p in find_runs(Path(path))]
 
 
-def iter_request_batches(run_dir: Path, columns: list[str] | None = None, batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+def iter_request_batches(run_dir: Path, columns: list[str] | None = None, batch_rows: int = 4096) -> Iterator[pa.RecordBatch]:
     """The requests table of one run folder, record batch by record batch (only ``columns``).
 
     A few batches are decoded ahead (on Arrow's threads), so memory stays bounded by the

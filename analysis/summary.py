@@ -83,7 +83,10 @@ def summarize_run(run_dir: Path, options: SummaryOptions = SummaryOptions(), mon
 
 
 #: The per-request columns ``summarize`` reads, and all the columns it reads.
-REQUEST_SCALAR_COLUMNS: tuple[str, ...] = tuple(scalar_columns(list(REQUESTS_COLUMN_NAMES)))
+REQUEST_SCALAR_COLUMNS: tuple[str, ...] = tuple(
+    c for c in scalar_columns(list(REQUESTS_COLUMN_NAMES))
+    if c not in ("run_id", "request_id", "worker_id", "first_byte_ns", "cached_tokens", "session_id", "prefix_group")
+)
 REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_SCALAR_COLUMNS, "chunk_ns", "chunk_tokens")
 
 
