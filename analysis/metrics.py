@@ -371,8 +371,8 @@ def one_token_chunks(batch: pa.Table | pa.RecordBatch) -> OneTokenChunks | None:
     offsets -= offsets[0]
     if len(tk) != len(ts) or not np.array_equal(tk_arr.offsets.to_numpy() - tk_arr.offsets.to_numpy()[0], offsets):
         return None
-    if len(tk) and (tk.max() > 1 or tk.min() < 0):
-        return None
+    if tk.dtype.kind not in "iu" or ts.dtype.kind not in "iu" or (len(tk) and (tk.max() > 1 or tk.min() < 0)):
+        return None  # nulls inside the lists, or multi-token chunks: the general path
     drop = np.flatnonzero(tk == 0)  # role-only, empty and usage-only frames: usually few
     if len(drop):
         ts = np.delete(ts, drop)
