@@ -56,6 +56,11 @@ def cli() -> None:
     Quick start (no GPU needed, uses the embedded simulated engine):
       bench run --concurrency 16 --requests 200 --out runs/first
       bench summary runs/first
+      bench sweep --engine sim --model llama-3.1-70b --gpu h100 --gpus 4 --tp 2,4 --dp 1,2 \
+          --capacity --slo ttft_ms=300,tpot_ms=40 --target-rate 38 --out runs/sweep
+      bench report runs/sweep -o report.html
+
+    Each verb has its own --help. Metric definitions: docs/metrics.md.
     """
 
 
