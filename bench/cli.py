@@ -56,8 +56,9 @@ def cli() -> None:
     Quick start (no GPU needed, uses the embedded simulated engine):
       bench run --concurrency 16 --requests 200 --out runs/first
       bench summary runs/first
-      bench sweep --engine sim --model llama-3.1-70b --gpu h100 --gpus 4 --tp 2,4 --dp 1,2 \
-          --capacity --slo ttft_ms=300,tpot_ms=40 --target-rate 38 --out runs/sweep
+      bench sweep --engine sim --model llama-3.1-70b --gpu h100 --gpus 4 --tp 2,4 --dp 1,2 \\
+          --capacity --slo ttft_ms=300,tpot_ms=40 --target-rate 38 --input-tokens 128 \\
+          --output-tokens 16 --requests 20 --precision 0.2 --engine-arg=--max-num-seqs=8 --out runs/sweep
       bench report runs/sweep -o report.html
 
     Each verb has its own --help. Metric definitions: docs/metrics.md.
