@@ -115,6 +115,16 @@ def _load_plugins() -> None:
                 raise
 
 
+#: Engines whose API is the OpenAI one as vLLM serves it (the simulated engine speaks it too).
+OPENAI_VLLM_ENGINES = ("sim", "vllm", "openai")
+
+
+def adapter_for_engine(engine: str, *, model: str, api: str = "completions", api_key: str | None = None) -> Adapter:
+    """The adapter that speaks ``engine``'s API (adapters ignore options they do not use)."""
+    name = "vllm" if engine in OPENAI_VLLM_ENGINES else engine
+    return get_adapter(name, model=model, api=api, api_key=api_key)
+
+
 def get_adapter(name: str, **options: Any) -> Adapter:
     """Instantiate the adapter registered as ``name`` with ``options``."""
     _load_plugins()

@@ -99,7 +99,7 @@ def master(
     import gevent
     import signal
 
-    from adapters.base import get_adapter
+    from adapters.base import adapter_for_engine
     from bench.commands.run import _build_schedule, parse_percentiles, parse_slo
     from bench.distributed.wire import ClientSettings
     from bench.execute import prepare_run_dir
@@ -115,10 +115,8 @@ def master(
         )
     except (WorkloadError, ValueError) as exc:
         raise BenchError(str(exc)) from None
-    adapter_name = "vllm" if engine in ("sim", "vllm", "openai") else engine
     try:
-        opts = {"api": api} if adapter_name == "vllm" else {}
-        adapter = get_adapter(adapter_name, model=model, **opts)
+        adapter = adapter_for_engine(engine, model=model, api=api)
     except (ValueError, TypeError) as exc:
         raise BenchError(f"--engine {engine}: {exc}") from None
     timeouts = Timeouts(stall=stall_timeout)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from adapters.base import adapter_names, get_adapter
+from adapters.base import adapter_for_engine, adapter_names
 from analysis.slo import SLO, SLOError
 from bench.errors import BenchError
 from bench.secrets import load_api_key
@@ -160,9 +160,8 @@ def command(
     if scrape_interval <= 0:
         raise BenchError("--scrape-interval must be positive")
     api_key = load_api_key(api_key_env, api_key_file)
-    adapter_name = "vllm" if engine in ("sim", "vllm", "openai") else engine
     try:
-        adapter = get_adapter(adapter_name, model=model, api=api, api_key=api_key)
+        adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key)
     except (ValueError, TypeError) as exc:
         raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
     run_dir = prepare_run_dir(out, overwrite)

@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from adapters.base import Adapter, get_adapter
+from adapters.base import Adapter, adapter_for_engine
 from bench.distributed.wire import ClientSettings, schedule_from_wire
 from bench.errors import BenchError
 from bench.secrets import load_api_key
@@ -72,10 +72,7 @@ class ShiftedMonitorWriter(MonitorWriter):
 def build_adapter(client: ClientSettings) -> Adapter:
     key_file = Path(client.api_key_file) if client.api_key_file else None
     api_key = load_api_key(client.api_key_env, key_file)
-    name = "vllm" if client.adapter in ("sim", "vllm", "openai") else client.adapter
-    if name == "vllm":
-        return get_adapter(name, model=client.model, api=client.api, api_key=api_key)
-    return get_adapter(name, model=client.model, api_key=api_key)
+    return adapter_for_engine(client.adapter, model=client.model, api=client.api, api_key=api_key)
 
 
 def _emit(obj: dict[str, Any]) -> None:

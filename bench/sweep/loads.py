@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters.base import get_adapter
+from adapters.base import adapter_for_engine
 from analysis.capacity import Saturation, open_loop_saturation, point_metrics, server_signals
 from analysis.load import load_run
 from analysis.slo import SLO
@@ -112,11 +112,7 @@ def run_load(
     from bench.execute import RunConfig, execute_run, run_async
 
     schedule = build_schedule(load, spec, warmup)
-    adapter_name = "vllm" if spec.engine in ("sim", "vllm") else spec.engine
-    options: dict[str, Any] = {"model": served_model}
-    if adapter_name == "vllm":
-        options["api"] = spec.api
-    adapter = get_adapter(adapter_name, **options)
+    adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api)
     slo = SLO.from_dict(spec.slo)
     cfg = RunConfig(
         out=run_dir,
