@@ -106,23 +106,10 @@ class FixedBackend:
             self.next_grid = None
             return
         keep: list[SimRequest] = []
-        per = self.per_chunk
         for req in self.active:
             if req.aborted:
                 continue
-            req.generated += 1
-            done = req.generated >= req.max_tokens
-            if per == 1:
-                req.sink.emit(req, 1, (g,), done)  # type: ignore[union-attr]
-            else:
-                held = self._held.setdefault(req, [])
-                held.append(g)
-                if len(held) >= per or done:
-                    del self._held[req]
-                    req.sink.emit(req, len(held), tuple(held), done)  # type: ignore[union-attr]
-            if done:
-                req.finished = True
-            else:
+            if not self._emit_token(req, g):
                 keep.append(req)
         self.active = keep
         self.next_grid = g + self.itl_ns if keep else None
@@ -130,7 +117,6 @@ class FixedBackend:
     def _request_pass(self, t: int) -> None:
         """Request-deadline mode: emit every token due at ``t`` (one pass, arrival order)."""
         pending = self.pending
-        per = self.per_chunk
         self.steps += 1
         while pending and pending[0][0] <= t:
             due, seq, req = heapq.heappop(pending)
@@ -139,20 +125,27 @@ class FixedBackend:
             if self.itl_ns <= 0:
                 self._emit_all(req, due)
                 continue
-            req.generated += 1
-            done = req.generated >= req.max_tokens
-            if per == 1:
-                req.sink.emit(req, 1, (due,), done)  # type: ignore[union-attr]
-            else:
-                held = self._held.setdefault(req, [])
-                held.append(due)
-                if len(held) >= per or done:
-                    del self._held[req]
-                    req.sink.emit(req, len(held), tuple(held), done)  # type: ignore[union-attr]
-            if done:
-                req.finished = True
-            else:
+            if not self._emit_token(req, due):
                 heapq.heappush(pending, (due + self.itl_ns, seq, req))
+
+    def _emit_token(self, req: SimRequest, t: int) -> bool:
+        """Generate ``req``'s next token at ``t`` (sent now, or held until a chunk is full).
+
+        Returns True when the request is finished.
+        """
+        req.generated += 1
+        done = req.generated >= req.max_tokens
+        if self.per_chunk == 1:
+            req.sink.emit(req, 1, (t,), done)  # type: ignore[union-attr]
+        else:
+            held = self._held.setdefault(req, [])
+            held.append(t)
+            if len(held) >= self.per_chunk or done:
+                del self._held[req]
+                req.sink.emit(req, len(held), tuple(held), done)  # type: ignore[union-attr]
+        if done:
+            req.finished = True
+        return done
 
     def _emit_all(self, req: SimRequest, g: int) -> None:
         while req.generated < req.max_tokens and not req.aborted:
