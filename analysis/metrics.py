@@ -266,43 +266,69 @@ class PooledDistribution:
         self._parts: list[np.ndarray] = []
         self._pos: np.ndarray | None = None  # histogram counts of values >= 0
         self._neg: np.ndarray | None = None  # ... of -v for values < 0
-        #: (values, their bin counts or None, count, sum) of the last ``add``, for ``same_as``
-        self._last: tuple[np.ndarray, np.ndarray | None, int, float] | None = None
+        #: (values given, values kept or None, their bin counts or None, count, sum) of the
+        #: last ``add``, for ``same_as``
+        self._last: tuple[np.ndarray, np.ndarray | None, np.ndarray | None, int, float] | None = None
 
     @property
     def method(self) -> str:
         return "exact" if self._pos is None else "histogram"
 
-    def add(self, values: np.ndarray, repeats: np.ndarray | None = None, same_as: "PooledDistribution | None" = None) -> None:
+    def add(
+        self,
+        values: np.ndarray,
+        repeats: np.ndarray | None = None,
+        same_as: "PooledDistribution | None" = None,
+        placeholders: np.ndarray | None = None,
+    ) -> None:
         """Add ``values`` (each ``repeats`` times when given; NaNs ignored). ``same_as``: a
-        distribution that was just given the very same array (its bins are reused)."""
+        distribution that was just given the very same array (its bins are reused).
+        ``placeholders``: indices of entries of ``values`` that are 0.0 and stand for no value
+        (left in place to spare a copy of ``values``); they are neither kept nor counted."""
         if len(values) == 0:
             return
         if same_as is not None and same_as._last is not None and same_as._last[0] is values and repeats is None:
-            self.n += same_as._last[2]
-            self.total += same_as._last[3]
-            if self._pos is None and self.n <= self.exact_limit:
-                self._parts.append(same_as._parts[-1] if same_as._pos is None else values.copy())
+            _, kept, counts, count, added = same_as._last
+            if self._pos is None and self.n + count <= self.exact_limit and kept is not None:
+                self._parts.append(kept)
+            elif self._pos is not None and counts is not None:
+                self._pos += counts
+            else:
+                count = -1
+            if count >= 0:
+                self.n += count
+                self.total += added
+                self._last = None
                 return
-            if self._pos is not None and same_as._last[1] is not None:
-                self._pos += same_as._last[1]
-                return
-            self.n -= same_as._last[2]
-            self.total -= same_as._last[3]
         self._last = None
+        source = values
+        drop = np.empty(0, np.int64) if placeholders is None else placeholders
         if np.isnan(values).any():
             keep = ~np.isnan(values)
+            if len(drop):
+                keep[drop] = False
+                drop = np.empty(0, np.int64)
             values = values[keep]
             repeats = None if repeats is None else repeats[keep]
+        if len(drop) and repeats is not None:
+            repeats = np.delete(repeats, drop)
+            values = np.delete(values, drop)
+            drop = np.empty(0, np.int64)
         if repeats is not None and (repeats == 1).all():
             repeats = None
-        count = len(values) if repeats is None else int(repeats.sum())
+        count = (len(values) - len(drop)) if repeats is None else int(repeats.sum())
         self.n += count
-        added = float(values.sum() if repeats is None else (values * repeats).sum())
+        added = float(values.sum() if repeats is None else (values * repeats).sum())  # placeholders add 0.0
         self.total += added
-        self._last = (values, None, count, added)
         if self._pos is None and self.n <= self.exact_limit:
-            self._parts.append(values.copy() if repeats is None else np.repeat(values, repeats))
+            if repeats is not None:
+                kept = np.repeat(values, repeats)
+            elif len(drop):
+                kept = np.delete(values, drop)
+            else:
+                kept = values.copy()
+            self._parts.append(kept)
+            self._last = (source, kept, None, count, added)
             return
         if self._pos is None:
             self._pos = np.zeros(_BINS, np.int64)
@@ -310,11 +336,13 @@ class PooledDistribution:
             for part in self._parts:
                 self._count(part, None)
             self._parts = []
-        self._count(values, repeats)
+        counts = self._count(values, repeats, len(drop))
+        self._last = (source, None, counts, count, added)
 
-    def _count(self, values: np.ndarray, repeats: np.ndarray | None) -> None:
+    def _count(self, values: np.ndarray, repeats: np.ndarray | None, zeros_to_ignore: int = 0) -> np.ndarray | None:
+        """Count ``values`` into the bins, less ``zeros_to_ignore`` placeholder zeros. Returns
+        the positive bins' counts of this call when they alone changed (for ``same_as``)."""
         assert self._pos is not None and self._neg is not None
-        original = values
         neg = values < 0
         has_neg = bool(neg.any())
         if has_neg:
@@ -322,10 +350,10 @@ class PooledDistribution:
             self._neg += np.bincount(_bin_index(-values[neg]), weights=w, minlength=_BINS).astype(np.int64)
             values = values[~neg]
             repeats = None if repeats is None else repeats[~neg]
-        counts = np.bincount(_bin_index(values), weights=repeats, minlength=_BINS).astype(np.int64)
+        counts = np.bincount(_bin_index(values), weights=repeats, minlength=_BINS).astype(np.int64, copy=False)
+        counts[0] -= zeros_to_ignore  # 0.0 falls in bin 0
         self._pos += counts
-        if self._last is not None and self._last[0] is original and not has_neg and repeats is None:
-            self._last = (original, counts, self._last[2], self._last[3])
+        return None if has_neg or repeats is not None else counts
 
     def values(self) -> np.ndarray:
         """The pooled values (exact method only)."""
@@ -404,3 +432,100 @@ def one_token_gaps(chunks: OneTokenChunks) -> tuple[np.ndarray, np.ndarray]:
 def one_token_gap_rows_ok(chunks: OneTokenChunks, ok: np.ndarray) -> np.ndarray:
     """Per gap (in ``one_token_gaps`` order): does it belong to an ``ok`` row?"""
     return np.repeat(ok, np.maximum(np.diff(chunks.offsets) - 1, 0))
+
+
+def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``np.r_[lo[0]:hi[0], lo[1]:hi[1], ...]`` (int64) without a Python loop; empty ranges skipped."""
+    lo = np.asarray(lo, np.int64)
+    n = np.maximum(np.asarray(hi, np.int64) - lo, 0)
+    total = int(n.sum())
+    if total == 0:
+        return np.empty(0, np.int64)
+    first = np.cumsum(n) - n  # where each range starts in the output
+    return np.arange(total, dtype=np.int64) + np.repeat(lo - first, n)
+
+
+def reduce_ranges(ufunc: np.ufunc, values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``ufunc.reduce`` of ``values[lo[i]:hi[i]]`` for each i; the ranges must be non-empty,
+    in order and not overlapping (one ``reduceat`` over the interleaved bounds)."""
+    if len(lo) == 0:
+        return np.empty(0, values.dtype)
+    idx = np.empty(2 * len(lo), np.int64)
+    idx[0::2] = lo
+    idx[1::2] = hi
+    if idx[-1] >= len(values):  # the last range runs to the end: reduceat's last segment does
+        idx = idx[:-1]
+    return ufunc.reduceat(values, idx)[0::2]
+
+
+class TokenRanges(NamedTuple):
+    """A batch whose token-carrying chunks all carry one token and sit together in each row:
+    zero-token frames (role-only, empty, usage-only) only before a row's first token or after
+    its last, as engines send them. Row r's tokens arrived at ``ts[start[r]:end[r]]``; the
+    chunk lists are used in place (nothing is copied or deleted)."""
+
+    ts: np.ndarray  # every chunk time of the batch (int64 ns), row after row
+    start: np.ndarray  # int64 per row
+    end: np.ndarray  # int64 per row (== start: no token)
+
+
+def token_ranges(batch: pa.Table | pa.RecordBatch) -> TokenRanges | None:
+    """``TokenRanges`` of a batch, or None (multi-token chunks, zero-token frames between two
+    token-carrying ones, nulls inside the lists): the other paths then apply."""
+    ts_arr, tk_arr = batch.column("chunk_ns"), batch.column("chunk_tokens")
+    if isinstance(ts_arr, pa.ChunkedArray):
+        ts_arr, tk_arr = ts_arr.combine_chunks(), tk_arr.combine_chunks()
+    rows = len(ts_arr)
+    if rows == 0:
+        return None
+    ts = ts_arr.flatten().to_numpy(zero_copy_only=False)
+    tk = tk_arr.flatten().to_numpy(zero_copy_only=False)
+    offsets = ts_arr.offsets.to_numpy().astype(np.int64)
+    offsets -= offsets[0]
+    tk_off = tk_arr.offsets.to_numpy()
+    if len(tk) != len(ts) or len(ts) != offsets[-1] or not np.array_equal(tk_off - tk_off[0], offsets):
+        return None
+    if tk.dtype.kind not in "iu" or ts.dtype.kind != "i":
+        return None  # nulls inside the lists
+    start, end = offsets[:-1].copy(), offsets[1:].copy()
+    other = np.flatnonzero(tk != 1)
+    if len(other):
+        if tk[other].any():
+            return None  # a chunk of several (or a negative number of) tokens
+        row = np.searchsorted(offsets, other, side="right") - 1
+        first = np.r_[True, row[1:] != row[:-1]]
+        group = np.cumsum(first) - 1  # which row-group of zeros each zero belongs to
+        group_start = np.flatnonzero(first)
+        group_end = np.r_[group_start[1:], len(other)]
+        rank = np.arange(len(other)) - group_start[group]  # zeros before it in its row
+        rank_back = group_end[group] - 1 - np.arange(len(other))  # zeros after it in its row
+        leading = other - offsets[row] == rank
+        trailing = offsets[row + 1] - 1 - other == rank_back
+        if not (leading | trailing).all():
+            return None  # a zero-token frame between tokens
+        start += np.bincount(row[leading], minlength=rows)
+        end -= np.bincount(row[trailing & ~leading], minlength=rows)
+    return TokenRanges(ts.astype(np.int64, copy=False), start, end)
+
+
+def token_range_gaps(ranges: TokenRanges, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gaps, excluded, longest) of a ``TokenRanges`` batch, where ``gaps[j] = ts[j + 1] − ts[j]``
+    (int64 ns) for every pair of neighbouring chunks, except at ``excluded``: the pairs that are
+    no gap between two tokens of one ``ok`` row, set to 0 (placeholders for
+    ``PooledDistribution.add``). ``longest``: per row, ok or not, the longest gap (ns, float64;
+    NaN for rows with fewer than two tokens), which with one token per chunk is also its max ITL.
+    The gaps of the ok rows, placeholders removed, are ``one_token_gaps``'s, in the same order."""
+    ts, start, end = ranges
+    rows = len(start)
+    longest = np.full(rows, np.nan)
+    if len(ts) < 2:
+        return np.empty(0, np.int64), np.empty(0, np.int64), longest
+    gaps = np.diff(ts)
+    has = (end - start) >= 2
+    if has.any():
+        longest[has] = reduce_ranges(np.maximum, gaps, start[has], end[has] - 1).astype(np.float64)
+    sel = has & ok
+    lo, hi = start[sel], end[sel] - 1  # the kept gaps: gaps[lo[i]:hi[i]]
+    excluded = concat_ranges(np.r_[0, hi], np.r_[lo, len(gaps)])
+    gaps[excluded] = 0
+    return gaps, excluded, longest

@@ -24,7 +24,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.metrics import ChunkGaps, OneTokenChunks, TokenChunks, chunk_gaps, row_max, token_chunks
+from analysis.metrics import (
+    ChunkGaps,
+    OneTokenChunks,
+    TokenChunks,
+    TokenRanges,
+    chunk_gaps,
+    concat_ranges,
+    reduce_ranges,
+    row_max,
+    token_chunks,
+)
 
 NS_PER_MS = 1e6
 
@@ -116,11 +126,14 @@ def batch_smoothness(
     return fluidity, misses, longest
 
 
-def _may_miss(arrivals: np.ndarray, starts: np.ndarray, send: np.ndarray, deadlines: Deadlines) -> np.ndarray:
+def _may_miss(
+    arrivals: np.ndarray, starts: np.ndarray, send: np.ndarray, deadlines: Deadlines, ends: np.ndarray | None = None
+) -> np.ndarray:
     """Per request: does a token arrive after ``send + D_p + (i − 1)·D_d`` (its deadline if
     nothing before it missed)? When none does, nothing is ever re-based and the request has
     no miss; when one does, the first such token is a miss. True where unsure (NaN send,
-    values beyond float64's exact integers)."""
+    values beyond float64's exact integers). A request's tokens are ``arrivals[starts[k]:
+    starts[k + 1]]``, or ``arrivals[starts[k]:ends[k]]`` when ``ends`` is given."""
     dd_f = deadlines.token_interval_ms * NS_PER_MS
     dp_f = deadlines.ttft_ms * NS_PER_MS
     exact = dd_f.is_integer() and dp_f.is_integer() and max(dd_f, dp_f) < 2**40 and len(arrivals) < 2**31
@@ -128,7 +141,8 @@ def _may_miss(arrivals: np.ndarray, starts: np.ndarray, send: np.ndarray, deadli
         return np.ones(len(starts), bool)  # integers beyond exact float64 range: decide per token
     z = arrivals - _steps(int(dd_f), len(arrivals))  # t − (index in batch)·D_d
     dd = int(dd_f)
-    worst = np.maximum.reduceat(z, starts) + starts * dd  # max over the request of t_i − i·D_d
+    top = np.maximum.reduceat(z, starts) if ends is None else reduce_ranges(np.maximum, z, starts, ends)
+    worst = top + starts * dd  # max over the request of t_i − i·D_d
     return ~(worst <= send + (dp_f - dd))
 
 
@@ -226,6 +240,34 @@ def one_token_fluidity(chunks: OneTokenChunks, send: np.ndarray, deadlines: Dead
     if late.any():
         tok = np.repeat(late, counts)
         sub_arr, sub_counts = ts[tok], counts[late]
+        sub_starts = np.r_[0, np.cumsum(sub_counts)[:-1]]
+        missed = _missed_integer(sub_arr, sub_starts, sub_counts, send[r[late]], deadlines)
+        if missed is None:
+            sub_row = np.repeat(r[late], sub_counts)
+            missed = _missed_float(sub_arr, sub_row, sub_starts, sub_counts, send[r[late]], deadlines)
+        miss_n[late] = np.add.reduceat(missed.astype(np.int64), sub_starts)
+    fluidity[r[valid]] = 1.0 - miss_n[valid] / counts[valid]
+    misses[r[valid]] = miss_n[valid]
+    return fluidity, misses
+
+
+def token_range_fluidity(ranges: TokenRanges, send: np.ndarray, deadlines: Deadlines) -> tuple[np.ndarray, np.ndarray]:
+    """(fluidity, missed deadlines) per row of a ``TokenRanges`` batch (``one_token_fluidity``
+    on the chunk lists in place; the same numbers)."""
+    ts, start, end = ranges
+    rows = len(start)
+    fluidity = np.full(rows, np.nan)
+    misses = np.full(rows, np.nan)
+    counts_all = end - start
+    r = np.flatnonzero(counts_all > 0)
+    if not len(r):
+        return fluidity, misses
+    starts, counts = start[r], counts_all[r]
+    valid = ~np.isnan(send[r])
+    miss_n = np.zeros(len(r), np.int64)
+    late = _may_miss(ts, starts, send[r], deadlines, ends=starts + counts) & valid
+    if late.any():
+        sub_arr, sub_counts = ts[concat_ranges(starts[late], starts[late] + counts[late])], counts[late]
         sub_starts = np.r_[0, np.cumsum(sub_counts)[:-1]]
         missed = _missed_integer(sub_arr, sub_starts, sub_counts, send[r[late]], deadlines)
         if missed is None:

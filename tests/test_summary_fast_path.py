@@ -1,0 +1,182 @@
+"""The summary's fastest path (one token per chunk, zero-token frames only at a row's edges,
+chunk lists used in place: analysis.metrics.token_ranges) gives exactly the figures of the
+per-row definitions (docs/metrics.md), written out here as plain loops over each request.
+
+The runs mix what real runs hold: role-only opening frames and usage-only closing frames
+(0 tokens), reasoning before the answer, failed rows with and without chunks, rows with one
+token or none, cancelled and warm-up rows, and stalls that miss the fluidity deadlines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import analysis.summary as summary_module
+from analysis.load import iter_request_batches, load_run
+from analysis.metrics import PooledDistribution, percentiles, token_range_gaps, token_ranges
+from analysis.slo import SLO
+from analysis.smoothness import Deadlines, fluidity_reference
+from analysis.summary import REQUEST_COLUMNS, SummaryOptions, summarize_batches, summarize_run
+from results.record import RequestRecord
+from tests.helpers_records import MS, record, write_run
+
+OPTIONS = SummaryOptions((1, 50, 90, 99, 99.9), SLO.parse("ttft_ms=120,tpot_ms=9"))
+DEADLINES = Deadlines(120, 9)
+
+
+def _mixed_records(n: int = 300, seed: int = 5, middle_zero: bool = False) -> list[RequestRecord]:
+    rng = np.random.default_rng(seed)
+    recs: list[RequestRecord] = []
+    for i in range(n):
+        send = float(rng.integers(0, 50_000))
+        t = send + float(rng.choice([40, 90, 130, 400]))
+        chunks: list[tuple[float, int]] = []
+        if rng.random() < 0.7:
+            chunks.append((send + 1, 0))  # role-only opening frame
+        for _ in range(int(rng.integers(0, 40))):
+            chunks.append((t, 1))
+            t += float(rng.choice([0, 3.5, 8, 8.25, 11, 250]))
+        if rng.random() < 0.8:
+            chunks.append((t + 0.02, 0))  # usage-only closing frame
+        if rng.random() < 0.1:
+            chunks.append((t + 0.03, 0))  # and an empty one after it
+        kind = rng.random()
+        if kind < 0.08:
+            rec = record(f"r{i}", send, chunks[:3], ok=False, error_type="http_error")
+        elif kind < 0.11:
+            rec = record(f"r{i}", send, [], ok=False, error_type="connect")
+        elif kind < 0.15:
+            rec = record(f"r{i}", send, chunks, ok=False, error_type="cancelled")
+        elif kind < 0.2:
+            rec = record(f"r{i}", send, chunks, phase="warmup")
+        else:
+            rec = record(f"r{i}", send, chunks, max_output_tokens=40)
+            tokens = [ts for ts, k in zip(rec.chunk_ns, rec.chunk_tokens) if k]
+            if len(tokens) > 3 and rng.random() < 0.3:  # reasoning first: the answer starts later
+                rec = dataclasses.replace(rec, first_content_ns=tokens[3])
+        recs.append(rec)
+    recs.append(record("one", 10.0, [(11, 0), (60, 1), (60.01, 0)]))
+    recs.append(record("frames-only", 20.0, [(21, 0), (22, 0)]))
+    recs.append(record("nothing", 30.0, []))
+    if middle_zero:  # an empty frame between two tokens: not the fastest path's layout
+        recs.append(record("middle", 40.0, [(41, 0), (90, 1), (95, 0), (99, 1), (107, 1), (108, 0)]))
+    return recs
+
+
+def _reference(table: pa.Table) -> dict[str, np.ndarray]:
+    """The definitions, request by request (rows in table order; ITL pooled over ok rows)."""
+    itl: list[float] = []
+    max_itl, fluidity, longest, ok_rows = [], [], [], []
+    for row in table.to_pylist():
+        if row["phase"] != "measure":
+            continue
+        arrivals = [t for t, k in zip(row["chunk_ns"] or [], row["chunk_tokens"] or []) for _ in range(k)]
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        if row["ok"]:
+            itl.extend(g / 1e6 for g in gaps)
+        max_itl.append(max(gaps) / 1e6 if gaps else math.nan)
+        longest.append(max(gaps) / 1e6 if gaps else math.nan)
+        fluidity.append(fluidity_reference(row["send_ns"], arrivals, DEADLINES) if arrivals else math.nan)
+        ok_rows.append(bool(row["ok"]))
+    ok = np.array(ok_rows)
+    return {
+        "itl": np.array(itl),
+        "max_itl_ok": np.array(max_itl)[ok],
+        "fluidity_ok": np.array(fluidity)[ok],
+        "longest_ok": np.array(longest)[ok],
+    }
+
+
+def _check_against_reference(s: dict, table: pa.Table) -> None:
+    ref = _reference(table)
+    assert s["latency"]["itl_ms"] == percentiles(ref["itl"], OPTIONS.percentiles)
+    assert s["latency"]["chunk_gap_ms"] == percentiles(ref["itl"], OPTIONS.percentiles)  # one token per chunk
+    assert s["latency"]["max_itl_ms"] == percentiles(ref["max_itl_ok"], OPTIONS.percentiles)
+    assert s["smoothness"]["fluidity"] == percentiles(ref["fluidity_ok"], (1, 5, 10, 50))
+    assert s["smoothness"]["longest_gap_ms"] == percentiles(ref["longest_ok"], (50, 90, 95, 99))
+    assert 0 < s["smoothness"]["fluidity"]["mean"] < 1  # the sample exercises misses
+
+
+def _no_other_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("the fastest path should have taken this batch")
+
+    monkeypatch.setattr(summary_module, "one_token_chunks", refuse)
+    monkeypatch.setattr(summary_module, "token_chunks", refuse)
+
+
+def test_fast_path_equals_the_per_row_definitions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = write_run(tmp_path / "run", _mixed_records())
+    table = load_run(run_dir).requests
+    assert token_ranges(table.combine_chunks().to_batches()[0]) is not None
+    _no_other_path(monkeypatch)
+    s = summarize_run(run_dir, OPTIONS)
+    assert s["token_distributions"]["method"] == "exact"
+    assert s["requests"]["failed"] > 0 and s["requests"]["cancelled_at_end"] > 0 and s["requests"]["warmup_excluded"] > 0
+    _check_against_reference(s, table)
+    # batches that cut the run anywhere give the same summary
+    tiny = summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS), batch_rows=3), OPTIONS)
+    assert json.dumps(tiny, sort_keys=True, default=str) == json.dumps(s, sort_keys=True, default=str)
+
+
+def test_a_zero_token_frame_between_tokens_takes_the_other_path_with_the_same_definitions(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", _mixed_records(middle_zero=True))
+    table = load_run(run_dir).requests
+    assert token_ranges(table.combine_chunks().to_batches()[0]) is None
+    _check_against_reference(summarize_run(run_dir, OPTIONS), table)
+
+
+def test_multi_token_chunks_are_not_the_fast_path() -> None:
+    batch = pa.RecordBatch.from_pydict(
+        {"chunk_ns": [[1, 2, 3]], "chunk_tokens": [[0, 2, 1]]},
+        schema=pa.schema([("chunk_ns", pa.list_(pa.int64())), ("chunk_tokens", pa.list_(pa.int32()))]),
+    )
+    assert token_ranges(batch) is None
+
+
+def test_token_range_gaps_mark_every_non_gap(tmp_path: Path) -> None:
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "chunk_ns": [[5, 10, 20, 35, 36], [40, 41], [50, 70, 75], [], [80, 90, 91]],
+            "chunk_tokens": [[0, 1, 1, 1, 0], [0, 0], [1, 1, 1], [], [1, 1, 0]],
+        },
+        schema=pa.schema([("chunk_ns", pa.list_(pa.int64())), ("chunk_tokens", pa.list_(pa.int32()))]),
+    )
+    ranges = token_ranges(batch)
+    assert ranges is not None
+    assert ranges.start.tolist() == [1, 7, 7, 10, 10] and ranges.end.tolist() == [4, 7, 10, 10, 12]
+    ok = np.array([True, True, False, True, True])
+    gaps, excluded, longest = token_range_gaps(ranges, ok)
+    kept = np.delete(gaps, excluded)
+    assert kept.tolist() == [10, 15, 10]  # row 0: 20-10, 35-20; row 2 failed; row 4: 90-80
+    assert (gaps[excluded] == 0).all()
+    assert np.isnan(longest[[1, 3]]).all() and longest[[0, 2, 4]].tolist() == [15, 20, 10]
+
+
+@pytest.mark.parametrize("exact_limit", [50, 5000])
+def test_placeholders_count_as_nothing_past_the_exact_limit(exact_limit: int) -> None:
+    rng = np.random.default_rng(3)
+    with_holes = PooledDistribution(exact_limit)
+    same_as = PooledDistribution(exact_limit)
+    plain = PooledDistribution(exact_limit)
+    for _ in range(7):
+        values = rng.lognormal(np.log(10), 0.5, 300)
+        holes = np.sort(rng.choice(300, 40, replace=False))
+        values[holes] = 0.0
+        with_holes.add(values, placeholders=holes)
+        same_as.add(values, same_as=with_holes, placeholders=holes)
+        plain.add(np.delete(values, holes))
+    ps = (0, 1, 50, 99, 100)
+    want = plain.summary(ps)
+    for got in (with_holes.summary(ps), same_as.summary(ps)):
+        assert got["n"] == want["n"] == 7 * 260
+        assert got["mean"] == pytest.approx(want["mean"], rel=1e-12)
+        assert {k: v for k, v in got.items() if k.startswith("p")} == {k: v for k, v in want.items() if k.startswith("p")}
+    assert with_holes.method == ("histogram" if exact_limit == 50 else "exact")
