@@ -456,20 +456,23 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
     return res
 
 
-def synthesize_run(out: Path, requests: int, tokens: int, rows_per_part: int = 16384, seed: int = 0) -> None:
+def synthesize_run(out: Path, requests: int, tokens: int, rows_per_part: int | None = None, seed: int = 0) -> None:
     """A results folder as ``bench run`` writes it: ``requests`` rows of ``tokens`` tokens.
 
     Closed loop at 1024 in flight, TTFT ~50 ms, ITL ~10 ms with jitter, a final usage
     frame of 0 tokens per request (257 chunks), written in part files with the
-    writer's atomic part writing.
+    writer's atomic part writing (its encodings), ``rows_per_part`` rows each (default:
+    the writer's flush size, as a recorded run has them; fewer rows only when the 1 s flush
+    interval passes first).
     """
     import uuid
 
     import pyarrow as pa
 
     from results.schema import REQUESTS_SCHEMA, SCHEMA_VERSION
-    from results.writer import write_run_meta, write_table_atomic
+    from results.writer import FLUSH_ROWS, write_run_meta, write_table_atomic
 
+    rows_per_part = rows_per_part or FLUSH_ROWS
     rng = np.random.default_rng(seed)
     run_id = uuid.uuid4().hex[:16]
     out.mkdir(parents=True, exist_ok=True)
@@ -523,7 +526,7 @@ def scale_main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if not (out / "run.parquet").exists():
         t = time.perf_counter()
-        synthesize_run(out, args.requests, args.tokens)
+        synthesize_run(out, args.requests, args.tokens, args.rows_per_part)
         print(f"synthesised {args.requests} requests x {args.tokens} tokens in {time.perf_counter() - t:.1f} s "
               f"({sum(p.stat().st_size for p in (out / 'requests').glob('*.parquet')) / 1e9:.2f} GB)")
     argv = [sys.executable, "-m", "bench", "summary", str(out)]
@@ -550,6 +553,7 @@ def main() -> None:
     sc.add_argument("--out", required=True, help="results folder (synthesised when absent)")
     sc.add_argument("--requests", type=int, default=1_000_000)
     sc.add_argument("--tokens", type=int, default=256)
+    sc.add_argument("--rows-per-part", type=int, default=None, help="rows per part file (default: the writer's flush size)")
     ap.add_argument("--concurrency", default="64,256,1024", help="comma-separated in-flight levels")
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per request")
     ap.add_argument("--rounds", type=int, default=3, help="requests per closed-loop slot")

@@ -35,6 +35,11 @@ from results.schema import (
 
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
 
+#: A part file is written when this many rows are pending, or this long after the last one
+#: (the bound on what a ``kill -9`` can lose; docs/results.md).
+FLUSH_ROWS = 256
+FLUSH_INTERVAL_S = 1.0
+
 
 def _delta_encoded_columns(schema: pa.Schema) -> dict[str, str]:
     """Parquet leaf paths of the integer-list columns (``chunk_ns``, ``chunk_tokens``), which
@@ -79,8 +84,8 @@ class PartWriter:
         folder: Path,
         schema: pa.Schema,
         worker_id: int = 0,
-        flush_rows: int = 256,
-        flush_interval_s: float = 1.0,
+        flush_rows: int = FLUSH_ROWS,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
         constants: Mapping[str, Any] | None = None,
     ) -> None:
         self.folder = folder
