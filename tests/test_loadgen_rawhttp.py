@@ -117,11 +117,46 @@ def test_closed_loop_run_over_raw_transport(tmp_path: Path) -> None:
         async with serve_in_process(create_app(cfg_s)) as url:
             cfg = RunConfig(out=tmp_path / "run", url=url, engine="sim", model="sim-model", schedule=sched,
                             options=RunOptions(progress=False))
-            transport = RawHttpTransport(url, cfg.timeouts)
+            transport = _CountingTransport(url, cfg.timeouts)
             res = await execute_run(cfg, OpenAIAdapter(model="sim-model"), transport=transport, install_signals=False)
             await transport.close()
-            assert transport.connections_opened <= 5
+            # the four slots' connections were opened before t0, and only those were used
+            assert transport.preconnected == [(4, 4)]
+            assert transport.connections_opened == 4
             return res.run_dir
 
-    rows = load_run(asyncio.run(main())).requests.to_pylist()
+    run = load_run(asyncio.run(main()))
+    rows = run.requests.to_pylist()
     assert len(rows) == 12 and all(r["ok"] and r["output_tokens"] == 8 for r in rows)
+    t0 = run.meta["notes"]["t0_ns"]
+    assert _CountingTransport.preconnect_done_ns < t0 <= min(r["send_ns"] for r in rows)
+
+
+class _CountingTransport(RawHttpTransport):
+    preconnect_done_ns = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.preconnected: list[tuple[int, int]] = []
+
+    async def preconnect(self, count: int, parallel: int = 64) -> int:
+        opened = await super().preconnect(count, parallel)
+        self.preconnected.append((count, opened))
+        type(self).preconnect_done_ns = time.perf_counter_ns()
+        return opened
+
+
+def test_preconnect_fills_the_pool_and_sends_reuse_it() -> None:
+    async def main() -> None:
+        async with serve_in_process(create_app(ServerConfig(timing=FixedTiming(0.001, 0.001)))) as url:
+            transport = RawHttpTransport(url)
+            assert await transport.preconnect(3) == 3
+            assert await transport.preconnect(3) == 0  # already there
+            sinks = await asyncio.gather(*(_one(url, transport) for _ in range(3)))
+            assert all(s.status == 200 for s in sinks)
+            assert transport.connections_opened == 3
+            await transport.close()
+
+    asyncio.run(main())
+    refused = RawHttpTransport("http://127.0.0.1:9", Timeouts(connect=2.0))
+    assert asyncio.run(refused.preconnect(2)) == 0  # left for the requests to meet and record

@@ -9,7 +9,7 @@ from pathlib import Path
 from adapters.openai import OpenAIAdapter
 from analysis.load import load_run
 from bench.execute import RunConfig, execute_run
-from loadgen.recorder import DigestQueue, RequestRecorder
+from loadgen.recorder import QUEUE_AFTER, DigestQueue, RequestRecorder
 from loadgen.runner import RunOptions
 from sim.server import ServerConfig, create_app, serve_in_process
 from sim.timing import FixedTiming
@@ -63,17 +63,22 @@ def test_start_at_ns_sets_t0(tmp_path: Path) -> None:
     assert run.meta["notes"]["t0_ns"] == t0
 
 
-def test_digest_queue_parses_after_all_reads_of_an_iteration() -> None:
+def test_digest_queue_parses_in_batches_after_the_reads() -> None:
     scheduled: list[object] = []
     queue = DigestQueue(scheduled.append)
     recs = [RequestRecorder(RequestSpec(f"r{i}", 1, 2, prompt="p"), OpenAIAdapter().parser(), 0, 0, queue=queue) for i in range(3)]
-    for i, r in enumerate(recs):
-        r.headers(1, 200)
-        r.data(10 + i, b'data: {"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}\n\n')
+    chunk = b'data: {"choices":[{"text":"a"}],"usage":{"completion_tokens":%d}}\n\n'
+    for k in range(QUEUE_AFTER):
+        for i, r in enumerate(recs):
+            if k == 0:
+                r.headers(1, 200)
+            r.data(10 * k + i, chunk % (k + 1))
+        if k < QUEUE_AFTER - 1:
+            assert scheduled == []  # below the batch size: nothing queued, nothing parsed
     assert len(scheduled) == 1  # one drain for the whole iteration
     assert all(r._events == [] for r in recs)  # nothing parsed on the read path
     queue.drain()
-    assert [r._ts for r in recs] == [[10], [11], [12]]
-    recs[0].data(20, b'data: {"choices":[{"text":"b","finish_reason":"length"}],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n')
-    rec = recs[0].finish(30)  # finish digests whatever is left
-    assert rec.ok and rec.chunk_ns == [10, 20] and rec.chunk_tokens == [1, 1]
+    assert [r._ts for r in recs] == [[10 * k + i for k in range(QUEUE_AFTER)] for i in range(3)]
+    recs[0].data(1000, b'data: {"choices":[{"text":"b","finish_reason":"length"}],"usage":{"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % (QUEUE_AFTER + 1))
+    rec = recs[0].finish(2000)  # finish digests whatever is left
+    assert rec.ok and rec.chunk_ns[-2:] == [10 * (QUEUE_AFTER - 1), 1000] and rec.chunk_tokens == [1] * (QUEUE_AFTER + 1)
