@@ -101,19 +101,14 @@ class OpenAIStreamParser:
         if not usage:
             if text:
                 self._continuous = False
-            return StreamEvent(kind, text=text, finish_reason=choice.get("finish_reason"), server_request_id=rid)
-        details = usage.get("prompt_tokens_details") or {}
+            return StreamEvent(kind, text, None, None, choice.get("finish_reason"), None, None, None, rid)
+        # the per-token path: positional fields (StreamEvent order), no throwaway dicts
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if details else None
         final = usage.get("completion_tokens")
-        return StreamEvent(
-            kind,
-            text=text,
-            cumulative=final if self._continuous else None,
-            finish_reason=choice.get("finish_reason"),
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=None if self._continuous else final,
-            cached_tokens=details.get("cached_tokens"),
-            server_request_id=rid,
-        )
+        if self._continuous:
+            return StreamEvent(kind, text, None, final, choice.get("finish_reason"), usage.get("prompt_tokens"), None, cached, rid)
+        return StreamEvent(kind, text, None, None, choice.get("finish_reason"), usage.get("prompt_tokens"), final, cached, rid)
 
 
 class OpenAIAdapter:
