@@ -406,7 +406,7 @@ class Runner:
             # writes the cancelled monitor had started (errors are kept in _write_error)
             await asyncio.gather(*self._writes, return_exceptions=True)
             self._finish_pending(budget_ns=None)
-            self._sample(self.stats.end_ns, None)  # a closing sample, so short runs have one
+            self._sample(_now(), None)  # a closing sample (CPU and time read together), so short runs have one
             try:
                 await self._flush_due(force=True)
             finally:
