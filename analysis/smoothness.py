@@ -251,9 +251,16 @@ def one_token_fluidity(chunks: OneTokenChunks, send: np.ndarray, deadlines: Dead
     return fluidity, misses
 
 
-def token_range_fluidity(ranges: TokenRanges, send: np.ndarray, deadlines: Deadlines) -> tuple[np.ndarray, np.ndarray]:
+def token_range_fluidity(
+    ranges: TokenRanges, send: np.ndarray, deadlines: Deadlines, longest_ns: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(fluidity, missed deadlines) per row of a ``TokenRanges`` batch (``one_token_fluidity``
-    on the chunk lists in place; the same numbers)."""
+    on the chunk lists in place; the same numbers).
+
+    ``longest_ns``: each row's longest gap between tokens (NaN with fewer than two), as
+    ``token_range_gaps`` gives it. A row whose first token is on time and whose gaps are all
+    within the token interval meets every deadline (each token is then at most one interval
+    after the previous one's deadline), so only the other rows' tokens are looked at."""
     ts, start, end = ranges
     rows = len(start)
     fluidity = np.full(rows, np.nan)
@@ -265,7 +272,16 @@ def token_range_fluidity(ranges: TokenRanges, send: np.ndarray, deadlines: Deadl
     starts, counts = start[r], counts_all[r]
     valid = ~np.isnan(send[r])
     miss_n = np.zeros(len(r), np.int64)
-    late = _may_miss(ts, starts, send[r], deadlines, ends=starts + counts) & valid
+    check = valid & ~_calm_rows(ts[starts], send[r], longest_ns, r, deadlines)
+    if check.all():
+        late = _may_miss(ts, starts, send[r], deadlines, ends=starts + counts)
+    else:
+        late = np.zeros(len(r), bool)
+        if check.any():
+            sub_counts = counts[check]
+            sub_arr = ts[concat_ranges(starts[check], starts[check] + sub_counts)]
+            late[check] = _may_miss(sub_arr, np.cumsum(sub_counts) - sub_counts, send[r[check]], deadlines)
+    late &= valid
     if late.any():
         sub_arr, sub_counts = ts[concat_ranges(starts[late], starts[late] + counts[late])], counts[late]
         sub_starts = np.r_[0, np.cumsum(sub_counts)[:-1]]
@@ -277,3 +293,20 @@ def token_range_fluidity(ranges: TokenRanges, send: np.ndarray, deadlines: Deadl
     fluidity[r[valid]] = 1.0 - miss_n[valid] / counts[valid]
     misses[r[valid]] = miss_n[valid]
     return fluidity, misses
+
+
+def _calm_rows(
+    first: np.ndarray, send: np.ndarray, longest_ns: np.ndarray | None, rows: np.ndarray, deadlines: Deadlines
+) -> np.ndarray:
+    """Per request (``rows`` of the batch): first token by ``send + D_p`` and no gap over
+    ``D_d``, decided exactly (whole-nanosecond deadlines, times within float64's exact
+    integers); False where that cannot be said, so that the request is looked at token by token."""
+    dd_f = deadlines.token_interval_ms * NS_PER_MS
+    dp_f = deadlines.ttft_ms * NS_PER_MS
+    calm = np.zeros(len(rows), bool)
+    if longest_ns is None or not (dd_f.is_integer() and dp_f.is_integer() and max(dd_f, dp_f) < 2**40):
+        return calm
+    fine = (np.abs(first) < 2**52) & (np.abs(send) < 2**52)  # NaN send: False
+    with np.errstate(invalid="ignore"):
+        calm = fine & (first.astype(np.float64) <= send + dp_f) & ~(longest_ns[rows] > dd_f)
+    return calm

@@ -72,16 +72,36 @@ def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monit
     return summarize_batches(batches, options, monitor)
 
 
-def summarize_run(run_dir: Path, options: SummaryOptions = SummaryOptions(), monitor: pa.Table | None = None) -> dict[str, Any]:
-    """``summarize`` of a run folder's requests, streamed record batch by record batch.
+def summarize_run(
+    run_dir: Path,
+    options: SummaryOptions = SummaryOptions(),
+    monitor: pa.Table | None = None,
+    requests: pa.Table | None = None,
+) -> dict[str, Any]:
+    """``summarize`` of a run folder's requests, the chunk lists streamed record batch by
+    record batch.
 
-    Only the columns the summary needs are read; the chunk lists of one batch at a time are
-    in memory, and the token-level distributions are pooled as they go (PooledDistribution).
+    The per-request columns (REQUEST_SCALAR_COLUMNS) are read at once, or taken from
+    ``requests`` when the caller already holds them (every row of the run, in file order, as
+    ``analysis.load.load_run`` reads them); the chunk lists of one batch at a time are in
+    memory, and the token-level distributions are pooled as they go (PooledDistribution).
     """
     from analysis.load import iter_request_batches
+    from results.reader import read_requests
 
     keep_freed_memory()
-    return summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS)), options, monitor)
+    if requests is None or any(c not in requests.column_names for c in REQUEST_SCALAR_COLUMNS):
+        requests = read_requests(run_dir, list(REQUEST_SCALAR_COLUMNS))
+    scalars = measured(requests.select(list(REQUEST_SCALAR_COLUMNS)))
+    batches = iter_request_batches(run_dir, list(REQUEST_STREAMED_COLUMNS))
+    try:
+        return summarize_batches(batches, options, monitor, scalars=(requests.num_rows, scalars))
+    except _RowsChanged:  # parts added since ``requests`` was read (a run still recording): one pass
+        return summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS)), options, monitor)
+
+
+class _RowsChanged(Exception):
+    """The streamed batches do not hold the rows of the per-request table given with them."""
 
 
 #: The per-request columns ``summarize`` reads, and all the columns it reads.
@@ -90,6 +110,8 @@ REQUEST_SCALAR_COLUMNS: tuple[str, ...] = tuple(
     if c not in ("run_id", "request_id", "worker_id", "first_byte_ns", "cached_tokens", "session_id", "prefix_group")
 )
 REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_SCALAR_COLUMNS, "chunk_ns", "chunk_tokens")
+#: What ``summarize_run`` streams batch by batch (the per-request columns are read at once).
+REQUEST_STREAMED_COLUMNS: tuple[str, ...] = ("phase", "ok", "send_ns", "chunk_ns", "chunk_tokens")
 
 
 def summarize_batches(
@@ -97,9 +119,12 @@ def summarize_batches(
     options: SummaryOptions = SummaryOptions(),
     monitor: pa.Table | None = None,
     exact_limit: int = EXACT_LIMIT,
+    scalars: tuple[int, pa.Table] | None = None,
 ) -> dict[str, Any]:
     """``summarize`` over the requests table given as consecutive batches of rows.
 
+    ``scalars``: (rows of the whole table, its measured rows' REQUEST_SCALAR_COLUMNS), when
+    the batches hold only REQUEST_STREAMED_COLUMNS.
     Per-request metrics are computed per batch and kept (one value per request); ITL and
     chunk gaps go into pooled distributions, exact up to ``exact_limit`` values each
     (docs/metrics.md, Aggregates).
@@ -108,13 +133,16 @@ def summarize_batches(
     itl = PooledDistribution(exact_limit)
     chunk_gap = PooledDistribution(exact_limit)
     all_rows = 0
-    scalars: list[pa.Table] = []
+    streamed = 0
+    parts: list[pa.Table] = []
     per_row: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     for batch in batches:
         all_rows += batch.num_rows
         batch = measured(batch)
-        cols = scalar_columns(batch.schema.names)
-        scalars.append(pa.Table.from_batches([batch.select(cols)]) if isinstance(batch, pa.RecordBatch) else batch.select(cols))
+        if scalars is None:
+            cols = scalar_columns(batch.schema.names)
+            parts.append(pa.Table.from_batches([batch.select(cols)]) if isinstance(batch, pa.RecordBatch) else batch.select(cols))
+        streamed += batch.num_rows
         if batch.num_rows == 0:
             continue
         ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool)
@@ -122,7 +150,7 @@ def summarize_batches(
         if ranges is not None:  # fastest path, the same numbers: one token per chunk, lists used in place
             gaps_ns, excluded, longest_ns = token_range_gaps(ranges, ok)
             longest = longest_ns / NS_PER_MS
-            fluidity, misses = token_range_fluidity(ranges, send_ns_float(batch), deadlines)
+            fluidity, misses = token_range_fluidity(ranges, send_ns_float(batch), deadlines, longest_ns)
             per_row.append((longest, fluidity, misses, longest))
             values = gaps_ns / NS_PER_MS
             itl.add(values, placeholders=excluded)
@@ -151,7 +179,12 @@ def summarize_batches(
         itl.add(gaps.gap_ns / gaps.tokens / NS_PER_MS, gaps.tokens)
         chunk_gap.add(gaps.gap_ns / NS_PER_MS)
 
-    table = pa.concat_tables(scalars) if scalars else pa.table({})
+    if scalars is None:
+        table = pa.concat_tables(parts) if parts else pa.table({})
+    else:
+        table = scalars[1]
+        if (all_rows, streamed) != (scalars[0], table.num_rows):
+            raise _RowsChanged(f"{scalars[0]} rows given, {all_rows} streamed")
     measured_rows = table.num_rows
     df = scalar_metrics(table)
     row_arrays = [np.concatenate([p[i] for p in per_row]) if per_row else np.empty(0) for i in range(4)]

@@ -26,9 +26,9 @@ def _clean(obj: Any) -> Any:
 
 
 def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple[dict[str, Any], str]:
-    # per-request columns only: summarize_run streams the chunk lists batch by batch
+    # per-request columns only (read once, shared with summarize_run, which streams the chunk lists)
     run = load_run(run_dir, list(REQUEST_SCALAR_COLUMNS))
-    s = summarize_run(run.path, SummaryOptions(percentiles, slo), run.monitor)
+    s = summarize_run(run.path, SummaryOptions(percentiles, slo), run.monitor, run.requests)
     s["run"] = {
         "run_id": run.run_id,
         "path": str(run.path),

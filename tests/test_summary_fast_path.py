@@ -180,3 +180,34 @@ def test_placeholders_count_as_nothing_past_the_exact_limit(exact_limit: int) ->
         assert got["mean"] == pytest.approx(want["mean"], rel=1e-12)
         assert {k: v for k, v in got.items() if k.startswith("p")} == {k: v for k, v in want.items() if k.startswith("p")}
     assert with_holes.method == ("histogram" if exact_limit == 50 else "exact")
+
+
+def test_fluidity_at_the_deadline_boundaries() -> None:
+    """First token exactly at its deadline, gaps of exactly one interval, one nanosecond over
+    with and without banked slack: the in-place fluidity equals the definition's loop."""
+    from analysis.smoothness import token_range_fluidity
+
+    dp, dd = 120 * MS, 9 * MS
+    rows = [
+        (0, [0, dp, dp + dd, dp + 2 * dd, dp + 2 * dd + 20]),  # on time to the nanosecond: no miss
+        (0, [0, dp, dp + dd + 1, dp + 2 * dd + 1]),  # one ns late: one miss, then re-based
+        (0, [0, dp - 5 * MS, dp - 5 * MS + dd + 1, dp - 5 * MS + 2 * dd + 2]),  # gaps over D_d, covered by slack
+        (0, [0, dp + 1]),  # first token one ns late
+        (1000, [1000, 1000 + dp]),  # a single token, on time
+    ]
+    toks = [[0] + [1] * (len(ts) - 2) + [0] if i == 0 else [0] + [1] * (len(ts) - 1) for i, (_, ts) in enumerate(rows)]
+    batch = pa.RecordBatch.from_pydict(
+        {"chunk_ns": [ts for _, ts in rows], "chunk_tokens": toks},
+        schema=pa.schema([("chunk_ns", pa.list_(pa.int64())), ("chunk_tokens", pa.list_(pa.int32()))]),
+    )
+    ranges = token_ranges(batch)
+    assert ranges is not None
+    _, _, longest = token_range_gaps(ranges, np.ones(len(rows), bool))
+    send = np.array([float(s) for s, _ in rows])
+    fluidity, misses = token_range_fluidity(ranges, send, DEADLINES, longest)
+    want = []
+    for (s, ts), tk in zip(rows, toks):
+        arrivals = [t for t, k in zip(ts, tk) if k]
+        want.append(fluidity_reference(s, arrivals, DEADLINES))
+    assert fluidity.tolist() == pytest.approx(want, abs=1e-15)  # 1 − misses/tokens vs met/tokens
+    assert misses.tolist() == [0, 1, 0, 1, 0]
