@@ -228,20 +228,15 @@ class RequestRecorder:
         err = self._error or error
         if err is None and self.status is not None and self.status >= 400:
             err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
-        finish_reason: str | None = None
-        prompt_tokens = completion_tokens = cached_tokens = None
-        server_id: str | None = None
-        for ev in events:
-            if ev.finish_reason is not None:
-                finish_reason = ev.finish_reason
-            if ev.prompt_tokens is not None:
-                prompt_tokens = ev.prompt_tokens
-            if ev.completion_tokens is not None:
-                completion_tokens = ev.completion_tokens
-            if ev.cached_tokens is not None:
-                cached_tokens = ev.cached_tokens
-            if server_id is None and ev.server_request_id:
-                server_id = ev.server_request_id
+        # Column-wise (one transposition in C, then scans from the end where these fields
+        # sit): the record of a 256-token stream is built in a fraction of the per-event
+        # loop's time, which matters when a whole batch of streams ends in one step.
+        cols = tuple(zip(*events)) if events else ((),) * len(StreamEvent._fields)
+        finish_reason = _last_set(cols[_FINISH])
+        prompt_tokens = _last_set(cols[_PROMPT])
+        completion_tokens = _last_set(cols[_COMPLETION])
+        cached_tokens = _last_set(cols[_CACHED])
+        server_id = next(filter(None, cols[_SERVER_ID]), None)
         if err is None and self.status is None:
             err = StreamError("no_response", "no response received")
         if err is None:
@@ -251,7 +246,7 @@ class RequestRecorder:
                 err = StreamError("truncated", "stream ended without a final event")
             elif self._framer.pending.strip():
                 err = StreamError("truncated", "stream ended inside an event")
-        counts, source = _token_counts(events, completion_tokens)
+        counts, source = _token_counts(events, completion_tokens, cols[_CUMULATIVE])
         first_token = first_content = None
         for ts, ev, n in zip(self._ts, events, counts):
             if n > 0 or (source == SOURCE_CHUNKS and ev.kind == EventKind.CONTENT and ev.text):
@@ -294,18 +289,40 @@ class RequestRecorder:
         )
 
 
-def _token_counts(events: list[StreamEvent], final_completion: int | None) -> tuple[list[int], str]:
+_FINISH = StreamEvent._fields.index("finish_reason")
+_PROMPT = StreamEvent._fields.index("prompt_tokens")
+_COMPLETION = StreamEvent._fields.index("completion_tokens")
+_CACHED = StreamEvent._fields.index("cached_tokens")
+_SERVER_ID = StreamEvent._fields.index("server_request_id")
+_CUMULATIVE = StreamEvent._fields.index("cumulative")
+
+
+def _last_set(column: tuple[object, ...]) -> object:
+    """The last value that is not None (the column of one field over a stream's events)."""
+    if column.count(None) == len(column):
+        return None
+    for value in reversed(column):
+        if value is not None:
+            return value
+    return None
+
+
+def _token_counts(
+    events: list[StreamEvent], final_completion: int | None, cumulative: tuple[int | None, ...] | None = None
+) -> tuple[list[int], str]:
     """Tokens carried by each event, and where the numbers came from."""
-    if any(ev.cumulative is not None for ev in events):
+    if cumulative is None:
+        cumulative = tuple(ev.cumulative for ev in events)
+    if cumulative.count(None) != len(cumulative):
         counts = []
+        append = counts.append
         last = 0
-        for ev in events:
-            c = ev.cumulative
+        for c in cumulative:
             if c is not None and c > last:
-                counts.append(c - last)
+                append(c - last)
                 last = c
             else:
-                counts.append(0)
+                append(0)
         return counts, SOURCE_CUMULATIVE
     if any(ev.tokens is not None for ev in events):
         return [ev.tokens or 0 for ev in events], SOURCE_PROTOCOL
