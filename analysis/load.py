@@ -44,7 +44,7 @@ def load_runs(path: Path, columns: list[str] | None = None) -> list[Run]:
 #: Part files are read in groups of about this many bytes (a recorded run writes a part of
 #: at most 256 rows a second): per-batch work then runs on batches of ``batch_rows`` rows,
 #: not on thousands of tiny ones.
-GROUP_BYTES = 8 << 20
+GROUP_BYTES = 4 << 20
 
 
 def _file_groups(files: list[str], group_bytes: int) -> list[list[str]]:
@@ -72,8 +72,9 @@ def iter_request_batches(
     Part files are decoded by ``threads`` worker threads (default: one per core), a group of
     files (``GROUP_BYTES``) per task, each group made contiguous there (off the caller's
     thread) and cut into batches of ``batch_rows`` rows. A few groups are decoded ahead, so
-    memory stays bounded by the group size whatever the run's length. Yields one empty batch
-    when there are no rows.
+    memory stays bounded by the group size whatever the run's length; a file much larger
+    than a group (a run compacted by hand) is streamed batch by batch instead. Yields one
+    empty batch when there are no rows.
     """
     folder = Path(run_dir) / REQUESTS_DIR
     files = sorted(str(p) for p in folder.glob("*.parquet") if not p.name.startswith(".")) if folder.is_dir() else []
@@ -83,30 +84,37 @@ def iter_request_batches(
         return
     workers = max(1, threads or os.cpu_count() or 1)
 
-    def read(group: list[str]) -> list[pa.RecordBatch]:
+    def read(group: list[str]) -> list[pa.RecordBatch] | None:
+        if len(group) == 1 and os.path.getsize(group[0]) > 4 * GROUP_BYTES:
+            return None  # streamed by the caller
         dataset = ds.dataset(group, format="parquet", schema=REQUESTS_SCHEMA)
         table = dataset.to_table(columns=columns, use_threads=False).combine_chunks()
         return table.to_batches(max_chunksize=batch_rows)
 
-    pending: deque[Future[list[pa.RecordBatch]]] = deque()
+    def stream(path: str) -> Iterator[pa.RecordBatch]:
+        dataset = ds.dataset([path], format="parquet", schema=REQUESTS_SCHEMA)
+        yield from dataset.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=2)
+
+    pending: deque[tuple[list[str], Future[list[pa.RecordBatch] | None]]] = deque()
     groups = iter(_file_groups(files, GROUP_BYTES))
     yielded = False
     with ThreadPoolExecutor(workers, thread_name_prefix="bench-read") as pool:
         try:
             for group in groups:
-                pending.append(pool.submit(read, group))
+                pending.append((group, pool.submit(read, group)))
                 if len(pending) > workers:
                     break
             while pending:
-                batches = pending.popleft().result()
+                group, future = pending.popleft()
+                batches = future.result()
                 nxt = next(groups, None)
                 if nxt is not None:
-                    pending.append(pool.submit(read, nxt))
-                for batch in batches:
+                    pending.append((nxt, pool.submit(read, nxt)))
+                for batch in stream(group[0]) if batches is None else batches:
                     yielded = True
                     yield batch
             if not yielded:
                 yield pa.RecordBatch.from_pylist([], schema=schema)
         finally:
-            for f in pending:
-                f.cancel()
+            for _, future in pending:
+                future.cancel()

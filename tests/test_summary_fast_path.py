@@ -211,3 +211,25 @@ def test_fluidity_at_the_deadline_boundaries() -> None:
         want.append(fluidity_reference(s, arrivals, DEADLINES))
     assert fluidity.tolist() == pytest.approx(want, abs=1e-15)  # 1 − misses/tokens vs met/tokens
     assert misses.tolist() == [0, 1, 0, 1, 0]
+
+
+@pytest.mark.parametrize("group_bytes", [1, 40_000, 8 << 20])  # every file streamed alone, groups of a few, one group
+def test_request_batches_come_in_file_order_however_files_are_grouped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_bytes: int
+) -> None:
+    import analysis.load as load
+    from results.writer import RequestsWriter, write_run_meta
+
+    recs = _mixed_records(n=240)
+    run_dir = tmp_path / "run"
+    write_run_meta(run_dir, {"run_id": "t", "schema_version": "1.0", "bench_version": "0", "status": "complete"})
+    w = RequestsWriter(run_dir, "t")
+    for part in np.array_split(np.arange(len(recs)), 9):
+        w.write([{f: getattr(recs[j], f) for f in recs[j].__dataclass_fields__} for j in part])
+    monkeypatch.setattr(load, "GROUP_BYTES", group_bytes)
+    batches = list(iter_request_batches(run_dir, ["request_id", "chunk_ns"], batch_rows=16))
+    assert all(0 < b.num_rows <= 16 for b in batches)
+    got = pa.Table.from_batches(batches)
+    want = load_run(run_dir).requests.select(["request_id", "chunk_ns"])
+    assert got.equals(want)
+    assert got.column("request_id").to_pylist() == [r.request_id for r in recs]
