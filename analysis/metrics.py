@@ -234,11 +234,16 @@ _BINS = _HIGH_KEY - _LOW_KEY + 2  # bin 0: |v| < 2**-30 ms (shown as 0)
 HISTOGRAM_RELATIVE_ERROR = 2.0**-13
 
 
+#: The largest float64 below 2**-30: every smaller magnitude is raised to it, which lands in bin 0.
+_TINY = float(np.nextafter(2.0**-30, 0.0))
+
+
 def _bin_index(magnitude: np.ndarray) -> np.ndarray:
-    keys = np.ascontiguousarray(magnitude, dtype=np.float64).view(np.int64) >> _SHIFT
+    keys = np.maximum(magnitude, _TINY, dtype=np.float64).view(np.int64)  # float max: one SIMD pass
+    keys >>= _SHIFT
     keys -= _LOW_KEY - 1
-    if len(keys) and (keys.min() < 0 or keys.max() > _BINS - 1):
-        np.clip(keys, 0, _BINS - 1, out=keys)
+    if len(keys) and keys.max() > _BINS - 1:
+        np.minimum(keys, _BINS - 1, out=keys)
     return keys
 
 
@@ -248,6 +253,10 @@ def _bin_values() -> np.ndarray:
     lo = (keys << _SHIFT).view(np.float64)
     hi = ((keys + 1) << _SHIFT).view(np.float64)
     return np.r_[0.0, (lo + hi) / 2]
+
+
+def _weighted_sum(values: np.ndarray, repeats: np.ndarray | None) -> float:
+    return float(values.sum() if repeats is None else (values * repeats).sum())
 
 
 class PooledDistribution:
@@ -303,22 +312,26 @@ class PooledDistribution:
         self._last = None
         source = values
         drop = np.empty(0, np.int64) if placeholders is None else placeholders
-        if np.isnan(values).any():
+        added: float | None = _weighted_sum(values, repeats)  # placeholders add 0.0
+        if added != added and np.isnan(values).any():  # a NaN sum: NaNs to drop (no extra pass otherwise)
             keep = ~np.isnan(values)
             if len(drop):
                 keep[drop] = False
                 drop = np.empty(0, np.int64)
             values = values[keep]
             repeats = None if repeats is None else repeats[keep]
+            added = None
         if len(drop) and repeats is not None:
             repeats = np.delete(repeats, drop)
             values = np.delete(values, drop)
             drop = np.empty(0, np.int64)
+            added = None
         if repeats is not None and (repeats == 1).all():
-            repeats = None
+            repeats = None  # the sum stays: values * 1 is values
         count = (len(values) - len(drop)) if repeats is None else int(repeats.sum())
         self.n += count
-        added = float(values.sum() if repeats is None else (values * repeats).sum())  # placeholders add 0.0
+        if added is None:
+            added = _weighted_sum(values, repeats)
         self.total += added
         if self._pos is None and self.n <= self.exact_limit:
             if repeats is not None:
@@ -343,9 +356,9 @@ class PooledDistribution:
         """Count ``values`` into the bins, less ``zeros_to_ignore`` placeholder zeros. Returns
         the positive bins' counts of this call when they alone changed (for ``same_as``)."""
         assert self._pos is not None and self._neg is not None
-        neg = values < 0
-        has_neg = bool(neg.any())
+        has_neg = bool(len(values)) and bool(values.min() < 0)
         if has_neg:
+            neg = values < 0
             w = None if repeats is None else repeats[neg]
             self._neg += np.bincount(_bin_index(-values[neg]), weights=w, minlength=_BINS).astype(np.int64)
             values = values[~neg]
