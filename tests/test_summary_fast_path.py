@@ -233,3 +233,19 @@ def test_request_batches_come_in_file_order_however_files_are_grouped(
     want = load_run(run_dir).requests.select(["request_id", "chunk_ns"])
     assert got.equals(want)
     assert got.column("request_id").to_pylist() == [r.request_id for r in recs]
+
+
+def test_read_requests_fills_columns_an_older_part_lacks(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from results.reader import read_requests
+    from results.schema import REQUESTS_SCHEMA
+
+    run_dir = write_run(tmp_path / "run", _mixed_records(n=20))
+    part = next((run_dir / "requests").glob("*.parquet"))
+    old = pq.read_table(part).drop_columns(["output_text", "cached_tokens"])
+    pq.write_table(old, run_dir / "requests" / "part-000-999999.parquet")  # a part without two columns
+    table = read_requests(run_dir)
+    assert table.schema.equals(REQUESTS_SCHEMA) and table.num_rows == 2 * old.num_rows
+    assert table.slice(old.num_rows)["cached_tokens"].null_count == old.num_rows
+    assert table.slice(old.num_rows).drop_columns(["output_text", "cached_tokens"]).equals(old.cast(old.schema))
