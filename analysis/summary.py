@@ -92,10 +92,9 @@ def summarize_run(
     keep_freed_memory()
     if requests is None or any(c not in requests.column_names for c in REQUEST_SCALAR_COLUMNS):
         requests = read_requests(run_dir, list(REQUEST_SCALAR_COLUMNS))
-    scalars = measured(requests.select(list(REQUEST_SCALAR_COLUMNS)))
     batches = iter_request_batches(run_dir, list(REQUEST_STREAMED_COLUMNS))
     try:
-        return summarize_batches(batches, options, monitor, scalars=(requests.num_rows, scalars))
+        return summarize_batches(batches, options, monitor, scalars=requests.select(list(REQUEST_SCALAR_COLUMNS)))
     except _RowsChanged:  # parts added since ``requests`` was read (a run still recording): one pass
         return summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS)), options, monitor)
 
@@ -111,7 +110,9 @@ REQUEST_SCALAR_COLUMNS: tuple[str, ...] = tuple(
 )
 REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_SCALAR_COLUMNS, "chunk_ns", "chunk_tokens")
 #: What ``summarize_run`` streams batch by batch (the per-request columns are read at once).
-REQUEST_STREAMED_COLUMNS: tuple[str, ...] = ("phase", "ok", "send_ns", "chunk_ns", "chunk_tokens")
+REQUEST_STREAMED_COLUMNS: tuple[str, ...] = ("chunk_ns", "chunk_tokens")
+#: The per-request columns joined onto each streamed batch.
+_JOINED_COLUMNS: tuple[str, ...] = ("phase", "ok", "send_ns")
 
 
 def summarize_batches(
@@ -119,12 +120,12 @@ def summarize_batches(
     options: SummaryOptions = SummaryOptions(),
     monitor: pa.Table | None = None,
     exact_limit: int = EXACT_LIMIT,
-    scalars: tuple[int, pa.Table] | None = None,
+    scalars: pa.Table | None = None,
 ) -> dict[str, Any]:
     """``summarize`` over the requests table given as consecutive batches of rows.
 
-    ``scalars``: (rows of the whole table, its measured rows' REQUEST_SCALAR_COLUMNS), when
-    the batches hold only REQUEST_STREAMED_COLUMNS.
+    ``scalars``: the whole table's REQUEST_SCALAR_COLUMNS (every row, warm-up included, in
+    the batches' order) when the batches hold only REQUEST_STREAMED_COLUMNS.
     Per-request metrics are computed per batch and kept (one value per request); ITL and
     chunk gaps go into pooled distributions, exact up to ``exact_limit`` values each
     (docs/metrics.md, Aggregates).
@@ -133,16 +134,24 @@ def summarize_batches(
     itl = PooledDistribution(exact_limit)
     chunk_gap = PooledDistribution(exact_limit)
     all_rows = 0
-    streamed = 0
     parts: list[pa.Table] = []
     per_row: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     for batch in batches:
+        if scalars is not None:
+            if batch.num_rows == 0:
+                continue
+            if all_rows + batch.num_rows > scalars.num_rows:
+                raise _RowsChanged(f"more rows streamed than the {scalars.num_rows} given")
+            side = scalars.slice(all_rows, batch.num_rows).select(list(_JOINED_COLUMNS)).combine_chunks()
+            batch = pa.RecordBatch.from_arrays(
+                [*(side.column(c).chunk(0) for c in _JOINED_COLUMNS), *batch.columns],
+                names=[*_JOINED_COLUMNS, *batch.schema.names],
+            )
         all_rows += batch.num_rows
         batch = measured(batch)
         if scalars is None:
             cols = scalar_columns(batch.schema.names)
             parts.append(pa.Table.from_batches([batch.select(cols)]) if isinstance(batch, pa.RecordBatch) else batch.select(cols))
-        streamed += batch.num_rows
         if batch.num_rows == 0:
             continue
         ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool)
@@ -182,9 +191,9 @@ def summarize_batches(
     if scalars is None:
         table = pa.concat_tables(parts) if parts else pa.table({})
     else:
-        table = scalars[1]
-        if (all_rows, streamed) != (scalars[0], table.num_rows):
-            raise _RowsChanged(f"{scalars[0]} rows given, {all_rows} streamed")
+        if all_rows != scalars.num_rows:
+            raise _RowsChanged(f"{scalars.num_rows} rows given, {all_rows} streamed")
+        table = measured(scalars)
     measured_rows = table.num_rows
     df = scalar_metrics(table)
     row_arrays = [np.concatenate([p[i] for p in per_row]) if per_row else np.empty(0) for i in range(4)]

@@ -249,3 +249,19 @@ def test_read_requests_fills_columns_an_older_part_lacks(tmp_path: Path) -> None
     assert table.schema.equals(REQUESTS_SCHEMA) and table.num_rows == 2 * old.num_rows
     assert table.slice(old.num_rows)["cached_tokens"].null_count == old.num_rows
     assert table.slice(old.num_rows).drop_columns(["output_text", "cached_tokens"]).equals(old.cast(old.schema))
+
+
+def test_parts_written_after_the_per_request_columns_were_read_are_not_mismatched(tmp_path: Path) -> None:
+    """A run still recording: the per-request table handed in is older than the parts."""
+    from analysis.summary import REQUEST_SCALAR_COLUMNS
+    from results.writer import RequestsWriter
+
+    recs = _mixed_records(n=120)
+    run_dir = write_run(tmp_path / "run", recs[:60])
+    early = load_run(run_dir, list(REQUEST_SCALAR_COLUMNS)).requests
+    w = RequestsWriter(run_dir, "test")
+    w._seq = 1  # the next part file
+    w.write([{f: getattr(r, f) for f in r.__dataclass_fields__} for r in recs[60:]])
+    late = summarize_run(run_dir, OPTIONS, requests=early)
+    assert late["requests"]["rows"] == len(recs)
+    assert json.dumps(late, sort_keys=True, default=str) == json.dumps(summarize_run(run_dir, OPTIONS), sort_keys=True, default=str)
