@@ -265,3 +265,41 @@ def test_parts_written_after_the_per_request_columns_were_read_are_not_mismatche
     late = summarize_run(run_dir, OPTIONS, requests=early)
     assert late["requests"]["rows"] == len(recs)
     assert json.dumps(late, sort_keys=True, default=str) == json.dumps(summarize_run(run_dir, OPTIONS), sort_keys=True, default=str)
+
+
+def _many_parts(run_dir: Path, parts: int = 20) -> list[RequestRecord]:
+    from results.writer import RequestsWriter, write_run_meta
+
+    recs = _mixed_records(n=200)
+    write_run_meta(run_dir, {"run_id": "t", "schema_version": "1.0", "bench_version": "0", "status": "complete"})
+    w = RequestsWriter(run_dir, "t")
+    for part in np.array_split(np.arange(len(recs)), parts):
+        w.write([{f: getattr(recs[j], f) for f in recs[j].__dataclass_fields__} for j in part])
+    return recs
+
+
+def test_compacting_keeps_every_row_in_order_and_the_summary(tmp_path: Path) -> None:
+    from results.reader import read_requests
+    from results.writer import compact_requests
+
+    run_dir = tmp_path / "run"
+    _many_parts(run_dir)
+    before, summary = read_requests(run_dir), summarize_run(run_dir, OPTIONS)
+    if not compact_requests(run_dir, file_bytes=60_000):
+        pytest.skip("no atomic directory swap (renameat2 RENAME_EXCHANGE) on this platform or file system")
+    files = sorted((run_dir / "requests").glob("*.parquet"))
+    assert 2 <= len(files) <= 5 and not any(p.name.startswith(".") for p in run_dir.iterdir() if p.name != ".")
+    assert read_requests(run_dir).equals(before)
+    assert json.dumps(summarize_run(run_dir, OPTIONS), sort_keys=True, default=str) == json.dumps(summary, sort_keys=True, default=str)
+
+
+def test_compacting_changes_nothing_where_the_swap_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import results.writer as writer
+
+    run_dir = tmp_path / "run"
+    _many_parts(run_dir)
+    names = sorted(p.name for p in (run_dir / "requests").iterdir())
+    monkeypatch.setattr(writer, "_exchange", lambda a, b: False)
+    assert writer.compact_requests(run_dir, file_bytes=60_000) is False
+    assert sorted(p.name for p in (run_dir / "requests").iterdir()) == names
+    assert sorted(p.name for p in run_dir.iterdir()) == ["requests", "run.parquet"]
