@@ -529,6 +529,13 @@ def scale_main(args: argparse.Namespace) -> None:
         synthesize_run(out, args.requests, args.tokens, args.rows_per_part)
         print(f"synthesised {args.requests} requests x {args.tokens} tokens in {time.perf_counter() - t:.1f} s "
               f"({sum(p.stat().st_size for p in (out / 'requests').glob('*.parquet')) / 1e9:.2f} GB)")
+    if args.compact:
+        from results.writer import compact_requests
+
+        t = time.perf_counter()
+        done = compact_requests(out)
+        print(f"compact_requests: {'done' if done else 'nothing to do / unsupported'} in {time.perf_counter() - t:.1f} s, "
+              f"{len(list((out / 'requests').glob('*.parquet')))} part files")
     argv = [sys.executable, "-m", "bench", "summary", str(out)]
     t = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -554,6 +561,7 @@ def main() -> None:
     sc.add_argument("--requests", type=int, default=1_000_000)
     sc.add_argument("--tokens", type=int, default=256)
     sc.add_argument("--rows-per-part", type=int, default=None, help="rows per part file (default: the writer's flush size)")
+    sc.add_argument("--compact", action="store_true", help="results.writer.compact_requests before timing the summary")
     ap.add_argument("--concurrency", default="64,256,1024", help="comma-separated in-flight levels")
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per request")
     ap.add_argument("--rounds", type=int, default=3, help="requests per closed-loop slot")
