@@ -1,0 +1,47 @@
+"""A finished `bench run` merges its request part files (written once per second or per
+256 requests while recording) into few large files, keeping every row."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import bench.execute
+from adapters.openai import OpenAIAdapter
+from analysis.load import load_run
+from bench.execute import RunConfig, execute_run
+from loadgen.runner import RunOptions
+from results.schema import REQUESTS_DIR
+from sim.server import ServerConfig, create_app, serve_in_process
+from sim.timing import FixedTiming
+from workloads.spec import RequestSpec, Schedule
+
+
+def test_run_ends_with_its_parts_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench.execute, "COMPACT_MIN_PARTS", 2)
+    parts_seen: list[int] = []
+    real = bench.execute.compact_requests
+
+    def spy(run_dir: Path, **kwargs: int) -> bool:
+        parts_seen.append(len(list((run_dir / REQUESTS_DIR).glob("*.parquet"))))
+        return real(run_dir, **kwargs)
+
+    monkeypatch.setattr(bench.execute, "compact_requests", spy)
+    # open loop, 10 requests/s for 2.5 s: the writer flushes about once a second
+    specs = tuple(RequestSpec(f"r{i:03d}", 4, 4, prompt="p", send_offset_ns=i * 100_000_000) for i in range(25))
+
+    async def main() -> Path:
+        async with serve_in_process(create_app(ServerConfig(timing=FixedTiming(0.002, 0.001)))) as url:
+            cfg = RunConfig(out=tmp_path / "run", url=url, engine="sim", model="sim-model",
+                            schedule=Schedule("o", 0, "open", specs, rate=10.0), options=RunOptions(progress=False))
+            return (await execute_run(cfg, OpenAIAdapter(model="sim-model"), install_signals=False)).run_dir
+
+    run_dir = asyncio.run(main())
+    files = list((run_dir / REQUESTS_DIR).glob("*.parquet"))
+    assert parts_seen and parts_seen[0] >= 2  # recorded as several parts...
+    assert len(files) == 1  # ...merged into one at the end
+    rows = load_run(run_dir).requests.to_pylist()
+    assert sorted(r["request_id"] for r in rows) == [s.request_id for s in specs]
+    assert all(r["ok"] for r in rows)
