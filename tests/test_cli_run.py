@@ -19,32 +19,82 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(bench_argv(*args), capture_output=True, text=True, timeout=timeout)
 
 
-def test_timing_matches_the_embedded_engine(tmp_path: Path) -> None:
-    """Engine set to TTFT 50 ms / ITL 10 ms at 16 in flight: TTFT p50 within 2 ms, ITL p50 within 0.5 ms.
+def test_embedded_engine_run_writes_a_complete_folder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    p = _run("run", "--concurrency", "4", "--requests", "12", "--input-tokens", "8", "--output-tokens", "8",
+             "--sim-ttft-ms", "5", "--sim-itl-ms", "1", "--out", str(out), "--json", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["requests"]["ok"] == 12 and s["requests"]["failed"] == 0
+    assert s["tokens"]["sources"] == {"server_cumulative": 12}
+    assert (out / "run.parquet").exists() and (out / "schedule.parquet").exists()
+    assert (out / "engine.log").exists()
+
+
+def test_client_stamps_match_the_engines_emission_log(tmp_path: Path) -> None:
+    """Engine (its own process) at TTFT 50 ms / ITL 10 ms, 16 in flight: every client chunk
+    stamp is compared with the engine's own log of when it wrote that token (same
+    CLOCK_MONOTONIC). The first-token stamp error p50 must be within 0.5 ms and the ITL
+    p50 within 10 ± 0.5 ms. The engine's own intake time (socket to handler, ~1-2 ms here)
+    is engine time, not client error, so it is not held against the client.
 
     Contention from other processes on a small machine only ever adds delay, so the test
     makes up to three attempts and passes on the first that is within bounds; every
     attempt's figures are printed.
     """
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from adapters.launch.process import free_port
+    from results.reader import read_requests
+
     attempts = []
     for attempt in range(3):
-        out = tmp_path / f"run{attempt}"
-        p = _run(
-            "run", "--concurrency", "16", "--requests", "96", "--input-tokens", "32", "--output-tokens", "64",
-            "--sim-ttft-ms", "50", "--sim-itl-ms", "10", "--out", str(out), "--json", "--no-progress",
+        port, log, out = free_port(), tmp_path / f"emissions{attempt}.parquet", tmp_path / f"run{attempt}"
+        server = subprocess.Popen(
+            bench_argv("sim", "serve", "--host", "127.0.0.1", "--port", str(port), "--timing", "fixed",
+                       "--ttft-ms", "50", "--itl-ms", "10", "--emission-log", str(log)),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        try:
+            _wait_for_port(port)
+            p = _run("run", "--url", f"http://127.0.0.1:{port}", "--model", "sim-model", "--concurrency", "16",
+                     "--requests", "96", "--input-tokens", "32", "--output-tokens", "64", "--out", str(out),
+                     "--json", "--no-progress")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
         assert p.returncode == 0, p.stderr
         s = json.loads(p.stdout)
         assert s["requests"]["ok"] == 96 and s["requests"]["failed"] == 0
-        assert s["tokens"]["sources"] == {"server_cumulative": 96}
-        assert (out / "run.parquet").exists() and (out / "schedule.parquet").exists()
-        assert (out / "engine.log").exists()
-        ttft, itl = s["latency"]["ttft_ms"]["p50"], s["latency"]["itl_ms"]["p50"]
-        attempts.append((ttft, itl))
-        print(f"attempt {attempt}: TTFT p50 {ttft:.3f} ms, ITL p50 {itl:.3f} ms")
-        if abs(ttft - 50) <= 2.0 and abs(itl - 10) <= 0.5:
+        req = read_requests(out)
+        req = req.filter(pc.equal(req["phase"], "measure"))
+        emitted = pq.read_table(log).to_pandas().sort_values(["server_request_id", "token_index"])
+        first_emitted = emitted.groupby("server_request_id")["actual_ns"].first()
+        rows = req.select(["server_request_id", "first_token_ns"]).to_pandas().set_index("server_request_id")
+        joined = rows.join(first_emitted, how="inner")
+        assert len(joined) == 96
+        err_ms = float(np.median(joined["first_token_ns"] - joined["actual_ns"])) / 1e6
+        itl = s["latency"]["itl_ms"]["p50"]
+        attempts.append((round(err_ms, 3), itl, s["latency"]["ttft_ms"]["p50"]))
+        print(f"attempt {attempt}: first-token stamp error p50 {err_ms:.3f} ms, ITL p50 {itl:.3f} ms, "
+              f"TTFT p50 {s['latency']['ttft_ms']['p50']:.3f} ms")
+        if abs(err_ms) <= 0.5 and abs(itl - 10) <= 0.5:
             return
-    pytest.fail(f"TTFT/ITL p50 outside 50±2 / 10±0.5 ms in every attempt: {attempts}")
+    pytest.fail(f"stamp error / ITL p50 outside 0±0.5 / 10±0.5 ms in every attempt (err, ITL, TTFT): {attempts}")
+
+
+def _wait_for_port(port: int, timeout: float = 30.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    pytest.fail(f"the engine did not listen on port {port} within {timeout:g} s")
 
 
 def test_sigkill_mid_run_leaves_readable_rows(tmp_path: Path) -> None:
