@@ -238,14 +238,7 @@ def one_token_fluidity(chunks: OneTokenChunks, send: np.ndarray, deadlines: Dead
     miss_n = np.zeros(len(r), np.int64)
     late = _may_miss(ts, starts, send[r], deadlines) & valid
     if late.any():
-        tok = np.repeat(late, counts)
-        sub_arr, sub_counts = ts[tok], counts[late]
-        sub_starts = np.r_[0, np.cumsum(sub_counts)[:-1]]
-        missed = _missed_integer(sub_arr, sub_starts, sub_counts, send[r[late]], deadlines)
-        if missed is None:
-            sub_row = np.repeat(r[late], sub_counts)
-            missed = _missed_float(sub_arr, sub_row, sub_starts, sub_counts, send[r[late]], deadlines)
-        miss_n[late] = np.add.reduceat(missed.astype(np.int64), sub_starts)
+        miss_n[late] = _missed_per_row(ts[np.repeat(late, counts)], counts[late], r[late], send, deadlines)
     fluidity[r[valid]] = 1.0 - miss_n[valid] / counts[valid]
     misses[r[valid]] = miss_n[valid]
     return fluidity, misses
@@ -283,16 +276,24 @@ def token_range_fluidity(
             late[check] = _may_miss(sub_arr, np.cumsum(sub_counts) - sub_counts, send[r[check]], deadlines)
     late &= valid
     if late.any():
-        sub_arr, sub_counts = ts[concat_ranges(starts[late], starts[late] + counts[late])], counts[late]
-        sub_starts = np.r_[0, np.cumsum(sub_counts)[:-1]]
-        missed = _missed_integer(sub_arr, sub_starts, sub_counts, send[r[late]], deadlines)
-        if missed is None:
-            sub_row = np.repeat(r[late], sub_counts)
-            missed = _missed_float(sub_arr, sub_row, sub_starts, sub_counts, send[r[late]], deadlines)
-        miss_n[late] = np.add.reduceat(missed.astype(np.int64), sub_starts)
+        sub_arr = ts[concat_ranges(starts[late], starts[late] + counts[late])]
+        miss_n[late] = _missed_per_row(sub_arr, counts[late], r[late], send, deadlines)
     fluidity[r[valid]] = 1.0 - miss_n[valid] / counts[valid]
     misses[r[valid]] = miss_n[valid]
     return fluidity, misses
+
+
+def _missed_per_row(
+    sub_arr: np.ndarray, sub_counts: np.ndarray, rows: np.ndarray, send: np.ndarray, deadlines: Deadlines
+) -> np.ndarray:
+    """Missed deadlines per request, from the tokens of the requests ``rows`` (rows of the
+    batch) laid back to back in ``sub_arr``, ``sub_counts`` tokens each."""
+    sub_starts = np.r_[0, np.cumsum(sub_counts)[:-1]]
+    missed = _missed_integer(sub_arr, sub_starts, sub_counts, send[rows], deadlines)
+    if missed is None:
+        sub_row = np.repeat(rows, sub_counts)
+        missed = _missed_float(sub_arr, sub_row, sub_starts, sub_counts, send[rows], deadlines)
+    return np.add.reduceat(missed.astype(np.int64), sub_starts)
 
 
 def _calm_rows(
