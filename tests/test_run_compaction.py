@@ -45,3 +45,21 @@ def test_run_ends_with_its_parts_merged(tmp_path: Path, monkeypatch: pytest.Monk
     rows = load_run(run_dir).requests.to_pylist()
     assert sorted(r["request_id"] for r in rows) == [s.request_id for s in specs]
     assert all(r["ok"] for r in rows)
+
+
+def test_a_failed_merge_leaves_a_complete_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def full_disk(run_dir: Path, **kwargs: int) -> bool:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bench.execute, "compact_requests", full_disk)
+    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(4))
+
+    async def main() -> Path:
+        async with serve_in_process(create_app(ServerConfig(timing=FixedTiming(0.002, 0.001)))) as url:
+            cfg = RunConfig(out=tmp_path / "run", url=url, engine="sim", model="sim-model",
+                            schedule=Schedule("c", 0, "closed", specs, concurrency=2), options=RunOptions(progress=False))
+            return (await execute_run(cfg, OpenAIAdapter(model="sim-model"), install_signals=False)).run_dir
+
+    run = load_run(asyncio.run(main()))
+    assert run.meta["status"] == "complete" and run.requests.num_rows == 4
+    assert "left unmerged" in capsys.readouterr().err
