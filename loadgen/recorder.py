@@ -184,8 +184,7 @@ class RequestRecorder:
                 and not framer.pending
             ):
                 # fast path: the read is exactly one single-line event
-                payload = data[5:-2]
-                payloads = [payload[1:] if payload[:1] == b" " else payload]
+                payloads = [data[6:-2] if data[5:6] == b" " else data[5:-2]]
             else:
                 payloads = framer.feed(data)
             for payload in payloads:
