@@ -25,7 +25,7 @@ from loadgen.runner import RunOptions, Runner, RunStats
 from loadgen.workers import WorkerPool
 from loadgen.transport import Timeouts, Transport, make_transport
 from results.schema import RUN_FILE, SCHEMA_VERSION
-from results.writer import MonitorWriter, RequestsWriter, compact_requests, write_run_meta, write_schedule
+from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
 from workloads.spec import Schedule
 
 T = TypeVar("T")
@@ -184,15 +184,8 @@ async def execute_run(
     # Every writer is closed: merge the run's part files (one per second or per 256
     # requests while recording, the crash-loss bound) into few large ones, so readers do
     # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.
-    try:
-        compact_requests(run_dir, min_parts=COMPACT_MIN_PARTS)
-    except OSError as exc:  # the run is complete either way: its parts are untouched
-        sys.stderr.write(f"note: the request part files were left unmerged ({exc})\n")
+    compact_finished_run(run_dir)
     return RunResult(run_dir, run_id, stats)
-
-
-#: Runs with fewer request part files than this are left as they are.
-COMPACT_MIN_PARTS = 16
 
 
 def _on_signal(runner: Runner | WorkerPool, sig: int) -> None:

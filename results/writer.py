@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -204,7 +205,21 @@ def _exchange(a: Path, b: Path) -> bool:
     return bool(renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0)
 
 
-def compact_requests(run_dir: Path, file_bytes: int = COMPACT_BYTES, min_parts: int = 16) -> bool:
+#: Runs with fewer request part files than this are left as they are.
+COMPACT_MIN_PARTS = 16
+
+
+def compact_finished_run(run_dir: Path) -> None:
+    """At the end of a run (every writer closed): ``compact_requests``, which must never
+    fail the run. On an OSError (a full disk) the parts stay as they are, with a one-line
+    note on stderr: the run is complete either way."""
+    try:
+        compact_requests(run_dir, min_parts=COMPACT_MIN_PARTS)
+    except OSError as exc:
+        sys.stderr.write(f"note: the request part files were left unmerged ({exc})\n")
+
+
+def compact_requests(run_dir: Path, file_bytes: int = COMPACT_BYTES, min_parts: int = COMPACT_MIN_PARTS) -> bool:
     """Rewrite a finished run's request part files as fewer, larger ones (about
     ``file_bytes`` each): the same rows in the same order (file names keep sorting in that
     order), the same schema and encodings.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import bench.execute
+import results.writer
 from adapters.openai import OpenAIAdapter
 from analysis.load import load_run
 from bench.execute import RunConfig, execute_run
@@ -20,15 +20,15 @@ from workloads.spec import RequestSpec, Schedule
 
 
 def test_run_ends_with_its_parts_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench.execute, "COMPACT_MIN_PARTS", 2)
+    monkeypatch.setattr(results.writer, "COMPACT_MIN_PARTS", 2)
     parts_seen: list[int] = []
-    real = bench.execute.compact_requests
+    real = results.writer.compact_requests
 
     def spy(run_dir: Path, **kwargs: int) -> bool:
         parts_seen.append(len(list((run_dir / REQUESTS_DIR).glob("*.parquet"))))
         return real(run_dir, **kwargs)
 
-    monkeypatch.setattr(bench.execute, "compact_requests", spy)
+    monkeypatch.setattr(results.writer, "compact_requests", spy)
     # open loop, 10 requests/s for 2.5 s: the writer flushes about once a second
     specs = tuple(RequestSpec(f"r{i:03d}", 4, 4, prompt="p", send_offset_ns=i * 100_000_000) for i in range(25))
 
@@ -51,7 +51,7 @@ def test_a_failed_merge_leaves_a_complete_run(tmp_path: Path, monkeypatch: pytes
     def full_disk(run_dir: Path, **kwargs: int) -> bool:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(bench.execute, "compact_requests", full_disk)
+    monkeypatch.setattr(results.writer, "compact_requests", full_disk)
     specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(4))
 
     async def main() -> Path:

@@ -24,7 +24,7 @@ from bench import __version__
 from bench.host import host_fingerprint
 from results.reader import read_requests
 from results.schema import MONITOR_DIR, REQUESTS_DIR, SCHEMA_VERSION
-from results.writer import compact_requests, write_run_meta, write_schedule
+from results.writer import compact_finished_run, write_run_meta, write_schedule
 from workloads.spec import Schedule
 
 _PART_NAME = re.compile(r"^part-\d{3,}-\d{6,}\.parquet$")
@@ -92,4 +92,4 @@ class RunAssembly:
         self.meta.update(status=status, end_utc=utc_now(), notes_json=notes, t0_monotonic_ns=t0_ns)
         self.meta["extra_json"] = {**(self.meta.get("extra_json") or {}), **extra}
         write_run_meta(self.run_dir, self.meta)
-        compact_requests(self.run_dir)  # every worker's rows are in: few large files for readers
+        compact_finished_run(self.run_dir)  # every worker's rows are in: few large files for readers
