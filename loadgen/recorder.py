@@ -307,11 +307,10 @@ def _last_set(column: tuple[object, ...]) -> object:
 
 
 def _token_counts(
-    events: list[StreamEvent], final_completion: int | None, cumulative: tuple[int | None, ...] | None = None
+    events: list[StreamEvent], final_completion: int | None, cumulative: tuple[int | None, ...]
 ) -> tuple[list[int], str]:
-    """Tokens carried by each event, and where the numbers came from."""
-    if cumulative is None:
-        cumulative = tuple(ev.cumulative for ev in events)
+    """Tokens carried by each event (``cumulative``: the events' cumulative counts, one
+    column of them), and where the numbers came from."""
     if cumulative.count(None) != len(cumulative):
         counts = []
         append = counts.append
