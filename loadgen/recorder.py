@@ -13,6 +13,7 @@ the token accounting once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from adapters.base import EventKind, StreamEvent, StreamParser
 from adapters.sse import SSEFramer
@@ -295,8 +296,10 @@ _CACHED = StreamEvent._fields.index("cached_tokens")
 _SERVER_ID = StreamEvent._fields.index("server_request_id")
 _CUMULATIVE = StreamEvent._fields.index("cumulative")
 
+_T = TypeVar("_T")
 
-def _last_set(column: tuple[object, ...]) -> object:
+
+def _last_set(column: tuple[_T | None, ...]) -> _T | None:
     """The last value that is not None (the column of one field over a stream's events)."""
     if column.count(None) == len(column):
         return None
@@ -312,7 +315,7 @@ def _token_counts(
     """Tokens carried by each event (``cumulative``: the events' cumulative counts, one
     column of them), and where the numbers came from."""
     if cumulative.count(None) != len(cumulative):
-        counts = []
+        counts: list[int] = []
         append = counts.append
         last = 0
         for c in cumulative:
