@@ -29,7 +29,7 @@ import socket
 import struct
 import sys
 import time
-from typing import Literal
+from typing import Literal, cast
 from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
@@ -405,7 +405,8 @@ class RawHttpTransport:
             if not infos:
                 raise StreamError("connect", f"cannot resolve {self.host}")
             family, _, _, _, addr = infos[0]
-            self._addr = addr[:2]
+            # (host, port): the first two fields of an IPv4/IPv6 address from getaddrinfo
+            self._addr = cast("tuple[str, int]", addr[:2])
             self._family = family
         sock = socket.socket(self._family, socket.SOCK_STREAM)
         sock.setblocking(False)

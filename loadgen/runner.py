@@ -14,9 +14,10 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ class Runner:
         self.stats = RunStats()
         self.stop = asyncio.Event()
         self._requires_done = getattr(adapter, "requires_done", True)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[int | None]] = set()
         sessions: dict[str, list[RequestSpec]] = defaultdict(list)
         for spec in schedule.measured:
             if spec.session_id is not None:
@@ -232,8 +233,8 @@ class Runner:
         d = self.options.duration_s
         return d is not None and _now() >= self.stats.t0_ns + int(d * 1e9)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, int | None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
