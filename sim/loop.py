@@ -20,9 +20,12 @@ import asyncio
 import contextlib
 import sys
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sim.request import SimRequest
+
+if TYPE_CHECKING:
+    from sim.timerfd import DeadlineTimer
 
 _now = time.perf_counter_ns
 
@@ -38,7 +41,7 @@ class EngineLoop:
     def __init__(self, backend: Backend, spin_ns: int = 0, min_sleep_ns: int = 1_000_000, precise: bool = True) -> None:
         self.backend = backend
         self.precise = precise
-        self._timer: object = None
+        self._timer: DeadlineTimer | None = None
         self.spin_ns = spin_ns
         self.min_sleep_ns = min_sleep_ns
         self._wake: asyncio.Future[None] | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sim.metrics import Registry
+from sim.metrics import Histogram, Registry
 
 TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0)
 
@@ -16,6 +16,20 @@ class EngineState(Protocol):
 
 class FlavorMetrics:
     """Records request events; renders the page of the engine being imitated."""
+
+    # None where the imitated engine has no such histogram (``inference`` and ``tpot`` are
+    # not set at all for tgi, whose paths never read them).
+    ttft: Histogram | None
+    itl: Histogram
+    e2e: Histogram
+    queue: Histogram
+    inference: Histogram | None
+    tpot: Histogram
+    prefill: Histogram | None
+    decode: Histogram | None
+    gen_tokens: Histogram | None
+    in_tokens: Histogram | None
+    iter_tokens: Histogram | None
 
     def __init__(self, flavor: str, model: str) -> None:
         self.flavor = flavor
@@ -66,7 +80,8 @@ class FlavorMetrics:
     def request(self, prompt_tokens: int) -> None:
         if self.flavor == "tgi":
             self.reg.inc("tgi_request_count", "Requests received.")
-            self.in_tokens.observe(prompt_tokens)  # type: ignore[union-attr]
+            if self.in_tokens is not None:
+                self.in_tokens.observe(prompt_tokens)
         elif self.flavor == "sglang":
             self.reg.inc("sglang:prompt_tokens", "Prompt tokens.", prompt_tokens)
         else:
@@ -91,14 +106,15 @@ class FlavorMetrics:
             r.inc("tgi_request_success", "Successful requests.")
             self.e2e.observe(e2e_s)
             if queue_s is not None:
-                self.queue.observe(queue_s)  # type: ignore[union-attr]
-            if queue_s is not None:
-                self.decode.observe(max(0.0, e2e_s - queue_s))  # type: ignore[union-attr]
-            if prefill_s is not None:
-                self.prefill.observe(prefill_s)  # type: ignore[union-attr]
+                self.queue.observe(queue_s)
+            if queue_s is not None and self.decode is not None:
+                self.decode.observe(max(0.0, e2e_s - queue_s))
+            if prefill_s is not None and self.prefill is not None:
+                self.prefill.observe(prefill_s)
             if tokens > 0:
                 self.itl.observe(e2e_s / tokens)
-            self.gen_tokens.observe(tokens)  # type: ignore[union-attr]
+            if self.gen_tokens is not None:
+                self.gen_tokens.observe(tokens)
             return
         if decode_s is not None and tokens > 1:
             self.tpot.observe(decode_s / (tokens - 1))

@@ -380,10 +380,10 @@ class SimServer:
             text = str(body.get("inputs", ""))
             out = [{"id": i, "text": t, "start": 0, "stop": 0} for i, t in zip(tokenize(text), _pieces(text))]
             return web.json_response(out)
-        text = body.get("prompt")
-        if text is None and "messages" in body:
-            text = _chat_prompt(body["messages"])
-        tokens = tokenize(str(text or ""))
+        prompt = body.get("prompt")
+        if prompt is None and "messages" in body:
+            prompt = _chat_prompt(body["messages"])
+        tokens = tokenize(str(prompt or ""))
         return web.json_response({"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens,
                                   "token_strs": None})
 
@@ -554,11 +554,12 @@ class OpenAIRoutes:
                 return _openai_error(400, "messages must be a non-empty list")
             prompt = _chat_prompt(messages)
         else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-                prompt = " ".join(f"t{p}" for p in prompt)
-            if not isinstance(prompt, str):
+            raw_prompt = body.get("prompt")
+            if isinstance(raw_prompt, list) and raw_prompt and all(isinstance(p, int) for p in raw_prompt):
+                raw_prompt = " ".join(f"t{p}" for p in raw_prompt)
+            if not isinstance(raw_prompt, str):
                 return _openai_error(400, "prompt must be a string")
+            prompt = raw_prompt
         model = body.get("model", srv.config.model)
         if model != srv.config.model:
             return _openai_error(404, f"The model `{model}` does not exist.")
@@ -752,9 +753,7 @@ async def serve_in_process(app: web.Application, host: str = "127.0.0.1", port: 
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)
     await site.start()
-    server = site._server
-    assert server is not None
-    sock_port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    sock_port = runner.addresses[0][1]
     try:
         yield f"http://{host}:{sock_port}"
     finally:
