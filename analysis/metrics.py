@@ -297,7 +297,7 @@ class PooledDistribution:
         if len(values) == 0:
             return
         if same_as is not None and same_as._last is not None and same_as._last[0] is values and repeats is None:
-            _, kept, counts, count, added = same_as._last
+            _, kept, counts, count, last_added = same_as._last
             if self._pos is None and self.n + count <= self.exact_limit and kept is not None:
                 self._parts.append(kept)
             elif self._pos is not None and counts is not None:
@@ -306,7 +306,7 @@ class PooledDistribution:
                 count = -1
             if count >= 0:
                 self.n += count
-                self.total += added
+                self.total += last_added
                 self._last = None
                 return
         self._last = None

@@ -392,7 +392,7 @@ def _recommend_workload(
         gpus = int(g["gpus"].iloc[0])
         axes = int(g["axes"].iloc[0]) if "axes" in g else 0
         cap = cell_capacity(g, att, precision)
-        diag = diagnose_cell(g, slo, att) if slo else {"limiting_factor": "unknown", "explanation": "no SLO given", "evidence": {}}
+        diag: dict[str, Any] = diagnose_cell(g, slo, att) if slo else {"limiting_factor": "unknown", "explanation": "no SLO given", "evidence": {}}
         pooled = _pooled(g, att)
         base = pooled.iloc[0] if len(pooled) else None
         configs.append(

@@ -135,7 +135,7 @@ def ttft_cross_check(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None
     client_p90 = float(np.percentile(client_ms, 90)) if client_ms.size else math.nan
     server_p50 = hist.quantile(0.5) * 1000
     lo, hi = hist.bucket_of(0.5)
-    out = {
+    out: dict[str, Any] = {
         "metric": "ttft",
         "server_count": hist.total,
         "server_mean_ms": hist.mean * 1000,

@@ -73,7 +73,7 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
     overview = Section("Across runs")
     by_id = {r.run_id: r for r in runs}
     points = load_points([by_id[v.run_id] for v in views], views, options.slo)
-    objectives = next((v.summary["slo"]["objectives"] for v in views if v.summary.get("slo")), {})
+    objectives: dict[str, float] = next((v.summary["slo"]["objectives"] for v in views if v.summary.get("slo")), {})
     for name, fig in (
         ("latency-throughput", F.latency_vs_throughput(points)),
         ("goodput-load", F.goodput_vs_load(points, objectives)),

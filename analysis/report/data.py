@@ -72,10 +72,16 @@ def _cdf(values: np.ndarray) -> dict[str, Any] | None:
     return {"x": xs.round(4).tolist(), "p": CDF_GRID.round(6).tolist(), "marks": marks, "n": int(len(v))}
 
 
+def _dict_at(d: dict[str, Any], key: str) -> dict[str, Any]:
+    """``d[key]`` when it is a dict, else an empty one."""
+    value = d.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _cell_info(meta: dict[str, Any]) -> tuple[int, float | None, str | None]:
-    extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
-    cell = extra.get("cell") if isinstance(extra.get("cell"), dict) else {}
-    load = extra.get("load") if isinstance(extra.get("load"), dict) else {}
+    extra = _dict_at(meta, "extra")
+    cell = _dict_at(extra, "cell")
+    load = _dict_at(extra, "load")
     gpus = cell.get("gpus")
     if not isinstance(gpus, int) or gpus < 1:
         prod = 1
@@ -91,7 +97,7 @@ def _cell_info(meta: dict[str, Any]) -> tuple[int, float | None, str | None]:
 def run_slo(meta: dict[str, Any], override: SLO) -> SLO:
     if override:
         return override
-    cfg = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    cfg = _dict_at(meta, "config")
     slo = cfg.get("slo")
     if isinstance(slo, dict) and slo:
         try:
