@@ -138,7 +138,7 @@ async def execute_run(
     else:
         runner = Runner(cfg.schedule, adapter, transport, writer, monitor, cfg.options)
     loop = asyncio.get_running_loop()
-    installed: list[int] = []
+    installed: list[signal.Signals] = []
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

@@ -180,7 +180,7 @@ def plan_workload(
         g = rngs[_STRUCTURE].choice(len(probs), size=requests, p=probs / probs.sum())
         group = np.where(g < len(shares), g, -1).astype(np.int64)
         if session.max() >= 0:  # a session keeps its first turn's group
-            first = {}
+            first: dict[np.int64, np.int64] = {}
             for j in range(requests):
                 if session[j] >= 0:
                     first.setdefault(session[j], group[j])

@@ -8,7 +8,7 @@ import numpy as np
 
 from workloads.errors import WorkloadError
 from workloads.prompts import synth_prompt
-from workloads.spec import RequestSpec, Schedule
+from workloads.spec import LoadMode, RequestSpec, Schedule
 
 __all__ = ["SyntheticWorkload", "WorkloadError"]
 
@@ -75,7 +75,7 @@ class SyntheticWorkload:
                     send_offset_ns=int(offsets[i]) if offsets is not None else None,
                 )
             )
-        mode = "open" if self.rate is not None else "closed"
+        mode: LoadMode = "open" if self.rate is not None else "closed"
         return Schedule(
             name="synthetic",
             seed=self.seed,
