@@ -6,10 +6,14 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from bench.errors import BenchError
+
+if TYPE_CHECKING:
+    from bench.sweep.spec import SweepSpec
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
@@ -76,7 +80,7 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run.")
 @click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
 @click.option("--progress/--no-progress", default=None, help="Per-request progress bar (default: on a terminal).")
-def command(config_path: Path | None, **flags: object) -> None:
+def command(config_path: Path | None, **flags: Any) -> None:
     """Measure every parallel configuration under the workload and recommend the smallest
     one that meets the SLOs.
 
@@ -94,10 +98,11 @@ def command(config_path: Path | None, **flags: object) -> None:
     from bench.sweep.spec import SweepSpecError, load_spec
     from bench.sweep.store import write_recommendation
 
-    out: Path = flags.pop("out")  # type: ignore[assignment]
+    out: Path = flags.pop("out")
     resume = bool(flags.pop("resume"))
     retry_failed = bool(flags.pop("retry_failed"))
     progress = flags.pop("progress")
+    base: SweepSpec | None
     try:
         if config_path is not None:
             base = load_spec(config_path)
@@ -116,7 +121,7 @@ def command(config_path: Path | None, **flags: object) -> None:
         resume=resume,
         retry_failed=retry_failed,
         echo=lambda line: click.echo(line, err=True),
-        progress=progress,  # type: ignore[arg-type]
+        progress=progress,
         command=("bench", *sys.argv[1:]),
     )
     if result.interrupted:
@@ -128,7 +133,9 @@ def command(config_path: Path | None, **flags: object) -> None:
     click.echo(format_recommendation(rec))
 
 
-def _apply_flags(base, flags: dict[str, object]):  # type: ignore[no-untyped-def]
+def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
+    """``base`` (None: a spec from the flags alone) with the flags given (click's values, None
+    where a flag was not given)."""
     from analysis.slo import SLO, SLOError
     from bench.sweep.spec import SweepSpec, WorkloadSpec
 
@@ -137,18 +144,19 @@ def _apply_flags(base, flags: dict[str, object]):  # type: ignore[no-untyped-def
         if not model:
             raise BenchError("--model is required (or give --config FILE)")
         base = SweepSpec(model=str(model))
-    matrix_changes = {
-        axis: _ints(flags.get(axis), f"--{axis}")  # type: ignore[arg-type]
+    # keyword arguments for dataclasses.replace (each field its own type)
+    matrix_changes: dict[str, Any] = {
+        axis: _ints(flags.get(axis), f"--{axis}")
         for axis in ("tp", "pp", "dp", "ep", "dcp", "pcp")
     }
     disagg = flags.get("disagg")
     if disagg is not None:
-        matrix_changes["disagg"] = tuple(v.strip() for v in str(disagg).split(",") if v.strip())  # type: ignore[assignment]
+        matrix_changes["disagg"] = tuple(v.strip() for v in str(disagg).split(",") if v.strip())
     matrix = dataclasses.replace(base.matrix, **{k: v for k, v in matrix_changes.items() if v is not None})
 
-    rates = _floats(flags.get("rates"), "--rate")  # type: ignore[arg-type]
-    concs = _ints(flags.get("concs"), "--concurrency")  # type: ignore[arg-type]
-    load_changes: dict[str, object] = {
+    rates = _floats(flags.get("rates"), "--rate")
+    concs = _ints(flags.get("concs"), "--concurrency")
+    load_changes: dict[str, Any] = {
         "capacity_start": flags.get("capacity_start"),
         "capacity_precision": flags.get("precision"),
         "capacity_max_probes": flags.get("max_probes"),
@@ -162,7 +170,7 @@ def _apply_flags(base, flags: dict[str, object]):  # type: ignore[no-untyped-def
         load_changes.update(rates=rates or (), concurrency=concs or (), capacity=bool(flags.get("capacity")))
     loads = dataclasses.replace(base.loads, **{k: v for k, v in load_changes.items() if v is not None})
 
-    w_changes = {
+    w_changes: dict[str, Any] = {
         "input_tokens": flags.get("input_tokens"),
         "output_tokens": flags.get("output_tokens"),
         "arrival": flags.get("arrival"),
@@ -171,9 +179,9 @@ def _apply_flags(base, flags: dict[str, object]):  # type: ignore[no-untyped-def
     w_changes = {k: v for k, v in w_changes.items() if v is not None}
     refs = flags.get("workload_refs") or ()
     if refs:
-        workloads = tuple(WorkloadSpec(name=str(r), **w_changes) for r in refs)  # type: ignore[arg-type]
+        workloads = tuple(WorkloadSpec(name=str(r), **w_changes) for r in refs)
     else:
-        workloads = tuple(dataclasses.replace(w, **w_changes) for w in base.workloads)  # type: ignore[arg-type]
+        workloads = tuple(dataclasses.replace(w, **w_changes) for w in base.workloads)
 
     slo_text = flags.get("slo_text")
     slo = None
@@ -182,8 +190,8 @@ def _apply_flags(base, flags: dict[str, object]):  # type: ignore[no-untyped-def
             slo = SLO.parse(str(slo_text)).as_dict()
         except SLOError as exc:
             raise BenchError(str(exc)) from None
-    engine_args = tuple(flags.get("engine_args") or ()) or None  # type: ignore[arg-type]
-    engine_env = tuple(flags.get("engine_env") or ()) or None  # type: ignore[arg-type]
+    engine_args = tuple(flags.get("engine_args") or ()) or None
+    engine_env = tuple(flags.get("engine_env") or ()) or None
     return base.with_overrides(
         model=model,
         engine=flags.get("engine"),
