@@ -56,6 +56,18 @@ class OpenAIStreamParser:
         # (transformers serve, llama.cpp) give the final count there, not a per-chunk one.
         self._continuous = True
 
+    @property
+    def fast_api(self) -> int:
+        """The compiled read path's scan for this stream (loadgen/_fastpath.c): it keeps
+        the regular token events (text, usage, no finish reason) itself, exactly as
+        ``parse`` would build them, and hands every other payload to ``parse``."""
+        return 2 if self._chat else 1
+
+    @property
+    def fast_ok(self) -> bool:
+        """Whether the compiled scan may still read usage as a cumulative count."""
+        return self._continuous
+
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
             return DONE

@@ -25,16 +25,22 @@ read) enforces the silence timeout.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import sys
 import time
-from typing import Literal, cast
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
 from loadgen.recorder import StreamError
 from loadgen.transport import Sink, Timeouts
+
+try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
+    from loadgen import _fastpath
+except ImportError:  # pragma: no cover - exercised where the extension is not built
+    _fastpath = None  # type: ignore[assignment]
 
 _now = time.perf_counter_ns
 
@@ -118,6 +124,7 @@ class _Exchange:
         "got_bytes",
         "last_read_ns",
         "head_only",
+        "fast",
     )
 
     def __init__(self, transport: RawHttpTransport, conn: _Conn, sink: Sink, future: asyncio.Future[None], head_only: bool) -> None:
@@ -132,6 +139,8 @@ class _Exchange:
         self.got_bytes = False
         self.last_read_ns = _now()
         self.head_only = head_only
+        #: The compiled reader of this response's body, once it took over (``_start_fast``).
+        self.fast: Any = None
 
     # -- the hot path ------------------------------------------------------------------
     def on_readable(self) -> None:
@@ -314,6 +323,11 @@ class _Exchange:
         else:
             self.state = _UNTIL_CLOSE
             self.keep_alive = False
+        if self.state == _CHUNK_SIZE and 200 <= status < 300 and self.transport.use_fast:
+            api = getattr(self.sink, "fast_api", 0)
+            if api:
+                self._start_fast(api, ts_ns, rest)
+                return
         if rest and self.state != _DONE:
             try:
                 if self.state == _LENGTH:
@@ -333,6 +347,40 @@ class _Exchange:
         if self.state == _DONE:
             self._complete()
 
+    # -- the compiled path --------------------------------------------------------------
+    def _start_fast(self, api: int, ts_ns: int, rest: bytes) -> None:
+        """Hand the body to ``loadgen._fastpath``: its reader replaces the Python one for
+        this response and calls ``_fast_end`` when the response ends, however it ends."""
+        t = self.transport
+        conn = self.conn
+        fast = _fastpath.FastStream(conn.fd, t.kernel_clock, t.offset_ns, api, self.sink, self._fast_end)
+        self.fast = fast
+        self.sink.use_fast(fast)  # type: ignore[attr-defined]
+        if rest:
+            fast.feed(ts_ns, rest)
+        if not fast.ended:
+            t._loop.add_reader(conn.fd, fast.readable)  # type: ignore[union-attr]
+
+    def _fast_end(self, code: int, message: str | None, keep_alive: bool) -> None:
+        fast = self.fast
+        t = self.transport
+        self.last_read_ns = fast.last_read_ns
+        if fast.last_data_ns >= 0:
+            self.sink.last_data_ns = fast.last_data_ns  # type: ignore[attr-defined]
+        t.user_fallback_reads += fast.fallback_reads
+        if code == 0:
+            self.keep_alive = self.keep_alive and keep_alive
+            self.state = _DONE
+            if self.keep_alive and not self.conn.closed:
+                t._loop.add_reader(self.conn.fd, self.conn.readable)  # type: ignore[union-attr]
+            self._complete()
+        elif code == 1:
+            self._fail(StreamError("stream_reset", "connection closed mid-response"))
+        elif code == 2:
+            self._fail(StreamError("stream_reset", f"connection error mid-response: {message}"))
+        else:
+            self._fail(StreamError("http_protocol", message or "bad chunked framing"))
+
     # -- endings -----------------------------------------------------------------------
     def _eof(self) -> None:
         if self.state == _UNTIL_CLOSE:
@@ -344,6 +392,8 @@ class _Exchange:
             self._fail(StreamError("stream_reset", "connection closed mid-response"))
 
     def _complete(self) -> None:
+        if self.fast is not None:
+            self.fast.close()
         t = self.transport
         t._detach(self)
         if self.keep_alive:
@@ -354,6 +404,8 @@ class _Exchange:
             self.future.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
+        if self.fast is not None:
+            self.fast.close()
         t = self.transport
         t._detach(self)
         t._discard(self.conn)
@@ -368,7 +420,9 @@ class _StaleConnection(Exception):
 class RawHttpTransport:
     """The lean transport (see the module docstring). Plain HTTP only (no TLS)."""
 
-    def __init__(self, base_url: str, timeouts: Timeouts = Timeouts(), clock: Clock = "user") -> None:
+    def __init__(
+        self, base_url: str, timeouts: Timeouts = Timeouts(), clock: Clock = "user", compiled: bool | None = None
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
             raise ValueError(f"the raw transport speaks plain http only, not {parts.scheme!r} (use --transport aiohttp)")
@@ -386,6 +440,13 @@ class RawHttpTransport:
         self.offset_ns = realtime_offset_ns() if self.kernel_clock else 0
         self.user_fallback_reads = 0
         self.connections_opened = 0
+        #: Whether response bodies are read by ``loadgen._fastpath`` when the recorder's
+        #: parser offers a scan (default: when built, unless BENCH_PURE_PYTHON is set).
+        if compiled is None:
+            compiled = not os.environ.get("BENCH_PURE_PYTHON")
+        if compiled and _fastpath is None:
+            compiled = False
+        self.use_fast = compiled
         self._idle: list[_Conn] = []
         self._active: set[_Exchange] = set()
         self._addr: tuple[str, int] | None = None
@@ -560,6 +621,10 @@ class RawHttpTransport:
             self.offset_ns = realtime_offset_ns()
         limit = int(self.timeouts.stall * 1e9)
         now = _now()
+        for e in self._active:
+            if e.fast is not None:  # the compiled reader keeps its own stamps and offset
+                e.last_read_ns = e.fast.last_read_ns
+                e.fast.offset_ns = self.offset_ns
         for ex in [e for e in self._active if now - e.last_read_ns > limit and not e.future.done()]:
             ex._fail(StreamError("timeout", f"no data for {self.timeouts.stall:g} s"))
         self._arm_watchdog()
@@ -580,6 +645,7 @@ class RawHttpTransport:
             "transport": "raw",
             "clock": self.clock,
             "clock_requested": self.requested_clock,
+            "read_path": "compiled" if self.use_fast else "python",
             "kernel_reads_without_timestamp": self.user_fallback_reads,
             "connections_opened": self.connections_opened,
             "pool_limit": "unlimited",

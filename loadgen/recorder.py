@@ -12,8 +12,8 @@ the token accounting once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from adapters.base import EventKind, StreamEvent, StreamParser
 from adapters.sse import SSEFramer
@@ -68,6 +68,16 @@ class DigestQueue:
             rec._digest()
 
 
+class FastStreamLike(Protocol):
+    """What the recorder reads of the compiled path's per-response state
+    (``loadgen._fastpath.FastStream``)."""
+
+    done: int
+    pending: bytes
+
+    def columns(self, kinds: tuple[EventKind, ...], nfields: int) -> tuple[list[int], tuple[list[Any], ...]]: ...
+
+
 class StreamError(Exception):
     """A stream that went wrong in a way the protocol makes visible."""
 
@@ -101,6 +111,7 @@ class RequestRecorder:
         "_raw_ts",
         "_queue",
         "_queued",
+        "_fast",
     )
 
     def __init__(
@@ -134,6 +145,8 @@ class RequestRecorder:
         self._raw_ts: list[int] = []
         self._queue = queue
         self._queued = False
+        #: The compiled read path's state for this response (``use_fast``), if it took it.
+        self._fast: FastStreamLike | None = None
 
     # -- transport callbacks -------------------------------------------------------
     def sent(self, ts_ns: int) -> None:
@@ -162,6 +175,41 @@ class RequestRecorder:
                 queue.add(self)
             elif len(raw) >= DIGEST_EVERY:
                 self._digest()
+
+    # -- the compiled read path (loadgen/_fastpath.c) --------------------------------
+    @property
+    def fast_api(self) -> int:
+        """Which compiled scan suits this response's payloads (0: none; the parser's
+        ``fast_api``). Not when the answer text is kept: the scan does not keep text."""
+        if self._keep_text:
+            return 0
+        return getattr(self._parser, "fast_api", 0)
+
+    def use_fast(self, fast: FastStreamLike) -> None:
+        """The transport reads this response's body through ``fast``: it keeps the
+        regular token events itself and hands the rest here (``fast_special``, or
+        ``data`` for bytes the Python framer must frame)."""
+        self._fast = fast
+
+    def fast_special(self, ts_ns: int, payload: bytes) -> tuple[int, StreamEvent | None]:
+        """One payload the compiled scan did not recognise, parsed by the adapter's own
+        parser exactly as ``_digest`` would. Returns (code, event to keep): code 0 goes
+        on, 1 means the scan may no longer take any payload (the parser's state changed
+        what a regular event means), 2 means stop (the stream failed)."""
+        try:
+            event = self._parser.parse(payload)
+        except Exception as exc:  # a malformed payload fails this request only
+            self._error = StreamError("malformed_chunk", str(exc)[:300])
+            return 2, None
+        if event is not None:
+            kind = event.kind
+            if kind == EventKind.DONE:
+                self._done = True
+                event = None
+            elif kind == EventKind.ERROR:
+                self._error = StreamError(event.error_type or "server_error", event.error_message or "")
+                return 2, event
+        return (0 if getattr(self._parser, "fast_ok", False) else 1), event
 
     def _digest(self) -> None:
         """Frame and parse the reads received so far (off the read path)."""
@@ -211,7 +259,7 @@ class RequestRecorder:
     @property
     def saw_done(self) -> bool:
         self._digest()
-        return self._done
+        return self._done or (self._fast is not None and bool(self._fast.done))
 
     @property
     def answer_text(self) -> str:
@@ -225,13 +273,25 @@ class RequestRecorder:
         self._digest()
         self.end_ns = end_ns
         events = self._events
+        fast = self._fast
         err = self._error or error
         if err is None and self.status is not None and self.status >= 400:
             err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
         # Column-wise (one transposition in C, then scans from the end where these fields
         # sit): the record of a 256-token stream is built in a fraction of the per-event
         # loop's time, which matters when a whole batch of streams ends in one step.
-        cols = tuple(zip(*events)) if events else ((),) * len(StreamEvent._fields)
+        cols: tuple[Sequence[Any], ...] = tuple(zip(*events)) if events else ((),) * _NFIELDS
+        stamps: list[int] = self._ts
+        pending = self._framer.pending
+        done = self._done
+        if fast is not None:
+            # the compiled path's events come first: the Python framer only ever takes over
+            fast_stamps, fast_cols = fast.columns(_FAST_KINDS, _NFIELDS)
+            if fast_stamps:
+                stamps = fast_stamps + stamps if stamps else fast_stamps
+                cols = tuple(f + list(c) for f, c in zip(fast_cols, cols)) if events else fast_cols
+            pending = pending or fast.pending
+            done = done or bool(fast.done)
         finish_reason = _last_set(cols[_FINISH])
         prompt_tokens = _last_set(cols[_PROMPT])
         completion_tokens = _last_set(cols[_COMPLETION])
@@ -240,19 +300,20 @@ class RequestRecorder:
         if err is None and self.status is None:
             err = StreamError("no_response", "no response received")
         if err is None:
-            if requires_done and not self._done:
+            if requires_done and not done:
                 err = StreamError("no_done", "stream ended without its end-of-stream marker")
             elif not requires_done and finish_reason is None:
                 err = StreamError("truncated", "stream ended without a final event")
-            elif self._framer.pending.strip():
+            elif pending.strip():
                 err = StreamError("truncated", "stream ended inside an event")
-        counts, source = _token_counts(events, completion_tokens, cols[_CUMULATIVE])
+        kinds, texts = cols[_KIND], cols[_TEXT]
+        counts, source = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
         first_token = first_content = None
-        for ts, ev, n in zip(self._ts, events, counts):
-            if n > 0 or (source == SOURCE_CHUNKS and ev.kind == EventKind.CONTENT and ev.text):
+        for ts, kind, text, n in zip(stamps, kinds, texts, counts):
+            if n > 0 or (source == SOURCE_CHUNKS and kind == EventKind.CONTENT and text):
                 if first_token is None:
                     first_token = ts
-                if ev.kind != EventKind.REASONING and ev.kind != EventKind.ERROR:
+                if kind != EventKind.REASONING and kind != EventKind.ERROR:
                     first_content = ts
                     break
         spec = self.spec
@@ -266,7 +327,7 @@ class RequestRecorder:
             first_token_ns=first_token,
             first_content_ns=first_content,
             end_ns=end_ns,
-            chunk_ns=self._ts,
+            chunk_ns=stamps,
             chunk_tokens=counts,
             output_tokens=sum(counts),
             token_source=source,
@@ -289,17 +350,23 @@ class RequestRecorder:
         )
 
 
+_NFIELDS = len(StreamEvent._fields)
+_KIND = StreamEvent._fields.index("kind")
+_TEXT = StreamEvent._fields.index("text")
+_TOKENS = StreamEvent._fields.index("tokens")
 _FINISH = StreamEvent._fields.index("finish_reason")
 _PROMPT = StreamEvent._fields.index("prompt_tokens")
 _COMPLETION = StreamEvent._fields.index("completion_tokens")
 _CACHED = StreamEvent._fields.index("cached_tokens")
 _SERVER_ID = StreamEvent._fields.index("server_request_id")
+#: The kinds the compiled scan's codes stand for (0 is a parser event kept whole).
+_FAST_KINDS = (EventKind.EMPTY, EventKind.CONTENT, EventKind.REASONING)
 _CUMULATIVE = StreamEvent._fields.index("cumulative")
 
 _T = TypeVar("_T")
 
 
-def _last_set(column: tuple[_T | None, ...]) -> _T | None:
+def _last_set(column: Sequence[_T | None]) -> _T | None:
     """The last value that is not None (the column of one field over a stream's events)."""
     if column.count(None) == len(column):
         return None
@@ -310,10 +377,14 @@ def _last_set(column: tuple[_T | None, ...]) -> _T | None:
 
 
 def _token_counts(
-    events: list[StreamEvent], final_completion: int | None, cumulative: tuple[int | None, ...]
+    kinds: Sequence[EventKind],
+    texts: Sequence[str],
+    tokens: Sequence[int | None],
+    final_completion: int | None,
+    cumulative: Sequence[int | None],
 ) -> tuple[list[int], str]:
-    """Tokens carried by each event (``cumulative``: the events' cumulative counts, one
-    column of them), and where the numbers came from."""
+    """Tokens carried by each event, from the events' columns (kind, text, tokens,
+    cumulative count), and where the numbers came from."""
     if cumulative.count(None) != len(cumulative):
         counts: list[int] = []
         append = counts.append
@@ -325,19 +396,21 @@ def _token_counts(
             else:
                 append(0)
         return counts, SOURCE_CUMULATIVE
-    if any(ev.tokens is not None for ev in events):
-        return [ev.tokens or 0 for ev in events], SOURCE_PROTOCOL
-    carriers = [i for i, ev in enumerate(events) if ev.text and ev.kind in (EventKind.CONTENT, EventKind.REASONING)]
+    if tokens.count(None) != len(tokens):
+        return [t or 0 for t in tokens], SOURCE_PROTOCOL
+    carriers = [
+        i for i, (kind, text) in enumerate(zip(kinds, texts)) if text and kind in (EventKind.CONTENT, EventKind.REASONING)
+    ]
     if final_completion is not None:
-        counts = [0] * len(events)
+        counts = [0] * len(kinds)
         if carriers:
             base, extra = divmod(final_completion, len(carriers))
             for j, i in enumerate(carriers):
                 counts[i] = base + (1 if j < extra else 0)
-        elif events and final_completion > 0:
+        elif kinds and final_completion > 0:
             counts[-1] = final_completion
         return counts, SOURCE_FINAL_SPREAD
-    counts = [0] * len(events)
+    counts = [0] * len(kinds)
     for i in carriers:
         counts[i] = 1
     return counts, SOURCE_CHUNKS

@@ -36,7 +36,10 @@ def _reference(events: list[StreamEvent]) -> dict[str, object]:
             else:
                 counts.append(0)
     else:
-        counts, _ = _token_counts(events, completion_tokens, tuple(None for _ in events))
+        counts, _ = _token_counts(
+            [ev.kind for ev in events], [ev.text for ev in events], [ev.tokens for ev in events],
+            completion_tokens, [None] * len(events),
+        )
     return {
         "finish_reason": finish_reason,
         "prompt_tokens": prompt_tokens,

@@ -1,0 +1,1218 @@
+/* The compiled per-chunk path of bench's raw HTTP transport (issue 8).
+ *
+ * One FastStream per streamed response, created by loadgen/rawhttp.py once the
+ * response head was parsed (2xx, chunked) and the recorder's parser offers a fast
+ * path. Its ``readable`` is registered with the event loop in place of the Python
+ * reader, so each read costs no Python frame: recv (or recvmsg with the kernel's
+ * receive timestamp), one CLOCK_MONOTONIC stamp (the clock of time.perf_counter_ns),
+ * HTTP/1.1 chunk de-framing, SSE framing, and a validating JSON scan of each payload.
+ *
+ * The scan only *recognises* the common token event of an OpenAI-style stream (one
+ * choice with non-empty text, finish_reason null, usage with an integer
+ * completion_tokens) and keeps its few numbers in a C array. Every other payload (the
+ * role event, the final event, usage-only events, errors, anything unusual or that
+ * might not be valid JSON) goes to the adapter's own Python parser through
+ * ``sink.fast_special(ts, payload)``, which returns (code, event). So the adapter's
+ * parser stays the one definition; this file must only ever agree with it, and
+ * tests/test_fastpath.py checks that it does, payload by payload and stream by stream.
+ *
+ * A body containing '\r' (CRLF-framed SSE) is handed, from that point on, to the
+ * recorder's Python framer (``sink.data``); the HTTP framing stays here.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+
+#ifndef SO_TIMESTAMPNS
+#define SO_TIMESTAMPNS 35
+#endif
+#ifndef SCM_TIMESTAMPNS
+#define SCM_TIMESTAMPNS SO_TIMESTAMPNS
+#endif
+
+#define READ_SIZE 65536
+/* Reads happen on the event loop's thread with the GIL held: one buffer serves all. */
+static char read_buf[READ_SIZE];
+
+static inline int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* growable byte buffer                                                               */
+
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+} bbuf;
+
+static int bbuf_add(bbuf *b, const char *s, Py_ssize_t n) {
+    if (n <= 0) return 0;
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n) cap *= 2;
+        char *p = PyMem_Realloc(b->p, cap);
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+static void bbuf_free(bbuf *b) {
+    PyMem_Free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* the JSON scan: recognise the regular OpenAI token event, validate it fully           */
+
+enum { SPECIAL = 0, REGULAR = 1 };
+enum { KIND_SPECIAL = 0, KIND_CONTENT = 1, KIND_REASONING = 2 };
+enum { API_COMPLETIONS = 1, API_CHAT = 2 };
+#define MAX_DEPTH 128
+
+typedef struct {
+    const unsigned char *s;
+    Py_ssize_t i, n;
+} scan_t;
+
+typedef struct {
+    int kind;
+    int64_t cum, prompt, cached; /* -1: absent or null */
+    Py_ssize_t id_start, id_len; /* id_len -1: absent or null */
+} regular_t;
+
+static inline void ws(scan_t *sc) {
+    while (sc->i < sc->n) {
+        unsigned char c = sc->s[sc->i];
+        if (c == ' ' || c == '\n' || c == '\r' || c == '\t')
+            sc->i++;
+        else
+            break;
+    }
+}
+
+static inline int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* A JSON string at sc->i (the opening quote). Returns 0 when valid (UTF-8, escapes,
+ * no control characters) and gives the span between the quotes and whether it has
+ * escapes; -1 when invalid (a lone \u surrogate escape included, as orjson refuses it). */
+static int scan_string(scan_t *sc, Py_ssize_t *start, Py_ssize_t *len, int *esc) {
+    const unsigned char *s = sc->s;
+    Py_ssize_t i = sc->i, n = sc->n;
+    if (i >= n || s[i] != '"') return -1;
+    i++;
+    Py_ssize_t b = i;
+    int e = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c == '"') {
+            *start = b;
+            *len = i - b;
+            *esc = e;
+            sc->i = i + 1;
+            return 0;
+        }
+        if (c == '\\') {
+            e = 1;
+            if (i + 1 >= n) return -1;
+            unsigned char d = s[i + 1];
+            if (d == 'u') {
+                if (i + 5 >= n) return -1;
+                int v = 0;
+                for (int k = 2; k < 6; k++) {
+                    int h = hexval(s[i + k]);
+                    if (h < 0) return -1;
+                    v = v * 16 + h;
+                }
+                if (v >= 0xDC00 && v <= 0xDFFF) return -1; /* a low surrogate first */
+                if (v >= 0xD800 && v <= 0xDBFF) {          /* must pair with a low one */
+                    if (i + 11 >= n || s[i + 6] != '\\' || s[i + 7] != 'u') return -1;
+                    int w = 0;
+                    for (int k = 8; k < 12; k++) {
+                        int h = hexval(s[i + k]);
+                        if (h < 0) return -1;
+                        w = w * 16 + h;
+                    }
+                    if (w < 0xDC00 || w > 0xDFFF) return -1;
+                    i += 12;
+                    continue;
+                }
+                i += 6;
+                continue;
+            }
+            if (d == '"' || d == '\\' || d == '/' || d == 'b' || d == 'f' || d == 'n' || d == 'r' || d == 't') {
+                i += 2;
+                continue;
+            }
+            return -1;
+        }
+        if (c < 0x20) return -1;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        /* UTF-8: no overlongs, no surrogates, nothing above U+10FFFF */
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return -1;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (i + 2 >= n) return -1;
+            unsigned char c1 = s[i + 1], c2 = s[i + 2];
+            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80) return -1;
+            if (c == 0xE0 && c1 < 0xA0) return -1;
+            if (c == 0xED && c1 >= 0xA0) return -1;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (i + 3 >= n) return -1;
+            unsigned char c1 = s[i + 1], c2 = s[i + 2], c3 = s[i + 3];
+            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80 || (c3 & 0xC0) != 0x80) return -1;
+            if (c == 0xF0 && c1 < 0x90) return -1;
+            if (c == 0xF4 && c1 >= 0x90) return -1;
+            i += 4;
+        } else {
+            return -1;
+        }
+    }
+    return -1;
+}
+
+/* A JSON number. Returns 0 when valid; *plain is set for a non-negative integer
+ * without fraction or exponent that fits comfortably in int64 (its value in *value).
+ * Numbers that might overflow a double return -1 (Python decides). */
+static int scan_number(scan_t *sc, int *plain, int64_t *value) {
+    const unsigned char *s = sc->s;
+    Py_ssize_t i = sc->i, n = sc->n, digits_at;
+    int neg = 0, frac = 0;
+    if (i < n && s[i] == '-') {
+        neg = 1;
+        i++;
+    }
+    digits_at = i;
+    if (i >= n) return -1;
+    if (s[i] == '0') {
+        i++;
+    } else if (s[i] >= '1' && s[i] <= '9') {
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    } else {
+        return -1;
+    }
+    Py_ssize_t int_end = i;
+    if (i < n && s[i] == '.') {
+        frac = 1;
+        i++;
+        if (i >= n || s[i] < '0' || s[i] > '9') return -1;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    int expo = 0;
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        /* valid unless it overflows a double (orjson refuses infinities): with at most
+         * 300 characters, only a large positive exponent can */
+        int eneg = 0;
+        long e = 0;
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) eneg = s[i++] == '-';
+        if (i >= n || s[i] < '0' || s[i] > '9') return -1;
+        while (i < n && s[i] >= '0' && s[i] <= '9') {
+            if (e < 100000) e = e * 10 + (s[i] - '0');
+            i++;
+        }
+        if (!eneg && (int_end - digits_at) + e > 300) return -1;
+        expo = 1;
+    }
+    if (i - sc->i > 300) return -1;
+    *plain = 0;
+    if (!neg && !frac && !expo && int_end - digits_at <= 18) {
+        int64_t v = 0;
+        for (Py_ssize_t k = digits_at; k < int_end; k++) v = v * 10 + (s[k] - '0');
+        *plain = 1;
+        *value = v;
+    }
+    sc->i = i;
+    return 0;
+}
+
+static int scan_value(scan_t *sc, int depth);
+
+static int scan_literal(scan_t *sc, const char *lit, Py_ssize_t len) {
+    if (sc->n - sc->i < len || memcmp(sc->s + sc->i, lit, len) != 0) return -1;
+    sc->i += len;
+    return 0;
+}
+
+/* Any JSON value (validated, contents ignored). */
+static int scan_value(scan_t *sc, int depth) {
+    if (depth > MAX_DEPTH) return -1;
+    ws(sc);
+    if (sc->i >= sc->n) return -1;
+    unsigned char c = sc->s[sc->i];
+    Py_ssize_t st, ln;
+    int esc, plain;
+    int64_t v;
+    switch (c) {
+    case '"':
+        return scan_string(sc, &st, &ln, &esc);
+    case '{':
+        sc->i++;
+        ws(sc);
+        if (sc->i < sc->n && sc->s[sc->i] == '}') {
+            sc->i++;
+            return 0;
+        }
+        for (;;) {
+            ws(sc);
+            if (scan_string(sc, &st, &ln, &esc) < 0) return -1;
+            ws(sc);
+            if (sc->i >= sc->n || sc->s[sc->i] != ':') return -1;
+            sc->i++;
+            if (scan_value(sc, depth + 1) < 0) return -1;
+            ws(sc);
+            if (sc->i >= sc->n) return -1;
+            if (sc->s[sc->i] == ',') {
+                sc->i++;
+                continue;
+            }
+            if (sc->s[sc->i] == '}') {
+                sc->i++;
+                return 0;
+            }
+            return -1;
+        }
+    case '[':
+        sc->i++;
+        ws(sc);
+        if (sc->i < sc->n && sc->s[sc->i] == ']') {
+            sc->i++;
+            return 0;
+        }
+        for (;;) {
+            if (scan_value(sc, depth + 1) < 0) return -1;
+            ws(sc);
+            if (sc->i >= sc->n) return -1;
+            if (sc->s[sc->i] == ',') {
+                sc->i++;
+                continue;
+            }
+            if (sc->s[sc->i] == ']') {
+                sc->i++;
+                return 0;
+            }
+            return -1;
+        }
+    case 't':
+        return scan_literal(sc, "true", 4);
+    case 'f':
+        return scan_literal(sc, "false", 5);
+    case 'n':
+        return scan_literal(sc, "null", 4);
+    default:
+        return scan_number(sc, &plain, &v);
+    }
+}
+
+static inline int key_is(scan_t *sc, Py_ssize_t st, Py_ssize_t ln, const char *k, Py_ssize_t kl) {
+    return ln == kl && memcmp(sc->s + st, k, kl) == 0;
+}
+
+static inline int at(scan_t *sc, unsigned char c) {
+    ws(sc);
+    return sc->i < sc->n && sc->s[sc->i] == c;
+}
+
+static inline int is_null(scan_t *sc) {
+    ws(sc);
+    if (sc->n - sc->i >= 4 && memcmp(sc->s + sc->i, "null", 4) == 0) {
+        sc->i += 4;
+        return 1;
+    }
+    return 0;
+}
+
+/* Iterates an object's members: ``body`` sees the key span (escape-free) and must
+ * consume the value or return SPECIAL (-1 invalid is also SPECIAL). */
+#define OBJECT_MEMBERS(sc, KST, KLN, ...)                                        \
+    do {                                                                         \
+        if (!at(sc, '{')) return SPECIAL;                                        \
+        (sc)->i++;                                                               \
+        if (at(sc, '}')) {                                                       \
+            (sc)->i++;                                                           \
+            break;                                                               \
+        }                                                                        \
+        for (;;) {                                                               \
+            Py_ssize_t KST, KLN;                                                 \
+            int kesc_;                                                           \
+            ws(sc);                                                              \
+            if (scan_string(sc, &KST, &KLN, &kesc_) < 0 || kesc_) return SPECIAL; \
+            if (!at(sc, ':')) return SPECIAL;                                    \
+            (sc)->i++;                                                           \
+            ws(sc);                                                              \
+            __VA_ARGS__                                                          \
+            if (at(sc, ',')) {                                                   \
+                (sc)->i++;                                                       \
+                continue;                                                        \
+            }                                                                    \
+            if (at(sc, '}')) {                                                   \
+                (sc)->i++;                                                       \
+                break;                                                           \
+            }                                                                    \
+            return SPECIAL;                                                      \
+        }                                                                        \
+    } while (0)
+
+#define GENERIC_VALUE(sc, depth) \
+    if (scan_value(sc, depth) < 0) return SPECIAL;
+
+/* an optional non-negative integer: null -> -1 */
+static int opt_int(scan_t *sc, int64_t *out) {
+    if (is_null(sc)) {
+        *out = -1;
+        return 0;
+    }
+    int plain = 0;
+    int64_t v = 0;
+    if (!(sc->i < sc->n && (sc->s[sc->i] == '-' || (sc->s[sc->i] >= '0' && sc->s[sc->i] <= '9')))) return -1;
+    if (scan_number(sc, &plain, &v) < 0 || !plain) return -1;
+    *out = v;
+    return 0;
+}
+
+/* a string that Python would see as: 0 absent/null/"", 1 non-empty string; -1 other */
+static int text_value(scan_t *sc) {
+    if (is_null(sc)) return 0;
+    Py_ssize_t st, ln;
+    int esc;
+    if (!at(sc, '"')) return -1;
+    if (scan_string(sc, &st, &ln, &esc) < 0) return -1;
+    return ln > 0;
+}
+
+static int scan_details(scan_t *sc, regular_t *r) {
+    int seen_cached = 0;
+    OBJECT_MEMBERS(sc, kst, kln, {
+        if (key_is(sc, kst, kln, "cached_tokens", 13)) {
+            if (seen_cached++ || opt_int(sc, &r->cached) < 0) return SPECIAL;
+        } else {
+            GENERIC_VALUE(sc, 3)
+        }
+    });
+    return REGULAR;
+}
+
+static int scan_usage(scan_t *sc, regular_t *r) {
+    int seen_c = 0, seen_p = 0, seen_d = 0, members = 0;
+    OBJECT_MEMBERS(sc, kst, kln, {
+        members++;
+        if (key_is(sc, kst, kln, "completion_tokens", 17)) {
+            if (seen_c++ || opt_int(sc, &r->cum) < 0 || r->cum < 0) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "prompt_tokens", 13)) {
+            if (seen_p++ || opt_int(sc, &r->prompt) < 0) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "prompt_tokens_details", 21)) {
+            if (seen_d++) return SPECIAL;
+            if (!is_null(sc) && scan_details(sc, r) != REGULAR) return SPECIAL;
+        } else {
+            GENERIC_VALUE(sc, 2)
+        }
+    });
+    return (members && seen_c) ? REGULAR : SPECIAL;
+}
+
+static int scan_delta(scan_t *sc, regular_t *r) {
+    int content = 0, reasoning_content = 0, reasoning = 0;
+    int seen_c = 0, seen_rc = 0, seen_r = 0, seen_t = 0;
+    OBJECT_MEMBERS(sc, kst, kln, {
+        if (key_is(sc, kst, kln, "content", 7)) {
+            if (seen_c++ || (content = text_value(sc)) < 0) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "reasoning_content", 17)) {
+            if (seen_rc++ || (reasoning_content = text_value(sc)) < 0) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "reasoning", 9)) {
+            if (seen_r++ || (reasoning = text_value(sc)) < 0) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "tool_calls", 10)) {
+            if (seen_t++ || !is_null(sc)) return SPECIAL;
+        } else {
+            GENERIC_VALUE(sc, 4)
+        }
+    });
+    if (content)
+        r->kind = KIND_CONTENT;
+    else if (reasoning_content || reasoning)
+        r->kind = KIND_REASONING;
+    else
+        return SPECIAL; /* role-only, empty or tool-call deltas: the parser decides */
+    return REGULAR;
+}
+
+static int scan_choice(scan_t *sc, regular_t *r, int api) {
+    int seen_text = 0, seen_finish = 0, seen_delta = 0, text = 0;
+    OBJECT_MEMBERS(sc, kst, kln, {
+        if (key_is(sc, kst, kln, "finish_reason", 13)) {
+            if (seen_finish++ || !is_null(sc)) return SPECIAL;
+        } else if (api == API_COMPLETIONS && key_is(sc, kst, kln, "text", 4)) {
+            if (seen_text++ || (text = text_value(sc)) < 0) return SPECIAL;
+        } else if (api == API_CHAT && key_is(sc, kst, kln, "delta", 5)) {
+            if (seen_delta++ || scan_delta(sc, r) != REGULAR) return SPECIAL;
+        } else {
+            GENERIC_VALUE(sc, 3)
+        }
+    });
+    if (api == API_COMPLETIONS) {
+        if (!text) return SPECIAL;
+        r->kind = KIND_CONTENT;
+        return REGULAR;
+    }
+    return seen_delta ? REGULAR : SPECIAL;
+}
+
+static int scan_choices(scan_t *sc, regular_t *r, int api) {
+    if (!at(sc, '[')) return SPECIAL;
+    sc->i++;
+    if (at(sc, ']')) return SPECIAL; /* no choices: a usage-only or empty event */
+    if (scan_choice(sc, r, api) != REGULAR) return SPECIAL;
+    for (;;) {
+        if (at(sc, ',')) {
+            sc->i++;
+            if (scan_value(sc, 2) < 0) return SPECIAL;
+            continue;
+        }
+        if (at(sc, ']')) {
+            sc->i++;
+            return REGULAR;
+        }
+        return SPECIAL;
+    }
+}
+
+static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
+    scan_t sc = {(const unsigned char *)p, 0, n};
+    int seen_choices = 0, seen_usage = 0, seen_id = 0, seen_object = 0;
+    r->kind = KIND_SPECIAL;
+    r->cum = r->prompt = r->cached = -1;
+    r->id_start = 0;
+    r->id_len = -1;
+    OBJECT_MEMBERS(&sc, kst, kln, {
+        if (key_is(&sc, kst, kln, "choices", 7)) {
+            if (seen_choices++ || scan_choices(&sc, r, api) != REGULAR) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "usage", 5)) {
+            if (seen_usage++ || scan_usage(&sc, r) != REGULAR) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "id", 2)) {
+            if (seen_id++) return SPECIAL;
+            if (!is_null(&sc)) {
+                int esc;
+                if (!at(&sc, '"') || scan_string(&sc, &r->id_start, &r->id_len, &esc) < 0 || esc) return SPECIAL;
+            }
+        } else if (key_is(&sc, kst, kln, "object", 6)) {
+            Py_ssize_t st, ln;
+            int esc;
+            if (seen_object++) return SPECIAL;
+            if (at(&sc, '"')) {
+                if (scan_string(&sc, &st, &ln, &esc) < 0 || esc) return SPECIAL;
+                if (ln == 5 && memcmp(sc.s + st, "error", 5) == 0) return SPECIAL;
+            } else {
+                GENERIC_VALUE(&sc, 1)
+            }
+        } else if (key_is(&sc, kst, kln, "error", 5)) {
+            return SPECIAL;
+        } else {
+            GENERIC_VALUE(&sc, 1)
+        }
+    });
+    ws(&sc);
+    if (sc.i != sc.n) return SPECIAL; /* trailing bytes: not one JSON value */
+    if (!seen_choices || !seen_usage || r->cum < 0) return SPECIAL;
+    return REGULAR;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* FastStream                                                                          */
+
+typedef struct {
+    int64_t ts, cum, prompt, cached;
+    PyObject *obj; /* special: the parser's event; regular: its id (str) or NULL */
+    int kind;
+} ev_t;
+
+enum { H_SIZE, H_DATA, H_CRLF, H_TRAILER, H_DONE };
+enum { END_COMPLETE = 0, END_EOF = 1, END_OSERROR = 2, END_PROTOCOL = 3 };
+
+typedef struct {
+    PyObject_HEAD int fd;
+    int kernel_clock;
+    int api;
+    long long offset_ns;
+    long long last_read_ns;
+    long long last_data_ns;
+    long long fallback_reads;
+    long long reads;
+    PyObject *sink;
+    PyObject *on_end;
+    int hstate;
+    long long remaining;
+    bbuf line;    /* a partial chunk-size or trailer line */
+    bbuf pending; /* SSE bytes after the last complete event */
+    bbuf pyout;   /* bytes for the Python framer (after a hand-over), per read */
+    bbuf joined;  /* a multi-line data field, joined */
+    int handed_over;
+    int regular_ok;
+    int stopped;
+    int done;
+    int id_found;
+    int ended;
+    ev_t *ev;
+    Py_ssize_t nev, cap;
+} FastStream;
+
+static int fs_push(FastStream *self, ev_t *e) {
+    if (self->nev == self->cap) {
+        Py_ssize_t cap = self->cap ? self->cap * 2 : 64;
+        ev_t *p = PyMem_Realloc(self->ev, cap * sizeof(ev_t));
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->ev = p;
+        self->cap = cap;
+    }
+    self->ev[self->nev++] = *e;
+    return 0;
+}
+
+/* one SSE data payload */
+static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n) {
+    if (self->stopped) return 0;
+    if (n == 6 && memcmp(p, "[DONE]", 6) == 0) {
+        self->done = 1;
+        return 0;
+    }
+    if (self->regular_ok) {
+        regular_t r;
+        if (classify(p, n, self->api, &r) == REGULAR) {
+            ev_t e = {ts, r.cum, r.prompt, r.cached, NULL, r.kind};
+            if (!self->id_found && r.id_len >= 0) {
+                e.obj = PyUnicode_DecodeUTF8(p + r.id_start, r.id_len, "strict");
+                if (!e.obj) return -1;
+                self->id_found = 1;
+            }
+            if (fs_push(self, &e) < 0) {
+                Py_XDECREF(e.obj);
+                return -1;
+            }
+            return 0;
+        }
+    }
+    /* the parser's own business */
+    if (!self->sink) return 0; /* closed meanwhile */
+    PyObject *res = PyObject_CallMethod(self->sink, "fast_special", "Ly#", (long long)ts, p, n);
+    if (!res) return -1;
+    long code = 0;
+    PyObject *event = Py_None;
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
+        Py_DECREF(res);
+        PyErr_SetString(PyExc_TypeError, "fast_special must return (code, event)");
+        return -1;
+    }
+    code = PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
+    event = PyTuple_GET_ITEM(res, 1);
+    if (code == -1 && PyErr_Occurred()) {
+        Py_DECREF(res);
+        return -1;
+    }
+    if (event != Py_None) {
+        ev_t e = {ts, -1, -1, -1, event, KIND_SPECIAL};
+        Py_INCREF(event);
+        if (fs_push(self, &e) < 0) {
+            Py_DECREF(event);
+            Py_DECREF(res);
+            return -1;
+        }
+        if (!self->id_found) {
+            /* the first id the record keeps is the first one set, in event order */
+            PyObject *sid = PySequence_GetItem(event, 8);
+            if (!sid) {
+                Py_DECREF(res);
+                return -1;
+            }
+            self->id_found = sid != Py_None;
+            Py_DECREF(sid);
+        }
+    }
+    Py_DECREF(res);
+    if (code == 1) self->regular_ok = 0;
+    if (code == 2) self->stopped = 1;
+    return 0;
+}
+
+/* one SSE block (the bytes between two blank lines), as adapters/sse.py reads it */
+static int fs_block(FastStream *self, int64_t ts, const char *b, Py_ssize_t n) {
+    if (n == 0) return 0;
+    if (n >= 5 && memcmp(b, "data:", 5) == 0 && !memchr(b, '\n', n)) {
+        const char *p = b + 5;
+        Py_ssize_t m = n - 5;
+        if (m && *p == ' ') {
+            p++;
+            m--;
+        }
+        return fs_payload(self, ts, p, m);
+    }
+    self->joined.len = 0;
+    int lines = 0;
+    Py_ssize_t i = 0;
+    while (i <= n) {
+        const char *nl = i < n ? memchr(b + i, '\n', n - i) : NULL;
+        Py_ssize_t e = nl ? nl - b : n;
+        if (e - i >= 5 && memcmp(b + i, "data:", 5) == 0) {
+            Py_ssize_t s = i + 5;
+            if (s < e && b[s] == ' ') s++;
+            if (lines++ && bbuf_add(&self->joined, "\n", 1) < 0) return -1;
+            if (bbuf_add(&self->joined, b + s, e - s) < 0) return -1;
+        }
+        if (!nl) break;
+        i = e + 1;
+    }
+    if (!lines) return 0;
+    return fs_payload(self, ts, self->joined.p ? self->joined.p : "", self->joined.len);
+}
+
+/* SSE bytes of the body (no '\r' in them) */
+static int fs_sse(FastStream *self, int64_t ts, const char *p, Py_ssize_t n) {
+    const char *buf = p;
+    Py_ssize_t len = n;
+    if (self->pending.len) {
+        if (bbuf_add(&self->pending, p, n) < 0) return -1;
+        buf = self->pending.p;
+        len = self->pending.len;
+    }
+    Py_ssize_t start = 0;
+    for (;;) {
+        const char *hit = NULL;
+        Py_ssize_t k = start;
+        while (k + 1 < len) {
+            const char *nl = memchr(buf + k, '\n', len - k - 1);
+            if (!nl) break;
+            if (nl[1] == '\n') {
+                hit = nl;
+                break;
+            }
+            k = nl - buf + 1;
+        }
+        if (!hit) break;
+        Py_ssize_t end = hit - buf;
+        if (fs_block(self, ts, buf + start, end - start) < 0) return -1;
+        start = end + 2;
+        if (self->stopped) {
+            start = len;
+            break;
+        }
+    }
+    if (buf == self->pending.p) {
+        memmove(self->pending.p, self->pending.p + start, len - start);
+        self->pending.len = len - start;
+    } else if (start < len) {
+        if (bbuf_add(&self->pending, buf + start, len - start) < 0) return -1;
+    }
+    return 0;
+}
+
+/* de-chunked body bytes */
+static int fs_body(FastStream *self, int64_t ts, const char *p, Py_ssize_t n) {
+    if (n <= 0 || self->stopped) return 0;
+    self->last_data_ns = ts;
+    if (!self->handed_over && memchr(p, '\r', n)) {
+        /* CRLF-framed events: the Python framer takes over from the last complete event */
+        self->handed_over = 1;
+        if (bbuf_add(&self->pyout, self->pending.p, self->pending.len) < 0) return -1;
+        self->pending.len = 0;
+    }
+    if (self->handed_over) return bbuf_add(&self->pyout, p, n);
+    return fs_sse(self, ts, p, n);
+}
+
+static int fs_flush_py(FastStream *self, int64_t ts) {
+    if (!self->pyout.len) return 0;
+    if (!self->sink) { /* closed meanwhile */
+        self->pyout.len = 0;
+        return 0;
+    }
+    PyObject *r = PyObject_CallMethod(self->sink, "data", "Ly#", (long long)ts, self->pyout.p, self->pyout.len);
+    self->pyout.len = 0;
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static void fs_release(FastStream *self) {
+    self->ended = 1;
+    Py_CLEAR(self->sink);
+    Py_CLEAR(self->on_end);
+}
+
+static int fs_end(FastStream *self, int code, PyObject *message, int keep_alive) {
+    PyObject *cb = self->on_end;
+    if (self->ended || !cb) return 0;
+    Py_INCREF(cb);
+    fs_release(self);
+    PyObject *r = PyObject_CallFunction(cb, "iOO", code, message ? message : Py_None, keep_alive ? Py_True : Py_False);
+    Py_DECREF(cb);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int parse_size(const char *s, Py_ssize_t n, long long *size) {
+    const char *semi = memchr(s, ';', n);
+    Py_ssize_t m = semi ? semi - s : n;
+    if (m >= 1 && m <= 15) {
+        long long v = 0;
+        Py_ssize_t k;
+        for (k = 0; k < m; k++) {
+            int h = hexval((unsigned char)s[k]);
+            if (h < 0) break;
+            v = v * 16 + h;
+        }
+        if (k == m) {
+            *size = v;
+            return 0;
+        }
+    }
+    /* what int(line, 16) accepts (spaces, 0x, underscores) or refuses */
+    PyObject *b = PyBytes_FromStringAndSize(s, m);
+    if (!b) return -1;
+    PyObject *v = PyObject_CallFunction((PyObject *)&PyLong_Type, "Oi", b, 16);
+    Py_DECREF(b);
+    if (!v) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError)) return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (x < 0) return 1;
+    *size = x;
+    return 0;
+}
+
+static int fs_protocol_error(FastStream *self, const char *line, Py_ssize_t n) {
+    PyObject *b = PyBytes_FromStringAndSize(line, n > 40 ? 40 : n);
+    if (!b) return -1;
+    PyObject *msg = PyUnicode_FromFormat("bad chunk size line %R", b);
+    Py_DECREF(b);
+    if (!msg) return -1;
+    int r = fs_end(self, END_PROTOCOL, msg, 0);
+    Py_DECREF(msg);
+    return r;
+}
+
+/* one read's bytes: HTTP chunk framing, then the body */
+static int fs_process(FastStream *self, int64_t ts, const char *data, Py_ssize_t n) {
+    bbuf joined = {NULL, 0, 0};
+    if (self->line.len) {
+        if (bbuf_add(&joined, self->line.p, self->line.len) < 0 || bbuf_add(&joined, data, n) < 0) {
+            bbuf_free(&joined);
+            return -1;
+        }
+        self->line.len = 0;
+        data = joined.p;
+        n = joined.len;
+    }
+    Py_ssize_t pos = 0;
+    int rc = 0;
+    while (pos < n && self->hstate != H_DONE) {
+        if (self->hstate == H_SIZE || self->hstate == H_TRAILER) {
+            const char *nl = NULL;
+            for (Py_ssize_t k = pos; k + 1 < n; k++) {
+                const char *c = memchr(data + k, '\r', n - k - 1);
+                if (!c) break;
+                if (c[1] == '\n') {
+                    nl = c;
+                    break;
+                }
+                k = c - data;
+            }
+            if (!nl) {
+                if (n - pos > 4096) {
+                    rc = fs_protocol_error(self, data + pos, n - pos);
+                    goto out;
+                }
+                if (bbuf_add(&self->line, data + pos, n - pos) < 0) rc = -1;
+                pos = n;
+                break;
+            }
+            Py_ssize_t e = nl - data;
+            if (self->hstate == H_TRAILER) {
+                if (e == pos) self->hstate = H_DONE;
+                pos = e + 2;
+                continue;
+            }
+            long long size = 0;
+            int pr = parse_size(data + pos, e - pos, &size);
+            if (pr < 0) {
+                rc = -1;
+                goto out;
+            }
+            if (pr > 0) {
+                rc = fs_protocol_error(self, data + pos, e - pos);
+                goto out;
+            }
+            pos = e + 2;
+            if (size == 0) {
+                self->hstate = H_TRAILER;
+            } else {
+                self->remaining = size;
+                self->hstate = H_DATA;
+            }
+        } else if (self->hstate == H_DATA) {
+            Py_ssize_t take = n - pos < self->remaining ? n - pos : (Py_ssize_t)self->remaining;
+            if (fs_body(self, ts, data + pos, take) < 0) {
+                rc = -1;
+                goto out;
+            }
+            pos += take;
+            self->remaining -= take;
+            if (!self->remaining) {
+                self->remaining = 2;
+                self->hstate = H_CRLF;
+            }
+        } else { /* H_CRLF: the two bytes that close a data chunk */
+            Py_ssize_t skip = n - pos < self->remaining ? n - pos : (Py_ssize_t)self->remaining;
+            pos += skip;
+            self->remaining -= skip;
+            if (!self->remaining) self->hstate = H_SIZE;
+        }
+    }
+    if (fs_flush_py(self, ts) < 0) {
+        rc = -1;
+        goto out;
+    }
+    if (self->hstate == H_DONE) rc = fs_end(self, END_COMPLETE, NULL, pos >= n);
+out:
+    bbuf_free(&joined);
+    return rc;
+}
+
+static PyObject *FS_readable(FastStream *self, PyObject *unused) {
+    if (self->ended) Py_RETURN_NONE;
+    ssize_t n;
+    int64_t ts;
+    if (self->kernel_clock) {
+        struct iovec iov = {read_buf, READ_SIZE};
+        union {
+            char buf[CMSG_SPACE(sizeof(struct timespec))];
+            struct cmsghdr align;
+        } anc;
+        struct msghdr msg;
+        memset(&msg, 0, sizeof(msg));
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = anc.buf;
+        msg.msg_controllen = sizeof(anc.buf);
+        n = recvmsg(self->fd, &msg, 0);
+        ts = mono_ns();
+        if (n > 0) {
+            int found = 0;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+                    struct timespec k;
+                    memcpy(&k, CMSG_DATA(c), sizeof(k));
+                    int64_t kts = (int64_t)k.tv_sec * 1000000000LL + k.tv_nsec - self->offset_ns;
+                    if (kts < ts) ts = kts; /* never after the moment it was read */
+                    found = 1;
+                    break;
+                }
+            }
+            if (!found) self->fallback_reads++;
+        }
+    } else {
+        n = recv(self->fd, read_buf, READ_SIZE, 0);
+        ts = mono_ns();
+    }
+    if (n < 0) {
+        int err = errno;
+        if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) Py_RETURN_NONE;
+        PyObject *msg = PyUnicode_FromFormat("[Errno %d] %s", err, strerror(err));
+        if (!msg) return NULL;
+        int r = fs_end(self, END_OSERROR, msg, 0);
+        Py_DECREF(msg);
+        if (r < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    self->last_read_ns = ts;
+    self->reads++;
+    if (n == 0) {
+        if (fs_end(self, END_EOF, NULL, 0) < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (fs_process(self, ts, read_buf, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *FS_feed(FastStream *self, PyObject *args) {
+    long long ts;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "Ly*", &ts, &buf)) return NULL;
+    if (!self->ended) self->last_read_ns = ts; /* the read these bytes came with */
+    int r = self->ended ? 0 : fs_process(self, ts, buf.buf, buf.len);
+    PyBuffer_Release(&buf);
+    if (r < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *FS_close(FastStream *self, PyObject *unused) {
+    fs_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *int_or_none(int64_t v) {
+    if (v < 0) Py_RETURN_NONE;
+    return PyLong_FromLongLong(v);
+}
+
+/* (stamps, columns): the events in order, one list per StreamEvent field. */
+static PyObject *FS_columns(FastStream *self, PyObject *args) {
+    PyObject *kinds;
+    Py_ssize_t nfields;
+    if (!PyArg_ParseTuple(args, "O!n", &PyTuple_Type, &kinds, &nfields)) return NULL;
+    if (PyTuple_GET_SIZE(kinds) != 3 || nfields < 9) {
+        PyErr_SetString(PyExc_ValueError, "columns((special, content, reasoning), nfields >= 9)");
+        return NULL;
+    }
+    /* the StreamEvent field order this relies on (adapters/base.py, checked by tests) */
+    enum { F_KIND, F_TEXT, F_TOKENS, F_CUM, F_FINISH, F_PROMPT, F_COMPLETION, F_CACHED, F_ID };
+    Py_ssize_t n = self->nev;
+    PyObject *stamps = PyList_New(n);
+    PyObject *cols = PyTuple_New(nfields);
+    if (!stamps || !cols) goto fail;
+    for (Py_ssize_t f = 0; f < nfields; f++) {
+        PyObject *l = PyList_New(n);
+        if (!l) goto fail;
+        PyTuple_SET_ITEM(cols, f, l);
+    }
+    PyObject *empty = PyUnicode_New(0, 0);
+    if (!empty) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ev_t *e = &self->ev[i];
+        PyObject *t = PyLong_FromLongLong(e->ts);
+        if (!t) {
+            Py_DECREF(empty);
+            goto fail;
+        }
+        PyList_SET_ITEM(stamps, i, t);
+        for (Py_ssize_t f = 0; f < nfields; f++) {
+            PyObject *v;
+            if (e->kind == KIND_SPECIAL) {
+                v = PySequence_GetItem(e->obj, f);
+            } else {
+                switch (f) {
+                case F_KIND:
+                    v = PyTuple_GET_ITEM(kinds, e->kind);
+                    Py_INCREF(v);
+                    break;
+                case F_TEXT:
+                    v = empty;
+                    Py_INCREF(v);
+                    break;
+                case F_CUM:
+                    v = int_or_none(e->cum);
+                    break;
+                case F_PROMPT:
+                    v = int_or_none(e->prompt);
+                    break;
+                case F_CACHED:
+                    v = int_or_none(e->cached);
+                    break;
+                case F_ID:
+                    v = e->obj ? e->obj : Py_None;
+                    Py_INCREF(v);
+                    break;
+                default:
+                    v = Py_None;
+                    Py_INCREF(v);
+                }
+            }
+            if (!v) {
+                Py_DECREF(empty);
+                goto fail;
+            }
+            PyList_SET_ITEM(PyTuple_GET_ITEM(cols, f), i, v);
+        }
+    }
+    Py_DECREF(empty);
+    return Py_BuildValue("(NN)", stamps, cols);
+fail:
+    Py_XDECREF(stamps);
+    Py_XDECREF(cols);
+    return NULL;
+}
+
+static PyObject *FS_get_pending(FastStream *self, void *closure) {
+    return PyBytes_FromStringAndSize(self->pending.p ? self->pending.p : "", self->pending.len);
+}
+
+static PyObject *FS_get_count(FastStream *self, void *closure) { return PyLong_FromSsize_t(self->nev); }
+
+static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"fd", "kernel_clock", "offset_ns", "api", "sink", "on_end", NULL};
+    int fd, kernel_clock, api;
+    long long offset;
+    PyObject *sink, *on_end;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ipLiOO", kwlist, &fd, &kernel_clock, &offset, &api, &sink, &on_end))
+        return -1;
+    if (api != API_COMPLETIONS && api != API_CHAT) {
+        PyErr_SetString(PyExc_ValueError, "api must be 1 (completions) or 2 (chat)");
+        return -1;
+    }
+    self->fd = fd;
+    self->kernel_clock = kernel_clock;
+    self->offset_ns = offset;
+    self->api = api;
+    self->last_read_ns = mono_ns();
+    self->last_data_ns = -1;
+    self->hstate = H_SIZE;
+    self->regular_ok = 1;
+    Py_INCREF(sink);
+    Py_XSETREF(self->sink, sink);
+    Py_INCREF(on_end);
+    Py_XSETREF(self->on_end, on_end);
+    return 0;
+}
+
+static int FS_traverse(FastStream *self, visitproc visit, void *arg) {
+    Py_VISIT(self->sink);
+    Py_VISIT(self->on_end);
+    for (Py_ssize_t i = 0; i < self->nev; i++) Py_VISIT(self->ev[i].obj);
+    return 0;
+}
+
+static int FS_clear(FastStream *self) {
+    Py_CLEAR(self->sink);
+    Py_CLEAR(self->on_end);
+    for (Py_ssize_t i = 0; i < self->nev; i++) Py_CLEAR(self->ev[i].obj);
+    return 0;
+}
+
+static void FS_dealloc(FastStream *self) {
+    PyObject_GC_UnTrack(self);
+    FS_clear(self);
+    PyMem_Free(self->ev);
+    bbuf_free(&self->line);
+    bbuf_free(&self->pending);
+    bbuf_free(&self->pyout);
+    bbuf_free(&self->joined);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef FS_methods[] = {
+    {"readable", (PyCFunction)FS_readable, METH_NOARGS, "Read the socket once (the event loop's reader callback)."},
+    {"feed", (PyCFunction)FS_feed, METH_VARARGS, "feed(ts_ns, data): bytes already read (the rest of the head's read)."},
+    {"columns", (PyCFunction)FS_columns, METH_VARARGS,
+     "columns(kinds, nfields) -> (stamps, columns): the events, one list per StreamEvent field."},
+    {"close", (PyCFunction)FS_close, METH_NOARGS, "Stop: no more callbacks, references released."},
+    {NULL}};
+
+static PyMemberDef FS_members[] = {
+    {"offset_ns", T_LONGLONG, offsetof(FastStream, offset_ns), 0, "CLOCK_REALTIME minus perf_counter_ns"},
+    {"last_read_ns", T_LONGLONG, offsetof(FastStream, last_read_ns), READONLY, "stamp of the last read"},
+    {"last_data_ns", T_LONGLONG, offsetof(FastStream, last_data_ns), READONLY, "stamp of the last body bytes, -1 if none"},
+    {"fallback_reads", T_LONGLONG, offsetof(FastStream, fallback_reads), READONLY, "kernel clock: reads without a timestamp"},
+    {"reads", T_LONGLONG, offsetof(FastStream, reads), READONLY, "socket reads"},
+    {"done", T_INT, offsetof(FastStream, done), READONLY, "the [DONE] marker was seen"},
+    {"ended", T_INT, offsetof(FastStream, ended), READONLY, "on_end was called (or close)"},
+    {"handed_over", T_INT, offsetof(FastStream, handed_over), READONLY, "the Python framer took over"},
+    {NULL}};
+
+static PyGetSetDef FS_getset[] = {
+    {"pending", (getter)FS_get_pending, NULL, "SSE bytes after the last complete event", NULL},
+    {"events", (getter)FS_get_count, NULL, "events kept", NULL},
+    {NULL}};
+
+static PyTypeObject FastStreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "loadgen._fastpath.FastStream",
+    .tp_basicsize = sizeof(FastStream),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One streamed response read, framed and scanned in C (see loadgen/_fastpath.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)FS_init,
+    .tp_dealloc = (destructor)FS_dealloc,
+    .tp_traverse = (traverseproc)FS_traverse,
+    .tp_clear = (inquiry)FS_clear,
+    .tp_methods = FS_methods,
+    .tp_members = FS_members,
+    .tp_getset = FS_getset,
+};
+
+/* classify(payload, api) -> None (special) or (kind, cumulative, prompt, cached, id):
+ * the scan alone, for tests. */
+static PyObject *py_classify(PyObject *mod, PyObject *args) {
+    Py_buffer buf;
+    int api;
+    if (!PyArg_ParseTuple(args, "y*i", &buf, &api)) return NULL;
+    regular_t r;
+    int c = classify(buf.buf, buf.len, api, &r);
+    PyObject *out;
+    if (c != REGULAR) {
+        out = Py_None;
+        Py_INCREF(out);
+    } else {
+        PyObject *id = Py_None;
+        if (r.id_len >= 0) {
+            id = PyUnicode_DecodeUTF8((const char *)buf.buf + r.id_start, r.id_len, "strict");
+            if (!id) {
+                PyBuffer_Release(&buf);
+                return NULL;
+            }
+        } else {
+            Py_INCREF(id);
+        }
+        out = Py_BuildValue("(iNNNN)", r.kind, int_or_none(r.cum), int_or_none(r.prompt), int_or_none(r.cached), id);
+    }
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+static PyObject *py_monotonic_ns(PyObject *mod, PyObject *unused) { return PyLong_FromLongLong(mono_ns()); }
+
+static PyMethodDef module_methods[] = {
+    {"classify", py_classify, METH_VARARGS, "classify(payload, api): the regular-event scan alone (tests)."},
+    {"monotonic_ns", py_monotonic_ns, METH_NOARGS, "The clock the reads are stamped with."},
+    {NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "loadgen._fastpath",
+                                       "bench's compiled per-chunk read path (optional).", -1, module_methods};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    if (PyType_Ready(&FastStreamType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    Py_INCREF(&FastStreamType);
+    if (PyModule_AddObject(m, "FastStream", (PyObject *)&FastStreamType) < 0) {
+        Py_DECREF(&FastStreamType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "API_COMPLETIONS", API_COMPLETIONS);
+    PyModule_AddIntConstant(m, "API_CHAT", API_CHAT);
+    PyModule_AddIntConstant(m, "KIND_CONTENT", KIND_CONTENT);
+    PyModule_AddIntConstant(m, "KIND_REASONING", KIND_REASONING);
+    return m;
+}

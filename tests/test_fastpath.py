@@ -1,0 +1,404 @@
+"""The compiled read path (loadgen/_fastpath.c) must give exactly the records of the
+Python path: it only recognises the regular token event and leaves everything else to
+the adapter's parser. Checked payload by payload (the scan against the parser, on
+valid, tricky and mutated payloads) and stream by stream (random OpenAI streams, random
+HTTP chunking and read splits, CRLF framing, errors, truncation), through the real
+transport code on a socket pair."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import socket
+from typing import Any
+
+import pytest
+
+from adapters.base import EventKind
+from adapters.openai import OpenAIStreamParser
+from loadgen import rawhttp
+from loadgen.recorder import RequestRecorder, StreamError
+from results.record import RequestRecord
+from workloads.spec import RequestSpec
+
+fastpath = pytest.importorskip("loadgen._fastpath", reason="the compiled read path is not built here (no C compiler?)")
+
+SPEC = RequestSpec("r0", input_tokens=8, max_output_tokens=64, prompt="hello")
+TEXTS = ["a", " b", "ü", "日本", "😀", 'q"uote', "back\\slash", "nl\n", '"finish_reason":"stop"', '\\"x', "\t", "\u2028"]
+
+
+# -- one payload: the scan agrees with the parser ---------------------------------------
+def _parse(payload: bytes, chat: bool) -> Any:
+    try:
+        return OpenAIStreamParser(chat).parse(payload)
+    except Exception:
+        return "error"
+
+
+def _check_payload(payload: bytes, chat: bool) -> bool:
+    """Asserts the scan's verdict is one the parser agrees with; True if regular."""
+    got = fastpath.classify(payload, 2 if chat else 1)
+    if got is None:
+        return False
+    kind, cum, prompt, cached, rid = got
+    ev = _parse(payload, chat)
+    assert ev != "error", f"scan took a payload the parser refuses: {payload!r}"
+    assert ev is not None
+    want_kind = EventKind.CONTENT if kind == fastpath.KIND_CONTENT else EventKind.REASONING
+    assert ev.kind == want_kind and ev.text, payload
+    assert (ev.cumulative, ev.prompt_tokens, ev.cached_tokens, ev.server_request_id) == (cum, prompt, cached, rid), payload
+    assert ev.tokens is None and ev.finish_reason is None and ev.completion_tokens is None, payload
+    assert ev.error_type is None, payload
+    return True
+
+
+def _token_event(rng: random.Random, chat: bool, cum: int, *, usage: bool = True) -> dict[str, Any]:
+    text = rng.choice(TEXTS)
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": None}
+    if chat:
+        key = rng.choice(["content", "content", "reasoning_content", "reasoning"])
+        choice["delta"] = {key: text}
+        if rng.random() < 0.2:
+            choice["logprobs"] = {"content": [{"token": text, "logprob": -0.5, "bytes": [1, 2]}]}
+    else:
+        choice["text"] = text
+        if rng.random() < 0.2:
+            choice["logprobs"] = {"tokens": [text], "text_offset": [0], "token_logprobs": [-1.25e-3]}
+    obj: dict[str, Any] = {"id": f"cmpl-{rng.randint(0, 99)}", "object": "chat.completion.chunk" if chat else "text_completion",
+                           "created": 1, "model": "m", "choices": [choice]}
+    if usage:
+        u: dict[str, Any] = {"prompt_tokens": 8, "total_tokens": 8 + cum, "completion_tokens": cum}
+        if rng.random() < 0.3:
+            u["prompt_tokens_details"] = {"cached_tokens": rng.choice([0, 4, None])}
+        obj["usage"] = u
+    return obj
+
+
+def _dump(obj: Any, rng: random.Random) -> bytes:
+    if rng.random() < 0.5:
+        return json.dumps(obj, ensure_ascii=rng.random() < 0.5).encode()
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+TRICKY = [
+    b'{"choices":[{"text":"a","finish_reason":null}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"te\\u0078t":"a","finish_reason":null}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a","finish_re\\u0061son":"stop"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a","finish_reason":null,"finish_reason":"stop"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1,"completion_tokens":2}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1}} x',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}\n',
+    b'  {"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1.0}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1e2}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":-1}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":01}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":99999999999999999999}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":true}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":null}}',
+    b'{"choices":[{"text":"a"}],"usage":{}}',
+    b'{"choices":[{"text":"a"}],"usage":null}',
+    b'{"choices":[{"text":""}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":5}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[],"usage":{"completion_tokens":1}}',
+    b'{"choices":{"text":"a"},"usage":{"completion_tokens":1}}',
+    b'{"choices":["a"],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a"},{"text":"b","finish_reason":"stop"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a"},],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1},}',
+    b'{"error":{"message":"x"},"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}',
+    b'{"object":"error","choices":[{"text":"a"}],"usage":{"completion_tokens":1}}',
+    b'{"object":"err\\u006fr","choices":[{"text":"a"}],"usage":{"completion_tokens":1}}',
+    b'{"id":7,"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}',
+    b'{"id":"a\\"b","choices":[{"text":"a"}],"usage":{"completion_tokens":1}}',
+    b'{"id":null,"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"\\ud83d\\ude00"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"\\ud800"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"\\udc00\\ud800"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"\\ud800\\u0041"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"\\ud800\\"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"\\uDBFF\\uDFFF"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"\xff"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"\xed\xa0\x80"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a\x01"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1},"x":' + b"[" * 200 + b"]" * 200 + b"}",
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1},"x":1e400}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1},"x":[1e308,2e308]}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1},"x":[-1.5e-07,1E+5,0e0,1e-400]}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1},"x":1e}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1},"x":1e+}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1},"x":NaN}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1,"prompt_tokens":"8"}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1,"prompt_tokens_details":[]}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1,"prompt_tokens_details":{}}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":"3"}}}',
+    b'[{"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}]',
+    b'[DONE]',
+    b'',
+]
+
+TRICKY_CHAT = [
+    b'{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"role":"assistant","content":""}}],"usage":{"completion_tokens":0}}',
+    b'{"choices":[{"delta":{"role":"assistant","content":"a"}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"content":null,"reasoning_content":"r"}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"content":"","reasoning":"r"}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"reasoning_content":"","reasoning":"r"}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"tool_calls":[{"id":"t"}]}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"content":"a","tool_calls":[]}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"content":["a"]}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":null}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":"a"}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"content":"a"},"logprobs":{"content":[{"token":"a"}]}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"delta":{"content":"a","content":""}}],"usage":{"completion_tokens":1}}',
+    b'{"choices":[{"text":"a"}],"usage":{"completion_tokens":1}}',
+]
+
+
+@pytest.mark.parametrize("payload", TRICKY)
+def test_tricky_completions_payloads(payload: bytes) -> None:
+    _check_payload(payload, chat=False)
+
+
+@pytest.mark.parametrize("payload", TRICKY_CHAT)
+def test_tricky_chat_payloads(payload: bytes) -> None:
+    _check_payload(payload, chat=True)
+
+
+def test_the_regular_event_is_recognised() -> None:
+    assert _check_payload(TRICKY[0], chat=False)
+    assert _check_payload(TRICKY_CHAT[0], chat=True)
+    assert _check_payload(TRICKY_CHAT[3], chat=True)  # reasoning
+
+
+def test_random_and_mutated_payloads_agree_with_the_parser() -> None:
+    rng = random.Random(8)
+    regular = 0
+    for i in range(6000):
+        chat = bool(i % 2)
+        payload = _dump(_token_event(rng, chat, rng.randint(0, 300), usage=rng.random() < 0.9), rng)
+        regular += _check_payload(payload, chat)
+        b = bytearray(payload)
+        for _ in range(rng.randint(1, 3)):  # byte-level damage: every verdict must still agree
+            op = rng.random()
+            pos = rng.randrange(len(b) + 1)
+            if op < 0.4 and len(b) > 1:
+                del b[min(pos, len(b) - 1)]
+            elif op < 0.8:
+                b.insert(pos, rng.choice(b'{}[]",:\\ 0123456789aeuntrl\x00\x1f\x80\xc3\xff'))
+            elif len(b) > 1:
+                b[min(pos, len(b) - 1)] = rng.randrange(256)
+        _check_payload(bytes(b), chat)
+    assert regular > 3000  # the scan does take the common event
+
+
+def test_the_clock_is_perf_counter_ns() -> None:
+    import time
+
+    a = time.perf_counter_ns()
+    b = fastpath.monotonic_ns()
+    c = time.perf_counter_ns()
+    assert a <= b <= c
+
+
+# -- whole streams: the compiled and the Python path give the same record ---------------
+class _FakeLoop:
+    """Stands in for the event loop's reader registry: the test calls the reader."""
+
+    def __init__(self) -> None:
+        self.readers: dict[int, Any] = {}
+
+    def add_reader(self, fd: int, cb: Any) -> None:
+        self.readers[fd] = cb
+
+    def remove_reader(self, fd: int) -> bool:
+        return self.readers.pop(fd, None) is not None
+
+
+def _run(pieces: list[bytes], compiled: bool, chat: bool, close_at_end: bool) -> tuple[RequestRecord, list[int], bool]:
+    """Feeds ``pieces`` (one read each) through RawHttpTransport's exchange; returns the
+    record, the read index of each chunk stamp, and whether the connection was kept."""
+    t = rawhttp.RawHttpTransport("http://127.0.0.1:9", compiled=compiled)
+    fake = _FakeLoop()
+    t._loop = fake  # type: ignore[assignment]
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    conn = rawhttp._Conn(a, t)
+    fake.add_reader(conn.fd, conn.readable)
+    aloop = asyncio.new_event_loop()
+    try:
+        fut = aloop.create_future()
+        rec = RequestRecorder(SPEC, OpenAIStreamParser(chat), 0, 0)
+        ex = rawhttp._Exchange(t, conn, rec, fut, False)
+        conn.exchange = ex
+        t._active.add(ex)
+        stamps: list[int] = []
+        for piece in pieces:
+            if fut.done():
+                break
+            b.sendall(piece)
+            reader = fake.readers[conn.fd]
+            reader()
+            stamps.append(ex.fast.last_read_ns if ex.fast is not None and ex.fast.reads else ex.last_read_ns)
+        if not fut.done() and close_at_end:
+            b.close()
+            fake.readers[conn.fd]()
+        error: StreamError | None = None
+        if not fut.done():
+            error = StreamError("timeout", "no data")
+        elif fut.exception() is not None:
+            exc = fut.exception()
+            assert isinstance(exc, StreamError), exc
+            error = exc
+        record = rec.finish(rawhttp._now(), error)
+        assert compiled == (ex.fast is not None) or not compiled
+        # each chunk stamp -> the index of the read that stamped it (exact: one read per piece)
+        index = {ts: i for i, ts in enumerate(stamps)}
+        reads = [index.get(ts, -1) for ts in record.chunk_ns]
+        kept = conn in t._idle
+        return record, reads, kept
+    finally:
+        aloop.close()
+        a.close()
+        b.close()
+
+
+def _stream(rng: random.Random, chat: bool) -> bytes:
+    """A random SSE body of an OpenAI-style stream, with the odd surprise."""
+    events: list[bytes] = []
+    cum = 0
+    if chat and rng.random() < 0.7:
+        events.append(_dump({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, rng))
+    continuous = rng.random() < 0.85
+    for _ in range(rng.randint(0, 12)):
+        cum += rng.choice([1, 1, 1, 2, 0])
+        ev = _token_event(rng, chat, cum, usage=continuous or rng.random() < 0.5)
+        events.append(_dump(ev, rng))
+        r = rng.random()
+        if r < 0.03:
+            events.append(b'{"error":{"message":"boom","type":"server_error"}}')
+        elif r < 0.06:
+            events.append(_dump(ev, rng)[:-3])  # malformed JSON
+        elif r < 0.08:
+            events.append(b'{"choices":[{"text":"\xff"}],"usage":{"completion_tokens":1}}')
+    if rng.random() < 0.9:
+        fin: dict[str, Any] = {"id": "c1", "choices": [{"index": 0, "finish_reason": "length"}]}
+        fin["choices"][0]["delta" if chat else "text"] = {} if chat else ""
+        events.append(_dump(fin, rng))
+        events.append(_dump({"id": "c1", "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": cum}}, rng))
+    if rng.random() < 0.9:
+        events.append(b"[DONE]")
+    crlf = rng.random() < 0.15
+    sep = b"\r\n" if crlf else b"\n"
+    body = b""
+    for payload in events:
+        r = rng.random()
+        if r < 0.1 and b"\n" not in payload:
+            half = len(payload) // 2
+            block = b"data:" + payload[:half] + sep + b"data: " + payload[half:]  # multi-line data: joined with \n
+        elif r < 0.15:
+            block = b": keep-alive" + sep + b"data: " + payload
+        elif r < 0.2:
+            block = b"event: message" + sep + b"data:" + payload
+        else:
+            block = b"data: " + payload
+        body += block + sep + sep
+    if rng.random() < 0.05:
+        body += b"data: {\"trunc"  # ends inside an event
+    return body
+
+
+def _http(rng: random.Random, body: bytes) -> tuple[bytes, bool]:
+    """Head + chunked body (random chunk sizes, the odd extension and trailer); whether
+    the response is complete."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    out = [head]
+    pos = 0
+    while pos < len(body):
+        n = rng.choice([len(body) - pos, rng.randint(1, 40), rng.randint(1, 400)])
+        n = max(1, min(n, len(body) - pos))
+        ext = b";x=1" if rng.random() < 0.05 else b""
+        size = b"%x" % n if rng.random() < 0.9 else b"%X" % n
+        out.append(size + ext + b"\r\n" + body[pos : pos + n] + b"\r\n")
+        pos += n
+    complete = rng.random() < 0.92
+    if complete:
+        out.append(b"0\r\nX-Trailer: 1\r\n\r\n" if rng.random() < 0.1 else b"0\r\n\r\n")
+    return b"".join(out), complete
+
+
+def _split(rng: random.Random, data: bytes) -> list[bytes]:
+    pieces = []
+    pos = 0
+    while pos < len(data):
+        n = rng.choice([rng.randint(1, 8), rng.randint(1, 120), rng.randint(50, 2000)])
+        pieces.append(data[pos : pos + n])
+        pos += n
+    return pieces
+
+
+_TIMING = {"first_token_ns", "first_content_ns", "end_ns", "chunk_ns", "first_byte_ns", "send_ns", "intended_send_ns"}
+
+
+def _comparable(record: RequestRecord) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name not in _TIMING}
+
+
+def test_random_streams_give_the_same_records() -> None:
+    rng = random.Random(42)
+    compiled_runs = 0
+    for i in range(600):
+        chat = bool(i % 2)
+        data, _complete = _http(rng, _stream(rng, chat))
+        pieces = _split(rng, data)
+        py, py_reads, py_kept = _run(pieces, compiled=False, chat=chat, close_at_end=True)
+        c, c_reads, c_kept = _run(pieces, compiled=True, chat=chat, close_at_end=True)
+        ctx = f"stream {i} (chat={chat}):\n{data!r}\npieces={[len(p) for p in pieces]}"
+        assert _comparable(c) == _comparable(py), ctx
+        assert c_reads == py_reads, ctx
+        assert c_kept == py_kept, ctx
+        assert (c.first_token_ns is None) == (py.first_token_ns is None), ctx
+        if c.first_token_ns is not None:
+            assert c_reads[c.chunk_ns.index(c.first_token_ns)] == py_reads[py.chunk_ns.index(py.first_token_ns)], ctx
+        compiled_runs += 1
+    assert compiled_runs == 600
+
+
+def test_a_regular_stream_is_read_in_c() -> None:
+    """The common case takes the compiled path end to end (no event through Python but
+    the final ones), and the record is complete."""
+    rng = random.Random(1)
+    body = b"".join(b"data: " + _dump(_token_event(rng, False, i + 1), rng) + b"\n\n" for i in range(20))
+    body += b'data: {"id":"c","choices":[{"text":"","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+    data, _ = _http(random.Random(0), body)
+    calls: list[bytes] = []
+    orig = RequestRecorder.fast_special
+
+    def spy(self: RequestRecorder, ts: int, payload: bytes) -> tuple[int, Any]:
+        calls.append(payload)
+        return orig(self, ts, payload)
+
+    RequestRecorder.fast_special = spy  # type: ignore[method-assign]
+    try:
+        rec, _, kept = _run([data], compiled=True, chat=False, close_at_end=False)
+    finally:
+        RequestRecorder.fast_special = orig  # type: ignore[method-assign]
+    assert rec.ok and rec.output_tokens == 20 and rec.finish_reason == "length" and kept
+    assert len(calls) == 1  # only the final event went to the parser
+
+
+def test_bad_chunk_framing_is_a_protocol_error_on_both_paths() -> None:
+    data = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\ndata: x\r\n"
+    for compiled in (False, True):
+        rec, _, _ = _run([data], compiled=compiled, chat=False, close_at_end=False)
+        assert rec.error_type == "http_protocol" and "bad chunk size line b'zz'" in (rec.error_message or "")
+
+
+def test_pure_python_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCH_PURE_PYTHON", "1")
+    assert rawhttp.RawHttpTransport("http://127.0.0.1:9").describe()["read_path"] == "python"
+    monkeypatch.delenv("BENCH_PURE_PYTHON")
+    assert rawhttp.RawHttpTransport("http://127.0.0.1:9").describe()["read_path"] == "compiled"
