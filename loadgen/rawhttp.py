@@ -604,6 +604,8 @@ class RawHttpTransport:
         try:
             await future
         except asyncio.CancelledError:
+            if ex.fast is not None:
+                ex.fast.close()  # no callbacks after this; the events read so far stay
             self._detach(ex)
             self._discard(conn)
             raise

@@ -254,6 +254,8 @@ class SimServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.flavor = config.flavor
+        #: Streams being answered; a graceful shutdown ends them first (``on_shutdown``).
+        self._streaming: set[HttpStream] = set()
         mt = config.model_timing
         self.backend: FixedBackend | ModelBackend
         if mt is not None:
@@ -282,6 +284,14 @@ class SimServer:
         self.engine.start()
         if self.emission_log is not None:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        """Ends the streams still being answered before aiohttp closes their connections:
+        cancelled mid-stream by the shutdown instead, aiohttp 3.x can trip over its own
+        handler state ("invalid state") and print a traceback at every SIGTERM."""
+        for sink in list(self._streaming):
+            if not sink.done.done():
+                sink.done.set_result("shutdown")
 
     async def on_cleanup(self, app: web.Application) -> None:
         await self.engine.stop()
@@ -462,11 +472,16 @@ class SimServer:
         if hasattr(wire, "cached"):
             wire.cached = 0
         self.engine.submit(req)
+        self._streaming.add(sink)
         try:
             how = await sink.done
         except asyncio.CancelledError:
             self.engine.abort(req)
             raise
+        finally:
+            self._streaming.discard(sink)
+        if how == "shutdown":
+            self.engine.abort(req)
         if how == "ok":
             self._record_finish(sink, len(prompt_ids))
             with contextlib.suppress(ConnectionError, RuntimeError):
@@ -709,6 +724,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[ENGINE_KEY] = srv
     app.on_startup.append(srv.on_startup)
+    app.on_shutdown.append(srv.on_shutdown)
     app.on_cleanup.append(srv.on_cleanup)
     r = app.router
     r.add_get("/health", srv.health)

@@ -402,3 +402,38 @@ def test_pure_python_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rawhttp.RawHttpTransport("http://127.0.0.1:9").describe()["read_path"] == "python"
     monkeypatch.delenv("BENCH_PURE_PYTHON")
     assert rawhttp.RawHttpTransport("http://127.0.0.1:9").describe()["read_path"] == "compiled"
+
+
+@pytest.mark.parametrize("clock", ["user", "kernel"])
+def test_live_streams_through_the_compiled_reader(clock: str) -> None:
+    """Against the simulated engine, both clocks: complete records, the tokens counted
+    from the server's usage, stamps in order and after the send, the connection reused."""
+    import time
+
+    from adapters.openai import OpenAIAdapter
+    from loadgen.transport import Timeouts
+    from sim.server import ServerConfig, create_app, serve_in_process
+    from sim.timing import FixedTiming
+
+    async def main() -> tuple[list[tuple[RequestRecord, bool]], rawhttp.RawHttpTransport]:
+        async with serve_in_process(create_app(ServerConfig(timing=FixedTiming(0.02, 0.005)))) as url:
+            t = rawhttp.RawHttpTransport(url, Timeouts(stall=5.0), clock=clock, compiled=True)  # type: ignore[arg-type]
+            adapter = OpenAIAdapter(model="sim-model")
+            spec = RequestSpec("r", 4, 6, prompt="hello there")
+            out = []
+            for _ in range(3):
+                rec = RequestRecorder(spec, adapter.parser(), 0, 0)
+                await t.send(adapter.build(spec), rec)
+                out.append((rec.finish(time.perf_counter_ns()), rec._fast is not None))
+            await t.close()
+            return out, t
+
+    results, t = asyncio.run(main())
+    for record, compiled in results:
+        assert compiled
+        assert record.ok and record.output_tokens == 6 and record.token_source == "server_cumulative", record
+        assert record.chunk_ns == sorted(record.chunk_ns)
+        assert record.send_ns is not None and record.first_token_ns is not None
+        assert 15e6 < record.first_token_ns - record.send_ns < 500e6  # TTFT 20 ms, shared CPU
+        assert record.end_ns >= record.chunk_ns[-1]
+    assert t.connections_opened == 1 and t.describe()["read_path"] == "compiled"
