@@ -82,7 +82,11 @@ static void bbuf_free(bbuf *b) {
 /* the JSON scan: recognise the regular OpenAI token event, validate it fully           */
 
 enum { SPECIAL = 0, REGULAR = 1 };
-enum { KIND_SPECIAL = 0, KIND_CONTENT = 1, KIND_REASONING = 2 };
+enum { KIND_SPECIAL = 0, KIND_CONTENT = 1, KIND_REASONING = 2, KIND_PENDING = 3, KIND_DROPPED = 4 };
+/* Unrecognised payloads wait (as bytes) for the parser until a token event needs its
+ * verdict, the record is built, or this many wait: the final events of a response are
+ * then parsed when its record is built, not in the read that freed its closed-loop slot. */
+#define MAX_PENDING 32
 enum { API_COMPLETIONS = 1, API_CHAT = 2 };
 #define MAX_DEPTH 128
 
@@ -546,7 +550,7 @@ static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
 
 typedef struct {
     int64_t ts, cum, prompt, cached;
-    PyObject *obj; /* special: the parser's event; regular: its id (str) or NULL */
+    PyObject *obj; /* special: the parser's event; pending: the payload (bytes); regular: its id (str) or NULL */
     int kind;
 } ev_t;
 
@@ -574,6 +578,8 @@ typedef struct {
     int regular_ok;
     int stopped;
     int done;
+    Py_ssize_t done_at; /* events before the [DONE] marker */
+    Py_ssize_t npending, first_pending;
     int id_found;
     int ended;
     ev_t *ev;
@@ -595,12 +601,88 @@ static int fs_push(FastStream *self, ev_t *e) {
     return 0;
 }
 
+/* The parser's verdict on one payload, stored in ``slot`` (its event, or dropped). */
+static int fs_parse(FastStream *self, PyObject *sink, ev_t *slot, const char *p, Py_ssize_t n) {
+    slot->kind = KIND_DROPPED;
+    slot->obj = NULL;
+    PyObject *res = PyObject_CallMethod(sink, "fast_special", "Ly#", (long long)slot->ts, p, n);
+    if (!res) return -1;
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
+        Py_DECREF(res);
+        PyErr_SetString(PyExc_TypeError, "fast_special must return (code, event)");
+        return -1;
+    }
+    long code = PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
+    PyObject *event = PyTuple_GET_ITEM(res, 1);
+    if (code == -1 && PyErr_Occurred()) {
+        Py_DECREF(res);
+        return -1;
+    }
+    if (event != Py_None) {
+        if (!self->id_found) {
+            /* the first id the record keeps is the first one set, in event order */
+            PyObject *sid = PySequence_GetItem(event, 8);
+            if (!sid) {
+                Py_DECREF(res);
+                return -1;
+            }
+            self->id_found = sid != Py_None;
+            Py_DECREF(sid);
+        }
+        Py_INCREF(event);
+        slot->obj = event;
+        slot->kind = KIND_SPECIAL;
+    }
+    Py_DECREF(res);
+    if (code == 1) self->regular_ok = 0;
+    if (code == 2) self->stopped = 1;
+    return 0;
+}
+
+/* Parses the waiting payloads, in order (after a failure the rest are dropped, as the
+ * Python path ignores what follows an error). */
+static int fs_flush(FastStream *self, PyObject *sink) {
+    if (!self->npending) return 0;
+    for (Py_ssize_t i = self->first_pending; i < self->nev; i++) {
+        ev_t *e = &self->ev[i];
+        if (e->kind != KIND_PENDING) continue;
+        PyObject *payload = e->obj;
+        e->obj = NULL;
+        e->kind = KIND_DROPPED;
+        if (!self->stopped) {
+            int r = fs_parse(self, sink, e, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload));
+            if (r < 0) {
+                Py_DECREF(payload);
+                for (Py_ssize_t j = i + 1; j < self->nev; j++) {
+                    if (self->ev[j].kind == KIND_PENDING) {
+                        Py_CLEAR(self->ev[j].obj);
+                        self->ev[j].kind = KIND_DROPPED;
+                    }
+                }
+                self->npending = 0;
+                return -1;
+            }
+            if (self->stopped && self->done_at > i) self->done = 0; /* [DONE] after the failure */
+        }
+        Py_DECREF(payload);
+    }
+    self->npending = 0;
+    return 0;
+}
+
 /* one SSE data payload */
 static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n) {
     if (self->stopped) return 0;
     if (n == 6 && memcmp(p, "[DONE]", 6) == 0) {
         self->done = 1;
+        self->done_at = self->nev;
         return 0;
+    }
+    if (self->regular_ok && self->npending) {
+        /* what a token event means may depend on the payloads before it */
+        if (!self->sink) return 0; /* closed meanwhile */
+        if (fs_flush(self, self->sink) < 0) return -1;
+        if (self->stopped) return 0;
     }
     if (self->regular_ok) {
         regular_t r;
@@ -617,47 +699,22 @@ static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n)
             }
             return 0;
         }
-    }
-    /* the parser's own business */
-    if (!self->sink) return 0; /* closed meanwhile */
-    PyObject *res = PyObject_CallMethod(self->sink, "fast_special", "Ly#", (long long)ts, p, n);
-    if (!res) return -1;
-    long code = 0;
-    PyObject *event = Py_None;
-    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
-        Py_DECREF(res);
-        PyErr_SetString(PyExc_TypeError, "fast_special must return (code, event)");
-        return -1;
-    }
-    code = PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
-    event = PyTuple_GET_ITEM(res, 1);
-    if (code == -1 && PyErr_Occurred()) {
-        Py_DECREF(res);
-        return -1;
-    }
-    if (event != Py_None) {
-        ev_t e = {ts, -1, -1, -1, event, KIND_SPECIAL};
-        Py_INCREF(event);
+        /* not a token event: the parser reads it later, off the read path */
+        ev_t e = {ts, -1, -1, -1, PyBytes_FromStringAndSize(p, n), KIND_PENDING};
+        if (!e.obj) return -1;
         if (fs_push(self, &e) < 0) {
-            Py_DECREF(event);
-            Py_DECREF(res);
+            Py_DECREF(e.obj);
             return -1;
         }
-        if (!self->id_found) {
-            /* the first id the record keeps is the first one set, in event order */
-            PyObject *sid = PySequence_GetItem(event, 8);
-            if (!sid) {
-                Py_DECREF(res);
-                return -1;
-            }
-            self->id_found = sid != Py_None;
-            Py_DECREF(sid);
-        }
+        if (!self->npending++) self->first_pending = self->nev - 1;
+        if (self->npending >= MAX_PENDING && self->sink) return fs_flush(self, self->sink);
+        return 0;
     }
-    Py_DECREF(res);
-    if (code == 1) self->regular_ok = 0;
-    if (code == 2) self->stopped = 1;
-    return 0;
+    /* the scan no longer applies (usage is not cumulative): every payload to the parser */
+    if (!self->sink) return 0; /* closed meanwhile */
+    ev_t e = {ts, -1, -1, -1, NULL, KIND_DROPPED};
+    if (fs_push(self, &e) < 0) return -1;
+    return fs_parse(self, self->sink, &self->ev[self->nev - 1], p, n);
 }
 
 /* one SSE block (the bytes between two blank lines), as adapters/sse.py reads it */
@@ -978,6 +1035,11 @@ static PyObject *FS_feed(FastStream *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *FS_flush(FastStream *self, PyObject *sink) {
+    if (fs_flush(self, sink) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *FS_close(FastStream *self, PyObject *unused) {
     fs_release(self);
     Py_RETURN_NONE;
@@ -999,7 +1061,8 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
     }
     /* the StreamEvent field order this relies on (adapters/base.py, checked by tests) */
     enum { F_KIND, F_TEXT, F_TOKENS, F_CUM, F_FINISH, F_PROMPT, F_COMPLETION, F_CACHED, F_ID };
-    Py_ssize_t n = self->nev;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < self->nev; i++) n += self->ev[i].kind != KIND_DROPPED && self->ev[i].kind != KIND_PENDING;
     PyObject *stamps = PyList_New(n);
     PyObject *cols = PyTuple_New(nfields);
     if (!stamps || !cols) goto fail;
@@ -1010,8 +1073,10 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
     }
     PyObject *empty = PyUnicode_New(0, 0);
     if (!empty) goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        ev_t *e = &self->ev[i];
+    Py_ssize_t i = 0;
+    for (Py_ssize_t k = 0; k < self->nev; k++) {
+        ev_t *e = &self->ev[k];
+        if (e->kind == KIND_DROPPED || e->kind == KIND_PENDING) continue;
         PyObject *t = PyLong_FromLongLong(e->ts);
         if (!t) {
             Py_DECREF(empty);
@@ -1056,6 +1121,7 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
             }
             PyList_SET_ITEM(PyTuple_GET_ITEM(cols, f), i, v);
         }
+        i++;
     }
     Py_DECREF(empty);
     return Py_BuildValue("(NN)", stamps, cols);
@@ -1127,6 +1193,7 @@ static PyMethodDef FS_methods[] = {
     {"feed", (PyCFunction)FS_feed, METH_VARARGS, "feed(ts_ns, data): bytes already read (the rest of the head's read)."},
     {"columns", (PyCFunction)FS_columns, METH_VARARGS,
      "columns(kinds, nfields) -> (stamps, columns): the events, one list per StreamEvent field."},
+    {"flush", (PyCFunction)FS_flush, METH_O, "flush(sink): the parser reads the payloads still waiting (before the record)."},
     {"close", (PyCFunction)FS_close, METH_NOARGS, "Stop: no more callbacks, references released."},
     {NULL}};
 

@@ -76,6 +76,7 @@ class FastStreamLike(Protocol):
     pending: bytes
 
     def columns(self, kinds: tuple[EventKind, ...], nfields: int) -> tuple[list[int], tuple[list[Any], ...]]: ...
+    def flush(self, sink: RequestRecorder) -> None: ...
 
 
 class StreamError(Exception):
@@ -193,7 +194,8 @@ class RequestRecorder:
 
     def fast_special(self, ts_ns: int, payload: bytes) -> tuple[int, StreamEvent | None]:
         """One payload the compiled scan did not recognise, parsed by the adapter's own
-        parser exactly as ``_digest`` would. Returns (code, event to keep): code 0 goes
+        parser exactly as ``_digest`` would (in order; the scan keeps such payloads until
+        a token event needs the parser's state, or until the record is built). Returns (code, event to keep): code 0 goes
         on, 1 means the scan may no longer take any payload (the parser's state changed
         what a regular event means), 2 means stop (the stream failed)."""
         try:
@@ -259,7 +261,10 @@ class RequestRecorder:
     @property
     def saw_done(self) -> bool:
         self._digest()
-        return self._done or (self._fast is not None and bool(self._fast.done))
+        if self._fast is not None:
+            self._fast.flush(self)
+            return self._done or bool(self._fast.done)
+        return self._done
 
     @property
     def answer_text(self) -> str:
@@ -274,6 +279,8 @@ class RequestRecorder:
         self.end_ns = end_ns
         events = self._events
         fast = self._fast
+        if fast is not None:
+            fast.flush(self)  # the payloads the compiled scan left to the parser (final events)
         err = self._error or error
         if err is None and self.status is not None and self.status >= 400:
             err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
