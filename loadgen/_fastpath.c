@@ -555,7 +555,7 @@ typedef struct {
 } ev_t;
 
 enum { H_SIZE, H_DATA, H_CRLF, H_TRAILER, H_DONE };
-enum { END_COMPLETE = 0, END_EOF = 1, END_OSERROR = 2, END_PROTOCOL = 3 };
+enum { END_COMPLETE = 0, END_EOF = 1, END_OSERROR = 2, END_PROTOCOL = 3, END_CLIENT = 4 };
 
 typedef struct {
     PyObject_HEAD int fd;
@@ -968,6 +968,25 @@ out:
     return rc;
 }
 
+/* A Python error inside the read (the parser's callback, memory): the request fails
+ * now, recorded as a client error, instead of waiting for the stall timeout. */
+static PyObject *fs_internal_error(FastStream *self) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *msg = value ? PyObject_Str(value) : NULL;
+    PyObject *text = msg ? PyUnicode_FromFormat("%s: %U", type ? ((PyTypeObject *)type)->tp_name : "error", msg) : NULL;
+    Py_XDECREF(msg);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (!text) return NULL;
+    int r = fs_end(self, END_CLIENT, text, 0);
+    Py_DECREF(text);
+    if (r < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *FS_readable(FastStream *self, PyObject *unused) {
     if (self->ended) Py_RETURN_NONE;
     ssize_t n;
@@ -1020,7 +1039,7 @@ static PyObject *FS_readable(FastStream *self, PyObject *unused) {
         if (fs_end(self, END_EOF, NULL, 0) < 0) return NULL;
         Py_RETURN_NONE;
     }
-    if (fs_process(self, ts, read_buf, n) < 0) return NULL;
+    if (fs_process(self, ts, read_buf, n) < 0) return fs_internal_error(self);
     Py_RETURN_NONE;
 }
 
@@ -1031,7 +1050,7 @@ static PyObject *FS_feed(FastStream *self, PyObject *args) {
     if (!self->ended) self->last_read_ns = ts; /* the read these bytes came with */
     int r = self->ended ? 0 : fs_process(self, ts, buf.buf, buf.len);
     PyBuffer_Release(&buf);
-    if (r < 0) return NULL;
+    if (r < 0) return fs_internal_error(self);
     Py_RETURN_NONE;
 }
 

@@ -378,8 +378,10 @@ class _Exchange:
             self._fail(StreamError("stream_reset", "connection closed mid-response"))
         elif code == 2:
             self._fail(StreamError("stream_reset", f"connection error mid-response: {message}"))
-        else:
+        elif code == 3:
             self._fail(StreamError("http_protocol", message or "bad chunked framing"))
+        else:  # an error of the client's own while reading (recorded, never dropped)
+            self._fail(StreamError("client_error", message or "error in the compiled reader"))
 
     # -- endings -----------------------------------------------------------------------
     def _eof(self) -> None:

@@ -280,7 +280,10 @@ class RequestRecorder:
         events = self._events
         fast = self._fast
         if fast is not None:
-            fast.flush(self)  # the payloads the compiled scan left to the parser (final events)
+            try:
+                fast.flush(self)  # the payloads the compiled scan left to the parser (final events)
+            except Exception as exc:  # never lose the request to an error of the client's own
+                self._error = self._error or StreamError("client_error", f"{type(exc).__name__}: {exc}")
         err = self._error or error
         if err is None and self.status is not None and self.status >= 400:
             err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")

@@ -437,3 +437,21 @@ def test_live_streams_through_the_compiled_reader(clock: str) -> None:
         assert 15e6 < record.first_token_ns - record.send_ns < 500e6  # TTFT 20 ms, shared CPU
         assert record.end_ns >= record.chunk_ns[-1]
     assert t.connections_opened == 1 and t.describe()["read_path"] == "compiled"
+
+
+def test_an_error_inside_the_read_fails_the_request_at_once() -> None:
+    """A Python error raised in the parser's callback (not a parse error, which is the
+    stream's own failure) is recorded as a client error, not left to the stall timeout."""
+    body = b'data: {"choices":[],"usage":{"completion_tokens":1}}\n\n' * 40  # usage-only: all to the parser
+    data, _ = _http(random.Random(0), body)
+    orig = RequestRecorder.fast_special
+
+    def broken(self: RequestRecorder, ts: int, payload: bytes) -> tuple[int, Any]:
+        raise MemoryError("simulated")
+
+    RequestRecorder.fast_special = broken  # type: ignore[method-assign]
+    try:
+        rec, _, kept = _run([data], compiled=True, chat=False, close_at_end=False)
+    finally:
+        RequestRecorder.fast_special = orig  # type: ignore[method-assign]
+    assert rec.error_type == "client_error" and "MemoryError: simulated" in (rec.error_message or "") and not kept
