@@ -258,6 +258,22 @@ static int scan_number(scan_t *sc, int *plain, int64_t *value) {
 
 static int scan_value(scan_t *sc, int depth);
 
+/* After a member or element: 1 when a ',' follows (another one comes), 0 when ``close``
+ * ends the container, -1 otherwise (invalid). */
+static inline int next_item(scan_t *sc, unsigned char close) {
+    ws(sc);
+    if (sc->i >= sc->n) return -1;
+    if (sc->s[sc->i] == ',') {
+        sc->i++;
+        return 1;
+    }
+    if (sc->s[sc->i] == close) {
+        sc->i++;
+        return 0;
+    }
+    return -1;
+}
+
 static int scan_literal(scan_t *sc, const char *lit, Py_ssize_t len) {
     if (sc->n - sc->i < len || memcmp(sc->s + sc->i, lit, len) != 0) return -1;
     sc->i += len;
@@ -290,17 +306,8 @@ static int scan_value(scan_t *sc, int depth) {
             if (sc->i >= sc->n || sc->s[sc->i] != ':') return -1;
             sc->i++;
             if (scan_value(sc, depth + 1) < 0) return -1;
-            ws(sc);
-            if (sc->i >= sc->n) return -1;
-            if (sc->s[sc->i] == ',') {
-                sc->i++;
-                continue;
-            }
-            if (sc->s[sc->i] == '}') {
-                sc->i++;
-                return 0;
-            }
-            return -1;
+            int more = next_item(sc, '}');
+            if (more <= 0) return more;
         }
     case '[':
         sc->i++;
@@ -311,17 +318,8 @@ static int scan_value(scan_t *sc, int depth) {
         }
         for (;;) {
             if (scan_value(sc, depth + 1) < 0) return -1;
-            ws(sc);
-            if (sc->i >= sc->n) return -1;
-            if (sc->s[sc->i] == ',') {
-                sc->i++;
-                continue;
-            }
-            if (sc->s[sc->i] == ']') {
-                sc->i++;
-                return 0;
-            }
-            return -1;
+            int more = next_item(sc, ']');
+            if (more <= 0) return more;
         }
     case 't':
         return scan_literal(sc, "true", 4);
@@ -371,15 +369,9 @@ static inline int is_null(scan_t *sc) {
             (sc)->i++;                                                           \
             ws(sc);                                                              \
             __VA_ARGS__                                                          \
-            if (at(sc, ',')) {                                                   \
-                (sc)->i++;                                                       \
-                continue;                                                        \
-            }                                                                    \
-            if (at(sc, '}')) {                                                   \
-                (sc)->i++;                                                       \
-                break;                                                           \
-            }                                                                    \
-            return SPECIAL;                                                      \
+            int more_ = next_item(sc, '}');                                      \
+            if (more_ < 0) return SPECIAL;                                       \
+            if (!more_) break;                                                   \
         }                                                                        \
     } while (0)
 
@@ -492,16 +484,10 @@ static int scan_choices(scan_t *sc, regular_t *r, int api) {
     if (at(sc, ']')) return SPECIAL; /* no choices: a usage-only or empty event */
     if (scan_choice(sc, r, api) != REGULAR) return SPECIAL;
     for (;;) {
-        if (at(sc, ',')) {
-            sc->i++;
-            if (scan_value(sc, 2) < 0) return SPECIAL;
-            continue;
-        }
-        if (at(sc, ']')) {
-            sc->i++;
-            return REGULAR;
-        }
-        return SPECIAL;
+        int more = next_item(sc, ']');
+        if (more < 0) return SPECIAL;
+        if (!more) return REGULAR;
+        if (scan_value(sc, 2) < 0) return SPECIAL;
     }
 }
 
