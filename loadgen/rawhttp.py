@@ -30,6 +30,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
@@ -125,6 +126,7 @@ class _Exchange:
         "last_read_ns",
         "head_only",
         "fast",
+        "on_complete",
     )
 
     def __init__(self, transport: RawHttpTransport, conn: _Conn, sink: Sink, future: asyncio.Future[None], head_only: bool) -> None:
@@ -141,6 +143,9 @@ class _Exchange:
         self.head_only = head_only
         #: The compiled reader of this response's body, once it took over (``_start_fast``).
         self.fast: Any = None
+        #: Called once the response completed and its connection is idle again, before the
+        #: sender wakes (a closed-loop slot sends its next request from here: ``start``).
+        self.on_complete: Callable[[], None] | None = None
 
     # -- the hot path ------------------------------------------------------------------
     def on_readable(self) -> None:
@@ -402,6 +407,10 @@ class _Exchange:
             t._release(self.conn)
         else:
             t._discard(self.conn)
+        cb = self.on_complete
+        if cb is not None:
+            self.on_complete = None
+            cb()
         if not self.future.done():
             self.future.set_result(None)
 
@@ -556,7 +565,59 @@ class RawHttpTransport:
         return b"".join(head) + call.body
 
     # -- the seam ----------------------------------------------------------------------
-    async def send(self, call: HttpCall, sink: Sink) -> None:
+    def start(self, call: HttpCall, sink: Sink, on_complete: Callable[[], None] | None = None) -> _Exchange | None:
+        """Sends ``call`` now, synchronously, on an idle kept-alive connection: a freed
+        closed-loop slot sends its next request from inside the read that freed it, not a
+        loop iteration later behind every other read. None when there is no idle
+        connection or it does not take the whole request at once (nothing usable went
+        out: the caller uses ``send``). ``complete`` awaits the response."""
+        loop = self._loop
+        if loop is None or self._closed or not self._idle:
+            return None
+        payload = self._request_bytes(call)
+        conn = self._idle.pop()
+        ex = _Exchange(self, conn, sink, loop.create_future(), call.method == "HEAD")
+        try:
+            sent = conn.sock.send(payload)
+        except (BlockingIOError, InterruptedError):
+            self._idle.append(conn)
+            return None
+        except OSError:
+            self._discard(conn)
+            return None
+        if sent < len(payload):  # half a request on the wire: this connection is spent
+            self._discard(conn)
+            return None
+        ex.on_complete = on_complete
+        conn.exchange = ex
+        self._active.add(ex)
+        ex.last_read_ns = now = _now()
+        sink.sent(now)
+        return ex
+
+    async def complete(self, ex: _Exchange, call: HttpCall, sink: Sink) -> None:
+        """Awaits the response to a request ``start`` sent. A kept-alive connection the
+        server had closed is retried once on another, as ``send`` does."""
+        try:
+            await ex.future
+        except _StaleConnection:
+            await self.send(call, sink, ex.on_complete)
+        except asyncio.CancelledError:
+            if ex.fast is not None:
+                ex.fast.close()
+            self._detach(ex)
+            self._discard(ex.conn)
+            raise
+
+    def abort(self, ex: _Exchange) -> None:
+        """Drops a request ``start`` sent that nobody will await (its run was stopped)."""
+        ex.on_complete = None
+        if ex.fast is not None:
+            ex.fast.close()
+        self._detach(ex)
+        self._discard(ex.conn)
+
+    async def send(self, call: HttpCall, sink: Sink, on_complete: Callable[[], None] | None = None) -> None:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -566,15 +627,24 @@ class RawHttpTransport:
         for attempt in (0, 1):
             conn = self._idle.pop() if self._idle else await self._connect(loop)
             try:
-                await self._exchange(loop, conn, payload, sink, call.method == "HEAD")
+                await self._exchange(loop, conn, payload, sink, call.method == "HEAD", on_complete)
                 return
             except _StaleConnection:
                 if attempt:
                     raise StreamError("stream_reset", "connection closed before any response byte") from None
 
-    async def _exchange(self, loop: asyncio.AbstractEventLoop, conn: _Conn, payload: bytes, sink: Sink, head_only: bool) -> None:
+    async def _exchange(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: _Conn,
+        payload: bytes,
+        sink: Sink,
+        head_only: bool,
+        on_complete: Callable[[], None] | None = None,
+    ) -> None:
         future: asyncio.Future[None] = loop.create_future()
         ex = _Exchange(self, conn, sink, future, head_only)
+        ex.on_complete = on_complete
         conn.exchange = ex
         self._active.add(ex)
         sock = conn.sock

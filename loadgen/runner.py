@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,32 @@ from results.writer import _RECORD_FIELDS, MonitorWriter, PartWriter, RequestsWr
 from workloads.spec import Message, RequestSpec, Schedule
 
 _now = time.perf_counter_ns
+
+
+class _Started:
+    """A request a freed closed-loop slot already sent (``Runner._next_from``)."""
+
+    __slots__ = ("recorder", "call", "exchange", "freed")
+
+    def __init__(self, recorder: RequestRecorder, call: HttpCall, exchange: Any, freed: _Freed) -> None:
+        self.recorder = recorder
+        self.call = call
+        self.exchange = exchange
+        self.freed = freed
+
+
+class _Freed:
+    """What a closed-loop slot did when its request completed, inside the read that
+    completed it: which spec it took next, when the slot was freed, and the request it
+    sent, if it could send at once."""
+
+    __slots__ = ("taken", "spec", "intended", "started")
+
+    def __init__(self) -> None:
+        self.taken = False
+        self.spec: RequestSpec | None = None
+        self.intended = 0
+        self.started: _Started | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,33 +125,38 @@ class Runner:
 
     # -- one request -----------------------------------------------------------------
     async def _execute(
-        self, spec: RequestSpec, intended_ns: int, call: HttpCall | None = None, history: Sequence[Message] = ()
+        self,
+        spec: RequestSpec,
+        intended_ns: int,
+        call: HttpCall | None = None,
+        history: Sequence[Message] = (),
+        started: _Started | None = None,
+        next_from: Callable[[RequestRecorder], None] | None = None,
     ) -> tuple[RequestRecord | None, str, int]:
-        """Send one request; returns (record, answer text, end ns).
+        """Send one request (or await one a freed slot already sent: ``started``);
+        returns (record, answer text, end ns).
 
         A request outside a session is closed *after* its freed slot has sent the next
         one (``record`` is then None): the bookkeeping waits one loop iteration rather
         than delaying the next send.
         """
-        recorder = RequestRecorder(
-            spec,
-            self.adapter.parser(),
-            self.options.worker_id,
-            intended_ns,
-            keep_text=spec.session_id is not None,
-            queue=self._digest_queue,
-        )
-        if call is None:
-            call = self.adapter.build(spec, history)
         stats = self.stats
-        stats.sent += 1
-        stats.in_flight += 1
-        if stats.in_flight > stats.max_in_flight:
-            stats.max_in_flight = stats.in_flight
+        if started is not None:
+            recorder, call = started.recorder, started.call
+        else:
+            recorder = self._recorder(spec, intended_ns)
+            if call is None:
+                call = self.adapter.build(spec, history)
+            self._count_sent()
         error: StreamError | None = None
         cancelled = False
         try:
-            await self.transport.send(call, recorder)
+            if started is not None:
+                await self.transport.complete(started.exchange, call, recorder)  # type: ignore[attr-defined]
+            elif next_from is not None:
+                await self.transport.send(call, recorder, lambda: next_from(recorder))  # type: ignore[call-arg]
+            else:
+                await self.transport.send(call, recorder)
         except StreamError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -147,6 +178,55 @@ class Runner:
         if cancelled:
             raise asyncio.CancelledError
         return record, recorder.answer_text, end
+
+    def _recorder(self, spec: RequestSpec, intended_ns: int) -> RequestRecorder:
+        return RequestRecorder(
+            spec,
+            self.adapter.parser(),
+            self.options.worker_id,
+            intended_ns,
+            keep_text=spec.session_id is not None,
+            queue=self._digest_queue,
+        )
+
+    def _count_sent(self) -> None:
+        stats = self.stats
+        stats.sent += 1
+        stats.in_flight += 1
+        if stats.in_flight > stats.max_in_flight:
+            stats.max_in_flight = stats.in_flight
+
+    def _next_from(self, freed: _Freed, done: RequestRecorder, it: Iterator[RequestSpec], respect_duration: bool) -> None:
+        """A closed-loop slot's request completed (called by the transport inside the
+        read that completed it, before the slot's task wakes): take the next spec and,
+        where an idle connection takes it at once, send it now, so a freed slot reaches
+        the server within one ``send`` instead of after every other read of this loop
+        iteration. Anything it cannot do here is left to the slot's task (never lost)."""
+        if self.stop.is_set() or (respect_duration and self._past_duration()):
+            return
+        spec = next(it, None)
+        freed.taken = True
+        freed.spec = spec
+        freed.intended = done.last_data_ns or _now()
+        if spec is None or spec.session_id is not None:
+            return
+        try:
+            recorder = self._recorder(spec, freed.intended)
+            call = self.adapter.build(spec)
+            nxt = _Freed()
+            ex = self.transport.start(  # type: ignore[attr-defined]
+                call, recorder, lambda: self._next_from(nxt, recorder, it, respect_duration)
+            )
+        except Exception:  # the slot's task sends it the usual way
+            return
+        if ex is not None:
+            self._count_sent()
+            freed.started = _Started(recorder, call, ex, nxt)
+
+    def _abandon(self, started: _Started) -> None:
+        self.transport.abort(started.exchange)  # type: ignore[attr-defined]
+        self.stats.in_flight -= 1
+        self._finish(started.recorder, _now(), StreamError("cancelled", "cancelled before completion (run stopped)"))
 
     def _finish(self, recorder: RequestRecorder, end: int, error: StreamError | None) -> RequestRecord:
         record = recorder.finish(end, error, self._requires_done, self.options.save_text)
@@ -246,13 +326,32 @@ class Runner:
         if respect_duration:
             await _sleep_until(self.stats.t0_ns)  # the measured phase starts at t0
 
+        sends_at_once = callable(getattr(self.transport, "start", None))
+
         async def slot() -> None:
             intended = _now()
-            for spec in it:
-                if self.stop.is_set() or (respect_duration and self._past_duration()):
-                    return
-                ended = await self._run_session_from(spec, intended, None)
-                intended = ended if ended is not None else _now()
+            spec = next(it, None)
+            started: _Started | None = None
+            while spec is not None:
+                if started is None and (self.stop.is_set() or (respect_duration and self._past_duration())):
+                    return  # (a request already sent is awaited and recorded first)
+                if spec.session_id is not None or not sends_at_once:
+                    ended = await self._run_session_from(spec, intended, None)
+                    intended = ended if ended is not None else _now()
+                    spec = next(it, None)
+                    continue
+                freed = started.freed if started is not None else _Freed()
+                next_from = None if started is not None else (lambda rec, f=freed: self._next_from(f, rec, it, respect_duration))
+                try:
+                    _, _, end = await self._execute(spec, intended, started=started, next_from=next_from)
+                except asyncio.CancelledError:
+                    if freed.started is not None:  # sent from the completing read: recorded, not lost
+                        self._abandon(freed.started)
+                    raise
+                if freed.taken:
+                    spec, intended, started = freed.spec, freed.intended, freed.started
+                else:
+                    spec, intended, started = next(it, None), end, None
 
         slots = asyncio.gather(*(slot() for _ in range(max(1, concurrency))))
         duration = self.options.duration_s

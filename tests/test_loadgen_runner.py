@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -86,3 +87,39 @@ def test_digest_queue_parses_in_batches_after_the_reads() -> None:
     recs[0].data(1000, b'data: {"choices":[{"text":"b","finish_reason":"length"}],"usage":{"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % (QUEUE_AFTER + 1))
     rec = recs[0].finish(2000)  # finish digests whatever is left
     assert rec.ok and rec.chunk_ns[-2:] == [10 * (QUEUE_AFTER - 1), 1000] and rec.chunk_tokens == [1] * (QUEUE_AFTER + 1)
+
+
+def test_a_freed_slot_sends_from_the_completing_read(tmp_path: Path, monkeypatch: object) -> None:
+    """A closed-loop slot's next request goes out from inside the read that completed the
+    previous one (``RawHttpTransport.start``), and every request is recorded exactly once."""
+    from loadgen import rawhttp
+
+    started = []
+    orig = rawhttp.RawHttpTransport.start
+
+    def spy(self: rawhttp.RawHttpTransport, *args: object, **kw: object) -> object:
+        ex = orig(self, *args, **kw)  # type: ignore[arg-type]
+        started.append(ex is not None)
+        return ex
+
+    monkeypatch.setattr(rawhttp.RawHttpTransport, "start", spy)  # type: ignore[attr-defined]
+    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(24))
+    run = load_run(_run(tmp_path, Schedule("c", 0, "closed", specs, concurrency=4)))
+    rows = run.requests.to_pylist()
+    assert sorted(r["request_id"] for r in rows) == sorted(s.request_id for s in specs)
+    assert all(r["ok"] for r in rows)
+    assert sum(started) >= 10  # 20 sends follow a completion; most find the freed connection idle
+    notes = json.loads(run.meta["notes_json"]) if isinstance(run.meta["notes_json"], str) else run.meta["notes_json"]
+    assert notes["sent"] == notes["completed"] == 24
+
+
+def test_a_stopped_closed_loop_records_what_freed_slots_sent(tmp_path: Path) -> None:
+    """Stopping at the duration's end (drain timeout 0) cancels the slots: requests their
+    completing reads had already sent are recorded (as cancelled), never lost."""
+    specs = tuple(RequestSpec(f"r{i}", 4, 40, prompt="p") for i in range(400))
+    options = RunOptions(progress=False, duration_s=0.3, drain_timeout_s=0.0)
+    run = load_run(_run(tmp_path, Schedule("c", 0, "closed", specs, concurrency=8), options))
+    rows = run.requests.to_pylist()
+    notes = json.loads(run.meta["notes_json"]) if isinstance(run.meta["notes_json"], str) else run.meta["notes_json"]
+    assert len(rows) == notes["sent"] == notes["completed"] + notes["failed"] + notes["cancelled"]
+    assert len({r["request_id"] for r in rows}) == len(rows)
