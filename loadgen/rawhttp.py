@@ -603,14 +603,12 @@ class RawHttpTransport:
         except _StaleConnection:
             await self.send(call, sink, ex.on_complete)
         except asyncio.CancelledError:
-            if ex.fast is not None:
-                ex.fast.close()
-            self._detach(ex)
-            self._discard(ex.conn)
+            self.abort(ex)
             raise
 
     def abort(self, ex: _Exchange) -> None:
-        """Drops a request ``start`` sent that nobody will await (its run was stopped)."""
+        """Drops a request nobody will await any more (cancelled, or sent by ``start`` for
+        a slot whose run stopped): no callbacks after this, the events read so far stay."""
         ex.on_complete = None
         if ex.fast is not None:
             ex.fast.close()
@@ -676,10 +674,7 @@ class RawHttpTransport:
         try:
             await future
         except asyncio.CancelledError:
-            if ex.fast is not None:
-                ex.fast.close()  # no callbacks after this; the events read so far stay
-            self._detach(ex)
-            self._discard(conn)
+            self.abort(ex)
             raise
 
     def _arm_watchdog(self) -> None:

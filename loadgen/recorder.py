@@ -198,20 +198,30 @@ class RequestRecorder:
         a token event needs the parser's state, or until the record is built). Returns (code, event to keep): code 0 goes
         on, 1 means the scan may no longer take any payload (the parser's state changed
         what a regular event means), 2 means stop (the stream failed)."""
+        event, failed = self._parse_one(payload)
+        if failed:
+            return 2, event
+        return (0 if getattr(self._parser, "fast_ok", False) else 1), event
+
+    def _parse_one(self, payload: bytes) -> tuple[StreamEvent | None, bool]:
+        """One payload through the adapter's parser: (the event to keep, whether the
+        stream failed). A malformed payload or an error event fails it (``_error``); the
+        end-of-stream marker is noted, not kept."""
         try:
             event = self._parser.parse(payload)
         except Exception as exc:  # a malformed payload fails this request only
             self._error = StreamError("malformed_chunk", str(exc)[:300])
-            return 2, None
-        if event is not None:
-            kind = event.kind
-            if kind == EventKind.DONE:
-                self._done = True
-                event = None
-            elif kind == EventKind.ERROR:
-                self._error = StreamError(event.error_type or "server_error", event.error_message or "")
-                return 2, event
-        return (0 if getattr(self._parser, "fast_ok", False) else 1), event
+            return None, True
+        if event is None:
+            return None, False
+        kind = event.kind
+        if kind == EventKind.DONE:
+            self._done = True
+            return None, False
+        if kind == EventKind.ERROR:
+            self._error = StreamError(event.error_type or "server_error", event.error_message or "")
+            return event, True
+        return event, False
 
     def _digest(self) -> None:
         """Frame and parse the reads received so far (off the read path)."""
@@ -223,7 +233,7 @@ class RequestRecorder:
         if self._error is not None:
             return
         framer = self._framer
-        parse = self._parser.parse
+        parse_one = self._parse_one
         ts_list, events = self._ts, self._events
         keep_text = self._keep_text
         for ts_ns, data in zip(stamps, raw):
@@ -239,24 +249,14 @@ class RequestRecorder:
             else:
                 payloads = framer.feed(data)
             for payload in payloads:
-                try:
-                    event = parse(payload)
-                except Exception as exc:  # a malformed payload fails this request only
-                    self._error = StreamError("malformed_chunk", str(exc)[:300])
+                event, failed = parse_one(payload)
+                if event is not None:
+                    ts_list.append(ts_ns)
+                    events.append(event)
+                    if keep_text and event.text and event.kind == EventKind.CONTENT:
+                        self._text.append(event.text)
+                if failed:
                     return
-                if event is None:
-                    continue
-                kind = event.kind
-                if kind == EventKind.DONE:
-                    self._done = True
-                    continue
-                ts_list.append(ts_ns)
-                events.append(event)
-                if kind == EventKind.ERROR:
-                    self._error = StreamError(event.error_type or "server_error", event.error_message or "")
-                    return
-                if keep_text and event.text and kind == EventKind.CONTENT:
-                    self._text.append(event.text)
 
     @property
     def saw_done(self) -> bool:
