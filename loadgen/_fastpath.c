@@ -1140,8 +1140,6 @@ static PyObject *FS_get_pending(FastStream *self, void *closure) {
     return PyBytes_FromStringAndSize(self->pending.p ? self->pending.p : "", self->pending.len);
 }
 
-static PyObject *FS_get_count(FastStream *self, void *closure) { return PyLong_FromSsize_t(self->nev); }
-
 static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"fd", "kernel_clock", "offset_ns", "api", "sink", "on_end", NULL};
     int fd, kernel_clock, api;
@@ -1210,12 +1208,10 @@ static PyMemberDef FS_members[] = {
     {"reads", T_LONGLONG, offsetof(FastStream, reads), READONLY, "socket reads"},
     {"done", T_INT, offsetof(FastStream, done), READONLY, "the [DONE] marker was seen"},
     {"ended", T_INT, offsetof(FastStream, ended), READONLY, "on_end was called (or close)"},
-    {"handed_over", T_INT, offsetof(FastStream, handed_over), READONLY, "the Python framer took over"},
     {NULL}};
 
 static PyGetSetDef FS_getset[] = {
     {"pending", (getter)FS_get_pending, NULL, "SSE bytes after the last complete event", NULL},
-    {"events", (getter)FS_get_count, NULL, "events kept", NULL},
     {NULL}};
 
 static PyTypeObject FastStreamType = {
