@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -121,7 +121,8 @@ class Runner:
         self._writing: set[PartWriter] = set()
         self._write_pool: ThreadPoolExecutor | None = None
         self._write_error: BaseException | None = None
-        self._to_finish: list[tuple[RequestRecorder, int, StreamError | None]] = []
+        self._to_finish: deque[tuple[RequestRecorder, int, StreamError | None]] = deque()
+        self._backlog_max = max(self.FINISH_BACKLOG_MAX, 2 * (schedule.concurrency or 0))
 
     # -- one request -----------------------------------------------------------------
     async def _execute(
@@ -170,9 +171,15 @@ class Runner:
         last = recorder.last_data_ns
         end = last if error is None and last is not None else _now()
         if spec.session_id is None and not cancelled:
-            if not self._to_finish:
+            backlog = self._to_finish
+            if not backlog:
                 asyncio.get_running_loop().call_soon(self._finish_pending)
-            self._to_finish.append((recorder, end, error))
+            backlog.append((recorder, end, error))
+            if len(backlog) > self._backlog_max:
+                # Requests end faster than the budget records them: a server that fails
+                # every request at once (refused, 5xx) in a closed loop. Record them now,
+                # so the backlog, and memory, stay bounded.
+                self._finish_pending(budget_ns=None)
             return None, "", end
         record = self._finish(recorder, end, error)
         if cancelled:
@@ -256,29 +263,25 @@ class Runner:
     #: step, their records are spread over iterations so that socket reads (and their
     #: stamps) and the sends of freed closed-loop slots come in between.
     FINISH_BUDGET_NS = 100_000
+    #: Ended requests waiting to be recorded beyond which they are recorded at once (at
+    #: least twice the closed loop's slots, so one engine step's completions never are).
+    FINISH_BACKLOG_MAX = 4096
 
     def _finish_pending(self, budget_ns: int | None = FINISH_BUDGET_NS) -> None:
         """Record finished requests, for at most ``budget_ns`` (at least one request)."""
         pending = self._to_finish
+        finish = self._finish
         if budget_ns is None:
-            self._to_finish = []
-            for recorder, end, error in pending:
-                self._finish(recorder, end, error)
+            while pending:
+                finish(*pending.popleft())
             return
         deadline = _now() + budget_ns
-        i = 0
-        n = len(pending)
-        while i < n:
-            recorder, end, error = pending[i]
-            i += 1
-            self._finish(recorder, end, error)
+        while pending:
+            finish(*pending.popleft())
             if _now() >= deadline:
                 break
-        if i < n:
-            self._to_finish = pending[i:]
+        if pending:
             asyncio.get_running_loop().call_soon(self._finish_pending)
-        else:
-            self._to_finish = []
 
     async def _run_session_from(self, spec: RequestSpec, intended_ns: int, call: HttpCall | None) -> int | None:
         """Send ``spec``; if it opens a session, send the later turns after each answer.

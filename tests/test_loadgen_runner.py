@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from adapters.openai import OpenAIAdapter
 from analysis.load import load_run
 from bench.execute import RunConfig, execute_run
@@ -123,3 +125,33 @@ def test_a_stopped_closed_loop_records_what_freed_slots_sent(tmp_path: Path) -> 
     notes = json.loads(run.meta["notes_json"]) if isinstance(run.meta["notes_json"], str) else run.meta["notes_json"]
     assert len(rows) == notes["sent"] == notes["completed"] + notes["failed"] + notes["cancelled"]
     assert len({r["request_id"] for r in rows}) == len(rows)
+
+
+def test_a_failure_storm_keeps_the_recording_backlog_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A closed loop against a port nobody listens on fails every request at once, faster
+    than the per-iteration budget records them: the backlog of ended requests waiting to
+    be recorded (and the memory it holds) stays bounded, and every request is recorded."""
+    from adapters.launch.process import free_port
+    from loadgen import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod.Runner, "FINISH_BACKLOG_MAX", 64)
+    waiting: list[int] = []
+    real = runner_mod.Runner._finish
+
+    def spy(self: runner_mod.Runner, recorder: RequestRecorder, end: int, error: object) -> object:
+        waiting.append(len(self._to_finish))
+        return real(self, recorder, end, error)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_mod.Runner, "_finish", spy)
+    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(3000))
+
+    async def main() -> Path:
+        cfg = RunConfig(out=tmp_path / "run", url=f"http://127.0.0.1:{free_port()}", engine="sim", model="sim-model",
+                        schedule=Schedule("c", 0, "closed", specs, concurrency=16),
+                        options=RunOptions(progress=False), transport="raw")
+        res = await execute_run(cfg, OpenAIAdapter(model="sim-model", api="chat"), install_signals=False)
+        return res.run_dir
+
+    rows = load_run(asyncio.run(main())).requests.to_pylist()
+    assert len(rows) == 3000 and {r["error_type"] for r in rows} == {"connect"}
+    assert len(waiting) == 3000 and max(waiting) <= 64
