@@ -155,3 +155,61 @@ def test_a_failure_storm_keeps_the_recording_backlog_bounded(tmp_path: Path, mon
     rows = load_run(asyncio.run(main())).requests.to_pylist()
     assert len(rows) == 3000 and {r["error_type"] for r in rows} == {"connect"}
     assert len(waiting) == 3000 and max(waiting) <= 64
+
+
+class _HangsAfterFreeing:
+    """A transport whose response completes (``on_complete`` runs, so the slot's next
+    request goes out through ``start`` from inside that read) but whose slot task never
+    wakes: the run's stop then cancels the slot holding a request nobody awaits yet."""
+
+    def __init__(self) -> None:
+        self.started: list[object] = []
+        self.aborted: list[object] = []
+
+    async def send(self, call: object, sink: RequestRecorder, on_complete: object = None) -> None:
+        sink.sent(time.perf_counter_ns())
+        if callable(on_complete):
+            on_complete()
+        await asyncio.sleep(3600)
+
+    def start(self, call: object, sink: RequestRecorder, on_complete: object = None) -> object:
+        sink.sent(time.perf_counter_ns())
+        ex = object()
+        self.started.append(ex)
+        return ex
+
+    async def complete(self, ex: object, call: object, sink: RequestRecorder) -> None:
+        await asyncio.sleep(3600)
+
+    def abort(self, ex: object) -> None:
+        self.aborted.append(ex)
+
+    async def close(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, object]:
+        return {"transport": "hangs-after-freeing"}
+
+
+def test_a_request_sent_for_a_stopped_slot_is_aborted_and_recorded(tmp_path: Path) -> None:
+    """The race the freed-slot send opens, forced: the completing read sent the slot's next
+    request, then the run stopped before the slot's task took it over. That request's
+    exchange is aborted and it is recorded as cancelled (never lost, never awaited)."""
+    fake = _HangsAfterFreeing()
+    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(10))
+
+    async def main() -> Path:
+        cfg = RunConfig(out=tmp_path / "run", url="http://127.0.0.1:9", engine="sim", model="sim-model",
+                        schedule=Schedule("c", 0, "closed", specs, concurrency=2),
+                        options=RunOptions(progress=False, duration_s=0.2, drain_timeout_s=0.0), transport="raw")
+        res = await execute_run(cfg, OpenAIAdapter(model="sim-model", api="chat"), transport=fake,  # type: ignore[arg-type]
+                                install_signals=False)
+        return res.run_dir
+
+    run = load_run(asyncio.run(main()))
+    rows = run.requests.to_pylist()
+    notes = json.loads(run.meta["notes_json"]) if isinstance(run.meta["notes_json"], str) else run.meta["notes_json"]
+    assert len(fake.started) == 2 and fake.aborted == fake.started  # one per slot, each aborted
+    assert len(rows) == 4 == notes["sent"] == notes["cancelled"]
+    assert {r["error_type"] for r in rows} == {"cancelled"}
+    assert len({r["request_id"] for r in rows}) == 4
