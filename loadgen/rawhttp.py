@@ -31,7 +31,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Literal, cast
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
@@ -460,7 +460,7 @@ class RawHttpTransport:
         self.use_fast = compiled
         self._idle: list[_Conn] = []
         self._active: set[_Exchange] = set()
-        self._addr: tuple[str, int] | None = None
+        self._addr: tuple[Any, ...] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -477,8 +477,9 @@ class RawHttpTransport:
             if not infos:
                 raise StreamError("connect", f"cannot resolve {self.host}")
             family, _, _, _, addr = infos[0]
-            # (host, port): the first two fields of an IPv4/IPv6 address from getaddrinfo
-            self._addr = cast("tuple[str, int]", addr[:2])
+            # the whole address: an IPv6 one carries flow info and the scope id a
+            # link-local address (fe80::...%eth0) needs
+            self._addr = tuple(addr)
             self._family = family
         sock = socket.socket(self._family, socket.SOCK_STREAM)
         sock.setblocking(False)

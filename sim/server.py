@@ -771,6 +771,6 @@ async def serve_in_process(app: web.Application, host: str = "127.0.0.1", port: 
     await site.start()
     sock_port = runner.addresses[0][1]
     try:
-        yield f"http://{host}:{sock_port}"
+        yield f"http://[{host}]:{sock_port}" if ":" in host else f"http://{host}:{sock_port}"
     finally:
         await runner.cleanup()

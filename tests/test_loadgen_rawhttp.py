@@ -160,3 +160,33 @@ def test_preconnect_fills_the_pool_and_sends_reuse_it() -> None:
     asyncio.run(main())
     refused = RawHttpTransport("http://127.0.0.1:9", Timeouts(connect=2.0))
     assert asyncio.run(refused.preconnect(2)) == 0  # left for the requests to meet and record
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_an_ipv6_url_is_measured(tmp_path: Path, transport: str) -> None:
+    """``http://[::1]:port``: the engine on IPv6 loopback, both transports."""
+    specs = tuple(RequestSpec(f"r{i}", 4, 6, prompt="p") for i in range(6))
+
+    async def main() -> Path:
+        async with serve_in_process(create_app(ServerConfig(timing=FixedTiming(0.005, 0.001))), host="::1") as url:
+            assert url.startswith("http://[::1]:")
+            cfg = RunConfig(out=tmp_path / "run", url=url, engine="sim", model="sim-model",
+                            schedule=Schedule("c", 0, "closed", specs, concurrency=2),
+                            options=RunOptions(progress=False), transport=transport)
+            res = await execute_run(cfg, OpenAIAdapter(model="sim-model"), install_signals=False)
+            return res.run_dir
+
+    rows = load_run(asyncio.run(main())).requests.to_pylist()
+    assert len(rows) == 6 and all(r["ok"] and r["output_tokens"] == 6 for r in rows)
