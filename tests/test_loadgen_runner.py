@@ -213,3 +213,40 @@ def test_a_request_sent_for_a_stopped_slot_is_aborted_and_recorded(tmp_path: Pat
     assert len(rows) == 4 == notes["sent"] == notes["cancelled"]
     assert {r["error_type"] for r in rows} == {"cancelled"}
     assert len({r["request_id"] for r in rows}) == 4
+
+
+def test_a_failure_storm_leaves_no_garbage_to_pile_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cyclic GC is paused for a run, and each failed request leaves reference cycles
+    (exceptions, tracebacks, frames, asyncio tasks): they are collected as failures add up,
+    so a server that fails every request cannot grow the client's memory without bound."""
+    import gc
+
+    from adapters.launch.process import free_port
+    from loadgen import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod.Runner, "FAILURES_PER_COLLECT", 256)
+    alive: list[int] = []
+    real = runner_mod.Runner._finish
+    calls = [0]
+
+    def spy(self: runner_mod.Runner, recorder: RequestRecorder, end: int, error: object) -> object:
+        calls[0] += 1
+        if calls[0] % 500 == 0:
+            alive.append(len(gc.get_objects()))
+        return real(self, recorder, end, error)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_mod.Runner, "_finish", spy)
+    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(4000))
+
+    async def main() -> Path:
+        cfg = RunConfig(out=tmp_path / "run", url=f"http://127.0.0.1:{free_port()}", engine="sim", model="sim-model",
+                        schedule=Schedule("c", 0, "closed", specs, concurrency=16),
+                        options=RunOptions(progress=False), transport="raw")
+        res = await execute_run(cfg, OpenAIAdapter(model="sim-model", api="chat"), install_signals=False)
+        return res.run_dir
+
+    rows = load_run(asyncio.run(main())).requests.to_pylist()
+    assert len(rows) == 4000 and not any(r["ok"] for r in rows)
+    assert len(alive) == 8
+    growth = alive[-1] - alive[0]  # 3,500 failures apart; ~30 objects each if none were freed
+    assert growth < 30_000, alive
