@@ -11,7 +11,9 @@ Printed per concurrency:
                first-token emission (the send is stamped when the bytes reach the socket,
                so the send side adds no error; what the engine does between the socket
                and its read of the request is engine time, printed as "send->read")
-  ITL          the client's ITL p50/p99 (truth: exactly --itl-ms between steps)
+  ITL          the client's ITL p50/p99 (nominal: --itl-ms between steps); in brackets the
+               engine's own gaps between the same two tokens (its emission log), i.e. what
+               a perfect client would have measured
   ITL err      client gap minus the engine's gap between the same two tokens
   stamp        client chunk stamp minus the engine's emission time (p50/p99)
   re-send      closed loop: previous response end -> next request at the socket (p50)
@@ -23,7 +25,11 @@ Printed per concurrency:
 
 Engines:
   lean (default): a minimal batch-stepping emitter in this file (one write per stream
-      per step, emission log in memory), cheap enough that it is not the bottleneck.
+      per step, emission log in memory), cheap enough that it is not the bottleneck. It
+      renders a step's frames before writing them back to back (a loopback write costs
+      ~10 us here, so 256 streams take ~2.6 ms), keeps reading requests until 0.3 ms
+      before a step and then spins, and runs without cyclic GC.
+      benchmarks/host_noise.py measures what no engine can avoid: the host taking a core.
   sim: ``bench sim serve --timing fixed --fixed-grid --spin-us 1500 --emission-log``
       (options used when the sim offers them; without an emission log, truth is the
       nominal TTFT/ITL and lateness is unknown).
@@ -38,6 +44,7 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -94,7 +101,8 @@ class LeanEngine:
     ``a + ttft`` (so TTFT is ttft..ttft+itl, and the log says exactly when).
     """
 
-    def __init__(self, ttft_ns: int, itl_ns: int, model: bytes) -> None:
+    def __init__(self, ttft_ns: int, itl_ns: int, model: bytes, log: bool = True) -> None:
+        self.log = log  # False: no per-token emission log (a long recording would fill memory)
         self.ttft_ns = ttft_ns
         self.itl_ns = itl_ns
         self.model = model
@@ -123,15 +131,23 @@ class LeanEngine:
         tr.write(_HEAD_OK)
         self.streams.append(_Stream(tr, rid, max_tokens, self.step_at_or_after(arrival + self.ttft_ns), prompt_tokens))
 
+    #: Before a step the loop sleeps until this long before it, then keeps reading requests
+    #: in zero-timeout loop iterations until ``SPIN_NS`` before it, then spins: a timer
+    #: wakes up to ~1 ms late (libuv timers are ms-grained), a read of requests costs µs.
+    POLL_NS = 3_000_000
+    SPIN_NS = 300_000
+
     async def run(self) -> None:
         k = 1
         itl = self.itl_ns
         while True:
             intended = self.t_start + k * itl
-            delay = intended - _now() - 1_500_000
+            delay = intended - _now() - self.POLL_NS
             if delay > 0:
                 await asyncio.sleep(delay / 1e9)
-            while _now() < intended:  # the last 1.5 ms: spin (libuv timers are ms-grained)
+            while _now() < intended - self.SPIN_NS:
+                await asyncio.sleep(0)
+            while _now() < intended:
                 pass
             self._step(intended)
             k += 1
@@ -146,7 +162,9 @@ class LeanEngine:
         self.s_active.append(len(self.streams))
         keep: list[_Stream] = []
         model = self.model
-        e_rid, e_tok, e_int, e_act = self.e_rid, self.e_tok, self.e_int, self.e_act
+        # Render every frame first, then write them back to back: the step's writes then
+        # take only the syscalls, so a stream's place in the step moves its emission little.
+        out: list[tuple[_Stream, bytes]] = []
         for st in self.streams:
             if st.first_step_ns > intended:
                 keep.append(st)
@@ -158,14 +176,24 @@ class LeanEngine:
             last = n >= st.max_tokens
             body = _CHUNK % (st.rid, model, i, b'"length"' if last else b"null", st.prompt_tokens, st.prompt_tokens + n, n)
             if last:
-                st.tr.write(_frame(body) + _frame(_USAGE % (st.rid, model, st.prompt_tokens, st.prompt_tokens + n, n)) + b"0\r\n\r\n")
+                out.append((st, _frame(body) + _frame(_USAGE % (st.rid, model, st.prompt_tokens, st.prompt_tokens + n, n)) + b"0\r\n\r\n"))
             else:
-                st.tr.write(_frame(body))
+                out.append((st, _frame(body)))
                 keep.append(st)
-            e_rid.append(st.rid)
-            e_tok.append(i)
-            e_int.append(intended)
+        if not self.log:
+            for st, data in out:
+                st.tr.write(data)
+            self.streams = keep
+            return
+        e_act = self.e_act
+        for st, data in out:
+            st.tr.write(data)
             e_act.append(_now())
+        e_rid, e_tok, e_int = self.e_rid, self.e_tok, self.e_int
+        for st, _ in out:
+            e_rid.append(st.rid)
+            e_tok.append(st.done - 1)
+            e_int.append(intended)
         self.streams = keep
 
     def write_log(self, path: Path) -> None:
@@ -244,16 +272,22 @@ def serve_main(args: argparse.Namespace) -> None:
         pass
 
     async def main() -> None:
-        engine = LeanEngine(int(args.ttft_ms * 1e6), int(args.itl_ms * 1e6), args.model.encode())
+        engine = LeanEngine(int(args.ttft_ms * 1e6), int(args.itl_ms * 1e6), args.model.encode(), log=not args.no_log)
         loop = asyncio.get_running_loop()
         server = await loop.create_server(lambda: _EngineProtocol(engine), "127.0.0.1", args.port, backlog=4096)
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
+        # No cyclic GC while serving: a full collection pauses the loop for a step's worth of
+        # time, and what this engine allocates per step is freed by reference counting.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
         stepper = asyncio.ensure_future(engine.run())
         await stop.wait()
         stepper.cancel()
         server.close()
-        engine.write_log(Path(args.log))
+        if engine.log:
+            engine.write_log(Path(args.log))
 
     asyncio.run(main())
 
@@ -283,7 +317,9 @@ def _start_engine(args: argparse.Namespace, port: int, log: Path, engine_log: Pa
     if args.server == "lean":
         argv = [sys.executable, __file__, "serve", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
                 "--itl-ms", str(args.itl_ms), "--model", args.model, "--log", str(log)]
-        has_log = True
+        has_log = not getattr(args, "no_log", False)
+        if not has_log:
+            argv.append("--no-log")
     else:
         help_text = subprocess.run([sys.executable, "-m", "bench", "sim", "serve", "--help"], capture_output=True,
                                    text=True, env=env, cwd=REPO).stdout
@@ -401,7 +437,7 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
         for i, r in enumerate(e_rid):
             if r not in starts:
                 starts[r] = i
-        ttft_err, itl_err, stamp_err, to_read = [], [], [], []
+        ttft_err, itl_err, stamp_err, to_read, gaps = [], [], [], [], []
         for r, ts, tk, s in zip(rids, lists, toks, send):
             if r not in starts:
                 continue
@@ -411,7 +447,8 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
             if len(truth) != len(a):
                 continue
             stamp_err.append(a - truth)
-            itl_err.append(np.diff(a) - np.diff(truth))
+            gaps.append(np.diff(truth))
+            itl_err.append(np.diff(a) - gaps[-1])
             # client TTFT (a0 - s) minus true TTFT (truth0 - s)
             ttft_err.append(a[0] - truth[0])
             if arrival is not None:
@@ -420,6 +457,8 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
         ie = np.concatenate(itl_err) / 1e6 if itl_err else np.empty(0)
         se = np.concatenate(stamp_err) / 1e6 if stamp_err else np.empty(0)
         late = (e_act - e_int) / 1e6
+        eg = np.concatenate(gaps) / 1e6 if gaps else np.empty(0)
+        res.update(engine_itl_p50=_pct(eg, 50), engine_itl_p99=_pct(eg, 99))
         tr = np.asarray(to_read) / 1e6
         res.update(read_p50=_pct(tr, 50), read_p99=_pct(tr, 99))
         res.update(ttft_err_p50=_pct(te, 50), ttft_err_p99=_pct(te, 99), itl_err_p50=_pct(ie, 50), itl_err_p99=_pct(ie, 99),
@@ -556,6 +595,7 @@ def main() -> None:
     sv.add_argument("--itl-ms", type=float, default=10.0)
     sv.add_argument("--model", default="sim-model")
     sv.add_argument("--log", required=True)
+    sv.add_argument("--no-log", action="store_true", help="keep no per-token emission log (long recordings)")
     sc = sub.add_parser("scale", help="time `bench summary` on a synthesised run of many requests")
     sc.add_argument("--out", required=True, help="results folder (synthesised when absent)")
     sc.add_argument("--requests", type=int, default=1_000_000)
@@ -619,7 +659,8 @@ def _print_row(r: dict[str, float | str]) -> None:
     f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r and r[k] == r[k] else "n/a"  # noqa: E731
     print(
         f"c={r['c']:<5} tok/s {float(r['tok_s']):>8.0f} | TTFT err p50/p99 {f('ttft_err_p50')}/{f('ttft_err_p99')} ms"
-        f" | ITL p50/p99 {f('itl_p50')}/{f('itl_p99')} ms | ITL err p50/p99 {f('itl_err_p50')}/{f('itl_err_p99')} ms"
+        f" | ITL p50/p99 {f('itl_p50')}/{f('itl_p99')} ms (engine's {f('engine_itl_p50')}/{f('engine_itl_p99')})"
+        f" | ITL err p50/p99 {f('itl_err_p50')}/{f('itl_err_p99')} ms"
         f" | stamp p50/p99 {f('stamp_p50', '{:.3f}')}/{f('stamp_p99', '{:.3f}')} ms"
         f" | re-send p50/p99 {f('resend_p50', '{:.3f}')}/{f('resend_p99', '{:.3f}')} ms"
         f" | CPU/tok {f('cpu_us_tok', '{:.1f}')} us | RSS {f('rss_mb', '{:.0f}')} MB | open {f('open_pct', '{:.1f}')} %"

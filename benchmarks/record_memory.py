@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="keep the run folder here")
     args = ap.parse_args()
     engine_args = argparse.Namespace(server="lean", server_cpus=args.server_cpus, ttft_ms=args.ttft_ms,
-                                     itl_ms=args.itl_ms, model="sim-model")
+                                     itl_ms=args.itl_ms, model="sim-model", no_log=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     run_dir = args.keep or tmp / "run"
     port = free_port()
