@@ -118,8 +118,21 @@ def _compare_json(a: Path, b: Path) -> dict[str, dict]:
     return {c["metric"]: c for c in data["groups"][0]["changes"]}
 
 
-def test_compare_same_configuration_no_significant_ttft_p50_change(runs: dict[str, list[Path]]) -> None:
-    c = _compare_json(runs["base"][0], runs["base"][1])["ttft_p50_ms"]
+def test_compare_same_configuration_no_significant_ttft_p50_change(
+    runs: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    """Two folders of repeats of the same configuration (runs 0-1 against 2-4): the
+    resampling of runs carries the run-to-run movement of TTFT on a loaded machine (see
+    ``_gate_config``), which two single runs cannot show, so no change is significant.
+    A comparison of two single runs would call a 2 % TTFT shift between identical runs
+    significant on a noisy host (it did, in CI)."""
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, picked in ((a, runs["base"][:2]), (b, runs["base"][2:])):
+        for run in picked:
+            shutil.copytree(run, folder / run.name)
+    c = _compare_json(a, b)["ttft_p50_ms"]
     assert c["level"] == 0.95
     assert not c["significant"], c
 
