@@ -127,11 +127,28 @@ def test_a_stopped_closed_loop_records_what_freed_slots_sent(tmp_path: Path) -> 
     assert len({r["request_id"] for r in rows}) == len(rows)
 
 
+def _storm(tmp_path: Path, n: int) -> list[dict[str, object]]:
+    """``n`` requests, closed loop of 16, against a port nobody listens on: every one fails
+    at once (connection refused). Returns the recorded rows."""
+    from adapters.launch.process import free_port
+
+    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(n))
+
+    async def main() -> Path:
+        cfg = RunConfig(out=tmp_path / "run", url=f"http://127.0.0.1:{free_port()}", engine="sim", model="sim-model",
+                        schedule=Schedule("c", 0, "closed", specs, concurrency=16),
+                        options=RunOptions(progress=False), transport="raw")
+        res = await execute_run(cfg, OpenAIAdapter(model="sim-model", api="chat"), install_signals=False)
+        return res.run_dir
+
+    rows: list[dict[str, object]] = load_run(asyncio.run(main())).requests.to_pylist()
+    return rows
+
+
 def test_a_failure_storm_keeps_the_recording_backlog_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A closed loop against a port nobody listens on fails every request at once, faster
     than the per-iteration budget records them: the backlog of ended requests waiting to
     be recorded (and the memory it holds) stays bounded, and every request is recorded."""
-    from adapters.launch.process import free_port
     from loadgen import runner as runner_mod
 
     monkeypatch.setattr(runner_mod.Runner, "FINISH_BACKLOG_MAX", 64)
@@ -143,16 +160,7 @@ def test_a_failure_storm_keeps_the_recording_backlog_bounded(tmp_path: Path, mon
         return real(self, recorder, end, error)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runner_mod.Runner, "_finish", spy)
-    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(3000))
-
-    async def main() -> Path:
-        cfg = RunConfig(out=tmp_path / "run", url=f"http://127.0.0.1:{free_port()}", engine="sim", model="sim-model",
-                        schedule=Schedule("c", 0, "closed", specs, concurrency=16),
-                        options=RunOptions(progress=False), transport="raw")
-        res = await execute_run(cfg, OpenAIAdapter(model="sim-model", api="chat"), install_signals=False)
-        return res.run_dir
-
-    rows = load_run(asyncio.run(main())).requests.to_pylist()
+    rows = _storm(tmp_path, 3000)
     assert len(rows) == 3000 and {r["error_type"] for r in rows} == {"connect"}
     assert len(waiting) == 3000 and max(waiting) <= 64
 
@@ -221,7 +229,6 @@ def test_a_failure_storm_leaves_no_garbage_to_pile_up(tmp_path: Path, monkeypatc
     so a server that fails every request cannot grow the client's memory without bound."""
     import gc
 
-    from adapters.launch.process import free_port
     from loadgen import runner as runner_mod
 
     monkeypatch.setattr(runner_mod.Runner, "FAILURES_PER_COLLECT", 256)
@@ -236,16 +243,7 @@ def test_a_failure_storm_leaves_no_garbage_to_pile_up(tmp_path: Path, monkeypatc
         return real(self, recorder, end, error)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runner_mod.Runner, "_finish", spy)
-    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(4000))
-
-    async def main() -> Path:
-        cfg = RunConfig(out=tmp_path / "run", url=f"http://127.0.0.1:{free_port()}", engine="sim", model="sim-model",
-                        schedule=Schedule("c", 0, "closed", specs, concurrency=16),
-                        options=RunOptions(progress=False), transport="raw")
-        res = await execute_run(cfg, OpenAIAdapter(model="sim-model", api="chat"), install_signals=False)
-        return res.run_dir
-
-    rows = load_run(asyncio.run(main())).requests.to_pylist()
+    rows = _storm(tmp_path, 4000)
     assert len(rows) == 4000 and not any(r["ok"] for r in rows)
     assert len(alive) == 8
     growth = alive[-1] - alive[0]  # 3,500 failures apart; ~30 objects each if none were freed
