@@ -259,6 +259,61 @@ def _weighted_sum(values: np.ndarray, repeats: np.ndarray | None) -> float:
     return float(values.sum() if repeats is None else (values * repeats).sum())
 
 
+class Binned(NamedTuple):
+    """Values counted into the histogram's bins by ``PooledDistribution.bin``."""
+
+    pos: np.ndarray  # counts of values >= 0, per bin
+    neg: np.ndarray | None  # ... of -v for values < 0 (None: there were none)
+    n: int  # values counted
+    total: float
+
+
+def _clean(
+    values: np.ndarray, repeats: np.ndarray | None, placeholders: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, int, float]:
+    """(values, repeats, placeholders left in ``values``, count, sum) of what
+    ``PooledDistribution.add`` is given: NaNs dropped, and placeholders too where repeats
+    are given; repeats of all ones become None."""
+    drop = np.empty(0, np.int64) if placeholders is None else placeholders
+    added: float | None = _weighted_sum(values, repeats)  # placeholders add 0.0
+    if added != added and np.isnan(values).any():  # a NaN sum: NaNs to drop (no extra pass otherwise)
+        keep = ~np.isnan(values)
+        if len(drop):
+            keep[drop] = False
+            drop = np.empty(0, np.int64)
+        values = values[keep]
+        repeats = None if repeats is None else repeats[keep]
+        added = None
+    if len(drop) and repeats is not None:
+        repeats = np.delete(repeats, drop)
+        values = np.delete(values, drop)
+        drop = np.empty(0, np.int64)
+        added = None
+    if repeats is not None and (repeats == 1).all():
+        repeats = None  # the sum stays: values * 1 is values
+    count = (len(values) - len(drop)) if repeats is None else int(repeats.sum())
+    if added is None:
+        added = _weighted_sum(values, repeats)
+    return values, repeats, drop, count, added
+
+
+def _bin_counts(
+    values: np.ndarray, repeats: np.ndarray | None, zeros_to_ignore: int = 0
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-bin counts of ``values`` >= 0 and of -v for values < 0 (None when there are
+    none), less ``zeros_to_ignore`` placeholder zeros (0.0 falls in bin 0)."""
+    neg_counts = None
+    if len(values) and values.min() < 0:
+        neg = values < 0
+        w = None if repeats is None else repeats[neg]
+        neg_counts = np.bincount(_bin_index(-values[neg]), weights=w, minlength=_BINS).astype(np.int64)
+        values = values[~neg]
+        repeats = None if repeats is None else repeats[~neg]
+    counts = np.bincount(_bin_index(values), weights=repeats, minlength=_BINS).astype(np.int64, copy=False)
+    counts[0] -= zeros_to_ignore
+    return counts, neg_counts
+
+
 class PooledDistribution:
     """Token-level values pooled over a run, fed batch by batch.
 
@@ -311,27 +366,8 @@ class PooledDistribution:
                 return
         self._last = None
         source = values
-        drop = np.empty(0, np.int64) if placeholders is None else placeholders
-        added: float | None = _weighted_sum(values, repeats)  # placeholders add 0.0
-        if added != added and np.isnan(values).any():  # a NaN sum: NaNs to drop (no extra pass otherwise)
-            keep = ~np.isnan(values)
-            if len(drop):
-                keep[drop] = False
-                drop = np.empty(0, np.int64)
-            values = values[keep]
-            repeats = None if repeats is None else repeats[keep]
-            added = None
-        if len(drop) and repeats is not None:
-            repeats = np.delete(repeats, drop)
-            values = np.delete(values, drop)
-            drop = np.empty(0, np.int64)
-            added = None
-        if repeats is not None and (repeats == 1).all():
-            repeats = None  # the sum stays: values * 1 is values
-        count = (len(values) - len(drop)) if repeats is None else int(repeats.sum())
+        values, repeats, drop, count, added = _clean(values, repeats, placeholders)
         self.n += count
-        if added is None:
-            added = _weighted_sum(values, repeats)
         self.total += added
         if self._pos is None and self.n <= self.exact_limit:
             if repeats is not None:
@@ -356,17 +392,33 @@ class PooledDistribution:
         """Count ``values`` into the bins, less ``zeros_to_ignore`` placeholder zeros. Returns
         the positive bins' counts of this call when they alone changed (for ``same_as``)."""
         assert self._pos is not None and self._neg is not None
-        has_neg = bool(len(values)) and bool(values.min() < 0)
-        if has_neg:
-            neg = values < 0
-            w = None if repeats is None else repeats[neg]
-            self._neg += np.bincount(_bin_index(-values[neg]), weights=w, minlength=_BINS).astype(np.int64)
-            values = values[~neg]
-            repeats = None if repeats is None else repeats[~neg]
-        counts = np.bincount(_bin_index(values), weights=repeats, minlength=_BINS).astype(np.int64, copy=False)
-        counts[0] -= zeros_to_ignore  # 0.0 falls in bin 0
-        self._pos += counts
-        return None if has_neg or repeats is not None else counts
+        pos, neg = _bin_counts(values, repeats, zeros_to_ignore)
+        self._pos += pos
+        if neg is not None:
+            self._neg += neg
+        return None if neg is not None or repeats is not None else pos
+
+    @staticmethod
+    def bin(values: np.ndarray, repeats: np.ndarray | None = None, placeholders: np.ndarray | None = None) -> Binned:
+        """``values`` (as ``add`` takes them) counted into the histogram's bins, without
+        touching any distribution: thread-safe, so the counting can run beside the caller.
+        ``add_binned`` then adds them in O(bins)."""
+        values, repeats, drop, count, added = _clean(values, repeats, placeholders)
+        pos, neg = _bin_counts(values, repeats, len(drop))
+        return Binned(pos, neg, count, added)
+
+    def add_binned(self, binned: Binned) -> bool:
+        """Add values counted by ``bin``, if this distribution is a histogram already (the
+        same result as ``add`` of those values); False, changing nothing, while it is exact."""
+        if self._pos is None or self._neg is None:
+            return False
+        self._pos += binned.pos
+        if binned.neg is not None:
+            self._neg += binned.neg
+        self.n += binned.n
+        self.total += binned.total
+        self._last = None
+        return True
 
     def values(self) -> np.ndarray:
         """The pooled values (exact method only)."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -15,6 +18,7 @@ from analysis.metrics import (
     EXACT_LIMIT,
     HISTOGRAM_RELATIVE_ERROR,
     NS_PER_MS,
+    Binned,
     ChunkGaps,
     PooledDistribution,
     chunk_gaps,
@@ -115,6 +119,82 @@ REQUEST_STREAMED_COLUMNS: tuple[str, ...] = ("chunk_ns", "chunk_tokens")
 _JOINED_COLUMNS: tuple[str, ...] = ("phase", "ok", "send_ns")
 
 
+class _Portion(NamedTuple):
+    """Token-level values for a ``PooledDistribution``, as ``add`` takes them, and counted
+    into bins already (``binned``) when the distribution was a histogram by then."""
+
+    values: np.ndarray
+    repeats: np.ndarray | None = None
+    placeholders: np.ndarray | None = None
+    binned: Binned | None = None
+
+
+class _Prepared(NamedTuple):
+    """One batch's share of the summary (``_prepare``)."""
+
+    scalars: pa.Table | None  # its per-request columns, when the caller gave none
+    per_row: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None  # None: no measured row
+    itl: _Portion | None
+    chunk_gap: _Portion | None  # None: the very same values as ``itl``
+
+
+def _portion(
+    values: np.ndarray, repeats: np.ndarray | None = None, placeholders: np.ndarray | None = None, binned: bool = False
+) -> _Portion:
+    return _Portion(
+        values, repeats, placeholders, PooledDistribution.bin(values, repeats, placeholders) if binned else None
+    )
+
+
+def _pool(dist: PooledDistribution, portion: _Portion, same_as: PooledDistribution | None = None) -> None:
+    if portion.binned is not None and dist.add_binned(portion.binned):
+        return
+    dist.add(portion.values, portion.repeats, same_as=same_as, placeholders=portion.placeholders)
+
+
+def _prepare(
+    batch: pa.Table | pa.RecordBatch, deadlines: Deadlines, keep_scalars: bool, bin_itl: bool, bin_gap: bool
+) -> _Prepared:
+    """Everything ``summarize_batches`` computes from one batch on its own: the measured
+    rows' per-request columns (``keep_scalars``), their per-row smoothness figures, and their
+    ITL and chunk-gap values (counted into bins when ``bin_itl`` / ``bin_gap``). Touches no
+    shared state, so batches are prepared in worker threads."""
+    batch = measured(batch)
+    kept = None
+    if keep_scalars:
+        cols = scalar_columns(batch.schema.names)
+        kept = pa.Table.from_batches([batch.select(cols)]) if isinstance(batch, pa.RecordBatch) else batch.select(cols)
+    if batch.num_rows == 0:
+        return _Prepared(kept, None, None, None)
+    ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool)
+    ranges = token_ranges(batch)
+    if ranges is not None:  # fastest path, the same numbers: one token per chunk, lists used in place
+        gaps_ns, excluded, longest_ns = token_range_gaps(ranges, ok)
+        longest = longest_ns / NS_PER_MS
+        fluidity, misses = token_range_fluidity(ranges, send_ns_float(batch), deadlines, longest_ns)
+        values = gaps_ns / NS_PER_MS
+        return _Prepared(kept, (longest, fluidity, misses, longest), _portion(values, None, excluded, bin_itl), None)
+    one = one_token_chunks(batch)
+    if one is not None:  # fast path, the same numbers: one token per chunk, no row index
+        gap_ns, longest_ns = one_token_gaps(one)
+        longest = longest_ns / NS_PER_MS
+        fluidity, misses = one_token_fluidity(one, send_ns_float(batch), deadlines)
+        if not ok.all():
+            gap_ns = gap_ns[one_token_gap_rows_ok(one, ok)]
+        values = gap_ns / NS_PER_MS
+        return _Prepared(kept, (longest, fluidity, misses, longest), _portion(values, binned=bin_itl), None)
+    chunks = token_chunks(batch)
+    gaps = chunk_gaps(chunks)
+    fluidity, misses, longest = batch_smoothness(chunks, gaps, send_ns_float(batch), deadlines)
+    row = (max_itl_ms(gaps, batch.num_rows), fluidity, misses, longest)
+    if not ok.all():
+        sel = ok[gaps.row]
+        gaps = ChunkGaps(gaps.gap_ns[sel], gaps.tokens[sel], gaps.row[sel])
+    # the same values, element by element, as itl_ms()/chunk_gap_ms() of the ok rows
+    itl = _portion(gaps.gap_ns / gaps.tokens / NS_PER_MS, gaps.tokens, binned=bin_itl)
+    return _Prepared(kept, row, itl, _portion(gaps.gap_ns / NS_PER_MS, binned=bin_gap))
+
+
 def summarize_batches(
     batches: Iterable[pa.Table | pa.RecordBatch],
     options: SummaryOptions = SummaryOptions(),
@@ -136,57 +216,56 @@ def summarize_batches(
     all_rows = 0
     parts: list[pa.Table] = []
     per_row: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    for batch in batches:
-        if scalars is not None:
-            if batch.num_rows == 0:
-                continue
-            if all_rows + batch.num_rows > scalars.num_rows:
-                raise _RowsChanged(f"more rows streamed than the {scalars.num_rows} given")
-            side = scalars.slice(all_rows, batch.num_rows).select(list(_JOINED_COLUMNS)).combine_chunks()
-            batch = pa.RecordBatch.from_arrays(
-                [*(side.column(c).chunk(0) for c in _JOINED_COLUMNS), *batch.columns],
-                names=[*_JOINED_COLUMNS, *batch.schema.names],
-            )
-        all_rows += batch.num_rows
-        batch = measured(batch)
-        if scalars is None:
-            cols = scalar_columns(batch.schema.names)
-            parts.append(pa.Table.from_batches([batch.select(cols)]) if isinstance(batch, pa.RecordBatch) else batch.select(cols))
-        if batch.num_rows == 0:
-            continue
-        ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool)
-        ranges = token_ranges(batch)
-        if ranges is not None:  # fastest path, the same numbers: one token per chunk, lists used in place
-            gaps_ns, excluded, longest_ns = token_range_gaps(ranges, ok)
-            longest = longest_ns / NS_PER_MS
-            fluidity, misses = token_range_fluidity(ranges, send_ns_float(batch), deadlines, longest_ns)
-            per_row.append((longest, fluidity, misses, longest))
-            values = gaps_ns / NS_PER_MS
-            itl.add(values, placeholders=excluded)
-            chunk_gap.add(values, same_as=itl, placeholders=excluded)
-            continue
-        one = one_token_chunks(batch)
-        if one is not None:  # fast path, the same numbers: one token per chunk, no row index
-            gap_ns, longest_ns = one_token_gaps(one)
-            longest = longest_ns / NS_PER_MS
-            fluidity, misses = one_token_fluidity(one, send_ns_float(batch), deadlines)
-            per_row.append((longest, fluidity, misses, longest))
-            if not ok.all():
-                gap_ns = gap_ns[one_token_gap_rows_ok(one, ok)]
-            values = gap_ns / NS_PER_MS
-            itl.add(values)
-            chunk_gap.add(values, same_as=itl)
-            continue
-        chunks = token_chunks(batch)
-        gaps = chunk_gaps(chunks)
-        fluidity, misses, longest = batch_smoothness(chunks, gaps, send_ns_float(batch), deadlines)
-        per_row.append((max_itl_ms(gaps, batch.num_rows), fluidity, misses, longest))
-        if not ok.all():
-            sel = ok[gaps.row]
-            gaps = ChunkGaps(gaps.gap_ns[sel], gaps.tokens[sel], gaps.row[sel])
-        # the same values, element by element, as itl_ms()/chunk_gap_ms() of the ok rows
-        itl.add(gaps.gap_ns / gaps.tokens / NS_PER_MS, gaps.tokens)
-        chunk_gap.add(gaps.gap_ns / NS_PER_MS)
+
+    def joined() -> Iterator[pa.Table | pa.RecordBatch]:
+        """The batches, each with its rows' ``_JOINED_COLUMNS`` of ``scalars`` when given."""
+        nonlocal all_rows
+        for batch in batches:
+            if scalars is not None:
+                if batch.num_rows == 0:
+                    continue
+                if all_rows + batch.num_rows > scalars.num_rows:
+                    raise _RowsChanged(f"more rows streamed than the {scalars.num_rows} given")
+                side = scalars.slice(all_rows, batch.num_rows).select(list(_JOINED_COLUMNS)).combine_chunks()
+                batch = pa.RecordBatch.from_arrays(
+                    [*(side.column(c).chunk(0) for c in _JOINED_COLUMNS), *batch.columns],
+                    names=[*_JOINED_COLUMNS, *batch.schema.names],
+                )
+            all_rows += batch.num_rows
+            yield batch
+
+    workers = max(1, os.cpu_count() or 1)
+    pending: deque[Future[_Prepared]] = deque()
+    with ThreadPoolExecutor(workers, thread_name_prefix="bench-summary") as pool:
+        try:
+            source = joined()
+            while True:
+                # a few batches prepared ahead, in threads (numpy and Arrow release the GIL);
+                # whether to count them into bins there is decided now, by the pooled state
+                for batch in source:
+                    pending.append(pool.submit(
+                        _prepare, batch, deadlines, scalars is None,
+                        itl.method == "histogram", chunk_gap.method == "histogram",
+                    ))
+                    if len(pending) > workers:
+                        break
+                if not pending:
+                    break
+                prepared = pending.popleft().result()
+                if prepared.scalars is not None:
+                    parts.append(prepared.scalars)
+                if prepared.per_row is None:
+                    continue
+                per_row.append(prepared.per_row)
+                assert prepared.itl is not None
+                _pool(itl, prepared.itl)
+                if prepared.chunk_gap is None:
+                    _pool(chunk_gap, prepared.itl, same_as=itl)
+                else:
+                    _pool(chunk_gap, prepared.chunk_gap)
+        finally:
+            for future in pending:
+                future.cancel()
 
     if scalars is None:
         table = pa.concat_tables(parts) if parts else pa.table({})
@@ -351,19 +430,22 @@ def _client_windows(
     offered = np.bincount(w_int[np.isfinite(w_int)].astype(np.int64), minlength=n)
     sent = np.bincount(w_send[w_send >= 0].astype(np.int64), minlength=n)
     out: list[dict[str, Any]] = []
-    lag_w = w_int.astype(np.int64)
+    # each window's send lags, from one sort (not a scan of every request per window)
     finite_lag = np.isfinite(lag)
+    lag_w = w_int[finite_lag].astype(np.int64)
+    order = np.argsort(lag_w, kind="stable")
+    lag_sorted = lag[finite_lag][order]
+    lag_bounds = np.searchsorted(lag_w[order], np.arange(n + 1))
+    per_worker = [(mon_ts[workers == w], cpu[workers == w]) for w in np.unique(workers)]
     for i in range(n):
         lo, hi = t0 + i * width, t0 + (i + 1) * width
-        sel = (lag_w == i) & finite_lag
-        lag_p99 = float(np.percentile(lag[sel], 99)) if sel.any() else float("nan")
+        lags = lag_sorted[lag_bounds[i] : lag_bounds[i + 1]]
+        lag_p99 = float(np.percentile(lags, 99)) if len(lags) else float("nan")
         in_win = (mon_ts >= lo) & (mon_ts < hi)
         loop_max = float(np.nanmax(loop_ms[in_win])) if in_win.any() and np.isfinite(loop_ms[in_win]).any() else float("nan")
         busy = float("nan")
-        for w in np.unique(workers):
+        for ts_w, cpu_w in per_worker:
             # CPU over the window from this worker's samples bracketing it
-            m = workers == w
-            ts_w, cpu_w = mon_ts[m], cpu[m]
             k = np.nonzero((ts_w >= lo) & (ts_w < hi))[0]
             if len(k) == 0:
                 continue

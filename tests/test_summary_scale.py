@@ -132,3 +132,28 @@ def test_a_run_without_request_files_streams_an_empty_summary(tmp_path: Path) ->
     write_run_meta(run_dir, {"run_id": "e", "schema_version": "1.0", "bench_version": "0", "status": "complete"})
     s = summarize_run(run_dir, OPTIONS)
     assert s["requests"]["measured"] == 0 and s["latency"]["itl_ms"]["n"] == 0
+
+
+def test_values_binned_off_thread_count_as_if_added() -> None:
+    """``bin`` (run in the summary's worker threads) then ``add_binned`` gives the very state
+    that ``add`` gives: the same bins, count and sum, NaNs, negatives, repeats and
+    placeholders handled alike; and it is refused while the distribution is still exact."""
+    rng = np.random.default_rng(7)
+    direct, binned = PooledDistribution(exact_limit=10), PooledDistribution(exact_limit=10)
+    start = rng.lognormal(2, 1, 50)
+    direct.add(start)
+    binned.add(start)
+    assert direct.method == binned.method == "histogram"
+    assert not PooledDistribution(exact_limit=10).add_binned(PooledDistribution.bin(start))  # exact: refused
+    for i in range(6):
+        v = np.r_[rng.lognormal(2, 1, 3_000), -rng.uniform(0, 5, 40 * (i % 2)), [np.nan] * i, np.zeros(7)]
+        repeats = rng.integers(1, 4, len(v)) if i % 3 == 0 else None
+        holes = None if repeats is not None else np.flatnonzero(v == 0)[: 3 + i % 2]
+        direct.add(v, repeats, placeholders=holes)
+        assert binned.add_binned(PooledDistribution.bin(v, repeats, holes))
+    assert binned.n == direct.n and binned.total == direct.total
+    assert binned._pos is not None and direct._pos is not None and binned._neg is not None and direct._neg is not None
+    assert np.array_equal(binned._pos, direct._pos) and np.array_equal(binned._neg, direct._neg)
+    assert binned._neg.sum() > 0  # the negative side was exercised
+    ps = (1, 50, 99)
+    assert binned.summary(ps) == direct.summary(ps)
