@@ -56,7 +56,7 @@ def command(
     """
     from analysis.bootstrap import BootstrapOptions
     from analysis.compare import compare_paths, comparison_json, format_comparison
-    from bench.commands.run import parse_slo
+    from bench.options import parse_slo
     from results.reader import ResultsError
 
     try:

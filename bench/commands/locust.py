@@ -100,7 +100,8 @@ def master(
     import signal
 
     from adapters.base import adapter_for_engine
-    from bench.commands.run import _build_schedule, parse_percentiles, parse_slo
+    from bench.commands.run import _build_schedule
+    from bench.options import parse_percentiles, parse_slo
     from bench.distributed.wire import ClientSettings
     from bench.execute import prepare_run_dir
     from bench.report_text import print_summary

@@ -22,7 +22,7 @@ def command(results: Path, out: Path, slo_text: str | None, title: str | None, m
     a few MB (mostly plotly.js) whatever the number of requests.
     """
     from analysis.report import ReportOptions, build_report
-    from bench.commands.run import parse_slo
+    from bench.options import parse_slo
     from results.reader import ResultsError
 
     if max_run_sections < 0:

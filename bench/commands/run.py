@@ -9,30 +9,13 @@ from pathlib import Path
 import click
 
 from adapters.base import adapter_for_engine, adapter_names
-from analysis.slo import SLO, SLOError
 from bench.errors import BenchError
+from bench.options import parse_percentiles, parse_slo
 from bench.secrets import load_api_key
 from loadgen.runner import RunOptions
 from loadgen.transport import Timeouts
 from workloads.spec import Schedule
 from workloads.synthetic import SyntheticWorkload, WorkloadError
-
-
-def parse_percentiles(text: str) -> tuple[float, ...]:
-    try:
-        ps = tuple(float(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise BenchError(f"--percentiles {text!r}: expected numbers like 50,90,99") from None
-    if not ps or any(not 0 <= p <= 100 for p in ps):
-        raise BenchError("--percentiles: each value must be between 0 and 100")
-    return ps
-
-
-def parse_slo(text: str | None) -> SLO:
-    try:
-        return SLO.parse(text)
-    except SLOError as exc:
-        raise BenchError(str(exc)) from None
 
 
 @click.command("run")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from bench.commands.run import parse_percentiles, parse_slo
+from bench.options import parse_percentiles, parse_slo
 from bench.errors import BenchError
 
 
