@@ -33,6 +33,8 @@ from results.schema import (
     RUN_SCHEMA,
     SCHEDULE_FILE,
     SCHEDULE_SCHEMA,
+    SERVER_METRICS_DIR,
+    SERVER_METRICS_SCHEMA,
 )
 
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
@@ -210,19 +212,29 @@ COMPACT_MIN_PARTS = 16
 
 
 def compact_finished_run(run_dir: Path) -> None:
-    """At the end of a run (every writer closed): ``compact_requests``, which must never
-    fail the run. On an OSError (a full disk) the parts stay as they are, with a one-line
-    note on stderr: the run is complete either way."""
-    try:
-        compact_requests(run_dir, min_parts=COMPACT_MIN_PARTS)
-    except OSError as exc:
-        sys.stderr.write(f"note: the request part files were left unmerged ({exc})\n")
+    """At the end of a run (every writer closed): ``compact_requests``, and the same for the
+    client-monitor and server-metrics parts (a part a second or two each: a long run leaves
+    thousands, which cost ``bench summary`` most of a second to open). Must never fail the
+    run: on an OSError (a full disk) the parts stay as they are, with a one-line note on
+    stderr; the run is complete either way."""
+    for folder, schema in ((REQUESTS_DIR, REQUESTS_SCHEMA), (MONITOR_DIR, MONITOR_SCHEMA), (SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA)):
+        try:
+            compact_parts(Path(run_dir) / folder, schema, min_parts=COMPACT_MIN_PARTS)
+        except OSError as exc:
+            sys.stderr.write(f"note: the {folder} part files were left unmerged ({exc})\n")
 
 
 def compact_requests(run_dir: Path, file_bytes: int = COMPACT_BYTES, min_parts: int = COMPACT_MIN_PARTS) -> bool:
-    """Rewrite a finished run's request part files as fewer, larger ones (about
-    ``file_bytes`` each): the same rows in the same order (file names keep sorting in that
-    order), the same schema and encodings.
+    """``compact_parts`` of a finished run's requests table."""
+    return compact_parts(Path(run_dir) / REQUESTS_DIR, REQUESTS_SCHEMA, file_bytes, min_parts)
+
+
+def compact_parts(
+    folder: Path, schema: pa.Schema, file_bytes: int = COMPACT_BYTES, min_parts: int = COMPACT_MIN_PARTS
+) -> bool:
+    """Rewrite the part files of one table of a finished run (``folder``, e.g. ``requests/``)
+    as fewer, larger ones (about ``file_bytes`` each): the same rows in the same order (file
+    names keep sorting in that order), the same schema and encodings.
 
     A recorded run has a part per second or per 256 requests (the crash-loss bound), so a
     long one has thousands, and every reader then pays a file's fixed costs thousands of
@@ -230,27 +242,27 @@ def compact_requests(run_dir: Path, file_bytes: int = COMPACT_BYTES, min_parts: 
     on files of 16k rows). Call it once every writer of the run is closed.
 
     Crash-safe: the new files go to a hidden sibling folder, which is swapped with
-    ``requests/`` in one atomic step (a reader of ``requests/*.parquet`` sees either the old
+    ``folder`` in one atomic step (a reader of ``folder/*.parquet`` sees either the old
     parts or the new files, never both or neither); the old parts are deleted afterwards. A
     crash leaves at most a hidden folder behind. Returns False, changing nothing, with fewer
     than ``min_parts`` parts or where the atomic swap is not available (non-Linux).
     """
     from results.reader import _read_file
 
-    folder = Path(run_dir) / REQUESTS_DIR
+    folder = Path(folder)
     files = sorted(str(p) for p in folder.glob("*.parquet") if not p.name.startswith(".")) if folder.is_dir() else []
     if len(files) < min_parts:
         return False
-    staging = Path(run_dir) / f".{REQUESTS_DIR}.compact"
+    staging = folder.parent / f".{folder.name}.compact"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    options = _parquet_options(REQUESTS_SCHEMA)
+    options = _parquet_options(schema)
     rows_in = rows_out = 0
     pending: list[pa.Table] = []
     pending_bytes = 0
     try:
         for i, f in enumerate(files):
-            table = _read_file(f, REQUESTS_SCHEMA)
+            table = _read_file(f, schema)
             rows_in += table.num_rows
             pending.append(table)
             pending_bytes += os.path.getsize(f)

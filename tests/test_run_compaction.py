@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import results.writer
@@ -13,7 +14,7 @@ from adapters.openai import OpenAIAdapter
 from analysis.load import load_run
 from bench.execute import RunConfig, execute_run
 from loadgen.runner import RunOptions
-from results.schema import REQUESTS_DIR
+from results.schema import MONITOR_DIR, REQUESTS_DIR
 from sim.server import ServerConfig, create_app, serve_in_process
 from sim.timing import FixedTiming
 from workloads.spec import RequestSpec, Schedule
@@ -21,14 +22,14 @@ from workloads.spec import RequestSpec, Schedule
 
 def test_run_ends_with_its_parts_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(results.writer, "COMPACT_MIN_PARTS", 2)
-    parts_seen: list[int] = []
-    real = results.writer.compact_requests
+    parts_seen: dict[str, int] = {}
+    real = results.writer.compact_parts
 
-    def spy(run_dir: Path, **kwargs: int) -> bool:
-        parts_seen.append(len(list((run_dir / REQUESTS_DIR).glob("*.parquet"))))
-        return real(run_dir, **kwargs)
+    def spy(folder: Path, schema: pa.Schema, **kwargs: int) -> bool:
+        parts_seen[folder.name] = len(list(folder.glob("*.parquet")))
+        return real(folder, schema, **kwargs)
 
-    monkeypatch.setattr(results.writer, "compact_requests", spy)
+    monkeypatch.setattr(results.writer, "compact_parts", spy)
     # open loop, 10 requests/s for 2.5 s: the writer flushes about once a second
     specs = tuple(RequestSpec(f"r{i:03d}", 4, 4, prompt="p", send_offset_ns=i * 100_000_000) for i in range(25))
 
@@ -40,18 +41,25 @@ def test_run_ends_with_its_parts_merged(tmp_path: Path, monkeypatch: pytest.Monk
 
     run_dir = asyncio.run(main())
     files = list((run_dir / REQUESTS_DIR).glob("*.parquet"))
-    assert parts_seen and parts_seen[0] >= 2  # recorded as several parts...
+    assert parts_seen[REQUESTS_DIR] >= 2  # recorded as several parts...
     assert len(files) == 1  # ...merged into one at the end
+    # the client monitor's parts (one every 2 s) too, rows kept in order
+    assert parts_seen[MONITOR_DIR] >= 2
+    assert len(list((run_dir / MONITOR_DIR).glob("*.parquet"))) == 1
+    monitor = load_run(run_dir).monitor
+    assert monitor is not None and monitor.num_rows >= 2
+    ts = monitor["ts_ns"].to_pylist()
+    assert ts == sorted(ts)
     rows = load_run(run_dir).requests.to_pylist()
     assert sorted(r["request_id"] for r in rows) == [s.request_id for s in specs]
     assert all(r["ok"] for r in rows)
 
 
 def test_a_failed_merge_leaves_a_complete_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    def full_disk(run_dir: Path, **kwargs: int) -> bool:
+    def full_disk(folder: Path, schema: pa.Schema, **kwargs: int) -> bool:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(results.writer, "compact_requests", full_disk)
+    monkeypatch.setattr(results.writer, "compact_parts", full_disk)
     specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(4))
 
     async def main() -> Path:
