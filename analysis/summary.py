@@ -208,7 +208,8 @@ def summarize_batches(
     the batches' order) when the batches hold only REQUEST_STREAMED_COLUMNS.
     Per-request metrics are computed per batch and kept (one value per request); ITL and
     chunk gaps go into pooled distributions, exact up to ``exact_limit`` values each
-    (docs/metrics.md, Aggregates).
+    (docs/metrics.md, Aggregates). Batches are prepared (``_prepare``) by a thread per core
+    and pooled in their order, so the result does not depend on the threads.
     """
     deadlines = Deadlines.from_slo(options.slo.as_dict())
     itl = PooledDistribution(exact_limit)
