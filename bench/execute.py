@@ -52,7 +52,7 @@ class RunConfig:
     overwrite: bool = False
     #: Load generator (issue 8): transport auto|raw|aiohttp, clock user|kernel, processes.
     transport: str = "auto"
-    clock: str = "user"
+    clock: str = "auto"
     workers: int = 1
     #: Engine /metrics scraping (issue 4): seconds between scrapes, None to not scrape.
     scrape_interval_s: float | None = 1.0

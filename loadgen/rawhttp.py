@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - exercised where the extension is not b
 
 _now = time.perf_counter_ns
 
-Clock = Literal["user", "kernel"]
+Clock = Literal["user", "kernel", "auto"]
 
 #: Linux values (not exported by Python's socket module).
 SO_TIMESTAMPNS = 35
@@ -437,8 +437,8 @@ class RawHttpTransport:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
             raise ValueError(f"the raw transport speaks plain http only, not {parts.scheme!r} (use --transport aiohttp)")
-        if clock not in ("user", "kernel"):
-            raise ValueError(f"clock must be 'user' or 'kernel', not {clock!r}")
+        if clock not in ("user", "kernel", "auto"):
+            raise ValueError(f"clock must be 'user', 'kernel' or 'auto', not {clock!r}")
         self.base_url = base_url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
@@ -447,7 +447,8 @@ class RawHttpTransport:
         self._host_line = f"Host: {host_header}\r\n".encode()
         self.timeouts = timeouts
         self.requested_clock: Clock = clock
-        self.kernel_clock = clock == "kernel" and kernel_timestamps_supported()
+        # "auto" and "kernel" alike: kernel stamps where the platform has them, else user ones
+        self.kernel_clock = clock != "user" and kernel_timestamps_supported()
         self.offset_ns = realtime_offset_ns() if self.kernel_clock else 0
         self.user_fallback_reads = 0
         self.connections_opened = 0

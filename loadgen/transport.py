@@ -118,16 +118,17 @@ class AiohttpTransport:
         }
 
 
-def make_transport(kind: str, base_url: str, timeouts: Timeouts = Timeouts(), clock: str = "user") -> Transport:
+def make_transport(kind: str, base_url: str, timeouts: Timeouts = Timeouts(), clock: str = "auto") -> Transport:
     """The transport for ``kind``: ``raw`` (bench's own), ``aiohttp``, or ``auto``.
 
     ``auto`` picks the raw transport for plain http and aiohttp for https (the raw one has
-    no TLS). The kernel clock needs the raw transport.
+    no TLS). The kernel clock needs the raw transport; ``clock="auto"`` takes it wherever the
+    raw transport runs on a platform that has it, and the user clock elsewhere.
     """
     if kind not in ("auto", "raw", "aiohttp"):
         raise ValueError(f"unknown transport {kind!r}: use auto, raw or aiohttp")
-    if clock not in ("user", "kernel"):
-        raise ValueError(f"unknown clock {clock!r}: use user or kernel")
+    if clock not in ("user", "kernel", "auto"):
+        raise ValueError(f"unknown clock {clock!r}: use auto, user or kernel")
     https = base_url.lower().startswith("https:")
     if kind == "auto":
         kind = "aiohttp" if https else "raw"

@@ -144,7 +144,7 @@ class WorkerPool:
         timeouts: Timeouts,
         n: int,
         transport: str = "auto",
-        clock: str = "user",
+        clock: str = "auto",
         options: RunOptions = RunOptions(),
     ) -> None:
         self.n = n

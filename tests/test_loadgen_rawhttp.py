@@ -190,3 +190,22 @@ def test_an_ipv6_url_is_measured(tmp_path: Path, transport: str) -> None:
 
     rows = load_run(asyncio.run(main())).requests.to_pylist()
     assert len(rows) == 6 and all(r["ok"] and r["output_tokens"] == 6 for r in rows)
+
+
+def test_the_default_clock_is_the_kernel_one_where_the_platform_has_it() -> None:
+    """``auto`` (the default of bench run and sweeps): kernel stamps on the raw transport
+    where the platform offers them, user stamps elsewhere; an explicit request for the kernel
+    clock on aiohttp (https) is an error, never a silent downgrade."""
+    from loadgen.transport import AiohttpTransport, make_transport
+
+    assert RunConfig.__dataclass_fields__["clock"].default == "auto"
+    raw = make_transport("auto", "http://127.0.0.1:9")
+    assert isinstance(raw, RawHttpTransport) and raw.requested_clock == "auto"
+    assert raw.clock == ("kernel" if kernel_timestamps_supported() else "user")
+    assert RawHttpTransport("http://127.0.0.1:9", clock="user").clock == "user"
+    tls = make_transport("auto", "https://127.0.0.1:9")
+    assert isinstance(tls, AiohttpTransport) and tls.describe()["clock"] == "user"
+    with pytest.raises(ValueError, match="needs the raw transport"):
+        make_transport("aiohttp", "http://127.0.0.1:9", clock="kernel")
+    with pytest.raises(ValueError, match="unknown clock"):
+        make_transport("auto", "http://127.0.0.1:9", clock="tsc")

@@ -61,8 +61,9 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
               help="Load-generating processes (schedule split by send time; one run folder).")
 @click.option("--transport", "transport_kind", type=click.Choice(["auto", "raw", "aiohttp"]), default="auto",
               show_default=True, help="HTTP client: bench's own lean one (raw; http only), aiohttp, or auto.")
-@click.option("--clock", type=click.Choice(["user", "kernel"]), default="user", show_default=True,
-              help="Chunk timestamps: user space at read, or the kernel's receive time (raw transport, Linux).")
+@click.option("--clock", type=click.Choice(["auto", "user", "kernel"]), default="auto", show_default=True,
+              help="Chunk timestamps: the kernel's receive time (raw transport, Linux), user space at read, "
+                   "or auto: kernel where available, else user. run.parquet records the clock used.")
 @click.option("--launch", is_flag=True,
               help="Start --engine (sim|vllm|sglang|tgi) with --model through bench's launcher; stop it after the run.")
 @click.option("--parallel", "parallel_text", default="",
