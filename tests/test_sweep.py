@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -252,3 +253,33 @@ def test_an_engine_dying_mid_cell_fails_that_cell_and_the_sweep_goes_on(tmp_path
     pts = load_points(out, cell_id="tp1")
     assert list(pts["load_label"]) == ["rate-10", "rate-20"]
     assert pts.iloc[0]["attainment"] == 1.0 and pts.iloc[1]["ok"] < 10
+
+
+def test_loads_run_with_the_sweeps_client_workers_and_clock(tmp_path: Path) -> None:
+    """``workers``/``clock`` reach every load's run (as bench run's flags do); a sweep.json
+    stored before these fields existed resumes as it was measured (one process, user clock)."""
+    out = tmp_path / "sweep"
+    spec = _spec(matrix=MatrixSpec(tp=(1,)), loads=LoadSpec(rates=(10.0,), requests=8, warmup=0), workers=2, clock="user")
+    spec.validate()
+    run_sweep(spec, out, launcher=FixedSimLauncher(), echo=lambda s: None, progress=False)
+    meta = read_run_meta(out / "cell=tp1" / "load=rate-10")
+    assert meta["adapter"]["workers"] == 2
+    assert meta["clock"].startswith("user:")
+    with pytest.raises(SweepSpecError, match="clock"):
+        _spec(clock="tsc").validate()
+    with pytest.raises(SweepSpecError, match="workers"):
+        _spec(workers=0).validate()
+
+    # an older sweep.json (no workers, no clock): resumed without flags, it keeps the user clock
+    stored = json.loads((out / "sweep.json").read_text())
+    for key in ("workers", "clock"):
+        del stored["spec"][key]
+    (out / "sweep.json").write_text(json.dumps(stored))
+    from bench.sweep.orchestrate import stored_spec
+
+    old = stored_spec(out)
+    assert old is not None and (old.workers, old.clock) == (1, "user")
+    res = run_sweep(old, out, resume=True, launcher=FixedSimLauncher(), echo=lambda s: None, progress=False)
+    assert res.reused == ("tp1",)
+    with pytest.raises(BenchError, match="clock"):  # a different clock is a different sweep
+        run_sweep(replace(old, clock="auto"), out, resume=True, launcher=FixedSimLauncher(), echo=lambda s: None)

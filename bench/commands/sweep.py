@@ -76,6 +76,10 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--engine-arg", "engine_args", multiple=True, help="Extra engine argument (repeatable).")
 @click.option("--engine-env", "engine_env", multiple=True, help="NAME=value for the engine's environment (repeatable).")
 @click.option("--ready-timeout", type=float, help="Seconds to wait for an engine to become ready. [default: 600]")
+@click.option("--workers", type=click.IntRange(1, 64),
+              help="Load-generating processes per load, as in bench run. [default: 1]")
+@click.option("--clock", type=click.Choice(["auto", "user", "kernel"]),
+              help="Chunk timestamps, as in bench run. [default: auto]")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Sweep folder.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run.")
 @click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
@@ -208,4 +212,6 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
         engine_args=engine_args,
         engine_env=engine_env,
         ready_timeout_s=flags.get("ready_timeout"),
+        workers=flags.get("workers"),
+        clock=flags.get("clock"),
     )

@@ -123,6 +123,8 @@ def run_load(
         options=RunOptions(progress=progress, drain_timeout_s=drain_timeout(spec, load.workload)),
         timeouts=Timeouts(stall=spec.stall_timeout_s),
         command=("bench", "sweep"),
+        workers=spec.workers,
+        clock=spec.clock,
         config={
             "slo": slo.as_dict(),
             "attainment_pct": spec.attainment_pct,

@@ -16,7 +16,7 @@ from bench.sweep import store
 from bench.sweep.cell import CellRunner, SweepInterrupted, config_columns
 from bench.sweep.engines import DefaultLauncher, Launcher
 from bench.sweep.matrix import PlannedCell, expand
-from bench.sweep.spec import SweepSpec, spec_from_dict
+from bench.sweep.spec import LEGACY_DEFAULTS, SweepSpec, spec_from_dict
 
 Echo = Callable[[str], None]
 
@@ -37,7 +37,7 @@ class SweepResult:
 
 
 def _check_resume(stored: dict[str, Any], spec: SweepSpec) -> None:
-    old = stored.get("spec") or {}
+    old = {**LEGACY_DEFAULTS, **(stored.get("spec") or {})}
     new = spec.as_dict()
     differ = sorted(k for k in new if k not in RESUMABLE_CHANGES and _norm(old.get(k)) != _norm(new[k]))
     if differ:

@@ -35,6 +35,14 @@ ENGINES = ("sim", "vllm", "sglang", "tgi")
 AXES = ("tp", "pp", "dp", "ep", "dcp", "pcp")
 
 
+#: The chunk-timestamp clocks a sweep's loads may use (``loadgen.transport.make_transport``).
+CLOCKS = ("auto", "user", "kernel")
+
+#: Fields added after sweeps were first stored, with the values sweeps ran with before: a
+#: sweep.json without them is read (and resumed) as it was measured.
+LEGACY_DEFAULTS: dict[str, Any] = {"workers": 1, "clock": "user"}
+
+
 class SweepSpecError(ValueError):
     """A sweep definition that cannot run; one line."""
 
@@ -197,6 +205,11 @@ class SweepSpec:
     ready_timeout_s: float = 600.0
     #: Seconds without data before a request fails as stalled.
     stall_timeout_s: float = 120.0
+    #: Load-generating processes per load (``bench run --workers``): the schedule split by
+    #: send time, one run folder. More than one when a single process cannot keep up.
+    workers: int = 1
+    #: Chunk timestamps (``bench run --clock``): auto (kernel where available), user, kernel.
+    clock: str = "auto"
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -222,6 +235,10 @@ class SweepSpec:
             raise SweepSpecError("--capacity needs --slo (capacity is the highest rate meeting the SLOs)")
         if self.target_rate is not None and not self.target_rate > 0:
             raise SweepSpecError("target_rate must be positive")
+        if not 1 <= self.workers <= 64:
+            raise SweepSpecError(f"workers: {self.workers} is not between 1 and 64")
+        if self.clock not in CLOCKS:
+            raise SweepSpecError(f"clock {self.clock!r}: use one of {', '.join(CLOCKS)}")
         if self.ready_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise SweepSpecError("ready_timeout_s and stall_timeout_s must be positive")
         for item in self.engine_env:
@@ -261,4 +278,4 @@ def spec_from_dict(data: dict[str, Any]) -> SweepSpec:
     """Rebuild a spec from ``as_dict`` output (sweep.json)."""
     from bench.config import from_mapping
 
-    return from_mapping(SweepSpec, data)
+    return from_mapping(SweepSpec, {**LEGACY_DEFAULTS, **data})
