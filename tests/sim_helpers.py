@@ -32,13 +32,14 @@ def spaced(prompts: list[str], output_tokens: int, gap_ms: float = 20.0) -> Sche
 
 
 def run_against(cfg: ServerConfig, sched: Schedule, tmp: Path, adapter: Any = None, stall_s: float = 5.0,
-                engine: str = "sim") -> list[dict[str, Any]]:
+                engine: str = "sim", clock: str = "auto") -> list[dict[str, Any]]:
     """Serve ``cfg`` in-process, run ``sched`` with bench's runner, return the request rows."""
 
     async def main() -> Path:
         async with serve_in_process(create_app(cfg)) as url:
             rc = RunConfig(out=tmp / "run", url=url, engine=engine, model=cfg.model, schedule=sched,
-                           options=RunOptions(progress=False, drain_timeout_s=30.0), timeouts=Timeouts(stall=stall_s))
+                           options=RunOptions(progress=False, drain_timeout_s=30.0), timeouts=Timeouts(stall=stall_s),
+                           clock=clock)
             res = await execute_run(rc, adapter or OpenAIAdapter(model=cfg.model), install_signals=False)
             return res.run_dir
 
