@@ -217,7 +217,13 @@ class Runner:
         spec = next(it, None)
         freed.taken = True
         freed.spec = spec
-        freed.intended = done.last_data_ns or _now()
+        # The slot is free from the moment the client read the response's end: now, inside
+        # that read. With the kernel clock the end's own stamp is the kernel's receipt,
+        # earlier by however long the data waited to be read (a host pause, the other
+        # streams of the same engine step); counting from it would report every burst of
+        # completions as a late send. The send lag measures the client's send path, with
+        # either clock.
+        freed.intended = _now()
         if spec is None or spec.session_id is not None:
             return
         try:

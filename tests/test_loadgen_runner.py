@@ -19,27 +19,45 @@ from sim.timing import FixedTiming
 from workloads.spec import Message, RequestSpec, Schedule
 
 
-def _run(tmp_path: Path, sched: Schedule, options: RunOptions = RunOptions(progress=False)) -> Path:
+def _run(tmp_path: Path, sched: Schedule, options: RunOptions = RunOptions(progress=False), clock: str = "auto") -> Path:
     async def main() -> Path:
         cfg_s = ServerConfig(timing=FixedTiming(0.005, 0.001))
         async with serve_in_process(create_app(cfg_s)) as url:
             cfg = RunConfig(out=tmp_path / "run", url=url, engine="sim", model="sim-model", schedule=sched,
-                            options=options, transport="raw")
+                            options=options, transport="raw", clock=clock)
             res = await execute_run(cfg, OpenAIAdapter(model="sim-model", api="chat"), install_signals=False)
             return res.run_dir
 
     return asyncio.run(main())
 
 
-def test_closed_loop_slot_intends_next_send_at_previous_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("clock", ["user", "kernel"])
+def test_closed_loop_slot_intends_next_send_when_the_previous_end_was_read(tmp_path: Path, clock: str) -> None:
+    specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(6))
+    rows = load_run(_run(tmp_path, Schedule("c", 0, "closed", specs, concurrency=1), clock=clock)).requests.to_pylist()
+    rows.sort(key=lambda r: r["send_ns"])
+    assert all(r["ok"] for r in rows) and len(rows) == 6
+    for prev, nxt in zip(rows, rows[1:]):
+        # the slot was free once the client read the end (the end's stamp, or with the kernel
+        # clock the kernel's receipt of it, comes first)
+        assert prev["end_ns"] <= nxt["intended_send_ns"] <= prev["end_ns"] + 50_000_000
+        assert nxt["send_ns"] >= nxt["intended_send_ns"]
+        assert prev["end_ns"] >= prev["chunk_ns"][-1]  # end = the last read (the [DONE] may follow)
+
+
+def test_a_freed_slot_counts_from_the_read_not_from_the_stamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The intended send of a slot's next request is the moment the client read the end
+    (the runner's clock), not the end's data stamp (with the kernel clock, the kernel's
+    earlier receipt): here the runner's clock runs 20 ms ahead of the stamps, and the
+    intended sends follow the runner's clock."""
+    from loadgen import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "_now", lambda: time.perf_counter_ns() + 20_000_000)
     specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(6))
     rows = load_run(_run(tmp_path, Schedule("c", 0, "closed", specs, concurrency=1))).requests.to_pylist()
     rows.sort(key=lambda r: r["send_ns"])
     assert all(r["ok"] for r in rows) and len(rows) == 6
-    for prev, nxt in zip(rows, rows[1:]):
-        assert nxt["intended_send_ns"] == prev["end_ns"]  # the slot was free from that moment
-        assert nxt["send_ns"] >= nxt["intended_send_ns"]
-        assert prev["end_ns"] >= prev["chunk_ns"][-1]  # end = the last read (the [DONE] may follow)
+    assert all(n["intended_send_ns"] - p["end_ns"] >= 20_000_000 for p, n in zip(rows, rows[1:]))
 
 
 def test_sessions_still_carry_their_history(tmp_path: Path) -> None:
