@@ -35,6 +35,7 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
         "status": run.meta.get("status"),
         "engine": run.meta.get("engine"),
         "model": run.meta.get("model"),
+        "clock": run.meta.get("clock"),
         # run-level warnings recorded by the writer (e.g. a distributed worker lost mid-run)
         "warnings": list((run.meta.get("notes") or {}).get("warnings") or []),
     }
@@ -43,7 +44,11 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
     server = server_summary(run.path, run.requests)
     if server is not None:
         s["server"] = server
-    title = f"run {run.run_id} ({run.meta.get('status')}) engine={run.meta.get('engine')} model={run.meta.get('model')}"
+    clock = str(run.meta.get("clock") or "?").split(":")[0]  # "kernel: SO_TIMESTAMPNS ..." -> "kernel"
+    title = (
+        f"run {run.run_id} ({run.meta.get('status')}) engine={run.meta.get('engine')} model={run.meta.get('model')} "
+        f"clock={clock}"
+    )
     return s, title
 
 

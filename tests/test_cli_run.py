@@ -29,6 +29,15 @@ def test_embedded_engine_run_writes_a_complete_folder(tmp_path: Path) -> None:
     assert s["tokens"]["sources"] == {"server_cumulative": 12}
     assert (out / "run.parquet").exists() and (out / "schedule.parquet").exists()
     assert (out / "engine.log").exists()
+    # the default clock: the kernel's receive stamps where the platform has them; the
+    # summary names the clock its timings come from
+    from loadgen.rawhttp import kernel_timestamps_supported
+
+    clock = load_run(out).meta["clock"].split(":")[0]
+    assert clock == ("kernel" if kernel_timestamps_supported() else "user")
+    assert s["run"]["clock"].startswith(clock)
+    p = _run("summary", str(out), timeout=60)
+    assert p.returncode == 0 and p.stdout.splitlines()[0].endswith(f"clock={clock}"), p.stdout
 
 
 def test_client_stamps_match_the_engines_emission_log(tmp_path: Path) -> None:

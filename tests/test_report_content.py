@@ -36,6 +36,8 @@ def test_model_and_prompt_text_is_escaped(sweep_dir: Path, tmp_path: Path) -> No
     assert "<b>bold?</b>" not in page and "&lt;b&gt;bold?&lt;/b&gt;" in page
     # exactly the two scripts of the page (plotly.js, the data block, the boot script)
     assert len(re.findall(r"<script\b", page)) == 3
+    # each run names the clock its timestamps were taken on
+    assert re.search(r"<td>timestamps</td>\s*<td>(kernel|user): ", page), "no timestamps row"
 
 
 def test_sweep_summary_with_recommendation_on_top(sweep_dir: Path, tmp_path: Path) -> None:

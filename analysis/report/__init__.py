@@ -206,6 +206,7 @@ def _run_section(i: int, v: RunView) -> Section:
         ["engine", F.esc(meta.get("engine"))],
         ["model", F.esc(meta.get("model"))],
         ["status", F.esc(meta.get("status"))],
+        ["timestamps", F.esc(meta.get("clock") or "?")],
         ["window", f"{v.summary['window_s']:.2f} s"],
     ]
     if v.key:
