@@ -5,7 +5,8 @@ closed loop at rising concurrency against a fixed-timing engine whose streams al
 together like a real batch, pins client and engine to different cores, and compares
 every client timestamp with the engine's own emission log (same CLOCK_MONOTONIC).
 
-Printed per concurrency:
+Printed per concurrency (after ``c=``, the clock the run's timestamps came from: kernel or
+user; ``--clock`` picks it, by default bench run's own default, auto):
   tok/s        achieved output tokens/s (whole run)
   TTFT err     client TTFT minus true TTFT = client first-token stamp minus the engine's
                first-token emission (the send is stamped when the bytes reach the socket,
@@ -394,7 +395,7 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
     import pyarrow.compute as pc
 
     from analysis.summary import summarize
-    from results.reader import read_monitor, read_requests
+    from results.reader import read_monitor, read_requests, read_run_meta
 
     req = read_requests(run_dir)
     req = req.filter(pc.equal(req["phase"], "measure"))
@@ -411,6 +412,7 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
     total_tokens = int(sum(sum(t) for t in toks))
     window = (ends.max() - send.min()) / 1e9 if len(send) else float("nan")
     res: dict[str, float | str] = {"c": concurrency, "failed": n_failed, "tok_s": total_tokens / window}
+    res["clock"] = str(read_run_meta(run_dir).get("clock") or "?").split(":")[0]  # the clock actually used
 
     client_itl: list[np.ndarray] = []
     for ts, tk in zip(lists, toks):
@@ -611,7 +613,7 @@ def main() -> None:
     ap.add_argument("--server", choices=["lean", "sim"], default="lean")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--transport", choices=["raw", "aiohttp"], default=None)
-    ap.add_argument("--clock", choices=["user", "kernel"], default=None)
+    ap.add_argument("--clock", choices=["auto", "user", "kernel"], default=None)
     ap.add_argument("--client-cpus", default="0", help="cores for the client (comma-separated; '' = no pinning)")
     ap.add_argument("--server-cpus", default="1", help="cores for the engine")
     ap.add_argument("--keep", type=Path, help="keep the run folders here")
@@ -629,7 +631,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-instrument-")) if args.keep is None else args.keep
     tmp.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
-    print(f"# engine={args.server} transport={args.transport or 'default'} clock={args.clock or 'default'} "
+    print(f"# engine={args.server} transport={args.transport or 'default'} clock={args.clock or 'auto (bench run default)'} "
           f"workers={args.workers} client cpus={args.client_cpus or 'any'} engine cpus={args.server_cpus or 'any'} "
           f"tokens={args.tokens} truth TTFT {args.ttft_ms:g} ms ITL {args.itl_ms:g} ms; loadavg before {load[0]:.2f}")
     rows = []
@@ -658,7 +660,7 @@ def main() -> None:
 def _print_row(r: dict[str, float | str]) -> None:
     f = lambda k, fmt="{:.2f}": fmt.format(r[k]) if k in r and r[k] == r[k] else "n/a"  # noqa: E731
     print(
-        f"c={r['c']:<5} tok/s {float(r['tok_s']):>8.0f} | TTFT err p50/p99 {f('ttft_err_p50')}/{f('ttft_err_p99')} ms"
+        f"c={r['c']:<5} {r.get('clock', '?'):<6} tok/s {float(r['tok_s']):>8.0f} | TTFT err p50/p99 {f('ttft_err_p50')}/{f('ttft_err_p99')} ms"
         f" | ITL p50/p99 {f('itl_p50')}/{f('itl_p99')} ms (engine's {f('engine_itl_p50')}/{f('engine_itl_p99')})"
         f" | ITL err p50/p99 {f('itl_err_p50')}/{f('itl_err_p99')} ms"
         f" | stamp p50/p99 {f('stamp_p50', '{:.3f}')}/{f('stamp_p99', '{:.3f}')} ms"
