@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from analysis.capacity import Probe, capacity_from_probes, passes, point_metrics, server_signals
 from analysis.load import load_run
 from analysis.slo import SLO
-from results.reader import ResultsError, read_run_meta, read_server_metrics
+from results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
 
 CELLS_FILE = "cells.parquet"
 POINTS_FILE = "points.parquet"
@@ -71,7 +71,7 @@ def read_cells(sweep: Path) -> pd.DataFrame:
     path = Path(sweep) / CELLS_FILE
     if not path.exists():
         raise ResultsError(f"{sweep}: not a sweep folder (no {CELLS_FILE})")
-    return pq.read_table(path).to_pandas()
+    return read_parquet_file(path).to_pandas()
 
 
 def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] | None = None) -> pd.DataFrame:
@@ -85,7 +85,7 @@ def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] |
     files = sorted(str(p) for p in sweep.glob(pattern))
     if not files:
         return pd.DataFrame()
-    frames = [pq.read_table(f).to_pandas() for f in files]
+    frames = [read_parquet_file(f).to_pandas() for f in files]
     df = pd.concat(frames, ignore_index=True, sort=False)
     if slo is not None:
         df = _rescore(sweep, df, SLO.from_dict(slo))

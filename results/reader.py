@@ -27,6 +27,20 @@ def _check_version(version: str | None, where: Path) -> None:
         raise ResultsError(f"{where}: schema version {version} is not readable by this bench (expects {SCHEMA_VERSION})")
 
 
+def read_parquet_file(path: Path | str, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file, read through a single open handle.
+
+    Files that are rewritten in place while a run or sweep goes on (``run.parquet``,
+    ``cells.parquet``, ``points.parquet``) are replaced atomically by a rename, but
+    ``pq.read_table(path)`` opens the path twice (footer, then pages): a rename in between
+    pairs one file's footer with the other's pages (a torn read, "Page was smaller than
+    expected", in about a quarter of reads while a writer rewrote the file in a loop). One
+    handle reads one version whole.
+    """
+    with open(path, "rb") as f:
+        return pq.read_table(f, columns=columns)
+
+
 def find_runs(path: Path) -> list[Path]:
     """Run folders at or below ``path`` (a run folder, a sweep folder, or a parent)."""
     path = Path(path)
@@ -43,7 +57,7 @@ def find_runs(path: Path) -> list[Path]:
 def read_run_meta(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / RUN_FILE
     try:
-        table = pq.read_table(path)
+        table = read_parquet_file(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise ResultsError(f"{path}: unreadable run metadata ({exc})") from None
     meta = table.to_pylist()[0]

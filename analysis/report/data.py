@@ -17,14 +17,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from analysis.load import Run
 from analysis.metrics import itl_ms, measured, request_metrics
 from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
 from analysis.summary import SummaryOptions, summarize
-from results.reader import read_server_metrics
+from results.reader import read_parquet_file, read_server_metrics
 
 #: Quantile grid of a CDF: fine in the tail, where the interesting part is.
 CDF_GRID = np.unique(np.r_[np.linspace(0, 0.9, 91), 1 - np.logspace(-1, -4, 120), 1.0])
@@ -305,7 +304,7 @@ def read_sweep_tables(path: Path) -> tuple[pd.DataFrame | None, dict[str, Any] |
     cells_path = path / "cells.parquet"
     if cells_path.exists():
         try:
-            cells = pq.read_table(cells_path).to_pandas()
+            cells = read_parquet_file(cells_path).to_pandas()
         except (OSError, pa.ArrowInvalid) as exc:
             notes.append(f"cells.parquet unreadable ({exc})")
     rec_path = path / "recommendation.json"

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from results.reader import read_parquet_file
 from results.writer import write_table_atomic
 
 SWEEP_FILE = "sweep.json"
@@ -92,7 +92,7 @@ def read_cells(sweep: Path) -> list[dict[str, Any]]:
     path = Path(sweep) / CELLS_FILE
     if not path.exists():
         return []
-    return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+    return read_parquet_file(path).to_pylist()  # type: ignore[no-any-return]
 
 
 def write_points(sweep: Path, cell_id: str, rows: list[dict[str, Any]]) -> None:
