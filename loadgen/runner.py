@@ -133,7 +133,7 @@ class Runner:
         call: HttpCall | None = None,
         history: Sequence[Message] = (),
         started: _Started | None = None,
-        next_from: Callable[[RequestRecorder], None] | None = None,
+        next_from: Callable[[], None] | None = None,
     ) -> tuple[RequestRecord | None, str, int]:
         """Send one request (or await one a freed slot already sent: ``started``);
         returns (record, answer text, end ns).
@@ -156,7 +156,7 @@ class Runner:
             if started is not None:
                 await self.transport.complete(started.exchange, call, recorder)  # type: ignore[attr-defined]
             elif next_from is not None:
-                await self.transport.send(call, recorder, lambda: next_from(recorder))  # type: ignore[call-arg]
+                await self.transport.send(call, recorder, next_from)  # type: ignore[call-arg]
             else:
                 await self.transport.send(call, recorder)
         except StreamError as exc:
@@ -206,7 +206,7 @@ class Runner:
         if stats.in_flight > stats.max_in_flight:
             stats.max_in_flight = stats.in_flight
 
-    def _next_from(self, freed: _Freed, done: RequestRecorder, it: Iterator[RequestSpec], respect_duration: bool) -> None:
+    def _next_from(self, freed: _Freed, it: Iterator[RequestSpec], respect_duration: bool) -> None:
         """A closed-loop slot's request completed (called by the transport inside the
         read that completed it, before the slot's task wakes): take the next spec and,
         where an idle connection takes it at once, send it now, so a freed slot reaches
@@ -231,7 +231,7 @@ class Runner:
             call = self.adapter.build(spec)
             nxt = _Freed()
             ex = self.transport.start(  # type: ignore[attr-defined]
-                call, recorder, lambda: self._next_from(nxt, recorder, it, respect_duration)
+                call, recorder, lambda: self._next_from(nxt, it, respect_duration)
             )
         except Exception:  # the slot's task sends it the usual way
             return
@@ -372,7 +372,7 @@ class Runner:
                     spec = next(it, None)
                     continue
                 freed = started.freed if started is not None else _Freed()
-                next_from = None if started is not None else (lambda rec, f=freed: self._next_from(f, rec, it, respect_duration))
+                next_from = None if started is not None else (lambda f=freed: self._next_from(f, it, respect_duration))
                 try:
                     _, _, end = await self._execute(spec, intended, started=started, next_from=next_from)
                 except asyncio.CancelledError:
