@@ -613,7 +613,9 @@ def main() -> None:
     ap.add_argument("--server", choices=["lean", "sim"], default="lean")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--transport", choices=["raw", "aiohttp"], default=None)
-    ap.add_argument("--clock", choices=["auto", "user", "kernel"], default=None)
+    from loadgen.transport import CLOCKS
+
+    ap.add_argument("--clock", choices=CLOCKS, default=None)
     ap.add_argument("--client-cpus", default="0", help="cores for the client (comma-separated; '' = no pinning)")
     ap.add_argument("--server-cpus", default="1", help="cores for the engine")
     ap.add_argument("--keep", type=Path, help="keep the run folders here")

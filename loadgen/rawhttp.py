@@ -31,12 +31,12 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
 from loadgen.recorder import StreamError
-from loadgen.transport import Sink, Timeouts
+from loadgen.transport import CLOCKS, Clock, Sink, Timeouts
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
     from loadgen import _fastpath
@@ -44,8 +44,6 @@ except ImportError:  # pragma: no cover - exercised where the extension is not b
     _fastpath = None  # type: ignore[assignment]
 
 _now = time.perf_counter_ns
-
-Clock = Literal["user", "kernel", "auto"]
 
 #: Linux values (not exported by Python's socket module).
 SO_TIMESTAMPNS = 35
@@ -437,8 +435,8 @@ class RawHttpTransport:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
             raise ValueError(f"the raw transport speaks plain http only, not {parts.scheme!r} (use --transport aiohttp)")
-        if clock not in ("user", "kernel", "auto"):
-            raise ValueError(f"clock must be 'user', 'kernel' or 'auto', not {clock!r}")
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, not {clock!r}")
         self.base_url = base_url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80

@@ -11,7 +11,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import aiohttp
 
@@ -118,6 +118,13 @@ class AiohttpTransport:
         }
 
 
+#: Chunk-timestamp clocks (docs/instrument.md, Clocks): ``kernel`` is the kernel's receive
+#: time (raw transport, Linux), ``user`` the time a read returned, ``auto`` the kernel's where
+#: the platform has it and the user one elsewhere.
+Clock = Literal["auto", "user", "kernel"]
+CLOCKS: tuple[str, ...] = get_args(Clock)
+
+
 def make_transport(kind: str, base_url: str, timeouts: Timeouts = Timeouts(), clock: str = "auto") -> Transport:
     """The transport for ``kind``: ``raw`` (bench's own), ``aiohttp``, or ``auto``.
 
@@ -127,8 +134,8 @@ def make_transport(kind: str, base_url: str, timeouts: Timeouts = Timeouts(), cl
     """
     if kind not in ("auto", "raw", "aiohttp"):
         raise ValueError(f"unknown transport {kind!r}: use auto, raw or aiohttp")
-    if clock not in ("user", "kernel", "auto"):
-        raise ValueError(f"unknown clock {clock!r}: use auto, user or kernel")
+    if clock not in CLOCKS:
+        raise ValueError(f"unknown clock {clock!r}: use {', '.join(CLOCKS)}")
     https = base_url.lower().startswith("https:")
     if kind == "auto":
         kind = "aiohttp" if https else "raw"

@@ -13,7 +13,7 @@ from bench.errors import BenchError
 from bench.options import parse_percentiles, parse_slo
 from bench.secrets import load_api_key
 from loadgen.runner import RunOptions
-from loadgen.transport import Timeouts
+from loadgen.transport import CLOCKS, Timeouts
 from workloads.spec import Schedule
 from workloads.synthetic import SyntheticWorkload, WorkloadError
 
@@ -61,7 +61,7 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
               help="Load-generating processes (schedule split by send time; one run folder).")
 @click.option("--transport", "transport_kind", type=click.Choice(["auto", "raw", "aiohttp"]), default="auto",
               show_default=True, help="HTTP client: bench's own lean one (raw; http only), aiohttp, or auto.")
-@click.option("--clock", type=click.Choice(["auto", "user", "kernel"]), default="auto", show_default=True,
+@click.option("--clock", type=click.Choice(CLOCKS), default="auto", show_default=True,
               help="Chunk timestamps: the kernel's receive time (raw transport, Linux), user space at read, "
                    "or auto: kernel where available, else user. run.parquet records the clock used.")
 @click.option("--launch", is_flag=True,

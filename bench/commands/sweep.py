@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bench.errors import BenchError
+from loadgen.transport import CLOCKS
 
 if TYPE_CHECKING:
     from bench.sweep.spec import SweepSpec
@@ -78,7 +79,7 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--ready-timeout", type=float, help="Seconds to wait for an engine to become ready. [default: 600]")
 @click.option("--workers", type=click.IntRange(1, 64),
               help="Load-generating processes per load, as in bench run. [default: 1]")
-@click.option("--clock", type=click.Choice(["auto", "user", "kernel"]),
+@click.option("--clock", type=click.Choice(CLOCKS),
               help="Chunk timestamps, as in bench run. [default: auto]")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Sweep folder.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run.")

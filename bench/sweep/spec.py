@@ -30,13 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from adapters.launch.config import Disagg
+from loadgen.transport import CLOCKS
 
 ENGINES = ("sim", "vllm", "sglang", "tgi")
 AXES = ("tp", "pp", "dp", "ep", "dcp", "pcp")
 
-
-#: The chunk-timestamp clocks a sweep's loads may use (``loadgen.transport.make_transport``).
-CLOCKS = ("auto", "user", "kernel")
 
 #: Fields added after sweeps were first stored, with the values sweeps ran with before: a
 #: sweep.json without them is read (and resumed) as it was measured.
