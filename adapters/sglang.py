@@ -1,10 +1,13 @@
 """SGLang: the native ``/generate`` stream, and SGLang's OpenAI-compatible surface.
 
-Native events carry the **cumulative** text and ``meta_info.completion_tokens`` (cumulative),
-so per-chunk token counts are exact: each event's ``completion_tokens`` becomes
-``StreamEvent.cumulative`` and the recorder takes differences. ``meta_info.finish_reason`` is
-null until the last event, then an object (``{"type": "length", ...}``). With the server flag
-``--stream-output`` the text is incremental instead; both are handled.
+Native events carry ``meta_info.completion_tokens`` (cumulative), so per-chunk token counts are
+exact: each event's ``completion_tokens`` becomes ``StreamEvent.cumulative`` and the recorder
+takes differences. ``meta_info.finish_reason`` is null until the last event, then an object
+(``{"type": "length", ...}``; ``"abort"`` is a failure). By default the text and ``output_ids``
+are cumulative (every event repeats all ids so far: O(n²) bytes per request, SGLang 0.5.x);
+with the server's ``--incremental-streaming-output`` (formerly ``--stream-output``) both are
+deltas. Which mode a stream is in is read from ``output_ids``, never guessed from the text:
+deltas such as ``"ha","ha","ha!"`` look like a growing prefix. docs/engines.md has the versions.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ from workloads.spec import Message, RequestSpec
 
 
 class SGLangStreamParser:
-    """Turns cumulative native events into per-event deltas."""
+    """Turns native events (cumulative or incremental) into per-event deltas."""
 
-    __slots__ = ("_text", "_last_tokens")
+    __slots__ = ("_text", "_last_tokens", "_incremental")
 
-    def __init__(self) -> None:
+    def __init__(self, incremental: bool | None = None) -> None:
         self._text = ""
         self._last_tokens = 0
+        #: None until the stream shows its mode (or the caller knows the server's flag)
+        self._incremental = incremental
 
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
@@ -38,13 +43,16 @@ class SGLangStreamParser:
             return error_event(obj)
         meta = obj.get("meta_info") or {}
         text = obj.get("text") or ""
-        if text.startswith(self._text):
-            delta = text[len(self._text) :]
-            self._text = text
-        else:  # incremental text (--stream-output), or a revised detokenisation
+        completion = meta.get("completion_tokens")
+        if self._incremental is None:
+            self._incremental = _incremental_mode(obj.get("output_ids"), completion, self._last_tokens)
+        if self._incremental or not text.startswith(self._text):
+            # deltas; or, in cumulative mode, a revised detokenisation (keep what came)
             delta = text
             self._text += text
-        completion = meta.get("completion_tokens")
+        else:
+            delta = text[len(self._text) :]
+            self._text = text
         finish = meta.get("finish_reason")
         if isinstance(finish, dict):
             finish_reason: str | None = str(finish.get("type") or "stop")
@@ -71,6 +79,17 @@ class SGLangStreamParser:
         )
 
 
+def _incremental_mode(output_ids: Any, completion: Any, earlier_tokens: int) -> bool | None:
+    """The stream's mode from ``output_ids``: True (deltas) when it holds fewer ids than the
+    cumulative count, False when it holds them all after an earlier event already brought
+    tokens, None while undecidable (first event: both modes agree; no ids sent)."""
+    if not isinstance(output_ids, list) or not isinstance(completion, int) or completion <= 0:
+        return None
+    if len(output_ids) < completion:
+        return True
+    return False if earlier_tokens > 0 else None
+
+
 class SGLangAdapter:
     """SGLang's native ``POST /generate`` with ``stream: true``."""
 
@@ -85,9 +104,12 @@ class SGLangAdapter:
         api_key: str | None = None,
         force_length_fields: bool = True,
         extra_sampling: dict[str, Any] | None = None,
+        incremental_output: bool | None = None,
         **_: Any,
     ) -> None:
         self.model = model
+        #: the server's --incremental-streaming-output when known; None: read from each stream
+        self.incremental_output = incremental_output
         self.force_length_fields = force_length_fields
         self.extra_sampling = dict(extra_sampling or {})
         headers = [("Content-Type", "application/json")]
@@ -107,7 +129,7 @@ class SGLangAdapter:
         return HttpCall("POST", "/generate", orjson.dumps(self.body(spec, history)), self._headers)
 
     def parser(self) -> SGLangStreamParser:
-        return SGLangStreamParser()
+        return SGLangStreamParser(self.incremental_output)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -118,6 +140,7 @@ class SGLangAdapter:
             "force_length_fields": self.force_length_fields,
             "forces_output_length": self.forces_output_length,
             "token_counts": "exact (meta_info.completion_tokens, cumulative)",
+            "incremental_output": "from output_ids" if self.incremental_output is None else self.incremental_output,
         }
 
 

@@ -49,6 +49,29 @@ def test_incremental_text_with_stream_output() -> None:
     assert r.ok and r.chunk_tokens == [1, 1, 1] and r.output_text == "Hello world" and r.finish_reason == "stop"
 
 
+def ids_ev(text: str, ids: list[int], n: int, finish: object = None) -> dict[str, object]:
+    return {**ev(text, n, finish), "output_ids": ids}
+
+
+def test_incremental_streaming_keeps_repeated_deltas() -> None:
+    # --incremental-streaming-output: text and output_ids are deltas; "ha","ha","ha!" looks
+    # like a growing prefix, and reading it as cumulative text gave "ha","","!"
+    stream = sse(ids_ev("ha", [7], 1), ids_ev("ha", [7], 2), ids_ev("ha!", [7, 9], 4, {"type": "length"}))
+    r = record(SGLangAdapter(), stream)
+    assert r.ok and r.output_text == "hahaha!" and r.chunk_tokens == [1, 1, 2]
+
+
+def test_cumulative_output_ids_keep_cumulative_text() -> None:
+    stream = sse(ids_ev("ha", [7], 1), ids_ev("haha", [7, 7], 2), ids_ev("hahaha!", [7, 7, 7, 9], 4, {"type": "length"}))
+    r = record(SGLangAdapter(), stream)
+    assert r.ok and r.output_text == "hahaha!" and r.chunk_tokens == [1, 1, 2]
+
+
+def test_incremental_mode_given_by_the_user_without_output_ids() -> None:
+    stream = sse(ev("ha", 1), ev("ha", 2), ev("ha!", 3, {"type": "length"}))
+    assert record(SGLangAdapter(incremental_output=True), stream).output_text == "hahaha!"
+
+
 def test_missing_done_is_a_failure() -> None:
     r = record(SGLangAdapter(), sse(ev("a", 1), ev("ab", 2, {"type": "length"}), done=False))
     assert not r.ok and r.error_type == "no_done"
