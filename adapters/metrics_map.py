@@ -3,9 +3,19 @@
 Keys are metric *family* names as the Prometheus text parser reports them (counters
 without their ``_total`` suffix; histograms without ``_bucket``/``_sum``/``_count``).
 Versions targeted and the meaning of each common name: docs/engines.md.
+
+Names are distinct across an engine's versions, so the union below is safe when the version
+is unknown; :func:`metric_names` narrows it to the families a given version emits (the
+ranges in :data:`SGLANG_VERSIONS`, read in each release's source), and :meth:`MetricNames.common`
+leaves SGLang's per-priority breakdowns (``priority="<n>"``, 0.5.12+) without a common name:
+the total is the ``priority=""`` series, and summing both would double it.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 #: common name → what it is (the unit is in the name).
 COMMON_NAMES: dict[str, str] = {
@@ -14,8 +24,9 @@ COMMON_NAMES: dict[str, str] = {
     "kv_cache_usage": "fraction of the KV cache in use, 0..1 (gauge)",
     "prefix_cache_queries": "prompt tokens looked up in the prefix cache (counter)",
     "prefix_cache_hits": "prompt tokens found in the prefix cache (counter)",
-    "prefix_cache_hit_rate": "prefix-cache hit rate reported by the engine, 0..1 (gauge)",
-    "preemptions": "requests preempted / retracted (vLLM: counter; SGLang: gauge of retracted requests)",
+    "prefix_cache_hit_rate_last_prefill": "prefix-cache hit rate of the engine's last prefill batch, 0..1 "
+    "(gauge; not a run's rate: take cached_tokens / prompt_tokens)",
+    "preemptions": "requests preempted / retracted, cumulative (counter, or a gauge that only grows)",
     "prompt_tokens": "prompt tokens processed (counter)",
     "generation_tokens": "tokens generated (counter)",
     "cached_tokens": "prompt tokens served from cache (counter)",
@@ -28,6 +39,7 @@ COMMON_NAMES: dict[str, str] = {
     "prefill_seconds": "time in prefill (histogram)",
     "decode_seconds": "time in decode (histogram)",
     "inference_seconds": "prefill + decode time (histogram)",
+    "inference_per_token_seconds": "inference time (prefill included) / generated tokens, per request (histogram)",
 }
 
 VLLM: dict[str, str] = {
@@ -59,18 +71,33 @@ SGLANG: dict[str, str] = {
     "sglang:num_queue_reqs": "waiting",
     "sglang:num_running_reqs": "running",
     "sglang:token_usage": "kv_cache_usage",
-    "sglang:cache_hit_rate": "prefix_cache_hit_rate",
-    "sglang:num_retracted_reqs": "preemptions",
+    "sglang:cache_hit_rate": "prefix_cache_hit_rate_last_prefill",
+    "sglang:num_retracted_requests": "preemptions",  # counter, 0.5.7+
+    "sglang:total_retracted_reqs": "preemptions",  # gauge that only grows, up to 0.5.2
     "sglang:prompt_tokens": "prompt_tokens",
     "sglang:generation_tokens": "generation_tokens",
     "sglang:cached_tokens": "cached_tokens",
     "sglang:num_requests": "requests_finished",
     "sglang:time_to_first_token_seconds": "ttft_seconds",
     "sglang:inter_token_latency_seconds": "itl_seconds",
-    "sglang:time_per_output_token_seconds": "tpot_seconds",
+    "sglang:request_time_per_output_token_seconds": "tpot_seconds",  # 0.5.22+
     "sglang:e2e_request_latency_seconds": "e2e_seconds",
-    "sglang:queue_time_seconds": "queue_seconds",
+    "sglang:queue_time_seconds": "queue_seconds",  # 0.5.3+
 }
+
+#: SGLang families that exist only in some releases: family -> (first, last) release with it
+#: (None: open). Read in the released packages' metrics collector (docs/engines.md).
+#: ``sglang:num_retracted_reqs`` is deliberately unmapped: a gauge reset at each log point,
+#: it cannot be summed from scrapes that do not fall on those points.
+SGLANG_VERSIONS: dict[str, tuple[str | None, str | None]] = {
+    "sglang:total_retracted_reqs": (None, "0.5.2"),
+    "sglang:num_retracted_requests": ("0.5.7", None),
+    "sglang:queue_time_seconds": ("0.5.3", None),
+    "sglang:request_time_per_output_token_seconds": ("0.5.22", None),
+}
+
+#: Gauges that only ever grow (a total since start): the scraper gives them a ``delta`` like a counter.
+CUMULATIVE_GAUGES = frozenset({"sglang:total_retracted_reqs"})
 
 #: TGI has no TTFT or prefill histogram; queue + validation + prefill must be inferred.
 TGI: dict[str, str] = {
@@ -80,15 +107,71 @@ TGI: dict[str, str] = {
     "tgi_request_duration": "e2e_seconds",
     "tgi_request_queue_duration": "queue_seconds",
     "tgi_request_inference_duration": "inference_seconds",
-    "tgi_request_mean_time_per_token_duration": "tpot_seconds",
+    # inference time / generated tokens: prefill included, so not a TPOT (router/src/server.rs)
+    "tgi_request_mean_time_per_token_duration": "inference_per_token_seconds",
 }
 
 ALL: dict[str, str] = {**VLLM, **SGLANG, **TGI}
 
+_BY_ENGINE: dict[str, dict[str, str]] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 
-def common_name(family: str) -> str | None:
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """``"0.5.23"``, ``"v0.5.3.post1"``, ``"3.3.6-dev0"`` -> (0, 5, 23) ...; None when unreadable."""
+    m = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def version_at_least(version: str | None, minimum: str) -> bool | None:
+    """Whether ``version`` is at least ``minimum``; None when the version is unknown or unreadable."""
+    have = _release(version) if version else None
+    need = _release(minimum)
+    if have is None or need is None:
+        return None
+    return have >= need
+
+
+def _in_range(version: str, span: tuple[str | None, str | None]) -> bool:
+    """Whether release ``version`` lies in ``span`` (post-releases count as their release)."""
+    have = _release(version)
+    if have is None:
+        return True
+    first, last = (None if v is None else _release(v) for v in span)
+    if first is not None and have[: len(first)] < first:
+        return False
+    return last is None or have[: len(last)] <= last
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """The family -> common-name map for one engine version (the union when unknown)."""
+
+    names: Mapping[str, str]
+
+    def common(self, family: str, labels: Mapping[str, str] | None = None) -> str | None:
+        name = self.names.get(family)
+        if name is None and family.endswith("_total"):
+            name = self.names.get(family[: -len("_total")])
+        if name is not None and labels and labels.get("priority") and family.startswith("sglang:"):
+            return None  # a per-priority breakdown beside the priority="" total
+        return name
+
+
+def metric_names(engine: str | None = None, version: str | None = None) -> MetricNames:
+    """The names ``engine`` at ``version`` emits; every known name when either is unknown.
+
+    A simulated engine speaks its flavour's names (pass the flavour as ``engine``)."""
+    table = _BY_ENGINE.get(engine or "")
+    if table is None:
+        return MetricNames(ALL)
+    if engine == "sglang" and version:
+        table = {f: c for f, c in table.items() if _in_range(version, SGLANG_VERSIONS.get(f, (None, None)))}
+    return MetricNames(table)
+
+
+_UNION = MetricNames(ALL)
+
+
+def common_name(family: str, labels: Mapping[str, str] | None = None) -> str | None:
     """The common name of an engine metric family, or None when it has none."""
-    name = ALL.get(family)
-    if name is None and family.endswith("_total"):
-        name = ALL.get(family[: -len("_total")])
-    return name
+    return _UNION.common(family, labels)

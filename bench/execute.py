@@ -150,7 +150,11 @@ async def execute_run(
     if cfg.scrape_interval_s:
         from loadgen.scrape import MetricsScraper
 
-        scraper = MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s)
+        from adapters.metrics_map import metric_names
+
+        # the launched engine's version picks the families it emits (docs/engines.md)
+        names = metric_names(cfg.engine, (cfg.engine_info or {}).get("version"))
+        scraper = MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s, names=names)
         await asyncio.to_thread(scraper.start)
     try:
         stats = await runner.run()

@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.metrics_map import common_name
+from adapters.metrics_map import CUMULATIVE_GAUGES, MetricNames, metric_names
 from results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
 from results.writer import PartWriter
 
@@ -30,18 +30,25 @@ _DELTA_TYPES = frozenset({"counter", "histogram_bucket", "histogram_sum", "histo
                           "summary_count"})  # fmt: skip
 
 
-def parse_metrics(text: str, ts_ns: int) -> list[dict[str, Any]]:
-    """Long-format rows (without ``delta``) for one /metrics page."""
+_ALL_NAMES = metric_names()
+
+
+def parse_metrics(text: str, ts_ns: int, names: MetricNames = _ALL_NAMES) -> list[dict[str, Any]]:
+    """Long-format rows (without ``delta``) for one /metrics page; common names from ``names``."""
     rows: list[dict[str, Any]] = []
     for family in text_string_to_metric_families(text):
         fname = family.name
         if fname.endswith("_created"):
             continue  # prometheus_client's creation timestamps, not measurements
-        common = common_name(fname)
+        common = names.common(fname)
         ftype = family.type
         for sample in family.samples:
             sname = sample.name
             labels = sample.labels
+            if common is not None and labels.get("priority"):
+                common_here = names.common(fname, labels)
+            else:
+                common_here = common
             le: float | None = None
             stype = ftype
             if ftype in ("histogram", "gaugehistogram"):
@@ -70,7 +77,7 @@ def parse_metrics(text: str, ts_ns: int) -> list[dict[str, Any]]:
                 {
                     "ts_ns": ts_ns,
                     "metric": sname,
-                    "common": common,
+                    "common": common_here,
                     "type": stype,
                     "labels": json.dumps(labels, sort_keys=True, separators=(",", ":")) if labels else "",
                     "le": le,
@@ -89,7 +96,7 @@ class DeltaTracker:
     def apply(self, rows: list[dict[str, Any]]) -> None:
         last = self._last
         for row in rows:
-            if row["type"] not in _DELTA_TYPES:
+            if row["type"] not in _DELTA_TYPES and row["metric"] not in CUMULATIVE_GAUGES:
                 row["delta"] = None
                 continue
             key = (row["metric"], row["labels"], row["le"])
@@ -103,10 +110,11 @@ class MetricsScraper:
     """Scrapes ``url`` every ``interval_s`` into ``run_dir/server_metrics``. Start/stop around a run."""
 
     def __init__(self, url: str, run_dir: Path, interval_s: float = 1.0, timeout_s: float | None = None,
-                 path: str = "/metrics", worker_id: int = 0) -> None:  # fmt: skip
+                 path: str = "/metrics", worker_id: int = 0, names: MetricNames = _ALL_NAMES) -> None:  # fmt: skip
         if interval_s <= 0:
             raise ValueError("scrape interval must be positive")
         self.url = url.rstrip("/") + path
+        self.names = names
         self.interval_s = interval_s
         self.timeout_s = timeout_s if timeout_s is not None else max(1.0, min(5.0, interval_s))
         self.writer = PartWriter(Path(run_dir) / SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA, worker_id,
@@ -126,7 +134,7 @@ class MetricsScraper:
             with self._opener.open(self.url, timeout=self.timeout_s) as resp:
                 body = resp.read()
             t_recv = time.perf_counter_ns()
-            rows = parse_metrics(body.decode("utf-8", "replace"), (t_send + t_recv) // 2)
+            rows = parse_metrics(body.decode("utf-8", "replace"), (t_send + t_recv) // 2, self.names)
         except urllib.error.HTTPError as exc:
             return self._failed(f"HTTP {exc.code}")
         except (urllib.error.URLError, OSError) as exc:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from adapters.metrics_map import common_name
+from adapters.metrics_map import common_name, metric_names
 from analysis.server_metrics import bucket_quantile, server_summary, ttft_cross_check, window_histogram
 from loadgen.scrape import DeltaTracker, MetricsScraper, parse_metrics
 from results.reader import read_server_metrics
@@ -70,12 +70,55 @@ def test_deltas_and_counter_reset() -> None:
 def test_engine_names_map() -> None:
     assert common_name("sglang:num_queue_reqs") == "waiting"
     assert common_name("sglang:time_to_first_token_seconds") == "ttft_seconds"
-    assert common_name("sglang:cache_hit_rate") == "prefix_cache_hit_rate"
+    assert common_name("sglang:cache_hit_rate") == "prefix_cache_hit_rate_last_prefill"
     assert common_name("tgi_queue_size") == "waiting"
     assert common_name("tgi_request_queue_duration") == "queue_seconds"
     assert common_name("vllm:gpu_cache_usage_perc") == "kv_cache_usage"
     assert common_name("vllm:prompt_tokens_total") == "prompt_tokens"
     assert common_name("python_gc_objects_collected") is None
+
+
+SGLANG_PRIORITY_PAGE = """# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",priority=""} 5
+sglang:num_queue_reqs{model_name="m",priority="0"} 3
+sglang:num_queue_reqs{model_name="m",priority="1"} 2
+# TYPE sglang:num_retracted_reqs gauge
+sglang:num_retracted_reqs{model_name="m",priority=""} 1
+# TYPE sglang:num_retracted_requests counter
+sglang:num_retracted_requests_total{model_name="m",priority=""} %d
+# TYPE sglang:total_retracted_reqs gauge
+sglang:total_retracted_reqs{model_name="m"} %d
+"""
+
+
+def test_sglang_priority_breakdown_is_not_summed_into_the_total() -> None:
+    rows = parse_metrics(SGLANG_PRIORITY_PAGE % (4, 4), 1)
+    waiting = [r for r in rows if r["common"] == "waiting"]
+    assert [r["value"] for r in waiting] == [5.0]  # the priority="" total only: 3 + 2 are its breakdown
+
+
+def test_sglang_preemptions_are_the_counter_or_the_growing_gauge_never_the_reset_gauge() -> None:
+    d = DeltaTracker()
+    pages = [parse_metrics(SGLANG_PRIORITY_PAGE % (n, n), i) for i, n in enumerate((4, 9))]
+    for rows in pages:
+        d.apply(rows)
+    pre = {r["metric"]: r["delta"] for r in pages[1] if r["common"] == "preemptions"}
+    # 0.5.7+: the counter; up to 0.5.2: a gauge holding the total since start (its delta is kept too)
+    assert pre == {"sglang:num_retracted_requests_total": 5.0, "sglang:total_retracted_reqs": 5.0}
+    assert common_name("sglang:num_retracted_reqs") is None  # reset at each log point
+
+
+def test_names_follow_the_sglang_version() -> None:
+    old, new = metric_names("sglang", "0.4.10"), metric_names("sglang", "0.5.23.post1")
+    assert old.common("sglang:total_retracted_reqs") == "preemptions"
+    assert old.common("sglang:queue_time_seconds") is None
+    assert old.common("sglang:request_time_per_output_token_seconds") is None
+    assert new.common("sglang:total_retracted_reqs") is None
+    assert new.common("sglang:num_retracted_requests_total") == "preemptions"
+    assert new.common("sglang:request_time_per_output_token_seconds") == "tpot_seconds"
+    assert common_name("sglang:time_per_output_token_seconds") is None  # in no release 0.4.10-0.5.23
+    assert metric_names("sglang", None).common("sglang:queue_time_seconds") == "queue_seconds"
+    assert common_name("tgi_request_mean_time_per_token_duration") == "inference_per_token_seconds"
 
 
 def test_recorded_vllm_page() -> None:
