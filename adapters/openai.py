@@ -91,6 +91,9 @@ class OpenAIStreamParser:
                 server_request_id=rid,
             )
         choice = choices[0]
+        if choice.get("finish_reason") == "abort":
+            # vLLM's FinishReason.ABORT, SGLang's graceful abort: the request did not complete
+            return StreamEvent(EventKind.ERROR, error_type="abort", error_message="request aborted by the engine")
         kind = EventKind.EMPTY
         text = ""
         if self._chat:

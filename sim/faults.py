@@ -14,6 +14,13 @@ split_utf8=0.1,multi_token=0.2,no_done=0.01,slow_start=3s``.
   counts come from usage).
 * ``no_done``: the stream ends without its end marker (``[DONE]``; TGI: without the
   final event).
+* ``stream_error``: after a random token the stream carries the engine's own in-stream error
+  event (HTTP 200 already sent): SGLang ``{"error": {message, type, code, retryable}}`` then
+  ``[DONE]``; TGI ``{"error", "error_type": "generation"}``; vLLM ``{"error": {...}}`` then
+  ``[DONE]``.
+* ``abort``: the engine aborts the request mid-stream: SGLang's last event has
+  ``finish_reason {"type": "abort"}`` (its OpenAI routes: ``finish_reason: "abort"``); TGI,
+  which has no abort, sends its generation error; vLLM's stream ends with ``finish_reason: "abort"``.
 * ``slow_start=DURATION``: health checks (and requests) answer 503 for DURATION after start.
 """
 
@@ -22,7 +29,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-RATE_MODES = ("reset", "http500", "http503", "http429", "stall", "malformed", "split_utf8", "multi_token", "no_done")
+RATE_MODES = ("reset", "http500", "http503", "http429", "stall", "malformed", "split_utf8", "multi_token", "no_done",
+              "stream_error", "abort")
 
 
 class FaultSpecError(ValueError):
@@ -53,6 +61,8 @@ class FaultSpec:
     split_utf8: float = 0.0
     multi_token: float = 0.0
     no_done: float = 0.0
+    stream_error: float = 0.0
+    abort: float = 0.0
     slow_start_s: float = 0.0
 
     @classmethod
@@ -104,6 +114,8 @@ class RequestFaults:
     split_at: int = -1
     tokens_per_event: int = 1
     no_done: bool = False
+    error_at: int = -1
+    abort_at: int = -1
 
     @property
     def clean(self) -> bool:
@@ -141,4 +153,6 @@ class FaultPlanner:
             split_at=at() if s.split_utf8 > 0 and r() < s.split_utf8 else -1,
             tokens_per_event=self.rng.randint(2, 4) if s.multi_token > 0 and r() < s.multi_token else 1,
             no_done=bool(s.no_done > 0 and r() < s.no_done),
+            error_at=at() if s.stream_error > 0 and r() < s.stream_error else -1,
+            abort_at=at() if s.abort > 0 and r() < s.abort else -1,
         )

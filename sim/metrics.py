@@ -16,6 +16,8 @@ class Histogram:
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
     n: int = 0
+    #: labels of this series beyond the registry's (e.g. TGI's ``method="prefill"``)
+    extra: str = ""
 
     def __post_init__(self) -> None:
         self.counts = [0] * len(self.buckets)
@@ -28,6 +30,8 @@ class Histogram:
         self.n += 1
 
     def render(self, labels: str) -> list[str]:
+        if self.extra:
+            labels = f"{labels},{self.extra}" if labels else self.extra
         out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
         cum = 0
         sep = "," if labels else ""
@@ -63,10 +67,11 @@ class Registry:
         entry = self.labelled.setdefault(name, (help, label, {}))
         entry[2][value] = entry[2].get(value, 0.0) + by
 
-    def histogram(self, name: str, help: str, buckets: tuple[float, ...] = DEFAULT_BUCKETS) -> Histogram:
-        h = self.histograms.get(name)
+    def histogram(self, name: str, help: str, buckets: tuple[float, ...] = DEFAULT_BUCKETS, extra: str = "") -> Histogram:
+        key = f"{name}{{{extra}}}" if extra else name
+        h = self.histograms.get(key)
         if h is None:
-            h = self.histograms[name] = Histogram(name, help, buckets)
+            h = self.histograms[key] = Histogram(name, help, buckets, extra=extra)
         return h
 
     def render(self) -> str:

@@ -1,4 +1,12 @@
-"""Each flavour's /metrics page, with that engine's own Prometheus names (engine-protocols §5.4)."""
+"""Each flavour's /metrics page, with that engine's own Prometheus names and label sets.
+
+SGLang as 0.5.23 (observability/metrics_collector.py): the tokenizer's series carry
+``model_name, engine_type``, the scheduler's ``model_name, engine_type, tp_rank, pp_rank,
+moe_ep_rank``; retractions are a counter plus a gauge reset at each log point (here: each
+scrape); ``cache_hit_rate`` is the recent prefill's rate, not a cumulative one. TGI as 3.3
+(router/src/server.rs, backends/v3): no labels except ``method`` on batch series; time per
+token is inference time (prefill included) over generated tokens. vLLM: docs/engines.md.
+"""
 
 from __future__ import annotations
 
@@ -36,9 +44,13 @@ class FlavorMetrics:
         if flavor == "tgi":
             self.reg = Registry({}, counter_suffix="")
         elif flavor == "sglang":
-            self.reg = Registry({"model_name": model})
+            self.reg = Registry({"model_name": model, "engine_type": "unified"})
         else:
             self.reg = Registry({"model_name": model, "engine": "0"})
+        #: the scheduler's series (SGLang labels them per rank; the others have one registry)
+        self.sched = (Registry({"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+                                "moe_ep_rank": "0"}) if flavor == "sglang" else self.reg)
+        self._last = (0, 0, 0)  # SGLang: prefix queries, hits and retractions at the last page
         p = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_"}[flavor]
         self.p = p
         r = self.reg
@@ -47,7 +59,7 @@ class FlavorMetrics:
             self.itl = r.histogram("tgi_request_mean_time_per_token_duration", "Mean time per token.")
             self.e2e = r.histogram("tgi_request_duration", "Request duration.")
             self.queue = r.histogram("tgi_request_queue_duration", "Queue time.")
-            self.prefill = r.histogram("tgi_batch_forward_duration", "Prefill forward duration.")
+            self.prefill = r.histogram("tgi_batch_forward_duration", "Batch forward duration.", extra='method="prefill"')
             self.decode = r.histogram("tgi_request_inference_duration", "Inference duration.")
             self.gen_tokens = r.histogram("tgi_request_generated_tokens", "Generated tokens.", TOKEN_BUCKETS)
             self.in_tokens = r.histogram("tgi_request_input_length", "Input length.", TOKEN_BUCKETS)
@@ -55,12 +67,11 @@ class FlavorMetrics:
             self.ttft = r.histogram(f"{p}time_to_first_token_seconds", "Time to first token.")
             self.itl = r.histogram(f"{p}inter_token_latency_seconds", "Inter-token latency.")
             self.e2e = r.histogram(f"{p}e2e_request_latency_seconds", "End-to-end request latency.")
-            self.queue = r.histogram(f"{p}request_queue_time_seconds" if flavor == "vllm" else f"{p}queue_time_seconds",
-                                     "Queue time.")
+            self.queue = (r.histogram(f"{p}request_queue_time_seconds", "Queue time.") if flavor == "vllm"
+                          else self.sched.histogram(f"{p}queue_time_seconds", "Histogram of queueing time in seconds."))
             self.inference = (r.histogram(f"{p}request_inference_time_seconds", "Prefill + decode time.")
                               if flavor == "vllm" else None)
-            self.tpot = r.histogram(f"{p}request_time_per_output_token_seconds" if flavor == "vllm"
-                                    else f"{p}time_per_output_token_seconds", "Per-request time per output token.")
+            self.tpot = r.histogram(f"{p}request_time_per_output_token_seconds", "Per-request time per output token.")
             self.prefill = r.histogram(f"{p}request_prefill_time_seconds", "Prefill time.") if flavor == "vllm" else None
             self.decode = r.histogram(f"{p}request_decode_time_seconds", "Decode time.") if flavor == "vllm" else None
             self.gen_tokens = (
@@ -111,8 +122,8 @@ class FlavorMetrics:
                 self.decode.observe(max(0.0, e2e_s - queue_s))
             if prefill_s is not None and self.prefill is not None:
                 self.prefill.observe(prefill_s)
-            if tokens > 0:
-                self.itl.observe(e2e_s / tokens)
+            if tokens > 0:  # inference time / tokens, prefill included (server.rs time_per_token)
+                self.itl.observe((e2e_s - (queue_s or 0.0)) / tokens)
             if self.gen_tokens is not None:
                 self.gen_tokens.observe(tokens)
             return
@@ -162,14 +173,19 @@ class FlavorMetrics:
             r.gauge("tgi_batch_max_total_tokens", "Max tokens in a batch.", kv_tokens)
             r.gauge("tgi_batch_total_tokens", "KV tokens in use.", int(kv_usage * kv_tokens))
         elif self.flavor == "sglang":
-            r.gauge("sglang:num_running_reqs", "Running requests.", running)
-            r.gauge("sglang:num_queue_reqs", "Queued requests.", waiting)
-            r.gauge("sglang:token_usage", "KV token usage (0-1).", round(kv_usage, 6))
-            r.gauge("sglang:num_used_tokens", "KV tokens in use.", int(kv_usage * kv_tokens))
-            r.gauge("sglang:max_total_num_tokens", "KV token capacity.", kv_tokens)
-            r.gauge("sglang:cache_hit_rate", "Prefix-cache hit rate.", hits / queries if queries else 0.0)
-            r.gauge("sglang:gen_throughput", "Generation throughput (token/s).", round(gen_throughput, 3))
-            r.gauge("sglang:num_retracted_reqs", "Retracted (preempted) requests.", preemptions)
+            s = self.sched
+            q0, h0, p0 = self._last
+            self._last = (queries, hits, preemptions)
+            s.gauge("sglang:num_running_reqs", "The number of running requests.", running)
+            s.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", waiting)
+            s.gauge("sglang:token_usage", "The token usage.", round(kv_usage, 6))
+            s.gauge("sglang:num_used_tokens", "The number of used tokens.", int(kv_usage * kv_tokens))
+            s.gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", kv_tokens)
+            s.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", (hits - h0) / (queries - q0) if queries > q0 else 0.0)
+            s.gauge("sglang:gen_throughput", "The generation throughput (token/s).", round(gen_throughput, 3))
+            s.gauge("sglang:num_retracted_reqs", "The number of retracted requests.", preemptions - p0)
+            s.counters["sglang:num_retracted_requests"] = ("Total number of retracted requests.", float(preemptions))
+            return s.render() + r.render()
         else:
             r.gauge("vllm:num_requests_running", "Requests in model execution batches.", running)
             r.gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", waiting)

@@ -39,6 +39,10 @@ _now = time.perf_counter_ns
 VERSION = "0.1.0-bench-sim"
 ENGINE_KEY: web.AppKey["SimServer"] = web.AppKey("sim_engine")
 SPLIT_TOKEN = " caf\u00e9"  # one token whose UTF-8 bytes the split_utf8 fault cuts in half
+#: TGI 3.x generates in segments of min(max_new_tokens, 1024) tokens and re-queues the request,
+#: prompt plus text so far, after each (router/src/validation.rs DEFAULT_GENERATION_LENGTH,
+#: router/src/infer/mod.rs); a request may end past its max_new_tokens.
+TGI_SEGMENT_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,9 @@ class ServerConfig:
     #: > 0: requests that do not force their length (no ignore_eos; TGI always) stop at a seeded
     #: geometric "end of sequence" with this mean length; 0: every request gets max_tokens
     natural_stop_mean: float = 0.0
+    #: TGI flavour: TGI's --max-concurrent-requests (default 128; 0: no limit). Past it a request
+    #: is answered at once with an in-stream "overloaded" error (router/src/infer/mod.rs)
+    max_concurrent_requests: int = 128
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -70,7 +77,7 @@ class HttpStream:
 
     __slots__ = ("srv", "req", "rid", "wire", "kind", "seed", "faults", "pw", "transport", "done", "sent",
                  "held", "hold_until", "buf_text", "buf_pieces", "buf_intended", "buf_first", "first_ns", "last_ns",
-                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason")
+                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason", "ended", "planned", "segment")
 
     def __init__(self, srv: "SimServer", rid: str, wire: Any, kind: str, seed: int, faults: RequestFaults,
                  arrival_ns: int) -> None:
@@ -98,6 +105,10 @@ class HttpStream:
         self.closed = False
         self.fast = False  # set once streaming starts with no faults planned
         self.finish_reason = "length"
+        self.ended = False  # the engine ended the stream with its own in-stream error or abort
+        #: TGI: tokens the whole request generates, and per segment (0: one segment, no re-queue)
+        self.planned = 0
+        self.segment = 0
 
     # -- engine-loop side --------------------------------------------------------------------
     def emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
@@ -109,7 +120,7 @@ class HttpStream:
             self._fail("internal")
 
     def _emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
-        if self.closed:
+        if self.closed or self.ended:
             return
         tr = self.transport
         if tr is not None and tr.is_closing():
@@ -134,6 +145,9 @@ class HttpStream:
         if f.split_at >= 0 and first <= f.split_at < first + n:
             pieces[f.split_at - first] = SPLIT_TOKEN
         self.sent += n
+        if finished and self.sent < self.planned:
+            finished = False  # a TGI segment ended: the request is re-queued, the stream goes on
+            self._next_segment(req)
         if self.kind != "tgi":
             self.wire.cached = req.cached_tokens
         if self.unary_text is not None:
@@ -169,6 +183,13 @@ class HttpStream:
             self._send(data[cut:], -1, ())
         else:
             self._send(data, first, intended)
+        if f.error_at >= 0 and first <= f.error_at < done:
+            self._end_in_stream(self.wire.error("Request failed during generation: injected fault", *_GEN_ERROR[self.kind]),
+                                "stream_error")
+            return
+        if f.abort_at >= 0 and first <= f.abort_at < done:
+            self._end_in_stream(self.wire.aborted(done), "abort")
+            return
         if f.reset_at >= 0 and first <= f.reset_at < done:
             self._reset()
             return
@@ -177,6 +198,24 @@ class HttpStream:
         if finished:
             self._send(self.wire.closing(done, f.no_done), -1, ())
             self._finish(req)
+
+    def _next_segment(self, done: SimRequest) -> None:
+        """Re-queue a TGI request for its next segment: prompt plus output so far, prefilled again."""
+        req = SimRequest(self.rid, _now(), done.prompt_len + done.generated,
+                         min(self.segment, self.planned - self.sent), self, done.block_hashes)
+        req.tag = self
+        self.req = req
+        asyncio.get_running_loop().call_soon(self.srv.engine.submit, req)
+
+    def _end_in_stream(self, data: bytes, why: str) -> None:
+        """The engine's own failure inside a stream already answered HTTP 200: its event(s), then the end."""
+        self._send(data, -1, ())
+        if self.req is not None and not self.req.finished:
+            self.srv.engine.abort(self.req)
+        self.srv.metrics.failed(why)
+        self.ended = True
+        if self.held is None:
+            self._resolve("ended")
 
     def _timing(self, n: int, actual: int) -> None:
         m = self.srv.metrics
@@ -219,7 +258,9 @@ class HttpStream:
         held, self.held = self.held or [], None
         for data, idx, intended in held:
             self._write(data, idx, intended)
-        if self.req is not None and self.req.finished and not self.done.done():
+        if self.ended:
+            self._resolve("ended")
+        elif self.req is not None and self.req.finished and not self.done.done():
             self._resolve("ok")
 
     def _finish(self, req: SimRequest) -> None:
@@ -275,6 +316,8 @@ class SimServer:
         self._flush_task: asyncio.Task[None] | None = None
         self._gen_mark = (0, _now())
         self.gen_throughput = 0.0
+        #: TGI flavour: requests holding one of its --max-concurrent-requests permits
+        self.tgi_admitted = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
@@ -414,6 +457,42 @@ class SimServer:
         return web.Response(text="")
 
     # -- generation (all flavours) -------------------------------------------------------
+    async def refuse(self, request: web.Request, wire: Any, kind: str, stream: bool, status: int, message: str,
+                     etype: str, status_error: Any) -> web.StreamResponse:
+        """A request turned down before generation. SGLang's and TGI's streaming handlers validate
+        inside the stream: HTTP 200, then the error event (SGLang: then [DONE]). Otherwise an HTTP error."""
+        if not (stream and kind in ("sglang", "tgi")):
+            return status_error(status, message)  # type: ignore[no-any-return]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await resp.write(wire.error(message, etype, status))
+            await resp.write_eof()
+        return resp
+
+    def _too_long(self, kind: str, prompt: int, max_tokens: int) -> tuple[int, str, str] | None:
+        """(status, message, error type) in the imitated engine's words when the request does not fit."""
+        limit = self.max_model_len
+        if kind == "tgi":
+            chunk = min(max_tokens, TGI_SEGMENT_TOKENS)  # TGI validates the first segment only
+            if prompt + chunk <= limit:
+                return None
+            return (422, f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= {limit}. "
+                         f"Given: {prompt} `inputs` tokens and {chunk} `max_new_tokens`", "validation")
+        if prompt + max_tokens <= limit:
+            return None
+        if kind == "sglang":  # tokenizer_manager.py _validate_one_request, 0.5.23
+            if prompt >= limit:
+                return 400, f"The input ({prompt} tokens) is longer than the model's context length ({limit} tokens).", \
+                    "invalid_request_error"
+            return (400, f"Requested token count exceeds the model's maximum context length of {limit} tokens. "
+                         f"You requested a total of {prompt + max_tokens} tokens: {prompt} tokens from the input "
+                         f"messages and {max_tokens} tokens for the completion. Please reduce the number of tokens "
+                         "in the input messages or the completion to fit within the limit.", "invalid_request_error")
+        return (400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                     f"{prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} in the completion).",
+                "BadRequestError")
+
     async def _run(
         self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
         arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0,
@@ -423,13 +502,14 @@ class SimServer:
         prompt_ids = tokenize(prompt)
         if not prompt_ids:
             prompt_ids = [0]
-        if len(prompt_ids) + max_tokens > self.max_model_len:
-            return status_error(
-                400,
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the "
-                "completion).",
-            )
+        refusal = self._too_long(kind, len(prompt_ids), max_tokens)
+        if refusal is not None:
+            self.metrics.failed("validation")
+            return await self.refuse(request, wire, kind, stream, *refusal, status_error)
+        segment = 0
+        if kind == "tgi":
+            segment = min(max_tokens, TGI_SEGMENT_TOKENS)
+            max_tokens = tgi_generated(len(prompt_ids), max_tokens, self.max_model_len)
         faults = self.faults.plan(max_tokens)
         if faults.http_status:
             self.metrics.failed(f"http{faults.http_status}")
@@ -444,7 +524,9 @@ class SimServer:
             if n < max_tokens:
                 max_tokens = n
                 sink.finish_reason = "eos_token" if kind == "tgi" else "stop"
-        req = self._make_request(rid, prompt_ids, max_tokens, arrival, sink)
+        if segment:
+            sink.planned, sink.segment = max_tokens, segment
+        req = self._make_request(rid, prompt_ids, min(max_tokens, segment) if segment else max_tokens, arrival, sink)
         self.metrics.request(len(prompt_ids))
         headers = {"x-request-id": rid}
         if not stream:
@@ -453,7 +535,7 @@ class SimServer:
             try:
                 await sink.done
             except asyncio.CancelledError:
-                self.engine.abort(req)
+                self.engine.abort(sink.req or req)
                 raise
             if hasattr(wire, "cached"):
                 wire.cached = req.cached_tokens
@@ -476,17 +558,34 @@ class SimServer:
         try:
             how = await sink.done
         except asyncio.CancelledError:
-            self.engine.abort(req)
+            self.engine.abort(sink.req or req)
             raise
         finally:
             self._streaming.discard(sink)
         if how == "shutdown":
-            self.engine.abort(req)
+            self.engine.abort(sink.req or req)
         if how == "ok":
             self._record_finish(sink, len(prompt_ids))
+        if how in ("ok", "ended"):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
         return resp
+
+
+#: Each flavour's in-stream generation error: (error type, code) as its engine reports it.
+_GEN_ERROR: dict[str, tuple[str, int]] = {"openai": ("InternalServerError", 500), "sglang": ("internal_error", 500),
+                                          "tgi": ("generation", 500)}
+
+
+def tgi_generated(prompt: int, max_new: int, limit: int) -> int:
+    """Tokens TGI 3.x generates for ``max_new_tokens`` (router/src/infer/mod.rs): segments of
+    min(max_new, 1024) while fewer than max_new are out and the grown input plus one more
+    segment still fits ``--max-total-tokens``; so 1500 asked gives 2048."""
+    chunk = min(max_new, TGI_SEGMENT_TOKENS)
+    total = chunk
+    while total < max_new and prompt + total + chunk <= limit:
+        total += chunk
+    return total
 
 
 def tune_process(mlock: bool = False) -> None:
@@ -650,8 +749,13 @@ class SGLangRoutes:
         return await self.srv.health(request)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
+        b = self.srv.backend
+        if b.running or b.waiting:  # scheduler.py flush_cache: refused while requests are pending
+            return web.Response(status=400, text="Cache not flushed because there are pending requests. "
+                                f"#queue-req: {b.waiting}, #running-req: {b.running}\n")
         self.srv.reset_prefix_cache()
-        return web.Response(text="Cache flushed.")
+        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. "
+                                 "(When there are running or waiting requests, the operation will not be performed.)\n")
 
 
 class TGIRoutes:
@@ -673,27 +777,36 @@ class TGIRoutes:
         if body is None:
             body = await _json_body(request)
         text = body.get("inputs")
-        if not isinstance(text, str) or not text:
-            return _tgi_error(422, "`inputs` must be a non-empty string")
+        if not isinstance(text, str):
+            return _tgi_error(422, "Failed to deserialize the JSON body: `inputs` must be a string")
         params = body.get("parameters") or {}
-        max_tokens = params.get("max_new_tokens") or 100
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            return _tgi_error(422, "`max_new_tokens` must be strictly positive")
-        t = params.get("temperature")
-        if t is not None and (not isinstance(t, (int, float)) or t <= 0):
-            return _tgi_error(422, "`temperature` must be strictly positive")
-        rid = srv.next_id()
         wire = TGIWire(count_tokens(text) or 1, bool(params.get("details")), params.get("seed"))
-        return await srv._run(request, "tgi", wire, rid, text, max_tokens, stream, arrival, _tgi_error, forced=False)
+        limit = srv.config.max_concurrent_requests
+        if limit > 0 and srv.tgi_admitted >= limit:
+            # the permit is taken before validation (router/src/infer/mod.rs generate_stream)
+            srv.metrics.failed("overloaded")
+            return await srv.refuse(request, wire, "tgi", stream, 429, "Model is overloaded", "overloaded", _tgi_error)
+        srv.tgi_admitted += 1
+        try:
+            invalid = _tgi_invalid(text, params)
+            if invalid is not None:
+                srv.metrics.failed("validation")
+                return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {invalid}",
+                                        "validation", _tgi_error)
+            # no max_new_tokens: all that fits, in segments (validation.rs)
+            max_tokens = params.get("max_new_tokens") or max(1, srv.max_model_len - (count_tokens(text) or 1))
+            return await srv._run(request, "tgi", wire, srv.next_id(), text, max_tokens, stream, arrival, _tgi_error,
+                                  forced=False)
+        finally:
+            srv.tgi_admitted -= 1
 
     async def info(self, request: web.Request) -> web.Response:
         srv = self.srv
-        mt = srv.config.model_timing
-        return web.json_response({
+        return web.json_response({  # router/src/lib.rs Info: no shard count
             "model_id": srv.config.model,
             "model_sha": None,
             "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": 128,
+            "max_concurrent_requests": srv.config.max_concurrent_requests,
             "max_best_of": 2,
             "max_stop_sequences": 4,
             "max_input_tokens": srv.max_model_len - 1,
@@ -704,8 +817,20 @@ class TGIRoutes:
             "version": VERSION,
             "sha": None,
             "docker_label": None,
-            "num_shard": mt.tp if mt else 1,
         })
+
+
+def _tgi_invalid(text: str, params: dict[str, Any]) -> str | None:
+    """TGI's validation message for what the sim checks (router/src/validation.rs), or None."""
+    if not text:
+        return "`inputs` cannot be empty"
+    max_tokens = params.get("max_new_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        return "`max_new_tokens` must be strictly positive"
+    t = params.get("temperature")
+    if t is not None and (not isinstance(t, (int, float)) or t <= 0):
+        return "`temperature` must be strictly positive"
+    return None
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -87,6 +87,10 @@ class OpenAIWire:
         return sse({"error": {"object": "error", "message": message, "type": etype, "param": None, "code": code}}) + \
             b"data: [DONE]\n\n"
 
+    def aborted(self, done: int) -> bytes:
+        """vLLM (and SGLang's OpenAI routes): the last chunk's finish_reason is "abort"."""
+        return self.tokens("", done, "abort") + b"data: [DONE]\n\n"
+
     def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
         choice: dict[str, Any] = (
             {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
@@ -97,9 +101,10 @@ class OpenAIWire:
 
 
 class SGLangWire:
-    """SGLang's native /generate stream: cumulative text, cumulative meta_info."""
+    """SGLang's native /generate stream (0.5.23, tokenizer_manager.py): cumulative text, and
+    ``output_ids`` holding every id so far on every event (O(n²) bytes per request)."""
 
-    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns")
+    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns", "ids")
 
     def __init__(self, rid: str, prompt_tokens: int, arrival_ns: int) -> None:
         self.rid = rid
@@ -107,6 +112,7 @@ class SGLangWire:
         self.cached = 0
         self.text = ""
         self.arrival_ns = arrival_ns
+        self.ids: list[int] = []
 
     def _meta(self, done: int, finish: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -122,7 +128,9 @@ class SGLangWire:
         return meta
 
     def event(self, done: int, finish: str | None) -> dict[str, Any]:
-        return {"text": self.text, "output_ids": [], "meta_info": self._meta(done, finish)}
+        ids = self.ids
+        ids.extend(_token_id(i) for i in range(len(ids), done))
+        return {"text": self.text, "output_ids": ids, "meta_info": self._meta(done, finish)}
 
     def tokens(self, text: str, done: int, finish: str | None) -> bytes:
         self.text += text
@@ -134,12 +142,25 @@ class SGLangWire:
     def closing(self, done: int, no_done: bool) -> bytes:
         return b"" if no_done else b"data: [DONE]\n\n"
 
-    def error(self, message: str, etype: str = "InternalServerError", code: int = 500) -> bytes:
-        return sse({"error": {"message": message, "type": etype, "code": code}}) + b"data: [DONE]\n\n"
+    def error(self, message: str, etype: str = "invalid_request_error", code: int = 400) -> bytes:
+        """http_server.py's stream_results: the error object, then [DONE], after HTTP 200."""
+        return sse({"error": {"message": message, "type": etype, "code": code, "retryable": False}}) + \
+            b"data: [DONE]\n\n"
+
+    def aborted(self, done: int) -> bytes:
+        """An abort (FINISH_ABORT.to_json()) on the last event, then [DONE]."""
+        ev = self.event(done, None)
+        ev["meta_info"]["finish_reason"] = {"type": "abort", "message": "Abort in waiting queue",
+                                            "status_code": None, "err_type": None}
+        return sse(ev) + b"data: [DONE]\n\n"
 
     def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
         self.text = text
         return self.event(done, finish)
+
+
+def _token_id(i: int) -> int:
+    return 1000 + (i * 7919) % 30000
 
 
 class TGIWire:
@@ -160,11 +181,16 @@ class TGIWire:
 
     def _event(self, piece: str, last: bool, finish: str | None, done: int) -> bytes:
         self.index += 1
-        self.text += piece
-        tok_id = tokenize(piece)[0] if piece.strip() else 0
+        if last and finish == "eos_token":
+            # the end-of-sequence token is streamed as a special token, left out of the text
+            token: dict[str, Any] = {"id": 2, "text": "</s>", "logprob": -0.25, "special": True}
+        else:
+            self.text += piece
+            token = {"id": tokenize(piece)[0] if piece.strip() else 0, "text": piece, "logprob": -0.25,
+                     "special": False}
         ev: dict[str, Any] = {
             "index": self.index,
-            "token": {"id": tok_id, "text": piece, "logprob": -0.25, "special": False},
+            "token": token,
             "generated_text": self.text if last else None,
             "details": None,
         }
@@ -188,7 +214,12 @@ class TGIWire:
         return b""
 
     def error(self, message: str, etype: str = "generation", code: int = 500) -> bytes:
+        """An InferError as an event (router/src/server.rs ``From<InferError> for Event``)."""
         return self.frame({"error": message, "error_type": etype})
+
+    def aborted(self, done: int) -> bytes:
+        """TGI has no abort: a request the backend drops ends with its generation error."""
+        return self.error("Request failed during generation: request dropped", "generation")
 
     def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
         out: dict[str, Any] = {"generated_text": text}

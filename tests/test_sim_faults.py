@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from adapters.sglang import SGLangAdapter
 from adapters.tgi import TGIAdapter
 from sim.faults import FaultSpec, FaultSpecError
-from sim.server import ServerConfig, create_app, serve_in_process
+from sim.server import ServerConfig, create_app, serve_in_process, tgi_generated
 from sim.timing import FixedTiming
 from tests.sim_helpers import run_against, schedule
 
@@ -35,6 +37,58 @@ def test_fault_is_recorded_as_its_failure(tmp_path: Path, spec: str, error_type:
     rows = run_against(faulty(spec), schedule(3, output_tokens=8, concurrency=3), tmp_path, stall_s=0.8)
     assert [r["error_type"] for r in rows] == [error_type] * 3, [(r["error_type"], r["error_message"]) for r in rows]
     assert all(not r["ok"] and r["http_status"] == status for r in rows)
+
+
+def _adapter(flavor: str) -> Any:
+    return {"vllm": None, "sglang": SGLangAdapter(model="sim-model"), "tgi": TGIAdapter(model="sim-model")}[flavor]
+
+
+@pytest.mark.parametrize(
+    ("flavor", "spec", "error_type"),
+    [
+        # the engines' own shapes: HTTP 200 already sent, then the error event (and [DONE])
+        ("vllm", "stream_error=1", "InternalServerError"),
+        ("sglang", "stream_error=1", "internal_error"),
+        ("tgi", "stream_error=1", "generation"),
+        # aborts: vLLM finish_reason "abort"; SGLang finish_reason {"type": "abort"}; TGI has
+        # none and ends with its generation error
+        ("vllm", "abort=1", "abort"),
+        ("sglang", "abort=1", "abort"),
+        ("tgi", "abort=1", "generation"),
+    ],
+)
+def test_in_stream_failures_are_failures_after_http_200(tmp_path: Path, flavor: str, spec: str, error_type: str) -> None:
+    rows = run_against(faulty(spec, flavor), schedule(3, output_tokens=8, concurrency=3), tmp_path, _adapter(flavor))
+    assert [r["error_type"] for r in rows] == [error_type] * 3, [(r["error_type"], r["error_message"]) for r in rows]
+    assert all(not r["ok"] and r["http_status"] == 200 for r in rows)
+    assert all(1 <= r["output_tokens"] < 8 for r in rows)  # what came before the failure is kept
+
+
+def test_tgi_rejects_past_its_admission_limit_inside_the_stream(tmp_path: Path) -> None:
+    # TGI's --max-concurrent-requests: request 129 (here 3) gets HTTP 200 and an overloaded event
+    cfg = ServerConfig(timing=FixedTiming(0.2, 0.01), flavor="tgi", max_concurrent_requests=2)
+    rows = run_against(cfg, schedule(4, output_tokens=5, concurrency=4), tmp_path, TGIAdapter(model="sim-model"))
+    assert sorted(str(r["error_type"]) for r in rows) == ["None", "None", "overloaded", "overloaded"]
+    assert all(r["http_status"] == 200 for r in rows)
+
+
+def test_sglang_context_overflow_is_an_in_stream_error(tmp_path: Path) -> None:
+    cfg = ServerConfig(timing=FixedTiming(0.01, 0.003), flavor="sglang", max_model_len=64)
+    rows = run_against(cfg, schedule(2, input_tokens=60, output_tokens=8, concurrency=2), tmp_path,
+                       SGLangAdapter(model="sim-model"))
+    assert all(r["error_type"] == "invalid_request_error" and r["http_status"] == 200 for r in rows)
+    assert "maximum context length of 64 tokens" in str(rows[0]["error_message"])
+
+
+def test_tgi_generates_in_segments_and_may_overshoot(tmp_path: Path) -> None:
+    # 1500 asked: two segments of min(1500, 1024) (router/src/infer/mod.rs), 2048 tokens out
+    assert tgi_generated(10, 1500, 100_000) == 2048
+    assert tgi_generated(10, 1500, 2048) == 1024  # the grown input plus a segment no longer fits
+    assert tgi_generated(10, 1024, 100_000) == 1024 and tgi_generated(10, 7, 100) == 7
+    cfg = ServerConfig(timing=FixedTiming(0.005, 0.0002), flavor="tgi", max_model_len=8192)
+    rows = run_against(cfg, schedule(1, input_tokens=16, output_tokens=1500, concurrency=1), tmp_path,
+                       TGIAdapter(model="sim-model"))
+    assert rows[0]["ok"] and rows[0]["output_tokens"] == 2048 == rows[0]["completion_tokens"]
 
 
 def test_split_utf8_is_reassembled_and_counted(tmp_path: Path) -> None:

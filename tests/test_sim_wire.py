@@ -117,6 +117,9 @@ def test_sglang_generate_cumulative_text_and_meta_info() -> None:
     texts = [o["text"] for o in objs]
     assert all(b.startswith(a) and len(b) > len(a) for a, b in zip(texts, texts[1:]))  # cumulative
     assert [o["meta_info"]["completion_tokens"] for o in objs] == [1, 2, 3, 4]
+    # every event repeats all output ids so far (SGLang 0.5.x without --incremental-streaming-output)
+    assert [len(o["output_ids"]) for o in objs] == [1, 2, 3, 4]
+    assert all(b["output_ids"][: len(a["output_ids"])] == a["output_ids"] for a, b in zip(objs, objs[1:]))
     assert [o["meta_info"]["finish_reason"] for o in objs[:-1]] == [None] * 3
     assert objs[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
     assert objs[-1]["meta_info"]["prompt_tokens"] == 4 and objs[-1]["meta_info"]["cached_tokens"] == 0
@@ -130,8 +133,14 @@ def test_sglang_generate_cumulative_text_and_meta_info() -> None:
                  "sglang:prompt_tokens_total{", "sglang:generation_tokens_total{", "sglang:cached_tokens_total{",
                  "sglang:time_to_first_token_seconds_bucket{", "sglang:inter_token_latency_seconds_bucket{",
                  "sglang:e2e_request_latency_seconds_bucket{", "sglang:queue_time_seconds_bucket{",
-                 "sglang:num_requests_total{"):
+                 "sglang:num_requests_total{", "sglang:request_time_per_output_token_seconds_bucket{",
+                 "sglang:num_retracted_requests_total{", "sglang:num_retracted_reqs{"):
         assert name in page, name
+    # 0.5.23's label sets: the scheduler's series per rank, the tokenizer's per engine type
+    assert 'sglang:num_queue_reqs{model_name="llama-3.1-8b",engine_type="unified",tp_rank="0",pp_rank="0",' \
+           'moe_ep_rank="0"}' in page
+    assert 'sglang:num_requests_total{model_name="llama-3.1-8b",engine_type="unified"}' in page
+    assert "sglang:time_per_output_token_seconds" not in page  # in no release 0.4.10-0.5.23
 
 
 def test_tgi_generate_stream_framing_details_and_errors() -> None:
@@ -155,15 +164,19 @@ def test_tgi_generate_stream_framing_details_and_errors() -> None:
     assert objs[-1]["details"]["finish_reason"] == "length" and objs[-1]["details"]["generated_tokens"] == 3
     plain = [orjson.loads(e) for e in events(res[1][1], b"data:")]
     assert plain[-1]["details"] is None and plain[-1]["generated_text"]
-    assert res[2][0] == 422 and orjson.loads(res[2][1])["error_type"] == "validation"
+    # a validation error of a stream comes inside it, after HTTP 200 (server.rs generate_stream)
+    assert res[2][0] == 200 and events(res[2][1], b"data:") == [
+        b'{"error":"Input validation error: `inputs` cannot be empty","error_type":"validation"}']
     assert orjson.loads(res[3][1])["generated_text"]
     info = orjson.loads(res[4][1])
     assert info["model_id"] == "llama-3.1-8b" and info["max_total_tokens"] > 0
+    assert info["max_concurrent_requests"] == 128 and "num_shard" not in info  # router/src/lib.rs Info
     assert res[5][0] == 200
     page = res[6][1].decode()
     for name in ("tgi_queue_size ", "tgi_batch_current_size ", "tgi_request_count ", "tgi_request_success ",
                  "tgi_request_duration_bucket", "tgi_request_queue_duration_bucket",
-                 "tgi_request_mean_time_per_token_duration_bucket", "tgi_request_generated_tokens_bucket"):
+                 "tgi_request_mean_time_per_token_duration_bucket", "tgi_request_generated_tokens_bucket",
+                 'tgi_batch_forward_duration_bucket{method="prefill",'):
         assert name in page, name
 
 
