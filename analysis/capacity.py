@@ -41,6 +41,9 @@ QUEUE_GROWTH_MIN_MS = 100.0
 FAILED_SHARE_MAX = 0.10
 #: Fewest measured requests for the rate/trend tests to be meaningful.
 MIN_REQUESTS_FOR_TESTS = 9
+#: Error types of requests an engine refused to admit: TGI's in-stream "overloaded" past its
+#: --max-concurrent-requests (router/src/infer/mod.rs). Any of them saturates the load.
+ADMISSION_ERRORS = ("overloaded",)
 
 
 # -- per-run metrics ---------------------------------------------------------------------
@@ -102,6 +105,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
         "throughput_rps": float(ok.sum() / window_s) if window_s > 0 else 0.0,
         "output_tokens_per_s": float(df.loc[ok, "output_tokens"].sum() / window_s) if window_s > 0 else 0.0,
         "max_in_flight": _max_in_flight(df),
+        "rejected_at_admission": admission_rejections(df),
     }
     okdf = df[ok]
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "ttft_from_intended_ms"):
@@ -149,13 +153,32 @@ def _max_in_flight(df: pd.DataFrame) -> int:
     return int(np.cumsum(ev[:, 1]).max())
 
 
+def admission_rejections(df: pd.DataFrame) -> int:
+    """Requests the engine refused at admission (:data:`ADMISSION_ERRORS`)."""
+    return int(df["error_type"].isin(ADMISSION_ERRORS).sum()) if len(df) else 0
+
+
+def _admission_reason(df: pd.DataFrame) -> list[str]:
+    k = admission_rejections(df)
+    if not k:
+        return []
+    return [f"{k} of {len(df)} requests rejected at admission (engine answered 'overloaded': "
+            "past TGI's --max-concurrent-requests)"]
+
+
+def admission_saturation(run: Run) -> Saturation:
+    """A closed-loop run is saturated, whatever its latencies, when the engine refused requests."""
+    reasons = _admission_reason(request_metrics(measured(run.requests)))
+    return Saturation(bool(reasons), tuple(reasons))
+
+
 def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None) -> Saturation:
     """Is this open-loop run past what the engine sustains? (See the module docstring.)"""
     df = request_metrics(measured(run.requests))
     n = len(df)
-    reasons: list[str] = []
     if n == 0:
         return Saturation(False)
+    reasons: list[str] = _admission_reason(df)
     bad = (~df["ok"].to_numpy(dtype=bool)).sum()
     if bad / n > FAILED_SHARE_MAX:
         reasons.append(f"{bad} of {n} requests failed or were still queued at the drain deadline")

@@ -38,6 +38,8 @@ class FixedSimLauncher:
     crash_at: dict[str, str] = field(default_factory=dict)
     refuse: dict[str, str] = field(default_factory=dict)
     started: list[str] = field(default_factory=list)
+    #: more ``bench sim serve`` arguments for every cell (e.g. a flavour)
+    extra_argv: tuple[str, ...] = ()
 
     def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
         reason = self.refuse.get(parallel.cell_id)
@@ -48,6 +50,7 @@ class FixedSimLauncher:
         argv = [
             sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
             "--model", cell.model, "--ttft-ms", str(self.ttft_ms), "--itl-ms", str(self.itl_ms),
+            *self.extra_argv,
         ]  # fmt: skip
         if cell.parallel.cell_id in self.bad_cells:
             argv.append("--no-such-option-for-this-test")

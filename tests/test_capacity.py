@@ -11,6 +11,7 @@ import pytest
 from analysis.capacity import (
     CapacitySearch,
     Probe,
+    admission_saturation,
     capacity_from_probes,
     closed_loop_plateau,
     open_loop_saturation,
@@ -113,6 +114,19 @@ def test_attainment_counts_failures_and_cancellations_as_misses(tmp_path: Path) 
     assert m["offered_rps"] == 10.0
     assert m["goodput_rps"] == pytest.approx(8 / m["window_s"])
     assert math.isnan(m["server_kv_cache_usage_max"])  # no server metrics: degrades to NaN
+
+
+def test_requests_rejected_at_admission_saturate_the_load_and_say_so(tmp_path: Path) -> None:
+    # TGI past --max-concurrent-requests: HTTP 200, then an "overloaded" event (2 of 10 here,
+    # below the failed-share threshold, and the others keep up)
+    recs = [record(f"r{i}", i * 100.0, [(i * 100.0 + 50, 1), (i * 100.0 + 60, 1)]) for i in range(8)]
+    recs += [record(f"x{i}", 850.0 + i, [], ok=False, error_type="overloaded", end_ms=852.0 + i) for i in range(2)]
+    run = load_run(write_run(tmp_path / "r", recs, {"workload_json": '{"rate": 10.0}'}))
+    for sat in (open_loop_saturation(run), admission_saturation(run)):
+        assert sat.saturated and "2 of 10 requests rejected at admission" in str(sat), sat
+    assert point_metrics(run, SLO.parse("ttft_ms=200"))["rejected_at_admission"] == 2
+    clean = load_run(write_run(tmp_path / "c", recs[:8], {"workload_json": '{"rate": 10.0}'}))
+    assert not admission_saturation(clean).saturated
 
 
 def test_closed_loop_plateau() -> None:

@@ -239,6 +239,19 @@ def test_concurrency_loads_with_repeats_are_pooled(tmp_path: Path) -> None:
     assert rec["recommendation"]["evidence"]["load"] == "concurrency 4"
 
 
+def test_a_tgi_load_past_its_admission_limit_says_requests_were_rejected(tmp_path: Path) -> None:
+    # TGI as deployed by someone else (its --max-concurrent-requests, here 2): the loads above
+    # it get in-stream 'overloaded' errors, and their verdict names them
+    out = tmp_path / "sweep"
+    launcher = FixedSimLauncher(extra_argv=("--flavor", "tgi", "--max-concurrent-requests", "2"), ttft_ms=100.0)
+    spec = _spec(engine="tgi", matrix=MatrixSpec(tp=(1,)), loads=LoadSpec(concurrency=(2, 4), requests=8, warmup=0))
+    run_sweep(spec, out, launcher=launcher, echo=lambda s: None, progress=False)
+    pts = load_points(out, cell_id="tp1").set_index("load_label")
+    assert not pts.loc["conc-2", "saturated"] and pts.loc["conc-2", "rejected_at_admission"] == 0
+    assert pts.loc["conc-4", "saturated"] and pts.loc["conc-4", "rejected_at_admission"] > 0
+    assert "rejected at admission" in pts.loc["conc-4", "saturation_reason"]
+
+
 def test_an_engine_dying_mid_cell_fails_that_cell_and_the_sweep_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     launcher = FixedSimLauncher(crash_at={"tp1": "rate-20"})

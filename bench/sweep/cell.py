@@ -213,7 +213,7 @@ class CellRunner:
                     )
                     if plateau.saturated:
                         row["saturated"] = True
-                        row["saturation_reason"] = str(plateau)
+                        row["saturation_reason"] = "; ".join(filter(None, (row["saturation_reason"], str(plateau))))
             out.points.append(row)
             store.write_points(self.sweep_dir, cell_id, out.points)
             self._echo_point(index, cell_id, label, row, time.monotonic() - t)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import adapter_for_engine
-from analysis.capacity import Saturation, open_loop_saturation, point_metrics, server_signals
+from analysis.capacity import Saturation, admission_saturation, open_loop_saturation, point_metrics, server_signals
 from analysis.load import load_run
 from analysis.slo import SLO
 from bench.errors import BenchError
@@ -143,7 +143,7 @@ def run_load(
     metrics["missing_rows"] = 0
     if metrics["requests"] < expected and not result.stats.interrupted:
         metrics["missing_rows"] = expected - metrics["requests"]
-    sat = open_loop_saturation(run, signals) if load.kind == "rate" else Saturation(False)
+    sat = open_loop_saturation(run, signals) if load.kind == "rate" else admission_saturation(run)
     _mark_saturation(run_dir, sat)
     return metrics, sat, bool(result.stats.interrupted)
 
