@@ -36,6 +36,7 @@ class SGLangStreamParser:
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
             return DONE
+        payload, n_ids = _drop_output_ids(payload)
         obj = loads(payload)
         if not isinstance(obj, dict):
             raise StreamPayloadError(f"stream event is not a JSON object: {payload[:80]!r}")
@@ -45,7 +46,7 @@ class SGLangStreamParser:
         text = obj.get("text") or ""
         completion = meta.get("completion_tokens")
         if self._incremental is None:
-            self._incremental = _incremental_mode(obj.get("output_ids"), completion, self._last_tokens)
+            self._incremental = _incremental_mode(n_ids, completion, self._last_tokens)
         if self._incremental or not text.startswith(self._text):
             # deltas; or, in cumulative mode, a revised detokenisation (keep what came)
             delta = text
@@ -79,13 +80,35 @@ class SGLangStreamParser:
         )
 
 
-def _incremental_mode(output_ids: Any, completion: Any, earlier_tokens: int) -> bool | None:
-    """The stream's mode from ``output_ids``: True (deltas) when it holds fewer ids than the
-    cumulative count, False when it holds them all after an earlier event already brought
-    tokens, None while undecidable (first event: both modes agree; no ids sent)."""
-    if not isinstance(output_ids, list) or not isinstance(completion, int) or completion <= 0:
+_IDS_KEY = b'"output_ids":'
+
+
+def _drop_output_ids(payload: bytes) -> tuple[bytes, int | None]:
+    """The payload with ``output_ids`` emptied, and how many ids it held (None: no such key).
+
+    Without --incremental-streaming-output every event repeats all ids so far, so decoding them
+    costs O(n²) per request on the client; only their number is needed. The key cannot occur
+    inside a JSON string (its quotes would be escaped) and the array holds integers only, so
+    its first ``]`` ends it."""
+    at = payload.find(_IDS_KEY)
+    if at < 0:
+        return payload, None
+    start = payload.find(b"[", at + len(_IDS_KEY))
+    end = payload.find(b"]", start)
+    if start < 0 or end < 0 or payload[at + len(_IDS_KEY) : start].strip():
+        return payload, None  # not the shape described: leave it to the JSON decoder
+    body = payload[start + 1 : end]
+    n = body.count(b",") + 1 if body.strip() else 0
+    return payload[: start + 1] + payload[end:], n
+
+
+def _incremental_mode(n_ids: int | None, completion: Any, earlier_tokens: int) -> bool | None:
+    """The stream's mode from the number of ``output_ids``: True (deltas) when fewer than the
+    cumulative count, False when all of them after an earlier event already brought tokens,
+    None while undecidable (first event: both modes agree; no ids sent)."""
+    if n_ids is None or not isinstance(completion, int) or completion <= 0:
         return None
-    if len(output_ids) < completion:
+    if n_ids < completion:
         return True
     return False if earlier_tokens > 0 else None
 

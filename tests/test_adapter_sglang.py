@@ -72,6 +72,16 @@ def test_incremental_mode_given_by_the_user_without_output_ids() -> None:
     assert record(SGLangAdapter(incremental_output=True), stream).output_text == "hahaha!"
 
 
+def test_output_ids_are_counted_not_decoded() -> None:
+    from adapters.sglang import _drop_output_ids
+
+    ev_bytes = orjson.dumps(ids_ev('say "output_ids":[9]', [4, 5, 6], 3))
+    rest, n = _drop_output_ids(ev_bytes)
+    assert n == 3 and orjson.loads(rest)["output_ids"] == [] and orjson.loads(rest)["text"] == 'say "output_ids":[9]'
+    assert _drop_output_ids(b'{"text": "a", "output_ids": [], "meta_info": {}}')[1] == 0  # json.dumps spacing
+    assert _drop_output_ids(orjson.dumps(ev("a", 1))) == (orjson.dumps(ev("a", 1)), None)
+
+
 def test_missing_done_is_a_failure() -> None:
     r = record(SGLangAdapter(), sse(ev("a", 1), ev("ab", 2, {"type": "length"}), done=False))
     assert not r.ok and r.error_type == "no_done"

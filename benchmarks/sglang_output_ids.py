@@ -1,0 +1,57 @@
+"""Client CPU to parse one SGLang native stream whose events repeat every output id so far.
+
+Usage: python benchmarks/sglang_output_ids.py [TOKENS ...]
+SGLang 0.5.x without --incremental-streaming-output sends all ids on every event (O(n²) bytes
+per request). Prints, per output length, the stream's bytes and the time to parse every event
+by decoding the whole JSON (what the parser did) and with the parser, which skips the ids.
+Best of 5; run the two side by side on the same host (timings on a shared host are noisy).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from adapters.sglang import SGLangStreamParser  # noqa: E402
+
+
+def events(n: int) -> list[bytes]:
+    ids: list[int] = []
+    out = []
+    text = ""
+    for i in range(n):
+        ids.append(1000 + (i * 7919) % 30000)
+        text += " tok"
+        meta = {"id": "r", "finish_reason": None, "prompt_tokens": 128, "completion_tokens": i + 1, "cached_tokens": 0}
+        out.append(orjson.dumps({"text": text, "output_ids": ids, "meta_info": meta}))
+    return out
+
+
+def best(fn: Callable[[], object], repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    sizes = [int(a) for a in sys.argv[1:]] or [256, 1024, 4096]
+    print(f"{'tokens':>7} {'stream MB':>10} {'decode all ms':>14} {'parser ms':>10}")
+    for n in sizes:
+        evs = events(n)
+        full = best(lambda: [orjson.loads(e) for e in evs])
+        parser = best(lambda: list(map(SGLangStreamParser().parse, evs)))  # one parser per stream
+        mb = sum(map(len, evs)) / 1e6
+        print(f"{n:>7} {mb:>10.1f} {1000 * full:>14.1f} {1000 * parser:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()
