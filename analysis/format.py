@@ -59,6 +59,7 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
     lines.append(
         f"token counts from: {src}; chunk-vs-server mismatches {tok['chunk_vs_server_mismatches']}; "
         f"shorter than requested {tok['shorter_than_requested']}"
+        + (f"; LONGER than requested {tok['longer_than_requested']}" if tok.get("longer_than_requested") else "")
     )
     for w in s["client"].get("warnings", []):
         lines.append(f"WARNING: {w}")

@@ -356,10 +356,13 @@ def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
     has = ~comp.isna()
     mismatch = int((comp[has] != ok_df.loc[has, "output_tokens"].astype("float64")).sum())
     short = int((ok_df["output_tokens"] < ok_df["max_output_tokens"]).sum())
+    # TGI 3.x generates in 1024-token segments and can end past max_new_tokens (docs/engines.md)
+    long = int((ok_df["output_tokens"] > ok_df["max_output_tokens"]).sum())
     return {
         "sources": {str(k): int(v) for k, v in sources.items()},
         "chunk_vs_server_mismatches": mismatch,
         "shorter_than_requested": short,
+        "longer_than_requested": long,
     }
 
 

@@ -80,7 +80,9 @@ def test_token_mismatch_and_short_output_are_counted(tmp_path: Path) -> None:
     recs = [
         record("a", 0, [(10, 1), (20, 1)], completion_tokens=3),
         record("b", 0, [(10, 1), (20, 1)], max_output_tokens=5),
+        record("c", 0, [(10, 1), (20, 2)], max_output_tokens=2),  # a TGI segment overshoot
     ]
     s = summarize(load_run(write_run(tmp_path / "r", recs)).requests)
     assert s["tokens"]["chunk_vs_server_mismatches"] == 1
     assert s["tokens"]["shorter_than_requested"] == 1
+    assert s["tokens"]["longer_than_requested"] == 1
