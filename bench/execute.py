@@ -58,6 +58,9 @@ class RunConfig:
     scrape_interval_s: float | None = 1.0
     #: A launched engine's version, argv, GPUs (``EngineHandle.describe()``), into config_json.
     engine_info: dict[str, Any] | None = None
+    #: The engine's version as the user gave it (``--engine-version``); a launched engine's own
+    #: answer wins. Picks the /metrics names that version emits.
+    engine_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ async def execute_run(
         from adapters.metrics_map import metric_names
 
         # the launched engine's version picks the families it emits (docs/engines.md)
-        names = metric_names(cfg.engine, (cfg.engine_info or {}).get("version"))
+        names = metric_names(cfg.engine, (cfg.engine_info or {}).get("version") or cfg.engine_version)
         scraper = MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s, names=names)
         await asyncio.to_thread(scraper.start)
     try:

@@ -255,3 +255,33 @@ def test_cross_check_and_summary(tmp_path: Path) -> None:
     assert c["client_p50_in_server_bucket"] is True
     s = server_summary(tmp_path, reqs)
     assert s is not None and s["waiting_max"] == 4 and s["preemptions"] == 5 and s["scrapes"] == 2
+
+
+def test_a_run_reads_the_metric_names_of_the_engine_version_given(tmp_path: Path) -> None:
+    # the sim's SGLang flavour emits 0.5.23's names; told the engine is 0.4.10, the run gives no
+    # common name to families 0.4.10 does not have (queue_time_seconds, 0.5.3+)
+    import asyncio
+
+    from adapters.sglang import SGLangAdapter
+    from bench.execute import RunConfig, execute_run
+    from loadgen.runner import RunOptions
+    from sim.server import ServerConfig, create_app, serve_in_process
+    from sim.timing import FixedTiming
+    from tests.sim_helpers import schedule
+
+    async def run(version: str | None, out: Path) -> None:
+        cfg = ServerConfig(timing=FixedTiming(0.01, 0.002), flavor="sglang")
+        async with serve_in_process(create_app(cfg)) as url:
+            rc = RunConfig(out=out, url=url, engine="sglang", model=cfg.model, schedule=schedule(4),
+                           options=RunOptions(progress=False), engine_version=version, scrape_interval_s=0.5)
+            await execute_run(rc, SGLangAdapter(model=cfg.model), install_signals=False)
+
+    commons = {}
+    for version in (None, "0.4.10"):
+        out = tmp_path / str(version)
+        asyncio.run(run(version, out))
+        t = read_server_metrics(out)
+        assert t is not None
+        rows = t.to_pylist()
+        commons[version] = {r["common"] for r in rows if r["metric"].startswith("sglang:queue_time_seconds")}
+    assert commons == {None: {"queue_seconds"}, "0.4.10": {None}}

@@ -47,9 +47,11 @@ def launch_engine(
     gpu: str | None,
     ready_timeout_s: float,
     log_path: Path,
+    engine_version: str | None = None,
 ) -> Iterator[EngineHandle]:
     parallel = parse_parallel(parallel_text, engine_args)
-    spec = LaunchSpec(engine=engine, model=model, parallel=parallel, gpu=gpu, ready_timeout_s=ready_timeout_s)
+    spec = LaunchSpec(engine=engine, model=model, parallel=parallel, gpu=gpu, ready_timeout_s=ready_timeout_s,
+                      engine_version=engine_version)
     sys.stderr.write(f"starting {engine} ({parallel.cell_id}); engine log: {log_path}\n")
     try:
         handle = launch(spec, log_path)

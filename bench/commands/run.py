@@ -70,6 +70,9 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
               help="With --launch: parallel configuration, e.g. tp=2,dp=2 or tp=4,disagg=1:1.")
 @click.option("--engine-arg", "engine_args", multiple=True, help="With --launch: one extra engine argument (repeatable).")
 @click.option("--gpu", help="With --launch: GPU preset of the simulated engine (h100, ...); informational otherwise.")
+@click.option("--engine-version", default=None, metavar="VERSION",
+              help="The engine's version (e.g. 0.5.23, 3.3.6): picks version-gated launch flags and the /metrics "
+                   "names it emits (docs/engines.md); default: what the launched engine reports, else every name.")
 @click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="With --launch: seconds to wait for readiness.")
 @click.option("--scrape-interval", type=float, default=1.0, show_default=True, help="Seconds between /metrics scrapes.")
 @click.option("--no-scrape", is_flag=True, help="Do not scrape the engine's /metrics.")
@@ -110,6 +113,7 @@ def command(
     engine_args: tuple[str, ...],
     gpu: str | None,
     ready_timeout: float,
+    engine_version: str | None,
     scrape_interval: float,
     no_scrape: bool,
 ) -> None:
@@ -159,7 +163,8 @@ def command(
             from adapters.launch.cli import launch_engine
 
             handle = stack.enter_context(
-                launch_engine(engine, model, parallel_text, engine_args, gpu, ready_timeout, run_dir / "engine.log")
+                launch_engine(engine, model, parallel_text, engine_args, gpu, ready_timeout, run_dir / "engine.log",
+                              engine_version)
             )
             target, engine_label, engine_info = handle.url, engine, handle.describe()
         else:
@@ -184,8 +189,10 @@ def command(
             workers=workers,
             scrape_interval_s=None if no_scrape else scrape_interval,
             engine_info=engine_info,
+            engine_version=engine_version,
             config={
                 "engine": engine_label,
+                "engine_version": engine_version,
                 "api": api,
                 "slo": slo.as_dict(),
                 "percentiles": list(percentiles),

@@ -174,6 +174,7 @@ class CellRunner:
                     extra=extra,
                     warmup=warmup,
                     progress=self.progress,
+                    engine_version=out.engine_version,
                 )
                 if not metrics.get("missing_rows") or interrupted or attempt == 1:
                     break

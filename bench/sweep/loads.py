@@ -107,6 +107,7 @@ def run_load(
     extra: dict[str, Any],
     warmup: int,
     progress: bool | None,
+    engine_version: str | None = None,
 ) -> tuple[dict[str, Any], Saturation, bool]:
     """Run one load into ``run_dir``; returns (metrics, saturation, interrupted)."""
     from bench.execute import RunConfig, execute_run, run_async
@@ -133,6 +134,7 @@ def run_load(
             "sweep": spec.as_dict(),
         },
         extra=extra,
+        engine_version=engine_version,  # the cell's engine: its /metrics names (docs/engines.md)
     )
     # execute_run scrapes the engine's /metrics into the run folder throughout the load
     result = run_async(lambda: execute_run(cfg, adapter))
