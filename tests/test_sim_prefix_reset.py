@@ -37,3 +37,22 @@ def test_reset_route_empties_the_prefix_cache(flavor: str, route: str) -> None:
 
     first, warm, cold = asyncio.run(main())
     assert first == 0 and warm >= 496 and cold == 0, (first, warm, cold)
+
+
+def test_sglang_refuses_to_flush_while_requests_are_pending() -> None:
+    # SGLang's /flush_cache answers 400 while requests run or wait (scheduler.py flush_cache)
+    cfg = ServerConfig(model="llama-3.1-8b", model_timing=ModelTiming("llama-3.1-8b", "h100"), flavor="sglang")
+
+    async def main() -> tuple[int, int]:
+        async with serve_in_process(create_app(cfg)) as url, aiohttp.ClientSession() as s:
+            body = {"text": "a b c", "stream": True, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+            async with s.post(url + "/generate", json=body) as gen:
+                await gen.content.readline()  # the request is running
+                async with s.post(url + "/flush_cache?timeout=30") as resp:
+                    busy = resp.status
+                await gen.read()
+            async with s.post(url + "/flush_cache") as resp:
+                idle = resp.status
+            return busy, idle
+
+    assert asyncio.run(main()) == (400, 200)

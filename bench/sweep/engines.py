@@ -79,11 +79,14 @@ class DefaultLauncher:
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-#: Engine -> (method, path) that empties its prefix cache. TGI has none.
+#: Engine -> (method, path) that empties its prefix cache. TGI has none. SGLang refuses (400)
+#: while requests are pending, e.g. ones cancelled at the drain deadline still finishing; from
+#: 0.5.12 ``timeout`` waits up to that many seconds for idle (older releases ignore it).
+_FLUSH_WAIT_S = 30
 _RESET_PREFIX: dict[str, Sequence[tuple[str, str]]] = {
     "vllm": (("POST", "/reset_prefix_cache"),),
     "sim": (("POST", "/reset_prefix_cache"),),
-    "sglang": (("POST", "/flush_cache"), ("GET", "/flush_cache")),
+    "sglang": (("POST", f"/flush_cache?timeout={_FLUSH_WAIT_S}"), ("GET", f"/flush_cache?timeout={_FLUSH_WAIT_S}")),
 }
 
 
@@ -96,7 +99,7 @@ def reset_prefix_cache(engine: str, url: str) -> str:
     for method, path in routes:
         req = urllib.request.Request(url.rstrip("/") + path, method=method, data=b"" if method == "POST" else None)
         try:
-            with _OPENER.open(req, timeout=10) as resp:
+            with _OPENER.open(req, timeout=_FLUSH_WAIT_S + 10) as resp:
                 if 200 <= resp.status < 300:
                     return "reset"
                 last = f"HTTP {resp.status}"
