@@ -197,7 +197,7 @@ def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[st
 
 def _plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     p = spec.parallel
-    # /server_info from 0.4.x on; /get_server_info is its deprecated alias (http_server.py)
+    # /server_info from 0.5.6 on; /get_server_info, its deprecated alias, before (http_server.py)
     versions = (("/server_info", "version"), ("/get_server_info", "version"))
     per_instance = p.gpus_per_instance * p.dp
     if p.disagg is None:
