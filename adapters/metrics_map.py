@@ -13,9 +13,10 @@ the total is the ``priority=""`` series, and summing both would double it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from adapters.versions import in_range
 
 #: common name → what it is (the unit is in the name).
 COMMON_NAMES: dict[str, str] = {
@@ -116,32 +117,6 @@ ALL: dict[str, str] = {**VLLM, **SGLANG, **TGI}
 _BY_ENGINE: dict[str, dict[str, str]] = {"vllm": VLLM, "sglang": SGLANG, "tgi": TGI}
 
 
-def _release(version: str) -> tuple[int, ...] | None:
-    """``"0.5.23"``, ``"v0.5.3.post1"``, ``"3.3.6-dev0"`` -> (0, 5, 23) ...; None when unreadable."""
-    m = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
-    return tuple(int(x) for x in m.group(1).split(".")) if m else None
-
-
-def version_at_least(version: str | None, minimum: str) -> bool | None:
-    """Whether ``version`` is at least ``minimum``; None when the version is unknown or unreadable."""
-    have = _release(version) if version else None
-    need = _release(minimum)
-    if have is None or need is None:
-        return None
-    return have >= need
-
-
-def _in_range(version: str, span: tuple[str | None, str | None]) -> bool:
-    """Whether release ``version`` lies in ``span`` (post-releases count as their release)."""
-    have = _release(version)
-    if have is None:
-        return True
-    first, last = (None if v is None else _release(v) for v in span)
-    if first is not None and have[: len(first)] < first:
-        return False
-    return last is None or have[: len(last)] <= last
-
-
 @dataclass(frozen=True)
 class MetricNames:
     """The family -> common-name map for one engine version (the union when unknown)."""
@@ -165,7 +140,7 @@ def metric_names(engine: str | None = None, version: str | None = None) -> Metri
     if table is None:
         return MetricNames(ALL)
     if engine == "sglang" and version:
-        table = {f: c for f, c in table.items() if _in_range(version, SGLANG_VERSIONS.get(f, (None, None)))}
+        table = {f: c for f, c in table.items() if in_range(version, SGLANG_VERSIONS.get(f, (None, None)))}
     return MetricNames(table)
 
 

@@ -153,7 +153,7 @@ def test_tgi_argv_and_output_length_not_forced() -> None:
     assert layout.forces_output_length is False
 
 
-@pytest.mark.parametrize(("version", "port_flag"), [("3.2.3", False), ("3.3.0", True), ("v3.3.7", True), (None, False)])
+@pytest.mark.parametrize(("version", "port_flag"), [("3.2.3", False), ("3.3.0", True), ("v3.3.7", True), ("3.3", True), ("3.3.0-dev0", True), (None, False)])
 def test_tgi_prometheus_port_only_from_3_3(version: str | None, port_flag: bool) -> None:
     # --prometheus-port is in launcher/src/main.rs from v3.3.0; older launchers refuse the flag.
     # With no version given and no launcher to ask, the flag is left out (safe on every 3.x).

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError
-from adapters.metrics_map import version_at_least
+from adapters.versions import version_at_least
 
 if TYPE_CHECKING:
     from adapters.launch.launcher import LaunchSpec
