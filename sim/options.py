@@ -156,7 +156,7 @@ def _plain(obj: Any) -> dict[str, Any]:
 
 
 def describe(t: ModelTiming) -> dict[str, Any]:
-    """A JSON-able summary (served by /get_server_info and /info, logged at start)."""
+    """A JSON-able summary (served by /server_info and /info, logged at start)."""
     cm = t.cost_model()
     seqs, budget, prefix = t.limits()
     return {

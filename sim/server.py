@@ -777,9 +777,11 @@ class TGIRoutes:
         if body is None:
             body = await _json_body(request)
         text = body.get("inputs")
-        if not isinstance(text, str):
-            return _tgi_error(422, "Failed to deserialize the JSON body: `inputs` must be a string")
         params = body.get("parameters") or {}
+        m = params.get("max_new_tokens")
+        if not isinstance(text, str) or (m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 0)):
+            # axum's Json extractor, before TGI's own validation (`inputs`: String, max_new_tokens: u32)
+            return _tgi_error(422, "Failed to deserialize the JSON body into the target type")
         wire = TGIWire(count_tokens(text) or 1, bool(params.get("details")), params.get("seed"))
         limit = srv.config.max_concurrent_requests
         if limit > 0 and srv.tgi_admitted >= limit:
@@ -824,8 +826,7 @@ def _tgi_invalid(text: str, params: dict[str, Any]) -> str | None:
     """TGI's validation message for what the sim checks (router/src/validation.rs), or None."""
     if not text:
         return "`inputs` cannot be empty"
-    max_tokens = params.get("max_new_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+    if params.get("max_new_tokens") == 0:
         return "`max_new_tokens` must be strictly positive"
     t = params.get("temperature")
     if t is not None and (not isinstance(t, (int, float)) or t <= 0):

@@ -44,7 +44,7 @@ def test_any_split_point() -> None:
         assert r.ok and r.output_tokens == 5 and r.output_text == "Hello world", cut
 
 
-def test_incremental_text_with_stream_output() -> None:
+def test_incremental_text_without_output_ids() -> None:
     r = record(SGLangAdapter(), sse(ev("He", 1), ev("llo", 2), ev(" world", 3, {"type": "stop", "matched": 2})))
     assert r.ok and r.chunk_tokens == [1, 1, 1] and r.output_text == "Hello world" and r.finish_reason == "stop"
 

@@ -108,7 +108,7 @@ def test_sglang_generate_cumulative_text_and_meta_info() -> None:
                                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}),
         ("POST", "/generate", {"text": "one two", "sampling_params": {"max_new_tokens": 2}}),
         ("GET", "/health_generate", None),
-        ("GET", "/get_server_info", None),
+        ("GET", "/server_info", None),
         ("GET", "/metrics", None),
     )
     ev = events(res[0][1])
@@ -229,3 +229,19 @@ def test_natural_stop_ends_unforced_requests_early_and_says_so(tmp_path: Path) -
     # without them the same server stops early with finish_reason "stop"
     free = run_against(c2, sched, tmp_path / "free", OpenAIAdapter(model="llama-3.1-8b", force_length_fields=False))
     assert any(r["output_tokens"] < 60 and r["finish_reason"] == "stop" for r in free)
+
+
+def test_tgi_validation_in_the_stream_and_body_errors_as_422() -> None:
+    res = calls(
+        cfg("tgi"),
+        ("POST", "/generate_stream", {"inputs": "a b", "parameters": {"max_new_tokens": 0}}),
+        ("POST", "/generate_stream", {"inputs": "a b", "parameters": {"max_new_tokens": -1}}),
+        ("POST", "/generate_stream", {"inputs": "a b", "parameters": {"temperature": 0}}),
+        ("POST", "/generate", {"inputs": "a b", "parameters": {"max_new_tokens": 0}}),
+    )
+    # validation.rs errors come inside an HTTP 200 stream; a body that does not deserialise
+    # (max_new_tokens is a u32) is axum's 422; /generate without a stream answers 422
+    assert res[0][0] == 200 and b"`max_new_tokens` must be strictly positive" in res[0][1]
+    assert res[1][0] == 422
+    assert res[2][0] == 200 and b"`temperature` must be strictly positive" in res[2][1]
+    assert res[3][0] == 422 and orjson.loads(res[3][1])["error_type"] == "validation"
