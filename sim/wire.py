@@ -104,7 +104,7 @@ class SGLangWire:
     """SGLang's native /generate stream (0.5.23, tokenizer_manager.py): cumulative text, and
     ``output_ids`` holding every id so far on every event (O(n²) bytes per request)."""
 
-    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns", "ids")
+    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns", "n_ids", "ids_json")
 
     def __init__(self, rid: str, prompt_tokens: int, arrival_ns: int) -> None:
         self.rid = rid
@@ -112,7 +112,18 @@ class SGLangWire:
         self.cached = 0
         self.text = ""
         self.arrival_ns = arrival_ns
-        self.ids: list[int] = []
+        #: the ids so far, kept serialised and appended to: re-encoding them every event cost
+        #: the engine loop ~0.1 ms per event at 4096 tokens
+        self.n_ids = 0
+        self.ids_json = bytearray()
+
+    def _grow(self, done: int) -> None:
+        ids = self.ids_json
+        for i in range(self.n_ids, done):
+            if i:
+                ids += b","
+            ids += str(_token_id(i)).encode()
+        self.n_ids = max(self.n_ids, done)
 
     def _meta(self, done: int, finish: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -128,13 +139,15 @@ class SGLangWire:
         return meta
 
     def event(self, done: int, finish: str | None) -> dict[str, Any]:
-        ids = self.ids
-        ids.extend(_token_id(i) for i in range(len(ids), done))
-        return {"text": self.text, "output_ids": ids, "meta_info": self._meta(done, finish)}
+        self._grow(done)
+        return {"text": self.text, "output_ids": [_token_id(i) for i in range(done)], "meta_info": self._meta(done, finish)}
 
     def tokens(self, text: str, done: int, finish: str | None) -> bytes:
         self.text += text
-        return sse(self.event(done, finish))
+        self._grow(done)
+        # the bytes orjson would write for event(), without re-encoding every id
+        return (b'data: {"text":' + _dumps(self.text) + b',"output_ids":[' + self.ids_json + b'],"meta_info":'
+                + _dumps(self._meta(done, finish)) + b"}\n\n")
 
     def malformed(self, text: str) -> bytes:
         return b'data: {"text": ' + _dumps(self.text + text) + b', "meta_info": {"id": "' + self.rid.encode() + b"\n\n"
