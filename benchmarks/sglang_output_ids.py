@@ -2,9 +2,10 @@
 
 Usage: python benchmarks/sglang_output_ids.py [TOKENS ...]
 SGLang 0.5.x without --incremental-streaming-output sends all ids on every event (O(n²) bytes
-per request). Prints, per output length, the stream's bytes and the time to parse every event
-by decoding the whole JSON (what the parser did) and with the parser, which skips the ids.
-Best of 5; run the two side by side on the same host (timings on a shared host are noisy).
+per request). Prints, per output length, the stream's bytes, the time to parse every event by
+decoding the whole JSON (what the parser did) and with the parser, which skips the ids, and the
+time the simulated engine's SGLang flavour takes to write the stream (sim/wire.py).
+Best of 5; run them side by side on the same host (timings on a shared host are noisy).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.sglang import SGLangStreamParser  # noqa: E402
+from sim.wire import SGLangWire  # noqa: E402
 
 
 def events(n: int) -> list[bytes]:
@@ -44,13 +46,20 @@ def best(fn: Callable[[], object], repeats: int = 5) -> float:
 
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [256, 1024, 4096]
-    print(f"{'tokens':>7} {'stream MB':>10} {'decode all ms':>14} {'parser ms':>10}")
+    print(f"{'tokens':>7} {'stream MB':>10} {'decode all ms':>14} {'parser ms':>10} {'sim writes ms':>14}")
     for n in sizes:
         evs = events(n)
         full = best(lambda: [orjson.loads(e) for e in evs])
         parser = best(lambda: list(map(SGLangStreamParser().parse, evs)))  # one parser per stream
         mb = sum(map(len, evs)) / 1e6
-        print(f"{n:>7} {mb:>10.1f} {1000 * full:>14.1f} {1000 * parser:>10.1f}")
+
+        def write(n: int = n) -> None:
+            wire = SGLangWire("r", 128, 0)
+            for i in range(n):
+                wire.tokens(" tok", i + 1, None)
+
+        sim = best(write)
+        print(f"{n:>7} {mb:>10.1f} {1000 * full:>14.1f} {1000 * parser:>10.1f} {1000 * sim:>14.1f}")
 
 
 if __name__ == "__main__":
