@@ -4,9 +4,12 @@ Every event carries exactly one generated token (prefill is not streamed), so ea
 counts one token (``StreamEvent.tokens = 1``). ``parameters.details = true`` makes the last
 event carry ``details{finish_reason, generated_tokens, input_length}``. There is no
 ``[DONE]``: the stream simply ends after the event with ``generated_text`` (so
-``requires_done = False``). Errors arrive as ``{"error": ..., "error_type": ...}`` events.
+``requires_done = False``). Errors arrive as ``{"error": ..., "error_type": ...}`` events
+after HTTP 200, validation and admission ("overloaded", past ``--max-concurrent-requests``)
+included. The end-of-sequence token comes as ``special: true``: a token without text.
 TGI has no ``ignore_eos``/``min_new_tokens``: output length cannot be forced, and runs
-record that (``forces_output_length: false``).
+record that (``forces_output_length: false``); from 3.0 it generates in 1024-token segments
+and may end past ``max_new_tokens`` (docs/engines.md).
 """
 
 from __future__ import annotations
