@@ -77,7 +77,7 @@ class HttpStream:
 
     __slots__ = ("srv", "req", "rid", "wire", "kind", "seed", "faults", "pw", "transport", "done", "sent",
                  "held", "hold_until", "buf_text", "buf_pieces", "buf_intended", "buf_first", "first_ns", "last_ns",
-                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason", "ended", "planned", "segment")
+                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason", "ended", "planned", "segment", "first_req")
 
     def __init__(self, srv: "SimServer", rid: str, wire: Any, kind: str, seed: int, faults: RequestFaults,
                  arrival_ns: int) -> None:
@@ -109,6 +109,8 @@ class HttpStream:
         #: TGI: tokens the whole request generates, and per segment (0: one segment, no re-queue)
         self.planned = 0
         self.segment = 0
+        #: TGI: the first segment, whose queue and start TGI's timings are taken from
+        self.first_req: SimRequest | None = None
 
     # -- engine-loop side --------------------------------------------------------------------
     def emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
@@ -204,6 +206,7 @@ class HttpStream:
         req = SimRequest(self.rid, _now(), done.prompt_len + done.generated,
                          min(self.segment, self.planned - self.sent), self, done.block_hashes)
         req.tag = self
+        self.first_req = self.first_req or done
         self.req = req
         asyncio.get_running_loop().call_soon(self.srv.engine.submit, req)
 
@@ -373,7 +376,8 @@ class SimServer:
         return req
 
     def _record_finish(self, sink: HttpStream, prompt_tokens: int) -> None:
-        req = sink.req
+        # TGI times a segmented request from its first segment (server.rs first_queued/first_start)
+        req = sink.first_req or sink.req
         if req is None:
             return
         now = _now()
