@@ -508,7 +508,8 @@ class SimServer:
             prompt_ids = [0]
         refusal = self._too_long(kind, len(prompt_ids), max_tokens)
         if refusal is not None:
-            self.metrics.failed("validation")
+            if kind == "tgi":  # tgi_request_failure{err="validation"}; vLLM/SGLang count no request
+                self.metrics.failed("validation")
             return await self.refuse(request, wire, kind, stream, *refusal, status_error)
         segment = 0
         if kind == "tgi":
