@@ -119,10 +119,14 @@ def _load_plugins() -> None:
 OPENAI_VLLM_ENGINES = ("sim", "vllm", "openai")
 
 
-def adapter_for_engine(engine: str, *, model: str, api: str = "completions", api_key: str | None = None) -> Adapter:
-    """The adapter that speaks ``engine``'s API (adapters ignore options they do not use)."""
+def adapter_for_engine(engine: str, *, model: str, api: str = "completions", api_key: str | None = None,
+                       engine_version: str | None = None) -> Adapter:
+    """The adapter that speaks ``engine``'s API (adapters ignore options they do not use).
+
+    ``engine_version``: SGLang's stream shape depends on it (adapters/sglang.py)."""
     name = "vllm" if engine in OPENAI_VLLM_ENGINES else engine
-    return get_adapter(name, model=model, api=api, api_key=api_key)
+    extra = {"engine_version": engine_version} if name == "sglang" and engine_version else {}
+    return get_adapter(name, model=model, api=api, api_key=api_key, **extra)
 
 
 def get_adapter(name: str, **options: Any) -> Adapter:

@@ -5,9 +5,11 @@ exact: each event's ``completion_tokens`` becomes ``StreamEvent.cumulative`` and
 takes differences. ``meta_info.finish_reason`` is null until the last event, then an object
 (``{"type": "length", ...}``; ``"abort"`` is a failure). By default the text and ``output_ids``
 are cumulative (every event repeats all ids so far: O(n²) bytes per request, SGLang 0.5.x);
-with the server's ``--incremental-streaming-output`` (formerly ``--stream-output``) both are
-deltas. Which mode a stream is in is read from ``output_ids``, never guessed from the text:
-deltas such as ``"ha","ha","ha!"`` look like a growing prefix. docs/engines.md has the versions.
+with the server's ``--incremental-streaming-output`` (0.5.10+) both are deltas. Up to 0.5.9 its
+predecessor ``--stream-output`` made only ``output_ids`` deltas: the text stayed cumulative.
+Which mode a stream is in is read from ``output_ids`` (and the engine version, when known),
+never guessed from the text: deltas such as ``"ha","ha","ha!"`` look like a growing prefix.
+docs/engines.md has the versions.
 """
 
 from __future__ import annotations
@@ -19,19 +21,22 @@ import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
 from adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
+from adapters.versions import version_at_least
 from workloads.spec import Message, RequestSpec
 
 
 class SGLangStreamParser:
     """Turns native events (cumulative or incremental) into per-event deltas."""
 
-    __slots__ = ("_text", "_last_tokens", "_incremental")
+    __slots__ = ("_text", "_last_tokens", "_incremental", "_text_follows_ids")
 
-    def __init__(self, incremental: bool | None = None) -> None:
+    def __init__(self, incremental: bool | None = None, text_follows_ids: bool = True) -> None:
         self._text = ""
         self._last_tokens = 0
-        #: None until the stream shows its mode (or the caller knows the server's flag)
+        #: whether the text comes as deltas: None until the stream shows it (or the caller knows)
         self._incremental = incremental
+        #: False up to SGLang 0.5.9, where delta output_ids came with cumulative text
+        self._text_follows_ids = text_follows_ids
 
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
@@ -46,7 +51,8 @@ class SGLangStreamParser:
         text = obj.get("text") or ""
         completion = meta.get("completion_tokens")
         if self._incremental is None:
-            self._incremental = _incremental_mode(n_ids, completion, self._last_tokens)
+            ids_delta = _incremental_mode(n_ids, completion, self._last_tokens)
+            self._incremental = ids_delta if ids_delta is None else ids_delta and self._text_follows_ids
         if self._incremental or not text.startswith(self._text):
             # deltas; or, in cumulative mode, a revised detokenisation (keep what came)
             delta = text
@@ -80,6 +86,8 @@ class SGLangStreamParser:
         )
 
 
+#: --incremental-streaming-output makes the text deltas too from this release (tokenizer_manager.py)
+TEXT_DELTAS_SINCE = "0.5.10"
 _IDS_KEY = b'"output_ids":'
 
 
@@ -128,11 +136,16 @@ class SGLangAdapter:
         force_length_fields: bool = True,
         extra_sampling: dict[str, Any] | None = None,
         incremental_output: bool | None = None,
+        engine_version: str | None = None,
         **_: Any,
     ) -> None:
         self.model = model
-        #: the server's --incremental-streaming-output when known; None: read from each stream
+        #: whether the server streams text deltas (--incremental-streaming-output), when known;
+        #: None: read from each stream's output_ids
         self.incremental_output = incremental_output
+        #: unknown versions are taken as 0.5.10+ (the current releases)
+        self.engine_version = engine_version
+        self._text_follows_ids = version_at_least(engine_version, TEXT_DELTAS_SINCE) is not False
         self.force_length_fields = force_length_fields
         self.extra_sampling = dict(extra_sampling or {})
         headers = [("Content-Type", "application/json")]
@@ -152,7 +165,7 @@ class SGLangAdapter:
         return HttpCall("POST", "/generate", orjson.dumps(self.body(spec, history)), self._headers)
 
     def parser(self) -> SGLangStreamParser:
-        return SGLangStreamParser(self.incremental_output)
+        return SGLangStreamParser(self.incremental_output, self._text_follows_ids)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -164,6 +177,7 @@ class SGLangAdapter:
             "forces_output_length": self.forces_output_length,
             "token_counts": "exact (meta_info.completion_tokens, cumulative)",
             "incremental_output": "from output_ids" if self.incremental_output is None else self.incremental_output,
+            "engine_version": self.engine_version,
         }
 
 

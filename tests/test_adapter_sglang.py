@@ -67,6 +67,14 @@ def test_cumulative_output_ids_keep_cumulative_text() -> None:
     assert r.ok and r.output_text == "hahaha!" and r.chunk_tokens == [1, 1, 2]
 
 
+def test_stream_output_up_to_0_5_9_made_only_the_ids_deltas() -> None:
+    # 0.5.3-0.5.9 --stream-output: output_ids deltas, text still cumulative (tokenizer_manager.py)
+    stream = sse(ids_ev("ha", [7], 1), ids_ev("haha", [7], 2), ids_ev("hahaha!", [7, 9], 4, {"type": "length"}))
+    r = record(SGLangAdapter(engine_version="0.5.8"), stream)
+    assert r.ok and r.output_text == "hahaha!" and r.chunk_tokens == [1, 1, 2]
+    assert get_adapter("sglang", engine_version="0.5.23").parser()._text_follows_ids  # type: ignore[attr-defined]
+
+
 def test_incremental_mode_given_by_the_user_without_output_ids() -> None:
     stream = sse(ev("ha", 1), ev("ha", 2), ev("ha!", 3, {"type": "length"}))
     assert record(SGLangAdapter(incremental_output=True), stream).output_text == "hahaha!"

@@ -149,7 +149,7 @@ def command(
         raise BenchError("--scrape-interval must be positive")
     api_key = load_api_key(api_key_env, api_key_file)
     try:
-        adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key)
+        adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key, engine_version=engine_version)
     except (ValueError, TypeError) as exc:
         raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
     run_dir = prepare_run_dir(out, overwrite)
@@ -167,6 +167,8 @@ def command(
                               engine_version)
             )
             target, engine_label, engine_info = handle.url, engine, handle.describe()
+            if handle.version and engine == "sglang":  # its stream shape depends on the version
+                adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key, engine_version=handle.version)
         else:
             target = stack.enter_context(
                 embedded_engine(

@@ -113,7 +113,7 @@ def run_load(
     from bench.execute import RunConfig, execute_run, run_async
 
     schedule = build_schedule(load, spec, warmup)
-    adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api)
+    adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api, engine_version=engine_version)
     slo = SLO.from_dict(spec.slo)
     cfg = RunConfig(
         out=run_dir,
