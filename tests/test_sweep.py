@@ -296,3 +296,20 @@ def test_loads_run_with_the_sweeps_client_workers_and_clock(tmp_path: Path) -> N
     assert res.reused == ("tp1",)
     with pytest.raises(BenchError, match="clock"):  # a different clock is a different sweep
         run_sweep(replace(old, clock="auto"), out, resume=True, launcher=FixedSimLauncher(), echo=lambda s: None)
+
+
+def test_a_sweeps_engine_version_reaches_the_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the user's version picks version-gated flags (TGI --prometheus-port from 3.3.0)
+    from adapters.launch import launcher as launch_module
+    from adapters.launch.config import ParallelConfig
+    from bench.sweep.engines import CellEngine, DefaultLauncher
+
+    f = tmp_path / "sweep.toml"
+    f.write_text('engine = "tgi"\nmodel = "m"\nengine_version = "3.2.3"\n')
+    spec = load_spec(f)
+    assert spec.engine_version == "3.2.3"
+    seen = []
+    monkeypatch.setattr(launch_module, "launch", lambda s, log: seen.append(s))
+    DefaultLauncher().start(CellEngine("tgi", "m", None, ParallelConfig(), None, engine_version=spec.engine_version),
+                            tmp_path / "engine.log")
+    assert seen[0].engine_version == "3.2.3"

@@ -77,6 +77,8 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--engine-arg", "engine_args", multiple=True, help="Extra engine argument (repeatable).")
 @click.option("--engine-env", "engine_env", multiple=True, help="NAME=value for the engine's environment (repeatable).")
 @click.option("--ready-timeout", type=float, help="Seconds to wait for an engine to become ready. [default: 600]")
+@click.option("--engine-version", help="The engine's version (e.g. 3.3.6): version-gated flags and metric names "
+                                       "(docs/engines.md). [default: what each launched engine reports]")
 @click.option("--workers", type=click.IntRange(1, 64),
               help="Load-generating processes per load, as in bench run. [default: 1]")
 @click.option("--clock", type=click.Choice(CLOCKS),
@@ -213,6 +215,7 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
         engine_args=engine_args,
         engine_env=engine_env,
         ready_timeout_s=flags.get("ready_timeout"),
+        engine_version=flags.get("engine_version"),
         workers=flags.get("workers"),
         clock=flags.get("clock"),
     )

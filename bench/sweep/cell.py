@@ -99,6 +99,7 @@ class CellRunner:
             extra_args=tuple(spec.engine_args),
             env=env,  # type: ignore[arg-type]
             ready_timeout_s=spec.ready_timeout_s,
+            engine_version=spec.engine_version,
         )
         self.echo(f"{index} {cell_id} ({cfg.gpus} GPU{'s' if cfg.gpus != 1 else ''}): starting {spec.engine}...")
         t0 = time.monotonic()
@@ -112,7 +113,7 @@ class CellRunner:
             log = log or _logs_tail(cdir) or text
             return CellOutcome("failed", _start_failure(text, log), log)
         out = CellOutcome("complete")
-        out.engine_version = getattr(handle, "version", None)
+        out.engine_version = getattr(handle, "version", None) or spec.engine_version
         argv = getattr(handle, "argv", None)
         out.engine_argv = json.dumps(list(argv)) if argv else None
         try:

@@ -32,6 +32,7 @@ class CellEngine:
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     ready_timeout_s: float = 600.0
+    engine_version: str | None = None
 
 
 class Handle(Protocol):
@@ -73,6 +74,7 @@ class DefaultLauncher:
             extra_args=tuple(cell.extra_args),
             env=tuple(cell.env),
             ready_timeout_s=cell.ready_timeout_s,
+            engine_version=cell.engine_version,
         )
         return mod.launch(spec, log_path)  # type: ignore[no-any-return]
 

@@ -200,6 +200,9 @@ class SweepSpec:
     engine_args: tuple[str, ...] = ()
     #: Extra environment for the engine, as "NAME=value" strings.
     engine_env: tuple[str, ...] = ()
+    #: The engine's version when known: version-gated launch flags, /metrics names and SGLang's
+    #: stream shape (docs/engines.md). None: each launched engine's own answer.
+    engine_version: str | None = None
     ready_timeout_s: float = 600.0
     #: Seconds without data before a request fails as stalled.
     stall_timeout_s: float = 120.0
