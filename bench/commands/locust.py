@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from bench.errors import BenchError
+from core.errors import BenchError
 
 
 @click.group("locust")
