@@ -21,7 +21,8 @@ from bench.host import host_fingerprint
 from core import __version__
 from core.errors import BenchError
 from loadgen.runner import RunOptions, Runner, RunStats
-from loadgen.transport import Timeouts, Transport, make_transport
+from loadgen.transport import Timeouts, Transport
+from loadgen.transports import make_transport
 from loadgen.workers import WorkerPool
 from results.schema import RUN_FILE, SCHEMA_VERSION
 from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule

@@ -35,8 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
-from loadgen.recorder import StreamError
-from loadgen.transport import CLOCKS, Clock, Sink, Timeouts
+from loadgen.transport import CLOCKS, Clock, Sink, StreamError, Timeouts
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
     from loadgen import _fastpath

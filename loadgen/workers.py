@@ -33,7 +33,8 @@ from typing import Any
 from adapters.base import Adapter
 from loadgen.runner import RunOptions, Runner, RunStats, _warm_up_writer
 from loadgen.split import split_schedule
-from loadgen.transport import Timeouts, make_transport
+from loadgen.transport import Timeouts
+from loadgen.transports import make_transport
 from results.writer import MonitorWriter, RequestsWriter
 from workloads.spec import Schedule
 

@@ -105,7 +105,8 @@ def master(
     from bench.distributed.wire import ClientSettings
     from bench.execute import prepare_run_dir
     from bench.report_text import print_summary
-    from loadgen.transport import AiohttpTransport, Timeouts
+    from loadgen.aiohttp_transport import AiohttpTransport
+    from loadgen.transport import Timeouts
     from workloads.synthetic import WorkloadError
 
     slo = parse_slo(slo_text)

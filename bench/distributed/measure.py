@@ -33,7 +33,8 @@ from bench.distributed.wire import ClientSettings, schedule_from_wire
 from bench.secrets import load_api_key
 from core.errors import BenchError
 from loadgen.runner import RunOptions, Runner, RunStats
-from loadgen.transport import AiohttpTransport, Timeouts
+from loadgen.aiohttp_transport import AiohttpTransport
+from loadgen.transport import Timeouts
 from results.record import RequestRecord
 from results.writer import MonitorWriter, RequestsWriter
 from workloads.spec import Schedule
