@@ -433,7 +433,7 @@ class RawHttpTransport:
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
-            raise ValueError(f"the raw transport speaks plain http only, not {parts.scheme!r} (use --transport aiohttp)")
+            raise ValueError(f"the raw transport speaks plain http only, not {parts.scheme!r} (use the aiohttp transport)")
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, not {clock!r}")
         self.base_url = base_url.rstrip("/")
