@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.pairs import split_pairs
 from workloads.errors import WorkloadError
 
 PROCESSES = ("poisson", "gamma", "constant", "onoff", "ramp", "steps", "trace")
@@ -74,10 +75,8 @@ def parse_arrival(text: str) -> ArrivalSpec:
     if name not in _PARAMS:
         raise WorkloadError(f"--arrival {text!r}: unknown process (use one of {', '.join(PROCESSES)})")
     params: dict[str, float | tuple[float, ...]] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or key not in _PARAMS[name]:
+    for item, key, value in split_pairs(rest):
+        if value is None or key not in _PARAMS[name]:
             known = ", ".join(_PARAMS[name]) or "none"
             raise WorkloadError(f"--arrival {text!r}: unknown parameter {item!r} for {name} (known: {known})")
         try:

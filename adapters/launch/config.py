@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from core.pairs import split_pairs
+
 
 @dataclass(frozen=True, slots=True)
 class Disagg:
@@ -56,10 +58,9 @@ class ParallelConfig:
         """``"tp=2,dp=2,disagg=1:1"`` → ParallelConfig (empty text: one GPU, no parallelism).
         Raises ValueError with a one-line message that names no CLI flag."""
         values: dict[str, int | Disagg] = {}
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            key, sep, value = part.partition("=")
-            key = key.strip().lower()
-            if not sep:
+        for _, name, value in split_pairs(text):
+            key = name.lower()
+            if value is None:
                 raise ValueError("expected key=value pairs like tp=2,dp=2")
             if key in AXES:
                 values[key] = int(value)
