@@ -153,3 +153,14 @@ def test_the_synthetic_workload_takes_its_send_times_from_the_arrival_processes(
         got = np.array([s.send_offset_ns for s in sched.measured], dtype=np.int64)
         want = np.round(offsets_s(parse_arrival(arrival), n, rate, np.random.default_rng(3)) * 1e9).astype(np.int64)
         assert np.array_equal(got, want), arrival
+
+
+def test_arrival_errors_name_the_setting_not_a_cli_flag() -> None:
+    """A workload TOML file sets ``arrival`` too, so the message names the setting, not ``--arrival``."""
+    for text in ("nonsense", "gamma:k=2", "gamma:cv=x"):
+        with pytest.raises(WorkloadError) as err:
+            parse_arrival(text)
+        assert str(err.value).startswith("arrival ") and "--" not in str(err.value), err.value
+    with pytest.raises(WorkloadError) as err:
+        offsets_s(parse_arrival("poisson"), 10, None, np.random.default_rng(0))
+    assert "--" not in str(err.value), err.value
