@@ -76,7 +76,7 @@ class GateConfig:
 
 
 def load_gate_config(path: Path) -> GateConfig:
-    from bench.config import load
+    from core.config import load
 
     return load(GateConfig, path)
 

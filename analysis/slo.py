@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.pairs import split_pairs
+
 #: SLO name -> per-request metric column (milliseconds).
 SLO_METRICS = {
     "ttft_ms": "ttft_ms",
@@ -30,13 +32,8 @@ class SLO:
         if not text:
             return cls()
         limits: dict[str, float] = {}
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            key, sep, value = part.partition("=")
-            key = key.strip()
-            if not sep:
+        for part, key, value in split_pairs(text):
+            if value is None:
                 raise SLOError(f"SLO {part!r}: expected name=value, e.g. ttft_ms=500")
             if key not in SLO_METRICS:
                 raise SLOError(f"SLO {key!r}: unknown; use one of {', '.join(SLO_METRICS)}")

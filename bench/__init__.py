@@ -1,3 +1,1 @@
-"""bench: benchmark and load-test LLM inference engines."""
-
-__version__ = "0.1.0"
+"""bench: the command line and the sweep orchestration, on top of every layer (docs/architecture.md)."""

@@ -12,7 +12,9 @@ import sys
 
 import click
 
-from bench import __version__
+from bench.errors import as_cli_error
+from core import __version__
+from core.errors import BenchError
 
 #: verb -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,6 +32,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        """The one place where a library's input error becomes a CLI message and exit code."""
+        try:
+            return super().invoke(ctx)
+        except BenchError as exc:
+            raise as_cli_error(exc) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name, (module, _) in COMMANDS.items() if importlib.util.find_spec(module) is not None]
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from adapters.launch.process import EngineStartError, ManagedProcess, free_port
-from bench.errors import BenchError
+from core.errors import BenchError
 
 
 @contextlib.contextmanager

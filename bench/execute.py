@@ -12,23 +12,21 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from adapters.base import Adapter
-from bench import __version__
-from bench.errors import BenchError
 from bench.host import host_fingerprint
+from core import __version__
+from core.errors import BenchError
 from loadgen.runner import RunOptions, Runner, RunStats
+from loadgen.transport import Timeouts, Transport
+from loadgen.transports import make_transport
 from loadgen.workers import WorkerPool
-from loadgen.transport import Timeouts, Transport, make_transport
 from results.schema import RUN_FILE, SCHEMA_VERSION
 from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
 from workloads.spec import Schedule
-
-T = TypeVar("T")
 
 #: ``run.parquet`` ``clock``: which clock stamped the received chunks.
 CLOCK_LABELS = {
@@ -202,15 +200,3 @@ def _on_signal(runner: Runner | WorkerPool, sig: int) -> None:
         raise SystemExit(130)
     sys.stderr.write(f"\n{signal.Signals(sig).name}: stopping, recording in-flight requests as cancelled...\n")
     runner.stop.set()
-
-
-def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine on uvloop when it is installed, else on asyncio's default loop."""
-    try:
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as r:
-        return r.run(main())

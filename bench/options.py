@@ -7,7 +7,7 @@ load generator just to parse them.
 from __future__ import annotations
 
 from analysis.slo import SLO, SLOError
-from bench.errors import BenchError
+from core.errors import BenchError
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:

@@ -338,18 +338,15 @@ def _start_engine(args: argparse.Namespace, port: int, log: Path, engine_log: Pa
     with open(engine_log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                 preexec_fn=(lambda: _pin(cpus)) if cpus else None)
-    import urllib.request
+    from core.control import EngineClient
 
+    engine = EngineClient(f"http://127.0.0.1:{port}", timeout_s=1)
     deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit(f"engine did not start; see {engine_log}")
-            time.sleep(0.1)
+    while not engine.health().ok:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"engine did not start; see {engine_log}")
+        time.sleep(0.1)
     return proc, has_log
 
 

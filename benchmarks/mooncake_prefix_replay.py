@@ -17,13 +17,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO.parent / "shared" / "traces" / "mooncake-fast25" / "conversation_trace.jsonl"
 
 sys.path.insert(0, str(REPO))
+
+from core.control import EngineClient  # noqa: E402
 
 
 def free_port() -> int:
@@ -37,11 +38,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"simulated engine exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
+        if EngineClient(url, timeout_s=1).health().ok:
+            return
+        time.sleep(0.2)
     raise SystemExit("simulated engine did not become ready")
 
 

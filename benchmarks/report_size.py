@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from plotly.offline import get_plotlyjs  # noqa: E402
 
 from analysis.report import build_report  # noqa: E402
-from tests.test_report_fixtures import synthetic_run  # noqa: E402
+from results.synthetic import synthetic_run  # noqa: E402
 
 
 def main() -> None:

@@ -35,8 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
-from loadgen.recorder import StreamError
-from loadgen.transport import CLOCKS, Clock, Sink, Timeouts
+from loadgen.transport import CLOCKS, Clock, Sink, StreamError, Timeouts
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
     from loadgen import _fastpath
@@ -434,7 +433,7 @@ class RawHttpTransport:
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
-            raise ValueError(f"the raw transport speaks plain http only, not {parts.scheme!r} (use --transport aiohttp)")
+            raise ValueError(f"the raw transport speaks plain http only, not {parts.scheme!r} (use the aiohttp transport)")
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, not {clock!r}")
         self.base_url = base_url.rstrip("/")

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from adapters.base import EventKind, StreamEvent, StreamParser
 from adapters.sse import SSEFramer
+from loadgen.transport import StreamError
 from results.record import RequestRecord
 from workloads.spec import RequestSpec
 
@@ -77,14 +78,6 @@ class FastStreamLike(Protocol):
 
     def columns(self, kinds: tuple[EventKind, ...], nfields: int) -> tuple[list[int], tuple[list[Any], ...]]: ...
     def flush(self, sink: RequestRecorder) -> None: ...
-
-
-class StreamError(Exception):
-    """A stream that went wrong in a way the protocol makes visible."""
-
-    def __init__(self, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.error_type = error_type
 
 
 class RequestRecorder:

@@ -23,8 +23,8 @@ import numpy as np
 
 from adapters.base import Adapter, HttpCall
 from loadgen.progress import Progress
-from loadgen.recorder import DigestQueue, RequestRecorder, StreamError
-from loadgen.transport import Transport
+from loadgen.recorder import DigestQueue, RequestRecorder
+from loadgen.transport import EagerTransport, Preconnecting, StreamError, Transport
 from results.record import RequestRecord
 from results.writer import _RECORD_FIELDS, MonitorWriter, PartWriter, RequestsWriter
 from workloads.spec import Message, RequestSpec, Schedule
@@ -103,6 +103,8 @@ class Runner:
         self.schedule = schedule
         self.adapter = adapter
         self.transport = transport
+        # What the transport can do beyond ``send``, learned once from the contract.
+        self._eager: EagerTransport[Any] | None = transport if isinstance(transport, EagerTransport) else None
         self.writer = writer
         self.monitor_writer = monitor_writer
         self.options = options
@@ -152,13 +154,14 @@ class Runner:
             self._count_sent()
         error: StreamError | None = None
         cancelled = False
+        eager = self._eager
         try:
-            if started is not None:
-                await self.transport.complete(started.exchange, call, recorder)  # type: ignore[attr-defined]
-            elif next_from is not None:
-                await self.transport.send(call, recorder, next_from)  # type: ignore[call-arg]
-            else:
+            if eager is None:
                 await self.transport.send(call, recorder)
+            elif started is not None:
+                await eager.complete(started.exchange, call, recorder)
+            else:
+                await eager.send(call, recorder, next_from)
         except StreamError as exc:
             # Kept without its traceback: the traceback holds this frame, which holds
             # ``error``, a cycle that only the (paused) cyclic GC would free.
@@ -226,13 +229,14 @@ class Runner:
         freed.intended = _now()
         if spec is None or spec.session_id is not None:
             return
+        eager = self._eager
+        if eager is None:
+            return
         try:
             recorder = self._recorder(spec, freed.intended)
             call = self.adapter.build(spec)
             nxt = _Freed()
-            ex = self.transport.start(  # type: ignore[attr-defined]
-                call, recorder, lambda: self._next_from(nxt, it, respect_duration)
-            )
+            ex = eager.start(call, recorder, lambda: self._next_from(nxt, it, respect_duration))
         except Exception:  # the slot's task sends it the usual way
             return
         if ex is not None:
@@ -240,7 +244,8 @@ class Runner:
             freed.started = _Started(recorder, call, ex, nxt)
 
     def _abandon(self, started: _Started) -> None:
-        self.transport.abort(started.exchange)  # type: ignore[attr-defined]
+        if self._eager is not None:  # (a started request exists only with an eager transport)
+            self._eager.abort(started.exchange)
         self.stats.in_flight -= 1
         self._finish(started.recorder, _now(), StreamError("cancelled", "cancelled before completion (run stopped)"))
 
@@ -357,7 +362,7 @@ class Runner:
         if respect_duration:
             await _sleep_until(self.stats.t0_ns)  # the measured phase starts at t0
 
-        sends_at_once = callable(getattr(self.transport, "start", None))
+        sends_at_once = self._eager is not None
 
         async def slot() -> None:
             intended = _now()
@@ -504,9 +509,8 @@ class Runner:
                 await self._closed(sched.warmup, min(len(sched.warmup), self.options.warmup_concurrency), False)
             if sched.mode == "closed":
                 # a closed loop's slots all send at t0: their connections are opened first
-                preconnect = getattr(self.transport, "preconnect", None)
-                if preconnect is not None:
-                    await preconnect(max(1, sched.concurrency or 1))
+                if isinstance(self.transport, Preconnecting):
+                    await self.transport.preconnect(max(1, sched.concurrency or 1))
             start_at = self.options.start_at_ns
             self.stats.t0_ns = start_at if start_at is not None else _now() + int(self.options.start_lead_s * 1e9)
             body = (

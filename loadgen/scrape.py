@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.metrics_map import CUMULATIVE_GAUGES, MetricNames, metric_names
+from core.control import EngineClient
 from results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
 from results.writer import PartWriter
 
@@ -115,6 +114,8 @@ class MetricsScraper:
             raise ValueError("scrape interval must be positive")
         self.url = url.rstrip("/") + path
         self.names = names
+        self._path = path
+        self._client = EngineClient(url)
         self.interval_s = interval_s
         self.timeout_s = timeout_s if timeout_s is not None else max(1.0, min(5.0, interval_s))
         self.writer = PartWriter(Path(run_dir) / SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA, worker_id,
@@ -122,7 +123,6 @@ class MetricsScraper:
         self._deltas = DeltaTracker()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self.scrapes = 0
         self.failures = 0
         self.last_error: str | None = None
@@ -130,15 +130,12 @@ class MetricsScraper:
     def scrape_once(self) -> bool:
         """One scrape; True when it produced rows."""
         t_send = time.perf_counter_ns()
+        reply = self._client.metrics(self._path, self.timeout_s)
+        t_recv = time.perf_counter_ns()
+        if not reply.ok:
+            return self._failed(reply.problem())
         try:
-            with self._opener.open(self.url, timeout=self.timeout_s) as resp:
-                body = resp.read()
-            t_recv = time.perf_counter_ns()
-            rows = parse_metrics(body.decode("utf-8", "replace"), (t_send + t_recv) // 2, self.names)
-        except urllib.error.HTTPError as exc:
-            return self._failed(f"HTTP {exc.code}")
-        except (urllib.error.URLError, OSError) as exc:
-            return self._failed(str(getattr(exc, "reason", exc)))
+            rows = parse_metrics(reply.body.decode("utf-8", "replace"), (t_send + t_recv) // 2, self.names)
         except ValueError as exc:  # the parser's complaint about a malformed page
             return self._failed(f"unparsable /metrics: {exc}")
         self._deltas.apply(rows)

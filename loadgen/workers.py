@@ -33,7 +33,8 @@ from typing import Any
 from adapters.base import Adapter
 from loadgen.runner import RunOptions, Runner, RunStats, _warm_up_writer
 from loadgen.split import split_schedule
-from loadgen.transport import Timeouts, make_transport
+from loadgen.transport import Timeouts
+from loadgen.transports import make_transport
 from results.writer import MonitorWriter, RequestsWriter
 from workloads.spec import Schedule
 
@@ -78,7 +79,7 @@ def _worker_main(job: WorkerJob, conn: Connection) -> None:
         except OSError:
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sends SIGTERM
-    from bench.execute import run_async
+    from core.eventloop import run_async
 
     try:
         stats = run_async(lambda: _worker_async(job, conn))
@@ -203,7 +204,7 @@ class WorkerPool:
                 if p.is_alive():
                     p.kill()
         if errors:
-            from bench.errors import BenchError
+            from core.errors import BenchError
 
             raise BenchError(f"load worker failed: {errors[0]}")
         return merge_stats(results, self.stop.is_set())

@@ -401,7 +401,7 @@ def simulate(
     backend: ModelBackend | FixedBackend, arrivals: Iterable[Arrival], horizon_s: float | None = None
 ) -> list[Outcome]:
     """Run ``arrivals`` through ``backend`` in virtual time; one Outcome per request."""
-    from sim.tokenizer import prompt_token_ids
+    from core.tokenizer import prompt_token_ids
 
     items = sorted(arrivals, key=lambda a: a.t_s)
     outs: list[Outcome] = []

@@ -29,6 +29,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from core.pairs import split_pairs
+
 RATE_MODES = ("reset", "http500", "http503", "http429", "stall", "malformed", "split_utf8", "multi_token", "no_done",
               "stream_error", "abort")
 
@@ -70,13 +72,8 @@ class FaultSpec:
         if not text:
             return cls()
         values: dict[str, float] = {}
-        for item in text.split(","):
-            item = item.strip()
-            if not item:
-                continue
-            key, sep, val = item.partition("=")
-            key = key.strip()
-            if not sep:
+        for item, key, val in split_pairs(text):
+            if val is None:
                 raise FaultSpecError(f"--faults item {item!r}: expected mode=rate")
             if key == "slow_start":
                 values["slow_start_s"] = _duration(val, key)

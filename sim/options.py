@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from bench.config import ConfigError, from_mapping, load_toml
+from core.config import ConfigError, from_mapping, load_toml
 from sim.costmodel import CostModel, Parallel
 from sim.presets import GPUS, MODELS, PROFILES, Dtype, EngineProfile, GpuSpec, ModelSpec
 

@@ -24,6 +24,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from core import __version__
+from core.tokenizer import count_tokens, output_token, tokenize
 from sim.backend import FixedBackend, ModelBackend
 from sim.emission import EmissionLog
 from sim.faults import FaultPlanner, FaultSpec, RequestFaults
@@ -32,11 +34,10 @@ from sim.options import ModelTiming, describe
 from sim.prom import FlavorMetrics
 from sim.request import SimRequest
 from sim.timing import FixedTiming
-from sim.tokenizer import count_tokens, output_token, tokenize
 from sim.wire import OpenAIWire, SGLangWire, TGIWire
 
 _now = time.perf_counter_ns
-VERSION = "0.1.0-bench-sim"
+VERSION = f"{__version__}-bench-sim"
 ENGINE_KEY: web.AppKey["SimServer"] = web.AppKey("sim_engine")
 SPLIT_TOKEN = " caf\u00e9"  # one token whose UTF-8 bytes the split_utf8 fault cuts in half
 #: TGI 3.x generates in segments of min(max_new_tokens, 1024) tokens and re-queues the request,

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from sim.tokenizer import tokenize
+from core.tokenizer import tokenize
 
 _dumps = orjson.dumps
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,3 +27,13 @@ def shared_path(*parts: str) -> Path:
 
 def bench_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "bench", *args]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.02) -> None:
+    """Poll ``condition`` until it holds; fail the test naming ``what`` after ``timeout_s``.
+    Instead of a fixed sleep, which is too short on a loaded host and wasted on an idle one."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout_s:g} s")
+        time.sleep(poll_s)

@@ -11,7 +11,8 @@ import pytest
 
 from adapters.base import get_adapter
 from adapters.launch.launcher import EngineHandle, LaunchSpec, launch
-from bench.execute import RunConfig, execute_run, run_async
+from bench.execute import RunConfig, execute_run
+from core.eventloop import run_async
 from loadgen.recorder import SOURCE_CUMULATIVE, SOURCE_FINAL_SPREAD, SOURCE_PROTOCOL
 from results.reader import read_requests, read_run_meta, read_server_metrics
 from workloads.synthetic import SyntheticWorkload

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.load import load_run
-from tests.conftest import bench_argv
+from tests.conftest import bench_argv, wait_until
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -106,6 +106,38 @@ def _wait_for_port(port: int, timeout: float = 30.0) -> None:
     pytest.fail(f"the engine did not listen on port {port} within {timeout:g} s")
 
 
+def _flushed_rows(run_dir: Path) -> int:
+    """Rows in the run's flushed part files (each is renamed into place complete)."""
+    rows = 0
+    for part in (run_dir / "requests").glob("part-*.parquet"):
+        try:
+            rows += pq.read_metadata(part).num_rows
+        except OSError:  # compacted away meanwhile
+            pass
+    return rows
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_sigkill_mid_run_leaves_readable_rows(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(
@@ -114,10 +146,8 @@ def test_sigkill_mid_run_leaves_readable_rows(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not list((out / "requests").glob("part-*.parquet")):
-            time.sleep(0.2)
-        time.sleep(2.5)
+        wait_until(lambda: _flushed_rows(out) > 50, 120, "more than 50 rows flushed")
+        engines = _children(proc.pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -131,7 +161,7 @@ def test_sigkill_mid_run_leaves_readable_rows(tmp_path: Path) -> None:
     assert run.meta["status"] == "running"  # killed: never marked complete
     assert run.requests.num_rows == rows
     # the engine subprocess died with its parent (PDEATHSIG)
-    time.sleep(1.0)
+    wait_until(lambda: not any(map(_alive, engines)), 30, f"the engine ({engines}) dying with bench")
     log = (out / "engine.log").read_text() if (out / "engine.log").exists() else ""
     assert "Traceback" not in log
 
@@ -143,10 +173,7 @@ def test_ctrl_c_stops_cleanly_with_a_complete_file(tmp_path: Path) -> None:
                    "--out", str(out), "--no-progress"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (out / "requests").exists():
-        time.sleep(0.2)
-    time.sleep(2.0)
+    wait_until(lambda: _flushed_rows(out) > 0, 120, "the first rows flushed")  # measuring, requests in flight
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr

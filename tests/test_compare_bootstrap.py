@@ -15,8 +15,8 @@ from analysis.compare import compare_paths, format_comparison
 from analysis.load import load_run
 from analysis.slo import SLO
 from analysis.summary import summarize
+from results.synthetic import synthetic_run
 from tests.conftest import REPO, bench_argv
-from tests.test_report_fixtures import synthetic_run
 
 OPTS = BootstrapOptions(resamples=400, seed=1)
 

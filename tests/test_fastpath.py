@@ -19,7 +19,8 @@ import pytest
 from adapters.base import EventKind
 from adapters.openai import OpenAIStreamParser
 from loadgen import rawhttp
-from loadgen.recorder import RequestRecorder, StreamError
+from loadgen.recorder import RequestRecorder
+from loadgen.transport import StreamError
 from results.record import RequestRecord
 from workloads.spec import RequestSpec
 

@@ -10,9 +10,9 @@ import pytest
 
 from analysis.bootstrap import Change
 from analysis.gate import GateConfig, GateResult, MetricGate, judge_change, junit_xml, load_gate_config, markdown_summary, run_gate
-from bench.config import ConfigError
+from core.config import ConfigError
+from results.synthetic import synthetic_run
 from tests.conftest import REPO, bench_argv
-from tests.test_report_fixtures import synthetic_run
 
 
 def _change(rel: float, lo: float, hi: float, better: str = "lower", base: float = 100.0) -> Change:

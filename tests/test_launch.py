@@ -295,8 +295,8 @@ def _run_has_launch() -> bool:
 
 
 def test_parse_parallel() -> None:
-    from adapters.launch.cli import parse_parallel
-    from bench.errors import BenchError
+    from bench.launch_engine import parse_parallel
+    from core.errors import BenchError
 
     p = parse_parallel("tp=2, dp=2,disagg=1:1", ("--seed", "1"))
     assert (p.tp, p.dp, str(p.disagg), p.extra_args) == (2, 2, "1:1", ("--seed", "1"))

@@ -95,7 +95,7 @@ def test_streams_from_the_sim_reuse_the_connection_and_stamp_in_order(clock: str
 
 def test_connection_refused_and_https_are_clear() -> None:
     from adapters.launch.process import free_port
-    from loadgen.recorder import StreamError
+    from loadgen.transport import StreamError
 
     async def main() -> None:
         t = RawHttpTransport(f"http://127.0.0.1:{free_port()}", Timeouts(connect=2.0))
@@ -196,7 +196,8 @@ def test_the_default_clock_is_the_kernel_one_where_the_platform_has_it() -> None
     """``auto`` (the default of bench run and sweeps): kernel stamps on the raw transport
     where the platform offers them, user stamps elsewhere; an explicit request for the kernel
     clock on aiohttp (https) is an error, never a silent downgrade."""
-    from loadgen.transport import AiohttpTransport, make_transport
+    from loadgen.aiohttp_transport import AiohttpTransport
+    from loadgen.transports import make_transport
 
     assert RunConfig.__dataclass_fields__["clock"].default == "auto"
     raw = make_transport("auto", "http://127.0.0.1:9")

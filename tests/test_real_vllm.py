@@ -18,7 +18,8 @@ from adapters.launch.config import ParallelConfig
 from adapters.launch.launcher import EngineHandle, LaunchSpec, launch
 from adapters.openai import OpenAIAdapter
 from analysis.server_metrics import ttft_cross_check, window_histogram
-from bench.execute import RunConfig, execute_run, run_async
+from bench.execute import RunConfig, execute_run
+from core.eventloop import run_async
 from loadgen.recorder import SOURCE_CUMULATIVE
 from loadgen.transport import Timeouts
 from results.reader import read_requests, read_run_meta, read_server_metrics

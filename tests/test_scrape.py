@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.server
 import math
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from adapters.metrics_map import common_name, metric_names
 from analysis.server_metrics import bucket_quantile, server_summary, ttft_cross_check, window_histogram
 from loadgen.scrape import DeltaTracker, MetricsScraper, parse_metrics
 from results.reader import read_server_metrics
-from tests.conftest import shared_path
+from tests.conftest import shared_path, wait_until
 
 
 def page(n: int, waiting: int = 0) -> str:
@@ -178,7 +177,8 @@ def test_scraper_writes_parquet_with_deltas(tmp_path: Path, metrics_server: tupl
     s.start()
     for n in range(1, 6):
         state.n = n * 2
-        time.sleep(0.06)
+        seen = s.scrapes
+        wait_until(lambda: s.scrapes > seen, 30, f"a scrape of page {n}")  # every page is scraped
     s.stop()
     table = read_server_metrics(tmp_path)
     assert table is not None and s.failures == 0 and s.scrapes >= 3
@@ -196,10 +196,11 @@ def test_scraper_counts_failures_and_never_raises(tmp_path: Path, metrics_server
     state.status = 404
     s = MetricsScraper(url, tmp_path, interval_s=0.05)
     s.start()
-    time.sleep(0.12)
+    wait_until(lambda: s.failures >= 2, 30, "a failed scrape by the scraper's thread")
     s.stop()
     assert s.failures >= 2 and s.scrapes == 0 and "404" in (s.last_error or "")
-    dead = MetricsScraper("http://127.0.0.1:9", tmp_path / "x", interval_s=0.05)
+    # an interval no thread scrape can reach between start and stop: exactly their two scrapes
+    dead = MetricsScraper("http://127.0.0.1:9", tmp_path / "x", interval_s=60)
     dead.start()
     dead.stop()
     assert dead.failures == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.commands.sim import build_config, command
-from bench.errors import BenchError
+from core.errors import BenchError
 from sim.backend import Arrival, ModelBackend, simulate
 from sim.options import ModelTiming
 from sim.server import ServerConfig

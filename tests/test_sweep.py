@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.recommend import load_points, recommend, sweep_dataset
-from bench.errors import BenchError
 from bench.sweep.orchestrate import run_sweep
 from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec, load_spec
 from bench.sweep.store import read_cells
+from core.errors import BenchError
 from results.reader import read_run_meta
 from tests.conftest import REPO
 from tests.sweep_fakes import FixedSimLauncher

@@ -13,14 +13,14 @@ import numpy as np
 import orjson
 import pytest
 
-from sim.tokenizer import count_tokens
+from core.tokenizer import count_tokens
 from tests.conftest import shared_path
 from workloads.catalog import build_named_schedule, builtin_names
 from workloads.errors import WorkloadError
 from workloads.prompts import ServerTokenizeSynth, TokenizerSynth
 from workloads.spec import Schedule
-from workloads.synthetic import WorkloadError as SyntheticWorkloadError
 from workloads.stats import prefix_reuse
+from workloads.synthetic import WorkloadError as SyntheticWorkloadError
 
 
 def _build(ref: str, **kw: object) -> Schedule:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.pairs import split_pairs
 from workloads.errors import WorkloadError
 
 PROCESSES = ("poisson", "gamma", "constant", "onoff", "ramp", "steps", "trace")
@@ -72,41 +73,39 @@ def parse_arrival(text: str) -> ArrivalSpec:
     name, _, rest = text.strip().partition(":")
     name = name.strip().lower()
     if name not in _PARAMS:
-        raise WorkloadError(f"--arrival {text!r}: unknown process (use one of {', '.join(PROCESSES)})")
+        raise WorkloadError(f"arrival {text!r}: unknown process (use one of {', '.join(PROCESSES)})")
     params: dict[str, float | tuple[float, ...]] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or key not in _PARAMS[name]:
+    for item, key, value in split_pairs(rest):
+        if value is None or key not in _PARAMS[name]:
             known = ", ".join(_PARAMS[name]) or "none"
-            raise WorkloadError(f"--arrival {text!r}: unknown parameter {item!r} for {name} (known: {known})")
+            raise WorkloadError(f"arrival {text!r}: unknown parameter {item!r} for {name} (known: {known})")
         try:
             nums = tuple(float(v) for v in value.split("/"))
         except ValueError:
-            raise WorkloadError(f"--arrival {text!r}: {key} needs a number, got {value!r}") from None
+            raise WorkloadError(f"arrival {text!r}: {key} needs a number, got {value!r}") from None
         if not all(math.isfinite(x) for x in nums):
-            raise WorkloadError(f"--arrival {text!r}: {key} must be finite")
+            raise WorkloadError(f"arrival {text!r}: {key} must be finite")
         params[key] = nums if key == "rates" else nums[0]
         if key != "rates" and len(nums) != 1:
-            raise WorkloadError(f"--arrival {text!r}: {key} takes one number")
+            raise WorkloadError(f"arrival {text!r}: {key} takes one number")
     return ArrivalSpec(name, params)
 
 
 def _positive(spec: ArrivalSpec, key: str, value: float | None) -> float:
     if value is None or not (value > 0 and math.isfinite(value)):
-        raise WorkloadError(f"--arrival {spec.text}: {key} must be a positive number")
+        raise WorkloadError(f"arrival {spec.text}: {key} must be a positive number")
     return float(value)
 
 
 def gamma_cv(spec: ArrivalSpec) -> float:
     if sum(k in spec.params for k in ("cv", "burstiness", "shape")) > 1:
-        raise WorkloadError(f"--arrival {spec.text}: give one of cv, burstiness, shape")
+        raise WorkloadError(f"arrival {spec.text}: give one of cv, burstiness, shape")
     if "shape" in spec.params:
         return 1.0 / math.sqrt(_positive(spec, "shape", float(spec.params["shape"])))  # type: ignore[arg-type]
     if "burstiness" in spec.params:
         b = float(spec.params["burstiness"])  # type: ignore[arg-type]
         if not -1 < b < 1:
-            raise WorkloadError(f"--arrival {spec.text}: burstiness must be in (-1, 1)")
+            raise WorkloadError(f"arrival {spec.text}: burstiness must be in (-1, 1)")
         return (1 + b) / (1 - b)
     return _positive(spec, "cv", float(spec.params.get("cv", 1.0)))  # type: ignore[arg-type]
 
@@ -117,7 +116,7 @@ def offsets_s(spec: ArrivalSpec, n: int, rate: float | None, rng: np.random.Gene
         return np.zeros(0)
     p = spec.process
     if p == "trace":
-        raise WorkloadError("--arrival trace needs a trace file workload (it replays the file's timestamps)")
+        raise WorkloadError("arrival trace needs a trace file workload (it replays the file's timestamps)")
     if p == "ramp":
         start = float(spec.params.get("start", (rate or 0) / 10))  # type: ignore[arg-type]
         end = float(spec.params.get("end", rate or 0))  # type: ignore[arg-type]
@@ -125,12 +124,12 @@ def offsets_s(spec: ArrivalSpec, n: int, rate: float | None, rng: np.random.Gene
     if p == "steps":
         rates = spec.params.get("rates")
         if not isinstance(rates, tuple) or not rates:
-            raise WorkloadError(f"--arrival {spec.text}: steps needs rates=r1/r2/...")
+            raise WorkloadError(f"arrival {spec.text}: steps needs rates=r1/r2/...")
         step_s = _positive(spec, "step_s", float(spec.params.get("step_s", 0)))  # type: ignore[arg-type]
         for r in rates:
             _positive(spec, "each rate", r)
         return _steps(n, rates, step_s, rng)
-    lam = _positive(spec, "--rate", rate)
+    lam = _positive(spec, "rate", rate)
     if p == "poisson":
         gaps = rng.exponential(1.0 / lam, size=n)
     elif p == "gamma":
@@ -143,7 +142,7 @@ def offsets_s(spec: ArrivalSpec, n: int, rate: float | None, rng: np.random.Gene
         on = _positive(spec, "on_s", float(spec.params.get("on_s", 0)))  # type: ignore[arg-type]
         off = float(spec.params.get("off_s", 0))  # type: ignore[arg-type]
         if off < 0:
-            raise WorkloadError(f"--arrival {spec.text}: off_s must be >= 0")
+            raise WorkloadError(f"arrival {spec.text}: off_s must be >= 0")
         lam_on = lam * (on + off) / on
         on_time = np.cumsum(rng.exponential(1.0 / lam_on, size=n))
         if not spec.params.get("random"):
@@ -170,7 +169,7 @@ def _ramp(spec: ArrivalSpec, n: int, start: float, end: float, rng: np.random.Ge
     Lambda(t) = start*t + (end-start)*t^2/(2T), with T = 2n/(start+end) so Lambda(T) = n.
     """
     if start < 0 or end < 0 or start + end <= 0:
-        raise WorkloadError(f"--arrival {spec.text}: ramp needs start, end >= 0 and not both 0 (or give --rate)")
+        raise WorkloadError(f"arrival {spec.text}: ramp needs start, end >= 0 and not both 0 (or give a rate)")
     total = 2.0 * n / (start + end)
     e = np.cumsum(rng.exponential(1.0, size=n))
     a = (end - start) / (2.0 * total)
@@ -228,6 +227,6 @@ def spread_buckets(t: np.ndarray, bucket_s: float) -> np.ndarray:
 def trace_offsets(timestamps_s: np.ndarray, time_scale: float, bucket_s: float = 0.0) -> np.ndarray:
     """Replay offsets: spread quantised buckets, start at 0, scale time."""
     if not (time_scale > 0 and math.isfinite(time_scale)):
-        raise WorkloadError("--arrival trace: time_scale must be a positive number")
+        raise WorkloadError("arrival trace: time_scale must be a positive number")
     t = spread_buckets(np.asarray(timestamps_s, dtype=float), bucket_s)
     return (t - (t.min() if len(t) else 0.0)) * time_scale

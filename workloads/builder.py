@@ -90,7 +90,7 @@ def _load_mode(
         raise WorkloadError("--rate must be a positive number of requests per second")
     spec = parse_arrival(arrival_text or "poisson")
     if spec.process == "trace" and not is_trace:
-        raise WorkloadError("--arrival trace replays a trace file's timestamps; this workload has none")
+        raise WorkloadError("arrival trace replays a trace file's timestamps; this workload has none")
     return "open", spec, rate, None
 
 

@@ -332,7 +332,7 @@ def resolve_lengths(cfg: LengthsConfig, where: str = "lengths") -> PairDist:
 
 
 def load_workload_file(path: Path) -> WorkloadDef:
-    from bench.config import ConfigError, from_mapping, load_toml
+    from core.config import ConfigError, from_mapping, load_toml
 
     try:
         wf = from_mapping(WorkloadFile, load_toml(path), "", str(path))

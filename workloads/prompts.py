@@ -23,15 +23,13 @@ part of the target (they are in the engine-reported ``prompt_tokens``).
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from sim.tokenizer import VOCAB
+from core.control import ControlError, EngineClient
+from core.tokenizer import VOCAB
 from workloads.errors import WorkloadError
 
 _VOCAB_ARRAY = np.asarray(VOCAB, dtype=object)
@@ -56,7 +54,7 @@ class PromptSynth:
     source = "approx"
 
     def count(self, text: str) -> int:
-        from sim.tokenizer import count_tokens
+        from core.tokenizer import count_tokens
 
         return count_tokens(text)
 
@@ -160,6 +158,7 @@ class ServerTokenizeSynth(_CountingSynth):
         self.url = url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
+        self._client = EngineClient(self.url, timeout_s)
         self._overhead = 0
         super().__init__(self._server_count)
         # calibrate: tokens the server adds to any prompt (BOS and the like)
@@ -168,28 +167,10 @@ class ServerTokenizeSynth(_CountingSynth):
             raise WorkloadError(f"{self.url}/tokenize: counts no tokens for plain words")
 
     def _raw_count(self, text: str) -> int:
-        body: dict[str, object] = {"prompt": text}
-        if self.model:
-            body["model"] = self.model
-        req = urllib.request.Request(
-            self.url + "/tokenize",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                data = json.loads(resp.read())
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise WorkloadError(f"{self.url}/tokenize: {type(exc).__name__}: {str(exc)[:120]}") from None
-        if isinstance(data, list):
-            return len(data)
-        if isinstance(data, dict):
-            if isinstance(data.get("count"), int):
-                return int(data["count"])
-            if isinstance(data.get("tokens"), list):
-                return len(data["tokens"])
-        raise WorkloadError(f"{self.url}/tokenize: unexpected reply {str(data)[:80]!r}")
+            return self._client.count_tokens(text, self.model)
+        except ControlError as exc:
+            raise WorkloadError(str(exc)) from None
 
     def _server_count(self, text: str) -> int:
         return self._raw_count(text) - self._overhead

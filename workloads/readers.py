@@ -368,7 +368,7 @@ def read_bench_jsonl(path: Path) -> TraceTable:
         if "input_tokens" in obj or prompt is None:
             inputs.append(_int_field(path, line, "input_tokens", _need(path, line, obj, "input_tokens")))
         else:
-            from sim.tokenizer import count_tokens
+            from core.tokenizer import count_tokens
 
             inputs.append(max(1, count_tokens(prompt)))
         outputs.append(_int_field(path, line, "output_tokens", _need(path, line, obj, "output_tokens")))

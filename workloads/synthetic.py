@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workloads.arrivals import offsets_s, parse_arrival
 from workloads.errors import WorkloadError
 from workloads.prompts import synth_prompt
 from workloads.spec import LoadMode, RequestSpec, Schedule
@@ -46,14 +47,9 @@ class SyntheticWorkload:
         self.validate()
         rng = np.random.default_rng(self.seed)
         offsets: np.ndarray | None = None
-        if self.rate is not None:
-            if self.arrival == "poisson":
-                gaps = rng.exponential(1.0 / self.rate, size=self.requests)
-                gaps[0] = 0.0
-            else:
-                gaps = np.full(self.requests, 1.0 / self.rate)
-                gaps[0] = 0.0
-            offsets = np.round(np.cumsum(gaps) * 1e9).astype(np.int64)
+        if self.rate is not None:  # the one schedule builder of arrival times (workloads/arrivals.py)
+            seconds = offsets_s(parse_arrival(self.arrival), self.requests, self.rate, rng)
+            offsets = np.round(seconds * 1e9).astype(np.int64)
         specs: list[RequestSpec] = []
         for i in range(self.warmup):
             specs.append(

@@ -6,8 +6,11 @@ cost) and sweeps (which enumerate it). ``gpus`` is what the configuration occupi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from core.pairs import split_pairs
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,10 @@ class Disagg:
         return f"{self.prefill}:{self.decode}"
 
 
+#: The integer parallel axes, in the order names and cell ids list them.
+AXES: tuple[str, ...] = ("tp", "pp", "dp", "ep", "dcp", "pcp")
+
+
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
     tp: int = 1
@@ -46,8 +53,25 @@ class ParallelConfig:
     disagg: Disagg | None = None
     extra_args: tuple[str, ...] = ()
 
+    @classmethod
+    def parse(cls, text: str, extra_args: Sequence[str] = ()) -> "ParallelConfig":
+        """``"tp=2,dp=2,disagg=1:1"`` → ParallelConfig (empty text: one GPU, no parallelism).
+        Raises ValueError with a one-line message that names no CLI flag."""
+        values: dict[str, int | Disagg] = {}
+        for _, name, value in split_pairs(text):
+            key = name.lower()
+            if value is None:
+                raise ValueError("expected key=value pairs like tp=2,dp=2")
+            if key in AXES:
+                values[key] = int(value)
+            elif key == "disagg":
+                values[key] = Disagg.parse(value.strip())
+            else:
+                raise ValueError(f"unknown axis {key!r} (known: {', '.join(AXES)}, disagg)")
+        return cls(**values, extra_args=tuple(extra_args))  # type: ignore[arg-type]
+
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "ep", "dcp", "pcp"):
+        for name in AXES:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, not {v!r}")
@@ -68,7 +92,7 @@ class ParallelConfig:
     @property
     def axes(self) -> int:
         """How many parallel axes are in use (for 'fewest axes' tie-breaking)."""
-        n = sum(1 for name in ("tp", "pp", "dp", "ep", "dcp", "pcp") if getattr(self, name) > 1)
+        n = sum(1 for name in AXES if getattr(self, name) > 1)
         return n + (1 if self.disagg is not None else 0)
 
     @property

@@ -136,7 +136,7 @@ def _python_for(var: str) -> str:
 
 
 def _plan_sim(spec: "LaunchSpec", port: int) -> EngineLayout:
-    from bench import __version__
+    from core import __version__
 
     if spec.flavor not in SIM_FLAVORS:
         raise EngineStartError(f"sim flavour {spec.flavor!r}: expected one of {', '.join(SIM_FLAVORS)}")

@@ -9,12 +9,9 @@ in the run folder, waits on the engine's own readiness probe, and returns an
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import Any
 from adapters.launch.config import ParallelConfig
 from adapters.launch.engines import EngineLayout, ProcessPlan, plan_engine, unsupported_axes
 from adapters.launch.process import EngineStartError, ManagedProcess, free_port, log_tail
+from core.control import EngineClient
 
 __all__ = [
     "EngineHandle",
@@ -185,7 +183,7 @@ def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
             proc.stop(grace_s=5.0)
         raise
     url = f"http://{_connect_host(spec.host)}:{layout.front_port}"
-    version = layout.version or _probe_version(url, layout.version_paths) or layout.declared_version
+    version = layout.version or EngineClient(url).version(layout.version_paths) or layout.declared_version
     return EngineHandle(
         url=url,
         argv=list(procs[layout.front_index].argv),
@@ -219,20 +217,6 @@ def _containerise(template: tuple[str, ...] | None, argv: list[str], port: int) 
         else:
             out.append(part.replace("{port}", str(port)))
     return out
-
-
-def _probe_version(url: str, paths: Sequence[tuple[str, str]]) -> str | None:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    for path, key in paths:
-        try:
-            with opener.open(url + path, timeout=5) as resp:
-                obj = json.loads(resp.read())
-        except (urllib.error.URLError, OSError, ValueError):
-            continue
-        value = obj.get(key) if isinstance(obj, dict) else None
-        if value:
-            return str(value)
-    return None
 
 
 def sim_command() -> list[str]:

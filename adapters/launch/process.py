@@ -11,10 +11,10 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from core.control import call
 
 
 class EngineStartError(RuntimeError):
@@ -105,7 +105,6 @@ class ManagedProcess:
     def wait_ready(self, url: str, timeout_s: float, interval_s: float = 0.1) -> None:
         """Poll ``url`` until it answers 200; fail early if the process exits."""
         deadline = time.monotonic() + timeout_s
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         last = "no answer"
         while time.monotonic() < deadline:
             if not self.alive():
@@ -113,15 +112,10 @@ class ManagedProcess:
                 raise EngineStartError(
                     f"engine exited with code {code} during start-up; last log lines:\n{log_tail(self.log_path)}"
                 )
-            try:
-                with opener.open(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-                    last = f"HTTP {resp.status}"
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}"
-            except (urllib.error.URLError, OSError) as exc:
-                last = str(getattr(exc, "reason", exc))
+            reply = call(url, timeout_s=2)
+            if reply.status == 200:
+                return
+            last = reply.problem()
             time.sleep(interval_s)
         raise EngineStartError(
             f"engine not ready after {timeout_s:g} s ({url}: {last}); last log lines:\n{log_tail(self.log_path)}"

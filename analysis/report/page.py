@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from plotly.offline import get_plotlyjs
 from plotly.utils import PlotlyJSONEncoder
 
-from bench import __version__
+from core import __version__
 
 if TYPE_CHECKING:
     from analysis.report import Section

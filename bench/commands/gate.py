@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bench.errors import BenchError
+from core.errors import BenchError
 
 
 @click.command("gate")
@@ -28,7 +28,7 @@ def command(baseline: Path, current: Path, config_path: Path, junit_path: Path |
 
     from analysis.compare import comparison_json
     from analysis.gate import junit_xml, load_gate_config, markdown_summary, run_gate, text_summary
-    from bench.config import ConfigError
+    from core.config import ConfigError
     from results.reader import ResultsError
 
     try:

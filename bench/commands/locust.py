@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from bench.errors import BenchError
+from core.errors import BenchError
 
 
 @click.group("locust")
@@ -105,7 +105,8 @@ def master(
     from bench.distributed.wire import ClientSettings
     from bench.execute import prepare_run_dir
     from bench.report_text import print_summary
-    from loadgen.transport import AiohttpTransport, Timeouts
+    from loadgen.aiohttp_transport import AiohttpTransport
+    from loadgen.transport import Timeouts
     from workloads.synthetic import WorkloadError
 
     slo = parse_slo(slo_text)

@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from adapters.base import adapter_for_engine, adapter_names
-from bench.errors import BenchError
 from bench.options import parse_percentiles, parse_slo
 from bench.secrets import load_api_key
+from core.errors import BenchError
 from loadgen.runner import RunOptions
 from loadgen.transport import CLOCKS, Timeouts
 from workloads.spec import Schedule
@@ -125,8 +125,9 @@ def command(
       bench run --url http://127.0.0.1:8000 --model M --rate 4 --out runs/r4
     """
     from bench.embedded import embedded_engine
-    from bench.execute import RunConfig, execute_run, prepare_run_dir, run_async
+    from bench.execute import RunConfig, execute_run, prepare_run_dir
     from bench.report_text import print_summary
+    from core.eventloop import run_async
 
     slo = parse_slo(slo_text)
     percentiles = parse_percentiles(pct_text)
@@ -160,7 +161,7 @@ def command(
             target = url
             engine_label = engine
         elif launch:
-            from adapters.launch.cli import launch_engine
+            from bench.launch_engine import launch_engine
 
             handle = stack.enter_context(
                 launch_engine(engine, model, parallel_text, engine_args, gpu, ready_timeout, run_dir / "engine.log",

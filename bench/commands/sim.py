@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from bench.errors import BenchError
+from core.errors import BenchError
 
 _GPUS = ("a100", "h100", "h200", "l40s")
 _PRESETS = ("llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")
@@ -107,7 +107,7 @@ def serve(**kw: Any) -> None:
 
 def build_config(kw: dict[str, Any]) -> Any:
     """Turn the CLI options into a ``ServerConfig`` (also used by tests)."""
-    from bench.config import ConfigError
+    from core.config import ConfigError
     from sim.faults import FaultSpec, FaultSpecError
     from sim.options import ModelTiming, apply_toml
     from sim.server import ServerConfig

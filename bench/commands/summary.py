@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from bench.options import parse_percentiles, parse_slo
-from bench.errors import BenchError
+from core.errors import BenchError
 
 
 @click.command("summary")

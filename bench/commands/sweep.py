@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bench.errors import BenchError
+from core.errors import BenchError
 from loadgen.transport import CLOCKS
 
 if TYPE_CHECKING:

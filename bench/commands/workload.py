@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from bench.errors import BenchError
+from core.errors import BenchError
 
 
 @click.group("workload")

@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench import __version__
 from bench.host import host_fingerprint
+from core import __version__
 from results.reader import read_requests
 from results.schema import MONITOR_DIR, REQUESTS_DIR, SCHEMA_VERSION
 from results.writer import compact_finished_run, write_run_meta, write_schedule

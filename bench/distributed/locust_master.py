@@ -28,7 +28,7 @@ from locust.env import Environment
 from bench.distributed.assemble import PartRejected, RunAssembly
 from bench.distributed.clock import ClockSample, OffsetEstimate, boot_id, estimate_offset
 from bench.distributed.wire import ClientSettings, schedule_to_wire
-from bench.errors import BenchError
+from core.errors import BenchError
 from loadgen.split import split_schedule
 from workloads.spec import Schedule
 

@@ -30,10 +30,11 @@ from typing import Any
 
 from adapters.base import Adapter, adapter_for_engine
 from bench.distributed.wire import ClientSettings, schedule_from_wire
-from bench.errors import BenchError
 from bench.secrets import load_api_key
+from core.errors import BenchError
 from loadgen.runner import RunOptions, Runner, RunStats
-from loadgen.transport import AiohttpTransport, Timeouts
+from loadgen.aiohttp_transport import AiohttpTransport
+from loadgen.transport import Timeouts
 from results.record import RequestRecord
 from results.writer import MonitorWriter, RequestsWriter
 from workloads.spec import Schedule
@@ -189,7 +190,7 @@ def main(argv: list[str]) -> int:
         return 2
     job = json.loads(Path(argv[0]).read_text())
     spool = Path(argv[1])
-    from bench.execute import run_async
+    from core.eventloop import run_async
 
     try:
         stats = run_async(lambda: run_job(job, spool))

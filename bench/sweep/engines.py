@@ -7,8 +7,6 @@ process-group teardown).
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Protocol
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError, log_tail
+from core.control import EngineClient
 
 __all__ = ["EngineStartError", "Handle", "Launcher", "DefaultLauncher", "CellEngine", "reset_prefix_cache", "alive"]
 
@@ -55,7 +54,7 @@ class DefaultLauncher:
         try:
             from adapters.launch import launcher
         except ImportError as exc:
-            from bench.errors import BenchError
+            from core.errors import BenchError
 
             raise BenchError(f"engine launching is not available in this install ({exc})") from None
         return launcher
@@ -79,8 +78,6 @@ class DefaultLauncher:
         return mod.launch(spec, log_path)  # type: ignore[no-any-return]
 
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
 #: Engine -> (method, path) that empties its prefix cache. TGI has none. SGLang refuses (400)
 #: while requests are pending, e.g. ones cancelled at the drain deadline still finishing; from
 #: 0.5.12 ``timeout`` waits up to that many seconds for idle (older releases ignore it).
@@ -97,31 +94,21 @@ def reset_prefix_cache(engine: str, url: str) -> str:
     routes = _RESET_PREFIX.get(engine)
     if not routes:
         return f"not supported by {engine}"
+    client = EngineClient(url, timeout_s=_FLUSH_WAIT_S + 10)
     last = ""
     for method, path in routes:
-        req = urllib.request.Request(url.rstrip("/") + path, method=method, data=b"" if method == "POST" else None)
-        try:
-            with _OPENER.open(req, timeout=_FLUSH_WAIT_S + 10) as resp:
-                if 200 <= resp.status < 300:
-                    return "reset"
-                last = f"HTTP {resp.status}"
-        except urllib.error.HTTPError as exc:
-            last = f"HTTP {exc.code}"
-        except (urllib.error.URLError, OSError) as exc:
-            last = str(getattr(exc, "reason", exc))
+        reply = client.post(path) if method == "POST" else client.get(path)
+        if reply.ok:
+            return "reset"
+        last = reply.problem()
     return f"not reset ({last})"
 
 
 def alive(url: str, engine: str) -> bool:
     """Does the engine still answer its health probe?"""
-    path = "/health"
-    try:
-        with _OPENER.open(url.rstrip("/") + path, timeout=5) as resp:
-            return bool(200 <= resp.status < 300)
-    except urllib.error.HTTPError as exc:
-        return exc.code < 500
-    except (urllib.error.URLError, OSError):
-        return False
+    reply = EngineClient(url).health(timeout_s=5)
+    # an error page below 500 (auth, not found) still comes from a live server
+    return reply.status is not None and reply.status < 500
 
 
 def tail(path: Path, lines: int = 20) -> str:

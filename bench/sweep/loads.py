@@ -11,8 +11,8 @@ from adapters.base import adapter_for_engine
 from analysis.capacity import Saturation, admission_saturation, open_loop_saturation, point_metrics, server_signals
 from analysis.load import load_run
 from analysis.slo import SLO
-from bench.errors import BenchError
 from bench.sweep.spec import SweepSpec, WorkloadSpec
+from core.errors import BenchError
 from loadgen.runner import RunOptions
 from loadgen.transport import Timeouts
 from results.reader import read_run_meta, read_server_metrics
@@ -110,7 +110,8 @@ def run_load(
     engine_version: str | None = None,
 ) -> tuple[dict[str, Any], Saturation, bool]:
     """Run one load into ``run_dir``; returns (metrics, saturation, interrupted)."""
-    from bench.execute import RunConfig, execute_run, run_async
+    from bench.execute import RunConfig, execute_run
+    from core.eventloop import run_async
 
     schedule = build_schedule(load, spec, warmup)
     adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api, engine_version=engine_version)

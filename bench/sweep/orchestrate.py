@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from adapters.launch.config import ParallelConfig
-from bench import __version__
-from bench.errors import BenchError
 from bench.sweep import store
 from bench.sweep.cell import CellRunner, SweepInterrupted, config_columns
 from bench.sweep.engines import DefaultLauncher, Launcher
 from bench.sweep.matrix import PlannedCell, expand
 from bench.sweep.spec import LEGACY_DEFAULTS, SweepSpec, spec_from_dict
+from core import __version__
+from core.errors import BenchError
 
 Echo = Callable[[str], None]
 

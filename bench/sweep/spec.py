@@ -29,11 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from adapters.launch.config import Disagg
+from adapters.launch.config import AXES, Disagg
 from loadgen.transport import CLOCKS
 
 ENGINES = ("sim", "vllm", "sglang", "tgi")
-AXES = ("tp", "pp", "dp", "ep", "dcp", "pcp")
 
 
 #: Fields added after sweeps were first stored, with the values sweeps ran with before: a
@@ -264,7 +263,7 @@ class SweepSpec:
 
 def load_spec(path: Path) -> SweepSpec:
     """Read a TOML sweep file (unknown keys rejected with their dotted path)."""
-    from bench.config import ConfigError, from_mapping, load_toml
+    from core.config import ConfigError, from_mapping, load_toml
 
     data = load_toml(Path(path))
     if "model" not in data:
@@ -277,6 +276,6 @@ def load_spec(path: Path) -> SweepSpec:
 
 def spec_from_dict(data: dict[str, Any]) -> SweepSpec:
     """Rebuild a spec from ``as_dict`` output (sweep.json)."""
-    from bench.config import from_mapping
+    from core.config import from_mapping
 
     return from_mapping(SweepSpec, {**LEGACY_DEFAULTS, **data})

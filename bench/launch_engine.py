@@ -1,4 +1,4 @@
-"""``bench run --launch``: parse the CLI's parallel text and launch, with one-line user errors."""
+"""``bench run --launch``: launch an engine at the ``--parallel`` configuration, with one-line user errors."""
 
 from __future__ import annotations
 
@@ -7,33 +7,16 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from adapters.launch.config import Disagg, ParallelConfig
+from adapters.launch.config import ParallelConfig
 from adapters.launch.launcher import EngineHandle, LaunchSpec, launch
 from adapters.launch.process import EngineStartError
-from bench.errors import BenchError
-
-_INT_AXES = ("tp", "pp", "dp", "ep", "dcp", "pcp")
+from core.errors import BenchError
 
 
 def parse_parallel(text: str, extra_args: Sequence[str] = ()) -> ParallelConfig:
-    """``"tp=2,dp=2,disagg=1:1"`` → ParallelConfig (empty text: one GPU, no parallelism)."""
-    values: dict[str, object] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, sep, value = part.partition("=")
-        key = key.strip().lower()
-        if not sep:
-            raise BenchError(f"--parallel {text!r}: expected key=value pairs like tp=2,dp=2")
-        try:
-            if key in _INT_AXES:
-                values[key] = int(value)
-            elif key == "disagg":
-                values[key] = Disagg.parse(value.strip())
-            else:
-                raise BenchError(f"--parallel: unknown axis {key!r} (known: {', '.join(_INT_AXES)}, disagg)")
-        except ValueError as exc:
-            raise BenchError(f"--parallel {part!r}: {exc}") from None
+    """``--parallel`` text → ParallelConfig; the flag is named here, in the CLI, only."""
     try:
-        return ParallelConfig(**values, extra_args=tuple(extra_args))  # type: ignore[arg-type]
+        return ParallelConfig.parse(text, extra_args)
     except ValueError as exc:
         raise BenchError(f"--parallel {text!r}: {exc}") from None
 

@@ -1,0 +1,131 @@
+"""One client for an engine's control routes: health, version, metrics, tokenize, resets.
+
+Blocking (urllib), for start-up, set-up and monitoring threads; never on the measured
+request path, which loadgen's transports own. Like them it ignores the environment's
+proxy settings: an ambient ``http_proxy`` must not capture loopback traffic. A call never
+raises for a refused, failed or non-2xx answer: it returns a ``Reply`` saying what came.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class ControlError(ValueError):
+    """An engine answered a control call with something unusable; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a control call got: an HTTP status and body, or why there was no answer."""
+
+    status: int | None  # None: no HTTP answer (refused, reset, timed out)
+    body: bytes = b""
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    def problem(self) -> str:
+        """``HTTP 503``, or why no answer came (for a one-line message)."""
+        return f"HTTP {self.status}" if self.status is not None else self.reason
+
+    def json(self) -> Any:
+        """The body as JSON; raises ValueError when it is not."""
+        return json.loads(self.body)
+
+
+def call(url: str, method: str = "GET", body: bytes | None = None,
+         headers: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> Reply:  # fmt: skip
+    """One HTTP call to a full ``url``; never raises for a transport failure."""
+    req = urllib.request.Request(url, data=body, headers=dict(headers or {}), method=method)
+    try:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
+            return Reply(resp.status, resp.read())
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, _error_body(exc))
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        return Reply(None, reason=str(getattr(exc, "reason", exc)) or type(exc).__name__)
+
+
+def _error_body(exc: urllib.error.HTTPError) -> bytes:
+    try:
+        return exc.read()
+    except (OSError, http.client.HTTPException):
+        return b""
+
+
+class EngineClient:
+    """The control routes of the engine at ``base_url`` (``http://host:port``)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def get(self, path: str, timeout_s: float | None = None) -> Reply:
+        return call(self.base_url + path, timeout_s=self._timeout(timeout_s))
+
+    def post(self, path: str, payload: Mapping[str, object] | None = None, timeout_s: float | None = None) -> Reply:
+        """POST ``payload`` as JSON (an empty body without one)."""
+        if payload is None:
+            return call(self.base_url + path, "POST", b"", timeout_s=self._timeout(timeout_s))
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        return call(self.base_url + path, "POST", body, headers, self._timeout(timeout_s))
+
+    def health(self, timeout_s: float | None = None) -> Reply:
+        return self.get("/health", timeout_s)
+
+    def metrics(self, path: str = "/metrics", timeout_s: float | None = None) -> Reply:
+        return self.get(path, timeout_s)
+
+    def version(self, routes: Sequence[tuple[str, str]]) -> str | None:
+        """The first non-empty ``key`` of a JSON object served at one of the ``routes``
+        (``(path, key)`` pairs tried in order); None when none gives one."""
+        for path, key in routes:
+            reply = self.get(path)
+            if not reply.ok:
+                continue
+            try:
+                obj = reply.json()
+            except ValueError:
+                continue
+            value = obj.get(key) if isinstance(obj, dict) else None
+            if value:
+                return str(value)
+        return None
+
+    def count_tokens(self, text: str, model: str | None = None, timeout_s: float | None = None) -> int:
+        """Tokens the engine's ``/tokenize`` counts in ``text`` (vLLM, SGLang and the
+        simulated engine reply with ``count``, ``tokens`` or a bare list)."""
+        payload: dict[str, object] = {"prompt": text}
+        if model:
+            payload["model"] = model
+        where = f"{self.base_url}/tokenize"
+        reply = self.post("/tokenize", payload, timeout_s)
+        if not reply.ok:
+            raise ControlError(f"{where}: {reply.problem()[:120]}")
+        try:
+            data = reply.json()
+        except ValueError as exc:
+            raise ControlError(f"{where}: not JSON ({str(exc)[:80]})") from None
+        if isinstance(data, list):
+            return len(data)
+        if isinstance(data, dict):
+            if isinstance(data.get("count"), int):
+                return int(data["count"])
+            if isinstance(data.get("tokens"), list):
+                return len(data["tokens"])
+        raise ControlError(f"{where}: unexpected reply {str(data)[:80]!r}")
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        return self.timeout_s if timeout_s is None else timeout_s
