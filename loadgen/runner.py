@@ -23,7 +23,7 @@ import numpy as np
 
 from adapters.base import Adapter, HttpCall
 from loadgen.progress import Progress
-from loadgen.recorder import DigestQueue, RequestRecorder, StreamError
+from loadgen.recorder import MAX_EVENT_BYTES, DigestQueue, RequestRecorder, StreamError
 from loadgen.transport import Transport
 from results.record import RequestRecord
 from results.writer import _RECORD_FIELDS, MonitorWriter, PartWriter, RequestsWriter
@@ -63,8 +63,12 @@ class RunOptions:
     worker_id: int = 0
     #: Stop sending new requests this long after t0 (None: when the schedule is done).
     duration_s: float | None = None
-    #: After sending stops, how long in-flight requests may take before being cancelled.
-    drain_timeout_s: float = 300.0
+    #: After ``duration_s``, how long in-flight requests may take before being cancelled
+    #: (recorded as such). Without a duration every request runs to its end, bounded by the
+    #: transport's per-request deadline (``Timeouts.total``).
+    drain_timeout_s: float = 30.0
+    #: Longest SSE event (or line) a response may carry (``RequestRecorder``).
+    max_event_bytes: int = MAX_EVENT_BYTES
     warmup_concurrency: int = 4
     save_text: bool = False
     progress: bool | None = None
@@ -195,8 +199,9 @@ class Runner:
             self.adapter.parser(),
             self.options.worker_id,
             intended_ns,
-            keep_text=spec.session_id is not None,
+            keep_text=spec.session_id is not None or self.options.save_text,
             queue=self._digest_queue,
+            max_event_bytes=self.options.max_event_bytes,
         )
 
     def _count_sent(self) -> None:
@@ -409,10 +414,12 @@ class Runner:
         await self._drain()
 
     async def _drain(self) -> None:
-        """Let in-flight requests finish, within the drain timeout; cancel the rest."""
+        """Let in-flight requests finish (after ``duration_s``: within the drain timeout);
+        cancel the rest."""
         if not self._tasks:
             return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=self.options.drain_timeout_s)
+        timeout = self.options.drain_timeout_s if self.options.duration_s is not None else None
+        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
         for t in pending:
             t.cancel()
         if pending:
