@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +21,7 @@ from typing import Any
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.engines import EngineLayout, ProcessPlan, plan_engine, unsupported_axes
-from adapters.launch.process import EngineStartError, ManagedProcess, free_port, log_tail
+from adapters.launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
 
 __all__ = [
     "EngineHandle",
@@ -234,7 +233,7 @@ def _probe_version(url: str, paths: Sequence[tuple[str, str]]) -> str | None:
 
 def sim_command() -> list[str]:
     """How the simulated engine is started (this interpreter, ``-m bench``)."""
-    return [sys.executable, "-m", "bench", "sim", "serve"]
+    return python_module("bench", "sim", "serve")
 
 
 def describe_failure(proc: ManagedProcess) -> str:
