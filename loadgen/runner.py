@@ -390,6 +390,9 @@ class Runner:
                     spec, intended, started = next(it, None), end, None
 
         slots = asyncio.gather(*(slot() for _ in range(max(1, concurrency))))
+        # a Ctrl-C while wait_for drains the slots ends them with CancelledError, which
+        # nobody awaits any more: retrieved here, not printed as a traceback at exit
+        slots.add_done_callback(_retrieve)
         duration = self.options.duration_s
         if respect_duration and duration is not None:
             limit_ns = self.stats.t0_ns + int((duration + self.options.drain_timeout_s) * 1e9)
@@ -586,6 +589,11 @@ def _warm_up_writer() -> None:
     from results.schema import REQUESTS_SCHEMA
 
     pq.write_table(REQUESTS_SCHEMA.empty_table(), pa.BufferOutputStream(), compression="zstd")
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _sleep_until(deadline_ns: int) -> None:
