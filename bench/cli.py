@@ -13,6 +13,7 @@ import sys
 import click
 
 from bench import __version__
+from bench.errors import ExitCode
 
 #: verb -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -70,5 +71,5 @@ def main() -> None:
         cli.main(prog_name="bench", standalone_mode=True)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
 

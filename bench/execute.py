@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from adapters.base import Adapter
 from bench import __version__
-from bench.errors import BenchError
+from bench.errors import BenchError, ExitCode
 from bench.host import host_fingerprint
 from loadgen.runner import RunOptions, Runner, RunStats
 from loadgen.workers import WorkerPool
@@ -192,7 +192,7 @@ def _on_signal(runner: Runner | WorkerPool, sig: int) -> None:
     if runner.stop.is_set():
         # second Ctrl-C: the rows flushed so far are safe on disk
         sys.stderr.write("\nforced exit\n")
-        raise SystemExit(130)
+        raise SystemExit(ExitCode.INTERRUPTED)
     sys.stderr.write(f"\n{signal.Signals(sig).name}: stopping, recording in-flight requests as cancelled...\n")
     runner.stop.set()
 

@@ -32,6 +32,7 @@ def command(
     """
     from analysis.recommend import format_recommendation, recommend, recommendation_json
     from analysis.slo import SLO, SLOError
+    from bench.outcome import sweep_outcome
     from results.reader import ResultsError
 
     slo = None
@@ -47,3 +48,6 @@ def command(
     except ResultsError as exc:
         raise BenchError(str(exc)) from None
     click.echo(recommendation_json(rec) if as_json else format_recommendation(rec))
+    outcome = sweep_outcome(sweep, rec)
+    if outcome is not None:
+        raise outcome
