@@ -25,7 +25,10 @@ def run_outcome(summary: dict[str, Any]) -> Outcome | None:
             + (f": {cancelled} still running were cancelled at the end (a longer --duration or --drain-timeout?)"
                if cancelled else ""),
         )
-    cause = error_line(r.get("top_errors") or [])
+    top = r.get("top_errors") or []
+    cause = error_line(top)
+    if top and str(top[0].get("message", "")).startswith("HTTP 404"):
+        cause += " (is --url the server's root, and --engine/--api its API?)"
     return Outcome(
         ExitCode.NO_DATA,
         f"error: {r['ok']} of {r['measured']} measured requests succeeded" + (f"; {cause}" if cause else ""),
