@@ -530,6 +530,11 @@ class RawHttpTransport:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+        # connections left idle since a warm-up would be closed at the first send, not reused
+        oldest = _now() - int(KEEPALIVE_IDLE_S * 1e9)
+        for conn in [c for c in self._idle if c.idle_since < oldest]:
+            self._idle.remove(conn)
+            self._discard(conn)
         opened = 0
         while len(self._idle) < count:
             batch = min(parallel, count - len(self._idle))
