@@ -168,3 +168,21 @@ def test_the_drain_after_duration_is_bounded_and_ctrl_c_there_is_clean(tmp_path:
     run = load_run(tmp_path / "b")
     assert run.meta["status"] == "interrupted"
     assert set(run.requests.column("error_type").to_pylist()) == {"cancelled"}
+
+
+def test_top_errors_count_messages_that_differ_only_in_numbers() -> None:
+    from analysis.failures import error_line, top_errors
+
+    types = ["http_error"] * 3 + ["timeout", None]
+    messages = [
+        "HTTP 400: maximum context length is 4096 tokens, you requested 5000",
+        "HTTP 400: maximum context length is 4096 tokens, you requested 6100",
+        "HTTP 404: The model `m` does not exist.",
+        "no data for 120 s",
+        None,
+    ]
+    top = top_errors(types, messages)
+    assert top[0] == {"error_type": "http_error", "count": 2,
+                      "message": "HTTP 400: maximum context length is 4096 tokens, you requested 5000"}
+    assert [e["count"] for e in top] == [2, 1, 1] and len(top) == 3
+    assert error_line(top[:1]) == "2 x http_error: HTTP 400: maximum context length is 4096 tokens, you requested 5000"
