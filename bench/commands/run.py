@@ -127,6 +127,9 @@ def command(
 ) -> None:
     """Measure one workload and print its metric table.
 
+    Exit code: 0 measured, 2 bad input, 3 fewer than 10 % of the requests succeeded (the
+    most frequent errors are named), 130 interrupted (README, "Exit codes").
+
     \b
     Examples:
       bench run --concurrency 16 --requests 200 --out runs/sim           # embedded engine
