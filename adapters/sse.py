@@ -40,6 +40,10 @@ class SSEFramer:
                 out.append(b"\n".join(lines))
         return out
 
+    def reset(self) -> None:
+        """Drop the bytes of an unfinished event."""
+        self._buf = b""
+
     @property
     def pending(self) -> bytes:
         """Bytes received after the last complete event (a truncated event at stream end)."""

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from analysis.failures import error_line, top_errors
 from analysis.load import Run
 from analysis.metrics import measured, request_metrics
 from analysis.slo import SLO, SLO_METRICS
@@ -82,6 +83,16 @@ class Saturation:
         return "; ".join(self.reasons) if self.reasons else "not saturated"
 
 
+def _top_error(failed: pd.DataFrame) -> str | None:
+    """The most frequent error of a load's failed requests, as one line (cancellations at
+    the end of the load are not errors)."""
+    failed = failed[failed["error_type"].ne("cancelled")]
+    if failed.empty:
+        return None
+    messages = failed["error_message"] if "error_message" in failed else [None] * len(failed)
+    return error_line(top_errors(failed["error_type"], messages, limit=1))
+
+
 def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> dict[str, Any]:
     """The numbers a sweep keeps for one load run (flat; NaN where not measurable)."""
     table = measured(run.requests)
@@ -106,6 +117,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
         "output_tokens_per_s": float(df.loc[ok, "output_tokens"].sum() / window_s) if window_s > 0 else 0.0,
         "max_in_flight": _max_in_flight(df),
         "rejected_at_admission": admission_rejections(df),
+        "top_error": _top_error(df[~ok]) if n and not ok.all() else None,
     }
     okdf = df[ok]
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "ttft_from_intended_ms"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from analysis.failures import error_line
+
 _LABELS = {
     "ttft_ms": "TTFT (ms)",
     "ttfo_ms": "TTFO, first answer token (ms)",
@@ -32,6 +34,9 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
         f"requests: {r['measured']} measured, {r['ok']} ok, {r['failed']} failed ({errs}); "
         f"{r['warmup_excluded']} warm-up excluded; {r['cancelled_at_end']} cancelled at end"
     )
+    top = r.get("top_errors") or []
+    if top:
+        lines.append("most frequent errors: " + error_line(top))
     t = s["throughput"]
     lines.append(
         f"window {s['window_s']:.2f} s: {t['requests_per_s']:.2f} req/s, "
@@ -40,13 +45,16 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
     ps = s["percentiles"]
     pcols = [f"p{p:g}".replace(".", "_") for p in ps]
     header = f"{'metric':<32}{'n':>8}{'mean':>11}" + "".join(f"{c:>11}" for c in pcols)
-    lines.append(header)
-    lines.append("-" * len(header))
+    rows = []
     for key, label in _LABELS.items():
         m = s["latency"].get(key)
         if not m or not m["n"]:
             continue
-        lines.append(f"{label:<32}{m['n']:>8}{_f(m['mean']):>11}" + "".join(f"{_f(m[c]):>11}" for c in pcols))
+        rows.append(f"{label:<32}{m['n']:>8}{_f(m['mean']):>11}" + "".join(f"{_f(m[c]):>11}" for c in pcols))
+    if rows:
+        lines += [header, "-" * len(header), *rows]
+    else:
+        lines.append("latency: no request succeeded, nothing to measure")
     if "slo" in s:
         slo = s["slo"]
         objs = ", ".join(f"{k}<={v:g}" for k, v in slo["objectives"].items())

@@ -22,6 +22,7 @@ _SCALAR_COLUMNS = [
     "worker_id",
     "ok",
     "error_type",
+    "error_message",
     "intended_send_ns",
     "send_ns",
     "first_byte_ns",

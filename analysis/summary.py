@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from analysis.failures import top_errors
 from analysis.metrics import (
     EXACT_LIMIT,
     HISTOGRAM_RELATIVE_ERROR,
@@ -285,6 +286,8 @@ def summarize_batches(
     ok_df = counted[ok_mask]
     n = len(counted)
     errors = counted.loc[~ok_mask, "error_type"].value_counts().to_dict()
+    failed_df = counted[~ok_mask]
+    messages = failed_df["error_message"] if "error_message" in failed_df else [None] * len(failed_df)
 
     starts = df["intended_send_ns"].to_numpy(dtype=float)
     ends = df["end_ns"].to_numpy(dtype=float)
@@ -310,6 +313,7 @@ def summarize_batches(
             "cancelled_at_end": int(cancelled.sum()),
             "error_rate": float((n - ok_mask.sum()) / n) if n else 0.0,
             "errors": {str(k): int(v) for k, v in errors.items()},
+            "top_errors": top_errors(failed_df["error_type"], messages),
         },
         "window_s": window_s,
         "throughput": {

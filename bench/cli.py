@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from bench.errors import as_cli_error
+from bench.errors import ExitCode, as_cli_error
 from core import __version__
 from core.errors import BenchError
 
@@ -79,5 +79,5 @@ def main() -> None:
         cli.main(prog_name="bench", standalone_mode=True)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
 

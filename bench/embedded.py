@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from adapters.launch.process import EngineStartError, ManagedProcess, free_port
+from adapters.launch.engines import SIM_FLAVORS
+from adapters.launch.process import EngineStartError, ManagedProcess, free_port, python_module
 from core.errors import BenchError
+
+
+def sim_flavor(engine: str) -> str:
+    """The simulated engine's flavour speaking ``engine``'s API (``bench run --engine``):
+    its own for sglang and tgi, vLLM's OpenAI-compatible one for the rest."""
+    return engine if engine in SIM_FLAVORS else "vllm"
 
 
 @contextlib.contextmanager
 def embedded_engine(log_path: Path, sim_args: Sequence[str] = (), ready_timeout_s: float = 30.0) -> Iterator[str]:
     """Yield the base URL of a fresh simulated engine on 127.0.0.1; stop it on exit."""
     port = free_port()
-    argv = [sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port), *sim_args]
+    argv = python_module("bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port), *sim_args)
     proc = ManagedProcess(argv, log_path)
     proc.start()
     try:

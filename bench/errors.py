@@ -1,20 +1,53 @@
-"""How the CLI shows an input error: one line, no traceback, exit code 2.
+"""How the CLI ends a verb: the exit codes of every verb (README, "Exit codes"), and one-line
+input errors.
 
-Library code raises ``core.errors.BenchError`` (click-free); ``bench/cli.py`` alone turns
-it into this click exception.
+Library code raises ``core.errors.BenchError`` (click-free) or returns outcomes; only the CLI
+(``bench/commands``, ``bench/cli.py``) turns them into an exit status, with these codes and
+nowhere else.
 """
 
 from __future__ import annotations
+
+import enum
 
 import click
 
 from core.errors import BenchError
 
 
+class ExitCode(enum.IntEnum):
+    """The exit status of ``bench run|sweep|recommend|gate|locust master`` (and every verb)."""
+
+    #: Measured (most requests succeeded); a gate passed; a configuration meets the SLOs.
+    OK = 0
+    #: ``bench gate``: a real regression. Also Python's status for an unexpected crash.
+    REGRESSION = 1
+    #: Bad input: a flag, a file, a folder (one ``error:`` line, no traceback).
+    BAD_INPUT = 2
+    #: Nothing or almost nothing succeeded: a run (or every load of a sweep) whose requests
+    #: failed (see ``too_few_succeeded``); the summary names the most frequent errors.
+    NO_DATA = 3
+    #: The measurement worked but no configuration meets the SLOs at the target load.
+    NO_CONFIGURATION = 4
+    #: Interrupted (Ctrl-C or SIGTERM); what was measured is on disk.
+    INTERRUPTED = 130
+
+
+#: A run "measured" when at least this share of its counted (measured, not cancelled at the
+#: end) requests succeeded; below it the run exits ``NO_DATA``.
+MIN_OK_FRACTION = 0.1
+
+
+def too_few_succeeded(ok: int, counted: int) -> bool:
+    """True when a run's requests (``counted``: measured, not cancelled at the end) mostly
+    failed: no success at all, or fewer than ``MIN_OK_FRACTION`` of them."""
+    return ok == 0 or ok < MIN_OK_FRACTION * counted
+
+
 class CliError(click.ClickException):
     """An input error as the CLI prints it: ``error: <message>``, exit code 2."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
     def format_message(self) -> str:
         return self.message
@@ -25,3 +58,16 @@ class CliError(click.ClickException):
 
 def as_cli_error(exc: BenchError) -> CliError:
     return CliError(exc.message)
+
+
+class Outcome(click.ClickException):
+    """Ends a verb with a non-zero ``code`` after its output was printed (``message`` is one
+    line on stderr, or nothing)."""
+
+    def __init__(self, code: ExitCode, message: str = "") -> None:
+        super().__init__(message)
+        self.exit_code = int(code)  # type: ignore[misc]  # click's class default, per instance here
+
+    def show(self, file=None) -> None:  # type: ignore[no-untyped-def]
+        if self.message:
+            click.echo(self.message, err=True)

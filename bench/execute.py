@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter
+from bench.errors import ExitCode
 from bench.host import host_fingerprint
 from core import __version__
 from core.errors import BenchError
@@ -197,6 +198,6 @@ def _on_signal(runner: Runner | WorkerPool, sig: int) -> None:
     if runner.stop.is_set():
         # second Ctrl-C: the rows flushed so far are safe on disk
         sys.stderr.write("\nforced exit\n")
-        raise SystemExit(130)
+        raise SystemExit(ExitCode.INTERRUPTED)
     sys.stderr.write(f"\n{signal.Signals(sig).name}: stopping, recording in-flight requests as cancelled...\n")
     runner.stop.set()

@@ -52,11 +52,15 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
     return s, title
 
 
+def _finite(v: float) -> bool:
+    return not (math.isnan(v) or math.isinf(v))
+
+
 def _server_lines(server: dict[str, Any]) -> list[str]:
     """The engine's own view: the TTFT cross-check and its queue/KV gauges."""
     lines = []
     c = server.get("ttft_check")
-    if c:
+    if c and c.get("client_count") and all(_finite(v) for v in c.values() if isinstance(v, float)):
         lo, hi = c["server_p50_bucket_ms"]
         lines.append(
             f"TTFT cross-check (same window): client p50 {c['client_p50_ms']:.2f} ms, mean {c['client_mean_ms']:.2f} ms "
@@ -75,7 +79,8 @@ def _server_lines(server: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_json: bool) -> None:
+def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_json: bool) -> dict[str, Any]:
+    """Print the run's summary (a table, or JSON); returns it."""
     s, title = summary_of(run_dir, slo, percentiles)
     if as_json:
         click.echo(json.dumps(_clean(s), indent=2, default=str))
@@ -92,3 +97,4 @@ def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_js
         for warning in s["run"]["warnings"]:
             click.echo(f"WARNING: {warning}")
         click.echo(f"results: {run_dir}")
+    return s

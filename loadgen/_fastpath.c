@@ -541,7 +541,7 @@ typedef struct {
 } ev_t;
 
 enum { H_SIZE, H_DATA, H_CRLF, H_TRAILER, H_DONE };
-enum { END_COMPLETE = 0, END_EOF = 1, END_OSERROR = 2, END_PROTOCOL = 3, END_CLIENT = 4 };
+enum { END_COMPLETE = 0, END_EOF = 1, END_OSERROR = 2, END_PROTOCOL = 3, END_CLIENT = 4, END_TOO_LONG = 5 };
 
 typedef struct {
     PyObject_HEAD int fd;
@@ -550,8 +550,10 @@ typedef struct {
     long long offset_ns;
     long long last_read_ns;
     long long last_data_ns;
+    long long last_payload_ns;
     long long fallback_reads;
     long long reads;
+    Py_ssize_t max_event; /* longest SSE event (or line) kept before the request fails */
     PyObject *sink;
     PyObject *on_end;
     int hstate;
@@ -584,6 +586,7 @@ static int fs_push(FastStream *self, ev_t *e) {
         self->cap = cap;
     }
     self->ev[self->nev++] = *e;
+    self->last_payload_ns = e->ts; /* every event is an SSE data payload (comments are none) */
     return 0;
 }
 
@@ -703,6 +706,8 @@ static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n)
     return fs_parse(self, self->sink, &self->ev[self->nev - 1], p, n);
 }
 
+static int fs_end(FastStream *self, int code, PyObject *message, int keep_alive);
+
 /* one SSE block (the bytes between two blank lines), as adapters/sse.py reads it */
 static int fs_block(FastStream *self, int64_t ts, const char *b, Py_ssize_t n) {
     if (n == 0) return 0;
@@ -770,6 +775,16 @@ static int fs_sse(FastStream *self, int64_t ts, const char *p, Py_ssize_t n) {
         self->pending.len = len - start;
     } else if (start < len) {
         if (bbuf_add(&self->pending, buf + start, len - start) < 0) return -1;
+    }
+    if (self->pending.len > self->max_event) {
+        /* an event that never ends: fail now, memory bounded (the recorder's framer does the same) */
+        self->stopped = 1;
+        self->pending.len = 0;
+        PyObject *msg = PyUnicode_FromFormat("an SSE event or line longer than %zd bytes", self->max_event);
+        if (!msg) return -1;
+        int r = fs_end(self, END_TOO_LONG, msg, 0);
+        Py_DECREF(msg);
+        return r;
     }
     return 0;
 }
@@ -1141,11 +1156,13 @@ static PyObject *FS_get_pending(FastStream *self, void *closure) {
 }
 
 static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"fd", "kernel_clock", "offset_ns", "api", "sink", "on_end", NULL};
+    static char *kwlist[] = {"fd", "kernel_clock", "offset_ns", "api", "sink", "on_end", "max_event", NULL};
     int fd, kernel_clock, api;
     long long offset;
     PyObject *sink, *on_end;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ipLiOO", kwlist, &fd, &kernel_clock, &offset, &api, &sink, &on_end))
+    Py_ssize_t max_event = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ipLiOO|n", kwlist, &fd, &kernel_clock, &offset, &api, &sink, &on_end,
+                                     &max_event))
         return -1;
     if (api != API_COMPLETIONS && api != API_CHAT) {
         PyErr_SetString(PyExc_ValueError, "api must be 1 (completions) or 2 (chat)");
@@ -1155,8 +1172,10 @@ static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
     self->kernel_clock = kernel_clock;
     self->offset_ns = offset;
     self->api = api;
+    self->max_event = max_event;
     self->last_read_ns = mono_ns();
     self->last_data_ns = -1;
+    self->last_payload_ns = -1;
     self->hstate = H_SIZE;
     self->regular_ok = 1;
     Py_INCREF(sink);
@@ -1204,6 +1223,8 @@ static PyMemberDef FS_members[] = {
     {"offset_ns", T_LONGLONG, offsetof(FastStream, offset_ns), 0, "CLOCK_REALTIME minus perf_counter_ns"},
     {"last_read_ns", T_LONGLONG, offsetof(FastStream, last_read_ns), READONLY, "stamp of the last read"},
     {"last_data_ns", T_LONGLONG, offsetof(FastStream, last_data_ns), READONLY, "stamp of the last body bytes, -1 if none"},
+    {"last_payload_ns", T_LONGLONG, offsetof(FastStream, last_payload_ns), READONLY,
+     "stamp of the read of the last SSE data payload, -1 if none"},
     {"fallback_reads", T_LONGLONG, offsetof(FastStream, fallback_reads), READONLY, "kernel clock: reads without a timestamp"},
     {"reads", T_LONGLONG, offsetof(FastStream, reads), READONLY, "socket reads"},
     {"done", T_INT, offsetof(FastStream, done), READONLY, "the [DONE] marker was seen"},

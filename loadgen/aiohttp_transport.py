@@ -1,6 +1,7 @@
 """The aiohttp transport: for https, and as a reference for bench's own raw transport.
 
 Implements ``loadgen.transport.Transport``; errors become ``StreamError`` with their class.
+Its stall and total deadlines follow the same rule as the raw transport's (``overdue``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 import aiohttp
 
 from adapters.base import HttpCall
-from loadgen.transport import Sink, StreamError, Timeouts
+from loadgen.transport import KEEPALIVE_IDLE_S, Sink, StreamError, Timeouts, overdue, progress_ns
 
 _now = time.perf_counter_ns
 
@@ -23,6 +24,18 @@ async def _on_sent(session: object, ctx: SimpleNamespace, params: object) -> Non
         sink.sent(_now())
 
 
+class _InFlight:
+    """One aiohttp request, as its watchdog sees it."""
+
+    __slots__ = ("sink", "task", "sent_ns", "last_read_ns", "progress_ns", "error")
+
+    def __init__(self, sink: Sink, task: asyncio.Task[object] | None) -> None:
+        self.sink = sink
+        self.task = task
+        self.sent_ns = self.last_read_ns = self.progress_ns = _now()
+        self.error: StreamError | None = None
+
+
 class AiohttpTransport:
     """aiohttp with an unlimited connection pool (never a silent concurrency cap)."""
 
@@ -31,19 +44,24 @@ class AiohttpTransport:
         self.timeouts = timeouts
         self.read_bufsize = read_bufsize
         self._session: aiohttp.ClientSession | None = None
+        self._in_flight: set[_InFlight] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
             trace = aiohttp.TraceConfig()
             trace.on_request_headers_sent.append(_on_sent)
             trace.on_request_chunk_sent.append(_on_sent)
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None, enable_cleanup_closed=True)
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, ttl_dns_cache=None, enable_cleanup_closed=True,
+                keepalive_timeout=KEEPALIVE_IDLE_S,
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 trace_configs=[trace],
-                timeout=aiohttp.ClientTimeout(
-                    total=self.timeouts.total, sock_connect=self.timeouts.connect, sock_read=self.timeouts.stall
-                ),
+                # the stall and total deadlines are the watchdog's (``overdue``), as in the
+                # raw transport: SSE comments must not count as data
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect, sock_read=None),
                 read_bufsize=self.read_bufsize,
                 auto_decompress=False,
                 trust_env=False,  # an ambient http_proxy must not capture loopback traffic
@@ -52,6 +70,44 @@ class AiohttpTransport:
 
     async def send(self, call: HttpCall, sink: Sink) -> None:
         session = self._get_session()
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().call_later(1.0, self._check_stalls)
+        entry = _InFlight(sink, asyncio.current_task())
+        self._in_flight.add(entry)
+        try:
+            await self._send(session, call, sink, entry)
+        except asyncio.CancelledError:
+            if entry.error is None:
+                raise
+            task = entry.task
+            if task is not None:
+                task.uncancel()  # the watchdog's cancel, turned into the request's error
+            raise entry.error from None
+        finally:
+            self._in_flight.discard(entry)
+
+    def _check_stalls(self) -> None:
+        """Once a second: cancel requests without data for the stall timeout (SSE comments
+        do not count) or past their total deadline; the same rule as the raw transport."""
+        self._watchdog = None
+        if self._session is None:
+            return
+        now = _now()
+        stall = self.timeouts.stall * 1e9
+        total = self.timeouts.total * 1e9 if self.timeouts.total is not None else None
+        for entry in list(self._in_flight):
+            if entry.error is not None or (
+                now - entry.progress_ns <= stall and (total is None or now - entry.sent_ns <= total)
+            ):
+                continue
+            entry.progress_ns = max(entry.progress_ns, progress_ns(entry.sink, entry.last_read_ns))
+            err = overdue(now, entry.sent_ns, entry.progress_ns, entry.last_read_ns, self.timeouts)
+            if err is not None and entry.task is not None:
+                entry.error = err
+                entry.task.cancel()
+        self._watchdog = asyncio.get_running_loop().call_later(1.0, self._check_stalls)
+
+    async def _send(self, session: aiohttp.ClientSession, call: HttpCall, sink: Sink, entry: _InFlight) -> None:
         try:
             async with session.request(
                 call.method,
@@ -60,13 +116,15 @@ class AiohttpTransport:
                 headers=dict(call.headers),
                 trace_request_ctx=sink,
             ) as resp:
-                sink.headers(_now(), resp.status)
+                entry.last_read_ns = now = _now()
+                sink.headers(now, resp.status, resp.headers.get("Content-Type", ""))
                 content = resp.content
                 while True:
                     chunk = await content.readany()
                     if not chunk:
                         break
-                    sink.data(_now(), chunk)
+                    entry.last_read_ns = now = _now()
+                    sink.data(now, chunk)
         except asyncio.TimeoutError as exc:
             raise StreamError("timeout", f"no data for {self.timeouts.stall:g} s (or connect/total timeout)") from exc
         except aiohttp.ClientConnectorError as exc:
@@ -79,6 +137,9 @@ class AiohttpTransport:
             raise StreamError("client_error", f"{type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._session is not None:
             await self._session.close()
             self._session = None

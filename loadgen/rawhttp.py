@@ -16,9 +16,12 @@ Clocks:
            re-measured every second. Where the platform gives no timestamp for a read,
            that read falls back to the user stamp and is counted (``describe()``).
 
-Connections are kept alive and reused (a freed closed-loop slot sends at once); a
-reused connection that the server had closed is retried once on a fresh one, only when
-not a single response byte arrived. One stall watchdog per transport (not one timer per
+Connections are kept alive and reused (a freed closed-loop slot sends at once), but not
+once idle for ``KEEPALIVE_IDLE_S``: servers close idle connections after their own
+keep-alive timeout, and a request sent on a connection the server is closing is lost. A
+request is never sent twice: one whose connection closes before the first response byte
+is recorded as failed (``closed_before_response``); only a send the kernel refused (no
+byte of the request left) goes out again on a fresh connection. One stall watchdog per transport (not one timer per
 read) enforces the silence timeout.
 """
 
@@ -35,7 +38,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
-from loadgen.transport import CLOCKS, Clock, Sink, StreamError, Timeouts
+from loadgen.recorder import MAX_EVENT_BYTES
+from loadgen.transport import CLOCKS, KEEPALIVE_IDLE_S, Clock, Sink, StreamError, Timeouts, overdue, progress_ns
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
     from loadgen import _fastpath
@@ -89,12 +93,13 @@ class _Conn:
     (no epoll_ctl per request) and routes reads to the current exchange; a read on an
     idle connection means the server closed it."""
 
-    __slots__ = ("sock", "fd", "reused", "exchange", "transport", "closed")
+    __slots__ = ("sock", "fd", "reused", "exchange", "transport", "closed", "idle_since")
 
     def __init__(self, sock: socket.socket, transport: RawHttpTransport) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.reused = False
+        self.idle_since = _now()
         self.exchange: _Exchange | None = None
         self.transport = transport
         self.closed = False
@@ -121,6 +126,8 @@ class _Exchange:
         "keep_alive",
         "got_bytes",
         "last_read_ns",
+        "sent_ns",
+        "progress_ns",
         "head_only",
         "fast",
         "on_complete",
@@ -136,7 +143,7 @@ class _Exchange:
         self.remaining = 0
         self.keep_alive = True
         self.got_bytes = False
-        self.last_read_ns = _now()
+        self.last_read_ns = self.sent_ns = self.progress_ns = _now()
         self.head_only = head_only
         #: The compiled reader of this response's body, once it took over (``_start_fast``).
         self.fast: Any = None
@@ -217,6 +224,9 @@ class _Exchange:
             if state == _CHUNK_SIZE:
                 nl = data.find(b"\r\n", pos)
                 if nl < 0:
+                    if end - pos > 4096:  # a size line never ends (the compiled reader's bound too)
+                        self.buf = b""
+                        raise StreamError("http_protocol", f"bad chunk size line {data[pos:pos + 40]!r}")
                     break
                 line = data[pos:nl]
                 semi = line.find(b";")
@@ -294,6 +304,7 @@ class _Exchange:
             return
         length: int | None = None
         chunked = False
+        content_type = ""
         keep_alive = status_line[0] == b"HTTP/1.1"
         for line in lines[1:]:
             name, _, value = line.partition(b":")
@@ -304,13 +315,15 @@ class _Exchange:
                 except ValueError:
                     self._fail(StreamError("http_protocol", "bad Content-Length"))
                     return
+            elif name == b"content-type":
+                content_type = value.strip().decode("latin-1")
             elif name == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
             elif name == b"connection":
                 v = value.strip().lower()
                 keep_alive = v == b"keep-alive" or (keep_alive and v != b"close")
         self.keep_alive = keep_alive
-        self.sink.headers(ts_ns, status)
+        self.sink.headers(ts_ns, status, content_type)
         rest = buf[end + 4 :]
         self.buf = b""
         if self.head_only or status in (204, 304):
@@ -355,7 +368,10 @@ class _Exchange:
         this response and calls ``_fast_end`` when the response ends, however it ends."""
         t = self.transport
         conn = self.conn
-        fast = _fastpath.FastStream(conn.fd, t.kernel_clock, t.offset_ns, api, self.sink, self._fast_end)
+        fast = _fastpath.FastStream(
+            conn.fd, t.kernel_clock, t.offset_ns, api, self.sink, self._fast_end,
+            getattr(self.sink, "max_event_bytes", MAX_EVENT_BYTES),
+        )
         self.fast = fast
         self.sink.use_fast(fast)  # type: ignore[attr-defined]
         if rest:
@@ -382,6 +398,8 @@ class _Exchange:
             self._fail(StreamError("stream_reset", f"connection error mid-response: {message}"))
         elif code == 3:
             self._fail(StreamError("http_protocol", message or "bad chunked framing"))
+        elif code == 5:
+            self._fail(StreamError("line_too_long", message or "an SSE event or line too long"))
         else:  # an error of the client's own while reading (recorded, never dropped)
             self._fail(StreamError("client_error", message or "error in the compiled reader"))
 
@@ -390,8 +408,11 @@ class _Exchange:
         if self.state == _UNTIL_CLOSE:
             self.keep_alive = False
             self._complete()
-        elif not self.got_bytes and self.conn.reused:
-            self._fail(_StaleConnection())
+        elif not self.got_bytes:
+            # the request went out: the server may have acted on it, so it is not sent again
+            self._fail(StreamError(
+                "closed_before_response", "the server closed the connection before answering (request not retried)"
+            ))
         else:
             self._fail(StreamError("stream_reset", "connection closed mid-response"))
 
@@ -422,7 +443,8 @@ class _Exchange:
 
 
 class _StaleConnection(Exception):
-    """A kept-alive connection the server had already closed (retried once)."""
+    """A kept-alive connection the server had already closed, found when sending on it: no
+    byte of the request left, so it is sent on a fresh connection."""
 
 
 class RawHttpTransport:
@@ -508,13 +530,18 @@ class RawHttpTransport:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+        # connections left idle since a warm-up would be closed at the first send, not reused
+        oldest = _now() - int(KEEPALIVE_IDLE_S * 1e9)
+        for conn in [c for c in self._idle if c.idle_since < oldest]:
+            self._idle.remove(conn)
+            self._discard(conn)
         opened = 0
         while len(self._idle) < count:
             batch = min(parallel, count - len(self._idle))
             results = await asyncio.gather(*(self._connect(loop) for _ in range(batch)), return_exceptions=True)
             conns = [c for c in results if isinstance(c, _Conn)]
             for conn in conns:
-                conn.reused = True  # a kept-alive connection the server may close: retried once
+                conn.reused = True  # a kept-alive connection the server may close
                 self._idle.append(conn)
             opened += len(conns)
             if len(conns) < batch:
@@ -527,7 +554,19 @@ class RawHttpTransport:
             self._discard(conn)
             return
         conn.reused = True
+        conn.idle_since = _now()
         self._idle.append(conn)
+
+    def _take_idle(self) -> _Conn | None:
+        """An idle connection young enough to reuse (older ones are closed), or None."""
+        idle = self._idle
+        oldest = _now() - int(KEEPALIVE_IDLE_S * 1e9)
+        while idle:
+            conn = idle.pop()
+            if conn.idle_since >= oldest:
+                return conn
+            self._discard(conn)
+        return None
 
     def _idle_readable(self, conn: _Conn) -> None:
         """An idle connection became readable: the server closed it (or sent junk)."""
@@ -573,8 +612,10 @@ class RawHttpTransport:
         loop = self._loop
         if loop is None or self._closed or not self._idle:
             return None
+        conn = self._take_idle()
+        if conn is None:
+            return None
         payload = self._request_bytes(call)
-        conn = self._idle.pop()
         ex = _Exchange(self, conn, sink, loop.create_future(), call.method == "HEAD")
         try:
             sent = conn.sock.send(payload)
@@ -590,7 +631,7 @@ class RawHttpTransport:
         ex.on_complete = on_complete
         conn.exchange = ex
         self._active.add(ex)
-        ex.last_read_ns = now = _now()
+        ex.last_read_ns = ex.sent_ns = ex.progress_ns = now = _now()
         sink.sent(now)
         return ex
 
@@ -622,7 +663,7 @@ class RawHttpTransport:
             self._arm_watchdog()
         payload = self._request_bytes(call)
         for attempt in (0, 1):
-            conn = self._idle.pop() if self._idle else await self._connect(loop)
+            conn = self._take_idle() or await self._connect(loop)
             try:
                 await self._exchange(loop, conn, payload, sink, call.method == "HEAD", on_complete)
                 return
@@ -668,7 +709,7 @@ class RawHttpTransport:
                 self._detach(ex)
                 self._discard(conn)
                 raise
-        ex.last_read_ns = now = _now()
+        ex.last_read_ns = ex.sent_ns = ex.progress_ns = now = _now()
         sink.sent(now)
         try:
             await future
@@ -682,19 +723,32 @@ class RawHttpTransport:
         self._watchdog = loop.call_later(1.0, self._check_stalls)
 
     def _check_stalls(self) -> None:
-        """Once a second: fail exchanges silent for longer than the stall timeout."""
+        """Once a second: fail exchanges without data for longer than the stall timeout
+        (SSE comments do not count) or past their total deadline (``overdue``)."""
         if self._closed:
             return
         if self.kernel_clock:
             self.offset_ns = realtime_offset_ns()
-        limit = int(self.timeouts.stall * 1e9)
+        timeouts = self.timeouts
+        limit = int(timeouts.stall * 1e9)
+        total = int(timeouts.total * 1e9) if timeouts.total is not None else None
         now = _now()
         for e in self._active:
             if e.fast is not None:  # the compiled reader keeps its own stamps and offset
                 e.last_read_ns = e.fast.last_read_ns
                 e.fast.offset_ns = self.offset_ns
-        for ex in [e for e in self._active if now - e.last_read_ns > limit and not e.future.done()]:
-            ex._fail(StreamError("timeout", f"no data for {self.timeouts.stall:g} s"))
+        failing = []
+        for ex in self._active:
+            if ex.future.done() or (now - ex.progress_ns <= limit and (total is None or now - ex.sent_ns <= total)):
+                continue
+            # quiet for the whole stall timeout as far as known: ask the sink (this digests
+            # its reads), at most once a second per such exchange
+            ex.progress_ns = max(ex.progress_ns, progress_ns(ex.sink, ex.last_read_ns))
+            err = overdue(now, ex.sent_ns, ex.progress_ns, ex.last_read_ns, timeouts)
+            if err is not None:
+                failing.append((ex, err))
+        for ex, err in failing:
+            ex._fail(err)
         self._arm_watchdog()
 
     async def close(self) -> None:

@@ -32,6 +32,9 @@ SOURCE_CHUNKS = "chunk_count"
 DIGEST_EVERY = 64
 #: With a queue, a recorder is queued for digesting once it holds this many reads.
 QUEUE_AFTER = 16
+#: Default longest SSE event (or line) kept (``--max-event-bytes``): a server that streams
+#: a line without end fails its request (``line_too_long``) instead of the client's memory.
+MAX_EVENT_BYTES = 8 << 20
 
 
 class DigestQueue:
@@ -75,6 +78,7 @@ class FastStreamLike(Protocol):
 
     done: int
     pending: bytes
+    last_payload_ns: int
 
     def columns(self, kinds: tuple[EventKind, ...], nfields: int) -> tuple[list[int], tuple[list[Any], ...]]: ...
     def flush(self, sink: RequestRecorder) -> None: ...
@@ -106,6 +110,9 @@ class RequestRecorder:
         "_queue",
         "_queued",
         "_fast",
+        "_not_sse",
+        "_last_payload_ns",
+        "max_event_bytes",
     )
 
     def __init__(
@@ -116,6 +123,7 @@ class RequestRecorder:
         intended_ns: int,
         keep_text: bool = False,
         queue: DigestQueue | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         self.spec = spec
         self.worker_id = worker_id
@@ -141,15 +149,24 @@ class RequestRecorder:
         self._queued = False
         #: The compiled read path's state for this response (``use_fast``), if it took it.
         self._fast: FastStreamLike | None = None
+        #: A 2xx response's Content-Type when it is not an event stream (an HTML login
+        #: page behind a proxy): its body is kept like an error body, for the message.
+        self._not_sse: str | None = None
+        #: Stamp of the read that brought the last SSE data payload (-1: none yet).
+        self._last_payload_ns = -1
+        self.max_event_bytes = max_event_bytes
 
     # -- transport callbacks -------------------------------------------------------
     def sent(self, ts_ns: int) -> None:
         """The request bytes were handed to the socket."""
         self.send_ns = ts_ns
 
-    def headers(self, ts_ns: int, status: int) -> None:
+    def headers(self, ts_ns: int, status: int, content_type: str = "") -> None:
         self.first_byte_ns = ts_ns
         self.status = status
+        media = content_type.split(";", 1)[0].strip().lower()
+        if 200 <= status < 300 and media and media != "text/event-stream":
+            self._not_sse = media
 
     def data(self, ts_ns: int, data: bytes) -> None:
         """Body bytes read at ``ts_ns``: kept for the digest. Never raises."""
@@ -159,6 +176,10 @@ class RequestRecorder:
             if len(self._body) < 2048:
                 self._body += data[: 2048 - len(self._body)]
             return
+        if self._not_sse is not None and len(self._body) < 2048:
+            self._body += data[: 2048 - len(self._body)]
+        if self._error is not None:
+            return  # failed (an event without end): nothing more is kept
         raw = self._raw
         raw.append(data)
         self._raw_ts.append(ts_ns)
@@ -175,7 +196,7 @@ class RequestRecorder:
     def fast_api(self) -> int:
         """Which compiled scan suits this response's payloads (0: none; the parser's
         ``fast_api``). Not when the answer text is kept: the scan does not keep text."""
-        if self._keep_text:
+        if self._keep_text or self._not_sse is not None:
             return 0
         return getattr(self._parser, "fast_api", 0)
 
@@ -241,6 +262,12 @@ class RequestRecorder:
                 payloads = [data[6:-2] if data[5:6] == b" " else data[5:-2]]
             else:
                 payloads = framer.feed(data)
+                if len(framer.pending) > self.max_event_bytes:
+                    self._error = StreamError("line_too_long", f"an SSE event or line longer than {self.max_event_bytes} bytes")
+                    framer.reset()
+                    return
+            if payloads:
+                self._last_payload_ns = ts_ns
             for payload in payloads:
                 event, failed = parse_one(payload)
                 if event is not None:
@@ -250,6 +277,23 @@ class RequestRecorder:
                         self._text.append(event.text)
                 if failed:
                     return
+
+    def progress_ns(self) -> int:
+        """When this response last made progress, for the stall timeout: the read of its
+        last SSE data payload (comments and keep-alives are not progress), or the last
+        bytes of a body that is not an event stream; before either, the send."""
+        base = self.send_ns or 0
+        status = self.status
+        if status is None:
+            return base
+        if status >= 400 or self._not_sse is not None:
+            return max(base, self.last_data_ns or self.first_byte_ns or 0)
+        self._digest()
+        last = self._last_payload_ns
+        fast = self._fast
+        if fast is not None:
+            last = max(last, fast.last_payload_ns)
+        return max(base, last)
 
     @property
     def saw_done(self) -> bool:
@@ -280,6 +324,7 @@ class RequestRecorder:
         err = self._error or error
         if err is None and self.status is not None and self.status >= 400:
             err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
+
         # Column-wise (one transposition in C, then scans from the end where these fields
         # sit): the record of a 256-token stream is built in a fraction of the per-event
         # loop's time, which matters when a whole batch of streams ends in one step.
@@ -302,6 +347,11 @@ class RequestRecorder:
         server_id = next(filter(None, cols[_SERVER_ID]), None)
         if err is None and self.status is None:
             err = StreamError("no_response", "no response received")
+        if self._not_sse is not None and not stamps and not done and (err is None or err.error_type == "malformed_chunk"):
+            # a 2xx answer of another kind (a login page, a JSON body), said as such; a
+            # server that streams events under another Content-Type is still read
+            body = " ".join(self._body.decode("utf-8", "replace").split())[:200]
+            err = StreamError("not_event_stream", f"not an event stream ({self._not_sse})" + (f": {body}" if body else ""))
         if err is None:
             if requires_done and not done:
                 err = StreamError("no_done", "stream ended without its end-of-stream marker")

@@ -23,7 +23,7 @@ import numpy as np
 
 from adapters.base import Adapter, HttpCall
 from loadgen.progress import Progress
-from loadgen.recorder import DigestQueue, RequestRecorder
+from loadgen.recorder import MAX_EVENT_BYTES, DigestQueue, RequestRecorder
 from loadgen.transport import EagerTransport, Preconnecting, StreamError, Transport
 from results.record import RequestRecord
 from results.writer import _RECORD_FIELDS, MonitorWriter, PartWriter, RequestsWriter
@@ -63,8 +63,12 @@ class RunOptions:
     worker_id: int = 0
     #: Stop sending new requests this long after t0 (None: when the schedule is done).
     duration_s: float | None = None
-    #: After sending stops, how long in-flight requests may take before being cancelled.
-    drain_timeout_s: float = 300.0
+    #: After ``duration_s``, how long in-flight requests may take before being cancelled
+    #: (recorded as such). Without a duration every request runs to its end, bounded by the
+    #: transport's per-request deadline (``Timeouts.total``).
+    drain_timeout_s: float = 30.0
+    #: Longest SSE event (or line) a response may carry (``RequestRecorder``).
+    max_event_bytes: int = MAX_EVENT_BYTES
     warmup_concurrency: int = 4
     save_text: bool = False
     progress: bool | None = None
@@ -198,8 +202,9 @@ class Runner:
             self.adapter.parser(),
             self.options.worker_id,
             intended_ns,
-            keep_text=spec.session_id is not None,
+            keep_text=spec.session_id is not None or self.options.save_text,
             queue=self._digest_queue,
+            max_event_bytes=self.options.max_event_bytes,
         )
 
     def _count_sent(self) -> None:
@@ -390,6 +395,9 @@ class Runner:
                     spec, intended, started = next(it, None), end, None
 
         slots = asyncio.gather(*(slot() for _ in range(max(1, concurrency))))
+        # a Ctrl-C while wait_for drains the slots ends them with CancelledError, which
+        # nobody awaits any more: retrieved here, not printed as a traceback at exit
+        slots.add_done_callback(_retrieve)
         duration = self.options.duration_s
         if respect_duration and duration is not None:
             limit_ns = self.stats.t0_ns + int((duration + self.options.drain_timeout_s) * 1e9)
@@ -414,10 +422,12 @@ class Runner:
         await self._drain()
 
     async def _drain(self) -> None:
-        """Let in-flight requests finish, within the drain timeout; cancel the rest."""
+        """Let in-flight requests finish (after ``duration_s``: within the drain timeout);
+        cancel the rest."""
         if not self._tasks:
             return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=self.options.drain_timeout_s)
+        timeout = self.options.drain_timeout_s if self.options.duration_s is not None else None
+        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
         for t in pending:
             t.cancel()
         if pending:
@@ -583,6 +593,11 @@ def _warm_up_writer() -> None:
     from results.schema import REQUESTS_SCHEMA
 
     pq.write_table(REQUESTS_SCHEMA.empty_table(), pa.BufferOutputStream(), compression="zstd")
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _sleep_until(deadline_ns: int) -> None:

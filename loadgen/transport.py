@@ -1,11 +1,12 @@
 """The transport contract: what the runner may ask of a transport, and nothing else.
 
 ``await transport.send(call, sink)`` sends one call and feeds ``sink`` (``sent(ts)``,
-``headers(ts, status)``, ``data(ts, bytes)``); timestamps are ``perf_counter_ns``. A
-failure raises ``StreamError`` with a classified type. A transport that can send a
-closed-loop slot's next request from inside the read that freed the slot is an
-``EagerTransport``; one that can open its connections ahead of t0 is ``Preconnecting``.
-The runner learns which, once, from these protocols.
+``headers(ts, status, content_type)``, ``data(ts, bytes)``, and optionally ``progress_ns()``
+for the stall timeout); timestamps are ``perf_counter_ns``. A failure raises ``StreamError``
+with a classified type. A transport that can send a closed-loop slot's next request from
+inside the read that freed the slot is an ``EagerTransport``; one that can open its
+connections ahead of t0 is ``Preconnecting``. The runner learns which, once, from these
+protocols.
 
 Implementations: ``loadgen/rawhttp.py`` (bench's own), ``loadgen/aiohttp_transport.py``;
 ``loadgen/transports.py`` picks one.
@@ -30,7 +31,7 @@ class StreamError(Exception):
 
 class Sink(Protocol):
     def sent(self, ts_ns: int) -> None: ...
-    def headers(self, ts_ns: int, status: int) -> None: ...
+    def headers(self, ts_ns: int, status: int, content_type: str = "") -> None: ...
     def data(self, ts_ns: int, data: bytes) -> None: ...
 
 
@@ -65,13 +66,43 @@ class Preconnecting(Protocol):
     async def preconnect(self, count: int) -> int: ...
 
 
+#: Seconds a kept-alive connection may stay idle and still be reused (both transports).
+#: Servers close idle connections after their own keep-alive timeout (uvicorn's, behind
+#: vLLM and SGLang, is 5 s); a request sent as the server closes is lost, never resent.
+KEEPALIVE_IDLE_S = 2.0
+
+#: Default total deadline of one request (``--request-timeout``), seconds: far above any
+#: sane generation (32k tokens at 20 ms each take 11 min), short of hanging a run forever.
+DEFAULT_TOTAL_S = 1800.0
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Seconds. ``stall`` bounds the silence between two reads (and before the first)."""
+    """Seconds. ``stall`` bounds the time without data: since the request was sent, or
+    since the last SSE data payload (comments and keep-alives do not count); ``total``
+    bounds the whole request (None: unbounded)."""
 
     connect: float = 10.0
     stall: float = 120.0
-    total: float | None = None
+    total: float | None = DEFAULT_TOTAL_S
+
+
+def progress_ns(sink: Sink, last_read_ns: int) -> int:
+    """When ``sink``'s response last made progress (``RequestRecorder.progress_ns``), or
+    its last read for a sink that does not say."""
+    fn = getattr(sink, "progress_ns", None)
+    return int(fn()) if fn is not None else last_read_ns
+
+
+def overdue(now_ns: int, sent_ns: int, progress: int, last_read_ns: int, timeouts: Timeouts) -> StreamError | None:
+    """The error of a request past its total deadline or without data for the stall timeout
+    (the one rule of both transports' watchdogs), or None."""
+    if timeouts.total is not None and now_ns - sent_ns > timeouts.total * 1e9:
+        return StreamError("timeout", f"no complete response within the total deadline of {timeouts.total:g} s")
+    if now_ns - progress > timeouts.stall * 1e9:
+        only = " (only SSE comments or keep-alives)" if last_read_ns > progress else ""
+        return StreamError("timeout", f"no data for {timeouts.stall:g} s{only}")
+    return None
 
 
 #: Chunk-timestamp clocks (docs/instrument.md, Clocks): ``kernel`` is the kernel's receive
@@ -79,3 +110,23 @@ class Timeouts:
 #: the platform has it and the user one elsewhere.
 Clock = Literal["auto", "user", "kernel"]
 CLOCKS: tuple[str, ...] = get_args(Clock)
+
+
+def check_base_url(url: str) -> str:
+    """``url`` when it is an engine's base URL (scheme, host, no API path), else a
+    ValueError that says how to write it."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        guess = "http://" + url.split("://", 1)[-1]
+        raise ValueError(f"--url {url!r}: give the scheme and host, e.g. {guess}")
+    path = parts.path.rstrip("/")
+    if path.lower().endswith("/v1"):
+        root = url[: url.lower().rstrip("/").rfind("/v1")]
+        raise ValueError(
+            f"--url {url!r}: give the server's root ({root}); bench adds the API path "
+            "(/v1/completions, /v1/chat/completions, ...) itself"
+        )
+    return url
+

@@ -112,6 +112,10 @@ async def _worker_async(job: WorkerJob, conn: Connection) -> RunStats:
             current[:] = [runner]
             await runner.run()
         _warm_up_writer()  # pyarrow's lazy imports take seconds: before t0, not after
+        preconnect = getattr(transport, "preconnect", None)
+        if preconnect is not None and job.schedule.mode == "closed":
+            # before t0, not after it: the warm-up's connections may be too old to reuse
+            await preconnect(max(1, job.schedule.concurrency or 1))
         conn.send(("ready", transport.describe()))
         t0 = await asyncio.to_thread(conn.recv)
         runner = Runner(

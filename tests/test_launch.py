@@ -107,7 +107,7 @@ def test_sim_argv_is_the_agreed_one() -> None:
                       extra_args=("--seed", "3"), flavor="sglang")  # fmt: skip
     (plan,) = plan_engine(spec, 4321, free_port).processes
     assert plan.argv == [
-        sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", "4321",
+        sys.executable, "-P", "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", "4321",
         "--timing", "model", "--flavor", "sglang", "--model-preset", "llama-3.1-70b", "--gpu", "h200",
         "--tp", "4", "--pp", "1", "--dp", "2", "--ep", "1", "--dcp", "1", "--pcp", "1",
         "--disagg", "1:2", "--seed", "3",

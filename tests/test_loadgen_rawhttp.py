@@ -29,7 +29,7 @@ class _Sink:
     def sent(self, ts: int) -> None:
         self.sent_ns = ts
 
-    def headers(self, ts: int, status: int) -> None:
+    def headers(self, ts: int, status: int, content_type: str = "") -> None:
         self.status = status
 
     def data(self, ts: int, data: bytes) -> None:

@@ -19,7 +19,7 @@ from workloads.definition import WorkloadDef
 from workloads.errors import WorkloadError
 from workloads.prompts import BlockTexts, PromptSynth, make_synth
 from workloads.readers import TraceTable, read_trace
-from workloads.spec import RequestSpec, Schedule
+from workloads.spec import MAX_REQUEST_TOKENS, RequestSpec, Schedule
 
 #: stream indices of SeedSequence(seed).spawn(N)
 _LENGTHS, _ARRIVALS, _STRUCTURE, _PROMPTS, _WARMUP = range(5)
@@ -281,8 +281,20 @@ def _describe(wd: WorkloadDef, table: TraceTable | None) -> dict[str, object]:
     return d
 
 
+def _check_sizes(plan: Plan) -> None:
+    """Refuse, before any prompt is built, a request larger than one can be."""
+    for what, arr in (("prompt", plan.input_tokens), ("output", plan.output_tokens),
+                      ("prompt", plan.warmup_input), ("output", plan.warmup_output)):
+        if len(arr) and int(arr.max()) > MAX_REQUEST_TOKENS:
+            raise WorkloadError(
+                f"workload {plan.name!r}: a request with a {int(arr.max()):,}-token {what}: more than a request "
+                f"can hold (at most {MAX_REQUEST_TOKENS:,})"
+            )
+
+
 def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None) -> Schedule:
     """Build the prompts and the ``Schedule``."""
+    _check_sizes(plan)
     if synth is None:
         synth = make_synth(wd.prompt.tokenizer, wd.prompt.tokenize_url, wd.prompt.model)
     rng = _streams(plan.seed)[_PROMPTS]

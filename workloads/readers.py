@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 
 from workloads.errors import WorkloadError
+from workloads.spec import MAX_REQUEST_TOKENS
 
 FORMATS = ("azure", "burstgpt", "mooncake", "lengths", "bench")
 
@@ -106,7 +107,9 @@ def _first_line(path: Path) -> str:
     raise WorkloadError(f"{path}: empty file, no requests")
 
 
-def _int_field(path: Path, line: int, name: str, raw: Any, minimum: int = 1) -> int:
+def _int_field(
+    path: Path, line: int, name: str, raw: Any, minimum: int = 1, maximum: int = MAX_REQUEST_TOKENS
+) -> int:
     if isinstance(raw, bool):
         raise WorkloadError(f"{path}:{line}: field {name!r}: expected an integer, got {raw!r}")
     if isinstance(raw, int):
@@ -129,6 +132,8 @@ def _int_field(path: Path, line: int, name: str, raw: Any, minimum: int = 1) -> 
         raise WorkloadError(f"{path}:{line}: field {name!r}: expected an integer, got {str(raw)[:40]!r}")
     if value < minimum:
         raise WorkloadError(f"{path}:{line}: field {name!r}: must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise WorkloadError(f"{path}:{line}: field {name!r}: {value:,} is more than a request can hold (at most {maximum:,})")
     return value
 
 
@@ -144,8 +149,26 @@ def _float_field(path: Path, line: int, name: str, raw: Any) -> float:
     return value
 
 
+def _not_utf8(path: Path) -> WorkloadError:
+    """The error naming the first line of ``path`` that is not UTF-8 text."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return WorkloadError(f"{path}:{line_no}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")
+    return WorkloadError(f"{path}: not UTF-8 text; save the file as UTF-8")
+
+
 def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     """Yield (line number, row by lower-cased header) checking every row's field count."""
+    try:
+        yield from _csv_rows_utf8(path, required)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _csv_rows_utf8(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header: list[str] | None = None
@@ -250,6 +273,10 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _not_utf8(path) from None
                 raise WorkloadError(f"{path}:{line_no}: not valid JSON (truncated or malformed line)") from None
             if not isinstance(obj, dict):
                 raise WorkloadError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")

@@ -13,6 +13,11 @@ from typing import Literal
 Phase = Literal["warmup", "measure"]
 LoadMode = Literal["open", "closed"]
 
+#: Most tokens one request's prompt or output may ask for: above the longest context any
+#: engine serves (2M), and bounded so a mistyped size is refused in one line instead of a
+#: prompt built for minutes in gigabytes of memory.
+MAX_REQUEST_TOKENS = 1 << 21
+
 
 @dataclass(frozen=True, slots=True)
 class Message:

@@ -9,7 +9,7 @@ import numpy as np
 from workloads.arrivals import offsets_s, parse_arrival
 from workloads.errors import WorkloadError
 from workloads.prompts import synth_prompt
-from workloads.spec import LoadMode, RequestSpec, Schedule
+from workloads.spec import MAX_REQUEST_TOKENS, LoadMode, RequestSpec, Schedule
 
 __all__ = ["SyntheticWorkload", "WorkloadError"]
 
@@ -30,6 +30,9 @@ class SyntheticWorkload:
             raise WorkloadError("--requests must be at least 1")
         if self.input_tokens < 1 or self.output_tokens < 1:
             raise WorkloadError("--input-tokens and --output-tokens must be at least 1")
+        for flag, n in (("--input-tokens", self.input_tokens), ("--output-tokens", self.output_tokens)):
+            if n > MAX_REQUEST_TOKENS:
+                raise WorkloadError(f"{flag} {n:,}: more than a request can hold (at most {MAX_REQUEST_TOKENS:,})")
         if self.rate is not None and self.concurrency is not None:
             raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
         if self.rate is None and self.concurrency is None:

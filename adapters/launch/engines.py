@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from adapters.launch.config import ParallelConfig
-from adapters.launch.process import EngineStartError
+from adapters.launch.process import EngineStartError, python_module
 from adapters.versions import version_at_least
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def _plan_sim(spec: "LaunchSpec", port: int) -> EngineLayout:
         raise EngineStartError(f"sim flavour {spec.flavor!r}: expected one of {', '.join(SIM_FLAVORS)}")
     p = spec.parallel
     argv = [
-        sys.executable, "-m", "bench", "sim", "serve",
+        *python_module("bench", "sim", "serve"),
         "--host", spec.host, "--port", str(port),
         "--timing", "model", "--flavor", spec.flavor,
         "--model-preset", spec.model, "--gpu", spec.gpu or "h100",

@@ -10,7 +10,6 @@ in the run folder, waits on the engine's own readiness probe, and returns an
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Any
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.engines import EngineLayout, ProcessPlan, plan_engine, unsupported_axes
-from adapters.launch.process import EngineStartError, ManagedProcess, free_port, log_tail
+from adapters.launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
 from core.control import EngineClient
 
 __all__ = [
@@ -221,7 +220,7 @@ def _containerise(template: tuple[str, ...] | None, argv: list[str], port: int) 
 
 def sim_command() -> list[str]:
     """How the simulated engine is started (this interpreter, ``-m bench``)."""
-    return [sys.executable, "-m", "bench", "sim", "serve"]
+    return python_module("bench", "sim", "serve")
 
 
 def describe_failure(proc: ManagedProcess) -> str:

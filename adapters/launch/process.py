@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,13 @@ from core.control import call
 
 class EngineStartError(RuntimeError):
     """The engine died or did not become ready; the message ends with its log tail."""
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv running ``module`` of this installation in this interpreter, whatever the
+    current folder holds: ``-P`` keeps the cwd off ``sys.path`` (a folder named ``bench``
+    there would otherwise shadow the installed package)."""
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

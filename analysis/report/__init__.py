@@ -215,6 +215,8 @@ def _run_section(i: int, v: RunView) -> Section:
     if slo:
         objs = ", ".join(f"{k} ≤ {val:g}" for k, val in slo["objectives"].items())
         info.append(["SLO", F.esc(f"{objs}: attainment {100 * slo['attainment']:.1f}%, goodput {slo['goodput_rps']:.2f} req/s")])
+    for e in v.summary["requests"].get("top_errors") or []:
+        info.append([f"errors: {F.esc(e['error_type'])}", F.esc(f"{e['count']} x {e['message'] or '(no message)'}")])
     for k, val in v.smoothness.items():
         info.append([F.esc(k), _fmt(val, 3)])
     for w in v.summary.get("client", {}).get("warnings", []):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from core.errors import BenchError
+from bench.errors import ExitCode, Outcome
 
 
 @click.command("gate")
@@ -21,7 +21,7 @@ def command(baseline: Path, current: Path, config_path: Path, junit_path: Path |
     """Judge CURRENT against BASELINE with the thresholds in --config.
 
     A check fails only when its whole bootstrap confidence interval is beyond the threshold.
-    Exit code: 0 passed, 1 failed (a regression), 2 bad input.
+    Exit code: 0 passed, 1 failed (a regression), 2 bad input (README, "Exit codes").
     The Markdown summary is also appended to $GITHUB_STEP_SUMMARY when that is set.
     """
     import os
@@ -46,4 +46,5 @@ def command(baseline: Path, current: Path, config_path: Path, junit_path: Path |
         with open(step_summary, "a", encoding="utf-8") as f:
             f.write(md)
     click.echo(text_summary(result))
-    sys.exit(0 if result.passed else 1)
+    if not result.passed:
+        raise Outcome(ExitCode.REGRESSION)

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from core.errors import BenchError
+from bench.errors import ExitCode, Outcome
 
 
 @click.group("locust")
@@ -26,6 +27,14 @@ def command() -> None:
     Each worker machine:
       bench locust worker --master-host MASTER_IP
     """
+
+
+def _require_locust() -> None:
+    """One line, not a traceback, where locust is not installed (an optional extra)."""
+    try:
+        import locust  # noqa: F401  (first, as the locust modules need: it patches the standard library)
+    except ImportError:
+        raise BenchError("bench locust needs locust: pip install 'bench[distributed]' (or pip install locust)") from None
 
 
 @command.command("master")
@@ -94,6 +103,7 @@ def master(
         raise BenchError("--workers must be at least 1")
     if start_lead <= 0 or worker_timeout <= 0 or wait_workers <= 0:
         raise BenchError("--start-lead, --worker-timeout and --wait-workers must be positive")
+    _require_locust()
     from bench.distributed.locust_master import MasterNode, MasterSettings  # locust (gevent) first
 
     import gevent
@@ -104,13 +114,18 @@ def master(
     from bench.options import parse_percentiles, parse_slo
     from bench.distributed.wire import ClientSettings
     from bench.execute import prepare_run_dir
+    from bench.outcome import run_outcome
     from bench.report_text import print_summary
     from loadgen.aiohttp_transport import AiohttpTransport
-    from loadgen.transport import Timeouts
+    from loadgen.transport import Timeouts, check_base_url
     from workloads.synthetic import WorkloadError
 
     slo = parse_slo(slo_text)
     percentiles = parse_percentiles(pct_text)
+    try:
+        check_base_url(url)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
     try:
         schedule = _build_schedule(
             workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed
@@ -167,7 +182,7 @@ def master(
     def on_signal() -> None:
         if node.stop_requested.is_set():
             click.echo("forced exit", err=True)
-            sys.exit(130)
+            sys.exit(ExitCode.INTERRUPTED)
         click.echo("stopping the workers (Ctrl-C again to abandon)...", err=True)
         node.stop_requested.set()
 
@@ -177,9 +192,12 @@ def master(
         assembly = node.run(schedule, client, run_dir, base_meta)
     finally:
         node.close()
-    print_summary(run_dir, slo, percentiles, as_json)
+    summary = print_summary(run_dir, slo, percentiles, as_json)
     if assembly.meta.get("status") == "interrupted":
-        sys.exit(130)
+        raise Outcome(ExitCode.INTERRUPTED)
+    outcome = run_outcome(summary)
+    if outcome is not None:
+        raise outcome
 
 
 @command.command("worker")
@@ -189,6 +207,7 @@ def master(
 @click.option("--keep-spool", is_flag=True, help="Keep the local part files after the run.")
 def worker(master_host: str, master_port: int, spool_dir: Path | None, keep_spool: bool) -> None:
     """Connect to a master, measure this worker's share, stream the rows back."""
+    _require_locust()
     from bench.distributed.locust_worker import WorkerNode  # locust (gevent) first
 
     if spool_dir is not None:

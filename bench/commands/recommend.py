@@ -29,9 +29,11 @@ def command(
 
     Reads only the sweep's Parquet files; with --slo the loads are re-judged from their
     request tables (the capacity search's probes stay where the sweep put them).
+    Exit code: 0 a configuration meets the SLOs, 4 none does, 3 nothing was measured.
     """
     from analysis.recommend import format_recommendation, recommend, recommendation_json
     from analysis.slo import SLO, SLOError
+    from bench.outcome import sweep_outcome
     from results.reader import ResultsError
 
     slo = None
@@ -47,3 +49,6 @@ def command(
     except ResultsError as exc:
         raise BenchError(str(exc)) from None
     click.echo(recommendation_json(rec) if as_json else format_recommendation(rec))
+    outcome = sweep_outcome(sweep, rec)
+    if outcome is not None:
+        raise outcome

@@ -9,11 +9,13 @@ from pathlib import Path
 import click
 
 from adapters.base import adapter_for_engine, adapter_names
+from bench.errors import ExitCode, Outcome
 from bench.options import parse_percentiles, parse_slo
 from bench.secrets import load_api_key
 from core.errors import BenchError
 from loadgen.runner import RunOptions
-from loadgen.transport import CLOCKS, Timeouts
+from loadgen.recorder import MAX_EVENT_BYTES
+from loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
 from workloads.spec import Schedule
 from workloads.synthetic import SyntheticWorkload, WorkloadError
 
@@ -24,7 +26,8 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
     "--engine",
     default="vllm",
     show_default=True,
-    help="API flavour to speak: vllm/openai (OpenAI-compatible), sglang, tgi, generic.",
+    help="API flavour to speak: vllm/openai (OpenAI-compatible), sglang, tgi, generic. "
+    "Without --url the embedded engine speaks it too.",
 )
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--model", default="sim-model", show_default=True, help="Model name sent with each request.")
@@ -47,7 +50,14 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
 @click.option("--warmup", type=int, default=0, show_default=True, help="Warm-up requests (recorded, excluded).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--duration", type=float, help="Stop sending after this many seconds.")
-@click.option("--stall-timeout", type=float, default=120.0, show_default=True, help="Max seconds without data.")
+@click.option("--stall-timeout", type=float, default=120.0, show_default=True,
+              help="Max seconds without data (SSE comments and keep-alives are not data).")
+@click.option("--request-timeout", type=float, default=DEFAULT_TOTAL_S, show_default=True,
+              help="Max seconds for one whole request (0: no limit).")
+@click.option("--drain-timeout", type=float, default=30.0, show_default=True,
+              help="With --duration: seconds in-flight requests may still take (then recorded as cancelled).")
+@click.option("--max-event-bytes", type=int, default=MAX_EVENT_BYTES, show_default=True,
+              help="Longest SSE event or line of a response; longer fails the request (line_too_long).")
 @click.option("--slo", "slo_text", help="SLOs for goodput, e.g. ttft_ms=500,tpot_ms=50.")
 @click.option("--percentiles", "pct_text", default="50,90,95,99", show_default=True)
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the API key.")
@@ -96,6 +106,9 @@ def command(
     seed: int,
     duration: float | None,
     stall_timeout: float,
+    request_timeout: float,
+    drain_timeout: float,
+    max_event_bytes: int,
     slo_text: str | None,
     pct_text: str,
     api_key_env: str,
@@ -119,13 +132,17 @@ def command(
 ) -> None:
     """Measure one workload and print its metric table.
 
+    Exit code: 0 measured, 2 bad input, 3 fewer than 10 % of the requests succeeded (the
+    most frequent errors are named), 130 interrupted (README, "Exit codes").
+
     \b
     Examples:
       bench run --concurrency 16 --requests 200 --out runs/sim           # embedded engine
       bench run --url http://127.0.0.1:8000 --model M --rate 4 --out runs/r4
     """
-    from bench.embedded import embedded_engine
+    from bench.embedded import embedded_engine, sim_flavor
     from bench.execute import RunConfig, execute_run, prepare_run_dir
+    from bench.outcome import run_outcome
     from bench.report_text import print_summary
     from core.eventloop import run_async
 
@@ -135,6 +152,10 @@ def command(
         raise BenchError("--duration must be positive")
     if stall_timeout <= 0:
         raise BenchError("--stall-timeout must be positive")
+    if request_timeout < 0 or drain_timeout < 0:
+        raise BenchError("--request-timeout and --drain-timeout must be >= 0")
+    if max_event_bytes < 1024:
+        raise BenchError("--max-event-bytes must be at least 1024")
     if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0):
         raise BenchError("--sim-ttft-ms and --sim-itl-ms must be >= 0")
     try:
@@ -146,6 +167,11 @@ def command(
         raise BenchError(str(exc)) from None
     if launch and url:
         raise BenchError("--launch starts the engine itself: drop --url")
+    if url:
+        try:
+            check_base_url(url)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
     if scrape_interval <= 0:
         raise BenchError("--scrape-interval must be positive")
     api_key = load_api_key(api_key_env, api_key_file)
@@ -174,7 +200,8 @@ def command(
             target = stack.enter_context(
                 embedded_engine(
                     run_dir / "engine.log",
-                    ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms)],
+                    ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms),
+                     "--flavor", sim_flavor(engine)],
                 )
             )
             engine_label = "sim"
@@ -184,8 +211,9 @@ def command(
             engine=engine_label,
             model=model,
             schedule=schedule,
-            options=RunOptions(duration_s=duration, save_text=save_text, progress=progress),
-            timeouts=Timeouts(stall=stall_timeout),
+            options=RunOptions(duration_s=duration, save_text=save_text, progress=progress,
+                               drain_timeout_s=drain_timeout, max_event_bytes=max_event_bytes),
+            timeouts=Timeouts(stall=stall_timeout, total=request_timeout or None),
             command=command_line,
             transport=transport_kind,
             clock=clock,
@@ -199,13 +227,16 @@ def command(
                 "api": api,
                 "slo": slo.as_dict(),
                 "percentiles": list(percentiles),
-                "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms},
+                "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms, "flavor": sim_flavor(engine)},
             },
         )
         result = run_async(lambda: execute_run(cfg, adapter))
-    print_summary(result.run_dir, slo, percentiles, as_json)
+    summary = print_summary(result.run_dir, slo, percentiles, as_json)
     if result.stats.interrupted:
-        sys.exit(130)
+        raise Outcome(ExitCode.INTERRUPTED)
+    outcome = run_outcome(summary)
+    if outcome is not None:
+        raise outcome
 
 
 def _build_schedule(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import click
 
 from core.errors import BenchError
+from bench.errors import ExitCode
 
 _GPUS = ("a100", "h100", "h200", "l40s")
 _PRESETS = ("llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")
@@ -81,7 +83,7 @@ def serve(**kw: Any) -> None:
     except OutOfMemory as exc:
         sys.stderr.write(f"{exc}\n")
         sys.stderr.flush()
-        raise SystemExit(3) from None
+        raise SystemExit(ExitCode.BAD_INPUT) from None
     except ValueError as exc:
         raise BenchError(str(exc)) from None
     from aiohttp import web
@@ -102,7 +104,12 @@ def serve(**kw: Any) -> None:
 
         sys.stderr.write(f"bench sim: {json.dumps(describe(cfg.model_timing))}\n")
         sys.stderr.flush()
-    web.run_app(app, host=kw["host"], port=kw["port"], access_log=None, print=lambda *_: None, backlog=4096)
+    try:
+        web.run_app(app, host=kw["host"], port=kw["port"], access_log=None, print=lambda *_: None, backlog=4096)
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise BenchError(f"cannot listen on {kw['host']}:{kw['port']}: {exc.strerror} (choose another --port)") from None
 
 
 def build_config(kw: dict[str, Any]) -> Any:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from core.errors import BenchError
+from bench.errors import ExitCode, Outcome
 from loadgen.transport import CLOCKS
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
       bench sweep --resume --out sweeps/70b        # after an interruption
     """
     from analysis.recommend import format_recommendation, recommend
+    from bench.outcome import sweep_outcome
     from bench.sweep.orchestrate import run_sweep, stored_spec
     from bench.sweep.spec import SweepSpecError, load_spec
     from bench.sweep.store import write_recommendation
@@ -132,12 +134,14 @@ def command(config_path: Path | None, **flags: Any) -> None:
         command=("bench", *sys.argv[1:]),
     )
     if result.interrupted:
-        click.echo(f"sweep interrupted; finish it with: bench sweep --resume --out {out}", err=True)
-        sys.exit(130)
+        raise Outcome(ExitCode.INTERRUPTED, f"sweep interrupted; finish it with: bench sweep --resume --out {out}")
     rec = recommend(out)
     write_recommendation(out, rec)
     click.echo(f"\nsweep finished in {time.monotonic() - t0:.0f} s: {out}")
     click.echo(format_recommendation(rec))
+    outcome = sweep_outcome(out, rec)
+    if outcome is not None:
+        raise outcome
 
 
 def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:

@@ -35,8 +35,9 @@ def list_cmd() -> None:
 @click.option("--warmup", type=int, default=0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--time-scale", type=float, default=1.0, show_default=True, help="Trace replay: multiply timestamps.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path), help="Histogram file (default: <name>-workload.html).")
-@click.option("--no-html", is_flag=True, help="Do not write the histogram.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path),
+              help="Also write a histogram of lengths and arrivals to this HTML file (its folder must exist).")
+@click.option("--no-html", is_flag=True, hidden=True, help="No histogram (the default: written only with --html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 def show_cmd(
     ref: str,
@@ -51,11 +52,12 @@ def show_cmd(
     no_html: bool,
     as_json: bool,
 ) -> None:
-    """Print summary statistics of workload REF and write a plotly histogram of its lengths and arrivals.
+    """Print summary statistics of workload REF (with --html, also a histogram of its lengths
+    and arrivals).
 
     \b
     Examples:
-      bench workload show chat --rate 5
+      bench workload show chat --rate 5 --html chat.html
       bench workload show ../traces/conversation_trace.jsonl --requests 2000
       bench workload show my-workload.toml --json
     """
@@ -64,6 +66,8 @@ def show_cmd(
     from workloads.errors import WorkloadError
     from workloads.stats import plan_summary
 
+    if html_path is not None and not no_html and not html_path.parent.is_dir():
+        raise BenchError(f"--html {html_path}: folder {html_path.parent} does not exist")
     try:
         wd = resolve(ref, time_scale=time_scale)
         if n_requests is None:
@@ -87,19 +91,13 @@ def show_cmd(
     summary = plan_summary(plan)
     summary["description"] = wd.description
     summary["source"] = wd.source
-    out_html = None
-    if not no_html:
-        out_html = html_path or Path(f"{_slug(plan.name)}-workload.html")
-        write_histogram(plan, out_html)
-        summary["html"] = str(out_html)
+    if html_path is not None and not no_html:
+        write_histogram(plan, html_path)
+        summary["html"] = str(html_path)
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return
     click.echo(format_summary(summary))
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name) or "workload"
 
 
 def format_summary(s: dict[str, object]) -> str:
@@ -117,7 +115,7 @@ def format_summary(s: dict[str, object]) -> str:
     for key, label in (("input_tokens", "input tokens"), ("output_tokens", "output tokens")):
         row = s[key]
         assert isinstance(row, dict)
-        lines.append(f"{label:15s}" + "".join(f"{row.get(c, float('nan')):9.0f}" for c in cols))
+        lines.append(f"{label:15s}" + "".join(_cell(row.get(c)) for c in cols))
     arr = s.get("arrivals")
     if isinstance(arr, dict) and arr.get("count", 0) >= 2:
         what = "session starts" if s.get("sessions") else "send times"
@@ -146,6 +144,13 @@ def format_summary(s: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
+def _cell(v: object) -> str:
+    """A statistic in its column, blank where there is none (never ``nan``)."""
+    if not isinstance(v, (int, float)) or v != v:
+        return f"{'-':>9s}"
+    return f"{v:9.0f}"
+
+
 def write_histogram(plan: object, path: Path) -> None:
     """Input and output length histograms and arrivals per second, one self-contained HTML file."""
     import numpy as np
@@ -170,5 +175,4 @@ def write_histogram(plan: object, path: Path) -> None:
     fig.update_xaxes(title_text="tokens", row=2, col=1)
     title = f"workload {plan.name}: {len(plan)} requests, seed {plan.seed}"
     fig.update_layout(title_text=html.escape(title), showlegend=False, height=900, bargap=0.02)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(str(path), include_plotlyjs=True, full_html=True)

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from gevent import subprocess
 from gevent.event import Event
 from locust.env import Environment
 
+from adapters.launch.process import python_module
 from bench.distributed.clock import boot_id
 from results.schema import MONITOR_DIR, REQUESTS_DIR
 
@@ -107,7 +107,7 @@ class WorkerNode:
         job_file.write_text(json.dumps(self.job))
         self.echo(f"worker {self.worker_id}: {len(self.job['schedule']['requests'])} requests; starting the measuring process")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.distributed.measure", str(job_file), str(self.spool)],
+            python_module("bench.distributed.measure", str(job_file), str(self.spool)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )

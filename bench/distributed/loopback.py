@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapters.launch.process import free_port
+from adapters.launch.process import free_port, python_module
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class LoopbackResult:
 
 
 def _bench(*args: str) -> list[str]:
-    return [sys.executable, "-m", "bench", *args]
+    return python_module("bench", *args)
 
 
 def run_loopback(

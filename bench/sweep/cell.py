@@ -376,6 +376,8 @@ class CellRunner:
         line = " ".join(parts)
         if row.get("saturated"):
             line += f"  SATURATED: {row['saturation_reason']}"
+        if row.get("top_error"):
+            line += f"  errors: {row['top_error']}"
         if row.get("missing_rows"):
             line += f"  WARNING: {row['missing_rows']} scheduled requests have no row in the results"
         self.echo(line)

@@ -1,0 +1,61 @@
+"""Which exit code a finished run, sweep or recommendation ends with (``ExitCode``).
+
+The verbs print their results first, then raise the ``Outcome`` these return.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from analysis.failures import error_line
+from bench.errors import ExitCode, Outcome, too_few_succeeded
+
+
+def run_outcome(summary: dict[str, Any]) -> Outcome | None:
+    """``NO_DATA`` when nothing or almost nothing of the run succeeded, else None."""
+    r = summary["requests"]
+    if not too_few_succeeded(int(r["ok"]), int(r["measured"])):
+        return None
+    if not r["measured"]:
+        cancelled = int(r.get("cancelled_at_end") or 0)
+        return Outcome(
+            ExitCode.NO_DATA,
+            "error: no request completed"
+            + (f": {cancelled} still running were cancelled at the end (a longer --duration or --drain-timeout?)"
+               if cancelled else ""),
+        )
+    top = r.get("top_errors") or []
+    cause = error_line(top)
+    if top and str(top[0].get("message", "")).startswith("HTTP 404"):
+        cause += " (is --url the server's root, and --engine/--api its API?)"
+    return Outcome(
+        ExitCode.NO_DATA,
+        f"error: {r['ok']} of {r['measured']} measured requests succeeded" + (f"; {cause}" if cause else ""),
+    )
+
+
+def sweep_outcome(sweep: Path, rec: dict[str, Any]) -> Outcome | None:
+    """``NO_DATA`` when no load of the sweep measured anything (every cell failed, or every
+    request of every load did), ``NO_CONFIGURATION`` when SLOs were given and no
+    configuration meets them, else None."""
+    from analysis.recommend import load_points
+
+    points = load_points(sweep)
+    ok = int(points["ok"].fillna(0).sum()) if "ok" in points else 0
+    counted = int(points["requests"].fillna(0).sum()) if "requests" in points else 0
+    if "cancelled" in points:  # cancelled at the end of a load: neither success nor failure
+        counted -= int(points["cancelled"].fillna(0).sum())
+    if too_few_succeeded(ok, counted):
+        return Outcome(ExitCode.NO_DATA, f"error: {ok} of {counted} requests of the sweep succeeded: nothing to judge")
+    if rec.get("slo") and not _recommended(rec):
+        return Outcome(ExitCode.NO_CONFIGURATION, f"no configuration meets the SLOs: {rec.get('message')}")
+    return None
+
+
+def _recommended(rec: dict[str, Any]) -> bool:
+    """Every workload of the sweep has a recommendation (a sweep over several must serve each)."""
+    workloads = rec.get("workloads") or {}
+    if not workloads:
+        return rec.get("recommendation") is not None
+    return all(w.get("recommendation") is not None for w in workloads.values())
