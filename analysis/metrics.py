@@ -36,6 +36,7 @@ _SCALAR_COLUMNS = [
     "completion_tokens",
     "cached_tokens",
     "session_id",
+    "turn",
     "prefix_group",
 ]
 
