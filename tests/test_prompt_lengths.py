@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.format import format_summary
 from analysis.summary import prompt_length_accounting
+from bench.sweep.loads import Load, build_schedule
+from bench.sweep.spec import SweepSpec, WorkloadSpec
+from results.reader import read_requests
+from tests.conftest import bench_argv
+from tests.test_workload_schedule import tokenize_server  # noqa: F401  (the fixture)
 from workloads.prompts import _CountingSynth
+from workloads.synthetic import SyntheticWorkload
 
 
 def _bpe_like(text: str) -> int:
@@ -34,6 +44,16 @@ def test_an_unreachable_length_keeps_the_closest_try() -> None:
         got = 2 * len(synth.text(n, rng).split())
         assert abs(got - n) == 1, (n, got)
     assert synth.misses == 3
+
+
+def test_synthetic_workload_takes_a_prompt_synth() -> None:
+    class Counting(_CountingSynth):
+        source = "server_tokenize"
+
+    s = SyntheticWorkload(requests=6, input_tokens=64, output_tokens=4, concurrency=1).schedule(Counting(_bpe_like))
+    assert [_bpe_like(r.prompt or "") for r in s.requests] == [64] * 6
+    assert {r.input_tokens_source for r in s.requests} == {"server_tokenize"}
+    assert s.description["prompt"] == {"method": "server_tokenize"}
 
 
 def _rows(got: list[int | None], want: int = 128, turns: list[int | None] | None = None) -> pd.DataFrame:
@@ -66,3 +86,25 @@ def test_summary_text_prints_the_prompt_line_and_warning() -> None:
     text = format_summary(s)
     assert "prompt tokens, server vs requested (n=3): 0% exact, p50 ratio 1.50" in text
     assert "WARNING: prompts are not the length asked for" in text
+
+
+def test_bench_run_exact_lengths_without_workload(tmp_path: Path) -> None:
+    """--tokenize-url worked only with --workload; 'auto' asks the engine measured."""
+    res = subprocess.run(
+        bench_argv("run", "--tokenize-url", "auto", "--requests", "4", "--concurrency", "2", "--input-tokens", "40",
+                   "--output-tokens", "4", "--out", str(tmp_path / "run"), "--no-progress", "--json"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rows = read_requests(tmp_path / "run").to_pylist()
+    assert {r["input_tokens_source"] for r in rows} == {"server_tokenize"}
+    prompt = json.loads(res.stdout)["tokens"]["prompt"]
+    assert prompt["compared"] == 4 and prompt["exact_share"] == 1.0
+
+
+def test_sweep_loads_use_the_cells_tokenize_route(tokenize_server: str) -> None:
+    spec = SweepSpec(model="m", workloads=(WorkloadSpec(input_tokens=30, output_tokens=4, tokenize_url="auto"),))
+    load = Load("concurrency", 2, spec.workloads[0])
+    s = build_schedule(load, spec, warmup=0, url=tokenize_server)
+    assert {r.input_tokens_source for r in s.requests} == {"server_tokenize"}
+    assert all(len((r.prompt or "").split()) == 30 for r in s.requests)

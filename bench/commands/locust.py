@@ -97,6 +97,7 @@ def master(
     from bench.distributed.locust_master import MasterNode, MasterSettings  # locust (gevent) first
 
     import gevent
+    import secrets
     import signal
 
     from adapters.base import adapter_for_engine
@@ -111,8 +112,9 @@ def master(
     slo = parse_slo(slo_text)
     percentiles = parse_percentiles(pct_text)
     try:
-        schedule = _build_schedule(
-            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed
+        schedule = _build_schedule(  # a new prompt salt, as bench run: no prefix shared with earlier runs
+            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
+            salt=secrets.randbits(32),
         )
     except (WorkloadError, ValueError) as exc:
         raise BenchError(str(exc)) from None
