@@ -119,17 +119,7 @@ async def execute_run(
         "engine": cfg.engine,
         "model": cfg.model,
         "adapter_json": {**adapter.describe(), **transport.describe(), "url": cfg.url},
-        "workload_json": {
-            "name": schedule.name,
-            "seed": schedule.seed,
-            "mode": schedule.mode,
-            "rate": schedule.rate,
-            "concurrency": schedule.concurrency,
-            "arrival": schedule.arrival,
-            "requests": len(schedule.measured),
-            "warmup": len(schedule.warmup),
-            **schedule.description,
-        },
+        "workload_json": workload_json(schedule),
         "host_json": host_fingerprint(),
         "start_utc": _utc_now(),
         "t0_monotonic_ns": time.perf_counter_ns(),
@@ -197,6 +187,21 @@ async def execute_run(
     # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.
     compact_finished_run(run_dir)
     return RunResult(run_dir, run_id, stats)
+
+
+def workload_json(schedule: Schedule) -> dict[str, Any]:
+    """A run's ``workload_json``: the schedule's shape and its description."""
+    return {
+        "name": schedule.name,
+        "seed": schedule.seed,
+        "mode": schedule.mode,
+        "rate": schedule.rate,
+        "concurrency": schedule.concurrency,
+        "arrival": schedule.arrival,
+        "requests": len(schedule.measured),
+        "warmup": len(schedule.warmup),
+        **schedule.description,
+    }
 
 
 def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, str | None]:
