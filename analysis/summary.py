@@ -394,7 +394,7 @@ def prompt_length_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
         out["warning"] = (
             f"prompts are not the length asked for: {100 * out['off_share']:.0f}% of {len(got_a)} are off by more "
             f"than {100 * PROMPT_LENGTH_TOLERANCE:g}% (server/requested p50 {out['ratio_p50']:.2f}); exact lengths "
-            "need --tokenizer DIR or --tokenize-url URL"
+            "need --tokenizer DIR or --tokenize-url auto"
         )
     return out
 
