@@ -31,6 +31,7 @@ _SCALAR_COLUMNS = [
     "output_tokens",
     "token_source",
     "input_tokens_target",
+    "input_tokens_source",
     "max_output_tokens",
     "prompt_tokens",
     "completion_tokens",

@@ -391,12 +391,19 @@ def prompt_length_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
         off_share=float(np.mean(off)),
     )
     if out["off_share"] > PROMPT_LENGTH_TOLERANCE:
+        source = ok_df.loc[own, "input_tokens_source"] if "input_tokens_source" in ok_df else pd.Series(dtype=object)
+        counted = bool(len(source)) and bool(source[keep].isin(EXACT_PROMPT_SOURCES).all())
+        why = ("the text was counted exactly, so the rest is what the engine adds (a chat template, BOS)" if counted
+               else "exact lengths need --tokenizer DIR or --tokenize-url auto")  # fmt: skip
         out["warning"] = (
             f"prompts are not the length asked for: {100 * out['off_share']:.0f}% of {len(got_a)} are off by more "
-            f"than {100 * PROMPT_LENGTH_TOLERANCE:g}% (server/requested p50 {out['ratio_p50']:.2f}); exact lengths "
-            "need --tokenizer DIR or --tokenize-url auto"
+            f"than {100 * PROMPT_LENGTH_TOLERANCE:g}% (server/requested p50 {out['ratio_p50']:.2f}); {why}"
         )
     return out
+
+
+#: ``input_tokens_source`` values whose prompt text was counted with the model's tokenizer.
+EXACT_PROMPT_SOURCES = ("tokenizer", "server_tokenize")
 
 
 def _client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:

@@ -70,6 +70,10 @@ def test_prompt_lengths_compared_and_warned() -> None:
     assert off["compared"] == 7 and off["exact_share"] == pytest.approx(1 / 7)
     assert off["ratio_p50"] == pytest.approx(1.5)
     assert off["warning"] and "not the length asked for" in off["warning"]
+    # counted exactly (chat API): the excess is the engine's own (its chat template)
+    chat = _rows([145] * 4)
+    chat["input_tokens_source"] = "server_tokenize"
+    assert "chat template" in (prompt_length_accounting(chat)["warning"] or "")
     # a later turn holds the conversation so far: not compared
     turns = prompt_length_accounting(_rows([128, 900], turns=[0, 1]))
     assert turns["compared"] == 1 and turns["warning"] is None
