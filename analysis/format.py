@@ -69,6 +69,18 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
         f"shorter than requested {tok['shorter_than_requested']}"
         + (f"; LONGER than requested {tok['longer_than_requested']}" if tok.get("longer_than_requested") else "")
     )
+    lines.append(_prompt_line(tok.get("prompt") or {}))
+    if (tok.get("prompt") or {}).get("warning"):
+        lines.append(f"WARNING: {tok['prompt']['warning']}")
     for w in s["client"].get("warnings", []):
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)
+
+
+def _prompt_line(p: dict[str, Any]) -> str:
+    if not p.get("compared"):
+        return "prompt tokens: the server reported none (requested lengths unchecked)"
+    return (
+        f"prompt tokens, server vs requested (n={p['compared']}): {100 * p['exact_share']:.0f}% exact, "
+        f"p50 ratio {p['ratio_p50']:.2f}, {100 * p['off_share']:.0f}% off by more than 5%"
+    )

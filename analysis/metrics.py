@@ -32,11 +32,13 @@ _SCALAR_COLUMNS = [
     "output_tokens",
     "token_source",
     "input_tokens_target",
+    "input_tokens_source",
     "max_output_tokens",
     "prompt_tokens",
     "completion_tokens",
     "cached_tokens",
     "session_id",
+    "turn",
     "prefix_group",
 ]
 

@@ -173,6 +173,20 @@ def gauge_series(table: pa.Table, common: str) -> Any:
     return df[df["type"] == "gauge"].groupby("ts_ns")["value"].sum()
 
 
+def prefix_cache_hit_rate(table: pa.Table) -> float | None:
+    """The engine's prefix-cache hit rate over the run: hit tokens / queried tokens from its
+    counters (vLLM), else the mean of its own hit-rate gauge (SGLang); None when it exports
+    neither, NaN when it queried nothing in the window."""
+    q = table.filter(pc.equal(table["common"], "prefix_cache_queries"))
+    h = table.filter(pc.equal(table["common"], "prefix_cache_hits"))
+    if q.num_rows and h.num_rows:
+        dq = pc.sum(pc.fill_null(q["delta"], 0)).as_py() or 0
+        dh = pc.sum(pc.fill_null(h["delta"], 0)).as_py() or 0
+        return float(dh / dq) if dq else math.nan
+    g = gauge_series(table, "prefix_cache_hit_rate")
+    return float(g.mean()) if len(g) else None
+
+
 def server_summary(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None:
     """What `bench summary` shows about the engine's own view of the run."""
     table = load_server_metrics(run_dir)
@@ -184,12 +198,9 @@ def server_summary(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None:
         if len(s):
             out[f"{name}_max"] = float(s.max())
             out[f"{name}_mean"] = float(s.mean())
-    q = table.filter(pc.equal(table["common"], "prefix_cache_queries"))
-    h = table.filter(pc.equal(table["common"], "prefix_cache_hits"))
-    if q.num_rows and h.num_rows:
-        dq = pc.sum(pc.fill_null(q["delta"], 0)).as_py() or 0
-        dh = pc.sum(pc.fill_null(h["delta"], 0)).as_py() or 0
-        out["prefix_cache_hit_rate"] = dh / dq if dq else math.nan
+    rate = prefix_cache_hit_rate(table)
+    if rate is not None:
+        out["prefix_cache_hit_rate"] = rate
     p = table.filter(pc.equal(table["common"], "preemptions"))
     if p.num_rows:
         out["preemptions"] = float(pc.sum(pc.fill_null(p["delta"], 0)).as_py() or 0)

@@ -367,7 +367,50 @@ def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
         "chunk_vs_server_mismatches": mismatch,
         "shorter_than_requested": short,
         "longer_than_requested": long,
+        "prompt": prompt_length_accounting(ok_df),
     }
+
+
+#: A run warns when more than this share of its prompts are off their requested length by more
+#: than this fraction (docs/metrics.md, Prompt length).
+PROMPT_LENGTH_TOLERANCE = 0.05
+
+
+def prompt_length_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
+    """Requested (``input_tokens_target``) against server-reported (``prompt_tokens``) prompt
+    lengths, over the successful requests that carry no conversation history (later turns of
+    a session also hold the earlier turns, so their length is not the requested one)."""
+    turn = ok_df["turn"].astype("float64") if "turn" in ok_df else pd.Series(np.nan, index=ok_df.index)
+    own = turn.isna() | turn.eq(0)
+    got = ok_df.loc[own, "prompt_tokens"].astype("float64")
+    want = ok_df.loc[own, "input_tokens_target"].astype("float64")
+    keep = got.notna().to_numpy() & (want > 0).to_numpy()
+    got_a, want_a = got.to_numpy()[keep], want.to_numpy()[keep]
+    out: dict[str, Any] = {"compared": int(keep.sum()), "exact_share": float("nan"), "ratio_p50": float("nan"),
+                           "off_share": float("nan"), "warning": None}  # fmt: skip
+    if not len(got_a):
+        return out
+    ratio = got_a / want_a
+    off = np.abs(ratio - 1) > PROMPT_LENGTH_TOLERANCE
+    out.update(
+        exact_share=float(np.mean(got_a == want_a)),
+        ratio_p50=float(np.median(ratio)),
+        off_share=float(np.mean(off)),
+    )
+    if out["off_share"] > PROMPT_LENGTH_TOLERANCE:
+        source = ok_df.loc[own, "input_tokens_source"] if "input_tokens_source" in ok_df else pd.Series(dtype=object)
+        counted = bool(len(source)) and bool(source[keep].isin(EXACT_PROMPT_SOURCES).all())
+        why = ("the text was counted exactly, so the rest is what the engine adds (a chat template, BOS)" if counted
+               else "exact lengths need --tokenizer DIR or --tokenize-url auto")  # fmt: skip
+        out["warning"] = (
+            f"prompts are not the length asked for: {100 * out['off_share']:.0f}% of {len(got_a)} are off by more "
+            f"than {100 * PROMPT_LENGTH_TOLERANCE:g}% (server/requested p50 {out['ratio_p50']:.2f}); {why}"
+        )
+    return out
+
+
+#: ``input_tokens_source`` values whose prompt text was counted with the model's tokenizer.
+EXACT_PROMPT_SOURCES = ("tokenizer", "server_tokenize")
 
 
 def _client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:

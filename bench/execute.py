@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter
+from adapters.context import context_routes
 from bench.errors import ExitCode
 from bench.host import host_fingerprint
 from core import __version__
@@ -27,6 +31,7 @@ from loadgen.transports import make_transport
 from loadgen.workers import WorkerPool
 from results.schema import RUN_FILE, SCHEMA_VERSION
 from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
+from workloads.context import fit_to_context
 from workloads.spec import Schedule
 
 #: ``run.parquet`` ``clock``: which clock stamped the received chunks.
@@ -60,6 +65,9 @@ class RunConfig:
     #: The engine's version as the user gave it (``--engine-version``); a launched engine's own
     #: answer wins. Picks the /metrics names that version emits.
     engine_version: str | None = None
+    #: Read the engine's served context length and fit the requests into it before sending
+    #: (workloads/context.py): cut output lengths, refuse prompts that cannot fit.
+    fit_context: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,9 @@ async def execute_run(
             transport = make_transport(cfg.transport, cfg.url, cfg.timeouts, cfg.clock)
         except ValueError as exc:
             raise BenchError(str(exc)) from None
+    schedule, context_note = cfg.schedule, None
+    if cfg.fit_context:
+        schedule, context_note = await asyncio.to_thread(_fit_to_served_context, cfg, adapter)
     writer = RequestsWriter(run_dir, run_id, worker_id=cfg.options.worker_id)
     monitor = MonitorWriter(run_dir, worker_id=cfg.options.worker_id)
     meta: dict[str, Any] = {
@@ -110,17 +121,7 @@ async def execute_run(
         "engine": cfg.engine,
         "model": cfg.model,
         "adapter_json": {**adapter.describe(), **transport.describe(), "url": cfg.url},
-        "workload_json": {
-            "name": cfg.schedule.name,
-            "seed": cfg.schedule.seed,
-            "mode": cfg.schedule.mode,
-            "rate": cfg.schedule.rate,
-            "concurrency": cfg.schedule.concurrency,
-            "arrival": cfg.schedule.arrival,
-            "requests": len(cfg.schedule.measured),
-            "warmup": len(cfg.schedule.warmup),
-            **cfg.schedule.description,
-        },
+        "workload_json": workload_json(schedule),
         "host_json": host_fingerprint(),
         "start_utc": _utc_now(),
         "t0_monotonic_ns": time.perf_counter_ns(),
@@ -129,16 +130,16 @@ async def execute_run(
         "extra_json": cfg.extra,
     }
     write_run_meta(run_dir, meta)
-    write_schedule(run_dir, cfg.schedule.requests)
+    write_schedule(run_dir, schedule.requests)
     runner: Runner | WorkerPool
     if cfg.workers > 1:
-        runner = WorkerPool(run_dir, run_id, cfg.schedule, adapter, cfg.url, cfg.timeouts, cfg.workers,
+        runner = WorkerPool(run_dir, run_id, schedule, adapter, cfg.url, cfg.timeouts, cfg.workers,
                             cfg.transport, cfg.clock, cfg.options)
         meta["adapter_json"]["workers"] = cfg.workers
         meta["adapter_json"]["worker_cpus"] = runner.cpus
         write_run_meta(run_dir, meta)
     else:
-        runner = Runner(cfg.schedule, adapter, transport, writer, monitor, cfg.options)
+        runner = Runner(schedule, adapter, transport, writer, monitor, cfg.options)
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     if install_signals:
@@ -167,7 +168,7 @@ async def execute_run(
             loop.remove_signal_handler(sig)
         if own_transport:
             await transport.close()
-    notes = []
+    notes = [context_note] if context_note else []
     if stats.interrupted:
         notes.append("run interrupted: in-flight requests recorded as cancelled")
     meta.update(
@@ -192,6 +193,50 @@ async def execute_run(
     # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.
     compact_finished_run(run_dir)
     return RunResult(run_dir, run_id, stats)
+
+
+def workload_json(schedule: Schedule) -> dict[str, Any]:
+    """A run's ``workload_json``: the schedule's shape and its description."""
+    return {
+        "name": schedule.name,
+        "seed": schedule.seed,
+        "mode": schedule.mode,
+        "rate": schedule.rate,
+        "concurrency": schedule.concurrency,
+        "arrival": schedule.arrival,
+        "requests": len(schedule.measured),
+        "warmup": len(schedule.warmup),
+        **schedule.description,
+    }
+
+
+def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, str | None]:
+    """The schedule fitted into the engine's served context, and the line that says what
+    was changed (also printed); the schedule as it is when the engine does not say."""
+    found = served_context(cfg.url, cfg.engine, str(adapter.describe().get("model") or cfg.model))
+    if found is None:
+        return cfg.schedule, None
+    tokens, where = found
+    fit = fit_to_context(cfg.schedule, tokens)
+    note = fit.message(where)
+    if note:
+        sys.stderr.write(f"note: {note}\n")
+    return fit.schedule, note
+
+
+def served_context(url: str, engine: str, model: str, timeout_s: float = 5.0) -> tuple[int, str] | None:
+    """(context length, where it was read) from the first of the engine's routes that says."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for route in context_routes(engine):
+        try:
+            with opener.open(url.rstrip("/") + route.path, timeout=timeout_s) as resp:
+                obj = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+        tokens = route.parse(obj, model)
+        if tokens is not None:
+            return tokens, route.label
+    return None
 
 
 def _on_signal(runner: Runner | WorkerPool, sig: int) -> None:

@@ -74,6 +74,9 @@ def _server_lines(server: dict[str, Any]) -> list[str]:
                 f"{c['server_p50_ms']:.2f} ms: {100 * c['p50_rel_diff_bucketed']:+.1f}%"
             )
     gauges = [f"{k[:-4]} max {server[k]:.3g}" for k in ("waiting_max", "running_max", "kv_cache_usage_max") if k in server]
+    if "prefix_cache_hit_rate" in server:
+        hit = server["prefix_cache_hit_rate"]
+        gauges.append("prefix-cache hit rate " + ("- (no lookups)" if math.isnan(hit) else f"{100 * hit:.1f}%"))
     if gauges:
         lines.append(f"server metrics ({server.get('scrapes', 0)} scrapes): " + ", ".join(gauges))
     return lines

@@ -232,7 +232,7 @@ class Runner:
         # completions as a late send. The send lag measures the client's send path, with
         # either clock.
         freed.intended = _now()
-        if spec is None or spec.session_id is not None:
+        if spec is None or spec.session_id is not None or spec.refused is not None:
             return
         eager = self._eager
         if eager is None:
@@ -341,14 +341,32 @@ class Runner:
                 if self.stop.is_set() or self._past_duration():
                     return end_ns
                 call = None
+            if turn.refused is not None:
+                self._record_unsent(turn, intended_ns, "exceeds_context", turn.refused)
+                self._skip_later_turns(turns[start + i + 1 :], turn)
+                return end_ns
             record, answer, end_ns = await self._execute(turn, intended_ns, call, tuple(history))
             if record is None:
                 continue  # not a session: nothing follows
             if not record.ok:
-                return end_ns  # a broken turn ends its session; the failure is recorded
+                # a broken turn ends its session; the failure is recorded, and so is every
+                # later turn, as skipped (a run never drops a scheduled request silently)
+                if record.error_type != "cancelled":
+                    self._skip_later_turns(turns[start + i + 1 :], turn)
+                return end_ns
             history.extend(_turn_messages(turn))
             history.append(Message("assistant", answer))
         return end_ns
+
+    def _record_unsent(self, spec: RequestSpec, intended_ns: int, error_type: str, message: str) -> None:
+        """A failed row for a request that is not sent (no send, byte or token stamp)."""
+        self._finish(self._recorder(spec, intended_ns), intended_ns, StreamError(error_type, message))
+
+    def _skip_later_turns(self, later: Sequence[RequestSpec], failed: RequestSpec) -> None:
+        now = _now()
+        for spec in later:
+            why = f"turn {failed.turn} of session {failed.session_id} failed, so its later turns are not sent"
+            self._record_unsent(spec, now, "skipped_turn", why)
 
     def _past_duration(self) -> bool:
         d = self.options.duration_s
@@ -376,7 +394,7 @@ class Runner:
             while spec is not None:
                 if started is None and (self.stop.is_set() or (respect_duration and self._past_duration())):
                     return  # (a request already sent is awaited and recorded first)
-                if spec.session_id is not None or not sends_at_once:
+                if spec.session_id is not None or not sends_at_once or spec.refused is not None:
                     ended = await self._run_session_from(spec, intended, None)
                     intended = ended if ended is not None else _now()
                     spec = next(it, None)

@@ -256,6 +256,29 @@ def test_teardown_kills_the_whole_group(tmp_path: Path) -> None:
     assert time.monotonic() - t < 15
 
 
+def _autogroup(pid: int | str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except OSError:
+        return None
+
+
+def test_engine_stays_in_bench_session_and_autogroup(tmp_path: Path) -> None:
+    """Issue 16 item 1: an engine in a new session is a new scheduler autogroup, which took CPU
+    from bench's own timing. Its own process group (for teardown) must stay in bench's session."""
+    script = tmp_path / "server.py"
+    script.write_text(WORKER_SERVER)
+    pidfile = tmp_path / "worker.pid"
+    spec = LaunchSpec("sim", "m", container_template=(sys.executable, str(script), "{port}", str(pidfile)), ready_timeout_s=30)
+    with launch(spec, tmp_path / "engine.log") as handle:
+        leader = handle.pids[0]
+        worker = int(pidfile.read_text())
+        for pid in (leader, worker):
+            assert os.getsid(pid) == os.getsid(0)
+            assert os.getpgid(pid) == leader != os.getpgid(0)  # group teardown still has its own group
+            assert _autogroup(pid) == _autogroup("self")
+
+
 # -- killing bench mid-run ------------------------------------------------------------------
 
 

@@ -52,8 +52,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
         handle.stop()
 
 
-def _run(engine: EngineHandle, out: Path, api: str, requests: int) -> Path:
-    schedule = SyntheticWorkload(requests=requests, input_tokens=64, output_tokens=32, concurrency=4, seed=1).schedule()
+def _run(engine: EngineHandle, out: Path, api: str, requests: int, concurrency: int = 4, input_tokens: int = 64) -> Path:
+    schedule = SyntheticWorkload(
+        requests=requests, input_tokens=input_tokens, output_tokens=32, concurrency=concurrency, seed=1
+    ).schedule()
     adapter = OpenAIAdapter(model=engine.argv[engine.argv.index("serve") + 1], api=api)  # type: ignore[arg-type]
     cfg = RunConfig(out=out, url=engine.url, engine="vllm", model="tiny", schedule=schedule,
                     timeouts=Timeouts(stall=60), scrape_interval_s=0.5, engine_info=engine.describe())  # fmt: skip
@@ -94,6 +96,32 @@ def test_metrics_scraped_and_ttft_cross_check(engine: EngineHandle, tmp_path: Pa
     assert check["client_mean_ms"] >= 0.9 * check["server_mean_ms"]
 
 
+def test_launched_engine_leaves_bench_timing_alone(engine: EngineHandle, tmp_path: Path) -> None:
+    """Issue 16 item 1: with the engine in a session of its own (a scheduler autogroup of its
+    own), bench read its sockets late: negative TTFTs, whole responses in one read (TPOT 0),
+    or client TTFTs far above the engine's own. One request at a time, as in the report."""
+    members = _group_members(engine.pids[0])
+    assert len(members) >= 2  # the API server and its engine core (vLLM's own processes)
+    for pid in members:  # none in a session (a scheduler autogroup) of its own
+        assert os.getsid(pid) == os.getsid(0), f"engine process {pid} runs in a session of its own"
+        assert _autogroup(pid) == _autogroup("self")
+    run_dir = _run(engine, tmp_path / "c1", "completions", requests=40, concurrency=1, input_tokens=128)
+    rows = read_requests(run_dir).to_pylist()
+    assert len(rows) == 40 and all(r["ok"] for r in rows)
+    for r in rows:  # the record's invariants, checked directly
+        assert r["intended_send_ns"] <= r["send_ns"] <= r["first_byte_ns"] <= r["first_token_ns"] <= r["end_ns"]
+        assert all(b >= a for a, b in zip(r["chunk_ns"], r["chunk_ns"][1:]))
+    one_read = sum(len(set(r["chunk_ns"])) <= 1 for r in rows)
+    assert one_read < len(rows) / 2, f"{one_read} of {len(rows)} responses arrived in a single read"
+    tpot = sorted((r["end_ns"] - r["first_token_ns"]) / (r["output_tokens"] - 1) for r in rows)
+    assert tpot[len(tpot) // 2] > 0
+    check = ttft_cross_check(run_dir, read_requests(run_dir))
+    assert check is not None and check["client_count"] == 40
+    # like with like (the client's TTFTs in the engine's buckets): by hand +7 %, launched in a
+    # new session +47 % on the same host
+    assert check["p50_rel_diff_bucketed"] < 0.25, check
+
+
 def test_teardown_leaves_nothing(engine: EngineHandle) -> None:
     """Runs last in this file: stop() must end every process of the engine's group (API server,
     engine core, workers)."""
@@ -118,3 +146,10 @@ def _group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
                 out.append(int(entry))
     return out
+
+
+def _autogroup(pid: int | str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except OSError:
+        return None

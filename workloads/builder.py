@@ -292,12 +292,18 @@ def _check_sizes(plan: Plan) -> None:
             )
 
 
-def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None) -> Schedule:
-    """Build the prompts and the ``Schedule``."""
+def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, salt: int | None = None) -> Schedule:
+    """Build the prompts and the ``Schedule``.
+
+    ``salt`` is mixed into every prompt text (shared prefixes and trace blocks included, so
+    sharing inside the run is kept) and into nothing else: runs with different salts share no
+    cached prefix. None: the text follows the seed alone.
+    """
     _check_sizes(plan)
     if synth is None:
         synth = make_synth(wd.prompt.tokenizer, wd.prompt.tokenize_url, wd.prompt.model)
-    rng = _streams(plan.seed)[_PROMPTS]
+    rng = _streams(plan.seed)[_PROMPTS] if salt is None else np.random.default_rng([plan.seed, salt, _PROMPTS])
+    salted = () if salt is None else (salt,)
     specs: list[RequestSpec] = []
     for i in range(len(plan.warmup_input)):
         specs.append(
@@ -313,12 +319,12 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None) -
     prefix_text: dict[int, str] = {}
     if plan.prefix_tokens:
         for g in sorted(set(plan.prefix_group.tolist()) - {-1}):
-            prefix_text[g] = synth.text(plan.prefix_tokens, np.random.default_rng([plan.seed, 7, g]))
+            prefix_text[g] = synth.text(plan.prefix_tokens, np.random.default_rng([plan.seed, 7, g, *salted]))
     blocks: BlockTexts | None = None
     table = plan.trace
     source = synth.source
     if table is not None and table.hash_ids is not None:
-        blocks = BlockTexts(plan.seed, table.block_tokens)
+        blocks = BlockTexts(plan.seed, table.block_tokens, salt=salt or 0)
         source = "approx"  # trace blocks are word text; exact on the simulated engine
     width = max(6, len(str(len(plan))))
     for j in range(len(plan)):
@@ -359,6 +365,7 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None) -
         )
     desc = dict(plan.description or {})
     desc["prompt"] = synth.describe()
+    desc["prompt_salt"] = salt
     if plan.arrival is not None:
         desc["arrival_params"] = plan.arrival.as_dict()
     desc["requests"] = len(plan)

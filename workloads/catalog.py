@@ -11,6 +11,7 @@ from typing import Any
 from workloads.builder import Plan, materialize, plan_workload
 from workloads.definition import PromptConfig, TraceConfig, WorkloadDef, builtins, load_workload_file
 from workloads.errors import WorkloadError
+from workloads.prompts import PromptSynth
 from workloads.spec import Schedule
 
 TRACE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json")
@@ -90,9 +91,14 @@ def build_named_schedule(
     concurrency: int | None,
     warmup: int,
     seed: int,
+    salt: int | None = None,
+    synth: PromptSynth | None = None,
     **kwargs: Any,
 ) -> Schedule:
     """The schedule of workload ``ref``; ``WorkloadError`` (one line) for nonsense.
+
+    ``salt``: mixed into the prompt text only (``materialize``); ``synth``: makes the prompts
+    (default: from the workload's own tokenizer settings).
 
     ``arrival`` "poisson" (the CLI default) yields to a workload file's own ``arrival``;
     a trace file replays its own timestamps when neither --rate nor --concurrency is given.
@@ -109,4 +115,4 @@ def build_named_schedule(
         seed=seed,
         **kwargs,
     )
-    return materialize(plan, wd)
+    return materialize(plan, wd, synth, salt)

@@ -80,20 +80,48 @@ class _CountingSynth(PromptSynth):
         base = self._count(prefix) if prefix else 0
         target = base + n_tokens
         pool = words(max(8, int(n_tokens * 1.25) + 8), rng)
+
+        def join(m: int) -> str:
+            body = "".join(pool[:m])
+            return prefix + body if prefix else body.lstrip()
+
+        tries: dict[int, int] = {}  # words used -> tokens counted
         m = n_tokens
-        best = ""
         for _ in range(8):
             m = max(0, min(m, len(pool)))
-            candidate = prefix + "".join(pool[:m]) if prefix else "".join(pool[:m]).lstrip()
-            got = self._count(candidate)
-            best = candidate
+            if m in tries:  # the count steps over the target: nothing new to learn this way
+                break
+            got = tries[m] = self._count(join(m))
             if got == target:
-                return candidate
-            m += target - got
+                return join(m)
+            # scale by the tokens per word seen so far (words of several tokens overshoot a
+            # one-word-per-token step), at least one word towards the target
+            nxt = round(m * n_tokens / (got - base)) if got > base and m > 0 else m + target - got
+            m = nxt if nxt != m else m + (1 if got < target else -1)
             if m > len(pool):
                 pool += words(m - len(pool) + 8, rng)
+        below = max((k for k, c in tries.items() if c < target), default=None)
+        if below is not None:
+            filled = self._fill(join(below), target, target - tries[below], bool(prefix) or below > 0)
+            if filled is not None:
+                return filled
         self.misses += 1
-        return best
+        return join(min(tries, key=lambda k: (abs(tries[k] - target), k)))  # the closest try, not the last
+
+    def _fill(self, text: str, target: int, missing: int, keep_space: bool) -> str | None:
+        """``text`` plus ``missing`` one-token words, where one of the fillers makes it exact
+        (a word with its leading space is one token in most tokenizers, and pre-tokenizers
+        split at spaces, so counts add up)."""
+        for word in _FILLERS:
+            tail = word * missing
+            candidate = text + (tail if keep_space else tail.lstrip())
+            if self._count(candidate) == target:
+                return candidate
+        return None
+
+
+#: Words tried, repeated, to close the last few tokens of a prompt (``_CountingSynth._fill``).
+_FILLERS = (" the", " a", " of")
 
 
 class TokenizerSynth(_CountingSynth):

@@ -58,6 +58,9 @@ class RequestSpec:
     input_tokens_source: str = "approx"
     # Force exactly max_output_tokens (ignore_eos + min_tokens where the engine allows).
     fixed_output: bool = True
+    # Why this request is not sent (it cannot fit the engine's context; workloads/context.py):
+    # loadgen records it as a failed row without sending it.
+    refused: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:

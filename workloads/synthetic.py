@@ -8,7 +8,7 @@ import numpy as np
 
 from workloads.arrivals import offsets_s, parse_arrival
 from workloads.errors import WorkloadError
-from workloads.prompts import synth_prompt
+from workloads.prompts import PromptSynth
 from workloads.spec import MAX_REQUEST_TOKENS, LoadMode, RequestSpec, Schedule
 
 __all__ = ["SyntheticWorkload", "WorkloadError"]
@@ -24,6 +24,9 @@ class SyntheticWorkload:
     concurrency: int | None = None
     warmup: int = 0
     seed: int = 0
+    #: Mixed into the prompt text only (lengths and arrivals stay the seed's): two runs with
+    #: different salts share no cached prefix. None: the text follows the seed alone.
+    salt: int | None = None
 
     def validate(self) -> None:
         if self.requests < 1:
@@ -46,13 +49,16 @@ class SyntheticWorkload:
         if self.warmup < 0:
             raise WorkloadError("--warmup must be >= 0")
 
-    def schedule(self) -> Schedule:
+    def schedule(self, synth: PromptSynth | None = None) -> Schedule:
+        """The requests; ``synth`` makes the prompt text (default: the word approximation)."""
         self.validate()
+        synth = synth or PromptSynth()
         rng = np.random.default_rng(self.seed)
         offsets: np.ndarray | None = None
         if self.rate is not None:  # the one schedule builder of arrival times (workloads/arrivals.py)
             seconds = offsets_s(parse_arrival(self.arrival), self.requests, self.rate, rng)
             offsets = np.round(seconds * 1e9).astype(np.int64)
+        text_rng = rng if self.salt is None else np.random.default_rng([self.seed, self.salt])
         specs: list[RequestSpec] = []
         for i in range(self.warmup):
             specs.append(
@@ -60,8 +66,9 @@ class SyntheticWorkload:
                     request_id=f"w{i:06d}",
                     input_tokens=self.input_tokens,
                     max_output_tokens=self.output_tokens,
-                    prompt=synth_prompt(self.input_tokens, rng),
+                    prompt=synth.text(self.input_tokens, text_rng),
                     phase="warmup",
+                    input_tokens_source=synth.source,
                 )
             )
         for i in range(self.requests):
@@ -70,8 +77,9 @@ class SyntheticWorkload:
                     request_id=f"r{i:06d}",
                     input_tokens=self.input_tokens,
                     max_output_tokens=self.output_tokens,
-                    prompt=synth_prompt(self.input_tokens, rng),
+                    prompt=synth.text(self.input_tokens, text_rng),
                     send_offset_ns=int(offsets[i]) if offsets is not None else None,
+                    input_tokens_source=synth.source,
                 )
             )
         mode: LoadMode = "open" if self.rate is not None else "closed"
@@ -89,5 +97,7 @@ class SyntheticWorkload:
                 "output_tokens": self.output_tokens,
                 "requests": self.requests,
                 "warmup": self.warmup,
+                "prompt": synth.describe(),
+                "prompt_salt": self.salt,
             },
         )

@@ -1,6 +1,7 @@
-"""A managed engine process: started from an argv list in its own process group,
-its output sent to a log file, waited on for readiness, and torn down as a group
-(SIGTERM, then SIGKILL) so no worker survives.
+"""A managed engine process: started from an argv list in its own process group (in
+bench's session, so in bench's scheduler autogroup), its output sent to a log file,
+waited on for readiness, and torn down as a group (SIGTERM, then SIGKILL) so no worker
+survives.
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 cwd=self.cwd,
-                start_new_session=True,  # its own process group, for group teardown
+                # Its own process group (group teardown) but bench's session: a new session is a
+                # new scheduler autogroup (sched_autogroup_enabled), where a spinning engine worker
+                # gets as much CPU as all of bench and bench wakes tens of ms late (issue 16).
+                process_group=0,
                 # if bench itself is killed (even with SIGKILL) the engine gets SIGTERM
                 preexec_fn=functools.partial(_die_with_parent_of, os.getpid()) if os.name == "posix" else None,
             )

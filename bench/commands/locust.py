@@ -107,13 +107,14 @@ def master(
     from bench.distributed.locust_master import MasterNode, MasterSettings  # locust (gevent) first
 
     import gevent
+    import secrets
     import signal
 
     from adapters.base import adapter_for_engine
     from bench.commands.run import _build_schedule
     from bench.options import parse_percentiles, parse_slo
     from bench.distributed.wire import ClientSettings
-    from bench.execute import prepare_run_dir
+    from bench.execute import prepare_run_dir, workload_json
     from bench.outcome import run_outcome
     from bench.report_text import print_summary
     from loadgen.aiohttp_transport import AiohttpTransport
@@ -127,8 +128,9 @@ def master(
     except ValueError as exc:
         raise BenchError(str(exc)) from None
     try:
-        schedule = _build_schedule(
-            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed
+        schedule = _build_schedule(  # a new prompt salt, as bench run: no prefix shared with earlier runs
+            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
+            salt=secrets.randbits(32),
         )
     except (WorkloadError, ValueError) as exc:
         raise BenchError(str(exc)) from None
@@ -156,17 +158,7 @@ def master(
         "engine": engine,
         "model": model,
         "adapter_json": {**adapter.describe(), **AiohttpTransport(url, timeouts).describe(), "url": url},
-        "workload_json": {
-            "name": schedule.name,
-            "seed": schedule.seed,
-            "mode": schedule.mode,
-            "rate": schedule.rate,
-            "concurrency": schedule.concurrency,
-            "arrival": schedule.arrival,
-            "requests": len(schedule.measured),
-            "warmup": len(schedule.warmup),
-            **schedule.description,
-        },
+        "workload_json": workload_json(schedule),
         "extra_json": {},
     }
     settings = MasterSettings(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,6 +18,7 @@ from core.errors import BenchError
 from loadgen.runner import RunOptions
 from loadgen.recorder import MAX_EVENT_BYTES
 from loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
+from workloads.prompts import make_synth
 from workloads.spec import Schedule
 from workloads.synthetic import SyntheticWorkload, WorkloadError
 
@@ -44,8 +47,10 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
     help="Open-loop arrivals (default poisson): poisson, constant; with --workload also "
     "gamma:cv=2, onoff, ramp, steps, trace (see docs/workloads.md).",
 )
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path), help="Local HF tokenizer folder for exact prompt lengths (--workload).")
-@click.option("--tokenize-url", help="Calibrate prompt lengths with this engine's /tokenize (--workload).")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path), help="Local HF tokenizer folder for exact prompt lengths.")
+@click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': the engine measured.")
+@click.option("--prompt-salt", type=click.IntRange(0, 2**63 - 1),
+              help="Mixed into the prompt text so runs share no cached prefix. [default: new per run]")
 @click.option("--concurrency", type=int, help="Closed loop: requests kept in flight.")
 @click.option("--warmup", type=int, default=0, show_default=True, help="Warm-up requests (recorded, excluded).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -101,6 +106,7 @@ def command(
     arrival: str | None,
     tokenizer_dir: Path | None,
     tokenize_url: str | None,
+    prompt_salt: int | None,
     concurrency: int | None,
     warmup: int,
     seed: int,
@@ -158,13 +164,19 @@ def command(
         raise BenchError("--max-event-bytes must be at least 1024")
     if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0):
         raise BenchError("--sim-ttft-ms and --sim-itl-ms must be >= 0")
-    try:
-        schedule = _build_schedule(
-            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
-            tokenizer_dir, tokenize_url, model,
-        )
-    except (WorkloadError, ValueError) as exc:
-        raise BenchError(str(exc)) from None
+    salt = secrets.randbits(32) if prompt_salt is None else prompt_salt
+
+    def build(tokenize: str | None) -> Schedule:
+        try:
+            return _build_schedule(
+                workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
+                tokenizer_dir, tokenize, model, salt,
+            )
+        except (WorkloadError, ValueError) as exc:
+            raise BenchError(str(exc)) from None
+
+    # 'auto' asks the engine measured, so its schedule is built once that engine answers
+    schedule = None if tokenize_url == "auto" else build(tokenize_url)
     if launch and url:
         raise BenchError("--launch starts the engine itself: drop --url")
     if url:
@@ -205,6 +217,8 @@ def command(
                 )
             )
             engine_label = "sim"
+        if schedule is None:
+            schedule = build(target)
         cfg = RunConfig(
             out=run_dir,
             url=target,
@@ -252,11 +266,12 @@ def _build_schedule(
     tokenizer_dir: Path | None = None,
     tokenize_url: str | None = None,
     model: str | None = None,
+    salt: int | None = None,
 ) -> Schedule:
     if workload_ref:
         from workloads.catalog import build_named_schedule
 
-        extra: dict[str, object] = {}
+        extra: dict[str, Any] = {}
         if tokenizer_dir is not None:
             extra["tokenizer"] = str(tokenizer_dir)
         if tokenize_url:
@@ -271,10 +286,9 @@ def _build_schedule(
             concurrency=concurrency,
             warmup=warmup,
             seed=seed,
+            salt=salt,
             **extra,
         )
-    if tokenizer_dir is not None or tokenize_url:
-        raise WorkloadError("--tokenizer/--tokenize-url apply to --workload runs")
     arrival = arrival or "poisson"
     if arrival not in ("poisson", "constant"):
         raise WorkloadError(
@@ -292,4 +306,5 @@ def _build_schedule(
         concurrency=concurrency,
         warmup=warmup,
         seed=seed,
-    ).schedule()
+        salt=salt,
+    ).schedule(make_synth(str(tokenizer_dir) if tokenizer_dir else None, tokenize_url, model))

@@ -70,6 +70,8 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--output-tokens", type=int, help="Synthetic workload output length. [default: 128]")
 @click.option("--arrival", type=click.Choice(["poisson", "constant"]), help="Open-loop arrivals. [default: poisson]")
 @click.option("--seed", type=int, help="Workload seed. [default: 0]")
+@click.option("--tokenizer", help="Local HF tokenizer folder for exact prompt lengths.")
+@click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': each cell's engine.")
 @click.option("--repeats", type=int, help="Runs per load (pooled). [default: 1]")
 @click.option("--slo", "slo_text", help="SLOs, e.g. ttft_ms=500,tpot_ms=50.")
 @click.option("--attainment", type=float, help="Percent of requests that must meet every SLO. [default: 90]")
@@ -186,6 +188,8 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
         "output_tokens": flags.get("output_tokens"),
         "arrival": flags.get("arrival"),
         "seed": flags.get("seed"),
+        "tokenizer": flags.get("tokenizer"),
+        "tokenize_url": flags.get("tokenize_url"),
     }
     w_changes = {k: v for k, v in w_changes.items() if v is not None}
     refs = flags.get("workload_refs") or ()

@@ -18,6 +18,8 @@ from loadgen.transport import Timeouts
 from results.reader import read_run_meta, read_server_metrics
 from results.schema import RUN_FILE
 from results.writer import write_run_meta
+from workloads.errors import WorkloadError
+from workloads.prompts import make_synth
 from workloads.spec import Schedule
 
 
@@ -52,20 +54,28 @@ class Load:
         return core
 
 
-def build_schedule(load: Load, spec: SweepSpec, warmup: int) -> Schedule:
+def build_schedule(load: Load, spec: SweepSpec, warmup: int, url: str | None = None, salt: int | None = None) -> Schedule:
+    """The load's requests. ``url``: the cell's engine, asked when the workload's
+    ``tokenize_url`` is "auto"; ``salt``: mixed into the prompt text (the sweep's own)."""
     w = load.workload
     n = load.requests or spec.loads.requests
     rate = load.value if load.kind == "rate" else None
     conc = int(load.value) if load.kind == "concurrency" else None
     seed = w.seed + 1000 * load.seq + load.repeat
+    tokenize_url = url if w.tokenize_url == "auto" else w.tokenize_url
+    try:
+        synth = make_synth(w.tokenizer, tokenize_url, spec.model)
+    except WorkloadError as exc:
+        raise BenchError(f"workload {w.tag}: {exc}") from None
     if w.name:
         try:
             from workloads.catalog import build_named_schedule
         except ImportError:
             raise BenchError("named workloads need the workload catalogue, which this install lacks") from None
         return build_named_schedule(  # type: ignore[no-any-return]
-            w.name, requests=n, rate=rate, arrival=w.arrival, concurrency=conc, warmup=warmup, seed=seed
-        )
+            w.name, requests=n, rate=rate, arrival=w.arrival, concurrency=conc, warmup=warmup, seed=seed,
+            salt=salt, synth=synth if (w.tokenizer or tokenize_url) else None,
+        )  # fmt: skip
     from workloads.synthetic import SyntheticWorkload
 
     return SyntheticWorkload(
@@ -77,7 +87,17 @@ def build_schedule(load: Load, spec: SweepSpec, warmup: int) -> Schedule:
         concurrency=conc,
         warmup=warmup,
         seed=seed,
-    ).schedule()
+        salt=salt,
+    ).schedule(synth)
+
+
+def sweep_salt(sweep_id: str | None) -> int | None:
+    """The prompt salt of a sweep: from its id, so a resumed sweep keeps it and another
+    sweep against the same server shares no cached prefix with it."""
+    try:
+        return int(str(sweep_id), 16) & 0xFFFFFFFF
+    except ValueError:
+        return None
 
 
 def drain_timeout(spec: SweepSpec, w: WorkloadSpec) -> float:
@@ -113,7 +133,7 @@ def run_load(
     from bench.execute import RunConfig, execute_run
     from core.eventloop import run_async
 
-    schedule = build_schedule(load, spec, warmup)
+    schedule = build_schedule(load, spec, warmup, url, sweep_salt(extra.get("sweep_id")))
     adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api, engine_version=engine_version)
     slo = SLO.from_dict(spec.slo)
     cfg = RunConfig(

@@ -50,8 +50,8 @@ def _check_resume(stored: dict[str, Any], spec: SweepSpec) -> None:
 def _norm(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_norm(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _norm(x) for k, x in v.items()}
+    if isinstance(v, dict):  # a field added since (None by default) is no change
+        return {k: _norm(x) for k, x in v.items() if x is not None}
     return v
 
 

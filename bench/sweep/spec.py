@@ -157,6 +157,10 @@ class WorkloadSpec:
     output_tokens: int = 128
     arrival: str = "poisson"
     seed: int = 0
+    #: Exact prompt lengths: a local Hugging Face tokenizer folder, or an engine's /tokenize
+    #: ("auto": the engine of each cell).
+    tokenizer: str | None = None
+    tokenize_url: str | None = None
 
     @property
     def tag(self) -> str:
