@@ -28,8 +28,12 @@ import pandas as pd
 import pyarrow as pa
 
 from analysis.load import Run
+from analysis.confidence import under_sampled
+from analysis.invariants import check_records, timing_measurable
 from analysis.metrics import measured, request_metrics
 from analysis.slo import SLO, SLO_METRICS
+from analysis.summary import client_health
+from analysis.totals import judged_mask, run_totals
 
 #: Open loop: first tokens must keep up with at least this share of the offered rate.
 ADMISSION_RATIO_MIN = 0.85
@@ -80,28 +84,35 @@ class Saturation:
 
 
 def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The numbers a sweep keeps for one load run (flat; NaN where not measurable)."""
+    """The numbers a sweep keeps for one load run (flat; NaN where not measurable).
+
+    Totals, attainment and goodput are ``analysis.totals.run_totals``'s; anomalous records
+    (analysis/invariants.py) are counted and feed nothing else. ``untrustworthy`` says why
+    the client could not measure this load truthfully (None: it could)."""
     table = measured(run.requests)
     df = request_metrics(table)
-    n = len(df)
-    ok = df["ok"].to_numpy(dtype=bool) if n else np.zeros(0, dtype=bool)
-    intended = df["intended_send_ns"].to_numpy(dtype=float)
-    ends = df["end_ns"].to_numpy(dtype=float)
-    window_s = float((np.nanmax(ends) - np.nanmin(intended)) / 1e9) if n and np.isfinite(ends).any() else 0.0
+    checks = check_records(table)
+    df["anomaly"] = checks.anomaly
+    keep = judged_mask(df)
+    ok = df["ok"].to_numpy(dtype=bool) & keep
+    met = slo_outcomes(df, slo)["met"] if slo and len(df) else None
+    totals = run_totals(df, met)
+    intended = df.loc[keep, "intended_send_ns"].to_numpy(dtype=float)
     wl = run.meta.get("workload") or {}
     offered = wl.get("rate")
     out: dict[str, Any] = {
-        "requests": n,
-        "ok": int(ok.sum()),
-        "failed": int(n - ok.sum()),
-        "cancelled": int(df["error_type"].eq("cancelled").sum()) if n else 0,
-        "window_s": window_s,
+        "requests": totals.judged,
+        "ok": totals.ok,
+        "failed": totals.failed + totals.cancelled,
+        "cancelled": totals.cancelled,
+        "anomalies": totals.anomalies,
+        "window_s": totals.window_s,
         "offered_rps": float(offered) if offered else float("nan"),
         "measured_offered_rps": _span_rate(intended),
-        "admitted_rps": _span_rate(df["first_token_ns"].to_numpy(dtype=float)),
-        "throughput_rps": float(ok.sum() / window_s) if window_s > 0 else 0.0,
-        "output_tokens_per_s": float(df.loc[ok, "output_tokens"].sum() / window_s) if window_s > 0 else 0.0,
-        "max_in_flight": _max_in_flight(df),
+        "admitted_rps": _span_rate(df.loc[keep, "first_token_ns"].to_numpy(dtype=float)),
+        "throughput_rps": totals.requests_per_s,
+        "output_tokens_per_s": totals.output_tokens_per_s,
+        "max_in_flight": _max_in_flight(df[keep]),
     }
     okdf = df[ok]
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "ttft_from_intended_ms"):
@@ -111,19 +122,47 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
     prompt = okdf["prompt_tokens"].astype("float64").fillna(okdf["input_tokens_target"].astype("float64"))
     out["input_tokens_mean"] = float(prompt.mean()) if len(okdf) else float("nan")
     out["output_tokens_mean"] = float(okdf["output_tokens"].mean()) if len(okdf) else float("nan")
-    if slo and n:
-        res = slo_outcomes(df, slo)
-        out["attainment"] = float(res["met"].mean())
-        out["goodput_rps"] = float(res["met"].sum() / window_s) if window_s > 0 else 0.0
+    multi = int((okdf["output_tokens"].to_numpy() >= 2).sum())
+    one_read = int(checks.one_read[ok].sum())
+    out["one_read_share"] = one_read / multi if multi else float("nan")
+    if not timing_measurable(one_read, multi):  # not the engine's gaps: no TPOT figure
+        for q in (50, 90, 99):
+            out[f"tpot_p{q}_ms"] = float("nan")
+    out["met"] = float(totals.met) if totals.met is not None else float("nan")
+    if met is not None and totals.judged:
+        res = slo_outcomes(df[keep], slo)
+        out["attainment"] = totals.attainment
+        out["attainment_low"], out["attainment_high"] = totals.attainment_interval()
+        out["goodput_rps"] = totals.goodput_rps
         for key, _ in slo.limits:
             out[f"miss_share_{key}"] = float(res[f"miss_{key}"].mean())
     else:
-        out["attainment"] = float("nan")
+        out["attainment"] = out["attainment_low"] = out["attainment_high"] = float("nan")
         out["goodput_rps"] = float("nan")
+    send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else float("nan")
+    out["under_sampled"] = under_sampled(float(send_span), out["e2e_p50_ms"]) if offered else None
+    health = client_health(df[keep], run.monitor)
+    out["client_saturated"] = bool(health["saturated"])
+    out["untrustworthy"] = untrustworthy(totals.anomalies, totals.measured, health)
     sig = signals or {}
     for key in ("queue_time_mean_ms", "kv_cache_usage_max", "preemptions", "waiting_max", "waiting_growth"):
         out[f"server_{key}"] = float(sig.get(key, float("nan")))
     return out
+
+
+#: A load with more than this share of anomalous records was not measured truthfully.
+ANOMALY_SHARE_MAX = 0.01
+
+
+def untrustworthy(anomalies: int, measured_rows: int, health: dict[str, Any]) -> str | None:
+    """Why the client could not measure a load truthfully (None: it could): its own
+    saturation (analysis.summary.client_health) or records that break the invariants."""
+    why = []
+    if health.get("saturated"):
+        why.append("; ".join(health.get("warnings") or ["client saturated"]))
+    if measured_rows and anomalies > ANOMALY_SHARE_MAX * measured_rows:
+        why.append(f"{anomalies} of {measured_rows} records anomalous")
+    return "; ".join(why) or None
 
 
 def _nanmedian(v: np.ndarray) -> float:

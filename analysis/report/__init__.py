@@ -16,6 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from analysis.compare import config_key
+from analysis.format import anomaly_text, one_read_text
 from analysis.load import load_runs
 from analysis.report import figures as F
 from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
@@ -217,6 +218,12 @@ def _run_section(i: int, v: RunView) -> Section:
         info.append(["SLO", F.esc(f"{objs}: attainment {100 * slo['attainment']:.1f}%, goodput {slo['goodput_rps']:.2f} req/s")])
     for k, val in v.smoothness.items():
         info.append([F.esc(k), _fmt(val, 3)])
+    req = v.summary["requests"]
+    if req.get("anomalies"):
+        info.append(["anomalies", F.esc(anomaly_text(req) + ": excluded from every figure (docs/metrics.md, Record invariants)")])
+    timing = v.summary.get("timing") or {}
+    if not timing.get("itl_measurable", True):
+        info.append(["ITL / TPOT", F.esc("not measurable: " + one_read_text(timing))])
     for w in v.summary.get("client", {}).get("warnings", []):
         info.append(["warning", F.esc(w)])
     sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv")
