@@ -44,10 +44,13 @@ def wilson_interval(successes: int, trials: int, level: float = CONFIDENCE) -> t
 
 
 def attainment_verdict(met: int, judged: int, target: float, level: float = CONFIDENCE) -> Verdict:
-    """pass / fail / undecided of ``met`` of ``judged`` requests against ``target`` (0..1)."""
+    """pass / fail / undecided of ``met`` of ``judged`` requests against ``target`` (0..1).
+    A target of 100 % cannot be shown by an interval: every request must meet it."""
     lo, hi = wilson_interval(met, judged, level)
     if not math.isfinite(lo):
         return "undecided"
+    if target >= 1.0:
+        return "pass" if met == judged else "fail"
     if lo >= target - 1e-12:
         return "pass"
     if hi < target - 1e-12:

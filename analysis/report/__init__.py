@@ -137,6 +137,14 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
             parts.append(_table(["field", "value"], rows, "kv"))
         elif pick is None:
             parts.append("<p>No configuration is recommended.</p>")
+        for wr in (rec.get("workloads") or {}).values():
+            sep = wr.get("separation")
+            if sep:
+                parts.append(f"<p>{'Separated' if sep.get('separated') else 'Too close to call'}: {F.esc(sep.get('text'))}</p>")
+        for key, title in (("untrustworthy", "UNTRUSTWORTHY (the client could not measure it truthfully)"), ("undecided", "Undecided"), ("unknown", "Unknown")):
+            items = [i for wr in (rec.get("workloads") or {}).values() for i in wr.get(key) or []]
+            if items:
+                parts.append(f"<p><b>{F.esc(title)}</b>: " + "; ".join(F.esc(i) for i in items) + "</p>")
         slo = rec.get("slo")
         if slo:
             parts.append(f"<p class='muted'>SLO: {F.esc(json.dumps(slo, default=str))}</p>")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
-from bench.errors import BenchError
+from bench.errors import EXIT_UNTRUSTWORTHY, BenchError
 
 
 @click.command("recommend")
@@ -29,6 +30,7 @@ def command(
 
     Reads only the sweep's Parquet files; with --slo the loads are re-judged from their
     request tables (the capacity search's probes stay where the sweep put them).
+    Exit code 4 when a load could not be measured truthfully (the answer is marked UNTRUSTWORTHY).
     """
     from analysis.recommend import format_recommendation, recommend, recommendation_json
     from analysis.slo import SLO, SLOError
@@ -47,3 +49,5 @@ def command(
     except ResultsError as exc:
         raise BenchError(str(exc)) from None
     click.echo(recommendation_json(rec) if as_json else format_recommendation(rec))
+    if rec.get("untrustworthy"):
+        sys.exit(EXIT_UNTRUSTWORTHY)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bench.errors import BenchError
+from bench.errors import EXIT_UNTRUSTWORTHY, BenchError
 from loadgen.transport import CLOCKS
 
 if TYPE_CHECKING:
@@ -136,6 +136,8 @@ def command(config_path: Path | None, **flags: Any) -> None:
     write_recommendation(out, rec)
     click.echo(f"\nsweep finished in {time.monotonic() - t0:.0f} s: {out}")
     click.echo(format_recommendation(rec))
+    if rec.get("untrustworthy"):
+        sys.exit(EXIT_UNTRUSTWORTHY)
 
 
 def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
