@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from analysis.invariants import check_records
 from analysis.metrics import NS_PER_MS, measured, request_metrics
 from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
@@ -104,12 +105,13 @@ def metric_spec(name: str) -> MetricSpec:
 class RunData:
     """One run reduced to what the bootstrap needs."""
 
-    requests: pd.DataFrame  # counted measured requests; latency columns NaN when not ok
+    requests: pd.DataFrame  # judged requests (analysis.totals); latency columns NaN when not ok
     itl_offsets: np.ndarray  # token ITL values of request i: itl_values[off[i]:off[i+1]]
     itl_values: np.ndarray
     window_s: float
     block: int  # moving-block length in requests
     columns: dict[str, np.ndarray] = field(default_factory=dict)  # float views of ``requests``
+    anomalies: int = 0  # records left out for breaking the invariants (analysis/invariants.py)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,10 @@ class Side:
     def n_requests(self) -> int:
         return sum(len(r.requests) for r in self.runs)
 
+    @property
+    def anomalies(self) -> int:
+        return sum(r.anomalies for r in self.runs)
+
 
 def prepare_run(table: pa.Table, slo: SLO = SLO(), deadlines: Deadlines | None = None) -> RunData:
     """Reduce a requests table (all rows) to per-request values in intended-send order."""
@@ -132,7 +138,9 @@ def prepare_run(table: pa.Table, slo: SLO = SLO(), deadlines: Deadlines | None =
         order = np.argsort(table["intended_send_ns"].to_numpy(zero_copy_only=False), kind="stable")
         table = table.take(pa.array(order))
     df = request_metrics(table)
-    keep = ~df["error_type"].eq("cancelled").to_numpy()
+    # the judged requests of analysis.totals: anomalous records out, cancelled ones kept (misses)
+    keep = check_records(table).anomaly == 0
+    anomalies = int((~keep).sum())
     table = table.filter(pa.array(keep))
     df = df[keep].reset_index(drop=True)
     smooth = smoothness_metrics(table, deadlines or Deadlines.from_slo(slo.as_dict()))
@@ -140,7 +148,8 @@ def prepare_run(table: pa.Table, slo: SLO = SLO(), deadlines: Deadlines | None =
     ok = df["ok"].to_numpy(dtype=bool)
     for col in ("ttft_ms", "tpot_ms", "e2e_ms", "ttfo_ms", "fluidity", "longest_gap_ms"):
         df.loc[~ok, col] = np.nan
-    df["failed"] = (~ok).astype(float)
+    # error rate: failed / requests not cancelled at the end (cancelled rows: no value)
+    df["failed"] = np.where(df["error_type"].eq("cancelled").to_numpy(), np.nan, (~ok).astype(float))
     df["ok_count"] = ok.astype(float)
     df["ok_tokens"] = np.where(ok, df["output_tokens"].to_numpy(dtype=float), 0.0)
     df["slo_met"] = slo_mask(df, slo).astype(float) if slo else np.nan
@@ -157,7 +166,7 @@ def prepare_run(table: pa.Table, slo: SLO = SLO(), deadlines: Deadlines | None =
             in_flight = float(np.nansum(df["e2e_ms"].to_numpy(dtype=float))) / 1e3 / window_s
             block = int(np.clip(round(in_flight), 1, max(1, int(MAX_BLOCK_FRACTION * len(df)))))
     cols = {c: df[c].to_numpy(dtype=float) for c in _NUMERIC_COLUMNS}
-    return RunData(df, offsets, values, window_s, block, cols)
+    return RunData(df, offsets, values, window_s, block, cols, anomalies)
 
 
 _NUMERIC_COLUMNS = (

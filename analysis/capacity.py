@@ -20,6 +20,7 @@ the run (queue building without bound), or the server's waiting queue grew.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +30,19 @@ import pyarrow as pa
 
 from analysis.failures import error_line, top_errors
 from analysis.load import Run
+from analysis.confidence import (
+    CONFIDENCE,
+    Verdict,
+    attainment_verdict,
+    requests_to_pass,
+    under_sampled,
+    wilson_interval,
+)
+from analysis.invariants import check_records, timing_measurable
 from analysis.metrics import measured, request_metrics
 from analysis.slo import SLO, SLO_METRICS
+from analysis.summary import client_health
+from analysis.totals import judged_mask, run_totals
 
 #: Open loop: first tokens must keep up with at least this share of the offered rate.
 ADMISSION_RATIO_MIN = 0.85
@@ -94,30 +106,37 @@ def _top_error(failed: pd.DataFrame) -> str | None:
 
 
 def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The numbers a sweep keeps for one load run (flat; NaN where not measurable)."""
+    """The numbers a sweep keeps for one load run (flat; NaN where not measurable).
+
+    Totals, attainment and goodput are ``analysis.totals.run_totals``'s; anomalous records
+    (analysis/invariants.py) are counted and feed nothing else. ``untrustworthy`` says why
+    the client could not measure this load truthfully (None: it could)."""
     table = measured(run.requests)
     df = request_metrics(table)
-    n = len(df)
-    ok = df["ok"].to_numpy(dtype=bool) if n else np.zeros(0, dtype=bool)
-    intended = df["intended_send_ns"].to_numpy(dtype=float)
-    ends = df["end_ns"].to_numpy(dtype=float)
-    window_s = float((np.nanmax(ends) - np.nanmin(intended)) / 1e9) if n and np.isfinite(ends).any() else 0.0
+    checks = check_records(table)
+    df["anomaly"] = checks.anomaly
+    keep = judged_mask(df)
+    ok = df["ok"].to_numpy(dtype=bool) & keep
+    met = slo_outcomes(df, slo)["met"] if slo and len(df) else None
+    totals = run_totals(df, met)
+    intended = df.loc[keep, "intended_send_ns"].to_numpy(dtype=float)
     wl = run.meta.get("workload") or {}
     offered = wl.get("rate")
     out: dict[str, Any] = {
-        "requests": n,
-        "ok": int(ok.sum()),
-        "failed": int(n - ok.sum()),
-        "cancelled": int(df["error_type"].eq("cancelled").sum()) if n else 0,
-        "window_s": window_s,
+        "requests": totals.judged,
+        "ok": totals.ok,
+        "failed": totals.failed + totals.cancelled,
+        "cancelled": totals.cancelled,
+        "anomalies": totals.anomalies,
+        "window_s": totals.window_s,
         "offered_rps": float(offered) if offered else float("nan"),
         "measured_offered_rps": _span_rate(intended),
-        "admitted_rps": _span_rate(df["first_token_ns"].to_numpy(dtype=float)),
-        "throughput_rps": float(ok.sum() / window_s) if window_s > 0 else 0.0,
-        "output_tokens_per_s": float(df.loc[ok, "output_tokens"].sum() / window_s) if window_s > 0 else 0.0,
-        "max_in_flight": _max_in_flight(df),
-        "rejected_at_admission": admission_rejections(df),
-        "top_error": _top_error(df[~ok]) if n and not ok.all() else None,
+        "admitted_rps": _span_rate(df.loc[keep, "first_token_ns"].to_numpy(dtype=float)),
+        "throughput_rps": totals.requests_per_s,
+        "output_tokens_per_s": totals.output_tokens_per_s,
+        "max_in_flight": _max_in_flight(df[keep]),
+        "rejected_at_admission": admission_rejections(df[keep]),
+        "top_error": _top_error(df[keep & ~ok]),
     }
     okdf = df[ok]
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "ttft_from_intended_ms"):
@@ -127,19 +146,88 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
     prompt = okdf["prompt_tokens"].astype("float64").fillna(okdf["input_tokens_target"].astype("float64"))
     out["input_tokens_mean"] = float(prompt.mean()) if len(okdf) else float("nan")
     out["output_tokens_mean"] = float(okdf["output_tokens"].mean()) if len(okdf) else float("nan")
-    if slo and n:
-        res = slo_outcomes(df, slo)
-        out["attainment"] = float(res["met"].mean())
-        out["goodput_rps"] = float(res["met"].sum() / window_s) if window_s > 0 else 0.0
+    multi = int((okdf["output_tokens"].to_numpy() >= 2).sum())
+    one_read = int(checks.one_read[ok].sum())
+    out["one_read_share"] = one_read / multi if multi else float("nan")
+    if not timing_measurable(one_read, multi):  # not the engine's gaps: no TPOT figure
+        for q in (50, 90, 99):
+            out[f"tpot_p{q}_ms"] = float("nan")
+    out["met"] = float(totals.met) if totals.met is not None else float("nan")
+    if met is not None and totals.judged:
+        res = slo_outcomes(df[keep], slo)
+        out["attainment"] = totals.attainment
+        out["attainment_low"], out["attainment_high"] = totals.attainment_interval()
+        out["goodput_rps"] = totals.goodput_rps
         for key, _ in slo.limits:
             out[f"miss_share_{key}"] = float(res[f"miss_{key}"].mean())
     else:
-        out["attainment"] = float("nan")
+        out["attainment"] = out["attainment_low"] = out["attainment_high"] = float("nan")
         out["goodput_rps"] = float("nan")
+    send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else float("nan")
+    out["under_sampled"] = under_sampled(float(send_span), out["e2e_p50_ms"]) if offered else None
+    health = client_health(df[keep], run.monitor)
+    out["client_saturated"] = bool(health["saturated"])
+    lag_p50 = _nanmedian(df.loc[keep, "schedule_lag_ms"].to_numpy(dtype=float))
+    out["untrustworthy"] = untrustworthy(
+        totals.anomalies, totals.measured, health, slo, out["measured_offered_rps"], lag_p50, run.meta.get("clock")
+    )
     sig = signals or {}
     for key in ("queue_time_mean_ms", "kv_cache_usage_max", "preemptions", "waiting_max", "waiting_growth"):
         out[f"server_{key}"] = float(sig.get(key, float("nan")))
     return out
+
+
+#: A load with more than this share of anomalous records was not measured truthfully.
+ANOMALY_SHARE_MAX = 0.01
+#: A saturated client's own delay decides nothing while it stays under this share of the
+#: tightest SLO bound a delay lands on directly (TTFT, TTFO, E2E, max ITL)...
+CLIENT_LAG_SLO_SHARE = 0.1
+#: ...and while its median send lag stays under this many mean inter-arrival times (a client
+#: further behind its schedule offered a lighter load than the one named).
+CLIENT_BEHIND_ARRIVALS = 1.0
+
+
+def untrustworthy(
+    anomalies: int,
+    measured_rows: int,
+    health: dict[str, Any],
+    slo: SLO = SLO(),
+    offered_rps: float = math.nan,
+    send_lag_p50_ms: float = math.nan,
+    clock: str | None = None,
+) -> str | None:
+    """Why the client could not measure a load truthfully (None: it could).
+
+    Records that break the invariants (more than ANOMALY_SHARE_MAX of them), or a saturated
+    client (analysis.summary.client_health) whose delay matters here: it ran behind the
+    schedule (``offered_rps``: its rate) for most of the load, or its lag is large against
+    the SLO so that removing it could change the verdict — the send lag p99, and with the
+    user clock (reads stamped when the client gets round to them) the event-loop lag p99
+    too. A busy client whose lag is small against the bounds being judged still measures the
+    verdict truthfully."""
+    why = []
+    if measured_rows and anomalies > ANOMALY_SHARE_MAX * measured_rows:
+        why.append(f"{anomalies} of {measured_rows} records anomalous")
+    if health.get("saturated"):
+        lag = _finite(health.get("schedule_lag_p99_ms"))
+        if clock == "user":
+            lag = max(lag, _finite(health.get("loop_lag_p99_ms")))
+        bounds = [v for k, v in slo.limits if k in ("ttft_ms", "ttfo_ms", "e2e_ms", "itl_max_ms")]
+        arrival_ms = 1000.0 / offered_rps if math.isfinite(offered_rps) and offered_rps > 0 else math.inf
+        if _finite(send_lag_p50_ms) > CLIENT_BEHIND_ARRIVALS * arrival_ms:
+            why.append(f"client saturated: half its sends {send_lag_p50_ms:.0f} ms or more behind the schedule")
+        elif not bounds or lag >= CLIENT_LAG_SLO_SHARE * min(bounds):
+            limit = f" against an SLO bound of {min(bounds):g} ms" if bounds else ""
+            why.append(f"client saturated (its lag p99 {lag:.1f} ms{limit}): " + "; ".join(health.get("warnings") or []))
+    return "; ".join(why) or None
+
+
+def _finite(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return 0.0
+    return f if math.isfinite(f) else 0.0
 
 
 def _nanmedian(v: np.ndarray) -> float:
@@ -314,18 +402,28 @@ def _counter_increase(rows: pd.DataFrame) -> float:
 
 @dataclass(frozen=True)
 class Probe:
+    """One load's verdict. ``passed`` False with ``undecided`` True: the sample could not
+    decide (its interval straddles the target, it was under-sampled, or the client could not
+    measure it truthfully; ``reason`` says which)."""
+
     rate: float
     passed: bool
     attainment: float = float("nan")
     saturated: bool = False
+    undecided: bool = False
+    reason: str = ""
 
 
 @dataclass(frozen=True)
 class CapacityResult:
-    """``capacity_rps`` is the highest probed rate that passed below the lowest that failed.
+    """``capacity_rps`` is the highest probed rate that passed below the lowest that did not
+    pass (failed or undecided).
 
-    ``upper_rps`` is that lowest failing rate (None: none failed, capacity is a lower bound).
-    ``converged`` says whether the bracket closed to ``precision``.
+    ``upper_rps`` is the lowest rate that failed (None: none failed, capacity is a lower
+    bound). Each end is a verdict at ``level`` confidence (analysis/confidence.py), so the
+    bracket [capacity_rps, upper_rps) holds at ≥ 1 − 2(1 − level). ``undecided`` lists the
+    rates whose sample could not decide. ``converged`` says whether the search bracket
+    closed to ``precision``.
     """
 
     capacity_rps: float | None
@@ -334,6 +432,8 @@ class CapacityResult:
     converged: bool
     probes: tuple[Probe, ...]
     note: str = ""
+    undecided: tuple[float, ...] = ()
+    level: float = CONFIDENCE
 
     @property
     def achieved_precision(self) -> float | None:
@@ -343,7 +443,9 @@ class CapacityResult:
 
 
 def bracket(probes: list[Probe] | tuple[Probe, ...]) -> tuple[float | None, float | None, bool]:
-    """(highest pass below the lowest fail, lowest fail, non-monotone?) of a set of probes."""
+    """(highest pass below the lowest rate that did not pass, that rate, non-monotone?) of a
+    set of probes. An undecided rate bounds the search like a failure (nothing above it can
+    be claimed) but is not reported as one (``capacity_from_probes``)."""
     fails = [p.rate for p in probes if not p.passed]
     upper = min(fails) if fails else None
     passes = [p.rate for p in probes if p.passed and (upper is None or p.rate < upper)]
@@ -399,16 +501,23 @@ class CapacitySearch:
 def capacity_from_probes(
     probes: list[Probe] | tuple[Probe, ...], precision: float, max_rate: float = math.inf, min_rate: float = 0.0
 ) -> CapacityResult:
-    lower, upper, non_monotone = bracket(probes)
-    converged = lower is not None and upper is not None and upper - lower <= precision * lower * (1 + 1e-9)
+    lower, search_upper, non_monotone = bracket(probes)
+    failed = [p.rate for p in probes if not p.passed and not p.undecided]
+    upper = min(failed) if failed else None
+    undecided = tuple(sorted({p.rate for p in probes if p.undecided}))
+    converged = (
+        lower is not None and search_upper is not None and search_upper - lower <= precision * lower * (1 + 1e-9)
+    )
     notes = []
     if lower is None and probes:
         notes.append(f"no probed rate met the SLOs (lowest tried {min(p.rate for p in probes):g} req/s)")
-    elif upper is None and probes:
+    elif search_upper is None and probes:
         notes.append(f"every probed rate met the SLOs; capacity is at least {lower:g} req/s")
+    for p in sorted((p for p in probes if p.undecided), key=lambda p: p.rate):
+        notes.append(f"undecided at {p.rate:g} req/s: {p.reason or 'its sample cannot decide'}")
     if non_monotone:
-        notes.append("a higher rate passed after a lower one failed (noise); the lower bracket is kept")
-    return CapacityResult(lower, upper, precision, converged, tuple(probes), "; ".join(notes))
+        notes.append("a higher rate passed after a lower one did not (noise); the lower bracket is kept")
+    return CapacityResult(lower, upper, precision, converged, tuple(probes), "; ".join(notes), undecided)
 
 
 def _round_rate(r: float) -> float:
@@ -419,4 +528,77 @@ def _round_rate(r: float) -> float:
 
 
 def passes(attainment: float, saturated: bool, attainment_pct: float) -> bool:
+    """The point-estimate rule (no interval): for loads without request counts."""
     return (not saturated) and math.isfinite(attainment) and attainment * 100.0 >= attainment_pct - 1e-9
+
+
+@dataclass(frozen=True)
+class LoadJudgement:
+    """A load's verdict from its runs pooled (repeats and re-measurements alike)."""
+
+    verdict: Verdict
+    met: int
+    judged: int
+    attainment: float
+    low: float
+    high: float
+    saturated: bool
+    reason: str = ""  # why it failed or is undecided
+    untrustworthy: str | None = None  # every run of it was; why
+    under_sampled: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def undecided(self) -> bool:
+        return self.verdict == "undecided"
+
+    @property
+    def needs_more(self) -> bool:
+        """Would more requests of this load (in one longer run) decide it?"""
+        return self.undecided and self.untrustworthy is None
+
+
+def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: float = CONFIDENCE) -> LoadJudgement:
+    """Pool the runs of one load (points.parquet rows) that the client measured truthfully and
+    decide it: **fail** when saturated or when the attainment interval lies wholly below the
+    target, **pass** when it lies wholly at or above it and some run was long enough to stand
+    for its rate, **undecided** otherwise (docs/sweeps.md, Confidence)."""
+    target = attainment_pct / 100.0
+    trusted = [r for r in runs if not r.get("untrustworthy")]
+    if not trusted:
+        why = next((str(r["untrustworthy"]) for r in runs if r.get("untrustworthy")), "no run")
+        return LoadJudgement("undecided", 0, 0, math.nan, math.nan, math.nan, False, f"untrustworthy: {why}", why)
+    met = sum(_met(r) for r in trusted)
+    judged = sum(int(r.get("requests") or 0) for r in trusted)
+    att = met / judged if judged else math.nan
+    lo, hi = wilson_interval(met, judged, level)
+    sat = any(bool(r.get("saturated")) for r in trusted)
+    under = None if any(not r.get("under_sampled") for r in trusted) else str(trusted[0]["under_sampled"])
+    common = dict(met=met, judged=judged, attainment=att, low=lo, high=hi, saturated=sat, under_sampled=under)
+    if sat:
+        reasons = [str(r["saturation_reason"]) for r in trusted if r.get("saturation_reason")]
+        return LoadJudgement("fail", reason="saturated: " + (reasons[0] if reasons else "yes"), **common)  # type: ignore[arg-type]
+    verdict = attainment_verdict(met, judged, target, level)
+    interval = f"{100 * att:.1f}% of {judged} met, {100 * level:g}% interval {100 * lo:.1f}-{100 * hi:.1f}%"
+    if verdict == "fail":
+        return LoadJudgement("fail", reason=f"{interval}, below {attainment_pct:g}%", **common)  # type: ignore[arg-type]
+    if verdict == "pass" and under is None:
+        return LoadJudgement("pass", **common)  # type: ignore[arg-type]
+    if verdict == "pass":
+        return LoadJudgement("undecided", reason=f"under-sampled: {under}", **common)  # type: ignore[arg-type]
+    need = requests_to_pass(target, level)
+    small = f"; fewer than the {need} requests a pass needs at all" if judged < need else ""
+    return LoadJudgement("undecided", reason=f"{interval} straddles {attainment_pct:g}%{small}", **common)  # type: ignore[arg-type]
+
+
+def _met(row: Mapping[str, Any]) -> int:
+    """Requests of a run that met every SLO (points of older sweeps: from attainment)."""
+    met = row.get("met")
+    if met is not None and not (isinstance(met, float) and math.isnan(met)):
+        return int(met)
+    att = row.get("attainment")
+    n = int(row.get("requests") or 0)
+    return int(round(float(att) * n)) if att is not None and math.isfinite(float(att)) else 0

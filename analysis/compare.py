@@ -67,6 +67,19 @@ class GroupComparison:
     current_requests: int
     resampling: str
     changes: tuple[Change, ...]
+    #: records left out of both sides for breaking the invariants (analysis/invariants.py)
+    baseline_anomalies: int = 0
+    current_anomalies: int = 0
+
+    @property
+    def anomaly_note(self) -> str | None:
+        """One line when either side had anomalous records, else None."""
+        if not (self.baseline_anomalies or self.current_anomalies):
+            return None
+        return (
+            f"anomalous records excluded: baseline {self.baseline_anomalies}, current {self.current_anomalies} "
+            "(docs/metrics.md, Record invariants)"
+        )
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,8 @@ class Comparison:
                         "baseline_requests": g.baseline_requests,
                         "current_requests": g.current_requests,
                         "resampling": g.resampling,
+                        "baseline_anomalies": g.baseline_anomalies,
+                        "current_anomalies": g.current_anomalies,
                         "changes": [c.as_dict() for c in g.changes],
                     }
                     for g in self.groups
@@ -143,6 +158,8 @@ def compare_paths(
                 sc.n_requests,
                 "hierarchical" if hierarchical_for(sb, sc, options) else "stratified",
                 tuple(changes),
+                sb.anomalies,
+                sc.anomalies,
             )
         )
     unmatched = tuple(sorted(set(gb) ^ set(gc)))
@@ -176,6 +193,8 @@ def format_comparison(cmp: Comparison) -> str:
             f"{title}: baseline {len(g.baseline_runs)} run(s) / {g.baseline_requests} requests, "
             f"current {len(g.current_runs)} run(s) / {g.current_requests} requests, {g.resampling} resampling"
         )
+        if g.anomaly_note:
+            lines.append(f"WARNING: {g.anomaly_note}")
         header = f"{'metric':<22}{'baseline':>12}{'current':>12}{'change':>10}  {'interval of change':<22}{'verdict':<12}"
         lines.append(header)
         lines.append("-" * len(header))

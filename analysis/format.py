@@ -18,6 +18,24 @@ _LABELS = {
 }
 
 
+#: Per-token timings, not measurable when most responses arrived in one read.
+_PER_TOKEN = ("tpot_ms", "itl_ms", "chunk_gap_ms")
+
+
+def anomaly_text(requests: dict[str, Any]) -> str:
+    """'3 anomalous records (token_before_first_byte 2, negative_gap 1)'."""
+    kinds = ", ".join(f"{k} {v}" for k, v in (requests.get("anomaly_kinds") or {}).items())
+    n = requests.get("anomalies", 0)
+    return f"{n} anomalous record{'s' if n != 1 else ''}" + (f" ({kinds})" if kinds else "")
+
+
+def one_read_text(timing: dict[str, Any]) -> str:
+    return (
+        f"{timing['one_read_responses']} of {timing['multi_token_responses']} responses arrived in one read "
+        "(their token gaps are the client's, not the engine's)"
+    )
+
+
 def _f(v: float) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -34,6 +52,8 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
         f"requests: {r['measured']} measured, {r['ok']} ok, {r['failed']} failed ({errs}); "
         f"{r['warmup_excluded']} warm-up excluded; {r['cancelled_at_end']} cancelled at end"
     )
+    if r.get("anomalies"):
+        lines.append(f"ANOMALIES: {anomaly_text(r)}: excluded from every figure below (docs/metrics.md, Record invariants)")
     top = r.get("top_errors") or []
     if top:
         lines.append("most frequent errors: " + error_line(top))
@@ -45,10 +65,15 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
     ps = s["percentiles"]
     pcols = [f"p{p:g}".replace(".", "_") for p in ps]
     header = f"{'metric':<32}{'n':>8}{'mean':>11}" + "".join(f"{c:>11}" for c in pcols)
-    rows = []
+    rows: list[str] = []
+    timing = s.get("timing") or {}
+    per_token_ok = timing.get("itl_measurable", True)
     for key, label in _LABELS.items():
         m = s["latency"].get(key)
         if not m or not m["n"]:
+            continue
+        if key in _PER_TOKEN and not per_token_ok:
+            rows.append(f"{label:<32}not measurable: {one_read_text(timing)}")
             continue
         rows.append(f"{label:<32}{m['n']:>8}{_f(m['mean']):>11}" + "".join(f"{_f(m[c]):>11}" for c in pcols))
     if rows:
@@ -58,8 +83,11 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
     if "slo" in s:
         slo = s["slo"]
         objs = ", ".join(f"{k}<={v:g}" for k, v in slo["objectives"].items())
+        judged = slo.get("judged", r["measured"])
+        lo, hi = slo.get("attainment_interval") or (float("nan"), float("nan"))
+        ci = f", 95% CI {100 * lo:.1f}-{100 * hi:.1f}%" if lo == lo and hi == hi else ""
         lines.append(
-            f"SLO ({objs}): attainment {100 * slo['attainment']:.1f}% ({slo['met']}/{r['measured']}), "
+            f"SLO ({objs}): attainment {100 * slo['attainment']:.1f}% ({slo['met']}/{judged}{ci}), "
             f"goodput {slo['goodput_rps']:.2f} req/s"
         )
     tok = s["tokens"]

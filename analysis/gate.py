@@ -183,7 +183,15 @@ def markdown_summary(result: GateResult) -> str:
         lines.append(f"| {_md(c.group)} | `{c.metric}` | `{c.rule}` | {_ICON[c.verdict]} | {_md(c.message)} |")
     if result.missing:
         lines += ["", "Missing from the current results (fails the gate): " + ", ".join(f"`{m}`" for m in result.missing)]
+    notes = _anomaly_notes(result)
+    if notes:
+        lines += ["", *(f"⚠️ {n}" for n in notes)]
     return "\n".join(lines) + "\n"
+
+
+def _anomaly_notes(result: GateResult) -> list[str]:
+    """Per configuration, the records left out for breaking the invariants."""
+    return [f"{g.key or 'run'}: {g.anomaly_note}" for g in result.comparison.groups if g.anomaly_note]
 
 
 def _md(text: str) -> str:
@@ -225,5 +233,6 @@ def text_summary(result: GateResult) -> str:
         lines.append(f"{c.verdict.upper():<13} {c.group:<20} {c.metric:<22} {c.rule:<24} {c.message}")
     for m in result.missing:
         lines.append(f"{'FAIL':<13} {m:<20} missing from the current results")
+    lines.extend(f"WARNING: {n}" for n in _anomaly_notes(result))
     lines.append(f"gate {'PASSED' if result.passed else 'FAILED'}")
     return "\n".join(lines)

@@ -30,7 +30,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from analysis.capacity import Probe, capacity_from_probes, passes, point_metrics, server_signals
+from analysis.capacity import CapacityResult, Probe, capacity_from_probes, judge_load, point_metrics, server_signals
+from analysis.confidence import separation
 from analysis.load import load_run
 from analysis.slo import SLO
 from results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
@@ -42,6 +43,8 @@ TIE_FRACTION = 0.05
 #: TTFT counts as queue-dominated when queue time is at least this share of it.
 QUEUE_SHARE = 0.5
 KV_FULL = 0.95
+#: How to measure what a re-judged sweep did not probe.
+PROBE_HINT = "bench sweep --capacity with --slo set to them"
 
 ADVICE = {
     "queueing": "TTFT is mostly queue time: add replicas (DP) or admission control",
@@ -112,7 +115,8 @@ def _rescore(sweep: Path, df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
             for k in list(rec):
                 if k.startswith("miss_share_"):
                     rec.pop(k)
-            rec.update({k: v for k, v in m.items() if k in ("attainment", "goodput_rps") or k.startswith("miss_share_")})
+            rescored = ("attainment", "attainment_low", "attainment_high", "met", "goodput_rps")
+            rec.update({k: v for k, v in m.items() if k in rescored or k.startswith("miss_share_")})
         rows.append(rec)
     return pd.DataFrame(rows)
 
@@ -176,11 +180,38 @@ def _pooled(points: pd.DataFrame, attainment_pct: float) -> pd.DataFrame:
         reasons = [r for r in g.get("saturation_reason", pd.Series(dtype=object)).dropna()]
         row["saturation_reason"] = reasons[0] if reasons else None
         row["runs"] = list(g["run_dir"].dropna())
-        row["passed"] = passes(row.get("attainment", float("nan")), row["saturated"], attainment_pct)
+        _judge(row, g, attainment_pct)
         out.append(row)
     df = pd.DataFrame(out)
     # the one-at-a-time baseline first (the lightest load), then by load
     return df.sort_values(["_base", "load_value"], ascending=[False, True], kind="stable").reset_index(drop=True)
+
+
+def _judge(row: dict[str, Any], runs: pd.DataFrame, attainment_pct: float) -> None:
+    """The load's pooled verdict (analysis.capacity.judge_load) into ``row``; the pooled
+    figures are those of the runs the client measured truthfully."""
+    records = [{k: (None if _missing(v) else v) for k, v in r.items()} for r in runs.to_dict("records")]
+    if "attainment" not in runs or runs["attainment"].isna().all():  # no SLO: saturation alone
+        row.update(passed=not row["saturated"], verdict="pass" if not row["saturated"] else "fail", verdict_reason=None)
+        row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan)
+        return
+    j = judge_load(records, attainment_pct)
+    row.update(
+        saturated=j.saturated,  # a stalled client's "saturation" is not the server's
+        passed=j.passed,
+        verdict=j.verdict,
+        verdict_reason=j.reason or None,
+        untrustworthy=j.untrustworthy,
+        under_sampled=j.under_sampled,
+        attainment_low=j.low,
+        attainment_high=j.high,
+    )
+    if j.judged:
+        row["attainment"], row["requests"] = j.attainment, j.judged
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def cell_capacity(points: pd.DataFrame, attainment_pct: float, precision: float | None) -> dict[str, Any]:
@@ -190,17 +221,27 @@ def cell_capacity(points: pd.DataFrame, attainment_pct: float, precision: float 
         return {"capacity_rps": None, "note": "no measured loads"}
     rates = pooled[(pooled["load_kind"] == "rate") & ~pooled["_base"]]
     if len(rates):
-        probes = [Probe(float(r.load_value), bool(r.passed), float(r.attainment), bool(r.saturated)) for r in rates.itertuples()]
+        probes = [
+            Probe(
+                float(r["load_value"]), bool(r["passed"]), _f(r.get("attainment")), bool(r["saturated"]),
+                r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""),
+            )
+            for _, r in rates.iterrows()
+        ]  # fmt: skip
         res = capacity_from_probes(probes, precision if precision else float("nan"))
-        return {
+        out = {
             "kind": "rate",
             "capacity_rps": res.capacity_rps,
             "upper_rps": res.upper_rps,
             "precision": precision,
             "achieved_precision": res.achieved_precision,
             "converged": res.converged if precision else res.upper_rps is not None,
+            "undecided": list(res.undecided),
+            "level": res.level,
             "note": res.note,
         }
+        out.update(_unprobed(pooled, rates, res))
+        return out
     conc = pooled[(pooled["load_kind"] == "concurrency") & ~pooled["_base"]]
     good = conc[conc["passed"]]
     best = good.iloc[-1] if len(good) else None
@@ -213,13 +254,32 @@ def cell_capacity(points: pd.DataFrame, attainment_pct: float, precision: float 
     }
 
 
+def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) -> dict[str, Any]:
+    """When no probed rate passed: is that a verdict (the configuration fails even one
+    request at a time) or a gap (nothing below the lowest probed rate was measured, as after
+    re-judging with tighter SLOs)? A gap is said, never turned into "no capacity"."""
+    if res.capacity_rps is not None or rates.empty:
+        return {}
+    base = pooled[pooled["_base"]]
+    if len(base) and base.iloc[0].get("verdict") == "fail":
+        return {"note": "fails the SLOs even one request at a time" + (f"; {res.note}" if res.note else "")}
+    lowest = float(rates["load_value"].min())
+    return {
+        "unknown_below_rps": lowest,
+        "note": (
+            f"not probed below {lowest:g} req/s: capacity unknown there "
+            f"(a sweep of it with these SLOs measures it: {PROBE_HINT}); {res.note}"
+        ),
+    }
+
+
 def diagnose_cell(points: pd.DataFrame, slo: dict[str, float], attainment_pct: float) -> dict[str, Any]:
     """Which resource limits this configuration, read from its loads (one cell, one workload)."""
     pooled = _pooled(points, attainment_pct)
     if pooled.empty:
         return {"limiting_factor": "unknown", "explanation": "no measured loads", "evidence": {}}
     base = pooled.iloc[0]
-    failing = pooled[~pooled["passed"]]
+    failing = pooled[pooled["verdict"] == "fail"]  # the knee is a decided failure, not an undecided load
     knee = failing.iloc[0] if len(failing) else None
     if knee is None:
         top = pooled.iloc[-1]
@@ -342,8 +402,8 @@ def recommend(
         "target_concurrency": target_c,
         "definitions": {
             "capacity_rps": (
-                f"highest offered rate at which >= {att:g}% of requests met every SLO and the load was not "
-                "saturated (DistServe goodput); "
+                f"highest offered rate that passed (>= {att:g}% of requests met every SLO, decided at 95% "
+                "confidence, and the load was not saturated; DistServe goodput); "
                 + (
                     f"searched by bracketing and bisection to {100 * precision:g}% precision"
                     if precision
@@ -351,7 +411,15 @@ def recommend(
                 )
             ),
             "goodput_rps": "single run: requests meeting every SLO per second of the run window",
-            "attainment": "share of measured requests (failures and drain-deadline cancellations count as misses) meeting every SLO",
+            "attainment": (
+                "share of judged requests (failures and drain-deadline cancellations count as misses; anomalous "
+                "records are left out) meeting every SLO, with its 95% Wilson interval"
+            ),
+            "verdict": (
+                f"a load passes when its whole attainment interval is at or above {att:g}%, fails when it is wholly "
+                "below (or the load saturated), and is undecided otherwise, when under-sampled, or when the client "
+                "could not measure it truthfully"
+            ),
         },
         "cells": [],
         "workloads": {},
@@ -371,6 +439,7 @@ def recommend(
     first = out["workloads"][workloads[0]]
     out["recommendation"] = first.get("recommendation")
     out["message"] = first.get("message")
+    out["untrustworthy"] = [u for wr in out["workloads"].values() for u in wr.get("untrustworthy") or []]
     return out
 
 
@@ -417,6 +486,23 @@ def _recommend_workload(
         )
     configs.sort(key=lambda c: (c["gpus"], c["axes"], c["cell_id"]))
     result: dict[str, Any] = {"configurations": configs}
+    result["untrustworthy"] = [
+        f"{c['cell_id']} at {p['load']}: {p['untrustworthy']}" for c in configs for p in c["loads"] if p.get("untrustworthy")
+    ]
+    result["under_sampled"] = [
+        f"{c['cell_id']} at {p['load']}: {p['under_sampled']}" for c in configs for p in c["loads"] if p.get("under_sampled")
+    ]
+    result["undecided"] = [
+        f"{c['cell_id']} at {p['load']}: {p['verdict_reason']}"
+        for c in configs
+        for p in c["loads"]
+        if p.get("verdict") == "undecided" and not p.get("untrustworthy")
+    ]
+    result["unknown"] = [
+        f"{c['cell_id']} ({_gpus(c)}): not probed below {c['unknown_below_rps']:g} req/s"
+        for c in configs
+        if c.get("unknown_below_rps") is not None
+    ]
     if not slo:
         result["recommendation"] = None
         result["message"] = "no SLO given: nothing to recommend against (pass --slo)"
@@ -424,15 +510,60 @@ def _recommend_workload(
     rec, message = _choose(configs, target, target_c)
     result["recommendation"] = rec
     result["message"] = message
+    if rec is not None and target is None and target_c is None:
+        result["separation"] = _separation(configs, rec)
     if target is not None:
         result["short_of_target"] = [
-            f"{c['cell_id']} ({c['gpus']} GPU{'s' if c['gpus'] != 1 else ''}): "
-            + (f"capacity {c['capacity_rps']:g} req/s" if c.get("capacity_rps") else "no capacity under the SLOs")
+            f"{c['cell_id']} ({_gpus(c)}): "
+            + (
+                f"capacity {c['capacity_rps']:g} req/s"
+                if c.get("capacity_rps")
+                else f"unknown: not probed below {c['unknown_below_rps']:g} req/s"
+                if c.get("unknown_below_rps") is not None
+                else "no capacity under the SLOs"
+            )
             for c in configs
             if (c.get("capacity_rps") or 0.0) < target - 1e-9
         ]
+        # a configuration not probed down to the target might meet it: the answer waits on it
+        maybe = [c for c in configs if c.get("unknown_below_rps") is not None and c["unknown_below_rps"] > target + 1e-9]
+        maybe = [c for c in maybe if rec is None or (c["gpus"], c["axes"]) < (rec["gpus"], _axes(configs, rec))]
+        if maybe:
+            result["message"] = (message + "; " if rec else "") + (
+                "not known for "
+                + ", ".join(f"{c['cell_id']} ({_gpus(c)}, not probed below {c['unknown_below_rps']:g} req/s)" for c in maybe)
+                + f": a sweep of them with these SLOs measures it ({PROBE_HINT})"
+            )
+            result["provisional"] = True
     result["same_gpus_tradeoffs"] = _tradeoffs(configs)
     return result
+
+
+def _gpus(c: dict[str, Any]) -> str:
+    return f"{c['gpus']} GPU{'s' if c['gpus'] != 1 else ''}"
+
+
+def _axes(configs: list[dict[str, Any]], rec: dict[str, Any]) -> int:
+    return next((int(c["axes"]) for c in configs if c["cell_id"] == rec["cell_id"]), 0)
+
+
+def _separation(configs: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any] | None:
+    """Is the recommended configuration's capacity per GPU separated from the runner-up's?
+    (analysis.confidence.separation on the brackets: lower = highest pass, upper = lowest fail.)"""
+    pick = next(c for c in configs if c["cell_id"] == rec["cell_id"])
+    others = [c for c in configs if c["cell_id"] != pick["cell_id"] and c.get("capacity_rps")]
+    if not others:
+        return None
+    runner = max(others, key=lambda c: c["capacity_rps"] / c["gpus"])
+    sep = separation(
+        pick["cell_id"], _per_gpu_bracket(pick), runner["cell_id"], _per_gpu_bracket(runner)
+    )
+    return {"runner_up": runner["cell_id"], "separated": sep.separated, "text": sep.text + " (per GPU)"}
+
+
+def _per_gpu_bracket(c: dict[str, Any]) -> tuple[float | None, float | None]:
+    lo, hi = c.get("capacity_rps"), c.get("upper_rps")
+    return (lo / c["gpus"] if lo else None), (hi / c["gpus"] if hi else None)
 
 
 def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int | None) -> tuple[dict[str, Any] | None, str]:
@@ -462,12 +593,24 @@ def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int |
         )
     with_cap = [c for c in configs if c.get("capacity_rps")]
     if with_cap:
-        best = max(c["capacity_rps_per_gpu"] for c in with_cap)
-        tied = [c for c in with_cap if c["capacity_rps_per_gpu"] >= (1 - TIE_FRACTION) * best]
+        top = max(with_cap, key=lambda c: (c["capacity_rps_per_gpu"], -c["gpus"]))
+        # within noise of the best: its bracket is not separated from the best's (or within
+        # TIE_FRACTION): then GPU count decides
+        tied = [
+            c
+            for c in with_cap
+            if c is top
+            or c["capacity_rps_per_gpu"] >= (1 - TIE_FRACTION) * top["capacity_rps_per_gpu"]
+            or not separation(top["cell_id"], _per_gpu_bracket(top), c["cell_id"], _per_gpu_bracket(c)).separated
+        ]
         pick = min(tied, key=order)
+        close = [c["cell_id"] for c in tied if c is not pick]
+        why = (
+            f"; too close to call with {', '.join(close)}: the choice falls to GPU count" if close else ""
+        )
         return _rec(pick, _evidence_at(pick, pick["capacity_rps"])), (
             f"the most load per GPU within the SLOs ({pick['capacity_rps_per_gpu']:.3g} req/s per GPU; "
-            "no --target-rate given, so no smaller configuration is preferred for meeting one)"
+            f"no --target-rate given, so no smaller configuration is preferred for meeting one){why}"
         )
     with_c = [c for c in configs if c.get("max_concurrency")]
     if with_c:
@@ -511,6 +654,12 @@ def _point_summary(r: pd.Series) -> dict[str, Any]:
         "saturated": bool(r["saturated"]),
         "saturation_reason": r.get("saturation_reason"),
         "runs": r.get("runs"),
+        "verdict": r.get("verdict"),
+        "verdict_reason": r.get("verdict_reason"),
+        "attainment_low": _f(r.get("attainment_low")),
+        "attainment_high": _f(r.get("attainment_high")),
+        "untrustworthy": r.get("untrustworthy"),
+        "under_sampled": r.get("under_sampled"),
     }
     for k in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms", "e2e_p90_ms"):
         d[k] = _f(r.get(k))
@@ -587,6 +736,10 @@ def format_recommendation(rec: dict[str, Any]) -> str:
         if r:
             plural = "s" if r["gpus"] != 1 else ""
             lines.append(f"RECOMMENDATION: {r['cell_id']} ({r['gpus']} GPU{plural}): {wr.get('message')}")
+            if wr.get("untrustworthy"):
+                lines.append(f"  UNTRUSTWORTHY: {len(wr['untrustworthy'])} load(s) could not be measured truthfully (listed below)")
+            if wr.get("provisional"):
+                lines.append("  PROVISIONAL: a smaller configuration was not probed at these loads")
             ev = r.get("evidence")
             if ev:
                 lines.append(
@@ -597,13 +750,25 @@ def format_recommendation(rec: dict[str, Any]) -> str:
                 )
         else:
             lines.append(f"RECOMMENDATION: none: {wr.get('message')}")
+        sep = wr.get("separation")
+        if sep:
+            lines.append(f"  {'separated' if sep['separated'] else 'TOO CLOSE TO CALL'}: {sep['text']}")
         if wr.get("short_of_target"):
             lines.append(f"  short of {rec['target_rate']:g} req/s: " + "; ".join(wr["short_of_target"]))
+        for key, title in (
+            ("untrustworthy", "UNTRUSTWORTHY (the client could not measure it truthfully; it decides nothing)"),
+            ("under_sampled", "under-sampled (cannot pass)"),
+            ("undecided", "undecided (the sample cannot decide)"),
+            ("unknown", "unknown"),
+        ):
+            for item in wr.get(key) or []:
+                lines.append(f"  {title}: {item}")
         for c in wr.get("configurations", []):
             lines.append(f"  {c['cell_id']}: {c['diagnosis']}")
         for t in wr.get("same_gpus_tradeoffs", []):
             lines.append(f"  {t}")
     lines.append("capacity_rps: " + rec["definitions"]["capacity_rps"] + ".")
+    lines.append("capacity req/s column: L-U = passed at L, failed at U (each decided at 95 % confidence); L+ = nothing failed above L; <U? = not probed below U.")
     lines.append("goodput (per load): " + rec["definitions"]["goodput_rps"] + ".")
     return "\n".join(lines)
 
@@ -627,10 +792,12 @@ def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
             continue
         cap = c.get("capacity_rps")
         if cap is not None:
-            capt = f"{cap:g}" + ("+" if c.get("upper_rps") is None else "")
+            capt = f"{cap:g}" + (f"-{c['upper_rps']:g}" if c.get("upper_rps") is not None else "+")
             pg = f"{c['capacity_rps_per_gpu']:.3g}"
         elif c.get("max_concurrency"):
             capt, pg = f"c={c['max_concurrency']}", ""
+        elif c.get("unknown_below_rps") is not None:
+            capt, pg = f"<{c['unknown_below_rps']:g}?", ""
         else:
             capt, pg = "none", ""
         good = max((p["goodput_rps"] or 0.0 for p in c["loads"] if not p["baseline"]), default=0.0)

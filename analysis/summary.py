@@ -36,8 +36,10 @@ from analysis.metrics import (
     token_range_gaps,
     token_ranges,
 )
+from analysis.invariants import CHECK_COLUMNS, anomaly_counts, check_records, timing_measurable
 from analysis.smoothness import Deadlines, batch_smoothness, one_token_fluidity, send_ns_float, token_range_fluidity
 from analysis.slo import SLO, SLO_METRICS
+from analysis.totals import judged_mask, run_totals
 from results.schema import REQUESTS_SCHEMA
 
 REQUESTS_COLUMN_NAMES = tuple(REQUESTS_SCHEMA.names)
@@ -111,13 +113,16 @@ class _RowsChanged(Exception):
 #: The per-request columns ``summarize`` reads, and all the columns it reads.
 REQUEST_SCALAR_COLUMNS: tuple[str, ...] = tuple(
     c for c in scalar_columns(list(REQUESTS_COLUMN_NAMES))
-    if c not in ("run_id", "request_id", "worker_id", "first_byte_ns", "cached_tokens", "session_id", "prefix_group")
+    if c not in ("run_id", "request_id", "worker_id", "cached_tokens", "session_id", "prefix_group")
 )
 REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_SCALAR_COLUMNS, "chunk_ns", "chunk_tokens")
 #: What ``summarize_run`` streams batch by batch (the per-request columns are read at once).
 REQUEST_STREAMED_COLUMNS: tuple[str, ...] = ("chunk_ns", "chunk_tokens")
-#: The per-request columns joined onto each streamed batch.
-_JOINED_COLUMNS: tuple[str, ...] = ("phase", "ok", "send_ns")
+#: The per-request columns joined onto each streamed batch (the record invariants need the stamps).
+_JOINED_COLUMNS: tuple[str, ...] = ("phase", *CHECK_COLUMNS)
+#: Per-row arrays of a prepared batch: max ITL, fluidity, missed deadlines, longest gap,
+#: anomaly code, one-read flag.
+_PerRow = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 class _Portion(NamedTuple):
@@ -134,7 +139,7 @@ class _Prepared(NamedTuple):
     """One batch's share of the summary (``_prepare``)."""
 
     scalars: pa.Table | None  # its per-request columns, when the caller gave none
-    per_row: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None  # None: no measured row
+    per_row: _PerRow | None  # None: no measured row
     itl: _Portion | None
     chunk_gap: _Portion | None  # None: the very same values as ``itl``
 
@@ -167,14 +172,17 @@ def _prepare(
         kept = pa.Table.from_batches([batch.select(cols)]) if isinstance(batch, pa.RecordBatch) else batch.select(cols)
     if batch.num_rows == 0:
         return _Prepared(kept, None, None, None)
-    ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool)
+    checks = check_records(batch)
+    # an anomalous record feeds no metric: its tokens are left out like a failed request's
+    ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool) & (checks.anomaly == 0)
+    flags = (checks.anomaly, checks.one_read)
     ranges = token_ranges(batch)
     if ranges is not None:  # fastest path, the same numbers: one token per chunk, lists used in place
         gaps_ns, excluded, longest_ns = token_range_gaps(ranges, ok)
         longest = longest_ns / NS_PER_MS
         fluidity, misses = token_range_fluidity(ranges, send_ns_float(batch), deadlines, longest_ns)
         values = gaps_ns / NS_PER_MS
-        return _Prepared(kept, (longest, fluidity, misses, longest), _portion(values, None, excluded, bin_itl), None)
+        return _Prepared(kept, (longest, fluidity, misses, longest, *flags), _portion(values, None, excluded, bin_itl), None)
     one = one_token_chunks(batch)
     if one is not None:  # fast path, the same numbers: one token per chunk, no row index
         gap_ns, longest_ns = one_token_gaps(one)
@@ -183,11 +191,11 @@ def _prepare(
         if not ok.all():
             gap_ns = gap_ns[one_token_gap_rows_ok(one, ok)]
         values = gap_ns / NS_PER_MS
-        return _Prepared(kept, (longest, fluidity, misses, longest), _portion(values, binned=bin_itl), None)
+        return _Prepared(kept, (longest, fluidity, misses, longest, *flags), _portion(values, binned=bin_itl), None)
     chunks = token_chunks(batch)
     gaps = chunk_gaps(chunks)
     fluidity, misses, longest = batch_smoothness(chunks, gaps, send_ns_float(batch), deadlines)
-    row = (max_itl_ms(gaps, batch.num_rows), fluidity, misses, longest)
+    row = (max_itl_ms(gaps, batch.num_rows), fluidity, misses, longest, *flags)
     if not ok.all():
         sel = ok[gaps.row]
         gaps = ChunkGaps(gaps.gap_ns[sel], gaps.tokens[sel], gaps.row[sel])
@@ -217,7 +225,7 @@ def summarize_batches(
     chunk_gap = PooledDistribution(exact_limit)
     all_rows = 0
     parts: list[pa.Table] = []
-    per_row: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    per_row: list[_PerRow] = []
 
     def joined() -> Iterator[pa.Table | pa.RecordBatch]:
         """The batches, each with its rows' ``_JOINED_COLUMNS`` of ``scalars`` when given."""
@@ -277,26 +285,23 @@ def summarize_batches(
         table = measured(scalars)
     measured_rows = table.num_rows
     df = scalar_metrics(table)
-    row_arrays = [np.concatenate([p[i] for p in per_row]) if per_row else np.empty(0) for i in range(4)]
+    row_arrays = [np.concatenate([p[i] for p in per_row]) if per_row else np.empty(0) for i in range(6)]
     df["max_itl_ms"] = row_arrays[0]
+    df["anomaly"] = row_arrays[4].astype(np.int8) if per_row else np.zeros(len(df), np.int8)
+    one_read = row_arrays[5].astype(bool) if per_row else np.zeros(len(df), bool)
     ps = options.percentiles
+    judged = judged_mask(df)
+    meets = slo_mask(df, options.slo) if options.slo else None
+    totals = run_totals(df, meets)
     cancelled = df["error_type"].eq("cancelled").to_numpy()
-    counted = df[~cancelled]
+    counted = df[judged & ~cancelled]
     ok_mask = counted["ok"].to_numpy(dtype=bool)
-    ok_df = counted[ok_mask]
-    n = len(counted)
+    ok_rows = df["ok"].to_numpy(dtype=bool) & judged
+    ok_df = df[ok_rows]
     errors = counted.loc[~ok_mask, "error_type"].value_counts().to_dict()
     failed_df = counted[~ok_mask]
     messages = failed_df["error_message"] if "error_message" in failed_df else [None] * len(failed_df)
 
-    starts = df["intended_send_ns"].to_numpy(dtype=float)
-    ends = df["end_ns"].to_numpy(dtype=float)
-    window_s = float((np.nanmax(ends) - np.nanmin(starts)) / 1e9) if len(df) and np.isfinite(ends).any() else 0.0
-    out_tokens = float(ok_df["output_tokens"].sum())
-    prompt = ok_df["prompt_tokens"].astype("float64").fillna(ok_df["input_tokens_target"].astype("float64"))
-    in_tokens = float(prompt.sum())
-
-    ok_rows = df["ok"].to_numpy(dtype=bool)
     latency: dict[str, dict[str, float]] = {}
     for name in ("ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms", "schedule_lag_ms", "ttft_from_intended_ms", "max_itl_ms"):
         latency[name] = percentiles(ok_df[name].to_numpy(dtype=float), ps)
@@ -307,40 +312,53 @@ def summarize_batches(
         "requests": {
             "rows": all_rows,
             "warmup_excluded": all_rows - measured_rows,
-            "measured": n,
-            "ok": int(ok_mask.sum()),
-            "failed": int(n - ok_mask.sum()),
-            "cancelled_at_end": int(cancelled.sum()),
-            "error_rate": float((n - ok_mask.sum()) / n) if n else 0.0,
+            "measured": len(counted),
+            "ok": totals.ok,
+            "failed": totals.failed,
+            "cancelled_at_end": totals.cancelled,
+            "anomalies": totals.anomalies,
+            "anomaly_kinds": anomaly_counts(df["anomaly"].to_numpy()),
+            "error_rate": totals.error_rate,
             "errors": {str(k): int(v) for k, v in errors.items()},
             "top_errors": top_errors(failed_df["error_type"], messages),
         },
-        "window_s": window_s,
+        "window_s": totals.window_s,
         "throughput": {
-            "requests_per_s": float(len(ok_df) / window_s) if window_s > 0 else 0.0,
-            "output_tokens_per_s": out_tokens / window_s if window_s > 0 else 0.0,
-            "total_tokens_per_s": (out_tokens + in_tokens) / window_s if window_s > 0 else 0.0,
+            "requests_per_s": totals.requests_per_s,
+            "output_tokens_per_s": totals.output_tokens_per_s,
+            "total_tokens_per_s": totals.total_tokens_per_s,
         },
         "latency": latency,
+        "timing": _timing_measurable(ok_df, one_read[ok_rows]),
         "token_distributions": _distribution_method(itl, chunk_gap),
         "tokens": _token_accounting(ok_df),
         "percentiles": list(ps),
     }
     if options.slo:
-        meets = slo_mask(counted, options.slo)
+        lo, hi = totals.attainment_interval()
         summary["slo"] = {
             "objectives": options.slo.as_dict(),
-            "met": int(meets.sum()),
-            "attainment": float(meets.sum() / n) if n else 0.0,
-            "goodput_rps": float(meets.sum() / window_s) if window_s > 0 else 0.0,
+            "met": totals.met,
+            "judged": totals.judged,
+            "attainment": totals.attainment if totals.judged else 0.0,
+            "attainment_interval": [lo, hi],
+            "goodput_rps": totals.goodput_rps,
         }
-    summary["client"] = _client_health(df, monitor)
+    summary["client"] = client_health(df[judged], monitor)
     summary["smoothness"] = {
         "deadlines_ms": {"ttft": deadlines.ttft_ms, "token_interval": deadlines.token_interval_ms},
         "fluidity": percentiles(row_arrays[1][ok_rows], (1, 5, 10, 50)),
         "longest_gap_ms": percentiles(row_arrays[3][ok_rows], (50, 90, 95, 99)),
     }
     return summary
+
+
+def _timing_measurable(ok_df: pd.DataFrame, one_read: np.ndarray) -> dict[str, Any]:
+    """Whether the per-token timings (ITL, TPOT, chunk gap) stand for the engine's: not when
+    most multi-token responses arrived in one read (the gaps are then the client's)."""
+    multi = int((ok_df["output_tokens"].to_numpy() >= 2).sum())
+    k = int(one_read.sum())
+    return {"one_read_responses": k, "multi_token_responses": multi, "itl_measurable": timing_measurable(k, multi)}
 
 
 def _distribution_method(*dists: PooledDistribution) -> dict[str, Any]:
@@ -413,7 +431,7 @@ def prompt_length_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
 EXACT_PROMPT_SOURCES = ("tokenizer", "server_tokenize")
 
 
-def _client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:
+def client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:
     """Was the client itself the bottleneck? Overall figures, then per time window.
 
     Signals (docs/instrument.md): schedule lag (send minus intended send, per request),
@@ -458,6 +476,7 @@ def _client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]
         spans = ", ".join(f"{w['start_s']:g}-{w['end_s']:g} s" for w in flagged[:6]) + (", ..." if len(flagged) > 6 else "")
         warnings.append(f"client saturated in {len(flagged)} of {len(windows)} windows ({spans}): timings there include client delay")
     health["warnings"] = warnings
+    health["saturated"] = bool(warnings)
     return health
 
 

@@ -29,6 +29,10 @@ class ExitCode(enum.IntEnum):
     NO_DATA = 3
     #: The measurement worked but no configuration meets the SLOs at the target load.
     NO_CONFIGURATION = 4
+    #: ``bench sweep`` / ``bench recommend``: the answer rests on loads the client could not
+    #: measure truthfully (client saturated, anomalous records); the output is printed in full
+    #: and marked UNTRUSTWORTHY (docs/sweeps.md, Confidence).
+    UNTRUSTWORTHY = 5
     #: Interrupted (Ctrl-C or SIGTERM); what was measured is on disk.
     INTERRUPTED = 130
 

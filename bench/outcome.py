@@ -37,7 +37,8 @@ def run_outcome(summary: dict[str, Any]) -> Outcome | None:
 
 def sweep_outcome(sweep: Path, rec: dict[str, Any]) -> Outcome | None:
     """``NO_DATA`` when no load of the sweep measured anything (every cell failed, or every
-    request of every load did), ``NO_CONFIGURATION`` when SLOs were given and no
+    request of every load did), ``UNTRUSTWORTHY`` when the answer rests on a load the client
+    could not measure truthfully, ``NO_CONFIGURATION`` when SLOs were given and no
     configuration meets them, else None."""
     from analysis.recommend import load_points
 
@@ -48,6 +49,8 @@ def sweep_outcome(sweep: Path, rec: dict[str, Any]) -> Outcome | None:
         counted -= int(points["cancelled"].fillna(0).sum())
     if too_few_succeeded(ok, counted):
         return Outcome(ExitCode.NO_DATA, f"error: {ok} of {counted} requests of the sweep succeeded: nothing to judge")
+    if rec.get("untrustworthy"):
+        return Outcome(ExitCode.UNTRUSTWORTHY, f"UNTRUSTWORTHY: {len(rec['untrustworthy'])} load(s) could not be measured truthfully")
     if rec.get("slo") and not _recommended(rec):
         return Outcome(ExitCode.NO_CONFIGURATION, f"no configuration meets the SLOs: {rec.get('message')}")
     return None

@@ -4,8 +4,9 @@ Why not aiohttp: every read there passes through a protocol object, a flow-contr
 stream reader and a task wake-up before user code sees it, and the send time can only
 be caught from a trace hook. Here the socket is read straight from the event loop's
 readiness callback, so per read the work is: ``recv``, one clock read, HTTP chunk
-de-framing, one call into the sink. The send time is stamped right after the request
-bytes were accepted by the kernel socket (the request "reached the socket").
+de-framing, one call into the sink. The send time is stamped right before the request
+bytes are handed to the kernel socket, so that no stamp of the reply (least of all the
+kernel's receive stamp) can be earlier than it.
 
 Clocks:
 ``user``   ``perf_counter_ns()`` taken right after ``recv`` returned.
@@ -617,6 +618,7 @@ class RawHttpTransport:
             return None
         payload = self._request_bytes(call)
         ex = _Exchange(self, conn, sink, loop.create_future(), call.method == "HEAD")
+        now = _now()  # before the write: no reply can be stamped earlier (docs/metrics.md)
         try:
             sent = conn.sock.send(payload)
         except (BlockingIOError, InterruptedError):
@@ -631,7 +633,7 @@ class RawHttpTransport:
         ex.on_complete = on_complete
         conn.exchange = ex
         self._active.add(ex)
-        ex.last_read_ns = ex.sent_ns = ex.progress_ns = now = _now()
+        ex.last_read_ns = ex.sent_ns = ex.progress_ns = now
         sink.sent(now)
         return ex
 
@@ -686,6 +688,7 @@ class RawHttpTransport:
         conn.exchange = ex
         self._active.add(ex)
         sock = conn.sock
+        now = _now()  # before the write: no reply can be stamped earlier (docs/metrics.md)
         try:
             sent = sock.send(payload)
         except (BlockingIOError, InterruptedError):
@@ -709,7 +712,7 @@ class RawHttpTransport:
                 self._detach(ex)
                 self._discard(conn)
                 raise
-        ex.last_read_ns = ex.sent_ns = ex.progress_ns = now = _now()
+        ex.last_read_ns = ex.sent_ns = ex.progress_ns = now
         sink.sent(now)
         try:
             await future

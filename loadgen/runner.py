@@ -619,8 +619,10 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 
 async def _sleep_until(deadline_ns: int) -> None:
-    delay = deadline_ns - _now()
-    if delay > 0:
+    """Returns at or after ``deadline_ns``, never before: the event loop's timers may fire
+    a little early (clock resolution, float seconds), and a send stamped before its
+    intended time would break the record's invariants."""
+    while (delay := deadline_ns - _now()) > 0:
         await asyncio.sleep(delay / 1e9)
 
 

@@ -105,7 +105,8 @@ def test_choice_by_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, targe
 
 
 def test_fewer_axes_breaks_a_tie_in_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pts = [_point(c, r, 0.95) for c in ("tp4", "tp2-dp2") for r in (2.0, 4.0)]
+    # every request met (0.95 of 50 would be undecided at 90 %: its interval reaches 86 %)
+    pts = [_point(c, r, 1.0) for c in ("tp4", "tp2-dp2") for r in (2.0, 4.0)]
     sweep = _sweep(tmp_path, pts)
     monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
     assert recommend(sweep, target_rate=4.0)["recommendation"]["cell_id"] == "tp4"
@@ -142,3 +143,69 @@ def test_diagnosis_reads_the_limiting_resource() -> None:
     # nothing failed
     d = diagnose_cell(pd.DataFrame([_point("tp2", 1, 1.0), _point("tp2", 2, 0.97)]), SLO, 90.0)
     assert d["limiting_factor"] == "none" and "2 req/s" in d["explanation"]
+
+
+def test_an_untrustworthy_load_marks_the_answer_and_the_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from bench.commands.recommend import command
+    from bench.errors import ExitCode
+
+    why = "client saturated (its lag p99 420.0 ms against an SLO bound of 500 ms)"
+    pts = [_point("tp1", 2.0, 1.0), {**_point("tp1", 4.0, 0.2), "untrustworthy": why}]  # the "failure" is the client's
+    pts += [_point("tp2", 2.0, 1.0), _point("tp2", 4.0, 1.0), _point("tp2", 8.0, 0.2)]
+    sweep = _sweep(tmp_path, pts)
+    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    rec = recommend(sweep)
+    tp1 = next(c for c in rec["workloads"]["w"]["configurations"] if c["cell_id"] == "tp1")
+    assert tp1["upper_rps"] is None and tp1["undecided"] == [4.0]  # not a failure: undecided
+    assert rec["untrustworthy"] == [f"tp1 at 4 req/s: {why}"]
+    text = format_recommendation(rec)
+    assert "UNTRUSTWORTHY" in text and why in text
+    result = CliRunner().invoke(command, [str(sweep)])
+    assert result.exit_code == ExitCode.UNTRUSTWORTHY and "UNTRUSTWORTHY" in result.output
+    trusted = _sweep(tmp_path / "b", [_point("tp2", 2.0, 1.0), _point("tp2", 4.0, 0.2)])
+    assert CliRunner().invoke(command, [str(trusted)]).exit_code == 0
+
+
+def test_rejudging_says_what_it_does_not_know_instead_of_no_capacity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as after `bench recommend --slo <tighter>`: tp1 passed one at a time, every probed rate
+    # (24 and up) now fails; nothing below 24 req/s was ever measured
+    base = _point("tp1", 1.0, 1.0, kind="concurrency", role="baseline")
+    pts = [base, *(_point("tp1", r, 0.3, miss_ttft=0.7) for r in (24.0, 48.0))]
+    pts += [_point("tp2", r, 1.0 if r <= 24 else 0.3) for r in (12.0, 24.0, 48.0)]
+    sweep = _sweep(tmp_path, pts)
+    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    rec = recommend(sweep, target_rate=10.0)
+    wr = rec["workloads"]["w"]
+    tp1 = next(c for c in wr["configurations"] if c["cell_id"] == "tp1")
+    assert tp1["capacity_rps"] is None and tp1["unknown_below_rps"] == 24.0
+    assert "not probed below 24 req/s" in tp1["note"]
+    assert rec["recommendation"]["cell_id"] == "tp2" and wr["provisional"]
+    assert "not known for tp1 (1 GPU, not probed below 24 req/s)" in rec["message"]
+    text = format_recommendation(rec)
+    assert "no capacity under the SLOs" not in text and "unknown: not probed below 24 req/s" in text
+    assert "<24?" in text
+    # a configuration that fails even one request at a time is a verdict, not a gap
+    fail_base = _point("tp1", 1.0, 0.0, kind="concurrency", role="baseline", miss_ttft=1.0)
+    pts2 = [fail_base, *(_point("tp1", r, 0.3) for r in (24.0, 48.0))]
+    rec2 = recommend(_sweep(tmp_path / "b", pts2), target_rate=10.0)
+    c2 = rec2["workloads"]["w"]["configurations"][0]
+    assert c2.get("unknown_below_rps") is None and "one request at a time" in c2["note"]
+
+
+def test_the_winner_is_separated_or_too_close_to_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    # tp1 passes 4 (4/GPU); tp2 passes 6 and fails 7 (3.5/GPU at most): separated
+    far = [_point("tp1", r, 1.0 if r <= 4 else 0.2) for r in (2.0, 4.0, 5.0)]
+    far += [_point("tp2", r, 1.0 if r <= 6 else 0.2) for r in (2.0, 6.0, 7.0)]
+    rec = recommend(_sweep(tmp_path / "far", far))
+    sep = rec["workloads"]["w"]["separation"]
+    assert rec["recommendation"]["cell_id"] == "tp1" and sep["separated"] and sep["runner_up"] == "tp2"
+    # tp2 passes 7.6 (3.8/GPU, > 5 % below tp1's 4) but fails only at 10 (5/GPU): within noise
+    close = [_point("tp1", r, 1.0 if r <= 4 else 0.2) for r in (2.0, 4.0, 5.0)]
+    close += [_point("tp2", r, 1.0 if r <= 7.6 else 0.2) for r in (2.0, 7.6, 10.0)]
+    rec = recommend(_sweep(tmp_path / "close", close))
+    assert rec["recommendation"]["cell_id"] == "tp1"  # fewer GPUs decide
+    assert not rec["workloads"]["w"]["separation"]["separated"]
+    assert "TOO CLOSE TO CALL" in format_recommendation(rec)

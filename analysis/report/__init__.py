@@ -16,6 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from analysis.compare import config_key
+from analysis.format import anomaly_text, one_read_text
 from analysis.load import load_runs
 from analysis.report import figures as F
 from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
@@ -136,6 +137,14 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
             parts.append(_table(["field", "value"], rows, "kv"))
         elif pick is None:
             parts.append("<p>No configuration is recommended.</p>")
+        for wr in (rec.get("workloads") or {}).values():
+            sep = wr.get("separation")
+            if sep:
+                parts.append(f"<p>{'Separated' if sep.get('separated') else 'Too close to call'}: {F.esc(sep.get('text'))}</p>")
+        for key, title in (("untrustworthy", "UNTRUSTWORTHY (the client could not measure it truthfully)"), ("undecided", "Undecided"), ("unknown", "Unknown")):
+            items = [i for wr in (rec.get("workloads") or {}).values() for i in wr.get(key) or []]
+            if items:
+                parts.append(f"<p><b>{F.esc(title)}</b>: " + "; ".join(F.esc(i) for i in items) + "</p>")
         slo = rec.get("slo")
         if slo:
             parts.append(f"<p class='muted'>SLO: {F.esc(json.dumps(slo, default=str))}</p>")
@@ -219,6 +228,12 @@ def _run_section(i: int, v: RunView) -> Section:
         info.append([f"errors: {F.esc(e['error_type'])}", F.esc(f"{e['count']} x {e['message'] or '(no message)'}")])
     for k, val in v.smoothness.items():
         info.append([F.esc(k), _fmt(val, 3)])
+    req = v.summary["requests"]
+    if req.get("anomalies"):
+        info.append(["anomalies", F.esc(anomaly_text(req) + ": excluded from every figure (docs/metrics.md, Record invariants)")])
+    timing = v.summary.get("timing") or {}
+    if not timing.get("itl_measurable", True):
+        info.append(["ITL / TPOT", F.esc("not measurable: " + one_read_text(timing))])
     for w in v.summary.get("client", {}).get("warnings", []):
         info.append(["warning", F.esc(w)])
     sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv")

@@ -29,7 +29,8 @@ def command(
 
     Reads only the sweep's Parquet files; with --slo the loads are re-judged from their
     request tables (the capacity search's probes stay where the sweep put them).
-    Exit code: 0 a configuration meets the SLOs, 4 none does, 3 nothing was measured.
+    Exit code: 0 a configuration meets the SLOs, 3 nothing was measured, 4 none meets them,
+    5 the answer rests on a load that could not be measured truthfully (marked UNTRUSTWORTHY).
     """
     from analysis.recommend import format_recommendation, recommend, recommendation_json
     from analysis.slo import SLO, SLOError

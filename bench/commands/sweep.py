@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from core.errors import BenchError
 from bench.errors import ExitCode, Outcome
+from core.errors import BenchError
 from loadgen.transport import CLOCKS
 
 if TYPE_CHECKING:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from adapters.launch.config import ParallelConfig
-from analysis.capacity import CapacitySearch, Probe, closed_loop_plateau, passes
+from analysis.capacity import CapacitySearch, LoadJudgement, Probe, closed_loop_plateau, judge_load
 from bench.sweep import store
 from bench.sweep.engines import CellEngine, EngineStartError, Launcher, alive, reset_prefix_cache, tail
+from analysis.invariants import ONE_READ_SHARE_MAX
 from bench.sweep.loads import Load, fmt, run_load
 from bench.sweep.spec import SweepSpec, WorkloadSpec
 
@@ -28,6 +29,8 @@ Echo = Callable[[str], None]
 BASELINE_REQUESTS = 6
 #: A capacity probe sends for at least this many one-at-a-time latencies (see LoadSpec.min_window_s).
 WINDOW_E2E_MULTIPLE = 8.0
+#: Most extra runs of one load beyond its repeats (a re-measurement, then doubling sizes).
+MAX_REMEASURES = 3
 
 
 class SweepInterrupted(Exception):
@@ -148,7 +151,8 @@ class CellRunner:
 
         def measure(load: Load) -> tuple[dict[str, Any], bool] | None:
             """Run one load (with its repeats pooled by the caller); None if the engine died."""
-            label = load.label(len(spec.workloads) > 1, spec.repeats)
+            # re-measurements of a load come after its repeats, and are labelled as further repeats
+            label = load.label(len(spec.workloads) > 1, max(spec.repeats, load.repeat + 1))
             run_dir = store.cell_dir(self.sweep_dir, cell_id) / f"load={label}"
             out.prefix_cache_reset = reset_prefix_cache(spec.engine, url)
             warmup = spec.loads.warmup if state["first"] else 0
@@ -203,6 +207,9 @@ class CellRunner:
                 "warmup_requests": warmup,
                 **metrics,
             }
+            if spec.slo:  # this run's own verdict; the load's pools its runs (judge_load)
+                own = judge_load([row], spec.attainment_pct)
+                row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
             if load.kind == "concurrency" and load.role == "load" and out.points:
                 prev = [
                     p
@@ -228,20 +235,52 @@ class CellRunner:
                 return None
             return row, bool(row["saturated"])
 
-        def measure_pooled(kind: str, value: float, role: str, requests: int | None = None) -> tuple[float, bool] | None:
-            atts: list[tuple[float, int]] = []
-            saturated = False
-            for r in range(spec.repeats if role != "baseline" else 1):
-                res = measure(Load(kind, value, w, r, role, requests, seq=state["seq"]))
+        def measure_pooled(kind: str, value: float, role: str, requests: int | None = None) -> LoadJudgement | None:
+            """Measure one load (its repeats), then more until its sample decides it: a load
+            the client could not measure truthfully once more, an undecided one with twice
+            the requests per run, up to ``loads.max_requests`` in all (docs/sweeps.md)."""
+            rows: list[dict[str, Any]] = []
+            repeat = 0
+
+            def one(n: int | None) -> bool:
+                nonlocal repeat
+                res = measure(Load(kind, value, w, repeat, role, n, seq=state["seq"]))
                 state["seq"] += 1
+                repeat += 1
                 if res is None:
+                    return False
+                rows.append(res[0])
+                return True
+
+            for _ in range(spec.repeats if role != "baseline" else 1):
+                if not one(requests):
                     return None
-                row, sat = res
-                saturated |= sat
-                atts.append((row["attainment"], row["requests"]))
-            total = sum(n for _, n in atts)
-            att = sum(a * n for a, n in atts if not math.isnan(a)) / total if total else float("nan")
-            return att, saturated
+            judgement = judge_load(rows, spec.attainment_pct)
+            if role == "baseline" or not spec.slo:
+                return judgement
+            remeasured = False
+            last = requests or spec.loads.requests
+            while True:
+                if judgement.untrustworthy and not remeasured:
+                    remeasured, n = True, last
+                    self.echo(f"{index} {cell_id}: {fmt_load(kind, value)}: measuring again: {judgement.reason}")
+                elif judgement.needs_more and len(rows) - spec.repeats < MAX_REMEASURES:
+                    n = min(2 * last, loads.max_requests - sum(int(r["requests"]) for r in rows))
+                    if n < 1:
+                        break
+                    self.echo(f"{index} {cell_id}: {fmt_load(kind, value)} undecided ({judgement.reason}); {n} more requests")
+                else:
+                    break
+                if not one(n):
+                    return None
+                last = n
+                judgement = judge_load(rows, spec.attainment_pct)
+            return judgement
+
+        def probe_of(value: float, j: LoadJudgement) -> Probe:
+            if not spec.slo:  # no SLO: a load passes unless saturated
+                return Probe(value, not j.saturated, j.attainment, j.saturated)
+            return Probe(value, j.passed, j.attainment, j.saturated, j.undecided, j.reason)
 
         loads = spec.loads
 
@@ -252,12 +291,12 @@ class CellRunner:
             base = measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
             if base is None:
                 return False
-            base_att, _ = base
+            base_att = base.attainment
             base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
             window = loads.min_window_s if loads.min_window_s is not None else WINDOW_E2E_MULTIPLE * base_e2e_s
             if not math.isfinite(window):
                 window = 0.0
-            if not passes(base_att, False, spec.attainment_pct):
+            if base.verdict == "fail":  # decidedly, on a handful of requests: none pass there
                 out.capacity[w.tag] = {
                     "method": "search",
                     "capacity_rps": None,
@@ -293,8 +332,7 @@ class CellRunner:
                 res = measure_pooled("rate", rate, "probe", requests_for(rate, window))
                 if res is None:
                     return False
-                att, sat = res
-                search.record(Probe(rate, passes(att, sat, spec.attainment_pct), att, sat))
+                search.record(probe_of(rate, res))
             result = search.result()
             out.capacity[w.tag] = {
                 "method": "search",
@@ -304,9 +342,13 @@ class CellRunner:
                 "achieved_precision": result.achieved_precision,
                 "converged": result.converged,
                 "probes": len(result.probes),
+                "undecided": list(result.undecided),
+                "level": result.level,
                 "note": result.note,
             }
             self.echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}")
+            if result.undecided:
+                self.echo(f"{index} {cell_id}: {result.note}")
             return True
         values: list[tuple[str, float]] = (
             [("rate", r) for r in sorted(loads.rates)]
@@ -320,8 +362,8 @@ class CellRunner:
             )
             if res is None:
                 return False
-            att, sat = res
-            probes.append(Probe(value, passes(att, sat, spec.attainment_pct) if spec.slo else not sat, att, sat))
+            sat = res.saturated
+            probes.append(probe_of(value, res))
             if sat and loads.stop_at_saturation and i + 1 < len(values):
                 skipped = ", ".join(f"{v:g}" for _, v in values[i + 1 :])
                 self.echo(f"{index} {cell_id}: saturated at {kind} {value:g}; skipping higher loads ({skipped})")
@@ -357,6 +399,8 @@ class CellRunner:
                 "achieved_precision": result.achieved_precision,
                 "converged": result.upper_rps is not None,
                 "probes": len(probes),
+                "undecided": list(result.undecided),
+                "level": result.level,
                 "note": result.note,
             }
             self.echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}")
@@ -374,6 +418,14 @@ class CellRunner:
         parts.append(f"TPOT p90 {fmt(row['tpot_p90_ms'], ' ms', 1)}")
         parts.append(f"({secs:.1f} s)")
         line = " ".join(parts)
+        if row.get("anomalies"):
+            line += f"  ANOMALIES: {row['anomalies']} records excluded"
+        if row.get("untrustworthy"):
+            line += f"  UNTRUSTWORTHY: {row['untrustworthy']}"
+        if row.get("under_sampled"):
+            line += f"  UNDER-SAMPLED: {row['under_sampled']}"
+        if row.get("one_read_share", 0.0) > ONE_READ_SHARE_MAX:
+            line += f"  TPOT not measurable: {100 * row['one_read_share']:.0f}% of responses in one read"
         if row.get("saturated"):
             line += f"  SATURATED: {row['saturation_reason']}"
         if row.get("top_error"):
@@ -381,6 +433,10 @@ class CellRunner:
         if row.get("missing_rows"):
             line += f"  WARNING: {row['missing_rows']} scheduled requests have no row in the results"
         self.echo(line)
+
+
+def fmt_load(kind: str, value: float) -> str:
+    return f"{value:g} req/s" if kind == "rate" else f"concurrency {int(value)}"
 
 
 def _cap_text(cap: float | None, upper: float | None, gpus: int) -> str:
