@@ -149,18 +149,18 @@ class EngineProfile:
 # constants of the engine generation it names; "vllm", "sglang" and "tgi" are the flavours'
 # defaults (``bench sim serve --flavor X`` uses profile X unless ``--profile`` is given).
 #: Fitted constants (``python -m sim.validation --fit``, rounded): see sim/validation.py's FIT rows.
-MOE_LAYER_US = 31.0  # vLLM CI Mixtral-8x7B TP2 H200 bs8 32/128 latency, 1921.1 ms
-MOE_GEMM_TFLOPS = 97.0  # vLLM CI Mixtral-8x7B TP2 H200 offline ShareGPT, 8.05 req/s
-MLA_LAYER_US = 348.0  # sglang#2643 DeepSeek-V3 TP8 H200 batch 1 128/256, 30.29 tok/s
-V0_PER_SEQ_US = 67.0  # vLLM 0.6.0 70B TP4 H100 ShareGPT 4 req/s median TPOT 23.58 ms (sglang-060)
-V0_REQUEST_OVERHEAD_MS = 68.0  # same row, median TTFT 179.15 ms
+MOE_LAYER_US = 15.0  # vLLM CI Mixtral-8x7B TP2 H200 bs8 32/128 latency, 1921.1 ms
+MOE_GEMM_TFLOPS = 90.0  # vLLM CI Mixtral-8x7B TP2 H200 offline ShareGPT, 8.05 req/s
+MLA_LAYER_US = 356.0  # sglang#2643 DeepSeek-V3 TP8 H200 batch 1 128/256, 30.29 tok/s
+V0_PER_SEQ_US = 70.0  # vLLM 0.6.0 70B TP4 H100 ShareGPT 4 req/s median TPOT 23.58 ms (sglang-060)
+V0_REQUEST_OVERHEAD_MS = 40.0  # same row, median TTFT 179.15 ms
 PROFILES: dict[str, EngineProfile] = {
     # vLLM V1 engine (0.8+, 2025): mixed chunked-prefill steps, async output processing.
     # MoE constants from the vLLM CI Mixtral-8x7B TP2 H200 rows (bs8 latency, offline throughput).
     "vllm": EngineProfile(
         "vllm", era="vLLM V1 engine (0.8+, 2025)",
-        calibration="vLLM CI H200 bs8 latency 8B/70B/Mixtral and Mixtral offline throughput (fitted, within 5 %); "
-                    "held out: vLLM CI H100/A100 rows, NIM 70B c1 (see bench sim validate)",
+        calibration="vLLM CI H200/H100 bs8 latency 8B/70B, Mixtral H200 latency and throughput, NIM c1 5000/500 "
+                    "(fitted, within 5 %); held out: vLLM CI A100 and throughput rows, NIM under load",
         moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
     ),
     # vLLM V0 engine (0.5-0.6, 2024): prefill-only steps stall the decodes; no chunked prefill
@@ -189,13 +189,20 @@ PROFILES: dict[str, EngineProfile] = {
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
         mla_layer_us=MLA_LAYER_US,
     ),
+    # TensorRT-LLM: in-flight batching with chunked context (mixed steps), C++ runtime: no
+    # engine skew on the all-reduces (the 15 us skew is a vLLM fit, reference §3.4). Nothing fitted.
+    "trtllm": EngineProfile(
+        "trtllm", era="TensorRT-LLM (2024)", tp_skew_us_at_4=0.0,
+        calibration="nothing fitted; held out: 405B TP8 vs PP8 ratios (NVIDIA blog)",
+    ),
     "tgi": EngineProfile(
         "tgi", policy="tgi-waiting-ratio", era="TGI 2.x router (2024)", t_fixed_ms=3.0, request_overhead_ms=5.0,
         max_num_batched_tokens=4096, enable_prefix_caching=True,
     ),
     "legacy-2023": EngineProfile(
         "legacy-2023", policy="v0-prefill-first", era="vLLM 0.1-0.2 (2023)",
-        calibration="Splitwise 70B TP4 H100 batch-1 token time (fitted, +2 %); held out: TP8",
+        calibration="Splitwise 70B TP4/TP8 H100 batch-1 token time (fitted, within 7 %); held out: DistServe 13B "
+                    "A100 colocated and P/D goodput",
         t_fixed_ms=13.0, tp_skew_us_at_4=15.0, request_overhead_ms=10.0,
         max_num_batched_tokens=4096, max_num_seqs=256, enable_prefix_caching=False,
     ),

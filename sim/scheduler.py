@@ -245,9 +245,13 @@ class Instance:
         return self._launch(plan, t)
 
     def _plan_decodes(self, plan: "_Plan") -> None:
-        """One token for every running request in decode (preempting the newest when KV runs out)."""
+        """One token for every running request in decode (preempting the newest when KV runs out).
+
+        With pipeline parallelism a micro-batch takes at most 1/pp of the running requests (vLLM's
+        virtual engines each schedule their own share), so the pp stages all have work."""
         i = 0
-        while i < len(self.running) and plan.budget > 0:
+        share = -(-len(self.running) // self.pp) if self.pp > 1 else len(self.running)
+        while i < len(self.running) and plan.budget > 0 and plan.n_dec < share:
             req = self.running[i]
             i += 1
             if req.in_flight or req.in_prefill or req.aborted:

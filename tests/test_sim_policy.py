@@ -136,3 +136,11 @@ def test_bench_sim_describe_prints_uncalibrated() -> None:
     res = CliRunner().invoke(cli, ["sim", "describe", "--model-preset", "deepseek-v3", "--gpu", "h200", "--tp", "8"])
     assert res.exit_code == 0, res.output
     assert '"calibration": "uncalibrated' in res.output
+
+
+def test_pipeline_micro_batches_share_the_running_requests() -> None:
+    t = ModelTiming("llama-3.1-70b", "h100", tp=1, pp=4, enable_prefix_caching=False)
+    steps = _batches(t, [Arrival(0.0, 64, 40) for _ in range(64)])
+    # each of the 4 stages gets a quarter of the decodes (vLLM's virtual engines), not one batch of all
+    assert max(b.decode_tokens for b in steps) <= 16
+    assert sum(1 for b in steps if b.decode_tokens == 16) > 10
