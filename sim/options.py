@@ -74,6 +74,7 @@ class ModelTiming:
             raise ValueError("jitter must be >= 0")
         if (self.disagg_prefill > 0) != (self.disagg_decode > 0):
             raise ValueError("disaggregation needs both prefill and decode instances")
+        self.engine_profile.scheduling_policy()  # an unknown [profile] policy fails here, with the known ones
 
     @property
     def model(self) -> ModelSpec:

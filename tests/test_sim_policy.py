@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,16 @@ def test_pipeline_micro_batches_share_the_running_requests() -> None:
     # each of the 4 stages gets a quarter of the decodes (vLLM's virtual engines), not one batch of all
     assert max(b.decode_tokens for b in steps) <= 16
     assert sum(1 for b in steps if b.decode_tokens == 16) > 10
+
+
+def test_a_toml_profile_can_switch_the_policy_and_an_unknown_one_is_refused(tmp_path: Path) -> None:
+    from sim.options import apply_toml
+
+    good = tmp_path / "v0.toml"
+    good.write_text('[profile]\npolicy = "v0-prefill-first"\nscheduler_steps = 8\n')
+    t = apply_toml(ModelTiming(), good, {})
+    assert t.engine_profile.scheduling_policy().scheduler_steps == 8
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[profile]\npolicy = "fcfs"\n')
+    with pytest.raises(ValueError, match="unknown scheduling policy 'fcfs'; known: v1-chunked"):
+        apply_toml(ModelTiming(), bad, {})
