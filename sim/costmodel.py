@@ -84,6 +84,8 @@ class CostModel:
         # KV bytes per token on one GPU (all layers of its stage)
         self.kv_bytes_token_gpu = self.layers_stage * model.kv_elems_per_token_layer(t) * self.b_kv / parallel.dcp
         self.kv_bytes_token_layer_total = model.kv_elems_per_token_layer(1) * self.b_kv
+        moe_rate = profile.moe_gemm_tflops * 1e12
+        self.moe_flops_factor = self.flops / moe_rate if 0 < moe_rate < self.flops else 1.0
         self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t / 4.0) ** 1.25 if t > 1 else 0.0
 
     # -- memory ------------------------------------------------------------------------
@@ -147,7 +149,9 @@ class CostModel:
         weight_bytes = self.dense_weight_bytes_gpu
         if m.is_moe:
             imb = self.expert_imbalance if self.ep_width > 1 and par.ep > 1 else 1.0
-            lin_flops += 2.0 * active_expert * T_rank / (self.ep_width * p) * imb
+            expert_flops = 2.0 * active_expert * T_rank / (self.ep_width * p) * imb
+            # the engine's grouped expert GEMMs may run below the dense rate (profile's ceiling)
+            lin_flops += expert_flops * self.moe_flops_factor
             # experts touched by T tokens (each picks top_k of E)
             touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(T, 0)
             weight_bytes += self.expert_weight_bytes_gpu * touched
@@ -170,14 +174,22 @@ class CostModel:
             nbytes = T * m.top_k * m.hidden * 3.0 / par.ep  # FP8 dispatch + BF16 combine, per rank
             alpha = g.a2a_alpha_us * 1e-6 * (1.0 + math.log2(par.ep) / 3.0)
             t_ep = moe_layers * (2.0 * alpha + nbytes / (g.a2a_gb_s * GB))
-        stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep
+        # per-layer fixed costs of MoE routing and MLA attention (engine generation's kernels)
+        t_layers = 0.0
+        if T:
+            if m.is_moe:
+                t_layers += m.moe_layers / p * self.prof.moe_layer_us * 1e-6
+            if m.mla_kv_dim:
+                t_layers += self.layers_stage * self.prof.mla_layer_us * 1e-6
+        stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers
         send = (g.p2p_alpha_us * 1e-6 + act_bytes / (g.p2p_gb_s * GB)) if p > 1 else 0.0
-        fixed = self.prof.t_fixed_ms * 1e-3
+        # engine CPU time: per step, plus per sequence in the step (scheduling, sampling, output)
+        fixed = self.prof.t_fixed_ms * 1e-3 + self.prof.per_seq_us * 1e-6 * (len(prefill) + n_decode)
         latency = p * stage + (p - 1) * send + fixed
         occupancy = stage + send + fixed if p > 1 else latency
         parts = {
             "linear": t_lin, "attn_prefill": t_attn_pf, "attn_decode": t_attn_dec, "tp": t_tp, "dcp": t_dcp,
-            "pcp": t_pcp, "ep": t_ep, "pp_send": (p - 1) * send, "fixed": fixed,
+            "pcp": t_pcp, "ep": t_ep, "moe_mla_layers": t_layers, "pp_send": (p - 1) * send, "fixed": fixed,
         }
         return StepCost(latency, occupancy, parts)
 

