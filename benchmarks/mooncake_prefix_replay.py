@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,13 +23,8 @@ TRACE = REPO.parent / "shared" / "traces" / "mooncake-fast25" / "conversation_tr
 
 sys.path.insert(0, str(REPO))
 
+from adapters.launch.process import free_port  # noqa: E402
 from core.control import EngineClient  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -96,14 +95,14 @@ def test_client_stamps_match_the_engines_emission_log(tmp_path: Path) -> None:
 def _wait_for_port(port: int, timeout: float = 30.0) -> None:
     import socket
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
+            return True
         except OSError:
-            time.sleep(0.1)
-    pytest.fail(f"the engine did not listen on port {port} within {timeout:g} s")
+            return False
+
+    wait_until(listening, timeout, f"the engine listening on port {port}", poll_s=0.1)
 
 
 def _flushed_rows(run_dir: Path) -> int:
