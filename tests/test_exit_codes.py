@@ -186,3 +186,19 @@ def test_top_errors_count_messages_that_differ_only_in_numbers() -> None:
                       "message": "HTTP 400: maximum context length is 4096 tokens, you requested 5000"}
     assert [e["count"] for e in top] == [2, 1, 1] and len(top) == 3
     assert error_line(top[:1]) == "2 x http_error: HTTP 400: maximum context length is 4096 tokens, you requested 5000"
+
+
+def test_a_sweep_load_names_its_most_frequent_error(tmp_path: Path) -> None:
+    import dataclasses
+
+    from analysis.capacity import point_metrics
+    from analysis.load import load_run
+    from analysis.slo import SLO
+    from tests.helpers_records import record, write_run
+
+    recs = [record(f"r{i}", i * 100.0, [(i * 100.0 + 50, 1), (i * 100.0 + 60, 1)]) for i in range(4)]
+    recs += [dataclasses.replace(record(f"f{i}", 500.0 + i, [], ok=False, error_type="http_error", end_ms=600.0 + i),
+                                 error_message=f"HTTP 400: {4096 + i} tokens is too long") for i in range(3)]
+    recs.append(record("gone", 900.0, [], ok=False, error_type="cancelled", end_ms=5000.0))
+    m = point_metrics(load_run(write_run(tmp_path / "r", recs, {"workload_json": '{"rate": 10.0}'})), SLO.parse("ttft_ms=200"))
+    assert m["top_error"] == "3 x http_error: HTTP 400: 4096 tokens is too long"
