@@ -32,14 +32,15 @@ def spaced(prompts: list[str], output_tokens: int, gap_ms: float = 20.0) -> Sche
 
 
 def run_against(cfg: ServerConfig, sched: Schedule, tmp: Path, adapter: Any = None, stall_s: float = 5.0,
-                engine: str = "sim", clock: str = "auto") -> list[dict[str, Any]]:
-    """Serve ``cfg`` in-process, run ``sched`` with bench's runner, return the request rows."""
+                engine: str = "sim", clock: str = "auto", fit_context: bool = True) -> list[dict[str, Any]]:
+    """Serve ``cfg`` in-process, run ``sched`` with bench's runner, return the request rows
+    (``fit_context=False``: send requests too long for the served context, to see the engine's answer)."""
 
     async def main() -> Path:
         async with serve_in_process(create_app(cfg)) as url:
             rc = RunConfig(out=tmp / "run", url=url, engine=engine, model=cfg.model, schedule=sched,
                            options=RunOptions(progress=False, drain_timeout_s=30.0), timeouts=Timeouts(stall=stall_s),
-                           clock=clock)
+                           clock=clock, fit_context=fit_context)
             res = await execute_run(rc, adapter or OpenAIAdapter(model=cfg.model), install_signals=False)
             return res.run_dir
 
