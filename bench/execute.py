@@ -81,6 +81,21 @@ def prepare_run_dir(out: Path, overwrite: bool) -> Path:
     return out
 
 
+def workload_meta(schedule: Schedule) -> dict[str, Any]:
+    """``run.parquet`` ``workload_json``: what the schedule is."""
+    return {
+        "name": schedule.name,
+        "seed": schedule.seed,
+        "mode": schedule.mode,
+        "rate": schedule.rate,
+        "concurrency": schedule.concurrency,
+        "arrival": schedule.arrival,
+        "requests": len(schedule.measured),
+        "warmup": len(schedule.warmup),
+        **schedule.description,
+    }
+
+
 def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -108,17 +123,7 @@ async def execute_run(
         "engine": cfg.engine,
         "model": cfg.model,
         "adapter_json": {**adapter.describe(), **transport.describe(), "url": cfg.url},
-        "workload_json": {
-            "name": cfg.schedule.name,
-            "seed": cfg.schedule.seed,
-            "mode": cfg.schedule.mode,
-            "rate": cfg.schedule.rate,
-            "concurrency": cfg.schedule.concurrency,
-            "arrival": cfg.schedule.arrival,
-            "requests": len(cfg.schedule.measured),
-            "warmup": len(cfg.schedule.warmup),
-            **cfg.schedule.description,
-        },
+        "workload_json": workload_meta(cfg.schedule),
         "host_json": host_fingerprint(),
         "start_utc": _utc_now(),
         "t0_monotonic_ns": time.perf_counter_ns(),

@@ -13,6 +13,7 @@ from analysis.load import load_run
 from analysis.slo import SLO
 from bench.errors import BenchError
 from bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench.virtual import VirtualEngine
 from loadgen.runner import RunOptions
 from loadgen.transport import Timeouts
 from results.reader import read_run_meta, read_server_metrics
@@ -107,9 +108,12 @@ def run_load(
     extra: dict[str, Any],
     warmup: int,
     progress: bool | None,
+    virtual: VirtualEngine | None = None,
 ) -> tuple[dict[str, Any], Saturation, bool]:
-    """Run one load into ``run_dir``; returns (metrics, saturation, interrupted)."""
+    """Run one load into ``run_dir`` (on ``virtual``'s model in virtual time when given);
+    returns (metrics, saturation, interrupted)."""
     from bench.execute import RunConfig, execute_run, run_async
+    from bench.virtual import execute_virtual
 
     schedule = build_schedule(load, spec, warmup)
     adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api)
@@ -124,7 +128,7 @@ def run_load(
         timeouts=Timeouts(stall=spec.stall_timeout_s),
         command=("bench", "sweep"),
         workers=spec.workers,
-        clock=spec.clock,
+        clock=spec.effective_clock,
         config={
             "slo": slo.as_dict(),
             "attainment_pct": spec.attainment_pct,
@@ -134,8 +138,11 @@ def run_load(
         },
         extra=extra,
     )
-    # execute_run scrapes the engine's /metrics into the run folder throughout the load
-    result = run_async(lambda: execute_run(cfg, adapter))
+    if virtual is not None:
+        result = execute_virtual(cfg, virtual)
+    else:
+        # execute_run scrapes the engine's /metrics into the run folder throughout the load
+        result = run_async(lambda: execute_run(cfg, adapter))
     run = load_run(run_dir)
     signals = server_signals(read_server_metrics(run_dir))
     metrics = point_metrics(run, slo, signals)
