@@ -231,7 +231,7 @@ def execute_virtual(cfg: RunConfig, engine: VirtualEngine) -> RunResult:
     for k, start in enumerate(range(0, max(1, table.num_rows), PART_ROWS)):
         write_table_atomic(table.slice(start, PART_ROWS), run_dir / REQUESTS_DIR / f"part-000-{k:06d}.parquet")
     if plan.tick_ns:
-        write_table_atomic(samples.table(), run_dir / SERVER_METRICS_DIR / "part-000-000000.parquet")
+        write_table_atomic(samples.table(result.outcomes), run_dir / SERVER_METRICS_DIR / "part-000-000000.parquet")
     write_schedule(run_dir, cfg.schedule.requests)
     stats = _stats(result.outcomes, sends, result.t0_ns, result.end_ns)
     write_run_meta(run_dir, _meta(cfg, engine, run_id, stats, time.perf_counter() - wall0))
@@ -255,22 +255,30 @@ class _Samples:
             return
         self.rows.append((t, b.waiting, b.running, b.kv_usage, b.preemptions, b.prefix_queries, b.prefix_hits))
 
-    def table(self) -> pa.Table:
+    def table(self, outcomes: Sequence[Outcome]) -> pa.Table:
+        """The samples, plus the queue-time histogram's sum and count (the engine's
+        ``queue_seconds``: admission minus arrival, of the requests finished by each tick)."""
+        done = sorted((o.end_ns, o.queue_ns) for o in outcomes if o.state == OK and o.queue_ns is not None)
+        ends = np.array([e for e, _ in done], dtype=np.int64)
+        queue_sum = np.concatenate([[0.0], np.cumsum([q / 1e9 for _, q in done])])
+        names = [*self.GAUGES, ("queue_seconds", "histogram_sum"), ("queue_seconds", "histogram_count")]
         cols: dict[str, list[Any]] = {name: [] for name in SERVER_METRICS_SCHEMA.names}
-        last: list[float | None] = [None] * len(self.GAUGES)
+        last: list[float | None] = [None] * len(names)
         for row in self.rows:
-            for k, (common, kind) in enumerate(self.GAUGES):
-                value = float(row[k + 1])
+            finished = int(np.searchsorted(ends, row[0], side="right"))
+            values = [*row[1:], float(queue_sum[finished]), float(finished)]
+            for k, ((common, kind), value) in enumerate(zip(names, values)):
+                suffix = {"histogram_sum": "_sum", "histogram_count": "_count"}.get(kind, "")
                 cols["ts_ns"].append(row[0])
-                cols["metric"].append(f"virtual:{common}")
+                cols["metric"].append(f"virtual:{common}{suffix}")
                 cols["common"].append(common)
                 cols["type"].append(kind)
                 cols["labels"].append("")
                 cols["le"].append(None)
-                cols["value"].append(value)
+                cols["value"].append(float(value))
                 prev = last[k]
-                cols["delta"].append(None if kind != "counter" else value - prev if prev is not None else value)
-                last[k] = value
+                cols["delta"].append(None if kind == "gauge" else float(value) - prev if prev is not None else float(value))
+                last[k] = float(value)
         return pa.Table.from_pydict(cols, schema=SERVER_METRICS_SCHEMA)
 
 
