@@ -96,6 +96,20 @@ def workload_meta(schedule: Schedule) -> dict[str, Any]:
     }
 
 
+def stats_notes(stats: RunStats, notes: list[str]) -> dict[str, Any]:
+    """``run.parquet`` ``notes_json``: the run's counters and notes."""
+    return {
+        "notes": notes,
+        "sent": stats.sent,
+        "completed": stats.completed,
+        "failed": stats.failed,
+        "cancelled": stats.cancelled,
+        "max_in_flight": stats.max_in_flight,
+        "t0_ns": stats.t0_ns,
+        "end_ns": stats.end_ns,
+    }
+
+
 def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -174,14 +188,7 @@ async def execute_run(
         adapter_json={**meta["adapter_json"], **(transport.describe() if cfg.workers <= 1 else {})},
         end_utc=_utc_now(),
         notes_json={
-            "notes": notes,
-            "sent": stats.sent,
-            "completed": stats.completed,
-            "failed": stats.failed,
-            "cancelled": stats.cancelled,
-            "max_in_flight": stats.max_in_flight,
-            "t0_ns": stats.t0_ns,
-            "end_ns": stats.end_ns,
+            **stats_notes(stats, notes),
             **({"server_metrics": scraper.describe()} if scraper is not None else {}),
         },
     )

@@ -30,7 +30,7 @@ from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError
 from bench import __version__
 from bench.errors import BenchError
-from bench.execute import RunConfig, RunResult, _utc_now, prepare_run_dir, workload_meta
+from bench.execute import RunConfig, RunResult, _utc_now, prepare_run_dir, stats_notes, workload_meta
 from bench.host import host_fingerprint
 from loadgen.runner import RunStats
 from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, SCHEMA_VERSION, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
@@ -393,16 +393,6 @@ def _meta(cfg: RunConfig, engine: VirtualEngine, run_id: str, stats: RunStats, w
         "t0_monotonic_ns": stats.t0_ns,
         "t0_unix_ns": time.time_ns(),
         "clock": CLOCK_LABEL,
-        "notes_json": {
-            "notes": [],
-            "sent": stats.sent,
-            "completed": stats.completed,
-            "failed": stats.failed,
-            "cancelled": stats.cancelled,
-            "max_in_flight": stats.max_in_flight,
-            "t0_ns": stats.t0_ns,
-            "end_ns": stats.end_ns,
-            "wall_s": round(wall_s, 3),
-        },
+        "notes_json": {**stats_notes(stats, []), "wall_s": round(wall_s, 3)},
         "extra_json": cfg.extra,
     }

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import subprocess
 import sys
 import tempfile
@@ -41,37 +42,42 @@ MAIN_JOB = [
 ]  # fmt: skip
 
 
-def _bench(*args: str, timeout: float = 3600) -> tuple[subprocess.CompletedProcess[str], float]:
+def _bench(*args: str, timeout: float = 3600) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """Run ``bench ARGS``; returns (the process, wall seconds, CPU seconds it used: user + system)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True,
                        timeout=timeout)  # fmt: skip
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"bench {' '.join(args[:2])} failed:\n{r.stderr[-3000:]}")
-    return r, time.perf_counter() - t
+    return r, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def main_job_once(tmp: Path, k: int) -> tuple[float, str, dict[str, float | None]]:
+def main_job_once(tmp: Path, k: int) -> tuple[float, float, str, dict[str, float | None]]:
     from bench.sweep.store import read_cells
 
     out = tmp / f"sweep{k}"
-    r, wall = _bench(*MAIN_JOB, "--out", str(out))
+    r, wall, cpu = _bench(*MAIN_JOB, "--out", str(out))
     rec = json.loads((out / "recommendation.json").read_text()).get("recommendation") or {}
     caps = {c["cell_id"]: c["capacity_rps"] for c in read_cells(out)}
     assert "ran in virtual time" in r.stdout
-    return wall, str(rec.get("cell_id")), caps
+    return wall, cpu, str(rec.get("cell_id")), caps
 
 
 def main_job(repeats: int, busy: int) -> bool:
-    answers = []
+    answers: list[tuple[str, dict[str, float | None]]] = []
     with tempfile.TemporaryDirectory(prefix="bench-vt-") as d:
         for label, spinners in (("quiet", 0), (f"{busy} busy processes", busy)):
             procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spinners)]
             try:
                 for k in range(repeats):
-                    wall, rec, caps = main_job_once(Path(d), len(answers))
+                    wall, cpu, rec, caps = main_job_once(Path(d), len(answers))
                     answers.append((rec, caps))
                     figures = ", ".join(f"{c} {v:g}" if v else f"{c} -" for c, v in sorted(caps.items()))
-                    print(f"main job, {label}, run {k + 1}: {wall:5.1f} s wall; RECOMMENDATION {rec}; capacity req/s: {figures}")
+                    print(f"main job, {label}, run {k + 1}: {wall:5.1f} s wall, {cpu:4.1f} s CPU; "
+                          f"RECOMMENDATION {rec}; capacity req/s: {figures}", flush=True)
             finally:
                 for p in procs:
                     p.kill()
@@ -104,13 +110,14 @@ def big_run(requests: int, rate: float, input_tokens: int, output_tokens: int) -
         args = ["run", "--launch", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--parallel",
                 "tp=4,dp=2", "--rate", f"{rate:g}", "--requests", str(requests), "--input-tokens", str(input_tokens),
                 "--output-tokens", str(output_tokens), "--out", str(out)]  # fmt: skip
-        _, wall = _bench(*args)
+        _, wall, cpu = _bench(*args)
         run = load_run(out)
         notes = run.meta.get("notes") or {}
         print(f"bench {' '.join(args[:-2])}")
-        print(f"  {requests:,} requests x {output_tokens} output tokens on TP4xDP2: {wall:.1f} s wall for the "
-              f"command ({notes.get('wall_s', float('nan')):.1f} s to simulate and write the run)")
-        summary, _ = _bench("summary", str(out), "--json")
+        print(f"  {requests:,} requests x {output_tokens} output tokens on TP4xDP2: {wall:.1f} s wall, {cpu:.1f} s "
+              f"CPU for the command ({notes.get('wall_s', float('nan')):.1f} s wall to simulate and write the run)",
+              flush=True)
+        summary, _, _ = _bench("summary", str(out), "--json")
         s = json.loads(summary.stdout)
         sched = read_parquet_file(out / SCHEDULE_FILE).to_pandas()
         timing = virtual_engine("llama-3.1-70b", "h100", ParallelConfig(tp=4, dp=2)).timing

@@ -103,7 +103,7 @@ def master(
     from bench.commands.run import _build_schedule
     from bench.options import parse_percentiles, parse_slo
     from bench.distributed.wire import ClientSettings
-    from bench.execute import prepare_run_dir
+    from bench.execute import prepare_run_dir, workload_meta
     from bench.report_text import print_summary
     from loadgen.transport import AiohttpTransport, Timeouts
     from workloads.synthetic import WorkloadError
@@ -140,17 +140,7 @@ def master(
         "engine": engine,
         "model": model,
         "adapter_json": {**adapter.describe(), **AiohttpTransport(url, timeouts).describe(), "url": url},
-        "workload_json": {
-            "name": schedule.name,
-            "seed": schedule.seed,
-            "mode": schedule.mode,
-            "rate": schedule.rate,
-            "concurrency": schedule.concurrency,
-            "arrival": schedule.arrival,
-            "requests": len(schedule.measured),
-            "warmup": len(schedule.warmup),
-            **schedule.description,
-        },
+        "workload_json": workload_meta(schedule),
         "extra_json": {},
     }
     settings = MasterSettings(
