@@ -182,6 +182,7 @@ def run(
     if plan.concurrency is not None:
         _closed_start(client, measured, plan.concurrency, t0)
     else:
+        client.closed = False
         client.phase_left = len(measured)
         for i in sorted(measured, key=lambda i: (sends[i].at_ns or 0, i)):
             client.push(t0 + (sends[i].at_ns or 0), i)
