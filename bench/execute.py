@@ -91,6 +91,35 @@ def prepare_run_dir(out: Path, overwrite: bool) -> Path:
     return out
 
 
+def workload_meta(schedule: Schedule) -> dict[str, Any]:
+    """``run.parquet`` ``workload_json``: what the schedule is."""
+    return {
+        "name": schedule.name,
+        "seed": schedule.seed,
+        "mode": schedule.mode,
+        "rate": schedule.rate,
+        "concurrency": schedule.concurrency,
+        "arrival": schedule.arrival,
+        "requests": len(schedule.measured),
+        "warmup": len(schedule.warmup),
+        **schedule.description,
+    }
+
+
+def stats_notes(stats: RunStats, notes: list[str]) -> dict[str, Any]:
+    """``run.parquet`` ``notes_json``: the run's counters and notes."""
+    return {
+        "notes": notes,
+        "sent": stats.sent,
+        "completed": stats.completed,
+        "failed": stats.failed,
+        "cancelled": stats.cancelled,
+        "max_in_flight": stats.max_in_flight,
+        "t0_ns": stats.t0_ns,
+        "end_ns": stats.end_ns,
+    }
+
+
 def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -121,7 +150,7 @@ async def execute_run(
         "engine": cfg.engine,
         "model": cfg.model,
         "adapter_json": {**adapter.describe(), **transport.describe(), "url": cfg.url},
-        "workload_json": workload_json(schedule),
+        "workload_json": workload_meta(schedule),  # as fitted to the served context
         "host_json": host_fingerprint(),
         "start_utc": _utc_now(),
         "t0_monotonic_ns": time.perf_counter_ns(),
@@ -176,14 +205,7 @@ async def execute_run(
         adapter_json={**meta["adapter_json"], **(transport.describe() if cfg.workers <= 1 else {})},
         end_utc=_utc_now(),
         notes_json={
-            "notes": notes,
-            "sent": stats.sent,
-            "completed": stats.completed,
-            "failed": stats.failed,
-            "cancelled": stats.cancelled,
-            "max_in_flight": stats.max_in_flight,
-            "t0_ns": stats.t0_ns,
-            "end_ns": stats.end_ns,
+            **stats_notes(stats, notes),
             **({"server_metrics": scraper.describe()} if scraper is not None else {}),
         },
     )
@@ -193,21 +215,6 @@ async def execute_run(
     # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.
     compact_finished_run(run_dir)
     return RunResult(run_dir, run_id, stats)
-
-
-def workload_json(schedule: Schedule) -> dict[str, Any]:
-    """A run's ``workload_json``: the schedule's shape and its description."""
-    return {
-        "name": schedule.name,
-        "seed": schedule.seed,
-        "mode": schedule.mode,
-        "rate": schedule.rate,
-        "concurrency": schedule.concurrency,
-        "arrival": schedule.arrival,
-        "requests": len(schedule.measured),
-        "warmup": len(schedule.warmup),
-        **schedule.description,
-    }
 
 
 def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, str | None]:

@@ -287,7 +287,8 @@ def test_killing_bench_leaves_no_engine_behind(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "bench", "run", "--out", str(tmp_path / "run"), "--requests", "2000",
             "--concurrency", "4", "--output-tokens", "64", "--no-progress"]  # fmt: skip
     if _sim_has("--timing"):
-        argv += ["--engine", "sim", "--launch", "--model", "llama-3.1-8b"] if _run_has_launch() else []
+        # real time (--clock auto): the modelled engine otherwise runs in virtual time, no process
+        argv += ["--engine", "sim", "--launch", "--model", "llama-3.1-8b", "--clock", "auto"] if _run_has_launch() else []
     bench = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -339,7 +340,7 @@ def test_bench_run_launch_records_engine(tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "bench", "run", "--engine", "sim", "--launch", "--model", "llama-3.1-8b",
             "--parallel", "tp=2", "--requests", "6", "--concurrency", "2", "--output-tokens", "8",
-            "--scrape-interval", "0.2", "--out", str(out), "--no-progress"]  # fmt: skip
+            "--scrape-interval", "0.2", "--clock", "auto", "--out", str(out), "--no-progress"]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     meta = pq.read_table(out / "run.parquet").to_pylist()[0]

@@ -1,4 +1,5 @@
-"""The sweep on the simulated engine's performance model (70B on H100, real time): every cell
+"""The sweep on the simulated engine's performance model (70B on H100, in virtual time, the
+default; the interrupt test measures it live, in real time): every cell
 runs or is skipped with its reason, each cell's capacity is found, and the recommendation
 changes with the workload the way serving practice predicts:
 
@@ -130,7 +131,8 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     out = tmp_path / "int"
     args = [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
             "--tp", "1,2", "--rate", "4", "--requests", "8", "--warmup", "0", "--input-tokens", "64",
-            "--output-tokens", "8", "--slo", "ttft_ms=1000", "--out", str(out), "--no-progress"]  # fmt: skip
+            "--output-tokens", "8", "--slo", "ttft_ms=1000", "--clock", "auto", "--out", str(out),
+            "--no-progress"]  # fmt: skip
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

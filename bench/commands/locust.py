@@ -114,7 +114,7 @@ def master(
     from bench.commands.run import _build_schedule
     from bench.options import parse_percentiles, parse_slo
     from bench.distributed.wire import ClientSettings
-    from bench.execute import prepare_run_dir, workload_json
+    from bench.execute import prepare_run_dir, workload_meta
     from bench.outcome import run_outcome
     from bench.report_text import print_summary
     from loadgen.aiohttp_transport import AiohttpTransport
@@ -158,7 +158,7 @@ def master(
         "engine": engine,
         "model": model,
         "adapter_json": {**adapter.describe(), **AiohttpTransport(url, timeouts).describe(), "url": url},
-        "workload_json": workload_json(schedule),
+        "workload_json": workload_meta(schedule),
         "extra_json": {},
     }
     settings = MasterSettings(

@@ -6,7 +6,7 @@ import contextlib
 import secrets
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +20,9 @@ from loadgen.recorder import MAX_EVENT_BYTES
 from loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
 from workloads.prompts import make_synth
 from workloads.spec import Schedule
+
+if TYPE_CHECKING:
+    from bench.virtual import VirtualEngine
 from workloads.synthetic import SyntheticWorkload, WorkloadError
 
 
@@ -76,9 +79,12 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
               help="Load-generating processes (schedule split by send time; one run folder).")
 @click.option("--transport", "transport_kind", type=click.Choice(["auto", "raw", "aiohttp"]), default="auto",
               show_default=True, help="HTTP client: bench's own lean one (raw; http only), aiohttp, or auto.")
-@click.option("--clock", type=click.Choice(CLOCKS), default="auto", show_default=True,
+@click.option("--clock", type=click.Choice((*CLOCKS, "virtual")), default=None,
               help="Chunk timestamps: the kernel's receive time (raw transport, Linux), user space at read, "
-                   "or auto: kernel where available, else user. run.parquet records the clock used.")
+                   "or auto: kernel where available, else user. run.parquet records the clock used. "
+                   "virtual (the default with --launch --engine sim): the simulated engine's scheduler and "
+                   "cost model run in virtual time, no server or client, the same rows every time. "
+                   "[default: auto; virtual with --launch --engine sim]")
 @click.option("--launch", is_flag=True,
               help="Start --engine (sim|vllm|sglang|tgi) with --model through bench's launcher; stop it after the run.")
 @click.option("--parallel", "parallel_text", default="",
@@ -126,7 +132,7 @@ def command(
     as_json: bool,
     workers: int,
     transport_kind: str,
-    clock: str,
+    clock: str | None,
     launch: bool,
     parallel_text: str,
     engine_args: tuple[str, ...],
@@ -191,6 +197,8 @@ def command(
         adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key, engine_version=engine_version)
     except (ValueError, TypeError) as exc:
         raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
+    clock = clock or ("virtual" if launch and engine == "sim" else "auto")
+    virtual = _virtual_engine(clock, launch, engine, model, parallel_text, engine_args, gpu, workers, save_text)
     run_dir = prepare_run_dir(out, overwrite)
     command_line = ("bench", *sys.argv[1:])
     engine_info = None
@@ -198,6 +206,8 @@ def command(
         if url:
             target = url
             engine_label = engine
+        elif virtual is not None:
+            target, engine_label = "virtual:", "sim"
         elif launch:
             from bench.launch_engine import launch_engine
 
@@ -244,13 +254,46 @@ def command(
                 "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms, "flavor": sim_flavor(engine)},
             },
         )
-        result = run_async(lambda: execute_run(cfg, adapter))
+        if virtual is not None:
+            from bench.virtual import execute_virtual
+
+            result = execute_virtual(cfg, virtual)
+        else:
+            result = run_async(lambda: execute_run(cfg, adapter))
     summary = print_summary(result.run_dir, slo, percentiles, as_json)
     if result.stats.interrupted:
         raise Outcome(ExitCode.INTERRUPTED)
     outcome = run_outcome(summary)
     if outcome is not None:
         raise outcome
+
+
+def _virtual_engine(
+    clock: str,
+    launch: bool,
+    engine: str,
+    model: str,
+    parallel_text: str,
+    engine_args: tuple[str, ...],
+    gpu: str | None,
+    workers: int,
+    save_text: bool,
+) -> VirtualEngine | None:
+    """With ``--clock virtual``: the simulated engine's configuration to model (None otherwise)."""
+    if clock != "virtual":
+        return None
+    if not (launch and engine == "sim"):
+        raise BenchError("--clock virtual models the simulated engine: add --launch --engine sim --model PRESET")
+    if workers != 1 or save_text:
+        raise BenchError("--workers and --save-text concern a live run: measure in real time (--clock auto)")
+    from adapters.launch.cli import parse_parallel
+    from adapters.launch.process import EngineStartError
+    from bench.virtual import virtual_engine
+
+    try:
+        return virtual_engine(model, gpu, parse_parallel(parallel_text, engine_args))
+    except EngineStartError as exc:
+        raise BenchError(f"--launch sim: {exc}") from None
 
 
 def _build_schedule(

@@ -12,7 +12,6 @@ import click
 
 from bench.errors import ExitCode, Outcome
 from core.errors import BenchError
-from loadgen.transport import CLOCKS
 
 if TYPE_CHECKING:
     from bench.sweep.spec import SweepSpec
@@ -84,8 +83,11 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
                                        "(docs/engines.md). [default: what each launched engine reports]")
 @click.option("--workers", type=click.IntRange(1, 64),
               help="Load-generating processes per load, as in bench run. [default: 1]")
-@click.option("--clock", type=click.Choice(CLOCKS),
-              help="Chunk timestamps, as in bench run. [default: auto]")
+@click.option("--clock", type=click.Choice(("auto", "user", "kernel", "virtual")),
+              help="virtual (the simulated engine's default): run its scheduler and cost model in virtual "
+                   "time, no server or client, the same answer every time; auto|user|kernel: measure "
+                   "a live server in real time, chunk timestamps as in bench run. [default: virtual for "
+                   "--engine sim, else auto]")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Sweep folder.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run.")
 @click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
@@ -121,7 +123,8 @@ def command(config_path: Path | None, **flags: Any) -> None:
             base = stored_spec(out)
         else:
             base = None
-        spec = _apply_flags(base, flags)
+        explicit = _explicit_loads(config_path, flags, resumed=base is not None and config_path is None)
+        spec = _apply_flags(base, flags).with_clock(explicit)
         spec.validate()
     except SweepSpecError as exc:
         raise BenchError(str(exc)) from None
@@ -140,10 +143,38 @@ def command(config_path: Path | None, **flags: Any) -> None:
     rec = recommend(out)
     write_recommendation(out, rec)
     click.echo(f"\nsweep finished in {time.monotonic() - t0:.0f} s: {out}")
+    if spec.virtual:
+        click.echo(
+            "ran in virtual time: the simulated engine's scheduler and cost model, no server or client, "
+            "so the same sweep gives the same figures (--clock auto measures it live, in real time)"
+        )
     click.echo(format_recommendation(rec))
     outcome = sweep_outcome(out, rec)
     if outcome is not None:
         raise outcome
+
+
+#: Load flags -> LoadSpec fields.
+_LOAD_FLAGS = {
+    "capacity_start": "capacity_start",
+    "precision": "capacity_precision",
+    "max_probes": "capacity_max_probes",
+    "n_requests": "requests",
+    "warmup": "warmup",
+    "min_window": "min_window_s",
+    "max_requests": "max_requests",
+}
+
+
+def _explicit_loads(config_path: Path | None, flags: dict[str, Any], resumed: bool) -> set[str] | None:
+    """The load settings this sweep sets itself (flags, its TOML file); None: all of them
+    (a resumed sweep keeps what it ran with)."""
+    from bench.sweep.spec import toml_load_keys
+
+    if resumed:
+        return None
+    given = {field for flag, field in _LOAD_FLAGS.items() if flags.get(flag) is not None}
+    return given | (toml_load_keys(config_path) if config_path is not None else set())
 
 
 def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
@@ -169,15 +200,7 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
 
     rates = _floats(flags.get("rates"), "--rate")
     concs = _ints(flags.get("concs"), "--concurrency")
-    load_changes: dict[str, Any] = {
-        "capacity_start": flags.get("capacity_start"),
-        "capacity_precision": flags.get("precision"),
-        "capacity_max_probes": flags.get("max_probes"),
-        "requests": flags.get("n_requests"),
-        "warmup": flags.get("warmup"),
-        "min_window_s": flags.get("min_window"),
-        "max_requests": flags.get("max_requests"),
-    }
+    load_changes: dict[str, Any] = {field: flags.get(flag) for flag, field in _LOAD_FLAGS.items()}
     if rates is not None or concs is not None or flags.get("capacity"):
         # a load kind given on the command line replaces the file's
         load_changes.update(rates=rates or (), concurrency=concs or (), capacity=bool(flags.get("capacity")))

@@ -18,10 +18,19 @@ from typing import Any
 from adapters.launch.config import ParallelConfig
 from analysis.capacity import CapacitySearch, LoadJudgement, Probe, closed_loop_plateau, judge_load
 from bench.sweep import store
-from bench.sweep.engines import CellEngine, EngineStartError, Launcher, alive, reset_prefix_cache, tail
 from analysis.invariants import ONE_READ_SHARE_MAX
+from bench.sweep.engines import (
+    CellEngine,
+    EngineStartError,
+    Launcher,
+    VirtualHandle,
+    alive,
+    reset_prefix_cache,
+    tail,
+)
 from bench.sweep.loads import Load, fmt, run_load
 from bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench.virtual import VirtualEngine
 
 Echo = Callable[[str], None]
 
@@ -86,6 +95,8 @@ class CellRunner:
         self.echo = echo
         self.progress = progress
         self.capacity_hint = capacity_hint
+        #: the cell's engine when it runs in virtual time
+        self.virtual: VirtualEngine | None = None
 
     def run(self, cfg: ParallelConfig, cell_id: str, index: str) -> CellOutcome:
         spec = self.spec
@@ -116,6 +127,7 @@ class CellRunner:
             log = log or _logs_tail(cdir) or text
             return CellOutcome("failed", _start_failure(text, log), log)
         out = CellOutcome("complete")
+        self.virtual = handle.engine if isinstance(handle, VirtualHandle) else None
         out.engine_version = getattr(handle, "version", None) or spec.engine_version
         argv = getattr(handle, "argv", None)
         out.engine_argv = json.dumps(list(argv)) if argv else None
@@ -148,13 +160,14 @@ class CellRunner:
         """All loads of one workload; False when the cell must stop (engine died)."""
         spec = self.spec
         state = {"first": first_run, "seq": 0}
+        virtual = self.virtual
 
         def measure(load: Load) -> tuple[dict[str, Any], bool] | None:
             """Run one load (with its repeats pooled by the caller); None if the engine died."""
             # re-measurements of a load come after its repeats, and are labelled as further repeats
             label = load.label(len(spec.workloads) > 1, max(spec.repeats, load.repeat + 1))
             run_dir = store.cell_dir(self.sweep_dir, cell_id) / f"load={label}"
-            out.prefix_cache_reset = reset_prefix_cache(spec.engine, url)
+            out.prefix_cache_reset = "fresh engine (virtual time)" if virtual else reset_prefix_cache(spec.engine, url)
             warmup = spec.loads.warmup if state["first"] else 0
             state["first"] = False
             extra = {
@@ -180,6 +193,7 @@ class CellRunner:
                     warmup=warmup,
                     progress=self.progress,
                     engine_version=out.engine_version,
+                    virtual=virtual,
                 )
                 if not metrics.get("missing_rows") or interrupted or attempt == 1:
                     break
@@ -228,7 +242,7 @@ class CellRunner:
             self._echo_point(index, cell_id, label, row, time.monotonic() - t)
             if interrupted:
                 raise SweepInterrupted(cell_id)
-            if not alive(url, spec.engine):
+            if virtual is None and not alive(url, spec.engine):
                 out.status = "failed"
                 out.reason = f"engine stopped answering during load {label}"
                 out.log_tail = _logs_tail(store.cell_dir(self.sweep_dir, cell_id))

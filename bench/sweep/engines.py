@@ -10,13 +10,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError, log_tail
 from core.control import EngineClient
 
-__all__ = ["EngineStartError", "Handle", "Launcher", "DefaultLauncher", "CellEngine", "reset_prefix_cache", "alive"]
+if TYPE_CHECKING:
+    from bench.virtual import VirtualEngine
+
+__all__ = [
+    "EngineStartError", "Handle", "Launcher", "DefaultLauncher", "VirtualLauncher", "VirtualHandle", "CellEngine",
+    "reset_prefix_cache", "alive",
+]
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,39 @@ class DefaultLauncher:
             engine_version=cell.engine_version,
         )
         return mod.launch(spec, log_path)  # type: ignore[no-any-return]
+
+
+class VirtualHandle:
+    """A cell's simulated engine in virtual time: nothing runs between loads; each load is
+    modelled on a fresh engine (``bench.virtual``)."""
+
+    url = "virtual:"
+
+    def __init__(self, engine: VirtualEngine, log_path: Path) -> None:
+        self.engine = engine
+        self.log_path = log_path
+        self.version = engine.version
+        self.argv = ["bench", "sim", "serve", *engine.argv]
+
+    def stop(self) -> None:
+        pass
+
+
+class VirtualLauncher:
+    """The simulated engine at each cell's configuration, in virtual time."""
+
+    def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
+        return [] if engine == "sim" else [f"{engine} does not run in virtual time"]
+
+    def start(self, cell: CellEngine, log_path: Path) -> VirtualHandle:
+        import json
+
+        from bench.virtual import virtual_engine
+        from sim.options import describe
+
+        engine = virtual_engine(cell.model, cell.gpu, cell.parallel, cell.extra_args)
+        log_path.write_text(f"bench sim (virtual time): {json.dumps(describe(engine.timing), sort_keys=True)}\n")
+        return VirtualHandle(engine, log_path)
 
 
 #: Engine -> (method, path) that empties its prefix cache. TGI has none. SGLang refuses (400)

@@ -12,6 +12,7 @@ from analysis.capacity import Saturation, admission_saturation, open_loop_satura
 from analysis.load import load_run
 from analysis.slo import SLO
 from bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench.virtual import VirtualEngine
 from core.errors import BenchError
 from loadgen.runner import RunOptions
 from loadgen.transport import Timeouts
@@ -128,9 +129,12 @@ def run_load(
     warmup: int,
     progress: bool | None,
     engine_version: str | None = None,
+    virtual: VirtualEngine | None = None,
 ) -> tuple[dict[str, Any], Saturation, bool]:
-    """Run one load into ``run_dir``; returns (metrics, saturation, interrupted)."""
+    """Run one load into ``run_dir`` (on ``virtual``'s model in virtual time when given);
+    returns (metrics, saturation, interrupted)."""
     from bench.execute import RunConfig, execute_run
+    from bench.virtual import execute_virtual
     from core.eventloop import run_async
 
     schedule = build_schedule(load, spec, warmup, url, sweep_salt(extra.get("sweep_id")))
@@ -146,7 +150,7 @@ def run_load(
         timeouts=Timeouts(stall=spec.stall_timeout_s),
         command=("bench", "sweep"),
         workers=spec.workers,
-        clock=spec.clock,
+        clock=spec.effective_clock,
         config={
             "slo": slo.as_dict(),
             "attainment_pct": spec.attainment_pct,
@@ -157,8 +161,11 @@ def run_load(
         extra=extra,
         engine_version=engine_version,  # the cell's engine: its /metrics names (docs/engines.md)
     )
-    # execute_run scrapes the engine's /metrics into the run folder throughout the load
-    result = run_async(lambda: execute_run(cfg, adapter))
+    if virtual is not None:
+        result = execute_virtual(cfg, virtual)
+    else:
+        # execute_run scrapes the engine's /metrics into the run folder throughout the load
+        result = run_async(lambda: execute_run(cfg, adapter))
     run = load_run(run_dir)
     signals = server_signals(read_server_metrics(run_dir))
     metrics = point_metrics(run, slo, signals)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from adapters.launch.config import ParallelConfig
 from bench.sweep import store
 from bench.sweep.cell import CellRunner, SweepInterrupted, config_columns
-from bench.sweep.engines import DefaultLauncher, Launcher
+from bench.sweep.engines import DefaultLauncher, Launcher, VirtualLauncher
 from bench.sweep.matrix import PlannedCell, expand
 from bench.sweep.spec import LEGACY_DEFAULTS, SweepSpec, spec_from_dict
 from core import __version__
@@ -73,8 +73,12 @@ def run_sweep(
     progress: bool | None = None,
     command: tuple[str, ...] = (),
 ) -> SweepResult:
+    if launcher is not None and spec.clock is None:
+        spec = replace(spec, clock="auto")  # a launcher starts engines: they are measured live
+    spec = spec.with_clock()
     spec.validate()
-    launcher = launcher or DefaultLauncher()
+    if launcher is None:
+        launcher = VirtualLauncher() if spec.virtual else DefaultLauncher()
     sweep_dir = Path(sweep_dir)
     stored = store.read_sweep_json(sweep_dir)
     if stored is not None and not resume:
@@ -85,7 +89,7 @@ def run_sweep(
     else:
         if sweep_dir.exists() and any(sweep_dir.iterdir()):
             raise BenchError(f"{sweep_dir} exists and is not empty; choose another --out")
-        sweep_id = uuid.uuid4().hex[:12]
+        sweep_id = _virtual_sweep_id(spec) if spec.virtual else uuid.uuid4().hex[:12]
     planned = expand(spec, launcher.unsupported)
     store.write_sweep_json(
         sweep_dir,
@@ -177,6 +181,15 @@ def run_sweep(
         tuple(r["cell_id"] for r in final if r["status"] == "skipped"),
         interrupted,
     )
+
+
+def _virtual_sweep_id(spec: SweepSpec) -> str:
+    """In virtual time the sweep's answer is a function of its definition, and so is its id
+    (it is on every point: the same sweep gives byte-identical points)."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _base_row(spec: SweepSpec, c: PlannedCell, status: str, reason: str | None) -> dict[str, Any]:

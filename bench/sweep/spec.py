@@ -25,7 +25,8 @@ the file. Example (docs/sweeps.md has the full reference)::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,20 @@ ENGINES = ("sim", "vllm", "sglang", "tgi")
 #: Fields added after sweeps were first stored, with the values sweeps ran with before: a
 #: sweep.json without them is read (and resumed) as it was measured.
 LEGACY_DEFAULTS: dict[str, Any] = {"workers": 1, "clock": "user"}
+
+#: The simulated engine's own clock: its scheduler and cost model run in virtual time, no
+#: server or client (bench.virtual). The other clocks measure a live server in real time.
+VIRTUAL = "virtual"
+SWEEP_CLOCKS = (*CLOCKS, VIRTUAL)
+
+#: A virtual-time probe costs CPU, not wall time: it affords thousands of requests, and the
+#: capacity bracket closes to 2 % (used for the load settings a sweep does not set itself).
+VIRTUAL_LOAD_DEFAULTS: dict[str, Any] = {
+    "requests": 1000,
+    "max_requests": 4000,
+    "capacity_precision": 0.02,
+    "capacity_max_probes": 12,
+}
 
 
 class SweepSpecError(ValueError):
@@ -212,8 +227,10 @@ class SweepSpec:
     #: Load-generating processes per load (``bench run --workers``): the schedule split by
     #: send time, one run folder. More than one when a single process cannot keep up.
     workers: int = 1
-    #: Chunk timestamps (``bench run --clock``): auto (kernel where available), user, kernel.
-    clock: str = "auto"
+    #: Chunk timestamps (``bench run --clock``): auto (kernel where available), user, kernel;
+    #: or ``virtual`` (the simulated engine only: its model in virtual time, no server or
+    #: client). None: virtual for the simulated engine, auto for the others (``with_clock``).
+    clock: str | None = None
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -241,8 +258,12 @@ class SweepSpec:
             raise SweepSpecError("target_rate must be positive")
         if not 1 <= self.workers <= 64:
             raise SweepSpecError(f"workers: {self.workers} is not between 1 and 64")
-        if self.clock not in CLOCKS:
-            raise SweepSpecError(f"clock {self.clock!r}: use one of {', '.join(CLOCKS)}")
+        if self.clock is not None and self.clock not in SWEEP_CLOCKS:
+            raise SweepSpecError(f"clock {self.clock!r}: use one of {', '.join(SWEEP_CLOCKS)}")
+        if self.clock == VIRTUAL and self.engine != "sim":
+            raise SweepSpecError(f"clock virtual: only the simulated engine runs in virtual time, not {self.engine}")
+        if self.clock == VIRTUAL and self.workers != 1:
+            raise SweepSpecError("workers: virtual time has no load generator; measure in real time (--clock auto)")
         if self.ready_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise SweepSpecError("ready_timeout_s and stall_timeout_s must be positive")
         for item in self.engine_env:
@@ -260,9 +281,35 @@ class SweepSpec:
 
         return asdict(self)
 
+    @property
+    def effective_clock(self) -> str:
+        return self.clock or (VIRTUAL if self.engine == "sim" else "auto")
+
+    @property
+    def virtual(self) -> bool:
+        return self.effective_clock == VIRTUAL
+
+    def with_clock(self, explicit_loads: Collection[str] | None = None) -> "SweepSpec":
+        """The spec with its clock decided (virtual for the simulated engine unless told
+        otherwise). In virtual time the load settings not in ``explicit_loads`` take
+        ``VIRTUAL_LOAD_DEFAULTS`` (None: keep every load setting as it is)."""
+        clock = self.effective_clock
+        loads = self.loads
+        if clock == VIRTUAL and explicit_loads is not None:
+            loads = replace(loads, **{k: v for k, v in VIRTUAL_LOAD_DEFAULTS.items() if k not in explicit_loads})
+        return replace(self, clock=clock, loads=loads)
+
     def with_overrides(self, **changes: Any) -> "SweepSpec":
         """Apply flag values that were given (None means 'not given')."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def toml_load_keys(path: Path) -> set[str]:
+    """The ``[loads]`` settings a TOML sweep file sets itself."""
+    from bench.config import load_toml
+
+    names = {f.name for f in fields(LoadSpec)}
+    return {k for k in (load_toml(Path(path)).get("loads") or {}) if k in names}
 
 
 def load_spec(path: Path) -> SweepSpec:

@@ -1,0 +1,397 @@
+"""The simulated engine's modelled timing in virtual time: a run folder, no server, no client.
+
+``execute_virtual`` runs a schedule through the scheduler and cost model the simulated
+server uses (``sim.virtual``) and writes the same run folder ``execute_run`` writes
+(``run.parquet``, ``schedule.parquet``, ``requests/``, ``server_metrics/``), with
+``run.clock`` = ``virtual: ...``. Every analysis, report and gate reads it unchanged.
+
+The answer depends on the question alone: times come from the model, never from the host,
+so the same schedule and configuration give the same rows on any machine under any load.
+The run id is a digest of what was run; only ``run.parquet``'s wall-clock fields
+(``start_utc``, ``end_utc``, ``t0_unix_ns``, ``host_json``, ``notes_json.wall_s``) say
+when and where it was computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from adapters.launch.config import ParallelConfig
+from adapters.launch.process import EngineStartError
+from bench import __version__
+from bench.errors import BenchError
+from bench.execute import RunConfig, RunResult, _utc_now, prepare_run_dir, stats_notes, workload_meta
+from bench.host import host_fingerprint
+from loadgen.runner import RunStats
+from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, SCHEMA_VERSION, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+from results.writer import write_run_meta, write_schedule, write_table_atomic
+from sim.backend import ModelBackend
+from sim.options import ModelTiming, describe
+from sim.tokenizer import output_token
+from sim.virtual import CANCELLED, OK, REJECTED, UNSENT, Outcome, Plan, Send, run
+from workloads.spec import RequestSpec, Schedule
+
+#: ``run.parquet`` ``clock`` of a virtual-time run.
+CLOCK_LABEL = "virtual: the simulated engine's scheduler and cost model in virtual time (no server, no client)"
+#: ``token_source`` of its rows: the engine's own count, one token per chunk.
+TOKEN_SOURCE = "model_exact"
+#: Requests per ``requests/`` part file.
+PART_ROWS = 16384
+
+
+@dataclass(frozen=True)
+class VirtualEngine:
+    """The simulated engine at one configuration, as ``bench sim serve`` would model it."""
+
+    timing: ModelTiming
+    flavor: str
+    #: the ``bench sim serve`` arguments it stands for (recorded as the engine's argv)
+    argv: tuple[str, ...]
+
+    @property
+    def version(self) -> str:
+        return f"bench-sim {__version__} (virtual time)"
+
+    def backend(self) -> ModelBackend:
+        return ModelBackend(self.timing)
+
+
+def virtual_engine(
+    model: str, gpu: str | None, parallel: ParallelConfig, extra_args: Sequence[str] = (), flavor: str = "vllm"
+) -> VirtualEngine:
+    """The configuration the launcher would start (its own argv, parsed by ``bench sim serve``),
+    checked to fit in memory. Raises EngineStartError with the engine's own message."""
+    import click
+
+    from adapters.launch.engines import plan_engine
+    from adapters.launch.launcher import LaunchSpec
+    from bench.commands.sim import build_config, serve
+    from sim.costmodel import OutOfMemory
+    from sim.faults import FaultSpec
+
+    spec = LaunchSpec(engine="sim", model=model, parallel=parallel, gpu=gpu, extra_args=tuple(extra_args), flavor=flavor)
+    argv = plan_engine(spec, 0, lambda host: 0).processes[0].argv
+    args = _without_address(argv[argv.index("serve") + 1 :])
+    try:
+        cfg = build_config(serve.make_context("serve", list(args)).params)
+    except (click.UsageError, BenchError, ValueError) as exc:
+        raise EngineStartError(f"bench sim: {exc}") from None
+    if cfg.model_timing is None:
+        raise EngineStartError("virtual time models --timing model only")
+    unsupported = [
+        name
+        for name, given in (
+            ("--faults", cfg.faults != FaultSpec()),
+            ("--natural-stop", cfg.natural_stop_mean > 0),
+            ("--emission-log", cfg.emission_log is not None),
+        )
+        if given
+    ]
+    if unsupported:
+        raise EngineStartError(f"{', '.join(unsupported)}: not modelled in virtual time; measure in real time (--clock auto)")
+    engine = VirtualEngine(cfg.model_timing, cfg.flavor, tuple(args))
+    try:
+        engine.backend()
+    except OutOfMemory as exc:
+        raise EngineStartError(str(exc)) from None
+    return engine
+
+
+def _without_address(args: Sequence[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("--host", "--port"):
+            skip = True
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+# -- the schedule as the engine sees it -------------------------------------------------------
+
+
+def _prompt_text(spec: RequestSpec, history: Sequence[str]) -> str:
+    """The prompt text the adapters send (``adapters.openai``): a prompt, or messages (with a
+    session's history) joined by newlines."""
+    if spec.prompt is not None and not history:
+        return spec.prompt
+    return "\n".join([*history, *_contents(spec)])
+
+
+def _contents(spec: RequestSpec) -> list[str]:
+    return [m.content for m in spec.messages] if spec.messages is not None else [spec.prompt or ""]
+
+
+def _answer(request_id: str, n: int) -> str:
+    seed = zlib.crc32(request_id.encode())
+    return "".join(output_token(seed, i) for i in range(n))
+
+
+def _block_hashes(words: list[str], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the prompt's full blocks: prompts sharing their first k blocks of
+    text share their first k hashes, as the engine's token-id hashes do (``sim.request``).
+    Only equality matters to the prefix cache (its order is insertion order), so Python's
+    per-process string hash gives the same outcome in every process."""
+    out = []
+    h = 0
+    for start in range(0, len(words) - block_size + 1, block_size):
+        h = hash((h, *words[start : start + block_size]))
+        out.append(h)
+    return tuple(out)
+
+
+def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
+    """One ``Send`` per request of ``schedule`` (same order): lengths as the engine's tokenizer
+    counts the prompt, block hashes for its prefix cache, session turns after their
+    predecessor. A prompt too long for the context is kept and answered 400, as the server does."""
+    measured_sessions: dict[str, list[int]] = {}
+    for i, s in enumerate(schedule.requests):
+        if s.session_id is not None and s.phase == "measure":
+            measured_sessions.setdefault(s.session_id, []).append(i)
+    prev: dict[int, int] = {}
+    history: dict[int, list[str]] = {}
+    for turns in measured_sessions.values():
+        turns.sort(key=lambda i: schedule.requests[i].turn)
+        for a, b in zip(turns, turns[1:]):
+            prev[b] = a
+    sends: list[Send] = []
+    bs = backend.block_size
+    for i, spec in enumerate(schedule.requests):
+        before = history.get(prev[i], []) if i in prev else []
+        text = _prompt_text(spec, before)
+        if spec.session_id is not None:
+            history[i] = [*before, *_contents(spec), _answer(spec.request_id, spec.max_output_tokens)]
+        words = text.split()  # the engine's tokens, without the whitespace its token ids ignore
+        n = max(1, len(words))
+        sends.append(
+            Send(
+                prompt_len=n,
+                max_tokens=spec.max_output_tokens,
+                block_hashes=_block_hashes(words, bs) if backend.prefix_caching else (),
+                warmup=spec.phase == "warmup",
+                at_ns=spec.send_offset_ns if schedule.mode == "open" else None,
+                after=prev.get(i),
+                think_ns=spec.think_time_ns,
+                reject=n + spec.max_output_tokens > backend.max_model_len,
+            )
+        )
+    return sends
+
+
+# -- the run folder ------------------------------------------------------------------------------
+
+
+def run_id_for(cfg: RunConfig, engine: VirtualEngine) -> str:
+    """A digest of what the run is: the same question gets the same id."""
+    key = {
+        "config": cfg.config,
+        "extra": cfg.extra,
+        "engine": describe(engine.timing),
+        "argv": engine.argv,
+        "schedule": workload_meta(cfg.schedule),
+        "options": [cfg.options.duration_s, cfg.options.drain_timeout_s, cfg.options.warmup_concurrency],
+    }
+    text = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def execute_virtual(cfg: RunConfig, engine: VirtualEngine) -> RunResult:
+    """Run ``cfg.schedule`` on ``engine`` in virtual time into ``cfg.out``."""
+    wall0 = time.perf_counter()
+    run_dir = prepare_run_dir(cfg.out, cfg.overwrite)
+    run_id = run_id_for(cfg, engine)
+    backend = engine.backend()
+    sends = schedule_sends(cfg.schedule, backend)
+    opts = cfg.options
+    plan = Plan(
+        concurrency=cfg.schedule.concurrency if cfg.schedule.mode == "closed" else None,
+        warmup_concurrency=opts.warmup_concurrency,
+        duration_ns=None if opts.duration_s is None else int(opts.duration_s * 1e9),
+        drain_ns=int(opts.drain_timeout_s * 1e9),
+        tick_ns=int(cfg.scrape_interval_s * 1e9) if cfg.scrape_interval_s else None,
+    )
+    samples = _Samples(backend)
+    result = run(backend, sends, plan, samples.take if plan.tick_ns else None)
+    if plan.tick_ns:
+        samples.take(result.end_ns)
+    table = _requests_table(run_id, cfg.schedule.requests, sends, result.outcomes, backend.max_model_len)
+    for k, start in enumerate(range(0, max(1, table.num_rows), PART_ROWS)):
+        write_table_atomic(table.slice(start, PART_ROWS), run_dir / REQUESTS_DIR / f"part-000-{k:06d}.parquet")
+    if plan.tick_ns:
+        write_table_atomic(samples.table(result.outcomes), run_dir / SERVER_METRICS_DIR / "part-000-000000.parquet")
+    write_schedule(run_dir, cfg.schedule.requests)
+    stats = _stats(result.outcomes, sends, result.t0_ns, result.end_ns)
+    write_run_meta(run_dir, _meta(cfg, engine, run_id, stats, time.perf_counter() - wall0))
+    return RunResult(run_dir, run_id, stats)
+
+
+class _Samples:
+    """The engine's state at every tick, as a scrape of its /metrics would show it
+    (bench's common names; ``metric`` names say they were sampled in virtual time)."""
+
+    GAUGES = (("waiting", "gauge"), ("running", "gauge"), ("kv_cache_usage", "gauge"),
+              ("preemptions", "counter"), ("prefix_cache_queries", "counter"), ("prefix_cache_hits", "counter"))
+
+    def __init__(self, backend: ModelBackend) -> None:
+        self.backend = backend
+        self.rows: list[tuple[int, float, float, float, float, float, float]] = []
+
+    def take(self, t: int) -> None:
+        b = self.backend
+        if self.rows and self.rows[-1][0] >= t:
+            return
+        self.rows.append((t, b.waiting, b.running, b.kv_usage, b.preemptions, b.prefix_queries, b.prefix_hits))
+
+    def table(self, outcomes: Sequence[Outcome]) -> pa.Table:
+        """The samples, plus the queue-time histogram's sum and count (the engine's
+        ``queue_seconds``: admission minus arrival, of the requests finished by each tick)."""
+        done = sorted((o.end_ns, o.queue_ns) for o in outcomes if o.state == OK and o.queue_ns is not None)
+        ends = np.array([e for e, _ in done], dtype=np.int64)
+        queue_sum = np.concatenate([[0.0], np.cumsum([q / 1e9 for _, q in done])])
+        names = [*self.GAUGES, ("queue_seconds", "histogram_sum"), ("queue_seconds", "histogram_count")]
+        cols: dict[str, list[Any]] = {name: [] for name in SERVER_METRICS_SCHEMA.names}
+        last: list[float | None] = [None] * len(names)
+        for row in self.rows:
+            finished = int(np.searchsorted(ends, row[0], side="right"))
+            values = [*row[1:], float(queue_sum[finished]), float(finished)]
+            for k, ((common, kind), value) in enumerate(zip(names, values)):
+                suffix = {"histogram_sum": "_sum", "histogram_count": "_count"}.get(kind, "")
+                cols["ts_ns"].append(row[0])
+                cols["metric"].append(f"virtual:{common}{suffix}")
+                cols["common"].append(common)
+                cols["type"].append(kind)
+                cols["labels"].append("")
+                cols["le"].append(None)
+                cols["value"].append(float(value))
+                prev = last[k]
+                cols["delta"].append(None if kind == "gauge" else float(value) - prev if prev is not None else float(value))
+                last[k] = float(value)
+        return pa.Table.from_pydict(cols, schema=SERVER_METRICS_SCHEMA)
+
+
+def _requests_table(
+    run_id: str, specs: Sequence[RequestSpec], sends: Sequence[Send], outcomes: Sequence[Outcome], max_len: int
+) -> pa.Table:
+    """The requests table of the sent requests, in send order (as a recorded run's rows)."""
+    rows = sorted((o.intended_ns, i) for i, o in enumerate(outcomes) if o.state in (OK, CANCELLED, REJECTED))
+    n = len(rows)
+    cols: dict[str, list[Any]] = {name: [] for name in REQUESTS_SCHEMA.names if name not in ("chunk_ns", "chunk_tokens")}
+    lengths = np.zeros(n, dtype=np.int64)
+    for k, (_, i) in enumerate(rows):
+        spec, send, o = specs[i], sends[i], outcomes[i]
+        tokens = o.token_ns
+        lengths[k] = len(tokens)
+        ok = o.state == OK
+        cols["run_id"].append(run_id)
+        cols["request_id"].append(spec.request_id)
+        cols["phase"].append(spec.phase)
+        cols["worker_id"].append(0)
+        cols["session_id"].append(spec.session_id)
+        cols["turn"].append(spec.turn)
+        cols["prefix_group"].append(spec.prefix_group)
+        cols["intended_send_ns"].append(o.intended_ns)
+        cols["send_ns"].append(o.intended_ns)
+        cols["first_byte_ns"].append(o.intended_ns)
+        cols["first_token_ns"].append(tokens[0] if tokens else None)
+        cols["first_content_ns"].append(tokens[0] if tokens else None)
+        cols["end_ns"].append(o.end_ns)
+        cols["output_tokens"].append(len(tokens))
+        cols["token_source"].append(TOKEN_SOURCE)
+        cols["input_tokens_target"].append(spec.input_tokens)
+        cols["input_tokens_source"].append(spec.input_tokens_source)
+        cols["max_output_tokens"].append(spec.max_output_tokens)
+        cols["prompt_tokens"].append(send.prompt_len if ok else None)
+        cols["completion_tokens"].append(len(tokens) if ok else None)
+        cols["cached_tokens"].append(o.cached_tokens if ok else None)
+        cols["http_status"].append(400 if o.state == REJECTED else 200)
+        cols["finish_reason"].append("length" if ok else None)
+        cols["ok"].append(ok)
+        cols["error_type"].append(None if ok else "http_error" if o.state == REJECTED else "cancelled")
+        cols["error_message"].append(None if ok else _error_message(o.state, send, max_len))
+        cols["server_request_id"].append(f"v{i}")
+        cols["output_text"].append(None)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.fromiter((t for _, i in rows for t in outcomes[i].token_ns), dtype=np.int64, count=int(offsets[-1]))
+    arrays: dict[str, pa.Array] = {}
+    for f in REQUESTS_SCHEMA:
+        if f.name == "chunk_ns":
+            arrays[f.name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        elif f.name == "chunk_tokens":
+            arrays[f.name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.ones(len(values), dtype=np.int32)))
+        else:
+            arrays[f.name] = pa.array(cols[f.name], type=f.type)
+    return pa.Table.from_arrays([arrays[f.name] for f in REQUESTS_SCHEMA], schema=REQUESTS_SCHEMA)
+
+
+def _error_message(state: str, send: Send, max_len: int) -> str:
+    if state == REJECTED:
+        return (
+            f"HTTP 400: This model's maximum context length is {max_len} tokens. However, you requested "
+            f"{send.prompt_len + send.max_tokens} tokens ({send.prompt_len} in the messages, {send.max_tokens} "
+            "in the completion)."
+        )
+    return "cancelled before completion (still running at the drain deadline)"
+
+
+def _stats(outcomes: Sequence[Outcome], sends: Sequence[Send], t0: int, end: int) -> RunStats:
+    stats = RunStats(t0_ns=t0, end_ns=end)
+    measured = [o for o, s in zip(outcomes, sends) if o.state != UNSENT]
+    stats.sent = len(measured)
+    stats.completed = sum(1 for o in measured if o.state == OK)
+    stats.cancelled = sum(1 for o in measured if o.state == CANCELLED)
+    stats.failed = stats.sent - stats.completed - stats.cancelled
+    if stats.failed:
+        stats.error_types["http_error"] = stats.failed
+    stats.max_in_flight = _max_in_flight(measured)
+    return stats
+
+
+def _max_in_flight(outcomes: Sequence[Outcome]) -> int:
+    events = sorted([(o.intended_ns, 1) for o in outcomes] + [(o.end_ns or o.intended_ns, -1) for o in outcomes],
+                    key=lambda e: (e[0], e[1]))
+    peak = now = 0
+    for _, d in events:
+        now += d
+        peak = max(peak, now)
+    return peak
+
+
+def _meta(cfg: RunConfig, engine: VirtualEngine, run_id: str, stats: RunStats, wall_s: float) -> dict[str, Any]:
+    now = _utc_now()
+    return {
+        "run_id": run_id,
+        "schema_version": SCHEMA_VERSION,
+        "bench_version": __version__,
+        "status": "complete",
+        "command": " ".join(cfg.command),
+        "config_json": {
+            **cfg.config,
+            "engine_launch": {"version": engine.version, "argv": list(engine.argv), "clock": "virtual"},
+            "sim_model": describe(engine.timing),
+        },
+        "engine": cfg.engine,
+        "model": cfg.model,
+        "adapter_json": {"transport": "virtual", "flavor": engine.flavor},
+        "workload_json": workload_meta(cfg.schedule),
+        "host_json": host_fingerprint(),
+        "start_utc": now,
+        "end_utc": now,
+        "t0_monotonic_ns": stats.t0_ns,
+        "t0_unix_ns": time.time_ns(),
+        "clock": CLOCK_LABEL,
+        "notes_json": {**stats_notes(stats, []), "wall_s": round(wall_s, 3)},
+        "extra_json": cfg.extra,
+    }
