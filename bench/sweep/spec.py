@@ -306,7 +306,7 @@ class SweepSpec:
 
 def toml_load_keys(path: Path) -> set[str]:
     """The ``[loads]`` settings a TOML sweep file sets itself."""
-    from bench.config import load_toml
+    from core.config import load_toml
 
     names = {f.name for f in fields(LoadSpec)}
     return {k for k in (load_toml(Path(path)).get("loads") or {}) if k in names}
