@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError
+from adapters.launch.tuning import unsupported_args
 
 if TYPE_CHECKING:
     from adapters.launch.launcher import LaunchSpec
@@ -58,7 +59,7 @@ def unsupported_axes(engine: str, parallel: ParallelConfig) -> list[str]:
     if engine not in ENGINES:
         return [f"unknown engine {engine!r} (known: {', '.join(ENGINES)})"]
     p = parallel
-    out: list[str] = []
+    out: list[str] = unsupported_args(engine, p.extra_args)
     if engine == "sim":
         return out  # the simulated engine models every axis (it refuses what cannot fit itself)
     if engine == "vllm":

@@ -41,6 +41,21 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
     return values
 
 
+def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
+    """``--axis max-num-seqs=8,32`` (repeatable) -> {"max-num-seqs": ("8", "32")}."""
+    out: dict[str, tuple[str | int | float, ...]] = {}
+    for text in texts:
+        name, sep, values = text.partition("=")
+        name = name.strip().removeprefix("--")
+        items = tuple(v.strip() for v in values.split(",") if v.strip())
+        if not sep or not name or not items:
+            raise BenchError(f"--axis {text!r}: expected FLAG=V1,V2, e.g. max-num-seqs=8,32")
+        if name in out:
+            raise BenchError(f"--axis {name}: given twice; list every value in one --axis")
+        out[name] = items
+    return out
+
+
 @click.command("sweep")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="TOML sweep file (flags override it).")
 @click.option("--engine", type=click.Choice(["sim", "vllm", "sglang", "tgi"]), help="Engine to launch. [default: sim]")
@@ -54,6 +69,9 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--dcp", help="Decode context-parallel sizes (must divide tp).")
 @click.option("--pcp", help="Prefill context-parallel sizes.")
 @click.option("--disagg", help="Prefill:decode instance counts, e.g. 1:1,2:1 (none = colocated).")
+@click.option("--axis", "axes", multiple=True, metavar="FLAG=V1,V2",
+              help="An engine flag as a matrix axis, e.g. max-num-seqs=8,32: each value runs as --FLAG=VALUE "
+                   "in its own cells (repeatable).")
 @click.option("--rate", "rates", help="Open-loop loads in requests/s, e.g. 1,2,4,8.")
 @click.option("--concurrency", "concs", help="Closed-loop loads (requests in flight), e.g. 1,8,32.")
 @click.option("--capacity", is_flag=True, default=None, help="Search each cell's capacity under --slo instead.")
@@ -157,6 +175,9 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
     disagg = flags.get("disagg")
     if disagg is not None:
         matrix_changes["disagg"] = tuple(v.strip() for v in str(disagg).split(",") if v.strip())
+    axes = _axes(flags.get("axes") or ())
+    if axes:
+        matrix_changes["flags"] = {**base.matrix.flags, **axes}
     matrix = dataclasses.replace(base.matrix, **{k: v for k, v in matrix_changes.items() if v is not None})
 
     rates = _floats(flags.get("rates"), "--rate")
