@@ -99,7 +99,9 @@ def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
               help="Load-generating processes per load, as in bench run. [default: 1]")
 @click.option("--clock", type=click.Choice(CLOCKS),
               help="Chunk timestamps, as in bench run. [default: auto]")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Sweep folder.")
+@click.option("--out", type=click.Path(path_type=Path), help="Sweep folder (required unless --dry-run).")
+@click.option("--dry-run", is_flag=True,
+              help="Print every cell's argv, environment, GPU assignment and skip reason; start nothing.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run.")
 @click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
 @click.option("--progress/--no-progress", default=None, help="Per-request progress bar (default: on a terminal).")
@@ -121,7 +123,8 @@ def command(config_path: Path | None, **flags: Any) -> None:
     from bench.sweep.spec import SweepSpecError, load_spec
     from bench.sweep.store import write_recommendation
 
-    out: Path = flags.pop("out")
+    out: Path | None = flags.pop("out")
+    dry_run = bool(flags.pop("dry_run"))
     resume = bool(flags.pop("resume"))
     retry_failed = bool(flags.pop("retry_failed"))
     progress = flags.pop("progress")
@@ -129,7 +132,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
     try:
         if config_path is not None:
             base = load_spec(config_path)
-        elif resume and stored_spec(out) is not None:
+        elif resume and out is not None and stored_spec(out) is not None:
             base = stored_spec(out)
         else:
             base = None
@@ -137,6 +140,13 @@ def command(config_path: Path | None, **flags: Any) -> None:
         spec.validate()
     except SweepSpecError as exc:
         raise BenchError(str(exc)) from None
+    if dry_run:
+        from bench.sweep.dryrun import dry_run_lines
+
+        click.echo("\n".join(dry_run_lines(spec)))
+        return
+    if out is None:
+        raise BenchError("--out is required (the sweep folder), unless --dry-run")
     t0 = time.monotonic()
     result = run_sweep(
         spec,

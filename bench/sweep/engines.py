@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError, log_tail
@@ -62,9 +62,8 @@ class DefaultLauncher:
     def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
         return list(self._module().unsupported_axes(engine, parallel))
 
-    def start(self, cell: CellEngine, log_path: Path) -> Handle:
-        mod = self._module()
-        spec = mod.LaunchSpec(
+    def _launch_spec(self, cell: CellEngine) -> Any:
+        return self._module().LaunchSpec(
             engine=cell.engine,
             model=cell.model,
             parallel=cell.parallel,
@@ -74,7 +73,13 @@ class DefaultLauncher:
             env=tuple(cell.env),
             ready_timeout_s=cell.ready_timeout_s,
         )
-        return mod.launch(spec, log_path)  # type: ignore[no-any-return]
+
+    def start(self, cell: CellEngine, log_path: Path) -> Handle:
+        return self._module().launch(self._launch_spec(cell), log_path)  # type: ignore[no-any-return]
+
+    def plan(self, cell: CellEngine) -> list[Any]:
+        """The processes ``start`` would run (``PlannedProcess``), starting nothing (a dry run)."""
+        return list(self._module().plan_launch(self._launch_spec(cell)))
 
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
