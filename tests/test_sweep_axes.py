@@ -146,3 +146,9 @@ def test_tp_by_max_num_seqs_on_the_simulated_engine_measures_four_cells_and_reco
     assert rec["recommendation"]["cell_id"] == "tp1-max-num-seqs_32", r.stdout
     assert "RECOMMENDATION: tp1-max-num-seqs_32" in r.stdout
     assert cells["tp1-max-num-seqs_8"]["capacity_rps"] < 20 <= cells["tp1-max-num-seqs_32"]["capacity_rps"]
+    # the report's cell table shows the values each cell ran with
+    from analysis.report import ReportOptions, build_report
+
+    build_report(out, tmp_path / "r.html", ReportOptions())
+    html = (tmp_path / "r.html").read_text()
+    assert "<th>tuning</th>" in html and "max-num-seqs" in html
