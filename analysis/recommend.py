@@ -427,7 +427,7 @@ def recommend(
     cell_rows = cells.to_dict("records")
     for c in cell_rows:
         out["cells"].append(
-            {k: _clean(c.get(k)) for k in ("cell_id", "status", "reason", "gpus", "axes", "tp", "pp", "dp", "ep", "dcp", "pcp", "disagg")}
+            {k: _clean(c.get(k)) for k in ("cell_id", "status", "reason", "gpus", "axes", "tp", "pp", "dp", "ep", "dcp", "pcp", "disagg", "tuning")}
         )
     if points.empty:
         out["recommendation"] = None
@@ -469,6 +469,7 @@ def _recommend_workload(
                 "cell_id": cell_id,
                 "gpus": gpus,
                 "axes": axes,
+                "tuning": _clean(g["tuning"].iloc[0]) if "tuning" in g else None,
                 **{k: _clean(v) for k, v in cap.items()},
                 "capacity_rps_per_gpu": (cap["capacity_rps"] / gpus) if cap.get("capacity_rps") else None,
                 "limiting_factor": diag["limiting_factor"],

@@ -43,6 +43,8 @@ class ModelTiming:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool | None = None
+    #: Share of GPU memory for weights + KV (vLLM --gpu-memory-utilization); None: the profile's.
+    gpu_memory_utilization: float | None = None
     slowdown: float = 1.0
     jitter: float = 0.0
     seed: int = 0
@@ -68,6 +70,8 @@ class ModelTiming:
                 raise ValueError(f"{name} must be >= 1")
         if self.tp % self.dcp:
             raise ValueError(f"dcp ({self.dcp}) must divide tp ({self.tp})")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization {self.gpu_memory_utilization} must be in (0, 1]")
         if self.slowdown <= 0:
             raise ValueError("slowdown must be > 0")
         if self.jitter < 0:
@@ -86,7 +90,10 @@ class ModelTiming:
 
     @property
     def engine_profile(self) -> EngineProfile:
-        return self.profile_spec or PROFILES[self.profile]
+        prof = self.profile_spec or PROFILES[self.profile]
+        if self.gpu_memory_utilization is not None:
+            prof = dataclasses.replace(prof, gpu_memory_utilization=self.gpu_memory_utilization)
+        return prof
 
     @property
     def weight_dtype(self) -> Dtype:
@@ -175,6 +182,7 @@ def describe(t: ModelTiming) -> dict[str, Any]:
         "router": t.router,
         "weights_gb_per_gpu": round(cm.weights_gb_per_gpu, 2),
         "kv_tokens_per_instance": cm.kv_tokens(),
+        "gpu_memory_utilization": t.engine_profile.gpu_memory_utilization,
         "max_num_seqs": seqs,
         "max_num_batched_tokens": budget,
         "enable_prefix_caching": prefix,

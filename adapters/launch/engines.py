@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError, python_module
+from adapters.launch.tuning import unsupported_args
 from adapters.versions import version_at_least
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def unsupported_axes(engine: str, parallel: ParallelConfig) -> list[str]:
     if engine not in ENGINES:
         return [f"unknown engine {engine!r} (known: {', '.join(ENGINES)})"]
     p = parallel
-    out: list[str] = []
+    out: list[str] = unsupported_args(engine, p.extra_args)
     if engine == "sim":
         return out  # the simulated engine models every axis (it refuses what cannot fit itself)
     if engine == "vllm":
@@ -125,6 +126,16 @@ def vllm_command() -> list[str]:
     )
 
 
+def _vllm_command_for(spec: "LaunchSpec") -> list[str]:
+    """The vLLM program; a plan that starts nothing (a dry run) shows a missing install as ``vllm``."""
+    try:
+        return vllm_command()
+    except EngineStartError:
+        if spec.plan_only:
+            return ["vllm"]
+        raise
+
+
 def _bind_host(spec: "LaunchSpec") -> str:
     """Inside a container the engine must listen on all of the container's interfaces; the
     template's port mapping (e.g. ``-p 127.0.0.1:{port}:{port}``) decides what the host exposes."""
@@ -161,7 +172,7 @@ def _plan_sim(spec: "LaunchSpec", port: int) -> EngineLayout:
 
 def _plan_vllm(spec: "LaunchSpec", port: int) -> EngineLayout:
     p = spec.parallel
-    cmd = ["vllm"] if spec.container_template else vllm_command()
+    cmd = ["vllm"] if spec.container_template else _vllm_command_for(spec)
     argv = [*cmd, "serve", spec.model, "--host", _bind_host(spec), "--port", str(port)]
     argv += ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
     if p.dp > 1:

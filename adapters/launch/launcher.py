@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "LaunchSpec",
     "UnsupportedConfigError",
     "launch",
+    "plan_launch",
     "unsupported_axes",
 ]
 
@@ -53,6 +54,53 @@ class LaunchSpec:
     #: The engine's version when the user knows it: picks version-gated flags (docs/engines.md);
     #: None: asked of the engine's program where it can answer before start (TGI's --version).
     engine_version: str | None = None
+    #: Only plan (a dry run): nothing is started, a missing engine install is not an error.
+    plan_only: bool = False
+
+
+@dataclass(frozen=True)
+class PlannedProcess:
+    """One process of a launch as it would start: what a dry run prints."""
+
+    role: str
+    argv: tuple[str, ...]
+    #: The environment bench sets for it (the engine's defaults, the user's, CUDA_VISIBLE_DEVICES);
+    #: the rest is inherited.
+    env: tuple[tuple[str, str], ...]
+    gpus: int
+    #: CUDA_VISIBLE_DEVICES it would get (None: no GPUs assigned, e.g. the simulated engine).
+    devices: str | None
+
+
+def _refuse_unsupported(spec: LaunchSpec) -> None:
+    reasons = unsupported_axes(spec.engine, spec.parallel)
+    if spec.gpus_available is not None and spec.parallel.gpus > spec.gpus_available:
+        reasons.append(f"needs {spec.parallel.gpus} GPUs, only {spec.gpus_available} available")
+    if reasons:
+        raise UnsupportedConfigError(f"{spec.engine} cannot run {spec.parallel.cell_id}: " + "; ".join(reasons))
+
+
+def plan_launch(spec: LaunchSpec, base_env: Mapping[str, str] | None = None) -> list[PlannedProcess]:
+    """Every process ``launch(spec)`` would start, without starting anything.
+
+    Ports are numbered from ``spec.port`` (default 8000) in the order the plan asks for them,
+    so the output is the same from run to run and can be diffed. Raises
+    :class:`UnsupportedConfigError` where ``launch`` would refuse.
+    """
+    _refuse_unsupported(spec)
+    first = spec.port or 8000
+    ports = iter(range(first + 1, first + 1000))
+    layout = plan_engine(replace(spec, plan_only=True), first, lambda _host: next(ports))
+    env = {**(os.environ if base_env is None else base_env), **dict(spec.env)}
+    devices = _assign_devices(layout.processes, env) if layout.assign_gpus else [None] * len(layout.processes)
+    out = []
+    for plan, dev in zip(layout.processes, devices):
+        own = {**plan.env, **dict(spec.env)}
+        if dev is not None:
+            own["CUDA_VISIBLE_DEVICES"] = dev
+        argv = _containerise(spec.container_template, plan.argv, plan.port)
+        out.append(PlannedProcess(plan.role, tuple(argv), tuple(sorted(own.items())), plan.gpus, dev))
+    return out
 
 
 class EngineHandle:
@@ -145,11 +193,7 @@ def _log_path_for(log_path: Path, index: int, role: str) -> Path:
 
 def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
     """Start the engine described by ``spec``; return when it answers its readiness probe."""
-    reasons = unsupported_axes(spec.engine, spec.parallel)
-    if spec.gpus_available is not None and spec.parallel.gpus > spec.gpus_available:
-        reasons.append(f"needs {spec.parallel.gpus} GPUs, only {spec.gpus_available} available")
-    if reasons:
-        raise UnsupportedConfigError(f"{spec.engine} cannot run {spec.parallel.cell_id}: " + "; ".join(reasons))
+    _refuse_unsupported(spec)
     port = spec.port or free_port(spec.host)
     layout = plan_engine(spec, port, free_port)
     base_env = dict(os.environ)

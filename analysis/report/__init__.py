@@ -154,7 +154,7 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
     if cells is not None and len(cells):
         preferred = [
             "cell_id", "status", "engine", "model", "gpu", "gpus", "tp", "pp", "dp", "ep", "dcp", "pcp", "disagg",
-            "capacity_rps", "capacity_rps_per_gpu", "limiting_factor", "reason",
+            "tuning", "capacity_rps", "capacity_rps_per_gpu", "limiting_factor", "reason",
         ]  # fmt: skip
         cols = [c for c in preferred if c in cells.columns]
         rows = []

@@ -56,6 +56,8 @@ def command() -> None:
               help="TOML overrides: [gpu], [model], [profile], [engine] tables.")
 @click.option("--max-num-seqs", type=int, default=None, help="Max running requests per instance.")
 @click.option("--max-num-batched-tokens", type=int, default=None, help="Token budget per step.")
+@click.option("--gpu-memory-utilization", type=float, default=None,
+              help="Share of GPU memory for weights + KV cache (default: the engine profile's, 0.9).")
 @click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None, help="Prefix cache (default on).")
 @click.option("--slowdown", type=float, default=1.0, show_default=True, help="Multiply every step time by this factor.")
 @click.option("--jitter", type=float, default=0.0, show_default=True, help="Gaussian step-time jitter sigma (fraction).")
@@ -150,7 +152,7 @@ def build_config(kw: dict[str, Any]) -> Any:
             "profile": kw.get("profile") or kw.get("flavor") or "vllm",
             "slowdown": kw.get("slowdown", 1.0), "jitter": kw.get("jitter", 0.0), "seed": kw.get("seed", 0),
         }
-        for key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
+        for key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization"):
             if kw.get(key) is not None:
                 cli[key] = kw[key]
         try:
@@ -180,7 +182,7 @@ _DEFAULTS = {"preset": "llama-3.1-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 1,
 
 def _given(kw: dict[str, Any], key: str) -> bool:
     """True when a CLI value differs from its default (so the TOML file does not override it)."""
-    if key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
+    if key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization"):
         return True
     if key == "profile":
         return kw.get("profile") is not None

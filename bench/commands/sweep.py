@@ -41,6 +41,21 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
     return values
 
 
+def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
+    """``--axis max-num-seqs=8,32`` (repeatable) -> {"max-num-seqs": ("8", "32")}."""
+    out: dict[str, tuple[str | int | float, ...]] = {}
+    for text in texts:
+        name, sep, values = text.partition("=")
+        name = name.strip().removeprefix("--")
+        items = tuple(v.strip() for v in values.split(",") if v.strip())
+        if not sep or not name or not items:
+            raise BenchError(f"--axis {text!r}: expected FLAG=V1,V2, e.g. max-num-seqs=8,32")
+        if name in out:
+            raise BenchError(f"--axis {name}: given twice; list every value in one --axis")
+        out[name] = items
+    return out
+
+
 @click.command("sweep")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="TOML sweep file (flags override it).")
 @click.option("--engine", type=click.Choice(["sim", "vllm", "sglang", "tgi"]), help="Engine to launch. [default: sim]")
@@ -54,6 +69,9 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
 @click.option("--dcp", help="Decode context-parallel sizes (must divide tp).")
 @click.option("--pcp", help="Prefill context-parallel sizes.")
 @click.option("--disagg", help="Prefill:decode instance counts, e.g. 1:1,2:1 (none = colocated).")
+@click.option("--axis", "axes", multiple=True, metavar="FLAG=V1,V2",
+              help="An engine flag as a matrix axis, e.g. max-num-seqs=8,32: each value runs as --FLAG=VALUE "
+                   "in its own cells (repeatable).")
 @click.option("--rate", "rates", help="Open-loop loads in requests/s, e.g. 1,2,4,8.")
 @click.option("--concurrency", "concs", help="Closed-loop loads (requests in flight), e.g. 1,8,32.")
 @click.option("--capacity", is_flag=True, default=None, help="Search each cell's capacity under --slo instead.")
@@ -88,7 +106,9 @@ def _floats(text: str | None, flag: str) -> tuple[float, ...] | None:
                    "time, no server or client, the same answer every time; auto|user|kernel: measure "
                    "a live server in real time, chunk timestamps as in bench run. [default: virtual for "
                    "--engine sim, else auto]")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Sweep folder.")
+@click.option("--out", type=click.Path(path_type=Path), help="Sweep folder (required unless --dry-run).")
+@click.option("--dry-run", is_flag=True,
+              help="Print every cell's argv, environment, GPU assignment and skip reason; start nothing.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run.")
 @click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
 @click.option("--progress/--no-progress", default=None, help="Per-request progress bar (default: on a terminal).")
@@ -111,7 +131,8 @@ def command(config_path: Path | None, **flags: Any) -> None:
     from bench.sweep.spec import SweepSpecError, load_spec
     from bench.sweep.store import write_recommendation
 
-    out: Path = flags.pop("out")
+    out: Path | None = flags.pop("out")
+    dry_run = bool(flags.pop("dry_run"))
     resume = bool(flags.pop("resume"))
     retry_failed = bool(flags.pop("retry_failed"))
     progress = flags.pop("progress")
@@ -119,7 +140,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
     try:
         if config_path is not None:
             base = load_spec(config_path)
-        elif resume and stored_spec(out) is not None:
+        elif resume and out is not None and stored_spec(out) is not None:
             base = stored_spec(out)
         else:
             base = None
@@ -128,6 +149,13 @@ def command(config_path: Path | None, **flags: Any) -> None:
         spec.validate()
     except SweepSpecError as exc:
         raise BenchError(str(exc)) from None
+    if dry_run:
+        from bench.sweep.dryrun import dry_run_lines
+
+        click.echo("\n".join(dry_run_lines(spec)))
+        return
+    if out is None:
+        raise BenchError("--out is required (the sweep folder), unless --dry-run")
     t0 = time.monotonic()
     result = run_sweep(
         spec,
@@ -196,6 +224,9 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
     disagg = flags.get("disagg")
     if disagg is not None:
         matrix_changes["disagg"] = tuple(v.strip() for v in str(disagg).split(",") if v.strip())
+    axes = _axes(flags.get("axes") or ())
+    if axes:
+        matrix_changes["flags"] = {**base.matrix.flags, **axes}
     matrix = dataclasses.replace(base.matrix, **{k: v for k, v in matrix_changes.items() if v is not None})
 
     rates = _floats(flags.get("rates"), "--rate")

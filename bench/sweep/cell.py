@@ -29,6 +29,7 @@ from bench.sweep.engines import (
     tail,
 )
 from bench.sweep.loads import Load, fmt, run_load
+from bench.sweep.matrix import tuning_json
 from bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench.virtual import VirtualEngine
 
@@ -74,7 +75,24 @@ def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> dict[s
         "disagg": str(cfg.disagg) if cfg.disagg else None,
         "gpus": cfg.gpus,
         "axes": cfg.axes,
+        "tuning": tuning_json(cfg),
     }
+
+
+def cell_engine(spec: SweepSpec, cfg: ParallelConfig) -> CellEngine:
+    """What the launcher gets for one cell (a tuning cell's flags travel in ``cfg.extra_args``)."""
+    env = tuple((name, value) for name, _, value in (item.partition("=") for item in spec.engine_env))
+    return CellEngine(
+        engine=spec.engine,
+        model=spec.model,
+        gpu=spec.gpu,
+        parallel=cfg,
+        gpus_available=spec.gpus,
+        extra_args=tuple(spec.engine_args),
+        env=env,
+        ready_timeout_s=spec.ready_timeout_s,
+        engine_version=spec.engine_version,
+    )
 
 
 class CellRunner:
@@ -103,18 +121,7 @@ class CellRunner:
         cdir = store.cell_dir(self.sweep_dir, cell_id)
         cdir.mkdir(parents=True, exist_ok=True)
         log_path = cdir / "engine.log"
-        env = tuple(tuple(item.split("=", 1)) for item in spec.engine_env)
-        engine = CellEngine(
-            engine=spec.engine,
-            model=spec.model,
-            gpu=spec.gpu,
-            parallel=cfg,
-            gpus_available=spec.gpus,
-            extra_args=tuple(spec.engine_args),
-            env=env,  # type: ignore[arg-type]
-            ready_timeout_s=spec.ready_timeout_s,
-            engine_version=spec.engine_version,
-        )
+        engine = cell_engine(spec, cfg)
         self.echo(f"{index} {cell_id} ({cfg.gpus} GPU{'s' if cfg.gpus != 1 else ''}): starting {spec.engine}...")
         t0 = time.monotonic()
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError, log_tail
@@ -68,9 +68,8 @@ class DefaultLauncher:
     def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
         return list(self._module().unsupported_axes(engine, parallel))
 
-    def start(self, cell: CellEngine, log_path: Path) -> Handle:
-        mod = self._module()
-        spec = mod.LaunchSpec(
+    def _launch_spec(self, cell: CellEngine) -> Any:
+        return self._module().LaunchSpec(
             engine=cell.engine,
             model=cell.model,
             parallel=cell.parallel,
@@ -81,7 +80,13 @@ class DefaultLauncher:
             ready_timeout_s=cell.ready_timeout_s,
             engine_version=cell.engine_version,
         )
-        return mod.launch(spec, log_path)  # type: ignore[no-any-return]
+
+    def start(self, cell: CellEngine, log_path: Path) -> Handle:
+        return self._module().launch(self._launch_spec(cell), log_path)  # type: ignore[no-any-return]
+
+    def plan(self, cell: CellEngine) -> list[Any]:
+        """The processes ``start`` would run (``PlannedProcess``), starting nothing (a dry run)."""
+        return list(self._module().plan_launch(self._launch_spec(cell)))
 
 
 class VirtualHandle:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,13 +16,46 @@ UnsupportedFn = Callable[[str, ParallelConfig], list[str]]
 
 @dataclass(frozen=True)
 class PlannedCell:
+    #: The parallel configuration; a tuning cell's flags are its ``extra_args`` (``--NAME=VALUE``).
     config: ParallelConfig
     #: Why the cell will not run (None: it runs).
     skip_reason: str | None = None
+    #: The tuning-axis values this cell runs with, ((flag, value), ...).
+    tuning: tuple[tuple[str, str], ...] = ()
 
     @property
     def cell_id(self) -> str:
-        return self.config.cell_id
+        return tuned_cell_id(self.config, self.tuning)
+
+
+def tuning_args(tuning: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """The engine arguments of a tuning cell (``--max-num-seqs=8``)."""
+    return tuple(f"--{name}={value}" for name, value in tuning)
+
+
+def tuned_cell_id(config: ParallelConfig, tuning: tuple[tuple[str, str], ...]) -> str:
+    """``tp2-max-num-seqs_8``: the parallel id (without the extra-args hash) then each flag_value,
+    with characters a folder name should not hold replaced."""
+    if not tuning:
+        return config.cell_id
+    return "-".join([parallel_id(config), *_tuning_parts(tuning)])
+
+
+def tuning_json(config: ParallelConfig) -> str | None:
+    """The tuning values a cell ran with, ``{"max-num-seqs": "8"}`` as JSON (None: no tuning axis)."""
+    import json
+
+    pairs = [arg[2:].split("=", 1) for arg in config.extra_args if arg.startswith("--") and "=" in arg]
+    return json.dumps({k: v for k, v in pairs}, sort_keys=True) if pairs else None
+
+
+def parallel_id(config: ParallelConfig) -> str:
+    """The configuration's id from its parallel axes alone (no extra-args hash)."""
+    return ParallelConfig(config.tp, config.pp, config.dp, config.ep, config.dcp, config.pcp, config.disagg).cell_id
+
+
+def _tuning_parts(tuning: tuple[tuple[str, str], ...]) -> list[str]:
+    return [f"{name}_{re.sub(r'[^A-Za-z0-9.]', '_', value)}" for name, value in tuning]
 
 
 def _disagg_values(values: tuple[str, ...]) -> list[Disagg | None]:
@@ -44,21 +78,24 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
     m = spec.matrix
     cells: list[PlannedCell] = []
     seen: set[str] = set()
-    for tp, pp, dp, ep, dcp, pcp, disagg in itertools.product(
-        m.tp, m.pp, m.dp, m.ep, m.dcp, m.pcp, _disagg_values(m.disagg)
+    order = {t: i for i, t in enumerate(m.tuning_values())}
+    for tp, pp, dp, ep, dcp, pcp, disagg, tuning in itertools.product(
+        m.tp, m.pp, m.dp, m.ep, m.dcp, m.pcp, _disagg_values(m.disagg), order
     ):
+        args = tuning_args(tuning)
         try:
-            cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, dcp=dcp, pcp=pcp, disagg=disagg)
+            cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, dcp=dcp, pcp=pcp, disagg=disagg, extra_args=args)
         except ValueError as exc:
             cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, pcp=pcp, disagg=disagg)
-            name = f"{cfg.cell_id}-dcp{dcp}"
+            name = "-".join([cfg.cell_id, f"dcp{dcp}", *_tuning_parts(tuning)])
             if name not in seen:
                 seen.add(name)
-                cells.append(_Invalid(cfg, f"invalid configuration: {exc}", name))
+                cells.append(_Invalid(cfg, f"invalid configuration: {exc}", tuning, name=name))
             continue
-        if cfg.cell_id in seen:
+        cid = tuned_cell_id(cfg, tuning)
+        if cid in seen:
             continue
-        seen.add(cfg.cell_id)
+        seen.add(cid)
         reason = None
         if spec.gpus is not None and cfg.gpus > spec.gpus:
             reason = f"needs {cfg.gpus} GPUs, {spec.gpus} available"
@@ -66,8 +103,9 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
             reasons = unsupported(spec.engine, cfg)
             if reasons:
                 reason = f"{spec.engine} does not support it: " + "; ".join(reasons)
-        cells.append(PlannedCell(cfg, reason))
-    cells.sort(key=lambda c: (c.config.gpus, c.config.axes, c.cell_id))
+        cells.append(PlannedCell(cfg, reason, tuning))
+    # smallest first; a tuning axis keeps the order its values were given in
+    cells.sort(key=lambda c: (c.config.gpus, c.config.axes, parallel_id(c.config), order.get(c.tuning, 0)))
     return cells
 
 

@@ -24,7 +24,9 @@ the file. Example (docs/sweeps.md has the full reference)::
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -34,6 +36,8 @@ from adapters.launch.config import AXES, Disagg
 from loadgen.transport import CLOCKS
 
 ENGINES = ("sim", "vllm", "sglang", "tgi")
+#: An engine flag usable as a tuning axis (``max-num-seqs``, ``mem-fraction-static``).
+FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)*")
 
 
 #: Fields added after sweeps were first stored, with the values sweeps ran with before: a
@@ -71,6 +75,9 @@ class MatrixSpec:
     pcp: tuple[int, ...] = (1,)
     #: "P:D" values, or "none" for colocated prefill/decode. Empty: colocated only.
     disagg: tuple[str, ...] = ()
+    #: Tuning axes: engine flag name (without ``--``) -> values; each value runs as
+    #: ``--NAME=VALUE`` (``bench sweep --axis NAME=v1,v2``, TOML ``[matrix.flags]``).
+    flags: dict[str, tuple[str | int | float, ...]] = field(default_factory=dict)
 
     def validate(self) -> None:
         for axis in AXES:
@@ -87,6 +94,19 @@ class MatrixSpec:
                 Disagg.parse(d)
             except ValueError as exc:
                 raise SweepSpecError(f"matrix.disagg: {exc}") from None
+        for name, flag_values in self.flags.items():
+            if not FLAG_NAME.fullmatch(name):
+                raise SweepSpecError(f"matrix.flags.{name}: a flag name is letters, digits and - (no leading --)")
+            if not flag_values:
+                raise SweepSpecError(f"matrix.flags.{name}: give at least one value")
+            if len({str(v) for v in flag_values}) != len(flag_values):
+                raise SweepSpecError(f"matrix.flags.{name}: values repeat")
+
+    def tuning_values(self) -> list[tuple[tuple[str, str], ...]]:
+        """Every combination of the tuning axes, as ((flag, value), ...) in the order given."""
+        names = list(self.flags)
+        combos = itertools.product(*(self.flags[n] for n in names))
+        return [tuple((n, str(v)) for n, v in zip(names, combo)) for combo in combos]
 
 
 @dataclass(frozen=True)
@@ -266,6 +286,12 @@ class SweepSpec:
             raise SweepSpecError("workers: virtual time has no load generator; measure in real time (--clock auto)")
         if self.ready_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise SweepSpecError("ready_timeout_s and stall_timeout_s must be positive")
+        from adapters.launch.tuning import flag_name
+
+        fixed = {flag_name(a) for a in self.engine_args}
+        for name in self.matrix.flags:
+            if name.replace("_", "-") in fixed:
+                raise SweepSpecError(f"--{name} is both a matrix axis and an --engine-arg; give it in one place")
         for item in self.engine_env:
             if "=" not in item or item.startswith("="):
                 raise SweepSpecError(f"engine_env {item!r}: expected NAME=value")

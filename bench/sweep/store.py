@@ -48,6 +48,7 @@ CELLS_SCHEMA = pa.schema(
         pa.field("disagg", pa.string()),
         pa.field("gpus", pa.int32()),
         pa.field("axes", pa.int32()),
+        pa.field("tuning", pa.string()),  # tuning-axis values as JSON, {"max-num-seqs": "8"}; null: none
         pa.field("engine", pa.string()),
         pa.field("model", pa.string()),
         pa.field("gpu", pa.string()),

@@ -1,0 +1,91 @@
+"""Engine tuning flags a sweep may use as axes, per engine, and which ones an engine refuses.
+
+One row per tuning concept, with each engine's own flag name for the version targeted
+(docs/engines.md): vLLM ``vllm/engine/arg_utils.py``, SGLang
+``python/sglang/srt/server_args.py``, TGI ``launcher/src/main.rs``, and the flags the
+simulated engine models (``bench sim serve``). A flag that is another engine's name for a
+concept is refused by name with this engine's name for it, so a matrix written for vLLM does
+not silently run on SGLang with a flag it ignores or rejects late. Flags in no row pass
+through untouched (the engine itself checks them at start-up); the simulated engine refuses
+every flag it does not model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: concept -> engine -> flag name (without ``--``); None: the engine has no such flag.
+TUNING_FLAGS: dict[str, dict[str, str | None]] = {
+    "max running requests": {
+        "vllm": "max-num-seqs", "sglang": "max-running-requests", "tgi": "max-concurrent-requests",
+        "sim": "max-num-seqs",
+    },
+    "batched-token budget per step": {
+        "vllm": "max-num-batched-tokens", "sglang": "chunked-prefill-size", "tgi": "max-batch-prefill-tokens",
+        "sim": "max-num-batched-tokens",
+    },
+    "KV memory fraction": {
+        "vllm": "gpu-memory-utilization", "sglang": "mem-fraction-static", "tgi": "cuda-memory-fraction",
+        "sim": "gpu-memory-utilization",
+    },
+    "KV cache dtype": {"vllm": "kv-cache-dtype", "sglang": "kv-cache-dtype", "tgi": "kv-cache-dtype", "sim": None},
+    "scheduling conservativeness": {
+        "vllm": None, "sglang": "schedule-conservativeness", "tgi": None, "sim": None,
+    },
+    "weight quantisation": {"vllm": "quantization", "sglang": "quantization", "tgi": "quantize", "sim": "dtype"},
+    "prefix caching": {
+        "vllm": "enable-prefix-caching", "sglang": None, "tgi": None, "sim": None,
+    },
+    "DP routing policy": {"vllm": None, "sglang": "load-balance-method", "tgi": None, "sim": "router"},
+}  # fmt: skip
+
+#: Every flag of ``bench sim serve`` a sweep may vary (tests/test_sweep_axes.py checks each is
+#: one of its options); anything else is refused on the simulated engine.
+SIM_TUNING_FLAGS = frozenset(
+    {
+        "max-num-seqs", "max-num-batched-tokens", "gpu-memory-utilization", "dtype", "router", "profile",
+        "slowdown", "jitter",
+    }
+)  # fmt: skip
+
+
+def flag_name(arg: str) -> str | None:
+    """``--max-num-seqs=8`` -> ``max-num-seqs``; None for anything that is not a long flag."""
+    if not arg.startswith("--"):
+        return None
+    return arg[2:].split("=", 1)[0].replace("_", "-")
+
+
+def _concept(flag: str) -> tuple[str, dict[str, str | None]] | None:
+    for concept, names in TUNING_FLAGS.items():
+        if flag in names.values():
+            return concept, names
+    return None
+
+
+def _label(engine: str) -> str:
+    return {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "sim": "the simulated engine"}.get(engine, engine)
+
+
+def unsupported_args(engine: str, args: Sequence[str]) -> list[str]:
+    """Reasons ``engine`` refuses these tuning arguments (empty when it takes them all)."""
+    out: list[str] = []
+    for arg in args:
+        flag = flag_name(arg)
+        if flag is None:
+            continue
+        found = _concept(flag)
+        own = found[1].get(engine) if found else None
+        if engine == "sim" and flag in SIM_TUNING_FLAGS:
+            continue
+        if engine != "sim" and (found is None or flag == own):
+            continue  # its own name, or a flag bench has no row for: the engine checks it
+        if found is None:
+            out.append(f"{_label(engine)} does not model --{flag}")
+            continue
+        concept, _ = found
+        if own is None:
+            out.append(f"{_label(engine)} has no {concept} flag (--{flag})")
+        else:
+            out.append(f"{_label(engine)} has no --{flag}; its {concept} flag is --{own}")
+    return out

@@ -1,0 +1,51 @@
+"""``bench sweep --dry-run``: every cell's processes as they would start, starting nothing.
+
+The output is plain text meant to be diffed between two sweep definitions: cells in the
+order the sweep runs them, ports numbered from 8000, environment names sorted, values of
+secret-looking variables masked.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from adapters.launch.process import EngineStartError
+from bench.sweep.cell import cell_engine
+from bench.sweep.engines import DefaultLauncher
+from bench.sweep.matrix import expand
+from bench.sweep.spec import SweepSpec
+
+#: Environment names whose values a dry run does not print.
+_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+
+
+def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> list[str]:
+    """The dry-run text, one line per element."""
+    launcher = launcher or DefaultLauncher()
+    planned = expand(spec, launcher.unsupported)
+    skipped = sum(1 for c in planned if c.skip_reason)
+    lines = [
+        f"# bench sweep --dry-run: engine {spec.engine}, model {spec.model}, {len(planned)} cells"
+        f" ({len(planned) - skipped} to run, {skipped} skipped); nothing was started"
+    ]
+    for c in planned:
+        head = f"cell {c.cell_id}: {c.config.gpus} GPU{'s' if c.config.gpus != 1 else ''}"
+        if c.skip_reason:
+            lines.append(f"{head}, skipped: {c.skip_reason}")
+            continue
+        try:
+            procs = launcher.plan(cell_engine(spec, c.config))
+        except EngineStartError as exc:
+            lines.append(f"{head}, skipped: {exc}")
+            continue
+        lines.append(head)
+        for p in procs:
+            env = " ".join(f"{k}={_shown(k, v)}" for k, v in p.env) or "-"
+            lines.append(f"  {p.role}: gpus {p.devices or '-'}; env {env}")
+            lines.append(f"    {shlex.join(p.argv)}")
+    return lines
+
+
+def _shown(name: str, value: str) -> str:
+    return "***" if _SECRET.search(name) else value
