@@ -16,7 +16,7 @@ from adapters.launch.config import ParallelConfig
 from adapters.launch.engines import unsupported_axes
 from adapters.launch.tuning import SIM_TUNING_FLAGS, unsupported_args
 from bench.commands.sweep import _axes
-from bench.errors import BenchError
+from core.errors import BenchError
 from bench.sweep.matrix import expand
 from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, load_spec
 from bench.sweep.store import read_cells
