@@ -211,7 +211,7 @@ def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, 
     if found is None:
         return cfg.schedule, None
     tokens, where = found
-    fit = fit_to_context(cfg.schedule, tokens)
+    fit = fit_to_context(cfg.schedule, tokens, chat=adapter.describe().get("api") == "chat")
     note = fit.message(where)
     if note:
         sys.stderr.write(f"note: {note}\n")
