@@ -162,7 +162,7 @@ async def execute_run(
             loop.remove_signal_handler(sig)
         if own_transport:
             await transport.close()
-    notes = [context_note] if context_note else []
+    notes = []
     if stats.interrupted:
         notes.append("run interrupted: in-flight requests recorded as cancelled")
     meta.update(
@@ -171,6 +171,8 @@ async def execute_run(
         end_utc=_utc_now(),
         notes_json={
             "notes": notes,
+            # printed by every summary of the run (bench/report_text.py)
+            "warnings": [context_note] if context_note else [],
             "sent": stats.sent,
             "completed": stats.completed,
             "failed": stats.failed,

@@ -82,7 +82,7 @@ def test_run_fits_requests_and_records_refused_ones(tmp_path: Path) -> None:
     for rid in ("c", "s2"):
         assert rows[rid]["error_type"] == "exceeds_context" and rows[rid]["send_ns"] is None
     assert rows["s3"]["error_type"] == "skipped_turn" and "turn 2 of session s" in rows["s3"]["error_message"]
-    notes = read_run_meta(tmp_path / "run")["notes"]["notes"]
+    notes = read_run_meta(tmp_path / "run")["notes"]["warnings"]  # printed by the summary
     assert any("served context 256 tokens" in n and "2 requests refused" in n and "1 later turns" in n for n in notes)
 
 
