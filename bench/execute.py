@@ -197,7 +197,7 @@ async def execute_run(
             loop.remove_signal_handler(sig)
         if own_transport:
             await transport.close()
-    notes = [context_note] if context_note else []
+    notes = []
     if stats.interrupted:
         notes.append("run interrupted: in-flight requests recorded as cancelled")
     meta.update(
@@ -206,6 +206,8 @@ async def execute_run(
         end_utc=_utc_now(),
         notes_json={
             **stats_notes(stats, notes),
+            # printed by every summary of the run (bench/report_text.py)
+            "warnings": [context_note] if context_note else [],
             **({"server_metrics": scraper.describe()} if scraper is not None else {}),
         },
     )
@@ -224,7 +226,7 @@ def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, 
     if found is None:
         return cfg.schedule, None
     tokens, where = found
-    fit = fit_to_context(cfg.schedule, tokens)
+    fit = fit_to_context(cfg.schedule, tokens, chat=adapter.describe().get("api") == "chat")
     note = fit.message(where)
     if note:
         sys.stderr.write(f"note: {note}\n")

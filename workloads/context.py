@@ -3,7 +3,8 @@
 A request needs its prompt plus its output inside the context. Its prompt is estimated from
 the requested length (``input_tokens``) plus, for a later turn of a session, every earlier
 turn's prompt and answer (the history loadgen sends with it), plus ``MARGIN_TOKENS`` for what
-the engine adds (BOS, a chat template). A request whose output does not fit has its output
+the engine adds (BOS) and, with a chat API, ``CHAT_MESSAGE_TOKENS`` per message for its chat
+template. A request whose output does not fit has its output
 length cut to what does (``min_tokens`` follows, adapters send both from it); one whose
 prompt alone does not fit is refused: not sent, recorded as a failed row saying why.
 """
@@ -16,8 +17,12 @@ from dataclasses import dataclass
 
 from workloads.spec import RequestSpec, Schedule
 
-#: Tokens kept free for what the engine adds around a prompt (BOS, chat template).
+#: Tokens kept free for what the engine adds around a prompt (BOS, special tokens).
 MARGIN_TOKENS = 16
+#: With a chat API, tokens kept free per message for the chat template's framing (the tiny
+#: test Llama's template adds 17 around one message; later turns carry two messages per
+#: earlier turn).
+CHAT_MESSAGE_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,11 @@ class ContextFit:
         return text
 
 
-def fit_to_context(schedule: Schedule, context_tokens: int) -> ContextFit:
-    """``schedule`` with every request fitted into ``context_tokens`` (see the module doc)."""
+def fit_to_context(schedule: Schedule, context_tokens: int, chat: bool = False) -> ContextFit:
+    """``schedule`` with every request fitted into ``context_tokens`` (see the module doc);
+    ``chat``: the requests go to a chat API (``CHAT_MESSAGE_TOKENS`` per message kept free)."""
     history: dict[str, int] = {}  # session -> tokens of its earlier turns, as sent
+    turns: dict[str, int] = {}  # session -> earlier turns
     ended: set[str] = set()  # sessions with a refused turn: loadgen skips their later turns
     cut = refused = skipped = approximate = 0
     out: list[RequestSpec] = []
@@ -62,11 +69,13 @@ def fit_to_context(schedule: Schedule, context_tokens: int) -> ContextFit:
             out.append(spec)
             continue
         before = history.get(spec.session_id, 0) if spec.session_id else 0
-        prompt = before + spec.input_tokens + MARGIN_TOKENS
+        messages = 1 + 2 * turns.get(spec.session_id, 0) if spec.session_id else 1
+        margin = MARGIN_TOKENS + (CHAT_MESSAGE_TOKENS * messages if chat else 0)
+        prompt = before + spec.input_tokens + margin
         room = context_tokens - prompt
         new = spec
         if room < 1:
-            why = f"prompt ~{prompt - MARGIN_TOKENS} tokens" + (" with its session's history" if before else "")
+            why = f"prompt ~{prompt - margin} tokens" + (" with its session's history" if before else "")
             new = dataclasses.replace(spec, refused=f"{why} does not fit the served context of {context_tokens} tokens")
             refused += 1
             if spec.session_id:
@@ -78,6 +87,7 @@ def fit_to_context(schedule: Schedule, context_tokens: int) -> ContextFit:
             approximate += 1
         if spec.session_id:
             history[spec.session_id] = before + spec.input_tokens + new.max_output_tokens
+            turns[spec.session_id] = turns.get(spec.session_id, 0) + 1
         out.append(new)
     order = {s.request_id: i for i, s in enumerate(schedule.requests)}
     out.sort(key=lambda s: order[s.request_id])
