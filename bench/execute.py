@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +21,7 @@ from adapters.context import context_routes
 from bench.errors import ExitCode
 from bench.host import host_fingerprint
 from core import __version__
+from core.control import EngineClient
 from core.errors import BenchError
 from loadgen.runner import RunOptions, Runner, RunStats
 from loadgen.transport import Timeouts, Transport
@@ -235,12 +233,14 @@ def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, 
 
 def served_context(url: str, engine: str, model: str, timeout_s: float = 5.0) -> tuple[int, str] | None:
     """(context length, where it was read) from the first of the engine's routes that says."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    client = EngineClient(url, timeout_s=timeout_s)
     for route in context_routes(engine):
+        reply = client.get(route.path)
+        if not reply.ok:
+            continue
         try:
-            with opener.open(url.rstrip("/") + route.path, timeout=timeout_s) as resp:
-                obj = json.loads(resp.read())
-        except (urllib.error.URLError, OSError, ValueError):
+            obj = reply.json()
+        except ValueError:
             continue
         tokens = route.parse(obj, model)
         if tokens is not None:
