@@ -331,6 +331,14 @@ class LoadPoint:
     offered_rps: float  # measured requests sent per second of window
     runs: int
     metrics: dict[str, float]
+    saturated: bool = False  # the sweep marked a repeat of this load saturated
+
+    @property
+    def asked_rps(self) -> float:
+        """The rate the load asked for: the configured rate of a rate load, else the measured
+        send rate (a saturated open-loop run stretches its window, so its send rate per second
+        of window sinks towards what it achieved and would hide the saturation)."""
+        return self.offered if self.offered_kind == "rate" and self.offered > 0 else self.offered_rps
 
 
 POINT_METRICS = ("tpot_p50_ms", "ttft_p95_ms", "output_tokens_per_s", "requests_per_s", "goodput_rps", "slo_attainment")
@@ -355,5 +363,6 @@ def load_points(runs: list[Run], views: list[RunView], slo_override: SLO) -> lis
         config = first.key.split(" / ")[0] if first.key else "run"
         label = first.key if first.key else first.label
         offered = first.offered if first.offered is not None else sent_rps
-        points.append(LoadPoint(config, label, first.gpus, offered, first.offered_kind, sent_rps, len(idx), metrics))
+        saturated = any(bool(_dict_at(views[i].meta, "extra").get("saturated")) for i in idx)
+        points.append(LoadPoint(config, label, first.gpus, offered, first.offered_kind, sent_rps, len(idx), metrics, saturated))
     return points
