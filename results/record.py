@@ -45,3 +45,5 @@ class RequestRecord:
     turn: int = 0
     prefix_group: str | None = None
     output_text: str | None = None
+    #: the engine's per-request timings as JSON (seconds, under the engine's own names)
+    server_timing_json: str | None = None

@@ -99,7 +99,7 @@ class OpenAIWire:
 class SGLangWire:
     """SGLang's native /generate stream: cumulative text, cumulative meta_info."""
 
-    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns")
+    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns", "timing")
 
     def __init__(self, rid: str, prompt_tokens: int, arrival_ns: int) -> None:
         self.rid = rid
@@ -107,6 +107,8 @@ class SGLangWire:
         self.cached = 0
         self.text = ""
         self.arrival_ns = arrival_ns
+        #: per-request timings once the first token exists (SimServer.request_timing)
+        self.timing: dict[str, float] | None = None
 
     def _meta(self, done: int, finish: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -117,6 +119,8 @@ class SGLangWire:
             "completion_tokens": done,
             "cached_tokens": self.cached,
         }
+        if self.timing:
+            meta.update(self.timing)
         if finish is not None:
             meta["e2e_latency"] = (time.perf_counter_ns() - self.arrival_ns) / 1e9
         return meta

@@ -133,7 +133,7 @@ def test_plot_defects_single_run_pareto_and_axes(tmp_path: Path) -> None:
     view.server = {"gauges": {"waiting": {"t_s": [0.0, 1.0], "v": [0.0, 0.0]}, "kv_cache_usage": {"t_s": [0.0, 1.0], "v": [0.0006, 0.0006]}}}
     fig = engine_state(view)
     assert fig is not None
-    assert list(fig.layout.yaxis.range) == [0, 1.08]  # idle queue: 0-1, not -1..1
+    assert list(fig.layout.yaxis.range) == [0, 1.08] and fig.layout.yaxis.dtick == 1  # idle queue: 0-1 in whole requests, not -1..1
     assert fig.layout.yaxis2.tickformat == ".0%" and list(fig.layout.yaxis2.range) == [0, 1.02]  # KV share, not 600µ
     view.cdfs = {"TTFT": {"x": [1.0, 2.0, 3.0], "p": [0.0, 0.5, 1.0], "marks": {"p50": 2.0, "p95": 2.9, "p99": 3.0}}}
     cdf = latency_cdfs(view)

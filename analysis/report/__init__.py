@@ -274,15 +274,18 @@ def _run_section(i: int, v: RunView) -> Section:
     for name, fig in (
         ("cdf", F.latency_cdfs(v)),
         ("load-time", F.load_over_time(v)),
-        ("ttft-split", F.ttft_split(v)),
+        ("ttft-split-requests", F.ttft_split_per_request(v)),
+        ("ttft-split", None if v.ttft_parts else F.ttft_split(v)),  # histograms: only without per-request timings
         ("engine-state", F.engine_state(v)),
         ("timeline", F.token_timeline(v)),
     ):
         if fig is not None:
             sec.figures.append((f"run{i}-{name}", fig))
     sec.notes += v.notes
-    if v.server and "ttft_split" not in v.server:
-        sec.notes.append("server metrics have no queue/prefill histograms: TTFT split omitted")
+    if not v.ttft_parts and v.server and "ttft_split" not in v.server:
+        sec.notes.append("server metrics have no queue/prefill histograms and no request carries timings: TTFT split omitted")
+    elif not v.ttft_parts and "ttft_split" in v.server:
+        sec.notes.append("TTFT split from the engine's histograms: means per scrape interval, not per request (per-request timings: SGLang --enable-metrics)")
     if v.server and "gauges" not in v.server:
         sec.notes.append("server metrics have no queue/running/KV gauges: engine state omitted")
     return sec

@@ -83,7 +83,7 @@ def engine_state(view: RunView) -> go.Figure | None:
     g = view.server.get("gauges")
     if not g:
         return None
-    rows = [(k, label) for k, label in (("waiting", "queued (waiting)"), ("running", "running"), ("kv_cache_usage", "KV-cache usage (0-1)")) if k in g]
+    rows = [(k, label) for k, label in (("waiting", "queued (waiting)"), ("running", "running"), ("kv_cache_usage", "KV-cache usage")) if k in g]
     fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=[r[1] for r in rows], vertical_spacing=0.08)
     for i, (k, label) in enumerate(rows, start=1):
         fig.add_trace(go.Scatter(x=g[k]["t_s"], y=g[k]["v"], mode="lines", name=label, line={"shape": "hv", "color": COLORS[i - 1]}), row=i, col=1)
@@ -91,7 +91,7 @@ def engine_state(view: RunView) -> go.Figure | None:
         if k == "kv_cache_usage":  # a share: always 0-100 %, so a near-empty cache reads as such
             fig.update_yaxes(range=[0, max(1.0, top) * 1.02], tickformat=".0%", row=i, col=1)
         else:  # request counts: never below zero, whole numbers, at least 0-1 when idle
-            fig.update_yaxes(range=[0, max(1.0, top) * 1.08], rangemode="nonnegative", tickformat="d", row=i, col=1)
+            fig.update_yaxes(range=[0, max(1.0, top) * 1.08], rangemode="nonnegative", tick0=0, dtick=max(1, math.ceil(top / 5)), row=i, col=1)
     fig.update_xaxes(title_text="time since first intended send (s)", row=len(rows), col=1)
     return _layout(fig, "Engine state over time (server metrics)", height=170 + 150 * len(rows))
 
@@ -112,6 +112,28 @@ def ttft_split(view: RunView) -> go.Figure | None:
     o = s["overall_ms"]
     parts = [f"{k} {v:.1f} ms" for k, v in o.items() if isinstance(v, float) and math.isfinite(v)]
     return _layout(fig, "TTFT split into queue and prefill (means: " + esc(", ".join(parts)) + ")")
+
+
+PART_LABELS = {"ttft": "TTFT (client)", "queue": "queue", "prefill": "prefill", "kv_transfer": "KV transfer",
+               "other": "other: front-end, emission, transit"}  # fmt: skip
+
+
+def ttft_split_per_request(view: RunView) -> go.Figure | None:
+    """Each part of TTFT across requests (boxes: 25-75 %, whiskers 5-95 %, mean dashed), from
+    the timings the engine returned with each request."""
+    parts = view.ttft_parts
+    if not parts:
+        return None
+    fig = go.Figure()
+    for i, (name, s) in enumerate(parts.items()):
+        label = PART_LABELS.get(name, name)
+        fig.add_trace(go.Box(name=label, x=[label], q1=[s["q1"]], median=[s["median"]], q3=[s["q3"]],
+                             lowerfence=[s["p5"]], upperfence=[s["p95"]], mean=[s["mean"]], boxmean=True,
+                             marker_color=COLORS[i % len(COLORS)], showlegend=False))  # fmt: skip
+    fig.update_yaxes(title_text="ms per request")
+    means = ", ".join(f"{PART_LABELS.get(k, k).split(':')[0]} {v['mean']:.1f}" for k, v in parts.items() if k != "ttft")
+    n = int(parts["ttft"]["n"]) if "ttft" in parts else 0
+    return _layout(fig, esc(f"TTFT split per request, as the engine reported it ({n} requests; means ms: {means})"))
 
 
 def token_timeline(view: RunView) -> go.Figure | None:
