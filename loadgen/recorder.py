@@ -358,6 +358,7 @@ class RequestRecorder:
             session_id=spec.session_id,
             turn=spec.turn,
             prefix_group=spec.prefix_group,
+            length_class=spec.length_class,
             output_text=self.answer_text if save_text else None,
             server_timing_json=None if timing is None else json.dumps(timing, separators=(",", ":")),
         )

@@ -47,3 +47,5 @@ class RequestRecord:
     output_text: str | None = None
     #: the engine's per-request timings as JSON (seconds, under the engine's own names)
     server_timing_json: str | None = None
+    #: the request's class in a mixed workload ('short', 'long' …)
+    length_class: str | None = None

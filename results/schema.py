@@ -42,6 +42,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("server_request_id", pa.string()),
         pa.field("output_text", pa.string()),
         pa.field("server_timing_json", pa.string()),
+        pa.field("length_class", pa.string()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )
@@ -83,6 +84,7 @@ SCHEDULE_SCHEMA = pa.schema(
         pa.field("think_time_ns", pa.int64()),
         pa.field("prefix_group", pa.string()),
         pa.field("input_tokens_source", pa.string()),
+        pa.field("length_class", pa.string()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "schedule"},
 )

@@ -53,6 +53,8 @@ class RequestSpec:
     input_tokens_source: str = "approx"
     # Force exactly max_output_tokens (ignore_eos + min_tokens where the engine allows).
     fixed_output: bool = True
+    # The workload's class of this request in a mix (its component label: 'short', 'long' …).
+    length_class: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:

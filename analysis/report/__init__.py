@@ -248,6 +248,20 @@ def _runs_table_section(views: list[RunView]) -> Section:
     return sec
 
 
+def _classes_html(rows: list[dict[str, Any]]) -> str:
+    """A mixed workload's requests by class: the minority's latency is what the mix hides."""
+    if not rows:
+        return ""
+    head = ["class", "requests", "share", "input tokens (mean)", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "E2E p50", "SLO met"]
+    body = [
+        [F.esc(r["class"]), str(r["requests"]), f"{100 * r['share']:.1f}%", _fmt(r["input_tokens_mean"], 0), _fmt(r["ttft_p50_ms"]),
+         _fmt(r["ttft_p95_ms"]), _fmt(r["tpot_p50_ms"]), _fmt(r["tpot_p95_ms"]), _fmt(r["e2e_p50_ms"]),
+         f"{100 * r['attainment']:.1f}%" if "attainment" in r else "–"]
+        for r in rows
+    ]  # fmt: skip
+    return "<h3>Per class (mix component of each request; latencies in ms)</h3>" + _table(head, body, "classes")
+
+
 def _run_section(i: int, v: RunView) -> Section:
     meta = v.meta
     sec = Section(f"Run {v.label}")
@@ -270,7 +284,7 @@ def _run_section(i: int, v: RunView) -> Section:
         info.append([F.esc(k), _fmt(val, 3)])
     for w in v.summary.get("client", {}).get("warnings", []):
         info.append(["warning", F.esc(w)])
-    sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv")
+    sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv") + _classes_html(v.classes)
     for name, fig in (
         ("cdf", F.latency_cdfs(v)),
         ("load-time", F.load_over_time(v)),

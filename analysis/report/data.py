@@ -60,6 +60,8 @@ class RunView:
     server: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     smoothness: dict[str, float] = field(default_factory=dict)
+    #: per-class rows of a mixed workload (analysis/classes.py)
+    classes: list[dict[str, Any]] = field(default_factory=list)
     #: per-request TTFT split (engine-reported timings): part -> quartiles, fences, mean (ms)
     ttft_parts: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -142,6 +144,9 @@ def build_run_view(run: Run, key: str, slo_override: SLO, seed: int = 0) -> RunV
     view.timeline = _timeline(table, df, seed)
     view.server = _server_views(Path(run.path), df)
     view.ttft_parts = _ttft_parts(table)
+    from analysis.classes import class_breakdown
+
+    view.classes = class_breakdown(table, SummaryOptions(slo=slo))
     if not view.server:
         view.notes.append("no server metrics in this run (server_metrics/ absent): queue/prefill split and engine state omitted")
     return view
