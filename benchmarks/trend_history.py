@@ -71,7 +71,7 @@ def nightly(url: str, out: Path, seed: int) -> None:
         raise RuntimeError(f"bench run failed: {res.output[-500:]}")
 
 
-def history(seed: int, runs: int, at: int, root: Path) -> tuple[int, int, list[str]]:
+def history(seed: int, runs: int, at: int, root: Path) -> tuple[int, list[tuple[str, int]], list[str]]:
     cfg = load_gate_config(GATES)
     slo = SLO.from_dict(cfg.gate.slo)
     store = root / f"store-{seed}"
@@ -90,7 +90,7 @@ def history(seed: int, runs: int, at: int, root: Path) -> tuple[int, int, list[s
     result = run_trend(store, dict(cfg.metrics), list(cfg.metrics), TrendOptions(seed=seed))
     lines = [f"{f.metric} at run {f.index + 1}: {f.verdict} {100 * f.change.rel_change:+.1f}% (p={f.change.p_value:.3f})" for f in result.findings]
     hit = int(any(abs(f.index + 1 - at) <= 1 for f in result.flagged))
-    false = sum(abs(f.index + 1 - at) > 1 for f in result.flagged)
+    false = [(f.metric, f.index + 1) for f in result.flagged if abs(f.index + 1 - at) > 1]
     return hit, false, lines
 
 
@@ -98,18 +98,24 @@ def main() -> None:
     n_hist = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 30
     at = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-    hits = false = 0
+    hits = 0
+    false: list[tuple[int, str, int]] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-trend-") as tmp:
         for seed in range(n_hist):
             h, f, lines = history(seed, runs, at, Path(tmp))
             hits += h
-            false += f
-            print(f"history seed={seed}: run {at} flagged: {'yes' if h else 'NO'}; false alarms {f}", flush=True)
+            false += [(seed, metric, run) for metric, run in f]
+            print(f"history seed={seed}: run {at} flagged: {'yes' if h else 'NO'}; false alarms {len(f)}", flush=True)
             for line in lines:
                 print(f"    {line}", flush=True)
     print(f"\n{n_hist} histories of {runs} nightly runs, 10 % TPOT regression (--slowdown 1.10) from run {at}:")
-    print(f"  run {at} (±1) flagged in {hits} of {n_hist} histories; false alarms in total: {false}")
+    print(f"  run {at} (±1) flagged in {hits} of {n_hist} histories")
+    print(f"  false alarms: {len(false)} flagged change points, at {len({(s, r) for s, _, r in false})} distinct (history, run) points")
+    by_metric: dict[str, int] = {}
+    for _, metric, _ in false:
+        by_metric[metric] = by_metric.get(metric, 0) + 1
+    print("  false alarms by metric: " + (", ".join(f"{m} {n}" for m, n in sorted(by_metric.items())) or "none"))
     print(f"  ({time.monotonic() - t0:.0f} s on this host)")
 
 

@@ -31,28 +31,24 @@ def command(
     Exit code: 0 passed, 1 failed (a regression), 2 bad input.
     The Markdown summary is also appended to $GITHUB_STEP_SUMMARY when that is set.
     """
-    import os
-
     from analysis.compare import comparison_json
     from analysis.gate import junit_xml, load_gate_config, markdown_summary, run_gate, run_gate_history, text_summary
     from bench.config import ConfigError
+    from bench.outputs import write_outputs
     from results.reader import ResultsError
 
     if (baseline is None) == (store is None):
         raise BenchError("give exactly one of --baseline and --history")
     try:
         config = load_gate_config(config_path)
-        result = run_gate(baseline, current, config) if baseline is not None else run_gate_history(store, current, config, window)  # type: ignore[arg-type]
+        if baseline is not None:
+            result = run_gate(baseline, current, config)
+        else:
+            assert store is not None
+            result = run_gate_history(store, current, config, window)
     except (ConfigError, ResultsError, ValueError) as exc:
         raise BenchError(str(exc)) from None
     md = markdown_summary(result)
-    for path, text in ((junit_path, junit_xml(result)), (md_path, md), (json_path, comparison_json(result.comparison))):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as f:
-            f.write(md)
+    write_outputs(((junit_path, lambda: junit_xml(result)), (md_path, lambda: md), (json_path, lambda: comparison_json(result.comparison))), md)
     click.echo(text_summary(result))
     sys.exit(0 if result.passed else 1)

@@ -29,11 +29,10 @@ def command(
     Flagged: significant and beyond the metric's allowance in --config. Exit code 0 (the gate
     decides a build; this explains it). The Markdown is appended to $GITHUB_STEP_SUMMARY when set.
     """
-    import os
-
     from analysis.gate import load_gate_config
     from analysis.trend import TrendOptions, html_page, markdown, run_trend, text
     from bench.config import ConfigError
+    from bench.outputs import write_outputs
     from results.reader import ResultsError
 
     if not 0 < p_max < 1 or permutations < 19 or min_size < 2 or min_change_pct < 0:
@@ -46,12 +45,5 @@ def command(
     except (ConfigError, ResultsError, ValueError) as exc:
         raise BenchError(str(exc)) from None
     md = markdown(result)
-    for path, body in ((md_path, md), (html_path, html_page(result) if html_path else "")):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(body, encoding="utf-8")
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as f:
-            f.write(md)
+    write_outputs(((md_path, lambda: md), (html_path, lambda: html_page(result))), md)
     click.echo(text(result))
