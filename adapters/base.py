@@ -58,6 +58,9 @@ class StreamEvent(NamedTuple):
     server_request_id: str | None = None
     error_type: str | None = None
     error_message: str | None = None
+    #: the engine's per-request timings in seconds, as it names them (SGLang meta_info
+    #: ``queue_time``, ``prefill_launch_delay``, ``prefill_launch_latency``; docs/metrics.md)
+    server_timing: dict[str, float] | None = None
 
 
 class StreamParser(Protocol):

@@ -25,6 +25,19 @@ from adapters.versions import version_at_least
 from workloads.spec import Message, RequestSpec
 
 
+#: Per-request timings SGLang puts in ``meta_info`` when launched with ``--enable-metrics``
+#: (tokenizer_manager, since late 2025), in seconds; ``kv_transfer_time`` is bench's simulated
+#: engine's only (P/D). Absent on older versions: the TTFT split then falls back to histograms.
+TIMING_KEYS = ("queue_time", "prefill_launch_delay", "prefill_launch_latency", "kv_transfer_time")
+
+
+def _timings(meta: dict[str, Any]) -> dict[str, float] | None:
+    if "queue_time" not in meta and "prefill_launch_latency" not in meta:
+        return None
+    out = {k: float(v) for k in TIMING_KEYS if isinstance(v := meta.get(k), (int, float)) and not isinstance(v, bool)}
+    return out or None
+
+
 class SGLangStreamParser:
     """Turns native events (cumulative or incremental) into per-event deltas."""
 
@@ -83,6 +96,7 @@ class SGLangStreamParser:
             completion_tokens=completion if finish_reason is not None else None,
             cached_tokens=meta.get("cached_tokens"),
             server_request_id=meta.get("id"),
+            server_timing=_timings(meta),
         )
 
 

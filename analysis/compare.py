@@ -140,8 +140,20 @@ def compare_paths(
     deadlines: Deadlines | None = None,
 ) -> Comparison:
     """Compare every configuration present in both folders. Raises ValueError when none is."""
-    gb = group_runs(load_runs(baseline))
-    gc = group_runs(load_runs(current))
+    return compare_groups(group_runs(load_runs(baseline)), group_runs(load_runs(current)), str(baseline), str(current), metrics, slo, options, deadlines)
+
+
+def compare_groups(
+    gb: dict[str, list[Run]],
+    gc: dict[str, list[Run]],
+    baseline: str,
+    current: str,
+    metrics: Sequence[str] = DEFAULT_COMPARE_METRICS,
+    slo: SLO = SLO(),
+    options: BootstrapOptions = BootstrapOptions(),
+    deadlines: Deadlines | None = None,
+) -> Comparison:
+    """Compare runs already grouped by configuration (a folder's, or a rolling baseline's)."""
     keys = [k for k in gb if k in gc]
     if not keys:
         raise ValueError(f"{baseline} and {current} share no configuration to compare")
@@ -163,7 +175,7 @@ def compare_paths(
             )
         )
     unmatched = tuple(sorted(set(gb) ^ set(gc)))
-    return Comparison(str(baseline), str(current), options.level, options.resamples, tuple(groups), unmatched)
+    return Comparison(baseline, current, options.level, options.resamples, tuple(groups), unmatched)
 
 
 def _num(v: float, unit: str) -> str:

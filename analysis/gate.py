@@ -148,15 +148,41 @@ def run_gate(baseline: Path, current: Path, config: GateConfig) -> GateResult:
     s = config.gate
     options = BootstrapOptions(level=s.level, resamples=s.resamples, seed=s.seed, resampling=s.resampling)
     cmp = compare_paths(baseline, current, list(config.metrics), SLO.from_dict(s.slo) if s.slo else SLO(), options)
+    from analysis.compare import group_runs
+    from analysis.load import load_runs
+
+    return _judge_comparison(cmp, set(group_runs(load_runs(baseline))), config)
+
+
+def run_gate_history(store: Path, current: Path, config: GateConfig, window: int) -> GateResult:
+    """Judge CURRENT against a rolling baseline: for each of its configurations, the stored
+    runs of that configuration's last ``window`` entries in the results store (the current
+    runs themselves left out, should they already be stored)."""
+    from analysis.compare import compare_groups, group_runs
+    from analysis.history import rolling_baseline
+    from analysis.load import load_runs
+
+    if window < 1:
+        raise ValueError("the rolling window must be >= 1 entry")
+    s = config.gate
+    gc = group_runs(load_runs(current))
+    current_ids = [r.run_id for runs in gc.values() for r in runs]
+    gb = {key: base for key in gc if (base := rolling_baseline(store, key, window, current_ids))}
+    if not gb:
+        raise ValueError(f"{store} holds no run of any configuration in {current}")
+    options = BootstrapOptions(level=s.level, resamples=s.resamples, seed=s.seed, resampling=s.resampling)
+    label = f"{store} (last {window} entries per configuration)"
+    cmp = compare_groups(gb, gc, label, str(current), list(config.metrics), SLO.from_dict(s.slo) if s.slo else SLO(), options)
+    return _judge_comparison(cmp, set(gb), config)
+
+
+def _judge_comparison(cmp: Comparison, base_keys: set[str], config: GateConfig) -> GateResult:
+    s = config.gate
     checks: list[CheckResult] = []
     for grp in cmp.groups:
         for c in grp.changes:
             checks.extend(judge_change(grp.key or "run", c, config.metrics[c.metric]))
     compared = {g.key for g in cmp.groups}
-    from analysis.compare import group_runs
-    from analysis.load import load_runs
-
-    base_keys = set(group_runs(load_runs(baseline)))
     missing = tuple(sorted(k or "run" for k in base_keys - compared)) if s.fail_on_missing else ()
     return GateResult(cmp, tuple(checks), missing)
 

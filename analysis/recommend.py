@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from analysis.capacity import CapacityResult, Probe, capacity_from_probes, judge_load, point_metrics, server_signals
 from analysis.confidence import separation
+from analysis.headline import build_headline, headline_lines
 from analysis.load import load_run
 from analysis.slo import SLO
 from results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
@@ -726,6 +727,7 @@ def format_recommendation(rec: dict[str, Any]) -> str:
         f"SLO: {slo}; attainment target {rec['attainment_pct']:g}% of requests"
         + (f"; target load {tgt:g} req/s" if tgt else "")
     )
+    lines += headline_lines(build_headline(rec), str(rec.get("message") or ""))
     if not rec.get("workloads"):
         lines.append(_table([], rec.get("cells", [])))
         lines.append(f"RECOMMENDATION: none: {rec.get('message')}")

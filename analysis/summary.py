@@ -113,7 +113,8 @@ class _RowsChanged(Exception):
 #: The per-request columns ``summarize`` reads, and all the columns it reads.
 REQUEST_SCALAR_COLUMNS: tuple[str, ...] = tuple(
     c for c in scalar_columns(list(REQUESTS_COLUMN_NAMES))
-    if c not in ("run_id", "request_id", "worker_id", "cached_tokens", "session_id", "prefix_group")
+    if c not in ("run_id", "request_id", "worker_id", "cached_tokens", "session_id", "prefix_group",
+                 "server_timing_json", "length_class")
 )
 REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_SCALAR_COLUMNS, "chunk_ns", "chunk_tokens")
 #: What ``summarize_run`` streams batch by batch (the per-request columns are read at once).

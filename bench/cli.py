@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("bench.commands.report", "Write a self-contained HTML report of runs or a sweep."),
     "compare": ("bench.commands.compare", "Compare two runs with bootstrap confidence intervals."),
     "gate": ("bench.commands.gate", "CI performance gate: fail on a real regression, not on noise."),
+    "history": ("bench.commands.history", "Add a run or sweep to a results store (partitioned Parquet history)."),
+    "trend": ("bench.commands.trend", "Change points in each gated metric across commits of a results store."),
     "workload": ("bench.commands.workload", "Inspect workloads (bench workload show NAME|FILE)."),
     "sim": ("bench.commands.sim", "The embedded simulated engine (bench sim serve)."),
     "locust": ("bench.commands.locust", "Distributed load generation on locust (master/worker)."),

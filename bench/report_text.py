@@ -44,6 +44,16 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
     server = server_summary(run.path, run.requests)
     if server is not None:
         s["server"] = server
+    from analysis.ttft_split import split_summary
+
+    split = split_summary(run.path)
+    if split is not None:
+        s["ttft_split"] = split
+    from analysis.classes import class_breakdown, classes_of
+    from results.reader import read_requests
+
+    if len(classes_of(read_requests(run.path, ["phase", "length_class"]))) > 1:
+        s["classes"] = class_breakdown(read_requests(run.path), SummaryOptions(percentiles, slo))
     clock = str(run.meta.get("clock") or "?").split(":")[0]  # "kernel: SO_TIMESTAMPNS ..." -> "kernel"
     title = (
         f"run {run.run_id} ({run.meta.get('status')}) engine={run.meta.get('engine')} model={run.meta.get('model')} "
@@ -91,6 +101,16 @@ def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_js
         click.echo(format_summary(s, title))
         for line in _server_lines(s.get("server") or {}):
             click.echo(line)
+        if s.get("classes"):
+            from analysis.classes import format_breakdown
+
+            for line in format_breakdown(s["classes"]):
+                click.echo(line)
+        if s.get("ttft_split"):
+            from analysis.ttft_split import format_split
+
+            for line in format_split(s["ttft_split"]):
+                click.echo(line)
         td = s.get("token_distributions") or {}
         if td.get("method") == "histogram":
             click.echo(

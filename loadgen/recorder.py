@@ -12,6 +12,7 @@ the token accounting once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -345,6 +346,7 @@ class RequestRecorder:
         completion_tokens = _last_set(cols[_COMPLETION])
         cached_tokens = _last_set(cols[_CACHED])
         server_id = next(filter(None, cols[_SERVER_ID]), None)
+        timing = _last_set(cols[_TIMING])
         if err is None and self.status is None:
             err = StreamError("no_response", "no response received")
         if self._not_sse is not None and not stamps and not done and (err is None or err.error_type == "malformed_chunk"):
@@ -399,7 +401,9 @@ class RequestRecorder:
             session_id=spec.session_id,
             turn=spec.turn,
             prefix_group=spec.prefix_group,
+            length_class=spec.length_class,
             output_text=self.answer_text if save_text else None,
+            server_timing_json=None if timing is None else json.dumps(timing, separators=(",", ":")),
         )
 
 
@@ -412,6 +416,7 @@ _PROMPT = StreamEvent._fields.index("prompt_tokens")
 _COMPLETION = StreamEvent._fields.index("completion_tokens")
 _CACHED = StreamEvent._fields.index("cached_tokens")
 _SERVER_ID = StreamEvent._fields.index("server_request_id")
+_TIMING = StreamEvent._fields.index("server_timing")
 #: The kinds the compiled scan's codes stand for (0 is a parser event kept whole).
 _FAST_KINDS = (EventKind.EMPTY, EventKind.CONTENT, EventKind.REASONING)
 _CUMULATIVE = StreamEvent._fields.index("cumulative")

@@ -45,3 +45,7 @@ class RequestRecord:
     turn: int = 0
     prefix_group: str | None = None
     output_text: str | None = None
+    #: the engine's per-request timings as JSON (seconds, under the engine's own names)
+    server_timing_json: str | None = None
+    #: the request's class in a mixed workload ('short', 'long' …)
+    length_class: str | None = None

@@ -41,6 +41,8 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("error_message", pa.string()),
         pa.field("server_request_id", pa.string()),
         pa.field("output_text", pa.string()),
+        pa.field("server_timing_json", pa.string()),
+        pa.field("length_class", pa.string()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )
@@ -82,6 +84,7 @@ SCHEDULE_SCHEMA = pa.schema(
         pa.field("think_time_ns", pa.int64()),
         pa.field("prefix_group", pa.string()),
         pa.field("input_tokens_source", pa.string()),
+        pa.field("length_class", pa.string()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "schedule"},
 )
@@ -123,4 +126,28 @@ SERVER_METRICS_SCHEMA = pa.schema(
         pa.field("delta", pa.float64()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "server_metrics"},
+)
+
+#: A results store (``bench history``): many runs as one partitioned Parquet dataset,
+#: ``STORE/metrics/date=D/commit=C/config=K/<run_id>.parquet`` in long format (one row per
+#: gated metric of the run), beside a copy of each run folder under ``STORE/runs/<same
+#: partitions>/run=<run_id>/``. ``date``, ``commit`` and ``config`` come from the folder names
+#: (Hive partitions), so one glob reads the whole history.
+HISTORY_METRICS_DIR = "metrics"
+HISTORY_RUNS_DIR = "runs"
+HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("config_key", pa.string(), nullable=False),  # the exact configuration ('' for a plain run)
+        pa.field("start_utc", pa.timestamp("ns", tz="UTC")),
+        pa.field("added_utc", pa.timestamp("ns", tz="UTC"), nullable=False),
+        pa.field("engine", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("bench_version", pa.string()),
+        pa.field("runs", pa.int32(), nullable=False),  # repeats pooled into this row
+        pa.field("requests", pa.int64(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+    ],
+    metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "history"},
 )

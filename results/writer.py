@@ -184,6 +184,7 @@ def write_schedule(run_dir: Path, specs: Iterable[Any]) -> None:
         cols["think_time_ns"].append(s.think_time_ns)
         cols["prefix_group"].append(s.prefix_group)
         cols["input_tokens_source"].append(s.input_tokens_source)
+        cols["length_class"].append(getattr(s, "length_class", None))
     write_table_atomic(pa.Table.from_pydict(cols, schema=SCHEDULE_SCHEMA), run_dir / SCHEDULE_FILE)
 
 

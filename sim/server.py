@@ -130,6 +130,8 @@ class HttpStream:
             self._fail("client_disconnected")
             return
         first = self.sent
+        if first == 0 and self.kind == "sglang":  # the first token: the request's timings are known
+            self.wire.timing = self.srv.request_timing(req, intended[0] if intended else _now())
         f = self.faults
         if self.fast and n == 1 and not finished:
             # hot path: one token, no faults, streaming, OpenAI/SGLang framing
@@ -375,6 +377,22 @@ class SimServer:
         req.tag = sink
         sink.req = req
         return req
+
+    def request_timing(self, req: SimRequest, first_token_ns: int) -> dict[str, float]:
+        """SGLang's per-request timings (``meta_info`` with ``--enable-metrics``: ``queue_time``,
+        ``prefill_launch_delay``, ``prefill_launch_latency``, seconds) from the model's own clock:
+        queue from the end of the HTTP/tokenizer overhead to admission, prefill from admission
+        to the step that completes it. With P/D, ``kv_transfer_time`` (a bench sim field, no
+        SGLang one) is the rest up to the first token: KV transfer, decode admission and step."""
+        entry = req.arrival_ns + int(getattr(self.backend, "request_overhead_ns", 0))
+        first = req.first_token_ns if req.first_token_ns is not None else first_token_ns
+        admitted = req.admitted_ns if req.admitted_ns is not None else entry
+        done = req.prefill_done_ns if req.prefill_done_ns is not None else first
+        timing = {"queue_time": max(0, admitted - entry) / 1e9, "prefill_launch_delay": 0.0,
+                  "prefill_launch_latency": max(0, done - admitted) / 1e9}  # fmt: skip
+        if first > done:
+            timing["kv_transfer_time"] = (first - done) / 1e9
+        return timing
 
     def _record_finish(self, sink: HttpStream, prompt_tokens: int) -> None:
         # TGI times a segmented request from its first segment (server.rs first_queued/first_start)

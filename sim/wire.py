@@ -104,7 +104,7 @@ class SGLangWire:
     """SGLang's native /generate stream (0.5.23, tokenizer_manager.py): cumulative text, and
     ``output_ids`` holding every id so far on every event (O(n²) bytes per request)."""
 
-    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns", "n_ids", "ids_json")
+    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns", "n_ids", "ids_json", "timing")
 
     def __init__(self, rid: str, prompt_tokens: int, arrival_ns: int) -> None:
         self.rid = rid
@@ -116,6 +116,8 @@ class SGLangWire:
         #: the engine loop ~0.1 ms per event at 4096 tokens
         self.n_ids = 0
         self.ids_json = bytearray()
+        #: per-request timings once the first token exists (SimServer.request_timing)
+        self.timing: dict[str, float] | None = None
 
     def _grow(self, done: int) -> None:
         ids = self.ids_json
@@ -134,6 +136,8 @@ class SGLangWire:
             "completion_tokens": done,
             "cached_tokens": self.cached,
         }
+        if self.timing:
+            meta.update(self.timing)
         if finish is not None:
             meta["e2e_latency"] = (time.perf_counter_ns() - self.arrival_ns) / 1e9
         return meta

@@ -9,8 +9,10 @@ Skips, saying why, where /usr/bin/chromium (Debian package `chromium`) is absent
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -44,7 +46,19 @@ def _need_chromium() -> None:
         pytest.skip(f"{CHROMIUM} not installed (Debian: apt-get install -y chromium); the browser check needs it")
 
 
-async def _cdp_load(url: str, profile: Path, settle_s: float = 1.5, timeout_s: float = 60.0) -> tuple[list[str], dict[str, Any]]:
+#: A laptop's first screen, the viewport the headline must fit in.
+VIEWPORT = (1280, 800)
+
+_FIRST_SCREEN = """JSON.stringify((function(){
+  function box(id){ var e = document.getElementById(id); if (!e) { return null; }
+    var r = e.getBoundingClientRect(); return {text: e.textContent.trim(), top: r.top, bottom: r.bottom, left: r.left, right: r.right}; }
+  return {height: window.innerHeight, width: window.innerWidth, name: box('headline-name'), capacity: box('headline-capacity')};
+})())"""
+
+
+async def _cdp_load(
+    url: str, profile: Path, settle_s: float = 1.5, timeout_s: float = 60.0, probe: str = _PROBE, screenshot: Path | None = None
+) -> tuple[list[str], dict[str, Any]]:
     argv = [
         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
@@ -70,7 +84,7 @@ async def _cdp_load(url: str, profile: Path, settle_s: float = 1.5, timeout_s: f
                 await asyncio.sleep(0.1)
             ws_url = pages[0]["webSocketDebuggerUrl"]
             async with http.ws_connect(ws_url, max_msg_size=0) as ws:
-                return await asyncio.wait_for(_drive(ws, url, settle_s), timeout_s)
+                return await asyncio.wait_for(_drive(ws, url, settle_s, probe, screenshot), timeout_s)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -79,7 +93,9 @@ async def _cdp_load(url: str, profile: Path, settle_s: float = 1.5, timeout_s: f
         proc.wait(timeout=10)
 
 
-async def _drive(ws: aiohttp.ClientWebSocketResponse, url: str, settle_s: float) -> tuple[list[str], dict[str, Any]]:
+async def _drive(
+    ws: aiohttp.ClientWebSocketResponse, url: str, settle_s: float, probe_js: str, screenshot: Path | None
+) -> tuple[list[str], dict[str, Any]]:
     errors: list[str] = []
     next_id = 0
     pending: dict[int, asyncio.Future[Any]] = {}
@@ -114,11 +130,16 @@ async def _drive(ws: aiohttp.ClientWebSocketResponse, url: str, settle_s: float)
     try:
         for domain in ("Runtime", "Log", "Page"):
             await call(f"{domain}.enable")
+        width, height = VIEWPORT
+        await call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
         await call("Page.navigate", url=url)
         await loaded.wait()
         await asyncio.sleep(settle_s)
-        res = await call("Runtime.evaluate", expression=_PROBE, returnByValue=True)
+        res = await call("Runtime.evaluate", expression=probe_js, returnByValue=True)
         probe = json.loads(res["result"]["result"]["value"])
+        if screenshot is not None:
+            shot = await call("Page.captureScreenshot", format="png")
+            screenshot.write_bytes(base64.b64decode(shot["result"]["data"]))
     finally:
         task.cancel()
     return errors, probe
@@ -163,3 +184,26 @@ def test_single_run_report_in_browser(sweep_dir: Path, tmp_path: Path) -> None:
     ids = " ".join(p["id"] for p in probe["plots"])
     assert "cdf" in ids and "timeline" in ids and "ttft-split" not in ids
     assert "no server metrics" in out.read_text()
+
+
+def test_first_screen_names_the_configuration_and_its_capacity(sweep_dir: Path, tmp_path: Path) -> None:
+    """In a 1280x800 viewport, before any scrolling, the recommended configuration's name and
+    its capacity per GPU are on screen. BENCH_REPORT_SCREENSHOT=FILE keeps the screenshot."""
+    _need_chromium()
+    out = tmp_path / "report.html"
+    build_report(sweep_dir, out)
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    shot = tmp_path / "first-screen.png"
+    errors, probe = asyncio.run(_cdp_load(out.resolve().as_uri(), profile, probe=_FIRST_SCREEN, screenshot=shot))
+    assert errors == [], errors
+    assert probe["name"] is not None and probe["capacity"] is not None, probe
+    assert probe["name"]["text"] == "tp2"
+    assert probe["capacity"]["text"] == "3.95"
+    for item in (probe["name"], probe["capacity"]):
+        assert 0 <= item["top"] and item["bottom"] <= probe["height"], probe
+        assert 0 <= item["left"] and item["right"] <= probe["width"], probe
+    assert shot.stat().st_size > 10_000  # a real rendering, not a blank page
+    keep = os.environ.get("BENCH_REPORT_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, keep)

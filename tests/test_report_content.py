@@ -45,7 +45,7 @@ def test_sweep_summary_with_recommendation_on_top(sweep_dir: Path, tmp_path: Pat
     out = tmp_path / "r.html"
     info = build_report(sweep_dir, out)
     page = _visible(out.read_text(encoding="utf-8"))
-    rec = page.index("Recommendation")
+    rec = page.index('id="headline-name">tp2<')
     assert rec < page.index("<h3>Cells</h3>") < page.index("<h2>Runs</h2>") < page.index("Across runs")
     assert "tp2 (2 GPUs) is the smallest configuration" in page
     assert "out of memory: &lt;weights&gt; don&#x27;t fit" in page  # failed cell listed with its reason
@@ -91,3 +91,53 @@ def test_pareto_front_keeps_only_undominated_points() -> None:
 
     pts = [(1.0, 5.0), (2.0, 4.0), (3.0, 6.0), (2.5, 3.0), (0.5, 2.9)]
     assert _pareto(pts) == [(0.5, 2.9), (2.5, 3.0), (3.0, 6.0)]
+
+
+def test_headline_evidence_and_slos_are_tables_not_json(sweep_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    build_report(sweep_dir, out)
+    page = _visible(out.read_text(encoding="utf-8"))
+    head = page[page.index('id="headline"') : page.index("<h3>Cells</h3>")]
+    assert 'id="headline-capacity">3.95<' in head
+    assert "[3.95, 4.25)" in head  # the bracket per GPU: 7.9 passed, 8.5 failed, on 2 GPUs
+    assert "+13% per GPU over tp1" in head  # 3.95 against 3.5 req/s per GPU
+    assert "<b>decode</b>" in head and "verify next" in head and "running batch" in head
+    assert "&lt;i&gt;at 8.5 req/s&lt;/i&gt;" in head  # the diagnosis is escaped
+    assert "<td>ttft_ms</td><td>≤ 80</td>" in head and "<td>TPOT p90 ms</td><td>9.50</td>" in head
+    assert "{&quot;" not in head and '{"' not in head  # no raw JSON
+
+
+def test_achieved_vs_offered_uses_the_asked_rate_and_marks_saturation() -> None:
+    from analysis.report.data import LoadPoint
+    from analysis.report.figures import achieved_vs_offered
+
+    def point(asked: float, sent: float, achieved: float, saturated: bool = False) -> LoadPoint:
+        return LoadPoint("c", f"c / rate={asked:g}", 1, asked, "rate", sent, 1, {"requests_per_s": achieved}, saturated)
+
+    # 96 req/s asked, served 46.5: the stretched window makes the send rate look like 47
+    fig = achieved_vs_offered([point(8, 8.0, 7.9), point(96, 47.0, 46.5)])
+    assert fig is not None
+    curve, sat = fig.data[0], fig.data[1]
+    assert list(curve.x) == [8, 96] and list(curve.y) == [7.9, 46.5]
+    assert "saturated" in sat.name and list(sat.x) == [96]
+    fig = achieved_vs_offered([point(8, 8.0, 7.9), point(16, 16.0, 15.8, saturated=True)])
+    assert fig is not None and list(fig.data[1].x) == [16]  # marked by the sweep
+
+
+def test_plot_defects_single_run_pareto_and_axes(tmp_path: Path) -> None:
+    from analysis.report.data import LoadPoint, RunView
+    from analysis.report.figures import engine_state, latency_cdfs, latency_vs_throughput
+
+    one = LoadPoint("run", "r", 1, 4.0, "rate", 4.0, 1, {"output_tokens_per_s": 100.0, "tpot_p50_ms": 10.0, "ttft_p95_ms": 50.0})
+    assert latency_vs_throughput([one]) is None  # no one-dot Pareto plot
+    view = RunView("r", "r", "p", {}, {}, "", 1, None, None)
+    view.server = {"gauges": {"waiting": {"t_s": [0.0, 1.0], "v": [0.0, 0.0]}, "kv_cache_usage": {"t_s": [0.0, 1.0], "v": [0.0006, 0.0006]}}}
+    fig = engine_state(view)
+    assert fig is not None
+    assert list(fig.layout.yaxis.range) == [0, 1.08] and fig.layout.yaxis.dtick == 1  # idle queue: 0-1 in whole requests, not -1..1
+    assert fig.layout.yaxis2.tickformat == ".0%" and list(fig.layout.yaxis2.range) == [0, 1.02]  # KV share, not 600µ
+    view.cdfs = {"TTFT": {"x": [1.0, 2.0, 3.0], "p": [0.0, 0.5, 1.0], "marks": {"p50": 2.0, "p95": 2.9, "p99": 3.0}}}
+    cdf = latency_cdfs(view)
+    assert cdf is not None
+    marks = [t for t in cdf.data if t.mode == "markers+text"]
+    assert marks and all(t.cliponaxis is False and t.textposition == "middle left" for t in marks)  # p99 label not clipped

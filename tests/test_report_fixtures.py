@@ -87,9 +87,16 @@ def make_sweep(src_run: Path, sweep: Path) -> Path:
         }
     )  # fmt: skip
     write_table_atomic(table, sweep / "cells.parquet")
+    pick = {"cell_id": "tp2", "gpus": 2, "capacity_rps": 7.9, "capacity_rps_per_gpu": 3.95,
+            "evidence": {"load": "4 req/s", "requests": 60, "attainment": 0.95, "throughput_rps": 3.9, "ttft_p90_ms": 61.0,
+                         "tpot_p90_ms": 9.5, "saturated": False, "runs": ["cell=tp2/load=rate-4"]}}
+    configs = [{"cell_id": "tp1", "gpus": 1, "capacity_rps": 3.5, "upper_rps": 4.0, "capacity_rps_per_gpu": 3.5,
+                "limiting_factor": "queueing", "diagnosis": "TTFT is mostly queue time: add replicas (DP) or admission control"},
+               {"cell_id": "tp2", "gpus": 2, "capacity_rps": 7.9, "upper_rps": 8.5, "capacity_rps_per_gpu": 3.95,
+                "limiting_factor": "decode", "diagnosis": "TPOT rises with load (decode-bound) <i>at 8.5 req/s</i>"}]
     rec = {"message": "tp2 (2 GPUs) is the smallest configuration meeting the SLOs at 4 req/s <b>bold?</b>",
-           "recommendation": {"cell_id": "tp2", "gpus": 2, "capacity_rps": 7.9, "capacity_rps_per_gpu": 3.95},
-           "slo": {"ttft_ms": 80, "tpot_ms": 12}}  # fmt: skip
+           "recommendation": pick, "slo": {"ttft_ms": 80, "tpot_ms": 12}, "attainment_pct": 90.0,
+           "workloads": {"default": {"configurations": configs, "recommendation": pick}}}  # fmt: skip
     (sweep / "recommendation.json").write_text(json.dumps(rec))
     (sweep / "sweep.json").write_text(json.dumps({"bench_version": "test"}))
     return sweep

@@ -16,6 +16,7 @@ import numpy as np
 
 from workloads.arrivals import ArrivalSpec, offsets_s, parse_arrival, trace_offsets
 from workloads.definition import WorkloadDef
+from workloads.distributions import Mixture
 from workloads.errors import WorkloadError
 from workloads.prompts import BlockTexts, PromptSynth, make_synth
 from workloads.readers import TraceTable, read_trace
@@ -49,6 +50,7 @@ class Plan:
     trace: TraceTable | None = None
     trace_rows: np.ndarray | None = None  # row of the trace per request
     description: dict[str, object] | None = None
+    length_class: np.ndarray | None = None  # a mixture's component label per request ('short', 'long' …)
 
     def __len__(self) -> int:
         return int(len(self.input_tokens))
@@ -129,12 +131,16 @@ def plan_workload(
         )
 
     # -- lengths
+    length_class: np.ndarray | None = None
     if table is not None and rows is not None:
         inputs = table.input_tokens[rows].copy()
         outputs = table.output_tokens[rows].copy()
     else:
         assert wd.lengths is not None
-        inputs, outputs = wd.lengths.sample(requests, rngs[_LENGTHS])
+        if isinstance(wd.lengths, Mixture):
+            inputs, outputs, length_class = wd.lengths.sample_labelled(requests, rngs[_LENGTHS])
+        else:
+            inputs, outputs = wd.lengths.sample(requests, rngs[_LENGTHS])
 
     # -- structure: sessions
     session = np.full(requests, -1, dtype=np.int64)
@@ -240,6 +246,7 @@ def plan_workload(
         trace=table,
         trace_rows=rows,
         description=_describe(wd, table),
+        length_class=length_class,
     )
 
 
@@ -361,6 +368,7 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
                 think_time_ns=int(round(float(plan.think_s[j]) * 1e9)),
                 prefix_group=group_label,
                 input_tokens_source=src,
+                length_class=None if plan.length_class is None else str(plan.length_class[j]),
             )
         )
     desc = dict(plan.description or {})

@@ -243,6 +243,15 @@ class Mixture:
             raise WorkloadError("mix weights must be >= 0 with a positive sum")
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        inputs, outputs, _ = self.sample_labelled(n, rng)
+        return inputs, outputs
+
+    def label(self, i: int) -> str:
+        return self.labels[i] if i < len(self.labels) and self.labels[i] else f"c{i}"
+
+    def sample_labelled(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Lengths and each request's component label (its class: 'short', 'long' …); the same
+        draws as ``sample``, so a seeded schedule does not change."""
         w = np.asarray(self.weights, dtype=float)
         which = rng.choice(len(self.components), size=n, p=w / w.sum())
         inputs = np.empty(n, dtype=np.int64)
@@ -253,13 +262,13 @@ class Mixture:
             if k:
                 i, o = comp.sample(k, rng)
                 inputs[mask], outputs[mask] = i, o
-        return inputs, outputs
+        return inputs, outputs, np.array([self.label(int(c)) for c in range(len(self.components))], dtype=object)[which]
 
     def describe(self) -> dict[str, object]:
         return {
             "kind": "mix",
             "components": [
-                {"weight": w, "label": (self.labels[i] if i < len(self.labels) else f"c{i}"), **c.describe()}
+                {"weight": w, "label": self.label(i), **c.describe()}
                 for i, (w, c) in enumerate(zip(self.weights, self.components))
             ],
         }

@@ -61,6 +61,8 @@ class RequestSpec:
     # Why this request is not sent (it cannot fit the engine's context; workloads/context.py):
     # loadgen records it as a failed row without sending it.
     refused: str | None = None
+    # The workload's class of this request in a mix (its component label: 'short', 'long' …).
+    length_class: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:

@@ -7,7 +7,6 @@ results alone. Figures whose data is absent are left out with a note saying why.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import plotly.graph_objects as go
 
 from analysis.compare import config_key
 from analysis.format import anomaly_text, one_read_text
+from analysis.headline import build_headline, capacity_text, margin_text
 from analysis.load import load_runs
 from analysis.report import figures as F
 from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
@@ -85,7 +85,9 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
     if not any(v.summary.get("slo") for v in views):
         overview.notes.append("no SLO in the runs and none given (--slo): goodput and SLO attainment omitted")
     if len(points) < 2:
-        overview.notes.append("one configuration and load: achieved vs offered load is shown over time in the run's section")
+        overview.notes.append(
+            "one configuration and load: no latency-throughput curve or Pareto front; achieved vs offered load is shown over time in the run's section"
+        )
     sections.append(overview)
 
     for i, v in enumerate(views):
@@ -123,20 +125,71 @@ def _table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _headline_html(rec: dict[str, Any]) -> str:
+    """The first screen: what to deploy, its capacity per GPU with its interval, the margin over
+    the runner-up, the limit and what to verify next (analysis/headline.py, also in the text)."""
+    h = build_headline(rec)
+    if h is None:
+        return (
+            '<div class="headline none" id="headline"><h3>No configuration is recommended</h3>'
+            f"<p>{F.esc(rec.get('message') or '')}</p></div>"
+        )
+    plural = "s" if h.gpus != 1 else ""
+    cap = f"{h.capacity_per_gpu:.3g}" if h.capacity_per_gpu is not None else "–"
+    rows = [
+        ["capacity", F.esc(capacity_text(h)) + (f"; {h.capacity_rps:g} req/s in all" if h.capacity_rps is not None else "")],
+        ["margin", F.esc(margin_text(h))],
+        ["limited by", f"<b>{F.esc(h.limiting_factor)}</b>: {F.esc(h.diagnosis)}"],
+        ["verify next", F.esc(h.verify_next)],
+        ["why this one", F.esc(h.message)],
+    ]
+    return (
+        '<div class="headline" id="headline">'
+        f'<div class="pick"><span class="label">Recommended</span> <span class="name" id="headline-name">{F.esc(h.name)}</span>'
+        f' <span class="gpus">{h.gpus} GPU{plural}</span></div>'
+        f'<div class="cap"><span class="value" id="headline-capacity">{cap}</span> req/s per GPU within the SLOs</div>'
+        + _table(["", ""], rows, "kv")
+        + "</div>"
+    )
+
+
+def _evidence_html(rec: dict[str, Any]) -> str:
+    """The evidence (the load the pick was measured at) and the SLOs, as tables."""
+    h = build_headline(rec)
+    parts = []
+    slo = rec.get("slo") or {}
+    if slo:
+        att = rec.get("attainment_pct")
+        rows = [[F.esc(k), F.esc(f"≤ {v:g}")] for k, v in slo.items()]
+        if att is not None:
+            rows.append(["attainment target", F.esc(f"≥ {att:g}% of requests meet every SLO")])
+        if rec.get("target_rate"):
+            rows.append(["target load", F.esc(f"{rec['target_rate']:g} req/s")])
+        parts.append("<div class='box'><h3>SLOs</h3>" + _table(["objective", "bound"], rows, "kv") + "</div>")
+    ev = h.evidence if h else {}
+    if ev:
+        labels = [
+            ("load", "load"), ("requests", "requests"), ("attainment", "SLO attainment"), ("throughput_rps", "served req/s"),
+            ("goodput_rps", "goodput req/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p90_ms", "TTFT p90 ms"),
+            ("tpot_p50_ms", "TPOT p50 ms"), ("tpot_p90_ms", "TPOT p90 ms"), ("e2e_p90_ms", "E2E p90 ms"),
+            ("saturated", "saturated"), ("runs", "runs"),
+        ]  # fmt: skip
+        rows = []
+        for key, label in labels:
+            if key not in ev or ev[key] is None:
+                continue
+            v = ev[key]
+            text = f"{100 * v:.1f}%" if key == "attainment" and isinstance(v, (int, float)) else _fmt(", ".join(v) if isinstance(v, list) else v)
+            rows.append([F.esc(label), text])
+        parts.append("<div class='box'><h3>Evidence</h3>" + _table(["", ""], rows, "kv") + "</div>")
+    return "<div class='row'>" + "".join(parts) + "</div>" if parts else ""
+
+
 def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
     sec = Section("Sweep summary")
     parts = []
     if rec is not None:
-        message = rec.get("message") or ""
-        pick = rec.get("recommendation")
-        parts.append('<div class="recommendation"><h3>Recommendation</h3>')
-        if message:
-            parts.append(f"<p>{F.esc(message)}</p>")
-        if isinstance(pick, dict):
-            rows = [[F.esc(k), F.esc(json.dumps(v, default=str) if isinstance(v, (dict, list)) else v)] for k, v in pick.items()]
-            parts.append(_table(["field", "value"], rows, "kv"))
-        elif pick is None:
-            parts.append("<p>No configuration is recommended.</p>")
+        parts.append(_headline_html(rec))
         for wr in (rec.get("workloads") or {}).values():
             sep = wr.get("separation")
             if sep:
@@ -145,10 +198,7 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
             items = [i for wr in (rec.get("workloads") or {}).values() for i in wr.get(key) or []]
             if items:
                 parts.append(f"<p><b>{F.esc(title)}</b>: " + "; ".join(F.esc(i) for i in items) + "</p>")
-        slo = rec.get("slo")
-        if slo:
-            parts.append(f"<p class='muted'>SLO: {F.esc(json.dumps(slo, default=str))}</p>")
-        parts.append("</div>")
+        parts.append(_evidence_html(rec))
     else:
         sec.notes.append("no recommendation.json: recommendation omitted")
     if cells is not None and len(cells):
@@ -206,6 +256,20 @@ def _runs_table_section(views: list[RunView]) -> Section:
     return sec
 
 
+def _classes_html(rows: list[dict[str, Any]]) -> str:
+    """A mixed workload's requests by class: the minority's latency is what the mix hides."""
+    if not rows:
+        return ""
+    head = ["class", "requests", "share", "input tokens (mean)", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "E2E p50", "SLO met"]
+    body = [
+        [F.esc(r["class"]), str(r["requests"]), f"{100 * r['share']:.1f}%", _fmt(r["input_tokens_mean"], 0), _fmt(r["ttft_p50_ms"]),
+         _fmt(r["ttft_p95_ms"]), _fmt(r["tpot_p50_ms"]), _fmt(r["tpot_p95_ms"]), _fmt(r["e2e_p50_ms"]),
+         f"{100 * r['attainment']:.1f}%" if "attainment" in r else "–"]
+        for r in rows
+    ]  # fmt: skip
+    return "<h3>Per class (mix component of each request; latencies in ms)</h3>" + _table(head, body, "classes")
+
+
 def _run_section(i: int, v: RunView) -> Section:
     meta = v.meta
     sec = Section(f"Run {v.label}")
@@ -236,19 +300,22 @@ def _run_section(i: int, v: RunView) -> Section:
         info.append(["ITL / TPOT", F.esc("not measurable: " + one_read_text(timing))])
     for w in v.summary.get("client", {}).get("warnings", []):
         info.append(["warning", F.esc(w)])
-    sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv")
+    sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv") + _classes_html(v.classes)
     for name, fig in (
         ("cdf", F.latency_cdfs(v)),
         ("load-time", F.load_over_time(v)),
-        ("ttft-split", F.ttft_split(v)),
+        ("ttft-split-requests", F.ttft_split_per_request(v)),
+        ("ttft-split", None if v.ttft_parts else F.ttft_split(v)),  # histograms: only without per-request timings
         ("engine-state", F.engine_state(v)),
         ("timeline", F.token_timeline(v)),
     ):
         if fig is not None:
             sec.figures.append((f"run{i}-{name}", fig))
     sec.notes += v.notes
-    if v.server and "ttft_split" not in v.server:
-        sec.notes.append("server metrics have no queue/prefill histograms: TTFT split omitted")
+    if not v.ttft_parts and v.server and "ttft_split" not in v.server:
+        sec.notes.append("server metrics have no queue/prefill histograms and no request carries timings: TTFT split omitted")
+    elif not v.ttft_parts and "ttft_split" in v.server:
+        sec.notes.append("TTFT split from the engine's histograms: means per scrape interval, not per request (per-request timings: SGLang --enable-metrics)")
     if v.server and "gauges" not in v.server:
         sec.notes.append("server metrics have no queue/running/KV gauges: engine state omitted")
     return sec

@@ -60,6 +60,10 @@ class RunView:
     server: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     smoothness: dict[str, float] = field(default_factory=dict)
+    #: per-class rows of a mixed workload (analysis/classes.py)
+    classes: list[dict[str, Any]] = field(default_factory=list)
+    #: per-request TTFT split (engine-reported timings): part -> quartiles, fences, mean (ms)
+    ttft_parts: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _cdf(values: np.ndarray) -> dict[str, Any] | None:
@@ -139,6 +143,10 @@ def build_run_view(run: Run, key: str, slo_override: SLO, seed: int = 0) -> RunV
     view.load_series = _load_series(df, run.monitor)
     view.timeline = _timeline(table, df, seed)
     view.server = _server_views(Path(run.path), df)
+    view.ttft_parts = _ttft_parts(table)
+    from analysis.classes import class_breakdown
+
+    view.classes = class_breakdown(table, SummaryOptions(slo=slo))
     if not view.server:
         view.notes.append("no server metrics in this run (server_metrics/ absent): queue/prefill split and engine state omitted")
     return view
@@ -212,6 +220,21 @@ def _timeline(table: pa.Table, df: pd.DataFrame, seed: int) -> list[dict[str, An
     return out
 
 
+def _ttft_parts(table: pa.Table) -> dict[str, dict[str, float]]:
+    """Each TTFT part's distribution over requests, reduced to a box (analysis/ttft_split.py)."""
+    from analysis.ttft_split import PARTS, request_parts
+
+    parts = request_parts(table)
+    out: dict[str, dict[str, float]] = {}
+    for name in ("ttft", *PARTS):
+        v = parts[f"{name}_ms"].to_numpy(dtype=float) if len(parts) else np.array([])
+        v = v[np.isfinite(v)]
+        if len(v):
+            q = np.percentile(v, [5, 25, 50, 75, 95])
+            out[name] = {"p5": q[0], "q1": q[1], "median": q[2], "q3": q[3], "p95": q[4], "mean": float(v.mean()), "n": float(len(v))}
+    return out
+
+
 def _common_filter(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
     mask = pc.is_in(table["common"], value_set=pa.array(list(names)))
     return table.filter(pc.fill_null(mask, False))
@@ -247,7 +270,7 @@ def _downsample(s: pd.Series, n: int) -> pd.Series:
     return s.iloc[idx]
 
 
-def _hist_interval_means(table: pa.Table, aliases: tuple[str, ...]) -> tuple[pd.Series, pd.Series] | None:
+def hist_interval_means(table: pa.Table, aliases: tuple[str, ...]) -> tuple[pd.Series, pd.Series] | None:
     """Mean observation (seconds) per scrape interval, from _sum/_count deltas."""
     t = _common_filter(table, aliases)
     if t.num_rows == 0:
@@ -263,8 +286,8 @@ def _hist_interval_means(table: pa.Table, aliases: tuple[str, ...]) -> tuple[pd.
 
 
 def _ttft_split(table: pa.Table, df: pd.DataFrame, t0: float) -> dict[str, Any] | None:
-    q = _hist_interval_means(table, QUEUE_HIST)
-    p = _hist_interval_means(table, PREFILL_HIST)
+    q = hist_interval_means(table, QUEUE_HIST)
+    p = hist_interval_means(table, PREFILL_HIST)
     if q is None and p is None:
         return None
     frames = []
@@ -331,6 +354,14 @@ class LoadPoint:
     offered_rps: float  # measured requests sent per second of window
     runs: int
     metrics: dict[str, float]
+    saturated: bool = False  # the sweep marked a repeat of this load saturated
+
+    @property
+    def asked_rps(self) -> float:
+        """The rate the load asked for: the configured rate of a rate load, else the measured
+        send rate (a saturated open-loop run stretches its window, so its send rate per second
+        of window sinks towards what it achieved and would hide the saturation)."""
+        return self.offered if self.offered_kind == "rate" and self.offered > 0 else self.offered_rps
 
 
 POINT_METRICS = ("tpot_p50_ms", "ttft_p95_ms", "output_tokens_per_s", "requests_per_s", "goodput_rps", "slo_attainment")
@@ -355,5 +386,6 @@ def load_points(runs: list[Run], views: list[RunView], slo_override: SLO) -> lis
         config = first.key.split(" / ")[0] if first.key else "run"
         label = first.key if first.key else first.label
         offered = first.offered if first.offered is not None else sent_rps
-        points.append(LoadPoint(config, label, first.gpus, offered, first.offered_kind, sent_rps, len(idx), metrics))
+        saturated = any(bool(_dict_at(views[i].meta, "extra").get("saturated")) for i in idx)
+        points.append(LoadPoint(config, label, first.gpus, offered, first.offered_kind, sent_rps, len(idx), metrics, saturated))
     return points

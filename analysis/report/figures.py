@@ -51,7 +51,7 @@ def latency_cdfs(view: RunView) -> go.Figure | None:
         for j, (mark, value) in enumerate(c["marks"].items()):
             q = float(mark[1:]) / 100
             fig.add_trace(
-                go.Scatter(x=[value], y=[q], mode="markers+text", text=[f"{mark} {value:.1f}"], textposition="middle right",
+                go.Scatter(x=[value], y=[q], mode="markers+text", text=[f"{mark} {value:.1f}"], textposition="middle left", cliponaxis=False,
                            textfont={"size": 10}, marker={"size": 9, "symbol": MARK_SYMBOLS.get(mark, "circle"), "color": COLORS[1 + j]},
                            name=mark, legendgroup=mark, showlegend=i == 1,
                            hovertemplate=f"{name} {mark} %{{x:.2f}} ms<extra></extra>"),
@@ -83,10 +83,15 @@ def engine_state(view: RunView) -> go.Figure | None:
     g = view.server.get("gauges")
     if not g:
         return None
-    rows = [(k, label) for k, label in (("waiting", "queued (waiting)"), ("running", "running"), ("kv_cache_usage", "KV-cache usage (0-1)")) if k in g]
+    rows = [(k, label) for k, label in (("waiting", "queued (waiting)"), ("running", "running"), ("kv_cache_usage", "KV-cache usage")) if k in g]
     fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=[r[1] for r in rows], vertical_spacing=0.08)
     for i, (k, label) in enumerate(rows, start=1):
         fig.add_trace(go.Scatter(x=g[k]["t_s"], y=g[k]["v"], mode="lines", name=label, line={"shape": "hv", "color": COLORS[i - 1]}), row=i, col=1)
+        top = max((v for v in g[k]["v"] if v is not None and math.isfinite(v)), default=0.0)
+        if k == "kv_cache_usage":  # a share: always 0-100 %, so a near-empty cache reads as such
+            fig.update_yaxes(range=[0, max(1.0, top) * 1.02], tickformat=".0%", row=i, col=1)
+        else:  # request counts: never below zero, whole numbers, at least 0-1 when idle
+            fig.update_yaxes(range=[0, max(1.0, top) * 1.08], rangemode="nonnegative", tick0=0, dtick=max(1, math.ceil(top / 5)), row=i, col=1)
     fig.update_xaxes(title_text="time since first intended send (s)", row=len(rows), col=1)
     return _layout(fig, "Engine state over time (server metrics)", height=170 + 150 * len(rows))
 
@@ -107,6 +112,28 @@ def ttft_split(view: RunView) -> go.Figure | None:
     o = s["overall_ms"]
     parts = [f"{k} {v:.1f} ms" for k, v in o.items() if isinstance(v, float) and math.isfinite(v)]
     return _layout(fig, "TTFT split into queue and prefill (means: " + esc(", ".join(parts)) + ")")
+
+
+PART_LABELS = {"ttft": "TTFT (client)", "queue": "queue", "prefill": "prefill", "kv_transfer": "KV transfer",
+               "other": "other: front-end, emission, transit"}  # fmt: skip
+
+
+def ttft_split_per_request(view: RunView) -> go.Figure | None:
+    """Each part of TTFT across requests (boxes: 25-75 %, whiskers 5-95 %, mean dashed), from
+    the timings the engine returned with each request."""
+    parts = view.ttft_parts
+    if not parts:
+        return None
+    fig = go.Figure()
+    for i, (name, s) in enumerate(parts.items()):
+        label = PART_LABELS.get(name, name)
+        fig.add_trace(go.Box(name=label, x=[label], q1=[s["q1"]], median=[s["median"]], q3=[s["q3"]],
+                             lowerfence=[s["p5"]], upperfence=[s["p95"]], mean=[s["mean"]], boxmean=True,
+                             marker_color=COLORS[i % len(COLORS)], showlegend=False))  # fmt: skip
+    fig.update_yaxes(title_text="ms per request")
+    means = ", ".join(f"{PART_LABELS.get(k, k).split(':')[0]} {v['mean']:.1f}" for k, v in parts.items() if k != "ttft")
+    n = int(parts["ttft"]["n"]) if "ttft" in parts else 0
+    return _layout(fig, esc(f"TTFT split per request, as the engine reported it ({n} requests; means ms: {means})"))
 
 
 def token_timeline(view: RunView) -> go.Figure | None:
@@ -154,7 +181,7 @@ def _mode(config: str) -> str:
 def latency_vs_throughput(points: Sequence[LoadPoint]) -> go.Figure | None:
     """One point per configuration and load (repeats pooled), one curve per configuration."""
     pts = [p for p in points if p.metrics.get("output_tokens_per_s", 0) > 0]
-    if not pts:
+    if len(pts) < 2:  # one point has no curve and no front to draw
         return None
     panels = (("tpot_p50_ms", "TPOT p50 (ms)"), ("ttft_p95_ms", "TTFT p95 (ms)"))
     fig = make_subplots(rows=1, cols=2, subplot_titles=[p[1] for p in panels], horizontal_spacing=0.08)
@@ -207,17 +234,29 @@ def goodput_vs_load(points: Sequence[LoadPoint], objectives: dict[str, float]) -
     return _layout(fig, "Goodput and SLO attainment vs load (" + esc(objs) + ")", height=400)
 
 
+#: Achieved below this share of the asked rate counts as saturated in the chart.
+SATURATION_SHARE = 0.9
+
+
 def achieved_vs_offered(points: Sequence[LoadPoint]) -> go.Figure | None:
-    pts = [p for p in points if p.offered_rps > 0]
+    """Completed req/s against the rate asked for; points that fall short are saturated."""
+    pts = [p for p in points if p.asked_rps > 0]
     if len(pts) < 2:
         return None
     fig = go.Figure()
     for gi, (cfg, ps) in enumerate(_by_config(pts)):
-        ps = sorted(ps, key=lambda p: p.offered_rps)
-        fig.add_trace(go.Scatter(x=[p.offered_rps for p in ps], y=[p.metrics["requests_per_s"] for p in ps], mode=_mode(cfg),
-                                 text=[esc(p.label) for p in ps], name=esc(cfg), line={"color": COLORS[gi % len(COLORS)]}))  # fmt: skip
-    hi = max(p.offered_rps for p in pts)
+        ps = sorted(ps, key=lambda p: p.asked_rps)
+        fig.add_trace(go.Scatter(x=[p.asked_rps for p in ps], y=[p.metrics["requests_per_s"] for p in ps], mode=_mode(cfg),
+                                 text=[esc(p.label) for p in ps], name=esc(cfg), line={"color": COLORS[gi % len(COLORS)]},
+                                 hovertemplate="%{text}<br>asked %{x:.2f} req/s<br>achieved %{y:.2f} req/s<extra></extra>"))  # fmt: skip
+    sat = [p for p in pts if p.saturated or p.metrics.get("requests_per_s", 0.0) < SATURATION_SHARE * p.asked_rps]
+    if sat:
+        fig.add_trace(go.Scatter(x=[p.asked_rps for p in sat], y=[p.metrics["requests_per_s"] for p in sat], mode="markers",
+                                 name="saturated (achieved < 90 % of asked, or marked by the sweep)", text=[esc(p.label) for p in sat],
+                                 marker={"symbol": "x", "size": 13, "color": "#dc2626", "line": {"width": 2}},
+                                 hovertemplate="%{text}: saturated<extra></extra>"))  # fmt: skip
+    hi = max(max(p.asked_rps for p in pts), max(p.metrics.get("requests_per_s", 0.0) for p in pts))
     fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="achieved = offered", line={"dash": "dot", "color": "#888"}))
-    fig.update_xaxes(title_text="offered (requests sent per second of the run window)")
-    fig.update_yaxes(title_text="achieved (completed req/s)")
-    return _layout(fig, "Achieved vs offered load (repeats pooled)")
+    fig.update_xaxes(title_text="offered (rate asked for, req/s; closed loop: sent per second)", rangemode="tozero")
+    fig.update_yaxes(title_text="achieved (completed req/s)", rangemode="tozero")
+    return _layout(fig, "Achieved vs offered load (repeats pooled; saturated loads marked ×)")

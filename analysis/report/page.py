@@ -26,7 +26,13 @@ table{border-collapse:collapse;font-size:12.5px;margin:6px 0;overflow-x:auto;dis
 th,td{border-bottom:1px solid #e5e7eb;padding:3px 8px;text-align:right;white-space:nowrap}
 th{background:#f3f4f6}td:first-child,th:first-child{text-align:left}
 table.kv td{text-align:left}
-.recommendation{border-left:4px solid #16a34a;background:#f0fdf4;padding:6px 12px;margin-bottom:10px}
+.headline{border-left:6px solid #16a34a;background:#f0fdf4;padding:8px 14px;margin-bottom:10px}
+.headline.none{border-left-color:#dc2626;background:#fef2f2}
+.headline .pick{font-size:15px}.headline .label{color:#166534;text-transform:uppercase;font-size:12px;letter-spacing:.05em}
+.headline .name{font-size:26px;font-weight:700}.headline .gpus{font-size:15px;color:#374151}
+.headline .cap{font-size:15px;margin:2px 0 4px}.headline .cap .value{font-size:22px;font-weight:700}
+.headline table.kv td{white-space:normal}
+.row{display:flex;gap:16px;flex-wrap:wrap}.box{flex:1 1 320px}
 .notes{color:#92400e;background:#fffbeb;border-left:4px solid #f59e0b;padding:4px 12px;font-size:13px}
 .muted{color:#6b7280;font-size:12.5px}.fig{width:100%;min-height:300px}
 """

@@ -1,0 +1,157 @@
+"""The answer of a sweep in a few lines: what to deploy, how much it serves, by what margin,
+what limits it and what to verify next.
+
+Read from ``recommendation.json`` (analysis/recommend.py) alone, so the HTML report's first
+screen and the terminal text say the same thing. The *what to verify next* column follows the
+decision table problem → configuration → what to check (docs/sweeps.md): the limiting resource
+names the problem, the recommendation's advice the configuration lever, and the check is the
+measurement that would confirm or refute that diagnosis before GPUs are bought.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+#: limiting factor -> what to measure next to confirm the diagnosis (the "what to check" column).
+VERIFY_NEXT = {
+    "queueing": "server queue time at the knee load (queue_seconds histogram) against TTFT; then one more DP replica at that load",
+    "prefill": "prefill time per prompt token at the knee and the prefix-cache hit rate; then a TP/PCP step up or a disaggregated prefill pool",
+    "prefill_unloaded": "TTFT at one request at a time against the prompt length; prefill speed per replica, not load, is the problem",
+    "decode": "TPOT against the running batch (running gauge) at the knee; then the same GPUs as more replicas with smaller TP",
+    "decode_unloaded": "TPOT at one request at a time against the weight + KV bytes read per step; then a larger TP per replica",
+    "kv_cache": "peak KV-cache usage and the preemption counter at the knee; then DCP or a larger TP per replica",
+    "errors": "the failed requests' error types (requests/ error_type) and the engine log at the knee",
+    "none": "no tested load failed, so capacity is only a lower bound: sweep rates above the highest tried",
+    "unknown": "give an SLO (--slo) so that loads pass or fail and a limit can be found",
+}
+#: Margins below this fraction are too small to prefer one configuration on capacity alone.
+CLOSE_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One sweep's answer. Capacities are req/s within the SLOs; ``None`` when not measured."""
+
+    name: str
+    gpus: int
+    capacity_rps: float | None
+    capacity_per_gpu: float | None
+    interval_per_gpu: tuple[float | None, float | None]  # (low, high); high None = open above
+    interval_note: str
+    runner_up: str | None
+    runner_up_per_gpu: float | None
+    margin_pct: float | None
+    #: The recommendation's separation verdict on the capacity brackets (analysis.confidence):
+    #: "... is separated from ..." or "... too close to call ..."; "" when it has none.
+    separation: str
+    limiting_factor: str
+    diagnosis: str
+    verify_next: str
+    message: str
+    evidence: dict[str, Any]
+    slo: dict[str, float]
+    attainment_pct: float | None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _workload(rec: dict[str, Any]) -> dict[str, Any]:
+    """The workload whose recommendation is the headline (the first, as in recommend())."""
+    for w in (rec.get("workloads") or {}).values():
+        if isinstance(w, dict):
+            return w
+    return {}
+
+
+def _interval(cfg: dict[str, Any], gpus: int) -> tuple[tuple[float | None, float | None], str]:
+    """The capacity interval per GPU: a measured interval when the recommendation carries one,
+    else the probe bracket [highest passing rate, lowest failing rate)."""
+    for key in ("capacity_interval_rps", "capacity_ci_rps"):
+        iv = cfg.get(key)
+        if isinstance(iv, (list, tuple)) and len(iv) == 2:
+            lo, hi = _num(iv[0]), _num(iv[1])
+            return ((lo / gpus if lo is not None else None), (hi / gpus if hi is not None else None)), "confidence interval"
+    lo, hi = _num(cfg.get("capacity_rps")), _num(cfg.get("upper_rps"))
+    if lo is None:
+        return (None, None), "no capacity under the SLOs"
+    if hi is None:
+        return (lo / gpus, None), "lower bound: no tested load failed"
+    return (lo / gpus, hi / gpus), "bracket: highest passing to lowest failing load tried"
+
+
+def build_headline(rec: dict[str, Any] | None) -> Headline | None:
+    """The headline of a recommendation, or None when nothing is recommended."""
+    if not rec or not isinstance(rec.get("recommendation"), dict):
+        return None
+    pick = rec["recommendation"]
+    name = str(pick.get("cell_id"))
+    configs = [c for c in _workload(rec).get("configurations", []) if isinstance(c, dict)]
+    cfg = next((c for c in configs if c.get("cell_id") == name), dict(pick))
+    gpus = int(pick.get("gpus") or cfg.get("gpus") or 1)
+    per_gpu = _num(pick.get("capacity_rps_per_gpu"))
+    others = [c for c in configs if c.get("cell_id") != name and _num(c.get("capacity_rps_per_gpu")) is not None]
+    runner = max(others, key=lambda c: float(c["capacity_rps_per_gpu"]), default=None)
+    runner_pg = _num(runner.get("capacity_rps_per_gpu")) if runner else None
+    margin = 100 * (per_gpu / runner_pg - 1) if per_gpu is not None and runner_pg else None
+    interval, note = _interval(cfg, gpus)
+    factor = str(cfg.get("limiting_factor") or "unknown")
+    return Headline(
+        name=name,
+        gpus=gpus,
+        capacity_rps=_num(pick.get("capacity_rps")),
+        capacity_per_gpu=per_gpu,
+        interval_per_gpu=interval,
+        interval_note=note,
+        runner_up=str(runner["cell_id"]) if runner else None,
+        runner_up_per_gpu=runner_pg,
+        margin_pct=margin,
+        separation=str((_workload(rec).get("separation") or {}).get("text") or ""),
+        limiting_factor=factor,
+        diagnosis=str(cfg.get("diagnosis") or ""),
+        verify_next=VERIFY_NEXT.get(factor, VERIFY_NEXT["unknown"]),
+        message=str(rec.get("message") or ""),
+        evidence=pick.get("evidence") if isinstance(pick.get("evidence"), dict) else {},
+        slo={k: float(v) for k, v in (rec.get("slo") or {}).items() if _num(v) is not None},
+        attainment_pct=_num(rec.get("attainment_pct")),
+    )
+
+
+def capacity_text(h: Headline) -> str:
+    """'32 req/s per GPU (≥ 32: lower bound …)' or 'no capacity under the SLOs'."""
+    if h.capacity_per_gpu is None:
+        return "capacity not measured (concurrency sweep or no passing rate)"
+    lo, hi = h.interval_per_gpu
+    if lo is not None and hi is not None:
+        span = f"[{lo:.3g}, {hi:.3g})" if h.interval_note.startswith("bracket") else f"[{lo:.3g}, {hi:.3g}]"
+    elif lo is not None:
+        span = f"≥ {lo:.3g}"
+    else:
+        span = "interval not measured"
+    return f"{h.capacity_per_gpu:.3g} req/s per GPU {span} ({h.interval_note})"
+
+
+def margin_text(h: Headline) -> str:
+    if h.runner_up is None or h.margin_pct is None:
+        return "no runner-up with a measured capacity"
+    if h.separation:  # the measured verdict on the brackets, not the point estimates
+        close = f" - {h.separation}"
+    else:
+        close = " - too close to call on capacity alone" if abs(h.margin_pct) < 100 * CLOSE_MARGIN else ""
+    return f"{h.margin_pct:+.0f}% per GPU over {h.runner_up} ({h.runner_up_per_gpu:.3g} req/s per GPU){close}"
+
+
+def headline_lines(h: Headline | None, message: str = "") -> list[str]:
+    """The same headline as the report's first screen, as terminal text."""
+    if h is None:
+        return [f"RECOMMENDED: none: {message}" if message else "RECOMMENDED: none"]
+    plural = "s" if h.gpus != 1 else ""
+    return [
+        f"RECOMMENDED: {h.name} ({h.gpus} GPU{plural}), {capacity_text(h)}",
+        f"  margin: {margin_text(h)}",
+        f"  limited by: {h.limiting_factor}: {h.diagnosis}" if h.diagnosis else f"  limited by: {h.limiting_factor}",
+        f"  verify next: {h.verify_next}",
+    ]

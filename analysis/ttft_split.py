@@ -1,0 +1,118 @@
+"""TTFT split per request into queue, prefill, KV transfer and the rest (docs/metrics.md).
+
+Where the engine tells, per request: SGLang (``--enable-metrics``) returns ``queue_time``,
+``prefill_launch_delay`` and ``prefill_launch_latency`` in ``meta_info``; bench's simulated
+engine returns the same fields (plus ``kv_transfer_time`` with P/D), computed from its own
+clock. The client's TTFT minus what the engine accounted for is ``other``: the engine's HTTP
+and tokenizer front-end, first-token emission and the network both ways. Parts sum to the
+client's TTFT by construction; ``other`` is exact only as far as the engine's parts are.
+
+Where no request carries timings, the split falls back to the engine's queue and prefill
+histograms, which give means per scrape interval over all requests, not per request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from results.reader import read_requests, read_server_metrics
+
+#: The engine's timing fields -> the part of TTFT they measure.
+TIMING_PARTS = {
+    "queue_time": "queue",
+    "prefill_launch_delay": "prefill",
+    "prefill_launch_latency": "prefill",
+    "kv_transfer_time": "kv_transfer",
+}
+PARTS = ("queue", "prefill", "kv_transfer", "other")
+COLUMNS = ["phase", "ok", "send_ns", "first_token_ns", "server_timing_json"]
+SOURCE_REQUEST = "per request, as the engine reported it"
+SOURCE_HISTOGRAM = "engine histograms: means over all requests, not per request"
+
+
+def request_parts(table: pa.Table) -> pd.DataFrame:
+    """One row per measured, completed request that carries timings: ``ttft_ms`` and one
+    ``<part>_ms`` column per part (NaN for a part the engine did not report)."""
+    df = table.select([c for c in COLUMNS if c in table.column_names]).to_pandas()
+    if "server_timing_json" not in df:
+        return pd.DataFrame(columns=["ttft_ms", *(f"{p}_ms" for p in PARTS)])
+    df = df[(df["phase"] == "measure") & df["ok"] & df["first_token_ns"].notna() & df["server_timing_json"].notna()]
+    rows = []
+    for ttft_ns, text in zip((df["first_token_ns"] - df["send_ns"]).to_numpy(dtype=float), df["server_timing_json"]):
+        timing = json.loads(text)
+        parts = dict.fromkeys(PARTS[:-1], math.nan)
+        for key, part in TIMING_PARTS.items():
+            v = timing.get(key)
+            if isinstance(v, (int, float)):
+                parts[part] = (0.0 if math.isnan(parts[part]) else parts[part]) + 1000 * float(v)
+        known = sum(v for v in parts.values() if not math.isnan(v))
+        ttft_ms = ttft_ns / 1e6
+        rows.append({"ttft_ms": ttft_ms, **{f"{p}_ms": v for p, v in parts.items()}, "other_ms": ttft_ms - known})
+    return pd.DataFrame(rows, columns=["ttft_ms", *(f"{p}_ms" for p in PARTS)])
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    v = values[np.isfinite(values)]
+    if not len(v):
+        return {}
+    return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)),
+            "p99": float(np.percentile(v, 99))}  # fmt: skip
+
+
+def split_summary(run_dir: Path, requests: pa.Table | None = None) -> dict[str, Any] | None:
+    """The run's TTFT split: per request when the engine reported timings, else from its
+    histograms (labelled so), else None."""
+    table = requests if requests is not None and all(c in requests.column_names for c in COLUMNS) else read_requests(run_dir, COLUMNS)
+    parts = request_parts(table)
+    if len(parts):
+        stats = {p: _stats(parts[f"{p}_ms"].to_numpy(dtype=float)) for p in PARTS}
+        total = parts[[f"{p}_ms" for p in PARTS]].fillna(0.0).sum(axis=1)
+        return {
+            "source": SOURCE_REQUEST,
+            "requests": int(len(parts)),
+            "ttft_ms": _stats(parts["ttft_ms"].to_numpy(dtype=float)),
+            "parts_ms": {p: s for p, s in stats.items() if s},
+            "max_sum_error_ms": float((total - parts["ttft_ms"]).abs().max()),
+        }
+    return _histogram_split(run_dir, table)
+
+
+def _histogram_split(run_dir: Path, table: pa.Table) -> dict[str, Any] | None:
+    from analysis.report.data import PREFILL_HIST, QUEUE_HIST, hist_interval_means
+
+    server = read_server_metrics(run_dir)
+    if server is None or "common" not in server.column_names:
+        return None
+    means: dict[str, dict[str, float]] = {}
+    for part, aliases in (("queue", QUEUE_HIST), ("prefill", PREFILL_HIST)):
+        res = hist_interval_means(server, aliases)
+        if res is not None:
+            mean, count = res
+            means[part] = {"mean": float((mean * count).sum() / count.sum() * 1000)}
+    if not means:
+        return None
+    df = table.select(["phase", "ok", "send_ns", "first_token_ns"]).to_pandas()
+    df = df[(df["phase"] == "measure") & df["ok"] & df["first_token_ns"].notna()]
+    ttft = ((df["first_token_ns"] - df["send_ns"]) / 1e6).to_numpy(dtype=float)
+    return {"source": SOURCE_HISTOGRAM, "requests": int(len(ttft)), "ttft_ms": _stats(ttft), "parts_ms": means}
+
+
+LABELS = {"queue": "queue", "prefill": "prefill", "kv_transfer": "KV transfer", "other": "other (front-end, emission, transit)"}
+
+
+def format_split(split: dict[str, Any]) -> list[str]:
+    """Terminal lines: each part's mean (and p50/p90 per request) and its share of mean TTFT."""
+    ttft = split["ttft_ms"].get("mean", math.nan)
+    lines = [f"TTFT split ({split['source']}; {split['requests']} requests, mean TTFT {ttft:,.2f} ms):"]
+    for part, s in split["parts_ms"].items():
+        share = f"{100 * s['mean'] / ttft:5.1f}%" if ttft and math.isfinite(ttft) else "    -"
+        detail = f", p50 {s['p50']:,.2f}, p90 {s['p90']:,.2f}" if "p50" in s else ""
+        lines.append(f"  {LABELS.get(part, part):<38} mean {s['mean']:>9,.2f} ms {share}{detail}")
+    return lines

@@ -1,0 +1,49 @@
+"""``bench trend STORE``: change points in each gated metric across commits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from core.errors import BenchError
+
+
+@click.command("trend")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Gates TOML: its metrics and allowances (default: every stored metric).")
+@click.option("--metrics", "metrics_text", help="Comma-separated metrics to analyse (default: the gated ones, else all).")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), help="Write the HTML trend page here.")
+@click.option("--markdown", "md_path", type=click.Path(path_type=Path), help="Write a Markdown summary (for a CI comment) here.")
+@click.option("--p-max", type=float, default=0.01, show_default=True, help="Significance of a change point (permutation test).")
+@click.option("--permutations", type=int, default=499, show_default=True)
+@click.option("--min-size", type=int, default=4, show_default=True, help="Fewest commits on each side of a change point.")
+@click.option("--min-change-pct", type=float, default=0.0, show_default=True, help="Smallest change flagged for metrics without a gate allowance.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def command(
+    store: Path, config_path: Path | None, metrics_text: str | None, html_path: Path | None, md_path: Path | None,
+    p_max: float, permutations: int, min_size: int, min_change_pct: float, seed: int,
+) -> None:  # fmt: skip
+    """Detect change points (E-divisive means) in each metric of each configuration of STORE.
+
+    Flagged: significant and beyond the metric's allowance in --config. Exit code 0 (the gate
+    decides a build; this explains it). The Markdown is appended to $GITHUB_STEP_SUMMARY when set.
+    """
+    from analysis.gate import load_gate_config
+    from analysis.trend import TrendOptions, html_page, markdown, run_trend, text
+    from core.config import ConfigError
+    from bench.outputs import write_outputs
+    from results.reader import ResultsError
+
+    if not 0 < p_max < 1 or permutations < 19 or min_size < 2 or min_change_pct < 0:
+        raise BenchError("need 0 < --p-max < 1, --permutations >= 19, --min-size >= 2, --min-change-pct >= 0")
+    try:
+        gates = dict(load_gate_config(config_path).metrics) if config_path else {}
+        metrics = [m.strip() for m in metrics_text.split(",") if m.strip()] if metrics_text else (list(gates) or None)
+        options = TrendOptions(p_max, permutations, min_size, min_change_pct / 100, seed)
+        result = run_trend(store, gates, metrics, options)
+    except (ConfigError, ResultsError, ValueError) as exc:
+        raise BenchError(str(exc)) from None
+    md = markdown(result)
+    write_outputs(((md_path, lambda: md), (html_path, lambda: html_page(result))), md)
+    click.echo(text(result))
