@@ -165,3 +165,17 @@ def test_a_client_delay_makes_a_load_untrustworthy_only_where_it_matters() -> No
     assert untrustworthy(0, 100, {"saturated": False}, tight) is None
     assert untrustworthy(2, 100, {"saturated": False}) == "2 of 100 records anomalous"
     assert untrustworthy(1, 100, {"saturated": False}) is None  # 1 %: counted, excluded, not decisive
+
+
+def test_confidence_zero_is_the_point_estimate_and_old_sweeps_keep_it() -> None:
+    import json
+
+    from bench.sweep.spec import SweepSpec, spec_from_dict
+
+    assert wilson_interval(9, 10, 0.0) == pytest.approx((0.9, 0.9))
+    assert judge_load([_row(9, 10)], 90.0, 0.0).verdict == "pass"
+    assert judge_load([_row(9, 10)], 90.0).verdict == "undecided"
+    assert SweepSpec(model="m").confidence == 0.95
+    old = json.loads(json.dumps(SweepSpec(model="m").as_dict()))
+    del old["confidence"]  # a sweep.json written before verdicts had intervals
+    assert spec_from_dict(old).confidence == 0.0

@@ -206,7 +206,7 @@ class CellRunner:
                 **metrics,
             }
             if spec.slo:  # this run's own verdict; the load's pools its runs (judge_load)
-                own = judge_load([row], spec.attainment_pct)
+                own = judge_load([row], spec.attainment_pct, spec.confidence)
                 row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
             if load.kind == "concurrency" and load.role == "load" and out.points:
                 prev = [
@@ -253,7 +253,7 @@ class CellRunner:
             for _ in range(spec.repeats if role != "baseline" else 1):
                 if not one(requests):
                     return None
-            judgement = judge_load(rows, spec.attainment_pct)
+            judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
             if role == "baseline" or not spec.slo:
                 return judgement
             remeasured = False
@@ -272,7 +272,7 @@ class CellRunner:
                 if not one(n):
                     return None
                 last = n
-                judgement = judge_load(rows, spec.attainment_pct)
+                judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
             return judgement
 
         def probe_of(value: float, j: LoadJudgement) -> Probe:
