@@ -21,10 +21,11 @@ Verdict = Literal["pass", "fail", "undecided"]
 
 
 def z_value(level: float = CONFIDENCE) -> float:
-    """The two-sided normal quantile for ``level`` (1.96 at 95 %)."""
-    if not 0 < level < 1:
-        raise ValueError("confidence level must be in (0, 1)")
-    return NormalDist().inv_cdf(0.5 + level / 2)
+    """The two-sided normal quantile for ``level`` (1.96 at 95 %; 0 at level 0, where the
+    interval is the point estimate itself)."""
+    if not 0 <= level < 1:
+        raise ValueError("confidence level must be in [0, 1)")
+    return NormalDist().inv_cdf(0.5 + level / 2) if level > 0 else 0.0
 
 
 def wilson_interval(successes: int, trials: int, level: float = CONFIDENCE) -> tuple[float, float]:

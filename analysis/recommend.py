@@ -31,7 +31,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from analysis.capacity import CapacityResult, Probe, capacity_from_probes, judge_load, point_metrics, server_signals
-from analysis.confidence import separation
+from analysis.confidence import CONFIDENCE, separation
 from analysis.headline import build_headline, headline_lines
 from analysis.load import load_run
 from analysis.slo import SLO
@@ -154,7 +154,7 @@ def sweep_settings(sweep: Path, points: pd.DataFrame) -> dict[str, Any]:
 # -- per-cell numbers --------------------------------------------------------------------
 
 
-def _pooled(points: pd.DataFrame, attainment_pct: float) -> pd.DataFrame:
+def _pooled(points: pd.DataFrame, attainment_pct: float, level: float = CONFIDENCE) -> pd.DataFrame:
     """One row per load value: repeats pooled (attainment weighted by requests)."""
     done = points[points["status"].isin(["complete", "interrupted"])].copy()
     if done.empty:
@@ -181,14 +181,14 @@ def _pooled(points: pd.DataFrame, attainment_pct: float) -> pd.DataFrame:
         reasons = [r for r in g.get("saturation_reason", pd.Series(dtype=object)).dropna()]
         row["saturation_reason"] = reasons[0] if reasons else None
         row["runs"] = list(g["run_dir"].dropna())
-        _judge(row, g, attainment_pct)
+        _judge(row, g, attainment_pct, level)
         out.append(row)
     df = pd.DataFrame(out)
     # the one-at-a-time baseline first (the lightest load), then by load
     return df.sort_values(["_base", "load_value"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
-def _judge(row: dict[str, Any], runs: pd.DataFrame, attainment_pct: float) -> None:
+def _judge(row: dict[str, Any], runs: pd.DataFrame, attainment_pct: float, level: float) -> None:
     """The load's pooled verdict (analysis.capacity.judge_load) into ``row``; the pooled
     figures are those of the runs the client measured truthfully."""
     records = [{k: (None if _missing(v) else v) for k, v in r.items()} for r in runs.to_dict("records")]
@@ -196,7 +196,7 @@ def _judge(row: dict[str, Any], runs: pd.DataFrame, attainment_pct: float) -> No
         row.update(passed=not row["saturated"], verdict="pass" if not row["saturated"] else "fail", verdict_reason=None)
         row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan)
         return
-    j = judge_load(records, attainment_pct)
+    j = judge_load(records, attainment_pct, level)
     row.update(
         saturated=j.saturated,  # a stalled client's "saturation" is not the server's
         passed=j.passed,
@@ -215,9 +215,11 @@ def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def cell_capacity(points: pd.DataFrame, attainment_pct: float, precision: float | None) -> dict[str, Any]:
+def cell_capacity(
+    points: pd.DataFrame, attainment_pct: float, precision: float | None, level: float = CONFIDENCE
+) -> dict[str, Any]:
     """Capacity of one cell and workload (rate loads), or the best passing concurrency."""
-    pooled = _pooled(points, attainment_pct)
+    pooled = _pooled(points, attainment_pct, level)
     if pooled.empty:
         return {"capacity_rps": None, "note": "no measured loads"}
     rates = pooled[(pooled["load_kind"] == "rate") & ~pooled["_base"]]
@@ -274,9 +276,11 @@ def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) ->
     }
 
 
-def diagnose_cell(points: pd.DataFrame, slo: dict[str, float], attainment_pct: float) -> dict[str, Any]:
+def diagnose_cell(
+    points: pd.DataFrame, slo: dict[str, float], attainment_pct: float, level: float = CONFIDENCE
+) -> dict[str, Any]:
     """Which resource limits this configuration, read from its loads (one cell, one workload)."""
-    pooled = _pooled(points, attainment_pct)
+    pooled = _pooled(points, attainment_pct, level)
     if pooled.empty:
         return {"limiting_factor": "unknown", "explanation": "no measured loads", "evidence": {}}
     base = pooled.iloc[0]
@@ -380,6 +384,7 @@ def recommend(
     attainment_pct: float | None = None,
     target_rate: float | None = None,
     target_concurrency: int | None = None,
+    confidence: float | None = None,
 ) -> dict[str, Any]:
     sweep = Path(sweep)
     cells = read_cells(sweep)
@@ -395,16 +400,19 @@ def recommend(
     spec = settings.get("sweep") or {}
     loads = spec.get("loads") or {}
     precision = loads.get("capacity_precision") if loads.get("capacity") else None
+    # a sweep stored before verdicts had intervals was judged on the point estimate
+    level = float(confidence if confidence is not None else spec.get("confidence", 0.0 if spec else CONFIDENCE))
     out: dict[str, Any] = {
         "sweep": str(sweep),
         "slo": slo_used,
         "attainment_pct": att,
+        "confidence": level,
         "target_rate": target,
         "target_concurrency": target_c,
         "definitions": {
             "capacity_rps": (
-                f"highest offered rate that passed (>= {att:g}% of requests met every SLO, decided at 95% "
-                "confidence, and the load was not saturated; DistServe goodput); "
+                f"highest offered rate that passed (>= {att:g}% of requests met every SLO, decided "
+                f"{_decided(level)}, and the load was not saturated; DistServe goodput); "
                 + (
                     f"searched by bracketing and bisection to {100 * precision:g}% precision"
                     if precision
@@ -414,7 +422,7 @@ def recommend(
             "goodput_rps": "single run: requests meeting every SLO per second of the run window",
             "attainment": (
                 "share of judged requests (failures and drain-deadline cancellations count as misses; anomalous "
-                "records are left out) meeting every SLO, with its 95% Wilson interval"
+                f"records are left out) meeting every SLO, with its {100 * level:g}% Wilson interval"
             ),
             "verdict": (
                 f"a load passes when its whole attainment interval is at or above {att:g}%, fails when it is wholly "
@@ -436,7 +444,9 @@ def recommend(
         return out
     workloads = list(dict.fromkeys(points["workload"].dropna()))
     for w in workloads:
-        out["workloads"][w] = _recommend_workload(points[points["workload"] == w], cell_rows, slo_used, att, target, target_c, precision)
+        out["workloads"][w] = _recommend_workload(
+            points[points["workload"] == w], cell_rows, slo_used, att, target, target_c, precision, level
+        )
     first = out["workloads"][workloads[0]]
     out["recommendation"] = first.get("recommendation")
     out["message"] = first.get("message")
@@ -452,6 +462,7 @@ def _recommend_workload(
     target: float | None,
     target_c: int | None,
     precision: float | None,
+    level: float = CONFIDENCE,
 ) -> dict[str, Any]:
     configs: list[dict[str, Any]] = []
     status = {c["cell_id"]: c for c in cells}
@@ -461,9 +472,13 @@ def _recommend_workload(
             continue
         gpus = int(g["gpus"].iloc[0])
         axes = int(g["axes"].iloc[0]) if "axes" in g else 0
-        cap = cell_capacity(g, att, precision)
-        diag: dict[str, Any] = diagnose_cell(g, slo, att) if slo else {"limiting_factor": "unknown", "explanation": "no SLO given", "evidence": {}}
-        pooled = _pooled(g, att)
+        cap = cell_capacity(g, att, precision, level)
+        diag: dict[str, Any] = (
+            diagnose_cell(g, slo, att, level)
+            if slo
+            else {"limiting_factor": "unknown", "explanation": "no SLO given", "evidence": {}}
+        )
+        pooled = _pooled(g, att, level)
         base = pooled.iloc[0] if len(pooled) else None
         configs.append(
             {
@@ -771,9 +786,16 @@ def format_recommendation(rec: dict[str, Any]) -> str:
         for t in wr.get("same_gpus_tradeoffs", []):
             lines.append(f"  {t}")
     lines.append("capacity_rps: " + rec["definitions"]["capacity_rps"] + ".")
-    lines.append("capacity req/s column: L-U = passed at L, failed at U (each decided at 95 % confidence); L+ = nothing failed above L; <U? = not probed below U.")
+    lines.append(
+        f"capacity req/s column: L-U = passed at L, failed at U (each decided {_decided(rec.get('confidence', CONFIDENCE))}); "
+        "L+ = nothing failed above L; <U? = not probed below U."
+    )
     lines.append("goodput (per load): " + rec["definitions"]["goodput_rps"] + ".")
     return "\n".join(lines)
+
+
+def _decided(level: float) -> str:
+    return f"at {100 * level:g}% confidence" if level > 0 else "on the point estimate (--confidence 0)"
 
 
 def _ms(v: Any, digits: int = 0) -> str:

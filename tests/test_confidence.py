@@ -165,3 +165,47 @@ def test_a_client_delay_makes_a_load_untrustworthy_only_where_it_matters() -> No
     assert untrustworthy(0, 100, {"saturated": False}, tight) is None
     assert untrustworthy(2, 100, {"saturated": False}) == "2 of 100 records anomalous"
     assert untrustworthy(1, 100, {"saturated": False}) is None  # 1 %: counted, excluded, not decisive
+
+
+def test_confidence_zero_is_the_point_estimate_and_old_sweeps_keep_it() -> None:
+    import json
+
+    from bench.sweep.spec import SweepSpec, spec_from_dict
+
+    assert wilson_interval(9, 10, 0.0) == pytest.approx((0.9, 0.9))
+    assert judge_load([_row(9, 10)], 90.0, 0.0).verdict == "pass"
+    assert judge_load([_row(9, 10)], 90.0).verdict == "undecided"
+    assert SweepSpec(model="m").confidence == 0.95
+    old = json.loads(json.dumps(SweepSpec(model="m").as_dict()))
+    del old["confidence"]  # a sweep.json written before verdicts had intervals
+    assert spec_from_dict(old).confidence == 0.0
+
+
+def test_a_load_with_a_saturated_client_is_measured_again_with_more_client_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.sweep import cell
+    from bench.sweep.orchestrate import run_sweep
+    from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
+    from tests.sweep_fakes import FixedSimLauncher
+
+    real = cell.run_load
+    seen: list[int] = []
+
+    def first_one_untrustworthy(**kw: Any) -> Any:
+        seen.append(kw["spec"].workers)
+        metrics, sat, interrupted = real(**kw)
+        metrics["untrustworthy"] = None if len(seen) > 1 else "client saturated (its lag p99 80.0 ms): forced by the test"
+        return metrics, sat, interrupted
+
+    monkeypatch.setattr(cell, "run_load", first_one_untrustworthy)
+    spec = SweepSpec(
+        model="m", gpus=1, matrix=MatrixSpec(tp=(1,)),
+        loads=LoadSpec(rates=(10.0,), requests=8, warmup=0),
+        workloads=(WorkloadSpec(input_tokens=32, output_tokens=8),),
+        slo={"ttft_ms": 5000.0}, confidence=0.0,
+    )  # fmt: skip
+    lines: list[str] = []
+    run_sweep(spec, tmp_path / "s", launcher=FixedSimLauncher(), echo=lines.append, progress=False)
+    assert seen == [1, 2]  # the same load again, with twice the client processes
+    assert any("measuring again with 2 client processes" in ln for ln in lines)

@@ -8,6 +8,7 @@ import socket
 import time
 import types
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -171,3 +172,21 @@ def test_the_open_loop_never_sends_before_the_intended_time(monkeypatch: pytest.
         return late
 
     assert np.all(np.array(asyncio.run(main())) >= 0)
+
+
+def test_compare_and_gate_name_the_anomalies_they_left_out(tmp_path: Path) -> None:
+    from analysis.compare import compare_paths, format_comparison
+    from analysis.gate import GateConfig, GateSettings, MetricGate, markdown_summary, run_gate, text_summary
+    from tests.helpers_records import write_run
+
+    good = [_good(f"r{i}", 100.0 * i) for i in range(6)]
+    bad = replace(_good("neg", 600.0), send_ns=int(611 * MS), first_byte_ns=int(611 * MS), intended_send_ns=int(611 * MS))
+    base = write_run(tmp_path / "base", good)
+    cur = write_run(tmp_path / "cur", [*good, bad])
+    cmp = compare_paths(base, cur, ["ttft_p50_ms"])
+    g = cmp.groups[0]
+    assert (g.baseline_anomalies, g.current_anomalies) == (0, 1)
+    assert "WARNING: anomalous records excluded: baseline 0, current 1" in format_comparison(cmp)
+    result = run_gate(base, cur, GateConfig(GateSettings(resamples=100), {"ttft_p50_ms": MetricGate(max_increase_pct=10)}))
+    assert "anomalous records excluded: baseline 0, current 1" in text_summary(result)
+    assert "anomalous records excluded" in markdown_summary(result)

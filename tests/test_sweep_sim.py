@@ -19,12 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.errors import ExitCode
 from bench.sweep.store import read_cells
 from tests.conftest import REPO
 
 BASE = [
     "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "4",
     "--tp", "2,4", "--dp", "1,2", "--capacity",
+    # these pin the model's answer on small, fast probes: the point estimate decides (at 95 %
+    # a 90 % target needs 35 requests per passing load; tests/test_confidence.py pins that)
+    "--confidence", "0",
 ]  # fmt: skip
 
 
@@ -36,7 +40,8 @@ def _sweep(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=280,
     )
-    assert r.returncode == 0, r.stderr[-3000:]
+    # 4: a load the client could not measure truthfully on a busy host (named in the output)
+    assert r.returncode in (0, ExitCode.UNTRUSTWORTHY), r.stderr[-3000:]
     return r
 
 
@@ -85,7 +90,7 @@ def test_long_prompts_with_a_tight_ttft_favour_tp4(tmp_path: Path) -> None:
     again = subprocess.run(
         [sys.executable, "-m", "bench", "recommend", str(out), "--json"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
-    assert again.returncode == 0, again.stderr
+    assert again.returncode in (0, ExitCode.UNTRUSTWORTHY), again.stderr
     assert json.loads(again.stdout)["recommendation"]["cell_id"] == "tp4"
 
 
@@ -94,11 +99,11 @@ def test_an_engine_that_cannot_start_is_recorded_and_the_others_complete(tmp_pat
     r = subprocess.run(
         [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100",
          "--tp", "1,4", "--rate", "2", "--requests", "6", "--warmup", "1", "--input-tokens", "64",
-         "--output-tokens", "8", "--slo", "ttft_ms=1000", "--engine-arg=--dtype=bf16", "--out", str(out),
+         "--output-tokens", "8", "--slo", "ttft_ms=1000", "--confidence", "0", "--engine-arg=--dtype=bf16", "--out", str(out),
          "--no-progress"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode in (0, ExitCode.UNTRUSTWORTHY), r.stderr[-3000:]
     cells = {c["cell_id"]: c for c in read_cells(out)}
     # 140 GB of BF16 weights do not fit one H100: the engine exits at start with its reason
     assert cells["tp1"]["status"] == "failed"

@@ -15,6 +15,7 @@ from core.errors import BenchError
 @click.option("--attainment", type=float, help="Percent of requests that must meet every SLO (default: the sweep's).")
 @click.option("--target-rate", type=float, help="Load (req/s) the configuration must serve (default: the sweep's).")
 @click.option("--target-concurrency", type=int, help="Concurrency it must serve (concurrency sweeps).")
+@click.option("--confidence", type=float, help="Confidence of each load's verdict (0: point estimate; default: the sweep's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the recommendation and its evidence as JSON.")
 def command(
     sweep: Path,
@@ -22,6 +23,7 @@ def command(
     attainment: float | None,
     target_rate: float | None,
     target_concurrency: int | None,
+    confidence: float | None,
     as_json: bool,
 ) -> None:
     """Recommend the smallest configuration of a sweep that meets the SLOs at the target load,
@@ -45,8 +47,13 @@ def command(
             raise BenchError(str(exc)) from None
     if attainment is not None and not 0 < attainment <= 100:
         raise BenchError("--attainment must be a percentage in (0, 100]")
+    if confidence is not None and not 0 <= confidence < 1:
+        raise BenchError("--confidence must be in [0, 1), e.g. 0.95")
     try:
-        rec = recommend(sweep, slo=slo, attainment_pct=attainment, target_rate=target_rate, target_concurrency=target_concurrency)
+        rec = recommend(
+            sweep, slo=slo, attainment_pct=attainment, target_rate=target_rate,
+            target_concurrency=target_concurrency, confidence=confidence,
+        )  # fmt: skip
     except ResultsError as exc:
         raise BenchError(str(exc)) from None
     click.echo(recommendation_json(rec) if as_json else format_recommendation(rec))

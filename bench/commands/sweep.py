@@ -92,6 +92,8 @@ def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
 @click.option("--repeats", type=int, help="Runs per load (pooled). [default: 1]")
 @click.option("--slo", "slo_text", help="SLOs, e.g. ttft_ms=500,tpot_ms=50.")
 @click.option("--attainment", type=float, help="Percent of requests that must meet every SLO. [default: 90]")
+@click.option("--confidence", type=float,
+              help="Confidence of each load's verdict (0: the point estimate decides). [default: 0.95]")
 @click.option("--target-rate", type=float, help="Load (req/s) the recommendation must serve.")
 @click.option("--target-concurrency", type=int, help="Concurrency the recommendation must serve (concurrency sweeps).")
 @click.option("--engine-arg", "engine_args", multiple=True, help="Extra engine argument (repeatable).")
@@ -272,6 +274,7 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
         repeats=flags.get("repeats"),
         slo=slo,
         attainment_pct=flags.get("attainment"),
+        confidence=flags.get("confidence"),
         target_rate=flags.get("target_rate"),
         target_concurrency=flags.get("target_concurrency"),
         engine_args=engine_args,

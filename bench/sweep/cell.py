@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +169,9 @@ class CellRunner:
         state = {"first": first_run, "seq": 0}
         virtual = self.virtual
 
-        def measure(load: Load) -> tuple[dict[str, Any], bool] | None:
-            """Run one load (with its repeats pooled by the caller); None if the engine died."""
+        def measure(load: Load, workers: int | None = None) -> tuple[dict[str, Any], bool] | None:
+            """Run one load (with its repeats pooled by the caller); None if the engine died.
+            ``workers``: client processes for this run (None: the sweep's)."""
             # re-measurements of a load come after its repeats, and are labelled as further repeats
             label = load.label(len(spec.workloads) > 1, max(spec.repeats, load.repeat + 1))
             run_dir = store.cell_dir(self.sweep_dir, cell_id) / f"load={label}"
@@ -191,7 +192,7 @@ class CellRunner:
             t = time.monotonic()
             for attempt in range(2):
                 metrics, sat, interrupted = run_load(
-                    spec=spec,
+                    spec=spec if workers is None else replace(spec, workers=workers),
                     load=load,
                     run_dir=run_dir,
                     url=url,
@@ -229,7 +230,7 @@ class CellRunner:
                 **metrics,
             }
             if spec.slo:  # this run's own verdict; the load's pools its runs (judge_load)
-                own = judge_load([row], spec.attainment_pct)
+                own = judge_load([row], spec.attainment_pct, spec.confidence)
                 row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
             if load.kind == "concurrency" and load.role == "load" and out.points:
                 prev = [
@@ -263,9 +264,9 @@ class CellRunner:
             rows: list[dict[str, Any]] = []
             repeat = 0
 
-            def one(n: int | None) -> bool:
+            def one(n: int | None, workers: int | None = None) -> bool:
                 nonlocal repeat
-                res = measure(Load(kind, value, w, repeat, role, n, seq=state["seq"]))
+                res = measure(Load(kind, value, w, repeat, role, n, seq=state["seq"]), workers)
                 state["seq"] += 1
                 repeat += 1
                 if res is None:
@@ -276,15 +277,19 @@ class CellRunner:
             for _ in range(spec.repeats if role != "baseline" else 1):
                 if not one(requests):
                     return None
-            judgement = judge_load(rows, spec.attainment_pct)
+            judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
             if role == "baseline" or not spec.slo:
                 return judgement
             remeasured = False
             last = requests or spec.loads.requests
             while True:
+                workers = None
                 if judgement.untrustworthy and not remeasured:
                     remeasured, n = True, last
-                    self.echo(f"{index} {cell_id}: {fmt_load(kind, value)}: measuring again: {judgement.reason}")
+                    # a saturated client gets twice the load-generating processes
+                    workers = min(64, 2 * spec.workers) if "client saturated" in judgement.untrustworthy else None
+                    more = f" with {workers} client processes" if workers else ""
+                    self.echo(f"{index} {cell_id}: {fmt_load(kind, value)}: measuring again{more}: {judgement.reason}")
                 elif judgement.needs_more and len(rows) - spec.repeats < MAX_REMEASURES:
                     n = min(2 * last, loads.max_requests - sum(int(r["requests"]) for r in rows))
                     if n < 1:
@@ -292,10 +297,10 @@ class CellRunner:
                     self.echo(f"{index} {cell_id}: {fmt_load(kind, value)} undecided ({judgement.reason}); {n} more requests")
                 else:
                     break
-                if not one(n):
+                if not one(n, workers):
                     return None
                 last = n
-                judgement = judge_load(rows, spec.attainment_pct)
+                judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
             return judgement
 
         def probe_of(value: float, j: LoadJudgement) -> Probe:

@@ -42,7 +42,7 @@ FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)*")
 
 #: Fields added after sweeps were first stored, with the values sweeps ran with before: a
 #: sweep.json without them is read (and resumed) as it was measured.
-LEGACY_DEFAULTS: dict[str, Any] = {"workers": 1, "clock": "user"}
+LEGACY_DEFAULTS: dict[str, Any] = {"workers": 1, "clock": "user", "confidence": 0.0}
 
 #: The simulated engine's own clock: its scheduler and cost model run in virtual time, no
 #: server or client (bench.virtual). The other clocks measure a live server in real time.
@@ -229,6 +229,10 @@ class SweepSpec:
     slo: dict[str, float] = field(default_factory=dict)
     #: Percentage of requests that must meet every SLO (DistServe attainment target).
     attainment_pct: float = 90.0
+    #: Confidence level of every load's verdict (docs/sweeps.md, Confidence): a load passes
+    #: or fails only when its attainment interval at this level clears the target. 0: the
+    #: point estimate decides (how sweeps were judged before intervals).
+    confidence: float = 0.95
     #: The load the recommendation must serve (req/s). None: best capacity per GPU.
     target_rate: float | None = None
     #: For concurrency sweeps: the concurrency the recommendation must serve.
@@ -272,6 +276,8 @@ class SweepSpec:
             raise SweepSpecError("repeats must be at least 1")
         if not 0 < self.attainment_pct <= 100:
             raise SweepSpecError("attainment must be a percentage in (0, 100]")
+        if not 0 <= self.confidence < 1:
+            raise SweepSpecError("confidence must be in [0, 1), e.g. 0.95")
         if self.loads.capacity and not self.slo:
             raise SweepSpecError("--capacity needs --slo (capacity is the highest rate meeting the SLOs)")
         if self.target_rate is not None and not self.target_rate > 0:
