@@ -13,7 +13,8 @@ from typing import Any, Literal
 import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent
-from workloads.spec import Message, RequestSpec
+from adapters.sampling import openai_fields
+from workloads.spec import Message, RequestSpec, merge_body
 
 Api = Literal["completions", "chat"]
 
@@ -174,8 +175,9 @@ class OpenAIAdapter:
         if spec.fixed_output and self.force_length_fields:
             body["ignore_eos"] = True
             body["min_tokens"] = spec.max_output_tokens
-        body.update(self.extra_body)
-        return body
+        if spec.sampling is not None:
+            body.update(openai_fields(spec.sampling, self.api == "chat"))
+        return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
         return HttpCall("POST", self.path, orjson.dumps(self.body(spec, history)), self._headers)

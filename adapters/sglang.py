@@ -16,7 +16,8 @@ import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
 from adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
-from workloads.spec import Message, RequestSpec
+from adapters.sampling import sglang_fields
+from workloads.spec import Message, RequestSpec, merge_body
 
 
 class SGLangStreamParser:
@@ -85,9 +86,11 @@ class SGLangAdapter:
         api_key: str | None = None,
         force_length_fields: bool = True,
         extra_sampling: dict[str, Any] | None = None,
+        extra_body: dict[str, Any] | None = None,
         **_: Any,
     ) -> None:
         self.model = model
+        self.extra_body = dict(extra_body or {})
         self.force_length_fields = force_length_fields
         self.extra_sampling = dict(extra_sampling or {})
         headers = [("Content-Type", "application/json")]
@@ -100,8 +103,13 @@ class SGLangAdapter:
         if spec.fixed_output and self.force_length_fields:
             sampling["ignore_eos"] = True
             sampling["min_new_tokens"] = spec.max_output_tokens
+        top: dict[str, Any] = {}
+        if spec.sampling is not None:
+            params, top = sglang_fields(spec.sampling)
+            sampling.update(params)
         sampling.update(self.extra_sampling)
-        return {"text": _as_prompt(spec, history), "sampling_params": sampling, "stream": True}
+        body = {"text": _as_prompt(spec, history), "sampling_params": sampling, "stream": True, **top}
+        return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
         return HttpCall("POST", "/generate", orjson.dumps(self.body(spec, history)), self._headers)

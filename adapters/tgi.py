@@ -18,7 +18,8 @@ import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
 from adapters.openai import StreamPayloadError, _as_prompt, error_event, loads
-from workloads.spec import Message, RequestSpec
+from adapters.sampling import tgi_fields
+from workloads.spec import Message, RequestSpec, merge_body
 
 _EMPTY = StreamEvent(EventKind.EMPTY)
 
@@ -66,9 +67,11 @@ class TGIAdapter:
         model: str = "default",
         api_key: str | None = None,
         extra_parameters: dict[str, Any] | None = None,
+        extra_body: dict[str, Any] | None = None,
         **_: Any,
     ) -> None:
         self.model = model
+        self.extra_body = dict(extra_body or {})
         self.extra_parameters = dict(extra_parameters or {})
         headers = [("Content-Type", "application/json")]
         if api_key:
@@ -77,8 +80,11 @@ class TGIAdapter:
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
         params: dict[str, Any] = {"max_new_tokens": spec.max_output_tokens, "details": True}
+        if spec.sampling is not None:
+            params.update(tgi_fields(spec.sampling))
         params.update(self.extra_parameters)
-        return {"inputs": _as_prompt(spec, history), "parameters": params, "stream": True}
+        body = {"inputs": _as_prompt(spec, history), "parameters": params, "stream": True}
+        return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
         return HttpCall("POST", "/generate_stream", orjson.dumps(self.body(spec, history)), self._headers)

@@ -60,6 +60,12 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
         f"token counts from: {src}; chunk-vs-server mismatches {tok['chunk_vs_server_mismatches']}; "
         f"shorter than requested {tok['shorter_than_requested']}"
     )
+    reasons = tok.get("finish_reasons") or {}
+    if set(reasons) - {"length", "none"}:  # shown only where some request did not run to its length
+        lines.append(
+            "finish reasons: " + ", ".join(f"{k} {v}" for k, v in reasons.items())
+            + f"; natural stops {tok['natural_stops']}/{r['ok']}"
+        )
     for w in s["client"].get("warnings", []):
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)

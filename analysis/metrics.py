@@ -37,6 +37,7 @@ _SCALAR_COLUMNS = [
     "cached_tokens",
     "session_id",
     "prefix_group",
+    "finish_reason",
 ]
 
 

@@ -44,6 +44,10 @@ REQUESTS_COLUMN_NAMES = tuple(REQUESTS_SCHEMA.names)
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft_ms", "ttfo_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "schedule_lag_ms")
 
+#: Finish reasons that mean the model ended the answer itself (end-of-sequence token or a stop
+#: sequence), as vLLM/SGLang ("stop") and TGI ("eos_token", "stop_sequence") name them.
+NATURAL_STOPS = ("stop", "eos_token", "stop_sequence")
+
 #: The client is judged a bottleneck when its own send lag or event-loop lag passes these.
 CLIENT_LAG_P99_MS = 5.0
 LOOP_LAG_MAX_MS = 20.0
@@ -356,10 +360,14 @@ def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
     has = ~comp.isna()
     mismatch = int((comp[has] != ok_df.loc[has, "output_tokens"].astype("float64")).sum())
     short = int((ok_df["output_tokens"] < ok_df["max_output_tokens"]).sum())
+    finish = ok_df["finish_reason"] if "finish_reason" in ok_df else pd.Series([None] * len(ok_df), dtype=object)
+    reasons = finish.fillna("none").value_counts().to_dict()
     return {
         "sources": {str(k): int(v) for k, v in sources.items()},
         "chunk_vs_server_mismatches": mismatch,
         "shorter_than_requested": short,
+        "finish_reasons": {str(k): int(v) for k, v in sorted(reasons.items())},
+        "natural_stops": int(finish.isin(NATURAL_STOPS).sum()),
     }
 
 

@@ -31,6 +31,7 @@ from sim.loop import EngineLoop
 from sim.options import ModelTiming, describe
 from sim.prom import FlavorMetrics
 from sim.request import SimRequest
+from sim.sampling import openai_problem, sglang_problem, tgi_problem
 from sim.timing import FixedTiming
 from sim.tokenizer import count_tokens, output_token, tokenize
 from sim.wire import OpenAIWire, SGLangWire, TGIWire
@@ -416,7 +417,7 @@ class SimServer:
     # -- generation (all flavours) -------------------------------------------------------
     async def _run(
         self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
-        arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0,
+        arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0, stop_sequences: bool = False,
     ) -> web.StreamResponse:
         if self.starting:
             return status_error(503, "the engine is starting")
@@ -443,7 +444,8 @@ class SimServer:
             n = min(max_tokens, max(min_tokens, natural))
             if n < max_tokens:
                 max_tokens = n
-                sink.finish_reason = "eos_token" if kind == "tgi" else "stop"
+                # TGI names what ended it; vLLM and SGLang say "stop" for both
+                sink.finish_reason = ("stop_sequence" if stop_sequences else "eos_token") if kind == "tgi" else "stop"
         req = self._make_request(rid, prompt_ids, max_tokens, arrival, sink)
         self.metrics.request(len(prompt_ids))
         headers = {"x-request-id": rid}
@@ -586,6 +588,9 @@ class OpenAIRoutes:
         min_tokens = body.get("min_tokens", 0)
         if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
             return _openai_error(400, "min_tokens must be an integer between 0 and max_tokens")
+        problem = openai_problem(body, chat)
+        if problem:
+            return _openai_error(400, problem)
         opts = body.get("stream_options") or {}
         stream = bool(body.get("stream"))
         if opts and not stream:
@@ -614,6 +619,9 @@ class SGLangRoutes:
         max_tokens = sp.get("max_new_tokens", 128)
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return _sglang_error(400, "sampling_params.max_new_tokens must be a positive integer")
+        problem = sglang_problem(sp)
+        if problem:
+            return _sglang_error(400, problem)
         rid = str(body.get("rid") or srv.next_id())
         wire = SGLangWire(rid, count_tokens(text) or 1, arrival)
         min_new = sp.get("min_new_tokens", 0)
@@ -682,9 +690,13 @@ class TGIRoutes:
         t = params.get("temperature")
         if t is not None and (not isinstance(t, (int, float)) or t <= 0):
             return _tgi_error(422, "`temperature` must be strictly positive")
+        problem = tgi_problem(params)
+        if problem:
+            return _tgi_error(422, problem)
         rid = srv.next_id()
         wire = TGIWire(count_tokens(text) or 1, bool(params.get("details")), params.get("seed"))
-        return await srv._run(request, "tgi", wire, rid, text, max_tokens, stream, arrival, _tgi_error, forced=False)
+        return await srv._run(request, "tgi", wire, rid, text, max_tokens, stream, arrival, _tgi_error, forced=False,
+                              stop_sequences=bool(params.get("stop")))
 
     async def info(self, request: web.Request) -> web.Response:
         srv = self.srv

@@ -19,7 +19,7 @@ from workloads.definition import WorkloadDef
 from workloads.errors import WorkloadError
 from workloads.prompts import BlockTexts, PromptSynth, make_synth
 from workloads.readers import TraceTable, read_trace
-from workloads.spec import RequestSpec, Schedule
+from workloads.spec import RequestOptions, RequestSpec, Schedule
 
 #: stream indices of SeedSequence(seed).spawn(N)
 _LENGTHS, _ARRIVALS, _STRUCTURE, _PROMPTS, _WARMUP = range(5)
@@ -351,7 +351,7 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None) -
         desc["arrival_params"] = plan.arrival.as_dict()
     desc["requests"] = len(plan)
     desc["warmup"] = len(plan.warmup_input)
-    return Schedule(
+    schedule = Schedule(
         name=plan.name,
         seed=plan.seed,
         mode=plan.mode,  # type: ignore[arg-type]
@@ -361,3 +361,4 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None) -
         arrival=plan.arrival.text if plan.arrival is not None else "closed",
         description=desc,
     )
+    return schedule.with_request(wd.request) if wd.request != RequestOptions() else schedule

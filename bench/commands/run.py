@@ -8,13 +8,14 @@ from pathlib import Path
 
 import click
 
-from adapters.base import adapter_for_engine, adapter_names
+from adapters.base import adapter_for_engine, adapter_names, check_requests
 from bench.errors import BenchError
 from bench.options import parse_percentiles, parse_slo
+from bench.request_options import request_options
 from bench.secrets import load_api_key
 from loadgen.runner import RunOptions
 from loadgen.transport import CLOCKS, Timeouts
-from workloads.spec import Schedule
+from workloads.spec import RequestOptions, Schedule
 from workloads.synthetic import SyntheticWorkload, WorkloadError
 
 
@@ -55,6 +56,9 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
 @click.option("--save-text", is_flag=True, help="Store generated text in the results (off by default).")
 @click.option("--sim-ttft-ms", type=float, default=50.0, show_default=True, help="Embedded engine: time to first token.")
 @click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency.")
+@click.option("--sim-natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
+              help="Embedded engine: requests not forced to their length end at a seeded end of sequence of this "
+                   "mean length (0: never).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -73,6 +77,7 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
 @click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="With --launch: seconds to wait for readiness.")
 @click.option("--scrape-interval", type=float, default=1.0, show_default=True, help="Seconds between /metrics scrapes.")
 @click.option("--no-scrape", is_flag=True, help="Do not scrape the engine's /metrics.")
+@request_options
 def command(
     url: str | None,
     engine: str,
@@ -100,6 +105,7 @@ def command(
     save_text: bool,
     sim_ttft_ms: float,
     sim_itl_ms: float,
+    sim_natural_stop: float,
     progress: bool | None,
     as_json: bool,
     workers: int,
@@ -112,6 +118,7 @@ def command(
     ready_timeout: float,
     scrape_interval: float,
     no_scrape: bool,
+    request: RequestOptions,
 ) -> None:
     """Measure one workload and print its metric table.
 
@@ -130,13 +137,14 @@ def command(
         raise BenchError("--duration must be positive")
     if stall_timeout <= 0:
         raise BenchError("--stall-timeout must be positive")
-    if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0):
-        raise BenchError("--sim-ttft-ms and --sim-itl-ms must be >= 0")
+    if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0 or sim_natural_stop < 0):
+        raise BenchError("--sim-ttft-ms, --sim-itl-ms and --sim-natural-stop must be >= 0")
     try:
         schedule = _build_schedule(
             workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
             tokenizer_dir, tokenize_url, model,
         )
+        schedule = schedule.with_request(request.over(schedule.request))
     except (WorkloadError, ValueError) as exc:
         raise BenchError(str(exc)) from None
     if launch and url:
@@ -145,9 +153,14 @@ def command(
         raise BenchError("--scrape-interval must be positive")
     api_key = load_api_key(api_key_env, api_key_file)
     try:
-        adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key)
+        adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key,
+                                     extra_body=schedule.request.extra_body)
     except (ValueError, TypeError) as exc:
         raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
+    try:
+        check_requests(adapter, schedule.requests)
+    except ValueError as exc:
+        raise BenchError(f"--engine {engine}: {exc}") from None
     run_dir = prepare_run_dir(out, overwrite)
     command_line = ("bench", *sys.argv[1:])
     engine_info = None
@@ -166,7 +179,8 @@ def command(
             target = stack.enter_context(
                 embedded_engine(
                     run_dir / "engine.log",
-                    ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms)],
+                    ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms),
+                     "--natural-stop", str(sim_natural_stop)],
                 )
             )
             engine_label = "sim"
@@ -189,7 +203,9 @@ def command(
                 "api": api,
                 "slo": slo.as_dict(),
                 "percentiles": list(percentiles),
-                "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms},
+                "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms,
+                                                     "natural_stop_mean": sim_natural_stop},
+                "request": schedule.request.describe(),
             },
         )
         result = run_async(lambda: execute_run(cfg, adapter))
