@@ -29,6 +29,13 @@ class SGLangStreamParser:
         self._text = ""
         self._last_tokens = 0
 
+    def parse_unary(self, body: bytes) -> StreamEvent:
+        """A whole non-streaming ``/generate`` response: the one event a stream would end with."""
+        event = self.parse(body)
+        if event is None or event.kind == EventKind.DONE:
+            raise StreamPayloadError(f"not a /generate response: {body[:80]!r}")
+        return event
+
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
             return DONE
@@ -108,7 +115,7 @@ class SGLangAdapter:
             params, top = sglang_fields(spec.sampling)
             sampling.update(params)
         sampling.update(self.extra_sampling)
-        body = {"text": _as_prompt(spec, history), "sampling_params": sampling, "stream": True, **top}
+        body = {"text": _as_prompt(spec, history), "sampling_params": sampling, "stream": spec.stream, **top}
         return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:

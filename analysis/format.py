@@ -32,6 +32,9 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
         f"requests: {r['measured']} measured, {r['ok']} ok, {r['failed']} failed ({errs}); "
         f"{r['warmup_excluded']} warm-up excluded; {r['cancelled_at_end']} cancelled at end"
     )
+    if r.get("non_streaming"):
+        lines.append(f"non-streaming: {r['non_streaming']} requests answered in one response: E2E only "
+                     "(no TTFT, TPOT or ITL for them)")
     t = s["throughput"]
     lines.append(
         f"window {s['window_s']:.2f} s: {t['requests_per_s']:.2f} req/s, "

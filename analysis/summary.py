@@ -37,6 +37,7 @@ from analysis.metrics import (
 )
 from analysis.smoothness import Deadlines, batch_smoothness, one_token_fluidity, send_ns_float, token_range_fluidity
 from analysis.slo import SLO, SLO_METRICS
+from results.record import SOURCE_NON_STREAMING
 from results.schema import REQUESTS_SCHEMA
 
 REQUESTS_COLUMN_NAMES = tuple(REQUESTS_SCHEMA.names)
@@ -314,6 +315,8 @@ def summarize_batches(
             "cancelled_at_end": int(cancelled.sum()),
             "error_rate": float((n - ok_mask.sum()) / n) if n else 0.0,
             "errors": {str(k): int(v) for k, v in errors.items()},
+            # answered in one response: E2E only (no TTFT, TPOT, ITL)
+            "non_streaming": int(counted["token_source"].eq(SOURCE_NON_STREAMING).sum()),
         },
         "window_s": window_s,
         "throughput": {

@@ -1,4 +1,4 @@
-"""The request options of ``bench run`` (sampling, natural stops, extra body), as one decorator.
+"""The request options of ``bench run`` (sampling, natural stops, streaming, extra body), as one decorator.
 
 They fill a ``RequestOptions`` (workloads/spec.py), the same object a workload file's
 ``[request]`` table becomes; options given here win over the file's.
@@ -27,6 +27,8 @@ _OPTIONS = (
     click.option("--logprobs", type=int, help="Return this many top log-probabilities per output token."),
     click.option("--natural-stop", is_flag=True, default=None,
                  help="Let requests end at the model's end-of-sequence token instead of forcing the full length."),
+    click.option("--stream/--no-stream", "stream", default=None,
+                 help="--no-stream: ask for each answer in one response (E2E only: no TTFT, TPOT or ITL)."),
     click.option("--extra-body", "extra_body", metavar="JSON|@FILE",
                  help="JSON object merged into every request body last (nested objects key by key)."),
 )
@@ -40,7 +42,7 @@ def request_options(func: Callable[..., Any]) -> Callable[..., Any]:
         kwargs["request"] = parse_request_options(
             temperature=kwargs.pop("temperature"), top_p=kwargs.pop("top_p"), top_k=kwargs.pop("top_k"),
             seed=kwargs.pop("sampling_seed"), n=kwargs.pop("n_choices"), stop=kwargs.pop("stop"),
-            logprobs=kwargs.pop("logprobs"), natural_stop=kwargs.pop("natural_stop"),
+            logprobs=kwargs.pop("logprobs"), natural_stop=kwargs.pop("natural_stop"), stream=kwargs.pop("stream"),
             extra_body=kwargs.pop("extra_body"),
         )
         return func(**kwargs)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: ``token_source`` of a non-streaming request: its output tokens are the response's usage,
+#: and it has no per-token times (no TTFT, TPOT or ITL; E2E only).
+SOURCE_NON_STREAMING = "response_usage"
+
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:

@@ -157,10 +157,52 @@ def test_bench_run_sampling_options_end_to_end(tmp_path: Path) -> None:
     s = json.loads(p.stdout)
     assert s["requests"]["ok"] == 12 and s["tokens"]["natural_stops"] >= 6
     config = json.loads(load_run(out).meta["config_json"])
-    assert config["request"] == {"sampling": {"temperature": 0.8, "stop": ["###"]}, "forced_length": False,
+    assert config["request"] == {"sampling": {"temperature": 0.8, "stop": ["###"]}, "forced_length": False, "stream": True,
                                  "extra_body_keys": ["repetition_penalty"]}
     bad = subprocess.run(bench_argv("run", "--engine", "tgi", "--n", "2", "--requests", "2", "--out",
                                     str(tmp_path / "bad"), "--no-progress"), capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "tgi: /generate_stream has no n" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()
+
+
+def test_bench_run_no_stream_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ("run", "--concurrency", "2", "--requests", "4", "--input-tokens", "8", "--output-tokens", "8",
+            "--sim-ttft-ms", "5", "--sim-itl-ms", "1", "--no-stream", "--no-progress")
+    p = subprocess.run(bench_argv(*args, "--out", str(out)), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "non-streaming: 4 requests answered in one response" in p.stdout
+    assert "TTFT (ms)" not in p.stdout and "cross-check" not in p.stdout and "nan" not in p.stdout
+    bad = subprocess.run(bench_argv(*args, "--slo", "ttft_ms=500", "--out", str(tmp_path / "bad")),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--slo ttft_ms: non-streaming" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("flavor", "adapter"),
+    [("vllm", None), ("vllm", OpenAIAdapter(model="llama-3.1-8b", api="chat")),
+     ("sglang", SGLangAdapter(model="llama-3.1-8b")), ("tgi", TGIAdapter(model="llama-3.1-8b"))],
+)
+def test_non_streaming_requests_have_e2e_only(tmp_path: Path, flavor: str, adapter: object) -> None:
+    c = ServerConfig(model="llama-3.1-8b", flavor=flavor, model_timing=MODEL)
+    sched = schedule(6, input_tokens=16, output_tokens=12, concurrency=3).with_request(RequestOptions(stream=False))
+    rows = run_against(c, sched, tmp_path, adapter)
+    assert all(r["ok"] for r in rows), [r["error_message"] for r in rows if not r["ok"]]
+    for r in rows:
+        assert r["output_tokens"] == 12 and r["token_source"] == "response_usage"
+        assert r["first_token_ns"] is None and r["chunk_ns"] == [] and r["end_ns"] > r["send_ns"]
+    s = summarize(load_run(tmp_path / "run").requests)
+    assert s["requests"]["non_streaming"] == 6
+    assert s["latency"]["e2e_ms"]["n"] == 6
+    assert s["latency"]["ttft_ms"]["n"] == s["latency"]["tpot_ms"]["n"] == s["latency"]["itl_ms"]["n"] == 0
+    text = format_summary(s)
+    assert "non-streaming: 6 requests" in text and "TTFT (ms)" not in text
+
+
+def test_non_streaming_bodies_per_engine() -> None:
+    spec = dataclasses.replace(_spec(None, fixed=True), stream=False)
+    oa = _body(OpenAIAdapter(), spec)
+    assert oa["stream"] is False and "stream_options" not in oa
+    assert TGIAdapter().build(spec).path == "/generate" and "stream" not in _body(TGIAdapter(), spec)
+    assert _body(SGLangAdapter(), spec)["stream"] is False

@@ -80,6 +80,8 @@ class RequestOptions(Sampling):
     """
 
     natural_stop: bool | None = None
+    #: False: ask for the whole answer in one response (E2E only: no TTFT, TPOT or ITL)
+    stream: bool | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def sampling(self) -> Sampling | None:
@@ -103,7 +105,8 @@ class RequestOptions(Sampling):
 
     def describe(self) -> dict[str, Any]:
         s = self.sampling()
-        out: dict[str, Any] = {"sampling": s.fields() if s else {}, "forced_length": self.forced}
+        out: dict[str, Any] = {"sampling": s.fields() if s else {}, "forced_length": self.forced,
+                               "stream": self.stream is not False}
         if self.extra_body:
             out["extra_body_keys"] = sorted(self.extra_body)  # values may hold secrets: keys only
         return out
@@ -152,6 +155,8 @@ class RequestSpec:
     # Force exactly max_output_tokens (ignore_eos + min_tokens where the engine allows).
     fixed_output: bool = True
     sampling: Sampling | None = None
+    # False: one JSON response instead of a stream (no per-token times)
+    stream: bool = True
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:
@@ -200,7 +205,8 @@ class Schedule:
         for spec in self.requests:
             sampling = _sampling_over(spec.sampling, base)
             forced = spec.fixed_output and options.forced and not (sampling and sampling.stop)
-            specs.append(replace(spec, sampling=sampling, fixed_output=forced))
+            stream = spec.stream and options.stream is not False
+            specs.append(replace(spec, sampling=sampling, fixed_output=forced, stream=stream))
         desc = {**self.description, "request": options.describe()}
         return replace(self, requests=tuple(specs), request=options, description=desc)
 

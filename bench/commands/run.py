@@ -147,6 +147,9 @@ def command(
         schedule = schedule.with_request(request.over(schedule.request))
     except (WorkloadError, ValueError) as exc:
         raise BenchError(str(exc)) from None
+    timed = [k for k, _ in slo.limits if k != "e2e_ms"]
+    if schedule.request.stream is False and timed:
+        raise BenchError(f"--slo {timed[0]}: non-streaming requests have no per-token times; judge them on e2e_ms")
     if launch and url:
         raise BenchError("--launch starts the engine itself: drop --url")
     if scrape_interval <= 0:
