@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -24,7 +25,7 @@ from tests.conftest import bench_argv
 from tests.sim_helpers import run_against, schedule
 from workloads.catalog import build_named_schedule
 from workloads.errors import WorkloadError
-from workloads.spec import RequestOptions, RequestSpec, Sampling
+from workloads.spec import RequestOptions, RequestSpec, Sampling, Schedule
 
 SAMPLING = Sampling(temperature=0.7, top_p=0.9, top_k=40, seed=7, stop=("###",), logprobs=2)
 
@@ -206,3 +207,80 @@ def test_non_streaming_bodies_per_engine() -> None:
     assert oa["stream"] is False and "stream_options" not in oa
     assert TGIAdapter().build(spec).path == "/generate" and "stream" not in _body(TGIAdapter(), spec)
     assert _body(SGLangAdapter(), spec)["stream"] is False
+
+
+# -- local datasets --------------------------------------------------------------------------
+SHAREGPT = [
+    {"id": f"c{i}", "conversations": [{"from": "system", "value": "be brief"},
+                                      {"from": "human", "value": f"question number {i} " + "word " * i},
+                                      {"from": "gpt", "value": "answer " * (i + 1)}]}
+    for i in range(12)
+]
+
+
+def _schedule(path: Path, seed: int = 0, requests: int = 8, **kw: Any) -> Schedule:
+    return build_named_schedule(str(path), requests=requests, rate=None, arrival="poisson", concurrency=2, warmup=0,
+                                seed=seed, **kw)
+
+
+def test_sharegpt_json_gives_prompts_and_reply_lengths_and_the_same_seed_the_same_sample(tmp_path: Path) -> None:
+    path = tmp_path / "sharegpt.json"
+    path.write_bytes(orjson.dumps(SHAREGPT))
+    a, b, c = _schedule(path, 1), _schedule(path, 1), _schedule(path, 2)
+    prompts = [s.prompt for s in a.requests]
+    assert prompts == [s.prompt for s in b.requests] != [s.prompt for s in c.requests]
+    assert len(set(prompts)) == 8  # no row repeats before every row was taken
+    for s in a.requests:
+        i = int(s.prompt.split()[2])
+        assert s.prompt.startswith("question number") and s.max_output_tokens == i + 1
+        assert s.input_tokens_source == "given"
+
+
+def test_jsonl_of_prompts_and_hf_parquet_and_json(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text('{"prompt": "one two three"}\n{"text": "four five"}\n')
+    with pytest.raises(WorkloadError, match=r"prompts\.jsonl:1: no output length .*--output-tokens"):
+        _schedule(jsonl)
+    sched = _schedule(jsonl, requests=4, output_tokens=32)
+    assert sorted({s.prompt for s in sched.requests}) == ["four five", "one two three"]
+    assert all(s.max_output_tokens == 32 for s in sched.requests)
+    table = pa.table({"instruction": ["a b c", "d e"], "response": ["x y", "z"], "output_tokens": [None, 7]})
+    pq.write_table(table, tmp_path / "hf.parquet")
+    sched = _schedule(tmp_path / "hf.parquet", requests=2)
+    assert {(s.prompt, s.max_output_tokens) for s in sched.requests} == {("a b c", 2), ("d e", 7)}
+    hf_json = tmp_path / "hf.json"  # Dataset.to_json writes JSON lines
+    hf_json.write_text('{"question": "why", "answer": "because it is"}\n')
+    assert [(s.prompt, s.max_output_tokens) for s in _schedule(hf_json, requests=1).requests] == [("why", 3)]
+
+
+def test_dataset_errors_name_the_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": "cut\n')
+    with pytest.raises(WorkloadError, match=r"bad\.jsonl:2: not valid JSON"):
+        _schedule(bad, output_tokens=8)
+    noprompt = tmp_path / "np.json"
+    noprompt.write_bytes(orjson.dumps([{"conversations": [{"from": "human", "value": "hi"}]}, {"title": "x"}]))
+    with pytest.raises(WorkloadError, match=r"np\.json: item 1: no prompt"):
+        _schedule(noprompt, output_tokens=8)
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 not really")
+    with pytest.raises(WorkloadError, match=r"broken\.parquet: not a readable Parquet file"):
+        _schedule(broken)
+
+
+def test_bench_run_on_a_local_dataset_sends_its_prompts(tmp_path: Path) -> None:
+    path = tmp_path / "sharegpt.json"
+    path.write_bytes(orjson.dumps(SHAREGPT))
+    out = tmp_path / "run"
+    p = subprocess.run(bench_argv(
+        "run", "--workload", str(path), "--concurrency", "3", "--requests", "6", "--seed", "4", "--sim-ttft-ms", "2",
+        "--sim-itl-ms", "1", "--out", str(out), "--json", "--no-progress"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = load_run(out).requests.to_pylist()
+    want = {s.request_id: s for s in _schedule(path, 4, requests=6).requests}
+    for r in rows:
+        assert r["ok"] and r["output_tokens"] == want[r["request_id"]].max_output_tokens
+        assert r["prompt_tokens"] == want[r["request_id"]].input_tokens  # the simulated engine counts words too

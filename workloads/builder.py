@@ -58,6 +58,15 @@ def _streams(seed: int) -> list[np.random.Generator]:
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
 
 
+def dataset_sample(rows: int, requests: int, seed: int) -> np.ndarray:
+    """Which dataset rows ``requests`` requests take: seeded permutations of the rows, one
+    after another (a row repeats only once every row was taken). Its own seed stream, so a
+    dataset sample leaves the other draws of the same seed unchanged."""
+    rng = np.random.default_rng([seed, 0x5E7])
+    perms = [rng.permutation(rows) for _ in range(-(-requests // rows))]
+    return np.concatenate(perms)[:requests]
+
+
 def _check_counts(requests: int, warmup: int) -> None:
     if requests < 1:
         raise WorkloadError("--requests must be at least 1")
@@ -113,14 +122,18 @@ def plan_workload(
         opts: dict[str, object] = {}
         if tc.model is not None or tc.log_type is not None:
             opts = {"model": tc.model, "log_type": tc.log_type}
+        if tc.output_tokens is not None:
+            opts["output_tokens"] = tc.output_tokens
         table = read_trace(tc.path, tc.format, **opts)
         if tc.start < 0 or tc.start >= len(table):
             raise WorkloadError(f"trace start {tc.start}: the file has {len(table)} requests")
-        if table.timestamps_s is not None:
+        if table.format == "dataset":
+            order = dataset_sample(len(table) - tc.start, requests, seed) + tc.start
+        elif table.timestamps_s is not None:
             order = np.argsort(table.timestamps_s, kind="stable")
         else:
             order = np.arange(len(table))
-        rows = order[tc.start : tc.start + requests]
+        rows = order[tc.start : tc.start + requests] if table.format != "dataset" else order
         requests = len(rows)
     mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, table is not None)
     if arr is not None and arr.process == "trace" and (table is None or table.timestamps_s is None):

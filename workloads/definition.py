@@ -183,7 +183,7 @@ class SessionConfig:
 @dataclass(frozen=True)
 class TraceConfig:
     path: str
-    format: Literal["azure", "burstgpt", "mooncake", "lengths", "bench"] | None = None
+    format: Literal["azure", "burstgpt", "mooncake", "lengths", "bench", "dataset"] | None = None
     time_scale: float = 1.0
     #: spread requests sharing a quantised timestamp over this many seconds (Mooncake: 3)
     bucket_s: float | None = None
@@ -191,6 +191,8 @@ class TraceConfig:
     start: int = 0
     model: str | None = None  # BurstGPT filter
     log_type: str | None = None  # BurstGPT filter
+    #: dataset rows without an output length (no reply, no output_tokens) ask for this many
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -241,6 +241,7 @@ def _build_schedule(
             extra["tokenize_url"] = tokenize_url
         if extra and model:
             extra["model"] = model
+        extra["output_tokens"] = output_tokens  # only for dataset rows without an output length
         return build_named_schedule(
             workload_ref,
             requests=n_requests,
