@@ -63,6 +63,13 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
         f"token counts from: {src}; chunk-vs-server mismatches {tok['chunk_vs_server_mismatches']}; "
         f"shorter than requested {tok['shorter_than_requested']}"
     )
+    if "reasoning" in tok:
+        rz = tok["reasoning"]
+        lines.append(
+            f"reasoning: {rz['requests']} requests reasoned; per request {rz['reasoning_tokens_mean']:.1f} reasoning + "
+            f"{rz['answer_tokens_mean']:.1f} answer tokens (total {rz['reasoning_tokens']:,} + {rz['answer_tokens']:,}); "
+            "TTFT counts the first token of either kind, TTFO the first answer token"
+        )
     reasons = tok.get("finish_reasons") or {}
     if set(reasons) - {"length", "none"}:  # shown only where some request did not run to its length
         lines.append(

@@ -38,6 +38,7 @@ _SCALAR_COLUMNS = [
     "session_id",
     "prefix_group",
     "finish_reason",
+    "reasoning_tokens",
 ]
 
 

@@ -371,7 +371,26 @@ def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
         "shorter_than_requested": short,
         "finish_reasons": {str(k): int(v) for k, v in sorted(reasons.items())},
         "natural_stops": int(finish.isin(NATURAL_STOPS).sum()),
+        **_reasoning(ok_df),
     }
+
+
+def _reasoning(ok_df: pd.DataFrame) -> dict[str, Any]:
+    """Reasoning vs answer tokens, where some request reasoned (docs/metrics.md)."""
+    if "reasoning_tokens" not in ok_df:
+        return {}
+    reasoning = ok_df["reasoning_tokens"].astype("float64")
+    known = ~reasoning.isna()
+    if not (reasoning[known] > 0).any():
+        return {}
+    out = ok_df.loc[known, "output_tokens"].astype("float64")
+    return {"reasoning": {
+        "requests": int((reasoning[known] > 0).sum()),
+        "reasoning_tokens": int(reasoning[known].sum()),
+        "answer_tokens": int((out - reasoning[known]).sum()),
+        "reasoning_tokens_mean": float(reasoning[known].mean()),
+        "answer_tokens_mean": float((out - reasoning[known]).mean()),
+    }}
 
 
 def _client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:

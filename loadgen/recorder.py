@@ -347,8 +347,9 @@ class RequestRecorder:
         kinds, texts = cols[_KIND], cols[_TEXT]
         counts, source = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
         output_tokens = sum(counts)
+        reasoning: int | None = sum(n for n, kind in zip(counts, kinds) if kind == EventKind.REASONING)
         if unary:  # one response, no per-token times: E2E only
-            stamps, counts, source = [], [], SOURCE_NON_STREAMING
+            stamps, counts, source, reasoning = [], [], SOURCE_NON_STREAMING, None
         first_token = first_content = None
         for ts, kind, text, n in zip(stamps, kinds, texts, counts):
             if n > 0 or (source == SOURCE_CHUNKS and kind == EventKind.CONTENT and text):
@@ -388,6 +389,7 @@ class RequestRecorder:
             turn=spec.turn,
             prefix_group=spec.prefix_group,
             output_text=self.answer_text if save_text else None,
+            reasoning_tokens=reasoning,
         )
 
 

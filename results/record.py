@@ -49,3 +49,6 @@ class RequestRecord:
     turn: int = 0
     prefix_group: str | None = None
     output_text: str | None = None
+    #: output tokens that came as reasoning ("thinking") before or between the answer's;
+    #: None when unknown (a non-streaming response)
+    reasoning_tokens: int | None = None

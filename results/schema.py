@@ -41,6 +41,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("error_message", pa.string()),
         pa.field("server_request_id", pa.string()),
         pa.field("output_text", pa.string()),
+        pa.field("reasoning_tokens", pa.int32()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )

@@ -60,6 +60,9 @@ class ServerConfig:
     #: > 0: requests that do not force their length (no ignore_eos; TGI always) stop at a seeded
     #: geometric "end of sequence" with this mean length; 0: every request gets max_tokens
     natural_stop_mean: float = 0.0
+    #: > 0: chat answers start with this many reasoning tokens (``delta.reasoning_content``,
+    #: vLLM's reasoning-parser shape), always leaving at least one answer token
+    reasoning_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -460,7 +463,12 @@ class SimServer:
             if hasattr(wire, "cached"):
                 wire.cached = req.cached_tokens
             self._record_finish(sink, len(prompt_ids))
-            body = wire.unary("".join(sink.unary_text), sink.sent, sink.finish_reason)
+            if getattr(wire, "reasoning", 0):
+                r = wire.reasoning
+                body = wire.unary("".join(sink.unary_text[r:]), sink.sent, sink.finish_reason,
+                                  "".join(sink.unary_text[:r]))
+            else:
+                body = wire.unary("".join(sink.unary_text), sink.sent, sink.finish_reason)
             return web.json_response(body, headers=headers, dumps=lambda o: orjson.dumps(o).decode())
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
         resp.enable_chunked_encoding()
@@ -598,6 +606,8 @@ class OpenAIRoutes:
         rid = ("chatcmpl-" if chat else "cmpl-") + srv.next_id()
         wire = OpenAIWire(rid, chat, model, count_tokens(prompt) or 1, bool(opts.get("include_usage")),
                           bool(opts.get("continuous_usage_stats")), cached_details=True)
+        if chat:
+            wire.reasoning = min(srv.config.reasoning_tokens, max_tokens - 1)
         return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error,
                               forced=bool(body.get("ignore_eos")), min_tokens=min_tokens)
 

@@ -284,3 +284,38 @@ def test_bench_run_on_a_local_dataset_sends_its_prompts(tmp_path: Path) -> None:
     for r in rows:
         assert r["ok"] and r["output_tokens"] == want[r["request_id"]].max_output_tokens
         assert r["prompt_tokens"] == want[r["request_id"]].input_tokens  # the simulated engine counts words too
+
+
+# -- reasoning models ------------------------------------------------------------------------
+def test_reasoning_tokens_come_first_and_are_counted_apart(tmp_path: Path) -> None:
+    from sim.timing import FixedTiming
+
+    c = ServerConfig(model="m", flavor="vllm", timing=FixedTiming(0.005, 0.004), reasoning_tokens=6)
+    rows = run_against(c, schedule(4, input_tokens=8, output_tokens=10, concurrency=2), tmp_path,
+                       OpenAIAdapter(model="m", api="chat"))
+    for r in rows:
+        assert r["ok"] and r["output_tokens"] == 10 and r["reasoning_tokens"] == 6
+        # the reasoning comes first: the answer's first token is never before the first token
+        # (equal only when one read brought both)
+        assert r["first_content_ns"] >= r["first_token_ns"]
+    s = summarize(load_run(tmp_path / "run").requests)
+    assert s["tokens"]["reasoning"] == {"requests": 4, "reasoning_tokens": 24, "answer_tokens": 16,
+                                        "reasoning_tokens_mean": 6.0, "answer_tokens_mean": 4.0}
+    assert s["latency"]["ttfo_ms"]["p50"] >= s["latency"]["ttft_ms"]["p50"]
+    assert "reasoning: 4 requests reasoned" in format_summary(s)
+
+
+def test_no_reasoning_line_without_reasoning(tmp_path: Path) -> None:
+    c = ServerConfig(model="m", flavor="vllm", reasoning_tokens=6)
+    run_against(c, schedule(2, output_tokens=8), tmp_path, OpenAIAdapter(model="m"))  # completions: no reasoning
+    s = summarize(load_run(tmp_path / "run").requests)
+    assert "reasoning" not in s["tokens"] and "reasoning" not in format_summary(s)
+
+
+def test_bench_run_reasoning_on_the_embedded_engine(tmp_path: Path) -> None:
+    p = subprocess.run(bench_argv(
+        "run", "--api", "chat", "--concurrency", "2", "--requests", "4", "--input-tokens", "8", "--output-tokens", "12",
+        "--sim-ttft-ms", "2", "--sim-itl-ms", "1", "--sim-reasoning-tokens", "5", "--out", str(tmp_path / "run"),
+        "--json", "--no-progress"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["tokens"]["reasoning"]["reasoning_tokens"] == 20

@@ -56,6 +56,8 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
 @click.option("--save-text", is_flag=True, help="Store generated text in the results (off by default).")
 @click.option("--sim-ttft-ms", type=float, default=50.0, show_default=True, help="Embedded engine: time to first token.")
 @click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency.")
+@click.option("--sim-reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="Embedded engine: chat answers start with this many reasoning tokens.")
 @click.option("--sim-natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
               help="Embedded engine: requests not forced to their length end at a seeded end of sequence of this "
                    "mean length (0: never).")
@@ -106,6 +108,7 @@ def command(
     sim_ttft_ms: float,
     sim_itl_ms: float,
     sim_natural_stop: float,
+    sim_reasoning_tokens: int,
     progress: bool | None,
     as_json: bool,
     workers: int,
@@ -183,7 +186,7 @@ def command(
                 embedded_engine(
                     run_dir / "engine.log",
                     ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms),
-                     "--natural-stop", str(sim_natural_stop)],
+                     "--natural-stop", str(sim_natural_stop), "--reasoning-tokens", str(sim_reasoning_tokens)],
                 )
             )
             engine_label = "sim"
@@ -207,7 +210,8 @@ def command(
                 "slo": slo.as_dict(),
                 "percentiles": list(percentiles),
                 "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms,
-                                                     "natural_stop_mean": sim_natural_stop},
+                                                     "natural_stop_mean": sim_natural_stop,
+                                                     "reasoning_tokens": sim_reasoning_tokens},
                 "request": schedule.request.describe(),
             },
         )

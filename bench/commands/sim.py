@@ -62,6 +62,8 @@ def command() -> None:
 @click.option("--natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
               help="Requests that do not force their length (no ignore_eos; TGI always) end at a seeded "
                    "end-of-sequence with this mean length (0: every request gets max_tokens).")
+@click.option("--reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="Chat answers start with this many reasoning tokens (delta.reasoning_content), then the answer.")
 @click.option("--mlock", is_flag=True,
               help="Lock the engine's memory (mlockall; needs root) so host memory reclaim cannot stall emission.")
 @click.option("--emission-log", type=click.Path(path_type=Path), default=None,
@@ -154,6 +156,7 @@ def build_config(kw: dict[str, Any]) -> Any:
         emission_log=kw.get("emission_log"), seed=int(kw.get("seed", 0)),
         fixed_grid=bool(kw.get("fixed_grid")), spin_us=int(kw.get("spin_us") or 0),
         natural_stop_mean=float(kw.get("natural_stop") or 0.0),
+        reasoning_tokens=int(kw.get("reasoning_tokens") or 0),
     )
 
 
