@@ -112,7 +112,8 @@ def run_load(
     from bench.execute import RunConfig, execute_run, run_async
 
     schedule = build_schedule(load, spec, warmup)
-    adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api)
+    # a workload file's [request] extra_body reaches the sweep's requests as it does bench run's
+    adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api, extra_body=schedule.request.extra_body)
     slo = SLO.from_dict(spec.slo)
     cfg = RunConfig(
         out=run_dir,
