@@ -13,7 +13,8 @@ from typing import Any, Literal
 import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent
-from workloads.spec import Message, RequestSpec
+from adapters.sampling import openai_fields
+from workloads.spec import Message, RequestSpec, merge_body
 
 Api = Literal["completions", "chat"]
 
@@ -44,6 +45,14 @@ def loads(payload: bytes) -> Any:
         raise StreamPayloadError(f"malformed JSON in stream chunk: {payload[:80]!r}") from exc
 
 
+def unary_object(body: bytes) -> dict[str, Any]:
+    """A non-streaming response body as a JSON object (``StreamPayloadError`` otherwise)."""
+    obj = loads(body)
+    if not isinstance(obj, dict):
+        raise StreamPayloadError(f"response is not a JSON object: {body[:80]!r}")
+    return obj
+
+
 class OpenAIStreamParser:
     """Parses one streamed OpenAI-style response (completions or chat)."""
 
@@ -67,6 +76,20 @@ class OpenAIStreamParser:
     def fast_ok(self) -> bool:
         """Whether the compiled scan may still read usage as a cumulative count."""
         return self._continuous
+
+    def parse_unary(self, body: bytes) -> StreamEvent:
+        """A whole non-streaming response (``stream: false``) as one event."""
+        obj = unary_object(body)
+        if "error" in obj or obj.get("object") == "error":
+            return error_event(obj)
+        usage = obj.get("usage") or {}
+        choice = (obj.get("choices") or [{}])[0]
+        text = (choice.get("message") or {}).get("content") if self._chat else choice.get("text")
+        details = usage.get("prompt_tokens_details") or {}
+        return StreamEvent(
+            EventKind.CONTENT, text or "", usage.get("completion_tokens"), None, choice.get("finish_reason"),
+            usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens"), obj.get("id"),
+        )
 
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
@@ -162,14 +185,11 @@ class OpenAIAdapter:
         return f"{self.base_path}/{'chat/completions' if self.api == 'chat' else 'completions'}"
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": spec.max_output_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": self.continuous_usage}
-            if self.continuous_usage
-            else {"include_usage": True},
-        }
+        body: dict[str, Any] = {"model": self.model, "max_tokens": spec.max_output_tokens, "stream": spec.stream}
+        if spec.stream:
+            body["stream_options"] = (
+                {"include_usage": True, "continuous_usage_stats": True} if self.continuous_usage else {"include_usage": True}
+            )
         if self.api == "chat":
             body["messages"] = [{"role": m.role, "content": m.content} for m in (*history, *_as_messages(spec))]
         else:
@@ -177,8 +197,9 @@ class OpenAIAdapter:
         if spec.fixed_output and self.force_length_fields:
             body["ignore_eos"] = True
             body["min_tokens"] = spec.max_output_tokens
-        body.update(self.extra_body)
-        return body
+        if spec.sampling is not None:
+            body.update(openai_fields(spec.sampling, self.api == "chat"))
+        return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
         return HttpCall("POST", self.path, orjson.dumps(self.body(spec, history)), self._headers)

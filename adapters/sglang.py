@@ -21,8 +21,9 @@ import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
 from adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
+from adapters.sampling import sglang_fields
 from adapters.versions import version_at_least
-from workloads.spec import Message, RequestSpec
+from workloads.spec import Message, RequestSpec, merge_body
 
 
 #: Per-request timings SGLang puts in ``meta_info`` when launched with ``--enable-metrics``
@@ -50,6 +51,13 @@ class SGLangStreamParser:
         self._incremental = incremental
         #: False up to SGLang 0.5.9, where delta output_ids came with cumulative text
         self._text_follows_ids = text_follows_ids
+
+    def parse_unary(self, body: bytes) -> StreamEvent:
+        """A whole non-streaming ``/generate`` response: the one event a stream would end with."""
+        event = self.parse(body)
+        if event is None or event.kind == EventKind.DONE:
+            raise StreamPayloadError(f"not a /generate response: {body[:80]!r}")
+        return event
 
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
@@ -151,6 +159,7 @@ class SGLangAdapter:
         extra_sampling: dict[str, Any] | None = None,
         incremental_output: bool | None = None,
         engine_version: str | None = None,
+        extra_body: dict[str, Any] | None = None,
         **_: Any,
     ) -> None:
         self.model = model
@@ -160,6 +169,7 @@ class SGLangAdapter:
         #: unknown versions are taken as 0.5.10+ (the current releases)
         self.engine_version = engine_version
         self._text_follows_ids = version_at_least(engine_version, TEXT_DELTAS_SINCE) is not False
+        self.extra_body = dict(extra_body or {})
         self.force_length_fields = force_length_fields
         self.extra_sampling = dict(extra_sampling or {})
         headers = [("Content-Type", "application/json")]
@@ -172,8 +182,13 @@ class SGLangAdapter:
         if spec.fixed_output and self.force_length_fields:
             sampling["ignore_eos"] = True
             sampling["min_new_tokens"] = spec.max_output_tokens
+        top: dict[str, Any] = {}
+        if spec.sampling is not None:
+            params, top = sglang_fields(spec.sampling)
+            sampling.update(params)
         sampling.update(self.extra_sampling)
-        return {"text": _as_prompt(spec, history), "sampling_params": sampling, "stream": True}
+        body = {"text": _as_prompt(spec, history), "sampling_params": sampling, "stream": spec.stream, **top}
+        return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
         return HttpCall("POST", "/generate", orjson.dumps(self.body(spec, history)), self._headers)

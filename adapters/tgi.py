@@ -20,14 +20,27 @@ from typing import Any
 import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
-from adapters.openai import StreamPayloadError, _as_prompt, error_event, loads
-from workloads.spec import Message, RequestSpec
+from adapters.openai import StreamPayloadError, _as_prompt, error_event, loads, unary_object
+from adapters.sampling import tgi_fields
+from workloads.spec import Message, RequestSpec, merge_body
 
 _EMPTY = StreamEvent(EventKind.EMPTY)
 
 
 class TGIStreamParser:
     __slots__ = ()
+
+    def parse_unary(self, body: bytes) -> StreamEvent:
+        """A whole ``POST /generate`` response: ``generated_text`` and ``details``."""
+        obj = unary_object(body)
+        if "error" in obj:
+            return error_event(obj)
+        details = obj.get("details") or {}
+        generated = details.get("generated_tokens")
+        return StreamEvent(
+            EventKind.CONTENT, str(obj.get("generated_text") or ""), generated,
+            finish_reason=details.get("finish_reason") or "unknown", completion_tokens=generated,
+        )
 
     def parse(self, payload: bytes) -> StreamEvent | None:
         obj = loads(payload)
@@ -69,9 +82,11 @@ class TGIAdapter:
         model: str = "default",
         api_key: str | None = None,
         extra_parameters: dict[str, Any] | None = None,
+        extra_body: dict[str, Any] | None = None,
         **_: Any,
     ) -> None:
         self.model = model
+        self.extra_body = dict(extra_body or {})
         self.extra_parameters = dict(extra_parameters or {})
         headers = [("Content-Type", "application/json")]
         if api_key:
@@ -80,11 +95,17 @@ class TGIAdapter:
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
         params: dict[str, Any] = {"max_new_tokens": spec.max_output_tokens, "details": True}
+        if spec.sampling is not None:
+            params.update(tgi_fields(spec.sampling))
         params.update(self.extra_parameters)
-        return {"inputs": _as_prompt(spec, history), "parameters": params, "stream": True}
+        body: dict[str, Any] = {"inputs": _as_prompt(spec, history), "parameters": params}
+        if spec.stream:
+            body["stream"] = True
+        return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
-        return HttpCall("POST", "/generate_stream", orjson.dumps(self.body(spec, history)), self._headers)
+        path = "/generate_stream" if spec.stream else "/generate"
+        return HttpCall("POST", path, orjson.dumps(self.body(spec, history)), self._headers)
 
     def parser(self) -> TGIStreamParser:
         return TGIStreamParser()

@@ -57,6 +57,9 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
     top = r.get("top_errors") or []
     if top:
         lines.append("most frequent errors: " + error_line(top))
+    if r.get("non_streaming"):
+        lines.append(f"non-streaming: {r['non_streaming']} requests answered in one response: E2E only "
+                     "(no TTFT, TPOT or ITL for them)")
     t = s["throughput"]
     lines.append(
         f"window {s['window_s']:.2f} s: {t['requests_per_s']:.2f} req/s, "
@@ -100,6 +103,19 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
     lines.append(_prompt_line(tok.get("prompt") or {}))
     if (tok.get("prompt") or {}).get("warning"):
         lines.append(f"WARNING: {tok['prompt']['warning']}")
+    if "reasoning" in tok:
+        rz = tok["reasoning"]
+        lines.append(
+            f"reasoning: {rz['requests']} requests reasoned; per request {rz['reasoning_tokens_mean']:.1f} reasoning + "
+            f"{rz['answer_tokens_mean']:.1f} answer tokens (total {rz['reasoning_tokens']:,} + {rz['answer_tokens']:,}); "
+            "TTFT counts the first token of either kind, TTFO the first answer token"
+        )
+    reasons = tok.get("finish_reasons") or {}
+    if set(reasons) - {"length", "none"}:  # shown only where some request did not run to its length
+        lines.append(
+            "finish reasons: " + ", ".join(f"{k} {v}" for k, v in reasons.items())
+            + f"; natural stops {tok['natural_stops']}/{r['ok']}"
+        )
     for w in s["client"].get("warnings", []):
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)

@@ -40,6 +40,8 @@ _SCALAR_COLUMNS = [
     "session_id",
     "turn",
     "prefix_group",
+    "finish_reason",
+    "reasoning_tokens",
 ]
 
 

@@ -131,6 +131,8 @@ def ttft_cross_check(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None
     first = requests["first_token_ns"].to_numpy(zero_copy_only=False)
     mask = ~(np.isnan(send.astype(float)) | np.isnan(first.astype(float)))
     client_ms = (first[mask].astype(float) - send[mask].astype(float)) / NS_PER_MS
+    if not client_ms.size:  # no request has a client TTFT (a non-streaming run): nothing to compare
+        return None
     client_p50 = float(np.percentile(client_ms, 50)) if client_ms.size else math.nan
     client_p90 = float(np.percentile(client_ms, 90)) if client_ms.size else math.nan
     server_p50 = hist.quantile(0.5) * 1000

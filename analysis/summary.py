@@ -40,12 +40,17 @@ from analysis.invariants import CHECK_COLUMNS, anomaly_counts, check_records, ti
 from analysis.smoothness import Deadlines, batch_smoothness, one_token_fluidity, send_ns_float, token_range_fluidity
 from analysis.slo import SLO, SLO_METRICS
 from analysis.totals import judged_mask, run_totals
+from results.record import SOURCE_NON_STREAMING
 from results.schema import REQUESTS_SCHEMA
 
 REQUESTS_COLUMN_NAMES = tuple(REQUESTS_SCHEMA.names)
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft_ms", "ttfo_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "schedule_lag_ms")
+
+#: Finish reasons that mean the model ended the answer itself (end-of-sequence token or a stop
+#: sequence), as vLLM/SGLang ("stop") and TGI ("eos_token", "stop_sequence") name them.
+NATURAL_STOPS = ("stop", "eos_token", "stop_sequence")
 
 #: The client is judged a bottleneck when its own send lag or event-loop lag passes these.
 CLIENT_LAG_P99_MS = 5.0
@@ -322,6 +327,8 @@ def summarize_batches(
             "error_rate": totals.error_rate,
             "errors": {str(k): int(v) for k, v in errors.items()},
             "top_errors": top_errors(failed_df["error_type"], messages),
+            # answered in one response: E2E only (no TTFT, TPOT, ITL)
+            "non_streaming": int(counted["token_source"].eq(SOURCE_NON_STREAMING).sum()),
         },
         "window_s": totals.window_s,
         "throughput": {
@@ -381,13 +388,36 @@ def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
     short = int((ok_df["output_tokens"] < ok_df["max_output_tokens"]).sum())
     # TGI 3.x generates in 1024-token segments and can end past max_new_tokens (docs/engines.md)
     long = int((ok_df["output_tokens"] > ok_df["max_output_tokens"]).sum())
+    finish = ok_df["finish_reason"] if "finish_reason" in ok_df else pd.Series([None] * len(ok_df), dtype=object)
+    reasons = finish.fillna("none").value_counts().to_dict()
     return {
         "sources": {str(k): int(v) for k, v in sources.items()},
         "chunk_vs_server_mismatches": mismatch,
         "shorter_than_requested": short,
         "longer_than_requested": long,
         "prompt": prompt_length_accounting(ok_df),
+        "finish_reasons": {str(k): int(v) for k, v in sorted(reasons.items())},
+        "natural_stops": int(finish.isin(NATURAL_STOPS).sum()),
+        **_reasoning(ok_df),
     }
+
+
+def _reasoning(ok_df: pd.DataFrame) -> dict[str, Any]:
+    """Reasoning vs answer tokens, where some request reasoned (docs/metrics.md)."""
+    if "reasoning_tokens" not in ok_df:
+        return {}
+    reasoning = ok_df["reasoning_tokens"].astype("float64")
+    known = ~reasoning.isna()
+    if not (reasoning[known] > 0).any():
+        return {}
+    out = ok_df.loc[known, "output_tokens"].astype("float64")
+    return {"reasoning": {
+        "requests": int((reasoning[known] > 0).sum()),
+        "reasoning_tokens": int(reasoning[known].sum()),
+        "answer_tokens": int((out - reasoning[known]).sum()),
+        "reasoning_tokens_mean": float(reasoning[known].mean()),
+        "answer_tokens_mean": float((out - reasoning[known]).mean()),
+    }}
 
 
 #: A run warns when more than this share of its prompts are off their requested length by more

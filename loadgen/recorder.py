@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 from adapters.base import EventKind, StreamEvent, StreamParser
 from adapters.sse import SSEFramer
 from loadgen.transport import StreamError
-from results.record import RequestRecord
+from results.record import SOURCE_NON_STREAMING, RequestRecord
 from workloads.spec import RequestSpec
 
 #: Token-count sources, most trusted first (see docs/metrics.md).
@@ -166,7 +166,8 @@ class RequestRecorder:
         self.first_byte_ns = ts_ns
         self.status = status
         media = content_type.split(";", 1)[0].strip().lower()
-        if 200 <= status < 300 and media and media != "text/event-stream":
+        # a non-streaming request's answer is one JSON body, not an event stream
+        if 200 <= status < 300 and media and media != "text/event-stream" and self.spec.stream:
             self._not_sse = media
 
     def data(self, ts_ns: int, data: bytes) -> None:
@@ -197,7 +198,7 @@ class RequestRecorder:
     def fast_api(self) -> int:
         """Which compiled scan suits this response's payloads (0: none; the parser's
         ``fast_api``). Not when the answer text is kept: the scan does not keep text."""
-        if self._keep_text or self._not_sse is not None:
+        if self._keep_text or self._not_sse is not None or not self.spec.stream:
             return 0
         return getattr(self._parser, "fast_api", 0)
 
@@ -242,7 +243,7 @@ class RequestRecorder:
         """Frame and parse the reads received so far (off the read path)."""
         self._queued = False
         raw, stamps = self._raw, self._raw_ts
-        if not raw:
+        if not raw or not self.spec.stream:  # a non-streaming body is parsed whole, at the end
             return
         self._raw, self._raw_ts = [], []
         if self._error is not None:
@@ -295,6 +296,30 @@ class RequestRecorder:
         if fast is not None:
             last = max(last, fast.last_payload_ns)
         return max(base, last)
+    def _parse_unary(self) -> None:
+        """A non-streaming response: the whole body through the parser's ``parse_unary``,
+        kept as one event stamped when the body's last bytes arrived."""
+        body, stamps = b"".join(self._raw), self._raw_ts
+        self._raw, self._raw_ts = [], []
+        if not body or self._error is not None:
+            return
+        parse = getattr(self._parser, "parse_unary", None)
+        if parse is None:
+            self._error = StreamError("client_error", "this adapter cannot read non-streaming responses")
+            return
+        try:
+            event = parse(body)
+        except Exception as exc:  # a malformed body fails this request only
+            self._error = StreamError("malformed_response", str(exc)[:300])
+            return
+        if event.kind == EventKind.ERROR:
+            self._error = StreamError(event.error_type or "server_error", event.error_message or "")
+            return
+        self._ts.append(stamps[-1])
+        self._events.append(event)
+        self._done = True
+        if self._keep_text and event.text:
+            self._text.append(event.text)
 
     @property
     def saw_done(self) -> bool:
@@ -315,6 +340,9 @@ class RequestRecorder:
         """Close the record. ``error`` comes from the transport (reset, timeout, ...)."""
         self._digest()
         self.end_ns = end_ns
+        unary = not self.spec.stream
+        if unary:
+            self._parse_unary()
         events = self._events
         fast = self._fast
         if fast is not None:
@@ -363,6 +391,10 @@ class RequestRecorder:
                 err = StreamError("truncated", "stream ended inside an event")
         kinds, texts = cols[_KIND], cols[_TEXT]
         counts, source = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
+        output_tokens = sum(counts)
+        reasoning: int | None = sum(n for n, kind in zip(counts, kinds) if kind == EventKind.REASONING)
+        if unary:  # one response, no per-token times: E2E only
+            stamps, counts, source, reasoning = [], [], SOURCE_NON_STREAMING, None
         first_token = first_content = None
         for ts, kind, text, n in zip(stamps, kinds, texts, counts):
             if n > 0 or (source == SOURCE_CHUNKS and kind == EventKind.CONTENT and text):
@@ -384,7 +416,7 @@ class RequestRecorder:
             end_ns=end_ns,
             chunk_ns=stamps,
             chunk_tokens=counts,
-            output_tokens=sum(counts),
+            output_tokens=output_tokens,
             token_source=source,
             input_tokens_target=spec.input_tokens,
             input_tokens_source=spec.input_tokens_source,
@@ -404,6 +436,7 @@ class RequestRecorder:
             length_class=spec.length_class,
             output_text=self.answer_text if save_text else None,
             server_timing_json=None if timing is None else json.dumps(timing, separators=(",", ":")),
+            reasoning_tokens=reasoning,
         )
 
 

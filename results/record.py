@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: ``token_source`` of a non-streaming request: its output tokens are the response's usage,
+#: and it has no per-token times (no TTFT, TPOT or ITL; E2E only).
+SOURCE_NON_STREAMING = "response_usage"
+
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
@@ -49,3 +53,6 @@ class RequestRecord:
     server_timing_json: str | None = None
     #: the request's class in a mixed workload ('short', 'long' …)
     length_class: str | None = None
+    #: output tokens that came as reasoning ("thinking") before or between the answer's;
+    #: None when unknown (a non-streaming response)
+    reasoning_tokens: int | None = None

@@ -43,6 +43,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("output_text", pa.string()),
         pa.field("server_timing_json", pa.string()),
         pa.field("length_class", pa.string()),
+        pa.field("reasoning_tokens", pa.int32()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )

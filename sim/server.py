@@ -33,6 +33,7 @@ from sim.loop import EngineLoop
 from sim.options import ModelTiming, describe
 from sim.prom import FlavorMetrics
 from sim.request import SimRequest
+from sim.sampling import openai_problem, sglang_problem, tgi_problem
 from sim.timing import FixedTiming
 from sim.wire import OpenAIWire, SGLangWire, TGIWire
 
@@ -67,6 +68,9 @@ class ServerConfig:
     #: TGI flavour: TGI's --max-concurrent-requests (default 128; 0: no limit). Past it a request
     #: is answered at once with an in-stream "overloaded" error (router/src/infer/mod.rs)
     max_concurrent_requests: int = 128
+    #: > 0: chat answers start with this many reasoning tokens (``delta.reasoning_content``,
+    #: vLLM's reasoning-parser shape), always leaving at least one answer token
+    reasoning_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -518,7 +522,7 @@ class SimServer:
 
     async def _run(
         self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
-        arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0,
+        arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0, stop_sequences: bool = False,
     ) -> web.StreamResponse:
         if self.starting:
             return status_error(503, "the engine is starting")
@@ -547,7 +551,8 @@ class SimServer:
             n = min(max_tokens, max(min_tokens, natural))
             if n < max_tokens:
                 max_tokens = n
-                sink.finish_reason = "eos_token" if kind == "tgi" else "stop"
+                # TGI names what ended it; vLLM and SGLang say "stop" for both
+                sink.finish_reason = ("stop_sequence" if stop_sequences else "eos_token") if kind == "tgi" else "stop"
         if segment:
             sink.planned, sink.segment = max_tokens, segment
         req = self._make_request(rid, prompt_ids, min(max_tokens, segment) if segment else max_tokens, arrival, sink)
@@ -564,7 +569,12 @@ class SimServer:
             if hasattr(wire, "cached"):
                 wire.cached = req.cached_tokens
             self._record_finish(sink, len(prompt_ids))
-            body = wire.unary("".join(sink.unary_text), sink.sent, sink.finish_reason)
+            if getattr(wire, "reasoning", 0):
+                r = wire.reasoning
+                body = wire.unary("".join(sink.unary_text[r:]), sink.sent, sink.finish_reason,
+                                  "".join(sink.unary_text[:r]))
+            else:
+                body = wire.unary("".join(sink.unary_text), sink.sent, sink.finish_reason)
             return web.json_response(body, headers=headers, dumps=lambda o: orjson.dumps(o).decode())
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
         resp.enable_chunked_encoding()
@@ -709,6 +719,9 @@ class OpenAIRoutes:
         min_tokens = body.get("min_tokens", 0)
         if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
             return _openai_error(400, "min_tokens must be an integer between 0 and max_tokens")
+        problem = openai_problem(body, chat)
+        if problem:
+            return _openai_error(400, problem)
         opts = body.get("stream_options") or {}
         stream = bool(body.get("stream"))
         if opts and not stream:
@@ -716,6 +729,8 @@ class OpenAIRoutes:
         rid = ("chatcmpl-" if chat else "cmpl-") + srv.next_id()
         wire = OpenAIWire(rid, chat, model, count_tokens(prompt) or 1, bool(opts.get("include_usage")),
                           bool(opts.get("continuous_usage_stats")), cached_details=True)
+        if chat:
+            wire.reasoning = min(srv.config.reasoning_tokens, max_tokens - 1)
         return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error,
                               forced=bool(body.get("ignore_eos")), min_tokens=min_tokens)
 
@@ -737,6 +752,9 @@ class SGLangRoutes:
         max_tokens = sp.get("max_new_tokens", 128)
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return _sglang_error(400, "sampling_params.max_new_tokens must be a positive integer")
+        problem = sglang_problem(sp)
+        if problem:
+            return _sglang_error(400, problem)
         rid = str(body.get("rid") or srv.next_id())
         wire = SGLangWire(rid, count_tokens(text) or 1, arrival)
         min_new = sp.get("min_new_tokens", 0)
@@ -814,7 +832,7 @@ class TGIRoutes:
             return await srv.refuse(request, wire, "tgi", stream, 429, "Model is overloaded", "overloaded", _tgi_error)
         srv.tgi_admitted += 1
         try:
-            invalid = _tgi_invalid(text, params)
+            invalid = _tgi_invalid(text, params) or tgi_problem(params)
             if invalid is not None:
                 srv.metrics.failed("validation")
                 return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {invalid}",
@@ -822,7 +840,7 @@ class TGIRoutes:
             # no max_new_tokens: all that fits, in segments (validation.rs)
             max_tokens = params.get("max_new_tokens") or max(1, srv.max_model_len - (count_tokens(text) or 1))
             return await srv._run(request, "tgi", wire, srv.next_id(), text, max_tokens, stream, arrival, _tgi_error,
-                                  forced=False)
+                                  forced=False, stop_sequences=bool(params.get("stop")))
         finally:
             srv.tgi_admitted -= 1
 

@@ -24,7 +24,7 @@ class OpenAIWire:
     """vLLM's /v1/completions and /v1/chat/completions streams."""
 
     __slots__ = ("rid", "chat", "model", "created", "prompt_tokens", "cached", "include_usage", "continuous",
-                 "details", "_opened", "_head", "_mid", "_usage_head")
+                 "details", "_opened", "_head", "_mid", "_usage_head", "reasoning", "_reasoning_head")
 
     def __init__(self, rid: str, chat: bool, model: str, prompt_tokens: int, include_usage: bool, continuous: bool,
                  cached_details: bool = False) -> None:
@@ -43,6 +43,10 @@ class OpenAIWire:
                       + (b',"choices":[{"index":0,"delta":{"content":' if chat else b',"choices":[{"index":0,"text":'))
         self._mid = (b'},"logprobs":null,"finish_reason":' if chat else b',"logprobs":null,"finish_reason":')
         self._usage_head = b',"usage":{"prompt_tokens":' + str(prompt_tokens).encode() + b',"total_tokens":'
+        #: chat only: the first ``reasoning`` output tokens go out as ``delta.reasoning_content``
+        #: (vLLM's reasoning parsers), the answer after them
+        self.reasoning = 0
+        self._reasoning_head = self._head.replace(b'"delta":{"content":', b'"delta":{"reasoning_content":')
 
     def usage(self, done: int) -> dict[str, Any]:
         u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + done,
@@ -73,7 +77,8 @@ class OpenAIWire:
                         if self.details else b"}}\n\n"))
         else:
             usage = b"}\n\n"
-        return out + self._head + _dumps(text) + self._mid + fin + tail + usage
+        head = self._reasoning_head if done <= self.reasoning else self._head
+        return out + head + _dumps(text) + self._mid + fin + tail + usage
 
     def malformed(self, text: str) -> bytes:
         return b'data: {"id":"' + self.rid.encode() + b'","object":"text_completion","choices":[{"index":0,"text":' + \
@@ -91,9 +96,12 @@ class OpenAIWire:
         """vLLM (and SGLang's OpenAI routes): the last chunk's finish_reason is "abort"."""
         return self.tokens("", done, "abort") + b"data: [DONE]\n\n"
 
-    def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
+    def unary(self, text: str, done: int, finish: str, reasoning_text: str | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning_text is not None:
+            message["reasoning_content"] = reasoning_text
         choice: dict[str, Any] = (
-            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
         )
         return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",

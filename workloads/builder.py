@@ -20,7 +20,7 @@ from workloads.distributions import Mixture
 from workloads.errors import WorkloadError
 from workloads.prompts import BlockTexts, PromptSynth, make_synth
 from workloads.readers import TraceTable, read_trace
-from workloads.spec import MAX_REQUEST_TOKENS, RequestSpec, Schedule
+from workloads.spec import MAX_REQUEST_TOKENS, RequestOptions, RequestSpec, Schedule
 
 #: stream indices of SeedSequence(seed).spawn(N)
 _LENGTHS, _ARRIVALS, _STRUCTURE, _PROMPTS, _WARMUP = range(5)
@@ -58,6 +58,15 @@ class Plan:
 
 def _streams(seed: int) -> list[np.random.Generator]:
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
+
+
+def dataset_sample(rows: int, requests: int, seed: int) -> np.ndarray:
+    """Which dataset rows ``requests`` requests take: seeded permutations of the rows, one
+    after another (a row repeats only once every row was taken). Its own seed stream, so a
+    dataset sample leaves the other draws of the same seed unchanged."""
+    rng = np.random.default_rng([seed, 0x5E7])
+    perms = [rng.permutation(rows) for _ in range(-(-requests // rows))]
+    return np.concatenate(perms)[:requests]
 
 
 def _check_counts(requests: int, warmup: int) -> None:
@@ -115,14 +124,18 @@ def plan_workload(
         opts: dict[str, object] = {}
         if tc.model is not None or tc.log_type is not None:
             opts = {"model": tc.model, "log_type": tc.log_type}
+        if tc.output_tokens is not None:
+            opts["output_tokens"] = tc.output_tokens
         table = read_trace(tc.path, tc.format, **opts)
         if tc.start < 0 or tc.start >= len(table):
             raise WorkloadError(f"trace start {tc.start}: the file has {len(table)} requests")
-        if table.timestamps_s is not None:
+        if table.format == "dataset":
+            order = dataset_sample(len(table) - tc.start, requests, seed) + tc.start
+        elif table.timestamps_s is not None:
             order = np.argsort(table.timestamps_s, kind="stable")
         else:
             order = np.arange(len(table))
-        rows = order[tc.start : tc.start + requests]
+        rows = order[tc.start : tc.start + requests] if table.format != "dataset" else order
         requests = len(rows)
     mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, table is not None)
     if arr is not None and arr.process == "trace" and (table is None or table.timestamps_s is None):
@@ -378,7 +391,7 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
         desc["arrival_params"] = plan.arrival.as_dict()
     desc["requests"] = len(plan)
     desc["warmup"] = len(plan.warmup_input)
-    return Schedule(
+    schedule = Schedule(
         name=plan.name,
         seed=plan.seed,
         mode=plan.mode,  # type: ignore[arg-type]
@@ -388,3 +401,4 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
         arrival=plan.arrival.text if plan.arrival is not None else "closed",
         description=desc,
     )
+    return schedule.with_request(wd.request) if wd.request != RequestOptions() else schedule

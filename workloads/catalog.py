@@ -12,9 +12,10 @@ from workloads.builder import Plan, materialize, plan_workload
 from workloads.definition import PromptConfig, TraceConfig, WorkloadDef, builtins, load_workload_file
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptSynth
+from workloads.readers import detect_format
 from workloads.spec import Schedule
 
-TRACE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json")
+TRACE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json", ".parquet")
 
 
 def builtin_names() -> list[str]:
@@ -34,14 +35,16 @@ def resolve(ref: str, **kwargs: Any) -> WorkloadDef:
         elif path.suffix.lower() in TRACE_SUFFIXES:
             if not path.is_file():
                 raise WorkloadError(f"{ref}: no such trace file")
+            fmt = kwargs.get("trace_format") or detect_format(path)
             wd = WorkloadDef(
                 name=path.stem,
                 description=f"replay of {path.name}",
                 trace=TraceConfig(
                     path=str(path),
-                    format=kwargs.get("trace_format"),
+                    format=fmt,  # type: ignore[arg-type]  # one of FORMATS; read_trace checks it again
                     time_scale=float(kwargs.get("time_scale", 1.0)),
                     start=int(kwargs.get("trace_start", 0)),
+                    output_tokens=kwargs.get("output_tokens") if fmt == "dataset" else None,
                 ),
                 source={"file": str(path)},
             )
@@ -58,7 +61,7 @@ def resolve(ref: str, **kwargs: Any) -> WorkloadDef:
     return wd
 
 
-_KNOWN_KWARGS = {"tokenizer", "tokenize_url", "model", "trace_format", "time_scale", "trace_start"}
+_KNOWN_KWARGS = {"tokenizer", "tokenize_url", "model", "trace_format", "time_scale", "trace_start", "output_tokens"}
 
 
 def build_named_plan(

@@ -39,6 +39,12 @@ A workload file (all sections optional, unknown keys rejected with their dotted 
     [prompt]
     tokenizer = "/models/llama/"    # local HF tokenizer folder, or
     # tokenize_url = "http://127.0.0.1:8000"
+
+    [request]                       # what every request asks for (docs/workloads.md)
+    temperature = 0.7
+    top_p = 0.9
+    stop = ["###"]                  # stop sequences: requests may end early ("stop")
+    # top_k, seed, n, logprobs, natural_stop = true, extra_body = { ... }
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from workloads.distributions import (
     Uniform,
 )
 from workloads.errors import WorkloadError
+from workloads.spec import RequestOptions
 
 
 @dataclass(frozen=True)
@@ -176,7 +183,7 @@ class SessionConfig:
 @dataclass(frozen=True)
 class TraceConfig:
     path: str
-    format: Literal["azure", "burstgpt", "mooncake", "lengths", "bench"] | None = None
+    format: Literal["azure", "burstgpt", "mooncake", "lengths", "bench", "dataset"] | None = None
     time_scale: float = 1.0
     #: spread requests sharing a quantised timestamp over this many seconds (Mooncake: 3)
     bucket_s: float | None = None
@@ -184,6 +191,8 @@ class TraceConfig:
     start: int = 0
     model: str | None = None  # BurstGPT filter
     log_type: str | None = None  # BurstGPT filter
+    #: dataset rows without an output length (no reply, no output_tokens) ask for this many
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +214,7 @@ class WorkloadFile:
     sessions: SessionConfig | None = None
     trace: TraceConfig | None = None
     prompt: PromptConfig | None = None
+    request: RequestOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +232,7 @@ class WorkloadDef:
     rate: float | None = None
     concurrency: int | None = None
     source: dict[str, object] = field(default_factory=dict)
+    request: RequestOptions = field(default_factory=RequestOptions)
 
 
 # -- built-in tables -------------------------------------------------------------------------
@@ -338,6 +349,8 @@ def load_workload_file(path: Path) -> WorkloadDef:
         wf = from_mapping(WorkloadFile, load_toml(path), "", str(path))
     except ConfigError as exc:
         raise WorkloadError(str(exc)) from None
+    except ValueError as exc:  # a RequestOptions value out of range
+        raise WorkloadError(f"{path}: request: {exc}") from None
     where = str(path)
     if wf.lengths is None and wf.trace is None:
         raise WorkloadError(f"{where}: needs a [lengths] or a [trace] section")
@@ -362,4 +375,5 @@ def load_workload_file(path: Path) -> WorkloadDef:
         rate=wf.rate,
         concurrency=wf.concurrency,
         source={"file": str(path)},
+        request=wf.request or RequestOptions(),
     )

@@ -20,7 +20,7 @@ import orjson
 from workloads.errors import WorkloadError
 from workloads.spec import MAX_REQUEST_TOKENS
 
-FORMATS = ("azure", "burstgpt", "mooncake", "lengths", "bench")
+FORMATS = ("azure", "burstgpt", "mooncake", "lengths", "bench", "dataset")
 
 #: Mooncake traces quantise timestamps to 3-second buckets; replay spreads each bucket.
 MOONCAKE_BUCKET_S = 3.0
@@ -54,15 +54,21 @@ class TraceTable:
 
 def detect_format(path: Path) -> str:
     """Guess the format from the extension and the first line."""
+    if path.suffix.lower() == ".parquet":
+        return "dataset"
     first = _first_line(path)
     if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        if first.lstrip().startswith("["):  # one JSON array: a ShareGPT-style dump
+            return "dataset"
         try:
             obj = orjson.loads(first)
         except orjson.JSONDecodeError:
             raise WorkloadError(f"{path}:1: not valid JSON") from None
         if isinstance(obj, dict) and "input_length" in obj:
             return "mooncake"
-        return "bench"
+        from workloads.datasets import looks_like_dataset
+
+        return "dataset" if isinstance(obj, dict) and looks_like_dataset(obj) else "bench"
     header = {h.strip().lower() for h in first.split(",")}
     if "contexttokens" in header:
         return "azure"
@@ -88,10 +94,12 @@ def read_trace(path: str | Path, fmt: str | None = None, **options: Any) -> Trac
         "mooncake": read_mooncake,
         "lengths": read_lengths,
         "bench": read_bench_jsonl,
+        "dataset": read_dataset_table,
     }
     if fmt not in readers:
         raise WorkloadError(f"trace format {fmt!r}: use one of {', '.join(FORMATS)}")
-    allowed = {"burstgpt": {"model", "log_type"}, "mooncake": {"bucket_s", "block_tokens"}}.get(fmt, set())
+    allowed = {"burstgpt": {"model", "log_type"}, "mooncake": {"bucket_s", "block_tokens"},
+               "dataset": {"output_tokens"}}.get(fmt, set())
     extra = sorted(k for k, v in options.items() if v is not None and k not in allowed)
     if extra:
         raise WorkloadError(f"{p}: option {extra[0]!r} does not apply to the {fmt} format")
@@ -263,7 +271,7 @@ def read_burstgpt(path: Path, model: str | None = None, log_type: str | None = N
     return _finish(path, "burstgpt", inputs, outputs, timestamps_s=stamps, dropped=dropped, notes=notes)
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     empty = True
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
@@ -299,7 +307,7 @@ def read_mooncake(
     outputs: list[int] = []
     stamps: list[float] = []
     hashes: list[tuple[int, ...]] = []
-    for line, obj in _jsonl(path):
+    for line, obj in jsonl_rows(path):
         stamps.append(_float_field(path, line, "timestamp", _need(path, line, obj, "timestamp")) / 1000.0)
         n_in = _int_field(path, line, "input_length", _need(path, line, obj, "input_length"))
         inputs.append(n_in)
@@ -384,7 +392,7 @@ def read_bench_jsonl(path: Path) -> TraceTable:
     groups: list[str | None] = []
     lines: list[int] = []
     n_offsets = 0
-    for line, obj in _jsonl(path):
+    for line, obj in jsonl_rows(path):
         lines.append(line)
         unknown = sorted(set(obj) - _BENCH_KEYS)
         if unknown:
@@ -428,3 +436,11 @@ def read_bench_jsonl(path: Path) -> TraceTable:
         think_time_s=tuple(thinks),
         prefix_groups=tuple(groups) if any(g is not None for g in groups) else None,
     )
+
+
+def read_dataset_table(path: Path, output_tokens: int | None = None) -> TraceTable:
+    """A local prompt dataset (workloads/datasets.py) as a table without send times."""
+    from workloads.datasets import read_dataset
+
+    prompts, inputs, outputs = read_dataset(path, output_tokens)
+    return _finish(path, "dataset", inputs, outputs, prompts=tuple(prompts))

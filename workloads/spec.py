@@ -7,8 +7,8 @@ out, never *what* it contains.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 Phase = Literal["warmup", "measure"]
 LoadMode = Literal["open", "closed"]
@@ -25,6 +25,107 @@ class Message:
 
     role: str
     content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters sent with a request (``None``/empty: the engine's default).
+
+    ``stop`` sequences end a request before ``max_output_tokens`` when the engine meets
+    them, so a request with any stop sequence is never forced to its full length.
+    ``logprobs`` is the number of top log-probabilities per output token (0: only the
+    sampled token's).
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    n: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        """The first invalid value, in words, or ``None``."""
+        if self.temperature is not None and self.temperature < 0:
+            return f"temperature must be >= 0, not {self.temperature}"
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            return f"top_p must be in (0, 1], not {self.top_p}"
+        if self.top_k is not None and self.top_k < 1:
+            return f"top_k must be >= 1, not {self.top_k}"
+        if self.n is not None and self.n < 1:
+            return f"n must be >= 1, not {self.n}"
+        if self.logprobs is not None and self.logprobs < 0:
+            return f"logprobs must be >= 0, not {self.logprobs}"
+        if any(not s for s in self.stop):
+            return "stop sequences must be non-empty strings"
+        return None
+
+    def fields(self) -> dict[str, object]:
+        """The parameters that are set, by name (for run metadata and messages)."""
+        out: dict[str, object] = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed", "n", "logprobs")}
+        out["stop"] = list(self.stop) if self.stop else None
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class RequestOptions(Sampling):
+    """What every request of a run asks for beyond its prompt and length: TOML ``[request]``
+    and the matching ``bench run`` options (docs/workloads.md, Request options): the
+    sampling fields, and
+
+    ``natural_stop`` lets the engine end a request at its end-of-sequence token instead of
+    forcing ``max_output_tokens``; stop sequences imply it. ``extra_body`` is merged into
+    every request body last (nested objects key by key), for fields bench has no option for.
+    """
+
+    natural_stop: bool | None = None
+    #: False: ask for the whole answer in one response (E2E only: no TTFT, TPOT or ITL)
+    stream: bool | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def sampling(self) -> Sampling | None:
+        """The sampling fields alone (``None`` when none is set)."""
+        s = Sampling(**{k: getattr(self, k) for k in Sampling.__slots__})
+        return s if s.fields() else None
+
+    @property
+    def forced(self) -> bool:
+        """Whether requests are held to their full output length (ignore_eos + min_tokens)."""
+        return not self.natural_stop and not self.stop
+
+    def over(self, base: RequestOptions) -> RequestOptions:
+        """These options where set, ``base``'s elsewhere (the CLI over a workload file)."""
+        values: dict[str, Any] = {}
+        for name in RequestOptions.__dataclass_fields__:
+            mine, theirs = getattr(self, name), getattr(base, name)
+            values[name] = theirs if mine is None or mine == () else mine
+        values["extra_body"] = merge_body(base.extra_body, self.extra_body)
+        return RequestOptions(**values)
+
+    def describe(self) -> dict[str, Any]:
+        s = self.sampling()
+        out: dict[str, Any] = {"sampling": s.fields() if s else {}, "forced_length": self.forced,
+                               "stream": self.stream is not False}
+        if self.extra_body:
+            out["extra_body_keys"] = sorted(self.extra_body)  # values may hold secrets: keys only
+        return out
+
+
+def merge_body(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` merged in: nested objects key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_body(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +164,9 @@ class RequestSpec:
     refused: str | None = None
     # The workload's class of this request in a mix (its component label: 'short', 'long' …).
     length_class: str | None = None
+    sampling: Sampling | None = None
+    # False: one JSON response instead of a stream (no per-token times)
+    stream: bool = True
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:
@@ -92,6 +196,8 @@ class Schedule:
     arrival: str = ""
     duration_s: float | None = None
     description: dict[str, object] = field(default_factory=dict)
+    #: the options every request was built with (sampling, length forcing, extra body)
+    request: RequestOptions = field(default_factory=RequestOptions)
 
     def __post_init__(self) -> None:
         if self.mode == "closed" and (self.concurrency is None or self.concurrency < 1):
@@ -101,6 +207,19 @@ class Schedule:
                 if spec.phase == "measure" and spec.session_id is None and spec.send_offset_ns is None:
                     raise ValueError(f"open-loop request {spec.request_id} has no send offset")
 
+    def with_request(self, options: RequestOptions) -> Schedule:
+        """This schedule with ``options`` applied to every request (a request's own sampling
+        fields, e.g. from a dataset row, win over the options')."""
+        base = options.sampling()
+        specs = []
+        for spec in self.requests:
+            sampling = _sampling_over(spec.sampling, base)
+            forced = spec.fixed_output and options.forced and not (sampling and sampling.stop)
+            stream = spec.stream and options.stream is not False
+            specs.append(replace(spec, sampling=sampling, fixed_output=forced, stream=stream))
+        desc = {**self.description, "request": options.describe()}
+        return replace(self, requests=tuple(specs), request=options, description=desc)
+
     @property
     def warmup(self) -> tuple[RequestSpec, ...]:
         return tuple(s for s in self.requests if s.phase == "warmup")
@@ -108,3 +227,10 @@ class Schedule:
     @property
     def measured(self) -> tuple[RequestSpec, ...]:
         return tuple(s for s in self.requests if s.phase == "measure")
+
+
+def _sampling_over(own: Sampling | None, base: Sampling | None) -> Sampling | None:
+    if own is None or base is None:
+        return own or base
+    values = {k: getattr(own, k) if getattr(own, k) not in (None, ()) else getattr(base, k) for k in Sampling.__slots__}
+    return Sampling(**values)

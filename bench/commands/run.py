@@ -10,16 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from adapters.base import adapter_for_engine, adapter_names
+from adapters.base import Adapter, adapter_for_engine, adapter_names, check_requests
 from bench.errors import ExitCode, Outcome
 from bench.options import parse_percentiles, parse_slo
+from bench.request_options import request_options
 from bench.secrets import load_api_key
 from core.errors import BenchError
 from loadgen.runner import RunOptions
 from loadgen.recorder import MAX_EVENT_BYTES
 from loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
 from workloads.prompts import make_synth
-from workloads.spec import Schedule
+from workloads.spec import RequestOptions, Schedule
 
 if TYPE_CHECKING:
     from bench.virtual import VirtualEngine
@@ -73,6 +74,11 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
 @click.option("--save-text", is_flag=True, help="Store generated text in the results (off by default).")
 @click.option("--sim-ttft-ms", type=float, default=50.0, show_default=True, help="Embedded engine: time to first token.")
 @click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency.")
+@click.option("--sim-reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="Embedded engine: chat answers start with this many reasoning tokens.")
+@click.option("--sim-natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
+              help="Embedded engine: requests not forced to their length end at a seeded end of sequence of this "
+                   "mean length (0: never).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -97,6 +103,7 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
 @click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="With --launch: seconds to wait for readiness.")
 @click.option("--scrape-interval", type=float, default=1.0, show_default=True, help="Seconds between /metrics scrapes.")
 @click.option("--no-scrape", is_flag=True, help="Do not scrape the engine's /metrics.")
+@request_options
 def command(
     url: str | None,
     engine: str,
@@ -128,6 +135,8 @@ def command(
     save_text: bool,
     sim_ttft_ms: float,
     sim_itl_ms: float,
+    sim_natural_stop: float,
+    sim_reasoning_tokens: int,
     progress: bool | None,
     as_json: bool,
     workers: int,
@@ -141,6 +150,7 @@ def command(
     engine_version: str | None,
     scrape_interval: float,
     no_scrape: bool,
+    request: RequestOptions,
 ) -> None:
     """Measure one workload and print its metric table.
 
@@ -168,18 +178,35 @@ def command(
         raise BenchError("--request-timeout and --drain-timeout must be >= 0")
     if max_event_bytes < 1024:
         raise BenchError("--max-event-bytes must be at least 1024")
-    if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0):
-        raise BenchError("--sim-ttft-ms and --sim-itl-ms must be >= 0")
+    if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0 or sim_natural_stop < 0):
+        raise BenchError("--sim-ttft-ms, --sim-itl-ms and --sim-natural-stop must be >= 0")
     salt = secrets.randbits(32) if prompt_salt is None else prompt_salt
+    timed = [k for k, _ in slo.limits if k != "e2e_ms"]
 
     def build(tokenize: str | None) -> Schedule:
         try:
-            return _build_schedule(
+            built = _build_schedule(
                 workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
                 tokenizer_dir, tokenize, model, salt,
             )
+            built = built.with_request(request.over(built.request))
         except (WorkloadError, ValueError) as exc:
             raise BenchError(str(exc)) from None
+        if built.request.stream is False and timed:
+            raise BenchError(f"--slo {timed[0]}: non-streaming requests have no per-token times; judge them on e2e_ms")
+        return built
+
+    def make_adapter(sched: Schedule, version: str | None) -> Adapter:
+        try:
+            made = adapter_for_engine(engine, model=model, api=api, api_key=api_key, engine_version=version,
+                                      extra_body=sched.request.extra_body)
+        except (ValueError, TypeError) as exc:
+            raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
+        try:
+            check_requests(made, sched.requests)
+        except ValueError as exc:
+            raise BenchError(f"--engine {engine}: {exc}") from None
+        return made
 
     # 'auto' asks the engine measured, so its schedule is built once that engine answers
     schedule = None if tokenize_url == "auto" else build(tokenize_url)
@@ -194,14 +221,17 @@ def command(
         raise BenchError("--scrape-interval must be positive")
     api_key = load_api_key(api_key_env, api_key_file)
     try:
-        adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key, engine_version=engine_version)
+        adapter_for_engine(engine, model=model, api=api, api_key=api_key)  # an unknown engine fails here, early
     except (ValueError, TypeError) as exc:
         raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
+    if schedule is not None:
+        make_adapter(schedule, engine_version)  # requests an engine cannot take fail before anything starts
     clock = clock or ("virtual" if launch and engine == "sim" else "auto")
     virtual = _virtual_engine(clock, launch, engine, model, parallel_text, engine_args, gpu, workers, save_text)
     run_dir = prepare_run_dir(out, overwrite)
     command_line = ("bench", *sys.argv[1:])
     engine_info = None
+    launched_version: str | None = None
     with contextlib.ExitStack() as stack:
         if url:
             target = url
@@ -216,19 +246,20 @@ def command(
                               engine_version)
             )
             target, engine_label, engine_info = handle.url, engine, handle.describe()
-            if handle.version and engine == "sglang":  # its stream shape depends on the version
-                adapter = adapter_for_engine(engine, model=model, api=api, api_key=api_key, engine_version=handle.version)
+            launched_version = handle.version  # SGLang's stream shape depends on it
         else:
             target = stack.enter_context(
                 embedded_engine(
                     run_dir / "engine.log",
                     ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms),
-                     "--flavor", sim_flavor(engine)],
+                     "--flavor", sim_flavor(engine), "--natural-stop", str(sim_natural_stop),
+                     "--reasoning-tokens", str(sim_reasoning_tokens)],
                 )
             )
             engine_label = "sim"
         if schedule is None:
             schedule = build(target)
+        adapter = make_adapter(schedule, launched_version or engine_version)
         cfg = RunConfig(
             out=run_dir,
             url=target,
@@ -251,7 +282,10 @@ def command(
                 "api": api,
                 "slo": slo.as_dict(),
                 "percentiles": list(percentiles),
-                "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms, "flavor": sim_flavor(engine)},
+                "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms, "flavor": sim_flavor(engine),
+                                                     "natural_stop_mean": sim_natural_stop,
+                                                     "reasoning_tokens": sim_reasoning_tokens},
+                "request": schedule.request.describe(),
             },
         )
         if virtual is not None:
@@ -321,6 +355,7 @@ def _build_schedule(
             extra["tokenize_url"] = tokenize_url
         if extra and model:
             extra["model"] = model
+        extra["output_tokens"] = output_tokens  # only for dataset rows without an output length
         return build_named_schedule(
             workload_ref,
             requests=n_requests,

@@ -71,6 +71,8 @@ def command() -> None:
 @click.option("--max-concurrent-requests", type=int, default=128, show_default=True,
               help="TGI flavour: requests admitted at once (TGI's own default); the next one gets an "
                    "in-stream 'overloaded' error, as TGI answers (0: no limit).")
+@click.option("--reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="Chat answers start with this many reasoning tokens (delta.reasoning_content), then the answer.")
 @click.option("--mlock", is_flag=True,
               help="Lock the engine's memory (mlockall; needs root) so host memory reclaim cannot stall emission.")
 @click.option("--emission-log", type=click.Path(path_type=Path), default=None,
@@ -172,6 +174,7 @@ def build_config(kw: dict[str, Any]) -> Any:
         fixed_grid=bool(kw.get("fixed_grid")), spin_us=int(kw.get("spin_us") or 0),
         natural_stop_mean=float(kw.get("natural_stop") or 0.0),
         max_concurrent_requests=int(kw.get("max_concurrent_requests", 128) or 0),
+        reasoning_tokens=int(kw.get("reasoning_tokens") or 0),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from workloads.spec import Message, RequestSpec, Schedule
+from workloads.spec import Message, RequestSpec, Sampling, Schedule
 
 _SPEC_FIELDS = tuple(f.name for f in fields(RequestSpec))
 
@@ -14,6 +14,8 @@ def spec_to_wire(spec: RequestSpec) -> dict[str, Any]:
     out = {name: getattr(spec, name) for name in _SPEC_FIELDS}
     if spec.messages is not None:
         out["messages"] = [[m.role, m.content] for m in spec.messages]
+    if spec.sampling is not None:
+        out["sampling"] = {k: getattr(spec.sampling, k) for k in Sampling.__slots__}
     return out
 
 
@@ -21,6 +23,8 @@ def spec_from_wire(data: dict[str, Any]) -> RequestSpec:
     values = {k: v for k, v in data.items() if k in _SPEC_FIELDS}
     if values.get("messages") is not None:
         values["messages"] = tuple(Message(role, content) for role, content in values["messages"])
+    if values.get("sampling") is not None:
+        values["sampling"] = Sampling(**{**values["sampling"], "stop": tuple(values["sampling"]["stop"])})
     return RequestSpec(**values)
 
 

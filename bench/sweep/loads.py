@@ -138,7 +138,9 @@ def run_load(
     from core.eventloop import run_async
 
     schedule = build_schedule(load, spec, warmup, url, sweep_salt(extra.get("sweep_id")))
-    adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api, engine_version=engine_version)
+    # a workload file's [request] extra_body reaches the sweep's requests as it does bench run's
+    adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api, engine_version=engine_version,
+                                 extra_body=schedule.request.extra_body)
     slo = SLO.from_dict(spec.slo)
     cfg = RunConfig(
         out=run_dir,

@@ -1,0 +1,81 @@
+"""Sampling parameters in each engine's request body, refused by name where an engine lacks one.
+
+One home for the field names: vLLM's OpenAI server (and SGLang's, and other OpenAI-compatible
+servers), SGLang's native ``/generate`` and TGI's ``/generate_stream`` spell the same
+parameters differently, and a few have no equivalent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workloads.spec import Sampling
+
+
+class UnsupportedRequest(ValueError):
+    """A request asks for something the engine's API cannot express."""
+
+
+def openai_fields(s: Sampling, chat: bool) -> dict[str, Any]:
+    """Top-level fields of an OpenAI completions/chat body (``top_k`` is a vLLM/SGLang extension)."""
+    out: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "top_k", "seed", "n"):
+        value = getattr(s, name)
+        if value is not None:
+            out[name] = value
+    if s.stop:
+        out["stop"] = list(s.stop)
+    if s.logprobs is not None:
+        if chat:
+            out["logprobs"] = True
+            out["top_logprobs"] = s.logprobs
+        else:
+            out["logprobs"] = s.logprobs
+    return out
+
+
+def sglang_fields(s: Sampling) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``sampling_params`` fields, top-level fields) of SGLang's native ``/generate``."""
+    if s.n is not None and s.n > 1:
+        raise UnsupportedRequest("sglang (native /generate): n > 1 streams a batch bench does not parse; "
+                                 "use --engine sglang-openai for n")
+    params: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(s, name)
+        if value is not None:
+            params[name] = value
+    if s.seed is not None:
+        params["sampling_seed"] = s.seed
+    if s.stop:
+        params["stop"] = list(s.stop)
+    top: dict[str, Any] = {}
+    if s.logprobs is not None:
+        top["return_logprob"] = True
+        top["top_logprobs_num"] = s.logprobs
+    return params, top
+
+
+def tgi_fields(s: Sampling) -> dict[str, Any]:
+    """``parameters`` fields of TGI's ``/generate_stream``.
+
+    TGI samples only with ``do_sample`` (or a sampling field) and rejects temperature 0 and
+    top_p 1: temperature 0 is its greedy default and top_p 1 its no-op, so both are left out.
+    It returns each sampled token's log-probability always; ``top_n_tokens`` adds the top ones.
+    """
+    if s.n is not None and s.n > 1:
+        raise UnsupportedRequest("tgi: /generate_stream has no n (several sequences per request)")
+    params: dict[str, Any] = {}
+    if s.temperature is not None and s.temperature > 0:
+        params["temperature"] = s.temperature
+        params["do_sample"] = True
+    if s.top_p is not None and s.top_p < 1:
+        params["top_p"] = s.top_p
+    for name in ("top_k", "seed"):
+        value = getattr(s, name)
+        if value is not None:
+            params[name] = value
+    if s.stop:
+        params["stop"] = list(s.stop)
+    if s.logprobs:
+        params["top_n_tokens"] = s.logprobs
+    return params

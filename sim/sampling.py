@@ -1,0 +1,67 @@
+"""Sampling fields as the simulated engine checks them, per flavour.
+
+The simulated engine does not sample (its tokens are seeded), but it refuses what the real
+engine refuses, so a workload that a real engine would reject fails on the simulated one too.
+Stop sequences need no model of their own: a request with one is not forced to its length,
+and unforced requests end at the simulated end of sequence (``--natural-stop``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: vLLM's default --max-logprobs
+MAX_LOGPROBS = 20
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def openai_problem(body: dict[str, Any], chat: bool) -> str | None:
+    """Why vLLM's OpenAI server would refuse ``body``'s sampling fields, or ``None``."""
+    t, p, k, n = body.get("temperature"), body.get("top_p"), body.get("top_k"), body.get("n", 1)
+    if t is not None and (not _number(t) or t < 0):
+        return f"temperature must be non-negative, got {t}."
+    if p is not None and (not _number(p) or not 0 < p <= 1):
+        return f"top_p must be in (0, 1], got {p}."
+    if k is not None and (not isinstance(k, int) or (k < 1 and k not in (-1, 0))):
+        return f"top_k must be 0 (disable), or at least 1, got {k}."
+    if not isinstance(n, int) or n < 1:
+        return f"n must be at least 1, got {n}."
+    if n > 1:
+        return "n > 1 is not modelled by the simulated engine"
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, (str, list)):
+        return "stop must be a string or a list of strings"
+    top = body.get("top_logprobs") if chat else body.get("logprobs")
+    if chat and body.get("logprobs") not in (None, True, False):
+        return "logprobs must be a boolean in chat completions"
+    if top is not None and not isinstance(top, bool) and (not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS):
+        return f"Requested sample logprobs of {top}, which is greater than max allowed: {MAX_LOGPROBS}"
+    return None
+
+
+def sglang_problem(sp: dict[str, Any]) -> str | None:
+    t, p, k, n = sp.get("temperature"), sp.get("top_p"), sp.get("top_k"), sp.get("n", 1)
+    if t is not None and (not _number(t) or t < 0):
+        return f"temperature must be non-negative, got {t}."
+    if p is not None and (not _number(p) or not 0 < p <= 1):
+        return f"top_p must be in (0, 1], got {p}."
+    if k is not None and (not isinstance(k, int) or (k < 1 and k != -1)):
+        return f"top_k must be -1 (disable), or at least 1, got {k}."
+    if n != 1:
+        return "n != 1 is not modelled by the simulated engine"
+    return None
+
+
+def tgi_problem(params: dict[str, Any]) -> str | None:
+    p, k = params.get("top_p"), params.get("top_k")
+    if p is not None and (not _number(p) or not 0 < p < 1):
+        return "`top_p` must be > 0.0 and < 1.0"
+    if k is not None and (not isinstance(k, int) or k <= 0):
+        return "`top_k` must be strictly positive"
+    stop = params.get("stop") or []
+    if not isinstance(stop, list) or len(stop) > 4:
+        return "`stop` supports up to 4 stop sequences"
+    return None
