@@ -235,14 +235,8 @@ def served_context(url: str, engine: str, model: str, timeout_s: float = 5.0) ->
     """(context length, where it was read) from the first of the engine's routes that says."""
     client = EngineClient(url, timeout_s=timeout_s)
     for route in context_routes(engine):
-        reply = client.get(route.path)
-        if not reply.ok:
-            continue
-        try:
-            obj = reply.json()
-        except ValueError:
-            continue
-        tokens = route.parse(obj, model)
+        obj = client.get_json(route.path)
+        tokens = None if obj is None else route.parse(obj, model)
         if tokens is not None:
             return tokens, route.label
     return None

@@ -322,6 +322,11 @@ def _requests_table(
         cols["error_message"].append(None if ok else _error_message(o.state, send, max_len))
         cols["server_request_id"].append(f"v{i}")
         cols["output_text"].append(None)
+        cols["server_timing_json"].append(None)  # TTFT is the model's own here; no engine report to split
+        cols["length_class"].append(spec.length_class)
+        cols["reasoning_tokens"].append(0 if ok else None)  # the modelled engine does not reason
+    missing = [name for name, values in cols.items() if len(values) != n]
+    assert not missing, f"requests columns left unfilled: {missing}"  # a schema column added without a value here
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     values = np.fromiter((t for _, i in rows for t in outcomes[i].token_ns), dtype=np.int64, count=int(offsets[-1]))

@@ -88,17 +88,21 @@ class EngineClient:
     def metrics(self, path: str = "/metrics", timeout_s: float | None = None) -> Reply:
         return self.get(path, timeout_s)
 
+    def get_json(self, path: str, timeout_s: float | None = None) -> Any:
+        """The JSON a 2xx answer at ``path`` carries; None when there is no such answer."""
+        reply = self.get(path, timeout_s)
+        if not reply.ok:
+            return None
+        try:
+            return reply.json()
+        except ValueError:
+            return None
+
     def version(self, routes: Sequence[tuple[str, str]]) -> str | None:
         """The first non-empty ``key`` of a JSON object served at one of the ``routes``
         (``(path, key)`` pairs tried in order); None when none gives one."""
         for path, key in routes:
-            reply = self.get(path)
-            if not reply.ok:
-                continue
-            try:
-                obj = reply.json()
-            except ValueError:
-                continue
+            obj = self.get_json(path)
             value = obj.get(key) if isinstance(obj, dict) else None
             if value:
                 return str(value)
