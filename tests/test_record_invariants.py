@@ -126,7 +126,7 @@ def test_the_send_is_stamped_before_the_request_is_written(clock: str, monkeypat
         def sent(self, ts: int) -> None:
             self.sent_ns = ts
 
-        def headers(self, ts: int, status: int) -> None:
+        def headers(self, ts: int, status: int, content_type: str = "") -> None:
             pass
 
         def data(self, ts: int, data: bytes) -> None:

@@ -108,7 +108,10 @@ def test_tgi_argv_and_refusals() -> None:
     cells = _cells(dry_run_lines(spec))
     argv = cells["tp2-cuda-memory-fraction_0.8"][2]
     assert _flags(argv) <= DOCUMENTED["tgi"], _flags(argv) - DOCUMENTED["tgi"]
-    assert "--num-shard 2 --sharded true" in argv and "--prometheus-port 8001" in argv
+    # --prometheus-port exists from TGI 3.3.0 on: left out while the version is unknown (docs/engines.md)
+    assert "--num-shard 2 --sharded true" in argv and "--prometheus-port" not in argv
+    known = _cells(dry_run_lines(_spec("tgi", MatrixSpec(tp=(2,)), engine_version="3.3.0")))
+    assert "--prometheus-port 8001" in next(iter(known.values()))[2]
     assert "TGI has no data parallelism" in cells["tp1-dp2-cuda-memory-fraction_0.8"][0]
     refused = _cells(dry_run_lines(_spec("tgi", MatrixSpec(flags={"gpu-memory-utilization": ("0.8",)}))))
     assert "TGI has no --gpu-memory-utilization; its KV memory fraction flag is --cuda-memory-fraction" in next(
