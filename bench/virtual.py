@@ -27,16 +27,16 @@ import pyarrow as pa
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError
-from bench import __version__
-from bench.errors import BenchError
 from bench.execute import RunConfig, RunResult, _utc_now, prepare_run_dir, stats_notes, workload_meta
 from bench.host import host_fingerprint
+from core import __version__
+from core.errors import BenchError
+from core.tokenizer import output_token
 from loadgen.runner import RunStats
 from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, SCHEMA_VERSION, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
 from results.writer import write_run_meta, write_schedule, write_table_atomic
 from sim.backend import ModelBackend
 from sim.options import ModelTiming, describe
-from sim.tokenizer import output_token
 from sim.virtual import CANCELLED, OK, REJECTED, UNSENT, Outcome, Plan, Send, run
 from workloads.spec import RequestSpec, Schedule
 
