@@ -286,7 +286,7 @@ def _virtual_engine(
         raise BenchError("--clock virtual models the simulated engine: add --launch --engine sim --model PRESET")
     if workers != 1 or save_text:
         raise BenchError("--workers and --save-text concern a live run: measure in real time (--clock auto)")
-    from adapters.launch.cli import parse_parallel
+    from bench.launch_engine import parse_parallel
     from adapters.launch.process import EngineStartError
     from bench.virtual import virtual_engine
 
