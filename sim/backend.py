@@ -298,20 +298,27 @@ class ModelBackend:
                 self.stats.iteration_tokens.append(b.prefill_tokens + b.decode_tokens)
                 if len(self.stats.iteration_tokens) > 4096:
                     del self.stats.iteration_tokens[:2048]
-            for req, event in which.finish_step(b):
-                if event == "prefilled":
-                    self._hand_off(req, b.end_ns)
-                    continue
-                self.stats.generation_tokens += 1
-                if req.first_token_ns is None:
-                    req.first_token_ns = b.end_ns
-                req.last_token_ns = b.end_ns
-                if req.finished:
-                    self.stats.finished += 1
-                if self.observer is not None:
-                    self.observer(req, event, b.end_ns)
-                if req.sink is not None:
-                    req.sink.emit(req, 1, (b.end_ns,), req.finished)
+            self._emit_step(which.finish_step(b), b.end_ns)
+
+    def _emit_step(self, events: list[tuple[SimRequest, str]], end: int) -> None:
+        """A finished step's tokens to their sinks (once per generated token: kept lean)."""
+        stats = self.stats
+        observer = self.observer
+        at = (end,)
+        for req, event in events:
+            if event == "prefilled":
+                self._hand_off(req, end)
+                continue
+            stats.generation_tokens += 1
+            if req.first_token_ns is None:
+                req.first_token_ns = end
+            req.last_token_ns = end
+            if req.finished:
+                stats.finished += 1
+            if observer is not None:
+                observer(req, event, end)
+            if req.sink is not None:
+                req.sink.emit(req, 1, at, req.finished)
 
     def _start_together(self, t: int) -> None:
         """MoE with DP attention + EP: every DP rank steps together (idle ranks run a dummy

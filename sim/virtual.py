@@ -90,9 +90,9 @@ class _Sink:
         self.index = index
 
     def emit(self, req: SimRequest, n: int, intended_ns: tuple[int, ...], finished: bool) -> None:
-        self.out.token_ns.extend(intended_ns)
+        out = self.out
+        out.token_ns += intended_ns
         if finished:
-            out = self.out
             out.state = OK
             out.end_ns = intended_ns[-1]
             out.cached_tokens = req.cached_tokens
