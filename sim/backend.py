@@ -298,27 +298,31 @@ class ModelBackend:
                 self.stats.iteration_tokens.append(b.prefill_tokens + b.decode_tokens)
                 if len(self.stats.iteration_tokens) > 4096:
                     del self.stats.iteration_tokens[:2048]
-            self._emit_step(which.finish_step(b), b.end_ns)
+            done = which.finish_step(b)
+            if which.role == "prefill":
+                for req in done:
+                    self._hand_off(req, b.end_ns)
+            else:
+                self._emit_tokens(done, b.end_ns)
 
-    def _emit_step(self, events: list[tuple[SimRequest, str]], end: int) -> None:
-        """A finished step's tokens to their sinks (once per generated token: kept lean)."""
+    def _emit_tokens(self, reqs: list[SimRequest], end: int) -> None:
+        """A finished step's tokens (one per request, at ``end``) to their sinks; runs once per
+        generated token, so it is kept lean."""
         stats = self.stats
+        stats.generation_tokens += len(reqs)
         observer = self.observer
         at = (end,)
-        for req, event in events:
-            if event == "prefilled":
-                self._hand_off(req, end)
-                continue
-            stats.generation_tokens += 1
+        for req in reqs:
             if req.first_token_ns is None:
                 req.first_token_ns = end
             req.last_token_ns = end
-            if req.finished:
+            finished = req.finished
+            if finished:
                 stats.finished += 1
             if observer is not None:
-                observer(req, event, end)
+                observer(req, "token", end)
             if req.sink is not None:
-                req.sink.emit(req, 1, at, req.finished)
+                req.sink.emit(req, 1, at, finished)
 
     def _start_together(self, t: int) -> None:
         """MoE with DP attention + EP: every DP rank steps together (idle ranks run a dummy

@@ -367,9 +367,10 @@ class Instance:
         self.last_batch_tokens = pf + plan.n_dec
         return b
 
-    def finish_step(self, b: Batch) -> list[tuple[SimRequest, str]]:
-        """Apply a finished step; returns (request, event) with event ``token`` or ``prefilled``."""
-        out: list[tuple[SimRequest, str]] = []
+    def finish_step(self, b: Batch) -> list[SimRequest]:
+        """Apply a finished step; returns the requests it gave a token to, or, on a prefill
+        instance (``role == "prefill"``), the requests whose prefill it completed."""
+        out: list[SimRequest] = []
         append = out.append
         end = b.end_ns
         for req, n in b.work:
@@ -390,7 +391,7 @@ class Instance:
                     req.prefill_done_ns = end
                     self.running.remove(req)
                     self.free(req)
-                    append((req, "prefilled"))
+                    append(req)
                     continue
             req.generated += 1
             if req.prefill_done_ns is None:
@@ -399,7 +400,7 @@ class Instance:
                 req.finished = True
                 self.running.remove(req)
                 self.free(req)
-            append((req, "token"))
+            append(req)
         return out
 
     def abort(self, req: SimRequest) -> None:
