@@ -19,6 +19,7 @@ import json
 import time
 import zlib
 from collections.abc import Sequence
+from itertools import chain
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,7 +325,7 @@ def _requests_table(
         cols["output_text"].append(None)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    values = np.fromiter((t for _, i in rows for t in outcomes[i].token_ns), dtype=np.int64, count=int(offsets[-1]))
+    values = np.fromiter(chain.from_iterable(outcomes[i].token_ns for _, i in rows), dtype=np.int64, count=int(offsets[-1]))
     arrays: dict[str, pa.Array] = {}
     for f in REQUESTS_SCHEMA:
         if f.name == "chunk_ns":

@@ -260,7 +260,8 @@ class Instance:
         budget = plan.budget
         n_dec = plan.n_dec
         dec_ctx = plan.dec_ctx
-        while i < len(running) and budget > 0 and n_dec < share:
+        n = len(running)  # changes only when the general path preempts
+        while i < n and budget > 0 and n_dec < share:
             req = running[i]
             i += 1
             nc = req.num_computed
@@ -271,6 +272,7 @@ class Instance:
                 plan.budget, plan.n_dec, plan.dec_ctx = budget, n_dec, dec_ctx
                 i = self._decode_growing(plan, req, i)
                 budget, n_dec, dec_ctx = plan.budget, plan.n_dec, plan.dec_ctx
+                n = len(running)
                 continue
             work.append((req, 1))
             req.in_flight = True
@@ -310,21 +312,24 @@ class Instance:
         lim = self.limits
         # partial prefills (preempting the newest when blocks run out, so two half-prefilled
         # prompts can never hold each other's blocks forever)
+        running = self.running
         i = 0
-        while i < len(self.running) and plan.budget > 0:
-            req = self.running[i]
+        n = len(running)  # changes only when a preemption below removes a request
+        while i < n and plan.budget > 0:
+            req = running[i]
             i += 1
-            if req.in_flight or not req.in_prefill or req.aborted:
-                continue
+            if req.in_flight or req.num_computed >= req.prefill_target or req.aborted:
+                continue  # (every decoding request: this scan runs once per step, keep it lean)
             chunk = self._chunk(plan, req, whole)
             if not chunk:
                 break
             grown = self._grow(req, req.num_computed + chunk)
             while not grown:
-                victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
-                if victim is None or self.running.index(victim) < i - 1:
+                victim = next((r for r in reversed(running) if not r.in_flight and r is not req), None)
+                if victim is None or running.index(victim) < i - 1:
                     break  # never preempt an older request for a newer one's prefill
                 self._preempt(victim)
+                n = len(running)
                 grown = self._grow(req, req.num_computed + chunk)
             if grown:
                 plan.add_prefill(req, chunk)
