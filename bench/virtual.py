@@ -361,13 +361,15 @@ def _stats(outcomes: Sequence[Outcome], sends: Sequence[Send], t0: int, end: int
 
 
 def _max_in_flight(outcomes: Sequence[Outcome]) -> int:
-    events = sorted([(o.intended_ns, 1) for o in outcomes] + [(o.end_ns or o.intended_ns, -1) for o in outcomes],
-                    key=lambda e: (e[0], e[1]))
-    peak = now = 0
-    for _, d in events:
-        now += d
-        peak = max(peak, now)
-    return peak
+    """Most requests in flight at once (an end at the same instant as a send comes first)."""
+    if not outcomes:
+        return 0
+    starts = np.fromiter((o.intended_ns for o in outcomes), dtype=np.int64, count=len(outcomes))
+    ends = np.fromiter((o.end_ns or o.intended_ns for o in outcomes), dtype=np.int64, count=len(outcomes))
+    times = np.concatenate([starts, ends])
+    deltas = np.concatenate([np.ones(len(outcomes), np.int64), -np.ones(len(outcomes), np.int64)])
+    order = np.lexsort((deltas, times))
+    return max(0, int(np.cumsum(deltas[order]).max()))
 
 
 def _meta(cfg: RunConfig, engine: VirtualEngine, run_id: str, stats: RunStats, wall_s: float) -> dict[str, Any]:
