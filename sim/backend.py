@@ -321,7 +321,10 @@ class ModelBackend:
                 stats.finished += 1
             if observer is not None:
                 observer(req, "token", end)
-            if req.sink is not None:
+            times = req.token_times
+            if times is not None and not finished:
+                times.append(end)
+            elif req.sink is not None:
                 req.sink.emit(req, 1, at, finished)
 
     def _start_together(self, t: int) -> None:

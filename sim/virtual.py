@@ -147,6 +147,7 @@ class _Client:
             return
         out.state = CANCELLED  # until its last token arrives
         req = SimRequest(f"v{index}", t, s.prompt_len, s.max_tokens, _Sink(out, self, index), s.block_hashes)
+        req.token_times = out.token_ns  # the sink is called for the last token only
         self.in_flight[index] = req
         self.backend.submit(req)
 
