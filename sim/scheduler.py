@@ -173,9 +173,9 @@ class Instance:
         return True
 
     def free(self, req: SimRequest) -> None:
-        for h in req.shared_blocks:
-            self.pool.release(h)
-        req.shared_blocks = []
+        if req.shared_blocks:
+            self.pool.release_all(req.shared_blocks)
+            req.shared_blocks = []
         self.pool.free_private(req.private_blocks)
         req.private_blocks = 0
 
