@@ -19,6 +19,7 @@ import json
 import time
 import zlib
 from collections.abc import Sequence
+from itertools import chain
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,49 +288,53 @@ def _requests_table(
     """The requests table of the sent requests, in send order (as a recorded run's rows)."""
     rows = sorted((o.intended_ns, i) for i, o in enumerate(outcomes) if o.state in (OK, CANCELLED, REJECTED))
     n = len(rows)
-    cols: dict[str, list[Any]] = {name: [] for name in REQUESTS_SCHEMA.names if name not in ("chunk_ns", "chunk_tokens")}
-    lengths = np.zeros(n, dtype=np.int64)
-    for k, (_, i) in enumerate(rows):
-        spec, send, o = specs[i], sends[i], outcomes[i]
-        tokens = o.token_ns
-        lengths[k] = len(tokens)
-        ok = o.state == OK
-        cols["run_id"].append(run_id)
-        cols["request_id"].append(spec.request_id)
-        cols["phase"].append(spec.phase)
-        cols["worker_id"].append(0)
-        cols["session_id"].append(spec.session_id)
-        cols["turn"].append(spec.turn)
-        cols["prefix_group"].append(spec.prefix_group)
-        cols["intended_send_ns"].append(o.intended_ns)
-        cols["send_ns"].append(o.intended_ns)
-        cols["first_byte_ns"].append(o.intended_ns)
-        cols["first_token_ns"].append(tokens[0] if tokens else None)
-        cols["first_content_ns"].append(tokens[0] if tokens else None)
-        cols["end_ns"].append(o.end_ns)
-        cols["output_tokens"].append(len(tokens))
-        cols["token_source"].append(TOKEN_SOURCE)
-        cols["input_tokens_target"].append(spec.input_tokens)
-        cols["input_tokens_source"].append(spec.input_tokens_source)
-        cols["max_output_tokens"].append(spec.max_output_tokens)
-        cols["prompt_tokens"].append(send.prompt_len if ok else None)
-        cols["completion_tokens"].append(len(tokens) if ok else None)
-        cols["cached_tokens"].append(o.cached_tokens if ok else None)
-        cols["http_status"].append(400 if o.state == REJECTED else 200)
-        cols["finish_reason"].append("length" if ok else None)
-        cols["ok"].append(ok)
-        cols["error_type"].append(None if ok else "http_error" if o.state == REJECTED else "cancelled")
-        cols["error_message"].append(None if ok else _error_message(o.state, send, max_len))
-        cols["server_request_id"].append(f"v{i}")
-        cols["output_text"].append(None)
-        cols["server_timing_json"].append(None)  # TTFT is the model's own here; no engine report to split
-        cols["length_class"].append(spec.length_class)
-        cols["reasoning_tokens"].append(0 if ok else None)  # the modelled engine does not reason
-    missing = [name for name, values in cols.items() if len(values) != n]
+    # column by column (one comprehension each: this runs over every request of the run)
+    sp = [specs[i] for _, i in rows]
+    se = [sends[i] for _, i in rows]
+    oc = [outcomes[i] for _, i in rows]
+    ok = [o.state == OK for o in oc]
+    intended = [o.intended_ns for o in oc]
+    first = [o.token_ns[0] if o.token_ns else None for o in oc]
+    n_tokens = [len(o.token_ns) for o in oc]
+    lengths = np.array(n_tokens, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+    cols: dict[str, list[Any]] = {
+        "run_id": [run_id] * n,
+        "request_id": [s.request_id for s in sp],
+        "phase": [s.phase for s in sp],
+        "worker_id": [0] * n,
+        "session_id": [s.session_id for s in sp],
+        "turn": [s.turn for s in sp],
+        "prefix_group": [s.prefix_group for s in sp],
+        "intended_send_ns": intended,
+        "send_ns": intended,
+        "first_byte_ns": intended,
+        "first_token_ns": first,
+        "first_content_ns": first,
+        "end_ns": [o.end_ns for o in oc],
+        "output_tokens": n_tokens,
+        "token_source": [TOKEN_SOURCE] * n,
+        "input_tokens_target": [s.input_tokens for s in sp],
+        "input_tokens_source": [s.input_tokens_source for s in sp],
+        "max_output_tokens": [s.max_output_tokens for s in sp],
+        "prompt_tokens": [d.prompt_len if k else None for d, k in zip(se, ok)],
+        "completion_tokens": [t if k else None for t, k in zip(n_tokens, ok)],
+        "cached_tokens": [o.cached_tokens if k else None for o, k in zip(oc, ok)],
+        "http_status": [400 if o.state == REJECTED else 200 for o in oc],
+        "finish_reason": ["length" if k else None for k in ok],
+        "ok": ok,
+        "error_type": [None if k else "http_error" if o.state == REJECTED else "cancelled" for o, k in zip(oc, ok)],
+        "error_message": [None if k else _error_message(o.state, d, max_len) for o, d, k in zip(oc, se, ok)],
+        "server_request_id": [f"v{i}" for _, i in rows],
+        "output_text": [None] * n,
+        "server_timing_json": [None] * n,  # TTFT is the model's own here; no engine report to split
+        "length_class": [s.length_class for s in sp],
+        "reasoning_tokens": [0 if k else None for k in ok],  # the modelled engine does not reason
+    }
+    missing = sorted(set(REQUESTS_SCHEMA.names) - {"chunk_ns", "chunk_tokens"} - set(cols))
     assert not missing, f"requests columns left unfilled: {missing}"  # a schema column added without a value here
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    values = np.fromiter((t for _, i in rows for t in outcomes[i].token_ns), dtype=np.int64, count=int(offsets[-1]))
+    values = np.fromiter(chain.from_iterable(outcomes[i].token_ns for _, i in rows), dtype=np.int64, count=int(offsets[-1]))
     arrays: dict[str, pa.Array] = {}
     for f in REQUESTS_SCHEMA:
         if f.name == "chunk_ns":
@@ -365,13 +370,15 @@ def _stats(outcomes: Sequence[Outcome], sends: Sequence[Send], t0: int, end: int
 
 
 def _max_in_flight(outcomes: Sequence[Outcome]) -> int:
-    events = sorted([(o.intended_ns, 1) for o in outcomes] + [(o.end_ns or o.intended_ns, -1) for o in outcomes],
-                    key=lambda e: (e[0], e[1]))
-    peak = now = 0
-    for _, d in events:
-        now += d
-        peak = max(peak, now)
-    return peak
+    """Most requests in flight at once (an end at the same instant as a send comes first)."""
+    if not outcomes:
+        return 0
+    starts = np.fromiter((o.intended_ns for o in outcomes), dtype=np.int64, count=len(outcomes))
+    ends = np.fromiter((o.end_ns or o.intended_ns for o in outcomes), dtype=np.int64, count=len(outcomes))
+    times = np.concatenate([starts, ends])
+    deltas = np.concatenate([np.ones(len(outcomes), np.int64), -np.ones(len(outcomes), np.int64)])
+    order = np.lexsort((deltas, times))
+    return max(0, int(np.cumsum(deltas[order]).max()))
 
 
 def _meta(cfg: RunConfig, engine: VirtualEngine, run_id: str, stats: RunStats, wall_s: float) -> dict[str, Any]:

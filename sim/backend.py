@@ -298,20 +298,34 @@ class ModelBackend:
                 self.stats.iteration_tokens.append(b.prefill_tokens + b.decode_tokens)
                 if len(self.stats.iteration_tokens) > 4096:
                     del self.stats.iteration_tokens[:2048]
-            for req, event in which.finish_step(b):
-                if event == "prefilled":
+            done = which.finish_step(b)
+            if which.role == "prefill":
+                for req in done:
                     self._hand_off(req, b.end_ns)
-                    continue
-                self.stats.generation_tokens += 1
-                if req.first_token_ns is None:
-                    req.first_token_ns = b.end_ns
-                req.last_token_ns = b.end_ns
-                if req.finished:
-                    self.stats.finished += 1
-                if self.observer is not None:
-                    self.observer(req, event, b.end_ns)
-                if req.sink is not None:
-                    req.sink.emit(req, 1, (b.end_ns,), req.finished)
+            else:
+                self._emit_tokens(done, b.end_ns)
+
+    def _emit_tokens(self, reqs: list[SimRequest], end: int) -> None:
+        """A finished step's tokens (one per request, at ``end``) to their sinks; runs once per
+        generated token, so it is kept lean."""
+        stats = self.stats
+        stats.generation_tokens += len(reqs)
+        observer = self.observer
+        at = (end,)
+        for req in reqs:
+            if req.first_token_ns is None:
+                req.first_token_ns = end
+            req.last_token_ns = end
+            finished = req.finished
+            if finished:
+                stats.finished += 1
+            if observer is not None:
+                observer(req, "token", end)
+            times = req.token_times
+            if times is not None and not finished:
+                times.append(end)
+            elif req.sink is not None:
+                req.sink.emit(req, 1, at, finished)
 
     def _start_together(self, t: int) -> None:
         """MoE with DP attention + EP: every DP rank steps together (idle ranks run a dummy

@@ -39,6 +39,10 @@ class StepCost:
     parts: dict[str, float]
 
 
+#: Entries of a cost model's per-token-count cache before it starts afresh (bounds its memory).
+_BY_TOKENS_CACHE = 1 << 16
+
+
 def _blend(t_mem: float, t_comp: float) -> float:
     return max(t_mem, t_comp) + 0.5 * min(t_mem, t_comp)
 
@@ -87,6 +91,7 @@ class CostModel:
         moe_rate = profile.moe_gemm_tflops * 1e12
         self.moe_flops_factor = self.flops / moe_rate if 0 < moe_rate < self.flops else 1.0
         self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t / 4.0) ** 1.25 if t > 1 else 0.0
+        self._by_tokens: dict[tuple[int, int], tuple[float, float, float, float, float, float, float]] = {}
 
     # -- memory ------------------------------------------------------------------------
     @property
@@ -139,6 +144,35 @@ class CostModel:
         for chunk, ctx in prefill:
             pf_tokens += chunk
             attn_pf_flops += chunk * (ctx + chunk / 2.0)
+        key = (pf_tokens, n_decode)
+        by_tokens = self._by_tokens.get(key)
+        if by_tokens is None:
+            if len(self._by_tokens) >= _BY_TOKENS_CACHE:
+                self._by_tokens.clear()
+            by_tokens = self._by_tokens[key] = self._token_parts(pf_tokens, n_decode)
+        t_lin, t_tp, t_dcp, t_pcp, t_ep, t_layers, send = by_tokens
+        # attention
+        t_attn_pf = (
+            2.0 * self.layers_stage * attn_pf_flops * 2.0 * m.heads * m.head_dim / (t * par.pcp) / self.attn_flops
+        )
+        t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / (self.bw * g.mbu_kv)
+        stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers
+        # engine CPU time: per step, plus per sequence in the step (scheduling, sampling, output)
+        fixed = self.prof.t_fixed_ms * 1e-3 + self.prof.per_seq_us * 1e-6 * (len(prefill) + n_decode)
+        latency = p * stage + (p - 1) * send + fixed
+        occupancy = stage + send + fixed if p > 1 else latency
+        parts = {
+            "linear": t_lin, "attn_prefill": t_attn_pf, "attn_decode": t_attn_dec, "tp": t_tp, "dcp": t_dcp,
+            "pcp": t_pcp, "ep": t_ep, "moe_mla_layers": t_layers, "pp_send": (p - 1) * send, "fixed": fixed,
+        }
+        return StepCost(latency, occupancy, parts)
+
+    def _token_parts(self, pf_tokens: int, n_decode: int) -> tuple[float, float, float, float, float, float, float]:
+        """The step's costs that depend on its token counts alone (linear layers, collectives,
+        per-layer fixed costs, the pipeline send), cached per (prefill tokens, decodes) by ``step``:
+        a run repeats the same few counts thousands of times."""
+        m, g, par = self.m, self.g, self.par
+        t, p = par.tp, par.pp
         T = pf_tokens + n_decode
         # PCP splits prompt tokens across its ranks: each rank runs the linear layers on its share
         T_rank = pf_tokens / par.pcp + n_decode if par.pcp > 1 else float(T)
@@ -156,11 +190,6 @@ class CostModel:
             touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(T, 0)
             weight_bytes += self.expert_weight_bytes_gpu * touched
         t_lin = _blend(weight_bytes / (self.bw * g.mbu), lin_flops / self.flops) if T else 0.0
-        # attention
-        t_attn_pf = (
-            2.0 * self.layers_stage * attn_pf_flops * 2.0 * m.heads * m.head_dim / (t * par.pcp) / self.attn_flops
-        )
-        t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / (self.bw * g.mbu_kv)
         # collectives
         act_bytes = T_rank * m.hidden * 2.0
         t_tp = self.layers_stage * 2.0 * (self.all_reduce_s(t, act_bytes) + self.skew_s) if t > 1 and T else 0.0
@@ -181,17 +210,8 @@ class CostModel:
                 t_layers += m.moe_layers / p * self.prof.moe_layer_us * 1e-6
             if m.mla_kv_dim:
                 t_layers += self.layers_stage * self.prof.mla_layer_us * 1e-6
-        stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers
         send = (g.p2p_alpha_us * 1e-6 + act_bytes / (g.p2p_gb_s * GB)) if p > 1 else 0.0
-        # engine CPU time: per step, plus per sequence in the step (scheduling, sampling, output)
-        fixed = self.prof.t_fixed_ms * 1e-3 + self.prof.per_seq_us * 1e-6 * (len(prefill) + n_decode)
-        latency = p * stage + (p - 1) * send + fixed
-        occupancy = stage + send + fixed if p > 1 else latency
-        parts = {
-            "linear": t_lin, "attn_prefill": t_attn_pf, "attn_decode": t_attn_dec, "tp": t_tp, "dcp": t_dcp,
-            "pcp": t_pcp, "ep": t_ep, "moe_mla_layers": t_layers, "pp_send": (p - 1) * send, "fixed": fixed,
-        }
-        return StepCost(latency, occupancy, parts)
+        return t_lin, t_tp, t_dcp, t_pcp, t_ep, t_layers, send
 
     def kv_transfer_s(self, tokens: int, link_gb_s: float, setup_ms: float, efficiency: float) -> float:
         """Moving a prompt's KV (all layers) from a prefill to a decode instance."""

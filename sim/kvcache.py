@@ -80,6 +80,16 @@ class BlockPool:
         if c == 0:
             self.evictable[h] = None
 
+    def release_all(self, hashes: list[int]) -> None:
+        """``release`` each of ``hashes`` in order (a finished request's shared blocks)."""
+        refs = self.refs
+        evictable = self.evictable
+        for h in hashes:
+            c = refs[h] - 1
+            refs[h] = c
+            if c == 0:
+                evictable[h] = None
+
     def reset_prefix_cache(self) -> None:
         for h in list(self.evictable):
             del self.refs[h]

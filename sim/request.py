@@ -20,6 +20,7 @@ class SimRequest:
         "num_computed", "generated", "cached_tokens", "shared_blocks", "private_blocks", "admitted_ns",
         "first_token_ns", "last_token_ns", "finished", "aborted", "replica", "prefill_done_ns", "in_flight",
         "prefilled_remote", "preemptions", "finish_reason", "cache_checked", "tag", "prefill_target",
+        "token_times",
     )
 
     def __init__(
@@ -60,6 +61,10 @@ class SimRequest:
         self.tag: object = None
         #: tokens whose KV must be computed before the next token can be sampled
         self.prefill_target = self.prompt_len
+        #: a sink that only records token times may hand its list here: the backend appends
+        #: each token's time to it and calls the sink for the last token only (once per token
+        #: in virtual time, so the call is worth saving)
+        self.token_times: list[int] | None = None
 
     @property
     def total_len(self) -> int:

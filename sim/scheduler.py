@@ -173,9 +173,9 @@ class Instance:
         return True
 
     def free(self, req: SimRequest) -> None:
-        for h in req.shared_blocks:
-            self.pool.release(h)
-        req.shared_blocks = []
+        if req.shared_blocks:
+            self.pool.release_all(req.shared_blocks)
+            req.shared_blocks = []
         self.pool.free_private(req.private_blocks)
         req.private_blocks = 0
 
@@ -248,27 +248,55 @@ class Instance:
         """One token for every running request in decode (preempting the newest when KV runs out).
 
         With pipeline parallelism a micro-batch takes at most 1/pp of the running requests (vLLM's
-        virtual engines each schedule their own share), so the pp stages all have work."""
+        virtual engines each schedule their own share), so the pp stages all have work.
+
+        This runs once per request per generated token, so the common case (the request's blocks
+        already hold its next token) is inlined: it is ``_grow``'s no-op and ``add_decode``."""
         i = 0
-        share = -(-len(self.running) // self.pp) if self.pp > 1 else len(self.running)
-        while i < len(self.running) and plan.budget > 0 and plan.n_dec < share:
-            req = self.running[i]
+        running = self.running
+        share = -(-len(running) // self.pp) if self.pp > 1 else len(running)
+        bs = self.limits.block_size
+        work = plan.work
+        budget = plan.budget
+        n_dec = plan.n_dec
+        dec_ctx = plan.dec_ctx
+        n = len(running)  # changes only when the general path preempts
+        while i < n and budget > 0 and n_dec < share:
+            req = running[i]
             i += 1
-            if req.in_flight or req.in_prefill or req.aborted:
+            nc = req.num_computed
+            if req.in_flight or nc < req.prefill_target or req.aborted:
                 continue
-            while not self._grow(req, req.num_computed + 1):
-                victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
-                if victim is None:
-                    break
-                if self.running.index(victim) < i:
-                    i -= 1
-                self._preempt(victim)
-            else:
-                plan.add_decode(req)
+            if -(-(nc + 1) // bs) > len(req.shared_blocks) + req.private_blocks:
+                # a new block is needed: the general path (may preempt)
+                plan.budget, plan.n_dec, plan.dec_ctx = budget, n_dec, dec_ctx
+                i = self._decode_growing(plan, req, i)
+                budget, n_dec, dec_ctx = plan.budget, plan.n_dec, plan.dec_ctx
+                n = len(running)
                 continue
-            # could not grow even after preempting everything else: preempt itself
-            i -= 1
-            self._preempt(req)
+            work.append((req, 1))
+            req.in_flight = True
+            n_dec += 1
+            dec_ctx += nc + 1
+            budget -= 1
+        plan.budget, plan.n_dec, plan.dec_ctx = budget, n_dec, dec_ctx
+
+    def _decode_growing(self, plan: "_Plan", req: SimRequest, i: int) -> int:
+        """``_plan_decodes`` for a request that needs a new KV block (``i``: the index after it);
+        returns the index to continue from."""
+        while not self._grow(req, req.num_computed + 1):
+            victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
+            if victim is None:
+                break
+            if self.running.index(victim) < i:
+                i -= 1
+            self._preempt(victim)
+        else:
+            plan.add_decode(req)
+            return i
+        # could not grow even after preempting everything else: preempt itself
+        self._preempt(req)
+        return i - 1
 
     def _chunk(self, plan: "_Plan", req: SimRequest, whole: bool) -> int:
         """Tokens of ``req``'s prompt this step computes (0: leave it for a later step)."""
@@ -284,21 +312,24 @@ class Instance:
         lim = self.limits
         # partial prefills (preempting the newest when blocks run out, so two half-prefilled
         # prompts can never hold each other's blocks forever)
+        running = self.running
         i = 0
-        while i < len(self.running) and plan.budget > 0:
-            req = self.running[i]
+        n = len(running)  # changes only when a preemption below removes a request
+        while i < n and plan.budget > 0:
+            req = running[i]
             i += 1
-            if req.in_flight or not req.in_prefill or req.aborted:
-                continue
+            if req.in_flight or req.num_computed >= req.prefill_target or req.aborted:
+                continue  # (every decoding request: this scan runs once per step, keep it lean)
             chunk = self._chunk(plan, req, whole)
             if not chunk:
                 break
             grown = self._grow(req, req.num_computed + chunk)
             while not grown:
-                victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
-                if victim is None or self.running.index(victim) < i - 1:
+                victim = next((r for r in reversed(running) if not r.in_flight and r is not req), None)
+                if victim is None or running.index(victim) < i - 1:
                     break  # never preempt an older request for a newer one's prefill
                 self._preempt(victim)
+                n = len(running)
                 grown = self._grow(req, req.num_computed + chunk)
             if grown:
                 plan.add_prefill(req, chunk)
@@ -341,9 +372,12 @@ class Instance:
         self.last_batch_tokens = pf + plan.n_dec
         return b
 
-    def finish_step(self, b: Batch) -> list[tuple[SimRequest, str]]:
-        """Apply a finished step; returns (request, event) with event ``token`` or ``prefilled``."""
-        out: list[tuple[SimRequest, str]] = []
+    def finish_step(self, b: Batch) -> list[SimRequest]:
+        """Apply a finished step; returns the requests it gave a token to, or, on a prefill
+        instance (``role == "prefill"``), the requests whose prefill it completed."""
+        out: list[SimRequest] = []
+        append = out.append
+        end = b.end_ns
         for req, n in b.work:
             req.in_flight = False
             if req.aborted:
@@ -351,26 +385,27 @@ class Instance:
                     self.running.remove(req)
                 self.free(req)
                 continue
-            was_prefill = req.in_prefill
+            target = req.prefill_target
+            was_prefill = req.num_computed < target
             req.num_computed += n
             if was_prefill:
                 self._register_full_blocks(req)
-                if req.in_prefill:
+                if req.num_computed < target:
                     continue  # more chunks to go
                 if self.role == "prefill":
-                    req.prefill_done_ns = b.end_ns
+                    req.prefill_done_ns = end
                     self.running.remove(req)
                     self.free(req)
-                    out.append((req, "prefilled"))
+                    append(req)
                     continue
             req.generated += 1
             if req.prefill_done_ns is None:
-                req.prefill_done_ns = b.end_ns
+                req.prefill_done_ns = end
             if req.generated >= req.max_tokens:
                 req.finished = True
                 self.running.remove(req)
                 self.free(req)
-            out.append((req, "token"))
+            append(req)
         return out
 
     def abort(self, req: SimRequest) -> None:

@@ -90,9 +90,9 @@ class _Sink:
         self.index = index
 
     def emit(self, req: SimRequest, n: int, intended_ns: tuple[int, ...], finished: bool) -> None:
-        self.out.token_ns.extend(intended_ns)
+        out = self.out
+        out.token_ns += intended_ns
         if finished:
-            out = self.out
             out.state = OK
             out.end_ns = intended_ns[-1]
             out.cached_tokens = req.cached_tokens
@@ -147,6 +147,7 @@ class _Client:
             return
         out.state = CANCELLED  # until its last token arrives
         req = SimRequest(f"v{index}", t, s.prompt_len, s.max_tokens, _Sink(out, self, index), s.block_hashes)
+        req.token_times = out.token_ns  # the sink is called for the last token only
         self.in_flight[index] = req
         self.backend.submit(req)
 

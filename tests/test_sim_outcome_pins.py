@@ -1,0 +1,65 @@
+"""The simulated engine's outcomes, pinned: speed work on the scheduler must not move a token.
+
+Each case drives a small schedule (warm-up, then open-loop sends) through ``sim.virtual.run``
+and digests every request's state, token times, cached tokens, replica and queue time. The
+expected digests were computed on the scheduler before its per-token path was made cheaper
+(issue 18, speed targets); a change that alters any simulated outcome fails here by name.
+The cases cover the default mixed policy over DP, pipeline parallelism, the prefill-first
+policies of the SGLang and TGI flavours, prefill/decode disaggregation, and a KV-bound 70B
+with jitter that preempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from adapters.launch.config import ParallelConfig
+from bench.virtual import virtual_engine
+from sim.backend import ModelBackend
+from sim.virtual import Plan, Send, run
+
+#: (model, parallel, engine args, flavour, requests, prompt, output, gap ns, shared prefixes)
+#: -> (digest, measured start ns, end ns, preemptions)
+CASES = {
+    "dp2-vllm": (("llama-3.1-8b", {"tp": 1, "dp": 2}, ("--max-num-seqs=16",), "vllm", 200, 300, 40, 5_000_000, False),
+                 ("b6b579e57938c7aa", 410093147, 3588793766, 0)),
+    "pp2-prefix": (("llama-3.1-8b", {"tp": 1, "pp": 2}, ("--max-num-seqs=8",), "vllm", 150, 500, 30, 3_000_000, True),
+                   ("b5d2ef0f0264f3fd", 437304808, 7365957994, 0)),
+    "sglang-tp2": (("llama-3.1-8b", {"tp": 2, "dp": 1}, ("--max-num-seqs=32",), "sglang", 150, 700, 30, 2_000_000, True),
+                   ("fe4a2dbd234757be", 272427092, 1788122547, 0)),
+    "tgi": (("llama-3.1-8b", {"tp": 1, "dp": 1}, ("--max-num-seqs=16",), "tgi", 120, 400, 30, 4_000_000, False),
+            ("00916ac362e12773", 392951247, 4481237479, 0)),
+    "disagg-1-2": (("llama-3.1-8b", {"tp": 1, "dp": 1}, ("--max-num-seqs=16", "--disagg=1:2"), "vllm", 120, 600, 30,
+                    3_000_000, True),
+                   ("0f4dce9e307cf007", 389506082, 1773376611, 0)),
+    "70b-kv-bound": (("llama-3.1-70b", {"tp": 2, "dp": 1}, ("--max-num-seqs=256", "--jitter=0.05"), "vllm", 150, 2000,
+                      200, 1_000_000, False),
+                     ("6bc4ba73d065e504", 4400280282, 40265397116, 44)),
+}  # fmt: skip
+
+
+def _digest(
+    model: str, parallel: dict[str, int], args: tuple[str, ...], flavor: str, n: int, prompt: int, output: int,
+    gap_ns: int, shared: bool,
+) -> tuple[str, int, int, int]:
+    engine = virtual_engine(model, "h100", ParallelConfig(**parallel), args, flavor)
+    backend = ModelBackend(engine.timing)
+    sends = []
+    for i in range(n):
+        base = i % 3 * 1000 if shared else i * 10_000  # shared: three prompt families hit the prefix cache
+        hashes = backend.hashes_for(list(range(base, base + prompt)))
+        sends.append(Send(prompt + i % 7 * 13, output + i % 5 * 3, hashes, warmup=i < 4,
+                          at_ns=(i - 4) * gap_ns if i >= 4 else None))  # fmt: skip
+    result = run(backend, sends, Plan())
+    h = hashlib.sha256()
+    for o in result.outcomes:
+        h.update(repr((o.state, o.intended_ns, o.token_ns, o.end_ns, o.cached_tokens, o.replica, o.queue_ns)).encode())
+    return h.hexdigest()[:16], result.t0_ns, result.end_ns, backend.preemptions
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_simulated_outcomes_are_pinned(case: str) -> None:
+    inputs, expected = CASES[case]
+    assert _digest(*inputs) == expected  # type: ignore[arg-type]
