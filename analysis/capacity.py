@@ -246,11 +246,18 @@ def _max_in_flight(df: pd.DataFrame) -> int:
     s = df["send_ns"].to_numpy(dtype=float)
     e = df["end_ns"].to_numpy(dtype=float)
     keep = np.isfinite(s) & np.isfinite(e)
-    if not keep.any():
+    return max_in_flight(s[keep], e[keep])
+
+
+def max_in_flight(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Most intervals [start, end) open at once: an end at the same instant as a start
+    comes first (the request that ended freed its slot for the one sent then)."""
+    if not len(starts):
         return 0
-    ev = np.concatenate([np.c_[s[keep], np.ones(keep.sum())], np.c_[e[keep], -np.ones(keep.sum())]])
-    ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
-    return int(np.cumsum(ev[:, 1]).max())
+    times = np.concatenate([starts, ends])
+    deltas = np.concatenate([np.ones(len(starts), np.int64), -np.ones(len(ends), np.int64)])
+    order = np.lexsort((deltas, times))
+    return max(0, int(np.cumsum(deltas[order]).max()))
 
 
 def admission_rejections(df: pd.DataFrame) -> int:

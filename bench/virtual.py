@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from adapters.launch.config import ParallelConfig
 from adapters.launch.process import EngineStartError
+from analysis.capacity import max_in_flight
 from bench.execute import RunConfig, RunResult, _utc_now, prepare_run_dir, stats_notes, workload_meta
 from bench.host import host_fingerprint
 from core import __version__
@@ -370,15 +371,10 @@ def _stats(outcomes: Sequence[Outcome], sends: Sequence[Send], t0: int, end: int
 
 
 def _max_in_flight(outcomes: Sequence[Outcome]) -> int:
-    """Most requests in flight at once (an end at the same instant as a send comes first)."""
-    if not outcomes:
-        return 0
+    """Most requests in flight at once (a request without an end counts from its send only)."""
     starts = np.fromiter((o.intended_ns for o in outcomes), dtype=np.int64, count=len(outcomes))
     ends = np.fromiter((o.end_ns or o.intended_ns for o in outcomes), dtype=np.int64, count=len(outcomes))
-    times = np.concatenate([starts, ends])
-    deltas = np.concatenate([np.ones(len(outcomes), np.int64), -np.ones(len(outcomes), np.int64)])
-    order = np.lexsort((deltas, times))
-    return max(0, int(np.cumsum(deltas[order]).max()))
+    return max_in_flight(starts, ends)
 
 
 def _meta(cfg: RunConfig, engine: VirtualEngine, run_id: str, stats: RunStats, wall_s: float) -> dict[str, Any]:
