@@ -56,7 +56,9 @@ def sglang_problem(sp: dict[str, Any]) -> str | None:
 
 
 def tgi_problem(params: dict[str, Any]) -> str | None:
-    p, k = params.get("top_p"), params.get("top_k")
+    t, p, k = params.get("temperature"), params.get("top_p"), params.get("top_k")
+    if t is not None and (not isinstance(t, (int, float)) or t <= 0):
+        return "`temperature` must be strictly positive"
     if p is not None and (not _number(p) or not 0 < p < 1):
         return "`top_p` must be > 0.0 and < 1.0"
     if k is not None and (not isinstance(k, int) or k <= 0):

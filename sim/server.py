@@ -832,7 +832,7 @@ class TGIRoutes:
             return await srv.refuse(request, wire, "tgi", stream, 429, "Model is overloaded", "overloaded", _tgi_error)
         srv.tgi_admitted += 1
         try:
-            invalid = _tgi_invalid(text, params) or tgi_problem(params)
+            invalid = _tgi_invalid(text, params)
             if invalid is not None:
                 srv.metrics.failed("validation")
                 return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {invalid}",
@@ -870,10 +870,7 @@ def _tgi_invalid(text: str, params: dict[str, Any]) -> str | None:
         return "`inputs` cannot be empty"
     if params.get("max_new_tokens") == 0:
         return "`max_new_tokens` must be strictly positive"
-    t = params.get("temperature")
-    if t is not None and (not isinstance(t, (int, float)) or t <= 0):
-        return "`temperature` must be strictly positive"
-    return None
+    return tgi_problem(params)  # the sampling fields
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
