@@ -149,7 +149,10 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def _autogroup(pid: int | str) -> str | None:
+    """The scheduler autogroup's name, or None where the kernel shows none (CI containers give an
+    empty file; the session check above still holds there)."""
     try:
-        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
     except OSError:
         return None
+    return fields[0] if fields else None
