@@ -2,7 +2,7 @@
 
 ``loadgen/_fastpath.c`` is optional: where it cannot be compiled (no C compiler, not a
 POSIX platform) the install still succeeds and bench uses its pure-Python read path,
-which gives the same records (tests/test_fastpath.py) at a higher CPU cost per token.
+which gives the same records (tests/loadgen/test_fastpath.py) at a higher CPU cost per token.
 """
 
 from setuptools import Extension, setup

@@ -39,7 +39,7 @@ TUNING_FLAGS: dict[str, dict[str, str | None]] = {
     "DP routing policy": {"vllm": None, "sglang": "load-balance-method", "tgi": None, "sim": "router"},
 }  # fmt: skip
 
-#: Every flag of ``bench sim serve`` a sweep may vary (tests/test_sweep_axes.py checks each is
+#: Every flag of ``bench sim serve`` a sweep may vary (tests/bench/test_sweep_axes.py checks each is
 #: one of its options); anything else is refused on the simulated engine.
 SIM_TUNING_FLAGS = frozenset(
     {

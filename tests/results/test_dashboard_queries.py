@@ -13,7 +13,7 @@ import pytest
 from analysis.load import load_run
 from analysis.summary import summarize
 from tests.conftest import REPO
-from tests.test_report_fixtures import add_server_metrics, real_run
+from tests.analysis.test_report_fixtures import add_server_metrics, real_run
 
 DOC = REPO / "docs" / "results.md"
 

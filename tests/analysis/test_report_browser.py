@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from analysis.report import build_report
-from tests.test_report_fixtures import make_sweep, real_run
+from tests.analysis.test_report_fixtures import make_sweep, real_run
 
 CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
 

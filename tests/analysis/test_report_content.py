@@ -13,7 +13,7 @@ from plotly.offline import get_plotlyjs
 from analysis.report import build_report
 from results.synthetic import synthetic_run
 from tests.conftest import REPO, bench_argv
-from tests.test_report_fixtures import NASTY_MODEL, make_sweep, real_run
+from tests.analysis.test_report_fixtures import NASTY_MODEL, make_sweep, real_run
 
 
 @pytest.fixture(scope="module")

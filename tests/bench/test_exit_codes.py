@@ -113,7 +113,7 @@ def test_the_embedded_engine_speaks_the_flavour_of_engine_whatever_the_cwd(tmp_p
 
 
 def _sweep_with(tmp: Path, ok: int) -> Path:
-    from tests.test_recommend import _point, _sweep
+    from tests.analysis.test_recommend import _point, _sweep
 
     # every request met the SLO: 50 of 50 clears 90 % at 95 % confidence (Wilson), 0.95 would not
     pts = [{**_point("tp1", r, 1.0 if ok else 0.0), "ok": ok, "failed": 50 - ok} for r in (1.0, 2.0)]

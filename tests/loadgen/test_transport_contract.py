@@ -11,7 +11,7 @@ from loadgen.aiohttp_transport import AiohttpTransport
 from loadgen.rawhttp import RawHttpTransport
 from loadgen.transport import EagerTransport, Preconnecting, StreamError, Transport
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_each_transport_declares_what_it_can_do() -> None:

@@ -14,8 +14,8 @@ import pytest
 from adapters.sglang import SGLangStreamParser
 from analysis.ttft_split import SOURCE_HISTOGRAM, SOURCE_REQUEST, request_parts, split_summary
 from tests.conftest import REPO, bench_argv
-from tests.test_cli_run import _wait_for_port
-from tests.test_report_fixtures import add_server_metrics, synthetic_run
+from tests.bench.test_cli_run import _wait_for_port
+from tests.analysis.test_report_fixtures import add_server_metrics, synthetic_run
 
 
 def test_sglang_meta_info_timings_are_parsed() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 #: Third-party modules that may be imported only by the files listed (docs/architecture.md, "nevers").

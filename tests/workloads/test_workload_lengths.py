@@ -102,5 +102,5 @@ def test_shipped_tables_are_what_fit_produces(tmp_path: Path) -> None:
     traces = shared_path("traces")
     out = tmp_path
     for f in regenerate(traces, out):
-        shipped = Path(__file__).resolve().parents[1] / "workloads" / "builtin" / f.name
+        shipped = Path(__file__).resolve().parents[2] / "workloads" / "builtin" / f.name
         assert f.read_text() == shipped.read_text(), f.name

@@ -27,7 +27,7 @@ BASE = [
     "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "4",
     "--tp", "2,4", "--dp", "1,2", "--capacity",
     # these pin the model's answer on small, fast probes: the point estimate decides (at 95 %
-    # a 90 % target needs 35 requests per passing load; tests/test_confidence.py pins that)
+    # a 90 % target needs 35 requests per passing load; tests/analysis/test_confidence.py pins that)
     "--confidence", "0",
 ]  # fmt: skip
 

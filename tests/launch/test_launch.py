@@ -16,7 +16,7 @@ from adapters.launch.engines import TGI_ADMISSION_LIMIT, plan_engine
 from adapters.launch.launcher import EngineStartError, LaunchSpec, UnsupportedConfigError, launch, unsupported_axes
 from adapters.launch.process import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXED_SIM = (sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", "{port}")
 
 

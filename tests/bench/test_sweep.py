@@ -36,7 +36,7 @@ def _spec(**kw: object) -> SweepSpec:
         workloads=(WorkloadSpec(input_tokens=32, output_tokens=8),),
         slo={"ttft_ms": 1000.0, "tpot_ms": 200.0},
         # these tests pin the orchestration, not sample sizes: at 50 % a dozen requests all
-        # meeting the SLOs decide a load (at 90 % it takes 35; tests/test_confidence.py)
+        # meeting the SLOs decide a load (at 90 % it takes 35; tests/analysis/test_confidence.py)
         attainment_pct=50.0,
     )
     base.update(kw)

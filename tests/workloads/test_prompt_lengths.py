@@ -16,7 +16,7 @@ from bench.sweep.loads import Load, build_schedule
 from bench.sweep.spec import SweepSpec, WorkloadSpec
 from results.reader import read_requests
 from tests.conftest import bench_argv
-from tests.test_workload_schedule import tokenize_server  # noqa: F401  (the fixture)
+from tests.workloads.test_workload_schedule import tokenize_server  # noqa: F401  (the fixture)
 from workloads.prompts import _CountingSynth
 from workloads.synthetic import SyntheticWorkload
 
