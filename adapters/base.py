@@ -118,24 +118,6 @@ def _load_plugins() -> None:
                 raise
 
 
-#: Engines whose API is the OpenAI one as vLLM serves it (the simulated engine speaks it too).
-OPENAI_VLLM_ENGINES = ("sim", "vllm", "openai")
-
-
-def adapter_for_engine(
-    engine: str, *, model: str, api: str = "completions", api_key: str | None = None,
-    engine_version: str | None = None, extra_body: dict[str, Any] | None = None,
-) -> Adapter:
-    """The adapter that speaks ``engine``'s API (adapters ignore options they do not use).
-
-    ``engine_version``: SGLang's stream shape depends on it (adapters/sglang.py)."""
-    name = "vllm" if engine in OPENAI_VLLM_ENGINES else engine
-    extra: dict[str, Any] = {"engine_version": engine_version} if name == "sglang" and engine_version else {}
-    if extra_body:
-        extra["extra_body"] = extra_body
-    return get_adapter(name, model=model, api=api, api_key=api_key, **extra)
-
-
 def check_requests(adapter: Adapter, specs: Sequence[RequestSpec]) -> None:
     """Build one call per distinct sampling of ``specs``: ``ValueError`` naming what the
     engine cannot express, before any request is sent."""

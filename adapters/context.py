@@ -1,7 +1,8 @@
 """Where each engine states the context length it serves, and how to read the answer.
 
-No I/O here (bench asks, ``bench/execute.py``): per engine, the routes to try in order, each
-with a small parser of its JSON answer. An engine family adds its own reader and routes.
+No I/O here (bench asks, ``bench/execute.py``): a route and a small parser of its JSON
+answer. Which routes an engine has, in the order to try them, is its profile's
+(``launch/profiles.py``, ``ControlRoutes.context``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from adapters.base import OPENAI_VLLM_ENGINES
 
 
 @dataclass(frozen=True)
@@ -45,17 +44,3 @@ def sglang_server_info_context_length(obj: Any, model: str) -> int | None:
 def tgi_info_max_total_tokens(obj: Any, model: str) -> int | None:
     """TGI ``GET /info``: ``max_total_tokens`` (prompt plus generated tokens per request)."""
     return _positive_int(obj.get("max_total_tokens")) if isinstance(obj, dict) else None
-
-
-_VLLM = (ContextRoute("/v1/models", openai_models_max_model_len, "/v1/models max_model_len"),)
-_ROUTES: dict[str, tuple[ContextRoute, ...]] = {
-    "vllm": _VLLM,
-    "sglang": (*_VLLM, ContextRoute("/get_server_info", sglang_server_info_context_length,
-                                    "/get_server_info context_length")),
-    "tgi": (ContextRoute("/info", tgi_info_max_total_tokens, "/info max_total_tokens"),),
-}  # fmt: skip
-
-
-def context_routes(engine: str) -> tuple[ContextRoute, ...]:
-    """The routes that state ``engine``'s served context length (none for unknown engines)."""
-    return _ROUTES["vllm"] if engine in OPENAI_VLLM_ENGINES else _ROUTES.get(engine, ())

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from adapters.launch.engines import SIM_FLAVORS
-from adapters.launch.process import EngineStartError, ManagedProcess, free_port, python_module
+from launch.engines import SIM_FLAVORS
+from launch.process import EngineStartError, ManagedProcess, free_port, python_module
 from core.errors import BenchError
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter
-from adapters.context import context_routes
 from bench.errors import ExitCode
 from bench.host import host_fingerprint
 from core import __version__
 from core.control import EngineClient
 from core.errors import BenchError
+from launch.profiles import profile
 from loadgen.runner import RunOptions, Runner, RunStats
 from loadgen.transport import Timeouts, Transport
 from loadgen.transports import make_transport
@@ -180,10 +180,8 @@ async def execute_run(
     if cfg.scrape_interval_s:
         from loadgen.scrape import MetricsScraper
 
-        from adapters.metrics_map import metric_names
-
         # the launched engine's version picks the families it emits (docs/engines.md)
-        names = metric_names(cfg.engine, (cfg.engine_info or {}).get("version") or cfg.engine_version)
+        names = profile(cfg.engine).metric_names((cfg.engine_info or {}).get("version") or cfg.engine_version)
         scraper = MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s, names=names)
         await asyncio.to_thread(scraper.start)
     try:
@@ -234,7 +232,7 @@ def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, 
 def served_context(url: str, engine: str, model: str, timeout_s: float = 5.0) -> tuple[int, str] | None:
     """(context length, where it was read) from the first of the engine's routes that says."""
     client = EngineClient(url, timeout_s=timeout_s)
-    for route in context_routes(engine):
+    for route in profile(engine).routes.context:
         obj = client.get_json(route.path)
         tokens = None if obj is None else route.parse(obj, model)
         if tokens is not None:

@@ -7,9 +7,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.launcher import EngineHandle, LaunchSpec, launch
-from adapters.launch.process import EngineStartError
+from launch.config import ParallelConfig
+from launch.launcher import EngineHandle, LaunchSpec, launch
+from launch.process import EngineStartError
 from core.errors import BenchError
 
 

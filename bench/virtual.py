@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.process import EngineStartError
+from launch.config import ParallelConfig
+from launch.process import EngineStartError
 from analysis.capacity import max_in_flight
 from bench.execute import RunConfig, RunResult, _utc_now, prepare_run_dir, stats_notes, workload_meta
 from bench.host import host_fingerprint
@@ -74,8 +74,8 @@ def virtual_engine(
     checked to fit in memory. Raises EngineStartError with the engine's own message."""
     import click
 
-    from adapters.launch.engines import plan_engine
-    from adapters.launch.launcher import LaunchSpec
+    from launch.profiles import plan_engine
+    from launch.launcher import LaunchSpec
     from bench.commands.sim import build_config, serve
     from sim.costmodel import OutOfMemory
     from sim.faults import FaultSpec

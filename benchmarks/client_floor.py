@@ -139,7 +139,7 @@ def main() -> None:
         client_main(args)
         return
 
-    from adapters.launch.process import free_port
+    from launch.process import free_port
 
     # the instrument's engine and analysis read these
     args.server, args.ttft_ms, args.itl_ms = "lean", 50.0, 10.0

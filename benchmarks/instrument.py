@@ -624,7 +624,7 @@ def main() -> None:
     if args.cmd == "scale":
         scale_main(args)
         return
-    from adapters.launch.process import free_port
+    from launch.process import free_port
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="bench-instrument-")) if args.keep is None else args.keep

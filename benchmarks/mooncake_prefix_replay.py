@@ -23,7 +23,7 @@ TRACE = REPO.parent / "shared" / "traces" / "mooncake-fast25" / "conversation_tr
 
 sys.path.insert(0, str(REPO))
 
-from adapters.launch.process import free_port  # noqa: E402
+from launch.process import free_port  # noqa: E402
 from core.control import EngineClient  # noqa: E402
 
 

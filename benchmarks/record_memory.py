@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import instrument  # noqa: E402  (the lean engine and its launcher)
-from adapters.launch.process import free_port  # noqa: E402
+from launch.process import free_port  # noqa: E402
 
 
 def _tree(pid: int) -> list[int]:

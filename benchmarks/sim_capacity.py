@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.launch.process import ManagedProcess, free_port  # noqa: E402
+from launch.process import ManagedProcess, free_port  # noqa: E402
 from adapters.openai import OpenAIAdapter  # noqa: E402
 from bench.execute import RunConfig, execute_run  # noqa: E402
 from loadgen.runner import RunOptions  # noqa: E402

@@ -100,7 +100,7 @@ def _exact_seconds(ns: int) -> float:
 def big_run(requests: int, rate: float, input_tokens: int, output_tokens: int) -> bool:
     from analysis.load import load_run
     from bench.virtual import virtual_engine
-    from adapters.launch.config import ParallelConfig
+    from launch.config import ParallelConfig
     from results.reader import read_parquet_file
     from results.schema import SCHEDULE_FILE
     from sim.backend import Arrival, ModelBackend, simulate

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from adapters.base import adapter_for_engine
+from launch.profiles import adapter_for_engine
 from loadgen.recorder import MAX_EVENT_BYTES, RequestRecorder, StreamError
 from loadgen.aiohttp_transport import AiohttpTransport
 from loadgen.transport import Timeouts, Transport

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.process import EngineStartError, ManagedProcess, free_port
+from launch.config import ParallelConfig
+from launch.process import EngineStartError, ManagedProcess, free_port
 from bench.sweep.engines import CellEngine
 
 

@@ -110,7 +110,7 @@ def master(
     import secrets
     import signal
 
-    from adapters.base import adapter_for_engine
+    from launch.profiles import adapter_for_engine
     from bench.commands.run import _build_schedule
     from bench.options import parse_percentiles, parse_slo
     from bench.distributed.wire import ClientSettings

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from adapters.base import Adapter, adapter_for_engine, adapter_names, check_requests
+from adapters.base import Adapter, adapter_names, check_requests
+from launch.profiles import adapter_for_engine
 from bench.errors import ExitCode, Outcome
 from bench.options import parse_percentiles, parse_slo
 from bench.request_options import request_options
@@ -321,7 +322,7 @@ def _virtual_engine(
     if workers != 1 or save_text:
         raise BenchError("--workers and --save-text concern a live run: measure in real time (--clock auto)")
     from bench.launch_engine import parse_parallel
-    from adapters.launch.process import EngineStartError
+    from launch.process import EngineStartError
     from bench.virtual import virtual_engine
 
     try:

@@ -26,7 +26,7 @@ from gevent import subprocess
 from gevent.event import Event
 from locust.env import Environment
 
-from adapters.launch.process import python_module
+from launch.process import python_module
 from bench.distributed.clock import boot_id
 from results.schema import MONITOR_DIR, REQUESTS_DIR
 

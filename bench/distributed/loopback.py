@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapters.launch.process import free_port, python_module
+from launch.process import free_port, python_module
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from adapters.base import Adapter, adapter_for_engine
+from adapters.base import Adapter
+from launch.profiles import adapter_for_engine
 from bench.distributed.wire import ClientSettings, schedule_from_wire
 from bench.secrets import load_api_key
 from core.errors import BenchError

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from adapters.launch.process import EngineStartError
+from launch.process import EngineStartError
 from bench.sweep.cell import cell_engine
 from bench.sweep.engines import DefaultLauncher
 from bench.sweep.matrix import expand

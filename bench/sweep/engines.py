@@ -1,20 +1,20 @@
 """Starting and checking the engine of one cell.
 
 The sweep talks to engines through a small ``Launcher`` protocol so its orchestration can be
-tested with fakes; the default wraps ``adapters.launch.launcher`` (launch, readiness, log,
+tested with fakes; the default wraps ``launch.launcher`` (launch, readiness, log,
 process-group teardown).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.process import EngineStartError, log_tail
+from launch.config import ParallelConfig
+from launch.process import EngineStartError, log_tail
 from core.control import EngineClient
+from launch.profiles import FLUSH_WAIT_S, profile
 
 if TYPE_CHECKING:
     from bench.virtual import VirtualEngine
@@ -54,11 +54,11 @@ class Launcher(Protocol):
 
 
 class DefaultLauncher:
-    """The project's launchers (adapters/launch/launcher.py)."""
+    """The project's launchers (launch/launcher.py)."""
 
     def _module(self):  # type: ignore[no-untyped-def]
         try:
-            from adapters.launch import launcher
+            from launch import launcher
         except ImportError as exc:
             from core.errors import BenchError
 
@@ -122,23 +122,13 @@ class VirtualLauncher:
         return VirtualHandle(engine, log_path)
 
 
-#: Engine -> (method, path) that empties its prefix cache. TGI has none. SGLang refuses (400)
-#: while requests are pending, e.g. ones cancelled at the drain deadline still finishing; from
-#: 0.5.12 ``timeout`` waits up to that many seconds for idle (older releases ignore it).
-_FLUSH_WAIT_S = 30
-_RESET_PREFIX: dict[str, Sequence[tuple[str, str]]] = {
-    "vllm": (("POST", "/reset_prefix_cache"),),
-    "sim": (("POST", "/reset_prefix_cache"),),
-    "sglang": (("POST", f"/flush_cache?timeout={_FLUSH_WAIT_S}"), ("GET", f"/flush_cache?timeout={_FLUSH_WAIT_S}")),
-}
-
-
 def reset_prefix_cache(engine: str, url: str) -> str:
-    """Empty the engine's prefix cache where it allows; returns what happened (for the record)."""
-    routes = _RESET_PREFIX.get(engine)
+    """Empty the engine's prefix cache where it allows (its profile's routes); returns what
+    happened (for the record)."""
+    routes = profile(engine).routes.reset_prefix
     if not routes:
         return f"not supported by {engine}"
-    client = EngineClient(url, timeout_s=_FLUSH_WAIT_S + 10)
+    client = EngineClient(url, timeout_s=FLUSH_WAIT_S + 10)
     last = ""
     for method, path in routes:
         reply = client.post(path) if method == "POST" else client.get(path)
@@ -150,7 +140,7 @@ def reset_prefix_cache(engine: str, url: str) -> str:
 
 def alive(url: str, engine: str) -> bool:
     """Does the engine still answer its health probe?"""
-    reply = EngineClient(url).health(timeout_s=5)
+    reply = EngineClient(url).get(profile(engine).routes.health, timeout_s=5)
     # an error page below 500 (auth, not found) still comes from a live server
     return reply.status is not None and reply.status < 500
 

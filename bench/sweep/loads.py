@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters.base import adapter_for_engine
+from launch.profiles import adapter_for_engine
 from analysis.capacity import Saturation, admission_saturation, open_loop_saturation, point_metrics, server_signals
 from analysis.load import load_run
 from analysis.slo import SLO

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from adapters.launch.config import Disagg, ParallelConfig
+from launch.config import Disagg, ParallelConfig
 from bench.sweep.spec import SweepSpec
 
 #: (engine, config) -> reasons the engine cannot run it (empty when fine).

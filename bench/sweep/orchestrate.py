@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from adapters.launch.config import ParallelConfig
+from launch.config import ParallelConfig
 from bench.sweep import store
 from bench.sweep.cell import CellRunner, SweepInterrupted, config_columns
 from bench.sweep.engines import DefaultLauncher, Launcher, VirtualLauncher

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from adapters.launch.config import AXES, Disagg
+from launch.config import AXES, Disagg
+from launch.profiles import launchable_engines
 from loadgen.transport import CLOCKS
 
-ENGINES = ("sim", "vllm", "sglang", "tgi")
 #: An engine flag usable as a tuning axis (``max-num-seqs``, ``mem-fraction-static``).
 FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)*")
 
@@ -257,8 +257,8 @@ class SweepSpec:
     clock: str | None = None
 
     def validate(self) -> None:
-        if self.engine not in ENGINES:
-            raise SweepSpecError(f"engine {self.engine!r}: use one of {', '.join(ENGINES)}")
+        if self.engine not in launchable_engines():
+            raise SweepSpecError(f"engine {self.engine!r}: use one of {', '.join(launchable_engines())}")
         if not self.model:
             raise SweepSpecError("model: required")
         if self.gpus is not None and self.gpus < 1:
@@ -292,7 +292,7 @@ class SweepSpec:
             raise SweepSpecError("workers: virtual time has no load generator; measure in real time (--clock auto)")
         if self.ready_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise SweepSpecError("ready_timeout_s and stall_timeout_s must be positive")
-        from adapters.launch.tuning import flag_name
+        from launch.tuning import flag_name
 
         fixed = {flag_name(a) for a in self.engine_args}
         for name in self.matrix.flags:

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from adapters.base import get_adapter
-from adapters.launch.launcher import EngineHandle, LaunchSpec, launch
+from launch.launcher import EngineHandle, LaunchSpec, launch
 from bench.execute import RunConfig, execute_run
 from core.eventloop import run_async
 from loadgen.recorder import SOURCE_CUMULATIVE, SOURCE_FINAL_SPREAD, SOURCE_PROTOCOL

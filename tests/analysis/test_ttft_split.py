@@ -50,7 +50,7 @@ def test_without_per_request_timings_the_histograms_are_labelled_as_interval_mea
 
 
 def test_simulated_sglang_split_sums_to_the_client_ttft(tmp_path: Path) -> None:
-    from adapters.launch.process import free_port
+    from launch.process import free_port
 
     port, out = free_port(), tmp_path / "run"
     server = subprocess.Popen(

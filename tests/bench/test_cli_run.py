@@ -53,7 +53,7 @@ def test_client_stamps_match_the_engines_emission_log(tmp_path: Path) -> None:
     import numpy as np
     import pyarrow.compute as pc
 
-    from adapters.launch.process import free_port
+    from launch.process import free_port
     from results.reader import read_requests
 
     attempts = []

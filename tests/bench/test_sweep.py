@@ -310,8 +310,8 @@ def test_loads_run_with_the_sweeps_client_workers_and_clock(tmp_path: Path) -> N
 
 def test_a_sweeps_engine_version_reaches_the_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the user's version picks version-gated flags (TGI --prometheus-port from 3.3.0)
-    from adapters.launch import launcher as launch_module
-    from adapters.launch.config import ParallelConfig
+    from launch import launcher as launch_module
+    from launch.config import ParallelConfig
     from bench.sweep.engines import CellEngine, DefaultLauncher
 
     f = tmp_path / "sweep.toml"

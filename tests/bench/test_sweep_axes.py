@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.engines import unsupported_axes
-from adapters.launch.tuning import SIM_TUNING_FLAGS, unsupported_args
+from launch.config import ParallelConfig
+from launch.profiles import unsupported_axes
+from launch.tuning import SIM_TUNING_FLAGS, unsupported_args
 from bench.commands.sweep import _axes
 from core.errors import BenchError
 from bench.sweep.matrix import expand

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from adapters.launch.config import Disagg, ParallelConfig
-from adapters.launch.engines import TGI_ADMISSION_LIMIT, plan_engine
-from adapters.launch.launcher import EngineStartError, LaunchSpec, UnsupportedConfigError, launch, unsupported_axes
-from adapters.launch.process import free_port
+from launch.config import Disagg, ParallelConfig
+from launch.engines import TGI_ADMISSION_LIMIT
+from launch.launcher import EngineStartError, LaunchSpec, UnsupportedConfigError, launch, unsupported_axes
+from launch.process import free_port
+from launch.profiles import plan_engine
 
 REPO = Path(__file__).resolve().parents[2]
 FIXED_SIM = (sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", "{port}")
@@ -119,7 +120,7 @@ def test_vllm_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = LaunchSpec("vllm", "/models/tiny", ParallelConfig(tp=2, pp=2, dp=2, ep=4, dcp=2, extra_args=("--enforce-eager",)))
     (plan,) = plan_engine(spec, 9000, free_port).processes
     a = plan.argv
-    assert a[:4] == ["/opt/vllm/bin/python", str(REPO / "adapters/launch/vllm_entry.py"), "serve", "/models/tiny"]
+    assert a[:4] == ["/opt/vllm/bin/python", str(REPO / "launch/vllm_entry.py"), "serve", "/models/tiny"]
     for flag, value in (("--tensor-parallel-size", "2"), ("--pipeline-parallel-size", "2"),
                         ("--data-parallel-size", "2"), ("--decode-context-parallel-size", "2"), ("--port", "9000")):  # fmt: skip
         assert a[a.index(flag) + 1] == value
@@ -128,7 +129,7 @@ def test_vllm_argv(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sglang_disagg_has_router_and_disjoint_gpus(tmp_path: Path) -> None:
-    from adapters.launch.launcher import _assign_devices
+    from launch.launcher import _assign_devices
 
     spec = LaunchSpec("sglang", "m", ParallelConfig(tp=2, disagg=Disagg(1, 2)))
     layout = plan_engine(spec, 30000, free_port)
@@ -364,7 +365,7 @@ def test_bench_run_launch_refuses_unsupported_axes(tmp_path: Path) -> None:
 
 
 def test_container_template_splices_args_and_port() -> None:
-    from adapters.launch.launcher import _containerise
+    from launch.launcher import _containerise
 
     argv = ["text-generation-launcher", "--model-id", "m", "--port", "3000"]
     tpl = ("docker", "run", "--rm", "-p", "{port}:{port}", "ghcr.io/huggingface/text-generation-inference:3", "{args}")

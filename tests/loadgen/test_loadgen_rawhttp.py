@@ -94,7 +94,7 @@ def test_streams_from_the_sim_reuse_the_connection_and_stamp_in_order(clock: str
 
 
 def test_connection_refused_and_https_are_clear() -> None:
-    from adapters.launch.process import free_port
+    from launch.process import free_port
     from loadgen.transport import StreamError
 
     async def main() -> None:

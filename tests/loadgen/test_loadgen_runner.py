@@ -148,7 +148,7 @@ def test_a_stopped_closed_loop_records_what_freed_slots_sent(tmp_path: Path) -> 
 def _storm(tmp_path: Path, n: int) -> list[dict[str, object]]:
     """``n`` requests, closed loop of 16, against a port nobody listens on: every one fails
     at once (connection refused). Returns the recorded rows."""
-    from adapters.launch.process import free_port
+    from launch.process import free_port
 
     specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(n))
 

@@ -89,7 +89,7 @@ def test_each_failure_is_a_row_and_the_run_goes_on(tmp_path: Path, transport: st
 
 
 def test_connection_refused_is_recorded(tmp_path: Path) -> None:
-    from adapters.launch.process import free_port
+    from launch.process import free_port
 
     cfg = RunConfig(
         out=tmp_path / "run",

@@ -15,7 +15,7 @@ import hashlib
 
 import pytest
 
-from adapters.launch.config import ParallelConfig
+from launch.config import ParallelConfig
 from bench.virtual import virtual_engine
 from sim.backend import ModelBackend
 from sim.virtual import Plan, Send, run

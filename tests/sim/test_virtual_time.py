@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from adapters.launch.config import ParallelConfig
+from launch.config import ParallelConfig
 from analysis.load import load_run
 from bench.execute import RunConfig
 from bench.virtual import CLOCK_LABEL, VirtualEngine, execute_virtual, virtual_engine

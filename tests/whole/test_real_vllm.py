@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.launcher import EngineHandle, LaunchSpec, launch
+from launch.config import ParallelConfig
+from launch.launcher import EngineHandle, LaunchSpec, launch
 from adapters.openai import OpenAIAdapter
 from analysis.server_metrics import ttft_cross_check, window_histogram
 from bench.execute import RunConfig, execute_run

@@ -1,7 +1,7 @@
 """The packages type-check: mypy (settings in pyproject.toml's [tool.mypy]) finds no error.
 
 Runs in-process with the repository root as working directory, the way a developer runs
-``mypy --ignore-missing-imports core bench loadgen adapters workloads analysis results sim``
+``mypy --ignore-missing-imports core bench loadgen adapters launch workloads analysis results sim``
 there. About 12 s on a cold cache on the development VM; incremental runs reuse
 ``.mypy_cache/`` (git-ignored).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("core", "bench", "loadgen", "adapters", "workloads", "analysis", "results", "sim")
+PACKAGES = ("core", "bench", "loadgen", "adapters", "launch", "workloads", "analysis", "results", "sim")
 
 
 @pytest.mark.timeout(240)

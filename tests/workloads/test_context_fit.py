@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from adapters.context import (
-    context_routes,
     openai_models_max_model_len,
     sglang_server_info_context_length,
     tgi_info_max_total_tokens,
 )
+from launch.profiles import context_routes
 from results.reader import read_run_meta
 from sim.server import ServerConfig
 from sim.timing import FixedTiming

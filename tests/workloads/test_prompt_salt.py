@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from adapters.launch.process import ManagedProcess, free_port
+from launch.process import ManagedProcess, free_port
 from results.reader import read_requests
 from tests.conftest import bench_argv
 from workloads.catalog import build_named_schedule

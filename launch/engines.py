@@ -1,4 +1,7 @@
-"""Per-engine launch plans: which axes each engine supports, and the argv of every process.
+"""Per-engine launch plans: which axes each engine refuses, and the argv of every process.
+
+The engine profiles (launch/profiles.py) name each engine's plan and refusals; callers go
+through them (``plan_engine``, ``unsupported_axes``).
 
 Flags follow the engines' public sources (see docs/engines.md for the versions targeted):
 vLLM ``vllm serve`` (vllm/engine/arg_utils.py), SGLang ``python -m sglang.launch_server``
@@ -18,15 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.process import EngineStartError, python_module
-from adapters.launch.tuning import unsupported_args
 from adapters.versions import version_at_least
+from launch.config import ParallelConfig
+from launch.process import EngineStartError, python_module
 
 if TYPE_CHECKING:
-    from adapters.launch.launcher import LaunchSpec
+    from launch.launcher import LaunchSpec
 
-ENGINES = ("sim", "vllm", "sglang", "tgi")
 SIM_FLAVORS = ("vllm", "sglang", "tgi")
 
 #: TGI admits at most ``--max-concurrent-requests`` (default 128) and answers the next request
@@ -61,47 +62,54 @@ class EngineLayout:
     front_port: int
     assign_gpus: bool = True
     version: str | None = None  # known without asking the server
-    version_paths: tuple[tuple[str, str], ...] = ()  # (path, json key) probed after readiness
+    #: (path, json key) probed after readiness: the engine profile's version routes (launch/profiles.py)
+    version_paths: tuple[tuple[str, str], ...] = ()
     #: the version flags were chosen for (given by the user or asked of the program), if any
     declared_version: str | None = None
     forces_output_length: bool = True
 
 
-def unsupported_axes(engine: str, parallel: ParallelConfig) -> list[str]:
-    """Reasons ``engine`` cannot run ``parallel`` (empty when it can)."""
-    if engine not in ENGINES:
-        return [f"unknown engine {engine!r} (known: {', '.join(ENGINES)})"]
-    p = parallel
-    out: list[str] = unsupported_args(engine, p.extra_args)
-    if engine == "sim":
-        return out  # the simulated engine models every axis (it refuses what cannot fit itself)
-    if engine == "vllm":
-        if p.ep > 1 and p.ep != p.tp * p.dp:
-            out.append(
-                f"vLLM's expert parallelism is a switch whose width is dp×tp ({p.dp * p.tp}), not {p.ep}"
-            )
-        if p.disagg is not None:
-            out.append(
-                "bench does not launch vLLM prefill/decode disaggregation (it needs a KV connector and a "
-                "proxy): start it yourself and pass --url"
-            )
-    elif engine == "sglang":
-        if p.dcp > 1:
-            out.append("SGLang has no decode-context-parallel flag (dcp)")
-        if p.pcp > 1:
-            out.append("SGLang has no general prefill-context-parallel flag (pcp)")
-    elif engine == "tgi":
-        for name, text in (
-            ("pp", "pipeline parallelism"),
-            ("dp", "data parallelism (run several launchers behind a load balancer and pass --url)"),
-            ("ep", "expert parallelism"),
-            ("dcp", "decode context parallelism"),
-            ("pcp", "prefill context parallelism"),
-        ):
-            if getattr(p, name) > 1:
-                out.append(f"TGI has no {text}: {name}={getattr(p, name)}")
-        if p.disagg is not None:
-            out.append("TGI has no prefill/decode disaggregation")
+def sim_refusals(p: ParallelConfig) -> list[str]:
+    """The simulated engine models every axis (it refuses what cannot fit itself)."""
+    return []
+
+
+def vllm_refusals(p: ParallelConfig) -> list[str]:
+    out: list[str] = []
+    if p.ep > 1 and p.ep != p.tp * p.dp:
+        out.append(
+            f"vLLM's expert parallelism is a switch whose width is dp×tp ({p.dp * p.tp}), not {p.ep}"
+        )
+    if p.disagg is not None:
+        out.append(
+            "bench does not launch vLLM prefill/decode disaggregation (it needs a KV connector and a "
+            "proxy): start it yourself and pass --url"
+        )
+    return out
+
+
+def sglang_refusals(p: ParallelConfig) -> list[str]:
+    out: list[str] = []
+    if p.dcp > 1:
+        out.append("SGLang has no decode-context-parallel flag (dcp)")
+    if p.pcp > 1:
+        out.append("SGLang has no general prefill-context-parallel flag (pcp)")
+    return out
+
+
+def tgi_refusals(p: ParallelConfig) -> list[str]:
+    out: list[str] = []
+    for name, text in (
+        ("pp", "pipeline parallelism"),
+        ("dp", "data parallelism (run several launchers behind a load balancer and pass --url)"),
+        ("ep", "expert parallelism"),
+        ("dcp", "decode context parallelism"),
+        ("pcp", "prefill context parallelism"),
+    ):
+        if getattr(p, name) > 1:
+            out.append(f"TGI has no {text}: {name}={getattr(p, name)}")
+    if p.disagg is not None:
+        out.append("TGI has no prefill/decode disaggregation")
     return out
 
 
@@ -146,7 +154,7 @@ def _python_for(var: str) -> str:
     return os.environ.get(var) or sys.executable
 
 
-def _plan_sim(spec: "LaunchSpec", port: int) -> EngineLayout:
+def plan_sim(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     from core import __version__
 
     if spec.flavor not in SIM_FLAVORS:
@@ -170,7 +178,7 @@ def _plan_sim(spec: "LaunchSpec", port: int) -> EngineLayout:
     return EngineLayout([plan], 0, port, assign_gpus=False, version=f"bench-sim {__version__}")
 
 
-def _plan_vllm(spec: "LaunchSpec", port: int) -> EngineLayout:
+def plan_vllm(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     p = spec.parallel
     cmd = ["vllm"] if spec.container_template else _vllm_command_for(spec)
     argv = [*cmd, "serve", spec.model, "--host", _bind_host(spec), "--port", str(port)]
@@ -188,7 +196,7 @@ def _plan_vllm(spec: "LaunchSpec", port: int) -> EngineLayout:
     if spec.host in ("127.0.0.1", "localhost", "::1"):
         env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between sweep loads; loopback only
     plan = ProcessPlan("engine", argv, port, gpus=p.gpus, env=env, extra_ready_paths=("/v1/models",))
-    return EngineLayout([plan], 0, port, version_paths=(("/version", "version"),))
+    return EngineLayout([plan], 0, port)
 
 
 def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[str]:
@@ -206,14 +214,12 @@ def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[st
     return argv
 
 
-def _plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
+def plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     p = spec.parallel
-    # /server_info from 0.5.6 on; /get_server_info, its deprecated alias, before (http_server.py)
-    versions = (("/server_info", "version"), ("/get_server_info", "version"))
     per_instance = p.gpus_per_instance * p.dp
     if p.disagg is None:
         plan = ProcessPlan("engine", _sglang_instance(spec, port, []), port, per_instance, ready_path="/health_generate")
-        return EngineLayout([plan], 0, port, version_paths=versions)
+        return EngineLayout([plan], 0, port)
     plans: list[ProcessPlan] = []
     router = [_python_for("BENCH_SGLANG_PYTHON"), "-m", "sglang_router.launch_router", "--pd-disaggregation"]
     for i in range(p.disagg.prefill):
@@ -230,7 +236,7 @@ def _plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int])
         router += ["--decode", f"http://{spec.host}:{iport}"]
     router += ["--host", spec.host, "--port", str(port)]
     plans.append(ProcessPlan("router", router, port, gpus=0, ready_path="/health"))
-    return EngineLayout(plans, len(plans) - 1, port, version_paths=versions)
+    return EngineLayout(plans, len(plans) - 1, port)
 
 
 def tgi_launcher_version(exe: str) -> str | None:
@@ -243,7 +249,7 @@ def tgi_launcher_version(exe: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
+def plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     p = spec.parallel
     exe = os.environ.get("BENCH_TGI_LAUNCHER", "text-generation-launcher")
     argv = [exe, "--model-id", spec.model, "--hostname", _bind_host(spec), "--port", str(port)]
@@ -260,17 +266,4 @@ def _plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) ->
         argv += ["--prometheus-port", str(free_port(spec.host))]
     argv += user
     plan = ProcessPlan("engine", argv, port, gpus=p.gpus)
-    return EngineLayout([plan], 0, port, version=None, version_paths=(("/info", "version"),),
-                        forces_output_length=False, declared_version=version)
-
-
-def plan_engine(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
-    if spec.engine == "sim":
-        return _plan_sim(spec, port)
-    if spec.engine == "vllm":
-        return _plan_vllm(spec, port)
-    if spec.engine == "sglang":
-        return _plan_sglang(spec, port, free_port)
-    if spec.engine == "tgi":
-        return _plan_tgi(spec, port, free_port)
-    raise EngineStartError(f"unknown engine {spec.engine!r} (known: {', '.join(ENGINES)})")
+    return EngineLayout([plan], 0, port, version=None, forces_output_length=False, declared_version=version)

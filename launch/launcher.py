@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.engines import EngineLayout, ProcessPlan, plan_engine, unsupported_axes
-from adapters.launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
+from launch.config import ParallelConfig
+from launch.engines import EngineLayout, ProcessPlan
+from launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
+from launch.profiles import plan_engine, unsupported_axes
 from core.control import EngineClient
 
 __all__ = [
