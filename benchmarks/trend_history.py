@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,6 +32,7 @@ from analysis.history import entries  # noqa: E402
 from analysis.slo import SLO  # noqa: E402
 from analysis.trend import TrendOptions, run_trend  # noqa: E402
 from bench.cli import cli  # noqa: E402
+from core.control import EngineClient  # noqa: E402
 from results.history import Partition, add_entry, config_slug  # noqa: E402
 
 GATES = REPO / "ci" / "gates-sim.toml"
@@ -53,11 +53,9 @@ def start_sim(slowdown: float, seed: int) -> tuple[subprocess.Popen[bytes], str]
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=1):
-                return proc, url
-        except OSError:
-            time.sleep(0.2)
+        if EngineClient(url, timeout_s=1).get("/v1/models").ok:
+            return proc, url
+        time.sleep(0.2)
     proc.kill()
     raise RuntimeError("the simulated engine did not start")
 

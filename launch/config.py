@@ -6,6 +6,7 @@ cost) and sweeps (which enumerate it). ``gpus`` is what the configuration occupi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -38,6 +39,9 @@ class Disagg:
         return f"{self.prefill}:{self.decode}"
 
 
+#: What an existing deployment may be called (it names the cell's folder).
+DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
 #: The integer parallel axes, in the order names and cell ids list them.
 AXES: tuple[str, ...] = ("tp", "pp", "dp", "ep", "dcp", "pcp")
 
@@ -52,6 +56,11 @@ class ParallelConfig:
     pcp: int = 1  # prefill context parallel, extra devices
     disagg: Disagg | None = None
     extra_args: tuple[str, ...] = ()
+    #: An existing deployment bench did not start (``bench sweep --url NAME=URL@N``): its
+    #: layout is the server's own, so the configuration is known by this name and by
+    #: ``deployment_gpus``, the GPU count its user declared; the axes above stay 1.
+    deployment: str | None = None
+    deployment_gpus: int | None = None
 
     @classmethod
     def parse(cls, text: str, extra_args: Sequence[str] = ()) -> "ParallelConfig":
@@ -77,6 +86,11 @@ class ParallelConfig:
                 raise ValueError(f"{name} must be a positive integer, not {v!r}")
         if self.tp % self.dcp:
             raise ValueError(f"dcp ({self.dcp}) must divide tp ({self.tp})")
+        if self.deployment is not None:
+            if not DEPLOYMENT_NAME.fullmatch(self.deployment):
+                raise ValueError(f"deployment name {self.deployment!r}: use letters, digits, '.', '_' and '-'")
+            if not isinstance(self.deployment_gpus, int) or self.deployment_gpus < 1:
+                raise ValueError(f"deployment {self.deployment}: its GPU count must be a positive integer")
 
     @property
     def gpus_per_instance(self) -> int:
@@ -85,19 +99,23 @@ class ParallelConfig:
     @property
     def gpus(self) -> int:
         """GPUs the whole configuration occupies."""
+        if self.deployment_gpus is not None:
+            return self.deployment_gpus
         if self.disagg is not None:
             return self.gpus_per_instance * (self.disagg.prefill + self.disagg.decode) * self.dp
         return self.gpus_per_instance * self.dp
 
     @property
     def axes(self) -> int:
-        """How many parallel axes are in use (for 'fewest axes' tie-breaking)."""
+        """How many parallel axes are in use (for 'fewest axes' tie-breaking; 0 for a deployment)."""
         n = sum(1 for name in AXES if getattr(self, name) > 1)
         return n + (1 if self.disagg is not None else 0)
 
     @property
     def cell_id(self) -> str:
-        """A short stable name, e.g. ``tp2-dp2`` or ``tp1`` or ``tp4-disagg1x1``."""
+        """A short stable name, e.g. ``tp2-dp2`` or ``tp1`` or ``tp4-disagg1x1``; a deployment's name."""
+        if self.deployment is not None:
+            return self.deployment
         parts = [f"tp{self.tp}"]
         for name in ("pp", "dp", "ep", "dcp", "pcp"):
             v = getattr(self, name)
@@ -117,4 +135,6 @@ class ParallelConfig:
         d["extra_args"] = list(self.extra_args)
         d["gpus"] = self.gpus
         d["cell_id"] = self.cell_id
+        if self.deployment is None:  # a launched configuration's record is as it always was
+            del d["deployment"], d["deployment_gpus"]
         return d

@@ -19,7 +19,7 @@ from typing import Any
 from launch.config import ParallelConfig
 from launch.engines import EngineLayout, ProcessPlan
 from launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
-from launch.profiles import plan_engine, unsupported_axes
+from launch.profiles import plan_engine, profile, unsupported_axes
 from core.control import EngineClient
 
 __all__ = [
@@ -116,6 +116,7 @@ class EngineHandle:
         processes: Sequence[ManagedProcess],
         version: str | None = None,
         layout: EngineLayout | None = None,
+        server: dict[str, Any] | None = None,
     ) -> None:
         self.url = url
         self.argv = argv
@@ -124,6 +125,8 @@ class EngineHandle:
         self.log_path = log_path
         self.processes = list(processes)
         self.layout = layout
+        #: what the engine says about itself (``engine_info``)
+        self.server = server or {}
 
     @property
     def pids(self) -> list[int]:
@@ -143,7 +146,20 @@ class EngineHandle:
             "log": str(self.log_path),
             "cuda_visible_devices": [p.env.get("CUDA_VISIBLE_DEVICES") for p in self.processes],
             "forces_output_length": None if self.layout is None else self.layout.forces_output_length,
+            "server": {k: v for k, v in self.server.items() if k != "version"},
         }
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The cell's record of its engine: the version, what the server says about itself,
+        and every process's role, argv and GPUs."""
+        roles = [plan.role for plan in self.layout.processes] if self.layout is not None else []
+        processes = [
+            {"role": roles[i] if i < len(roles) else None, "argv": p.argv,
+             "cuda_visible_devices": p.env.get("CUDA_VISIBLE_DEVICES")}
+            for i, p in enumerate(self.processes)
+        ]  # fmt: skip
+        return {**self.server, "version": self.version, "started_by_bench": True, "processes": processes}
 
     def stop(self, grace_s: float = 10.0) -> None:
         # front (router) first, then the instances behind it
@@ -227,7 +243,8 @@ def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
             proc.stop(grace_s=5.0)
         raise
     url = f"http://{_connect_host(spec.host)}:{layout.front_port}"
-    version = layout.version or EngineClient(url).version(layout.version_paths) or layout.declared_version
+    server = engine_info(spec.engine, url)
+    version = layout.version or server.get("version") or layout.declared_version
     return EngineHandle(
         url=url,
         argv=list(procs[layout.front_index].argv),
@@ -236,7 +253,24 @@ def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
         processes=procs,
         version=version,
         layout=layout,
+        server=server,
     )
+
+
+def engine_info(engine: str, url: str) -> dict[str, Any]:
+    """What the engine at ``url`` says about itself through its profile's routes: its version
+    (None when no route says), and each server-info route's JSON (the first of a route's
+    aliases that answers), e.g. vLLM's ``/version`` and ``/v1/models``, TGI's ``/info``."""
+    client = EngineClient(url, timeout_s=10)
+    routes = profile(engine).routes
+    out: dict[str, Any] = {"version": client.version(routes.version)}
+    for paths in routes.info:
+        for path in paths:
+            obj = client.get_json(path)
+            if obj is not None:
+                out[path] = obj
+                break
+    return out
 
 
 def _connect_host(host: str) -> str:

@@ -14,7 +14,7 @@ from bench.errors import ExitCode, Outcome
 from core.errors import BenchError
 
 if TYPE_CHECKING:
-    from bench.sweep.spec import SweepSpec
+    from bench.sweep.spec import EndpointSpec, SweepSpec
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
@@ -56,9 +56,26 @@ def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
     return out
 
 
+def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
+    """``--url a=http://h:8000@2`` (repeatable) -> endpoints; ``@GPUS`` is optional (1)."""
+    from bench.sweep.spec import EndpointSpec
+
+    out = []
+    for text in texts:
+        name, sep, rest = text.partition("=")
+        url, at, gpus = rest.rpartition("@")
+        if not (at and gpus.isdigit()):  # no GPU count (an @ in the URL's user part is kept)
+            url, gpus = rest, "1"
+        if not sep or not name.strip() or not url.strip():
+            raise BenchError(f"--url {text!r}: expected NAME=URL or NAME=URL@GPUS, e.g. a=http://10.0.0.5:8000@2")
+        out.append(EndpointSpec(name.strip(), url.strip(), int(gpus)))
+    return tuple(out) or None
+
+
 @click.command("sweep")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="TOML sweep file (flags override it).")
-@click.option("--engine", type=click.Choice(["sim", "vllm", "sglang", "tgi"]), help="Engine to launch. [default: sim]")
+@click.option("--engine", type=click.Choice(["sim", "vllm", "sglang", "tgi", "openai", "generic"]),
+              help="Engine to launch (with --url: the engine the deployments run). [default: sim]")
 @click.option("--model", help="Model (sim: preset such as llama-3.1-70b; others: path or id).")
 @click.option("--gpu", help="GPU type (sim: a100|h100|h200|l40s; real engines: recorded only).")
 @click.option("--gpus", type=int, help="GPUs available; cells needing more are skipped with the reason.")
@@ -72,6 +89,9 @@ def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
 @click.option("--axis", "axes", multiple=True, metavar="FLAG=V1,V2",
               help="An engine flag as a matrix axis, e.g. max-num-seqs=8,32: each value runs as --FLAG=VALUE "
                    "in its own cells (repeatable).")
+@click.option("--url", "urls", multiple=True, metavar="NAME=URL[@GPUS]",
+              help="A running deployment to measure instead of launching a matrix: one configuration named NAME "
+                   "occupying GPUS (default 1); repeat to compare deployments (docs/sweeps.md).")
 @click.option("--rate", "rates", help="Open-loop loads in requests/s, e.g. 1,2,4,8.")
 @click.option("--concurrency", "concs", help="Closed-loop loads (requests in flight), e.g. 1,8,32.")
 @click.option("--capacity", is_flag=True, default=None, help="Search each cell's capacity under --slo instead.")
@@ -283,4 +303,5 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
         engine_version=flags.get("engine_version"),
         workers=flags.get("workers"),
         clock=flags.get("clock"),
+        endpoints=_endpoints(tuple(flags.get("urls") or ())),
     )

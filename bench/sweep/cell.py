@@ -57,6 +57,8 @@ class CellOutcome:
     capacity: dict[str, dict[str, Any]] = field(default_factory=dict)
     engine_version: str | None = None
     engine_argv: str | None = None
+    #: what the cell's engine says about itself (version and server-info routes, launch/profiles.py)
+    engine_info: dict[str, Any] | None = None
     prefix_cache_reset: str | None = None
 
 
@@ -138,6 +140,7 @@ class CellRunner:
         out.engine_version = getattr(handle, "version", None) or spec.engine_version
         argv = getattr(handle, "argv", None)
         out.engine_argv = json.dumps(list(argv)) if argv else None
+        out.engine_info = getattr(handle, "info", None) or None
         try:
             self.echo(f"{index} {cell_id}: ready after {time.monotonic() - t0:.1f} s at {handle.url}")
             served = _served_model(spec)
@@ -188,6 +191,7 @@ class CellRunner:
                 "role": load.role,
                 "saturated": False,
                 "prefix_cache": out.prefix_cache_reset,
+                **({"engine_info": out.engine_info} if out.engine_info else {}),
             }
             t = time.monotonic()
             for attempt in range(2):

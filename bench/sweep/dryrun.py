@@ -29,10 +29,14 @@ def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> l
         f"# bench sweep --dry-run: engine {spec.engine}, model {spec.model}, {len(planned)} cells"
         f" ({len(planned) - skipped} to run, {skipped} skipped); nothing was started"
     ]
+    urls = {e.name: e.url for e in spec.endpoints}
     for c in planned:
         head = f"cell {c.cell_id}: {c.config.gpus} GPU{'s' if c.config.gpus != 1 else ''}"
         if c.skip_reason:
             lines.append(f"{head}, skipped: {c.skip_reason}")
+            continue
+        if c.config.deployment is not None:
+            lines.append(f"{head}, running deployment at {urls[c.config.deployment]} (bench starts nothing)")
             continue
         try:
             procs = launcher.plan(cell_engine(spec, c.config))

@@ -7,13 +7,15 @@ process-group teardown).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from core.control import EngineClient, Reply
 from launch.config import ParallelConfig
+from launch.launcher import engine_info
 from launch.process import EngineStartError, log_tail
-from core.control import EngineClient
 from launch.profiles import FLUSH_WAIT_S, profile
 
 if TYPE_CHECKING:
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EngineStartError", "Handle", "Launcher", "DefaultLauncher", "VirtualLauncher", "VirtualHandle", "CellEngine",
-    "reset_prefix_cache", "alive",
+    "reset_prefix_cache", "alive", "DeploymentLauncher", "DeploymentHandle", "engine_info",
 ]
 
 
@@ -122,6 +124,45 @@ class VirtualLauncher:
         return VirtualHandle(engine, log_path)
 
 
+class DeploymentHandle:
+    """A running deployment bench did not start: measured where it is, never stopped."""
+
+    def __init__(self, url: str, log_path: Path, version: str | None, info: dict[str, Any]) -> None:
+        self.url = url
+        self.log_path = log_path
+        self.version = version
+        self.argv: list[str] | None = None  # not bench's to know
+        self.info = info
+
+    def stop(self) -> None:
+        pass
+
+
+class DeploymentLauncher:
+    """The sweep's running deployments (``bench sweep --url``): ``start`` checks the cell's one
+    answers, and reads its version and what it says about itself through its engine profile."""
+
+    def __init__(self, urls: Mapping[str, str]) -> None:
+        self.urls = dict(urls)
+
+    def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
+        return [] if parallel.deployment in self.urls else [f"no URL for deployment {parallel.deployment!r}"]
+
+    def start(self, cell: CellEngine, log_path: Path) -> DeploymentHandle:
+        import json
+
+        url = self.urls[str(cell.parallel.deployment)].rstrip("/")
+        health = _health(url, cell.engine)
+        if not _answers(health):
+            raise EngineStartError(f"deployment {cell.parallel.deployment} at {url} does not answer: {health.problem()}")
+        info = {"url": url, "started_by_bench": False, **engine_info(cell.engine, url)}
+        log_path.write_text(
+            f"deployment {cell.parallel.deployment} at {url}, not started by bench; what it says about itself:\n"
+            f"{json.dumps(info, sort_keys=True, default=str)}\n"
+        )
+        return DeploymentHandle(url, log_path, info.get("version") or cell.engine_version, info)
+
+
 def reset_prefix_cache(engine: str, url: str) -> str:
     """Empty the engine's prefix cache where it allows (its profile's routes); returns what
     happened (for the record)."""
@@ -140,7 +181,14 @@ def reset_prefix_cache(engine: str, url: str) -> str:
 
 def alive(url: str, engine: str) -> bool:
     """Does the engine still answer its health probe?"""
-    reply = EngineClient(url).get(profile(engine).routes.health, timeout_s=5)
+    return _answers(_health(url, engine))
+
+
+def _health(url: str, engine: str) -> Reply:
+    return EngineClient(url).get(profile(engine).routes.health, timeout_s=5)
+
+
+def _answers(reply: Reply) -> bool:
     # an error page below 500 (auth, not found) still comes from a live server
     return reply.status is not None and reply.status < 500
 

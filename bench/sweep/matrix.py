@@ -75,6 +75,8 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
     A combination the configuration itself rejects (e.g. dcp not dividing tp) is listed as
     skipped rather than dropped, so the summary shows every point the user asked for.
     """
+    if spec.endpoints:
+        return _deployments(spec)
     m = spec.matrix
     cells: list[PlannedCell] = []
     seen: set[str] = set()
@@ -107,6 +109,17 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
     # smallest first; a tuning axis keeps the order its values were given in
     cells.sort(key=lambda c: (c.config.gpus, c.config.axes, parallel_id(c.config), order.get(c.tuning, 0)))
     return cells
+
+
+def _deployments(spec: SweepSpec) -> list[PlannedCell]:
+    """One cell per running deployment (``spec.endpoints``), smallest first, in the order given
+    at equal GPUs; bench starts none of them, so only the GPUs available can skip one."""
+    cells = []
+    for e in spec.endpoints:
+        cfg = ParallelConfig(deployment=e.name, deployment_gpus=e.gpus)
+        reason = f"needs {cfg.gpus} GPUs, {spec.gpus} available" if spec.gpus is not None and cfg.gpus > spec.gpus else None
+        cells.append(PlannedCell(cfg, reason))
+    return sorted(cells, key=lambda c: c.config.gpus)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -12,7 +13,8 @@ from typing import Any
 from launch.config import ParallelConfig
 from bench.sweep import store
 from bench.sweep.cell import CellRunner, SweepInterrupted, config_columns
-from bench.sweep.engines import DefaultLauncher, Launcher, VirtualLauncher
+from bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
+from bench.sweep.fingerprint import cell_fingerprint
 from bench.sweep.matrix import PlannedCell, expand
 from bench.sweep.spec import LEGACY_DEFAULTS, SweepSpec, spec_from_dict
 from core import __version__
@@ -77,6 +79,8 @@ def run_sweep(
         spec = replace(spec, clock="auto")  # a launcher starts engines: they are measured live
     spec = spec.with_clock()
     spec.validate()
+    if launcher is None and spec.endpoints:  # running deployments: measured where they are
+        launcher = DeploymentLauncher({e.name: e.url for e in spec.endpoints})
     if launcher is None:
         launcher = VirtualLauncher() if spec.virtual else DefaultLauncher()
     sweep_dir = Path(sweep_dir)
@@ -141,7 +145,8 @@ def run_sweep(
     for i, c in enumerate(todo, 1):
         store.set_aside_partial(sweep_dir, c.cell_id)
         row = rows[c.cell_id]
-        row.update(status="running", reason=None, log_tail=None, started_unix_s=time.time(), ended_unix_s=None)
+        row.update(status="running", reason=None, log_tail=None, started_unix_s=time.time(), ended_unix_s=None,
+                   fingerprint=json.dumps(cell_fingerprint(spec.model), sort_keys=True))
         save()
         try:
             outcome = runner.run(c.config, c.cell_id, f"[{i}/{total}]")
@@ -161,6 +166,7 @@ def run_sweep(
             log_tail=outcome.log_tail,
             engine_version=outcome.engine_version,
             engine_argv=outcome.engine_argv,
+            engine_info=json.dumps(outcome.engine_info, sort_keys=True, default=str) if outcome.engine_info else None,
             prefix_cache_reset=outcome.prefix_cache_reset,
             ended_unix_s=time.time(),
         )

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from launch.config import AXES, Disagg
-from launch.profiles import launchable_engines
+from launch.config import AXES, DEPLOYMENT_NAME, Disagg
+from launch.profiles import PROFILES, launchable_engines
 from loadgen.transport import CLOCKS
 
 #: An engine flag usable as a tuning axis (``max-num-seqs``, ``mem-fraction-static``).
@@ -215,6 +215,24 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True)
+class EndpointSpec:
+    """An engine already running, measured where it is (``bench sweep --url NAME=URL@GPUS``,
+    TOML ``[[endpoints]]``): one configuration of the sweep, named ``name``, occupying ``gpus``."""
+
+    name: str
+    url: str
+    gpus: int = 1
+
+    def validate(self) -> None:
+        if not DEPLOYMENT_NAME.fullmatch(self.name):
+            raise SweepSpecError(f"endpoint {self.name!r}: a name is letters, digits, '.', '_' and '-'")
+        if not self.url.startswith(("http://", "https://")):
+            raise SweepSpecError(f"endpoint {self.name}: {self.url!r} is not an http(s) URL")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise SweepSpecError(f"endpoint {self.name}: gpus {self.gpus!r} is not a positive integer")
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     model: str
     engine: str = "sim"
@@ -255,9 +273,14 @@ class SweepSpec:
     #: or ``virtual`` (the simulated engine only: its model in virtual time, no server or
     #: client). None: virtual for the simulated engine, auto for the others (``with_clock``).
     clock: str | None = None
+    #: Engines already running, each one configuration (instead of the matrix, which bench
+    #: launches); ``engine`` names the API and routes they speak.
+    endpoints: tuple[EndpointSpec, ...] = ()
 
     def validate(self) -> None:
-        if self.engine not in launchable_engines():
+        if self.endpoints:
+            self._validate_endpoints()
+        elif self.engine not in launchable_engines():
             raise SweepSpecError(f"engine {self.engine!r}: use one of {', '.join(launchable_engines())}")
         if not self.model:
             raise SweepSpecError("model: required")
@@ -308,6 +331,23 @@ class SweepSpec:
         except SLOError as exc:
             raise SweepSpecError(str(exc)) from None
 
+    def _validate_endpoints(self) -> None:
+        if self.engine not in PROFILES:
+            raise SweepSpecError(f"engine {self.engine!r}: use one of {', '.join(PROFILES)}")
+        for e in self.endpoints:
+            e.validate()
+        names = [e.name for e in self.endpoints]
+        if len(set(names)) != len(names):
+            raise SweepSpecError(f"endpoints: names must differ ({', '.join(names)})")
+        if self.matrix != MatrixSpec():
+            raise SweepSpecError("endpoints: a running deployment's configuration is its own; give a matrix "
+                                 "(which bench launches) or endpoints, not both")  # fmt: skip
+        if self.engine_args or self.engine_env:
+            raise SweepSpecError("endpoints: engine_args and engine_env set how bench launches an engine; "
+                                 "a running deployment was started by you")  # fmt: skip
+        if self.clock == VIRTUAL:
+            raise SweepSpecError("clock virtual: running deployments are measured live (--clock auto)")
+
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
@@ -315,7 +355,7 @@ class SweepSpec:
 
     @property
     def effective_clock(self) -> str:
-        return self.clock or (VIRTUAL if self.engine == "sim" else "auto")
+        return self.clock or (VIRTUAL if self.engine == "sim" and not self.endpoints else "auto")
 
     @property
     def virtual(self) -> bool:

@@ -58,6 +58,9 @@ CELLS_SCHEMA = pa.schema(
         pa.field("capacity_json", pa.string()),  # per workload: capacity, bracket, precision
         pa.field("engine_version", pa.string()),
         pa.field("engine_argv", pa.string()),
+        pa.field("engine_info", pa.string()),
+        # JSON: bench's version and git commit, nvidia-smi's GPUs, the model's config.json hash
+        pa.field("fingerprint", pa.string()),  # JSON: what the engine says about itself (version, server info)
         pa.field("prefix_cache_reset", pa.string()),
         pa.field("started_unix_s", pa.float64()),
         pa.field("ended_unix_s", pa.float64()),
