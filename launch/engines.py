@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from adapters.versions import version_at_least
 from launch.config import ParallelConfig
 from launch.process import EngineStartError, python_module
+from launch.tuning import flag_name
 
 if TYPE_CHECKING:
     from launch.launcher import LaunchSpec
@@ -90,6 +91,12 @@ def vllm_refusals(p: ParallelConfig) -> list[str]:
 
 def sglang_refusals(p: ParallelConfig) -> list[str]:
     out: list[str] = []
+    routed = sorted({f for a in _split_router_args(p.extra_args)[1] if (f := flag_name(a)) is not None})
+    if routed and p.disagg is None:
+        out.append(
+            f"SGLang's router flags ({', '.join('--' + str(f) for f in routed)}) apply to prefill/decode "
+            "disaggregation cells (disagg=P:D), whose router bench starts; a DP cell's policy is --load-balance-method"
+        )
     if p.dcp > 1:
         out.append("SGLang has no decode-context-parallel flag (dcp)")
     if p.pcp > 1:
@@ -199,6 +206,30 @@ def plan_vllm(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) ->
     return EngineLayout([plan], 0, port)
 
 
+#: Flags of ``sglang_router.launch_router`` (sgl-router/py_src/sglang_router/router_args.py) that
+#: a configuration's arguments may carry: they go to the router of a prefill/decode cell, not to
+#: its instances. ``--policy`` picks how requests are spread over the instances (random,
+#: round_robin, cache_aware, power_of_two); the two others override it for one side.
+SGLANG_ROUTER_FLAGS = frozenset({"policy", "prefill-policy", "decode-policy"})
+
+
+def _split_router_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the instances' arguments, the router's): ``--policy=X`` or ``--policy X`` go to the router."""
+    own: list[str] = []
+    router: list[str] = []
+    take_value = False
+    for arg in args:
+        if take_value:
+            router.append(arg)
+            take_value = False
+        elif flag_name(arg) in SGLANG_ROUTER_FLAGS:
+            router.append(arg)
+            take_value = "=" not in arg
+        else:
+            own.append(arg)
+    return own, router
+
+
 def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[str]:
     p = spec.parallel
     py = "python3" if spec.container_template else _python_for("BENCH_SGLANG_PYTHON")
@@ -210,7 +241,7 @@ def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[st
         argv += ["--dp-size", str(p.dp)]
     if p.ep > 1:
         argv += ["--ep-size", str(p.ep)]
-    argv += ["--enable-metrics", *extra, *p.extra_args, *spec.extra_args]
+    argv += ["--enable-metrics", *extra, *_split_router_args([*p.extra_args, *spec.extra_args])[0]]
     return argv
 
 
@@ -234,7 +265,7 @@ def plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) 
         plans.append(ProcessPlan("decode", _sglang_instance(spec, iport, extra), iport, per_instance,
                                  ready_path="/health_generate"))  # fmt: skip
         router += ["--decode", f"http://{spec.host}:{iport}"]
-    router += ["--host", spec.host, "--port", str(port)]
+    router += ["--host", spec.host, "--port", str(port), *_split_router_args([*p.extra_args, *spec.extra_args])[1]]
     plans.append(ProcessPlan("router", router, port, gpus=0, ready_path="/health"))
     return EngineLayout(plans, len(plans) - 1, port)
 

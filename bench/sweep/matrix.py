@@ -98,10 +98,8 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
         if cid in seen:
             continue
         seen.add(cid)
-        reason = None
-        if spec.gpus is not None and cfg.gpus > spec.gpus:
-            reason = f"needs {cfg.gpus} GPUs, {spec.gpus} available"
-        elif unsupported is not None:
+        reason = _gpu_shortfall(spec, cfg)
+        if reason is None and unsupported is not None:
             reasons = unsupported(spec.engine, cfg)
             if reasons:
                 reason = f"{spec.engine} does not support it: " + "; ".join(reasons)
@@ -111,14 +109,20 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
     return cells
 
 
+def _gpu_shortfall(spec: SweepSpec, cfg: ParallelConfig) -> str | None:
+    """Why ``cfg`` does not fit the sweep's GPUs (None: it fits, or there is no limit)."""
+    if spec.gpus is not None and cfg.gpus > spec.gpus:
+        return f"needs {cfg.gpus} GPUs, {spec.gpus} available"
+    return None
+
+
 def _deployments(spec: SweepSpec) -> list[PlannedCell]:
     """One cell per running deployment (``spec.endpoints``), smallest first, in the order given
     at equal GPUs; bench starts none of them, so only the GPUs available can skip one."""
     cells = []
     for e in spec.endpoints:
         cfg = ParallelConfig(deployment=e.name, deployment_gpus=e.gpus)
-        reason = f"needs {cfg.gpus} GPUs, {spec.gpus} available" if spec.gpus is not None and cfg.gpus > spec.gpus else None
-        cells.append(PlannedCell(cfg, reason))
+        cells.append(PlannedCell(cfg, _gpu_shortfall(spec, cfg)))
     return sorted(cells, key=lambda c: c.config.gpus)
 
 

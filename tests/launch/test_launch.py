@@ -145,6 +145,22 @@ def test_sglang_disagg_has_router_and_disjoint_gpus(tmp_path: Path) -> None:
         _assign_devices(layout.processes, {"CUDA_VISIBLE_DEVICES": "0,1"})
 
 
+def test_sglang_router_policy_goes_to_the_router_of_a_disaggregated_cell_only() -> None:
+    # sglang_router.launch_router's --policy (random|round_robin|cache_aware|power_of_two)
+    args = ("--policy=cache_aware", "--decode-policy", "round_robin", "--max-running-requests=8")
+    spec = LaunchSpec("sglang", "m", ParallelConfig(disagg=Disagg(1, 1), extra_args=args))
+    prefill, decode, router = plan_engine(spec, 30000, free_port).processes
+    assert router.argv[-3:] == ["--policy=cache_aware", "--decode-policy", "round_robin"]
+    for instance in (prefill, decode):
+        assert "--max-running-requests=8" in instance.argv
+        assert not any("policy" in a or a == "round_robin" for a in instance.argv)
+    assert unsupported_axes("sglang", ParallelConfig(disagg=Disagg(1, 1), extra_args=args)) == []
+    (reason,) = unsupported_axes("sglang", ParallelConfig(dp=2, extra_args=("--policy=cache_aware",)))
+    assert "--policy" in reason and "disagg=P:D" in reason and "--load-balance-method" in reason
+    (reason,) = unsupported_axes("vllm", ParallelConfig(extra_args=("--policy=cache_aware",)))
+    assert reason == "vLLM has no P/D router policy flag (--policy)"
+
+
 def test_tgi_argv_and_output_length_not_forced() -> None:
     spec = LaunchSpec("tgi", "org/model", ParallelConfig(tp=2), engine_version="3.3.6")
     layout = plan_engine(spec, 3000, free_port)
