@@ -140,3 +140,17 @@ def test_dry_run_lists_the_deployments_and_starts_nothing() -> None:
     lines = res.output.splitlines()
     assert lines[1] == "cell a: 1 GPU, running deployment at http://h:1 (bench starts nothing)"
     assert lines[2] == "cell b: 4 GPUs, skipped: needs 4 GPUs, 2 available"
+
+
+def test_a_toml_sweep_names_its_deployments(tmp_path: Path) -> None:
+    from bench.sweep.spec import load_spec
+
+    path = tmp_path / "two.toml"
+    path.write_text(
+        'engine = "tgi"\nmodel = "m"\nslo = { ttft_ms = 500 }\n[loads]\ncapacity = true\n'
+        '[[endpoints]]\nname = "a"\nurl = "http://h:1"\ngpus = 2\n[[endpoints]]\nname = "b"\nurl = "http://h:2"\n'
+    )
+    spec = load_spec(path).with_clock()
+    spec.validate()
+    assert spec.endpoints == (EndpointSpec("a", "http://h:1", 2), EndpointSpec("b", "http://h:2", 1))
+    assert spec.effective_clock == "auto"
