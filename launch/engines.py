@@ -92,10 +92,10 @@ def vllm_refusals(p: ParallelConfig) -> list[str]:
 def sglang_refusals(p: ParallelConfig) -> list[str]:
     out: list[str] = []
     routed = sorted({f for a in _split_router_args(p.extra_args)[1] if (f := flag_name(a)) is not None})
-    if routed and p.disagg is None:
+    if routed and p.disagg is None and p.dp == 1:
         out.append(
-            f"SGLang's router flags ({', '.join('--' + str(f) for f in routed)}) apply to prefill/decode "
-            "disaggregation cells (disagg=P:D), whose router bench starts; a DP cell's policy is --load-balance-method"
+            f"SGLang's router flags ({', '.join('--' + str(f) for f in routed)}) apply where bench starts "
+            "sglang_router: DP cells (dp>1) and prefill/decode disaggregation cells (disagg=P:D)"
         )
     if p.dcp > 1:
         out.append("SGLang has no decode-context-parallel flag (dcp)")
@@ -230,14 +230,15 @@ def _split_router_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
     return own, router
 
 
-def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[str]:
+def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str], replicas: bool = True) -> list[str]:
+    """One SGLang server; ``replicas``: it runs the configuration's DP replicas itself (``--dp-size``)."""
     p = spec.parallel
     py = "python3" if spec.container_template else _python_for("BENCH_SGLANG_PYTHON")
     argv = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", _bind_host(spec), "--port", str(port)]
     argv += ["--tp-size", str(p.tp)]
     if p.pp > 1:
         argv += ["--pp-size", str(p.pp)]
-    if p.dp > 1:
+    if p.dp > 1 and replicas:
         argv += ["--dp-size", str(p.dp)]
     if p.ep > 1:
         argv += ["--ep-size", str(p.ep)]
@@ -248,6 +249,9 @@ def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str]) -> list[st
 def plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
     p = spec.parallel
     per_instance = p.gpus_per_instance * p.dp
+    routed = _split_router_args([*p.extra_args, *spec.extra_args])[1]
+    if p.disagg is None and p.dp > 1 and routed:
+        return _plan_sglang_routed_dp(spec, port, free_port, routed)
     if p.disagg is None:
         plan = ProcessPlan("engine", _sglang_instance(spec, port, []), port, per_instance, ready_path="/health_generate")
         return EngineLayout([plan], 0, port)
@@ -266,6 +270,23 @@ def plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) 
                                  ready_path="/health_generate"))  # fmt: skip
         router += ["--decode", f"http://{spec.host}:{iport}"]
     router += ["--host", spec.host, "--port", str(port), *_split_router_args([*p.extra_args, *spec.extra_args])[1]]
+    plans.append(ProcessPlan("router", router, port, gpus=0, ready_path="/health"))
+    return EngineLayout(plans, len(plans) - 1, port)
+
+
+def _plan_sglang_routed_dp(spec: "LaunchSpec", port: int, free_port: Callable[[str], int],
+                           routed: list[str]) -> EngineLayout:  # fmt: skip
+    """DP behind ``sglang_router`` (a router flag such as ``--policy=cache_aware`` asked for it):
+    one server per replica on its own GPUs, the router in front spreading requests by its policy."""
+    p = spec.parallel
+    plans: list[ProcessPlan] = []
+    router = [_python_for("BENCH_SGLANG_PYTHON"), "-m", "sglang_router.launch_router", "--worker-urls"]
+    for _ in range(p.dp):
+        iport = free_port(spec.host)
+        plans.append(ProcessPlan("replica", _sglang_instance(spec, iport, [], replicas=False), iport,
+                                 p.gpus_per_instance, ready_path="/health_generate"))  # fmt: skip
+        router.append(f"http://{spec.host}:{iport}")
+    router += ["--host", spec.host, "--port", str(port), *routed]
     plans.append(ProcessPlan("router", router, port, gpus=0, ready_path="/health"))
     return EngineLayout(plans, len(plans) - 1, port)
 

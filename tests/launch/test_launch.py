@@ -155,10 +155,28 @@ def test_sglang_router_policy_goes_to_the_router_of_a_disaggregated_cell_only() 
         assert "--max-running-requests=8" in instance.argv
         assert not any("policy" in a or a == "round_robin" for a in instance.argv)
     assert unsupported_axes("sglang", ParallelConfig(disagg=Disagg(1, 1), extra_args=args)) == []
-    (reason,) = unsupported_axes("sglang", ParallelConfig(dp=2, extra_args=("--policy=cache_aware",)))
-    assert "--policy" in reason and "disagg=P:D" in reason and "--load-balance-method" in reason
+    (reason,) = unsupported_axes("sglang", ParallelConfig(extra_args=("--policy=cache_aware",)))
+    assert "--policy" in reason and "disagg=P:D" in reason and "dp>1" in reason
     (reason,) = unsupported_axes("vllm", ParallelConfig(extra_args=("--policy=cache_aware",)))
-    assert reason == "vLLM has no P/D router policy flag (--policy)"
+    assert reason == "vLLM has no router policy (DP or P/D) flag (--policy)"
+
+
+def test_sglang_dp_with_a_router_policy_runs_replicas_behind_the_router() -> None:
+    from launch.launcher import _assign_devices
+
+    spec = LaunchSpec("sglang", "m", ParallelConfig(tp=2, dp=2, extra_args=("--policy=cache_aware",)))
+    assert unsupported_axes("sglang", spec.parallel) == []
+    layout = plan_engine(spec, 30000, free_port)
+    *replicas, router = layout.processes
+    assert [p.role for p in replicas] == ["replica", "replica"] and layout.front_index == 2
+    assert all("--dp-size" not in p.argv and p.argv[p.argv.index("--tp-size") + 1] == "2" for p in replicas)
+    urls = router.argv[router.argv.index("--worker-urls") + 1 : router.argv.index("--host")]
+    assert urls == [f"http://127.0.0.1:{p.port}" for p in replicas]
+    assert router.argv[-1] == "--policy=cache_aware" and router.port == 30000
+    assert _assign_devices(layout.processes, {}) == ["0,1", "2,3", None]
+    # without a router flag, DP stays inside one server (its own --load-balance-method)
+    (plain,) = plan_engine(LaunchSpec("sglang", "m", ParallelConfig(tp=2, dp=2)), 30000, free_port).processes
+    assert plain.argv[plain.argv.index("--dp-size") + 1] == "2"
 
 
 def test_tgi_argv_and_output_length_not_forced() -> None:
