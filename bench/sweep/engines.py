@@ -2,7 +2,9 @@
 
 The sweep talks to engines through a small ``Launcher`` protocol so its orchestration can be
 tested with fakes; the default wraps ``launch.launcher`` (launch, readiness, log,
-process-group teardown).
+process-group teardown), ``VirtualLauncher`` models the simulated engine in virtual time, and
+``DeploymentLauncher`` measures running deployments bench did not start (``--url``). Control
+calls (health, prefix-cache reset) take their routes from the engine's profile.
 """
 
 from __future__ import annotations
