@@ -71,34 +71,34 @@ def dataset_sample(rows: int, requests: int, seed: int) -> np.ndarray:
 
 def _check_counts(requests: int, warmup: int) -> None:
     if requests < 1:
-        raise WorkloadError("--requests must be at least 1")
+        raise WorkloadError("$requests must be at least 1")
     if requests > MAX_REQUESTS:
-        raise WorkloadError(f"--requests {requests}: at most {MAX_REQUESTS:,} per schedule")
+        raise WorkloadError(f"$requests {requests}: at most {MAX_REQUESTS:,} per schedule")
     if warmup < 0:
-        raise WorkloadError("--warmup must be >= 0")
+        raise WorkloadError("$warmup must be >= 0")
 
 
 def _load_mode(
     wd: WorkloadDef, rate: float | None, arrival: str | None, concurrency: int | None, is_trace: bool
 ) -> tuple[str, ArrivalSpec | None, float | None, int | None]:
     if rate is not None and concurrency is not None:
-        raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
+        raise WorkloadError("give either $rate (open loop) or $concurrency (closed loop), not both")
     arrival_text = arrival or wd.arrival
     if rate is None and concurrency is None:
         rate, concurrency = wd.rate, wd.concurrency
     if concurrency is not None:
         if concurrency < 1:
-            raise WorkloadError("--concurrency must be at least 1")
+            raise WorkloadError("$concurrency must be at least 1")
         return "closed", None, None, concurrency
     if rate is None:
         if is_trace and (arrival_text is None or arrival_text.startswith("trace")):
             return "open", parse_arrival(arrival_text or "trace"), None, None
         spec = parse_arrival(arrival_text or "poisson")
         if spec.process not in ("steps", "ramp"):
-            raise WorkloadError(f"workload {wd.name!r}: give --rate (requests/s, open loop) or --concurrency (closed loop)")
+            raise WorkloadError(f"workload {wd.name!r}: give $rate (requests/s, open loop) or $concurrency (closed loop)")
         return "open", spec, None, None
     if not (rate > 0 and math.isfinite(rate)):
-        raise WorkloadError("--rate must be a positive number of requests per second")
+        raise WorkloadError("$rate must be a positive number of requests per second")
     spec = parse_arrival(arrival_text or "poisson")
     if spec.process == "trace" and not is_trace:
         raise WorkloadError("arrival trace replays a trace file's timestamps; this workload has none")
@@ -140,7 +140,7 @@ def plan_workload(
     mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, table is not None)
     if arr is not None and arr.process == "trace" and (table is None or table.timestamps_s is None):
         raise WorkloadError(
-            "this trace file has no timestamps to replay: give --rate (open loop) or --concurrency (closed loop)"
+            "this trace file has no timestamps to replay: give $rate (open loop) or $concurrency (closed loop)"
         )
 
     # -- lengths

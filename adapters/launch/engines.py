@@ -83,7 +83,7 @@ def unsupported_axes(engine: str, parallel: ParallelConfig) -> list[str]:
         if p.disagg is not None:
             out.append(
                 "bench does not launch vLLM prefill/decode disaggregation (it needs a KV connector and a "
-                "proxy): start it yourself and pass --url"
+                "proxy): start it yourself and give bench its url"
             )
     elif engine == "sglang":
         if p.dcp > 1:
@@ -93,7 +93,7 @@ def unsupported_axes(engine: str, parallel: ParallelConfig) -> list[str]:
     elif engine == "tgi":
         for name, text in (
             ("pp", "pipeline parallelism"),
-            ("dp", "data parallelism (run several launchers behind a load balancer and pass --url)"),
+            ("dp", "data parallelism (run several launchers behind a load balancer and give bench its url)"),
             ("ep", "expert parallelism"),
             ("dcp", "decode context parallelism"),
             ("pcp", "prefill context parallelism"),
