@@ -14,16 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bench.errors import ExitCode, Outcome, setting_message
-from bench.run_options import (
-    ClientOptions,
-    EngineTarget,
-    LoadOptions,
-    OutputOptions,
-    client_options,
-    load_options,
-    output_options,
-    target_options,
-)
+from bench import run_options as opts
 from core.errors import BenchError
 
 if TYPE_CHECKING:
@@ -56,24 +47,24 @@ def _require_locust() -> None:
 @click.option("--workers", "n_workers", type=int, required=True, help="Workers to wait for; the schedule is split over them.")
 @click.option("--bind-host", default="127.0.0.1", show_default=True, help="Interface for workers (0.0.0.0 for other machines).")
 @click.option("--port", type=int, default=5557, show_default=True, help="locust master port.")
-@target_options(distributed=True)
-@load_options(distributed=True)
-@client_options(distributed=True)
+@opts.target_options(distributed=True)
+@opts.load_options(distributed=True)
+@opts.client_options(distributed=True)
 @click.option("--wait-workers", type=float, default=120.0, show_default=True, help="Seconds to wait for the workers.")
 @click.option("--start-lead", type=float, default=1.0, show_default=True, help="Seconds between the start order and t0.")
 @click.option("--worker-timeout", type=float, default=10.0, show_default=True, help="Silence after which a worker is lost.")
-@output_options(distributed=True)
+@opts.output_options(distributed=True)
 def master(
     n_workers: int,
     bind_host: str,
     port: int,
-    target: EngineTarget,
-    load: LoadOptions,
-    client: ClientOptions,
+    target: opts.EngineTarget,
+    load: opts.LoadOptions,
+    client: opts.ClientOptions,
     wait_workers: float,
     start_lead: float,
     worker_timeout: float,
-    output: OutputOptions,
+    output: opts.OutputOptions,
 ) -> None:
     """Build the schedule, hand each worker its share, collect one run folder."""
     if n_workers < 1:
@@ -121,7 +112,12 @@ def master(
 
 
 def _master_plan(
-    n_workers: int, target: EngineTarget, load: LoadOptions, client: ClientOptions, output: OutputOptions, salt: int
+    n_workers: int,
+    target: opts.EngineTarget,
+    load: opts.LoadOptions,
+    client: opts.ClientOptions,
+    output: opts.OutputOptions,
+    salt: int,
 ) -> tuple[Schedule, dict[str, Any], ClientSettings]:
     """The schedule (a new prompt salt, as ``bench run``: no prefix shared with earlier runs),
     the run's description (``bench.run_meta.describe_run``) and what each worker's client gets."""

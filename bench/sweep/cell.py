@@ -143,30 +143,14 @@ class CellRunner:
             served = _served_model(spec)
             first_run = True
             for w in spec.workloads:
-                ok = self._run_workload(cfg, cell_id, index, w, handle.url, served, out, first_run)
+                # all loads of one workload; False when the cell must stop (engine died)
+                ok = _WorkloadLoads(self, cfg, cell_id, index, w, handle.url, served, out, first_run).run()
                 first_run = False
                 if not ok:
                     break
         finally:
             handle.stop()
         return out
-
-    # -- loads ---------------------------------------------------------------------------
-
-    def _run_workload(
-        self,
-        cfg: ParallelConfig,
-        cell_id: str,
-        index: str,
-        w: WorkloadSpec,
-        url: str,
-        served: str,
-        out: CellOutcome,
-        first_run: bool,
-    ) -> bool:
-        """All loads of one workload; False when the cell must stop (engine died)."""
-        loads = _WorkloadLoads(self, cfg, cell_id, index, w, url, served, out, first_run)
-        return loads.capacity_search() if self.spec.loads.capacity else loads.load_list()
 
     def _echo_point(self, index: str, cell_id: str, label: str, row: dict[str, Any], secs: float) -> None:
         parts = [
@@ -197,36 +181,35 @@ class CellRunner:
         self.echo(line)
 
 
+@dataclass
 class _WorkloadLoads:
-    """The loads of one workload in one cell: what ``CellRunner._run_workload`` runs, one step
-    per method (a run, a pooled load, a capacity search, a list of loads). Holds the state the
-    steps share: whether the warm-up is still due and the sequence number of the next run."""
+    """The loads of one workload in one cell (``run``), one step per method: a run, its points
+    row, a pooled load, a capacity search, a list of loads. Holds the state the steps share:
+    whether the warm-up is still due and the sequence number of the next run."""
 
-    def __init__(
-        self,
-        runner: CellRunner,
-        cfg: ParallelConfig,
-        cell_id: str,
-        index: str,
-        w: WorkloadSpec,
-        url: str,
-        served: str,
-        out: CellOutcome,
-        first_run: bool,
-    ) -> None:
-        self.runner = runner
-        self.spec = runner.spec
-        self.cfg = cfg
-        self.cell_id = cell_id
-        self.index = index
-        self.w = w
-        self.url = url
-        self.served = served
-        self.out = out
-        self.virtual = runner.virtual
-        #: the warm-up goes with the cell's first run
-        self.first = first_run
-        self.seq = 0
+    runner: CellRunner
+    cfg: ParallelConfig
+    cell_id: str
+    index: str
+    w: WorkloadSpec
+    url: str
+    served: str
+    out: CellOutcome
+    #: the warm-up goes with the cell's first run
+    first: bool
+    seq: int = 0
+
+    @property
+    def spec(self) -> SweepSpec:
+        return self.runner.spec
+
+    @property
+    def virtual(self) -> VirtualEngine | None:
+        return self.runner.virtual
+
+    def run(self) -> bool:
+        """All loads of the workload; False when the cell must stop (engine died)."""
+        return self.capacity_search() if self.spec.loads.capacity else self.load_list()
 
     def measure(self, load: Load, workers: int | None = None) -> tuple[dict[str, Any], bool] | None:
         """Run one load (with its repeats pooled by the caller); None if the engine died.
