@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import Adapter
 from adapters.context import context_routes
@@ -29,6 +29,9 @@ from results.schema import RUN_FILE
 from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
 from workloads.context import fit_to_context
 from workloads.spec import Schedule
+
+if TYPE_CHECKING:
+    from loadgen.scrape import MetricsScraper
 
 #: ``run.parquet`` ``clock``: which clock stamped the received chunks.
 CLOCK_LABELS = {
@@ -140,23 +143,9 @@ async def execute_run(
     else:
         runner = Runner(schedule, adapter, transport, writer, monitor, cfg.options)
     loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    if install_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, _on_signal, runner, sig)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError):
-                pass
-    scraper = None
-    if cfg.scrape_interval_s:
-        from loadgen.scrape import MetricsScraper
-
-        from adapters.metrics_map import metric_names
-
-        # the launched engine's version picks the families it emits (docs/engines.md)
-        names = metric_names(cfg.engine, (cfg.engine_info or {}).get("version") or cfg.engine_version)
-        scraper = MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s, names=names)
+    installed = _install_signals(loop, runner) if install_signals else []
+    scraper = _scraper(cfg, run_dir)
+    if scraper is not None:
         await asyncio.to_thread(scraper.start)
     try:
         stats = await runner.run()
@@ -187,6 +176,31 @@ async def execute_run(
     # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.
     compact_finished_run(run_dir)
     return RunResult(run_dir, run_id, stats)
+
+
+def _install_signals(loop: asyncio.AbstractEventLoop, runner: Runner | WorkerPool) -> list[signal.Signals]:
+    """Ctrl-C / SIGTERM stop ``runner`` cleanly (``_on_signal``); the signals installed."""
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, _on_signal, runner, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+    return installed
+
+
+def _scraper(cfg: RunConfig, run_dir: Path) -> MetricsScraper | None:
+    """The engine's /metrics scraper of this run (not started); None when not scraping."""
+    if not cfg.scrape_interval_s:
+        return None
+    from loadgen.scrape import MetricsScraper
+
+    from adapters.metrics_map import metric_names
+
+    # the launched engine's version picks the families it emits (docs/engines.md)
+    names = metric_names(cfg.engine, (cfg.engine_info or {}).get("version") or cfg.engine_version)
+    return MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s, names=names)
 
 
 def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, str | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -364,6 +365,34 @@ def _check_sizes(plan: Plan) -> None:
             )
 
 
+def _warmup_specs(plan: Plan, synth: PromptSynth, rng: np.random.Generator) -> list[RequestSpec]:
+    """The warm-up requests (their prompts drawn from ``rng`` before the measured ones')."""
+    return [
+        RequestSpec(
+            request_id=f"w{i:06d}",
+            input_tokens=int(plan.warmup_input[i]),
+            max_output_tokens=int(plan.warmup_output[i]),
+            prompt=synth.text(int(plan.warmup_input[i]), rng),
+            phase="warmup",
+            input_tokens_source=synth.source,
+        )
+        for i in range(len(plan.warmup_input))
+    ]
+
+
+def _schedule_description(plan: Plan, synth: PromptSynth, salt: int | None) -> dict[str, Any]:
+    """The schedule's ``description`` (``run.parquet`` ``workload_json``): the plan's, the prompt
+    source, the salt, the arrival parameters and the request counts."""
+    desc = dict(plan.description or {})
+    desc["prompt"] = synth.describe()
+    desc["prompt_salt"] = salt
+    if plan.arrival is not None:
+        desc["arrival_params"] = plan.arrival.as_dict()
+    desc["requests"] = len(plan)
+    desc["warmup"] = len(plan.warmup_input)
+    return desc
+
+
 def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, salt: int | None = None) -> Schedule:
     """Build the prompts and the ``Schedule``.
 
@@ -376,18 +405,7 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
         synth = make_synth(wd.prompt.tokenizer, wd.prompt.tokenize_url, wd.prompt.model)
     rng = _streams(plan.seed)[_PROMPTS] if salt is None else np.random.default_rng([plan.seed, salt, _PROMPTS])
     salted = () if salt is None else (salt,)
-    specs: list[RequestSpec] = []
-    for i in range(len(plan.warmup_input)):
-        specs.append(
-            RequestSpec(
-                request_id=f"w{i:06d}",
-                input_tokens=int(plan.warmup_input[i]),
-                max_output_tokens=int(plan.warmup_output[i]),
-                prompt=synth.text(int(plan.warmup_input[i]), rng),
-                phase="warmup",
-                input_tokens_source=synth.source,
-            )
-        )
+    specs = _warmup_specs(plan, synth, rng)  # first: the warm-up's prompts come first from ``rng``
     prefix_text: dict[int, str] = {}
     if plan.prefix_tokens:
         for g in sorted(set(plan.prefix_group.tolist()) - {-1}):
@@ -436,13 +454,6 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
                 length_class=None if plan.length_class is None else str(plan.length_class[j]),
             )
         )
-    desc = dict(plan.description or {})
-    desc["prompt"] = synth.describe()
-    desc["prompt_salt"] = salt
-    if plan.arrival is not None:
-        desc["arrival_params"] = plan.arrival.as_dict()
-    desc["requests"] = len(plan)
-    desc["warmup"] = len(plan.warmup_input)
     schedule = Schedule(
         name=plan.name,
         seed=plan.seed,
@@ -451,6 +462,6 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
         concurrency=plan.concurrency,
         rate=plan.rate,
         arrival=plan.arrival.text if plan.arrival is not None else "closed",
-        description=desc,
+        description=_schedule_description(plan, synth, salt),
     )
     return schedule.with_request(wd.request) if wd.request != RequestOptions() else schedule

@@ -171,7 +171,9 @@ def command(
       bench run --concurrency 16 --requests 200 --out runs/sim           # embedded engine
       bench run --url http://127.0.0.1:8000 --model M --rate 4 --out runs/r4
     """
-    from bench.embedded import embedded_engine, sim_flavor
+    # The order of the checks is the order of the errors a user sees (cheap ones first, nothing
+    # started before the input is known good); the steps are the functions below.
+    from bench.embedded import sim_flavor
     from bench.execute import execute_run, prepare_run_dir
     from bench.outcome import run_outcome
     from bench.report_text import print_summary
@@ -203,26 +205,9 @@ def command(
     virtual = _virtual_engine(clock, launch, engine, model, workers, output.save_text)
     run_dir = prepare_run_dir(output.out, output.overwrite)
     with contextlib.ExitStack() as stack:
-        engine_info = None
-        launched_version: str | None = None
-        if url:
-            where, engine_label = url, engine
-        elif virtual is not None:
-            where, engine_label = "virtual:", "sim"
-        elif launch.launch:
-            from bench.launch_engine import launch_engine
-
-            handle = stack.enter_context(
-                launch_engine(engine, model, launch.parallel_text, launch.engine_args, launch.gpu,
-                              launch.ready_timeout, run_dir / "engine.log", launch.engine_version)
-            )
-            where, engine_label, engine_info = handle.url, engine, handle.describe()
-            launched_version = handle.version  # SGLang's stream shape depends on it
-        else:
-            where = stack.enter_context(
-                embedded_engine(run_dir / "engine.log", embedded.argv(model, sim_flavor(engine)))
-            )
-            engine_label = "sim"
+        where, engine_label, engine_info, launched_version = _start_target(
+            stack, target, launch, embedded, virtual is not None, run_dir
+        )
         if schedule is None:
             schedule = plan.build(where)
         adapter = _make_adapter(target, api_key, schedule, launched_version or launch.engine_version)
@@ -243,6 +228,36 @@ def command(
     outcome = run_outcome(summary)
     if outcome is not None:
         raise outcome
+
+
+def _start_target(
+    stack: contextlib.ExitStack,
+    target: EngineTarget,
+    launch: LaunchOptions,
+    embedded: EmbeddedOptions,
+    virtual: bool,
+    run_dir: Path,
+) -> tuple[str, str, dict[str, Any] | None, str | None]:
+    """The engine measured: (where it answers, its engine label, what the launcher says about
+    it, its reported version): the ``--url`` given, virtual time, an engine ``--launch``ed,
+    else the embedded engine (the last two stop when ``stack`` closes)."""
+    engine, model = target.engine, target.model
+    if target.url:
+        return target.url, engine, None, None
+    if virtual:
+        return "virtual:", "sim", None, None
+    if launch.launch:
+        from bench.launch_engine import launch_engine
+
+        handle = stack.enter_context(
+            launch_engine(engine, model, launch.parallel_text, launch.engine_args, launch.gpu,
+                          launch.ready_timeout, run_dir / "engine.log", launch.engine_version)
+        )
+        return handle.url, engine, handle.describe(), handle.version  # SGLang's stream shape depends on the version
+    from bench.embedded import embedded_engine, sim_flavor
+
+    where = stack.enter_context(embedded_engine(run_dir / "engine.log", embedded.argv(model, sim_flavor(engine))))
+    return where, "sim", None, None
 
 
 def _check_limits(load: LoadOptions, client: ClientOptions, limits: ClientLimits, embedded: EmbeddedOptions | None) -> None:
