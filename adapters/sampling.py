@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.errors import SettingError
 from workloads.spec import Sampling
 
 
-class UnsupportedRequest(ValueError):
-    """A request asks for something the engine's API cannot express."""
+class UnsupportedRequest(SettingError):
+    """A request asks for something the engine's API cannot express (settings named as ``$name``)."""
 
 
 def openai_fields(s: Sampling, chat: bool) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def sglang_fields(s: Sampling) -> tuple[dict[str, Any], dict[str, Any]]:
     """(``sampling_params`` fields, top-level fields) of SGLang's native ``/generate``."""
     if s.n is not None and s.n > 1:
         raise UnsupportedRequest("sglang (native /generate): n > 1 streams a batch bench does not parse; "
-                                 "use --engine sglang-openai for n")
+                                 "use $engine sglang-openai for n")
     params: dict[str, Any] = {}
     for name in ("temperature", "top_p", "top_k"):
         value = getattr(s, name)

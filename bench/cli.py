@@ -15,7 +15,7 @@ import click
 
 from bench.errors import ExitCode, as_cli_error
 from core import __version__
-from core.errors import BenchError
+from core.errors import BenchError, SettingError
 
 #: verb -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,7 +39,7 @@ class LazyGroup(click.Group):
         """The one place where a library's input error becomes a CLI message and exit code."""
         try:
             return super().invoke(ctx)
-        except BenchError as exc:
+        except (BenchError, SettingError) as exc:
             raise as_cli_error(exc) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:

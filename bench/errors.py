@@ -12,7 +12,7 @@ import enum
 
 import click
 
-from core.errors import BenchError
+from core.errors import BenchError, SettingError
 
 
 class ExitCode(enum.IntEnum):
@@ -60,8 +60,20 @@ class CliError(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
-def as_cli_error(exc: BenchError) -> CliError:
-    return CliError(exc.message)
+def as_cli_error(exc: BenchError | SettingError) -> CliError:
+    return CliError(exc.message if isinstance(exc, BenchError) else setting_message(exc))
+
+
+def flag(setting: str) -> str:
+    """The command-line flag of a setting a library message names (``input_tokens`` ->
+    ``--input-tokens``): the commands name their options after the settings."""
+    return "--" + setting.replace("_", "-")
+
+
+def setting_message(exc: BaseException) -> str:
+    """An error's message as the CLI prints it: the settings a ``SettingError`` names become
+    the flags that set them (``core.errors.SettingError``); any other error as it is."""
+    return exc.render(flag) if isinstance(exc, SettingError) else str(exc)
 
 
 class Outcome(click.ClickException):

@@ -7,19 +7,17 @@ requests are recorded as cancelled and every row is flushed.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import signal
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import Adapter
-from bench.errors import ExitCode
-from bench.host import host_fingerprint
-from core import __version__
+from bench.errors import ExitCode, setting_message
+from bench.run_meta import describe_run, run_meta, utc_now
 from core.control import EngineClient
 from core.errors import BenchError
 from launch.profiles import profile
@@ -27,10 +25,13 @@ from loadgen.runner import RunOptions, Runner, RunStats
 from loadgen.transport import Timeouts, Transport
 from loadgen.transports import make_transport
 from loadgen.workers import WorkerPool
-from results.schema import RUN_FILE, SCHEMA_VERSION
+from results.schema import RUN_FILE
 from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
 from workloads.context import fit_to_context
 from workloads.spec import Schedule
+
+if TYPE_CHECKING:
+    from loadgen.scrape import MetricsScraper
 
 #: ``run.parquet`` ``clock``: which clock stamped the received chunks.
 CLOCK_LABELS = {
@@ -89,21 +90,6 @@ def prepare_run_dir(out: Path, overwrite: bool) -> Path:
     return out
 
 
-def workload_meta(schedule: Schedule) -> dict[str, Any]:
-    """``run.parquet`` ``workload_json``: what the schedule is."""
-    return {
-        "name": schedule.name,
-        "seed": schedule.seed,
-        "mode": schedule.mode,
-        "rate": schedule.rate,
-        "concurrency": schedule.concurrency,
-        "arrival": schedule.arrival,
-        "requests": len(schedule.measured),
-        "warmup": len(schedule.warmup),
-        **schedule.description,
-    }
-
-
 def stats_notes(stats: RunStats, notes: list[str]) -> dict[str, Any]:
     """``run.parquet`` ``notes_json``: the run's counters and notes."""
     return {
@@ -118,10 +104,6 @@ def stats_notes(stats: RunStats, notes: list[str]) -> dict[str, Any]:
     }
 
 
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
 async def execute_run(
     cfg: RunConfig, adapter: Adapter, transport: Transport | None = None, install_signals: bool = True
 ) -> RunResult:
@@ -132,30 +114,23 @@ async def execute_run(
         try:
             transport = make_transport(cfg.transport, cfg.url, cfg.timeouts, cfg.clock)
         except ValueError as exc:
-            raise BenchError(str(exc)) from None
+            raise BenchError(setting_message(exc)) from None
     schedule, context_note = cfg.schedule, None
     if cfg.fit_context:
         schedule, context_note = await asyncio.to_thread(_fit_to_served_context, cfg, adapter)
     writer = RequestsWriter(run_dir, run_id, worker_id=cfg.options.worker_id)
     monitor = MonitorWriter(run_dir, worker_id=cfg.options.worker_id)
-    meta: dict[str, Any] = {
-        "run_id": run_id,
-        "schema_version": SCHEMA_VERSION,
-        "bench_version": __version__,
-        "status": "running",
-        "command": " ".join(cfg.command),
-        "config_json": {**cfg.config, "engine_launch": cfg.engine_info} if cfg.engine_info else cfg.config,
-        "engine": cfg.engine,
-        "model": cfg.model,
-        "adapter_json": {**adapter.describe(), **transport.describe(), "url": cfg.url},
-        "workload_json": workload_meta(schedule),  # as fitted to the served context
-        "host_json": host_fingerprint(),
-        "start_utc": _utc_now(),
-        "t0_monotonic_ns": time.perf_counter_ns(),
-        "t0_unix_ns": time.time_ns(),
-        "clock": CLOCK_LABELS.get(str(transport.describe().get("clock", "user")), "user"),
-        "extra_json": cfg.extra,
-    }
+    description = describe_run(
+        command=cfg.command,
+        config={**cfg.config, "engine_launch": cfg.engine_info} if cfg.engine_info else cfg.config,
+        engine=cfg.engine,
+        model=cfg.model,
+        adapter={**adapter.describe(), **transport.describe(), "url": cfg.url},
+        schedule=schedule,  # as fitted to the served context
+        extra=cfg.extra,
+    )
+    clock = CLOCK_LABELS.get(str(transport.describe().get("clock", "user")), "user")
+    meta = {**run_meta(run_id, description, clock=clock), "t0_monotonic_ns": time.perf_counter_ns()}
     write_run_meta(run_dir, meta)
     write_schedule(run_dir, schedule.requests)
     runner: Runner | WorkerPool
@@ -168,21 +143,9 @@ async def execute_run(
     else:
         runner = Runner(schedule, adapter, transport, writer, monitor, cfg.options)
     loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    if install_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, _on_signal, runner, sig)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError):
-                pass
-    scraper = None
-    if cfg.scrape_interval_s:
-        from loadgen.scrape import MetricsScraper
-
-        # the launched engine's version picks the families it emits (docs/engines.md)
-        names = profile(cfg.engine).metric_names((cfg.engine_info or {}).get("version") or cfg.engine_version)
-        scraper = MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s, names=names)
+    installed = _install_signals(loop, runner) if install_signals else []
+    scraper = _scraper(cfg, run_dir)
+    if scraper is not None:
         await asyncio.to_thread(scraper.start)
     try:
         stats = await runner.run()
@@ -199,7 +162,7 @@ async def execute_run(
     meta.update(
         status="interrupted" if stats.interrupted else "complete",
         adapter_json={**meta["adapter_json"], **(transport.describe() if cfg.workers <= 1 else {})},
-        end_utc=_utc_now(),
+        end_utc=utc_now(),
         notes_json={
             **stats_notes(stats, notes),
             # printed by every summary of the run (bench/report_text.py)
@@ -213,6 +176,29 @@ async def execute_run(
     # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.
     compact_finished_run(run_dir)
     return RunResult(run_dir, run_id, stats)
+
+
+def _install_signals(loop: asyncio.AbstractEventLoop, runner: Runner | WorkerPool) -> list[signal.Signals]:
+    """Ctrl-C / SIGTERM stop ``runner`` cleanly (``_on_signal``); the signals installed."""
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, _on_signal, runner, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+    return installed
+
+
+def _scraper(cfg: RunConfig, run_dir: Path) -> MetricsScraper | None:
+    """The engine's /metrics scraper of this run (not started); None when not scraping."""
+    if not cfg.scrape_interval_s:
+        return None
+    from loadgen.scrape import MetricsScraper
+
+    # the launched engine's version picks the families it emits (docs/engines.md)
+    names = profile(cfg.engine).metric_names((cfg.engine_info or {}).get("version") or cfg.engine_version)
+    return MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s, names=names)
 
 
 def _fit_to_served_context(cfg: RunConfig, adapter: Adapter) -> tuple[Schedule, str | None]:

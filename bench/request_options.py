@@ -6,14 +6,13 @@ They fill a ``RequestOptions`` (workloads/spec.py), the same object a workload f
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from bench.run_options import option_group
 from core.errors import BenchError
 from workloads.spec import RequestOptions
 
@@ -34,22 +33,17 @@ _OPTIONS = (
 )
 
 
-def request_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the options to a click command; it receives them as ``request: RequestOptions``."""
+def _request(values: dict[str, Any]) -> RequestOptions:
+    return parse_request_options(
+        temperature=values.pop("temperature"), top_p=values.pop("top_p"), top_k=values.pop("top_k"),
+        seed=values.pop("sampling_seed"), n=values.pop("n_choices"), stop=values.pop("stop"),
+        logprobs=values.pop("logprobs"), natural_stop=values.pop("natural_stop"), stream=values.pop("stream"),
+        extra_body=values.pop("extra_body"),
+    )
 
-    @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> Any:
-        kwargs["request"] = parse_request_options(
-            temperature=kwargs.pop("temperature"), top_p=kwargs.pop("top_p"), top_k=kwargs.pop("top_k"),
-            seed=kwargs.pop("sampling_seed"), n=kwargs.pop("n_choices"), stop=kwargs.pop("stop"),
-            logprobs=kwargs.pop("logprobs"), natural_stop=kwargs.pop("natural_stop"), stream=kwargs.pop("stream"),
-            extra_body=kwargs.pop("extra_body"),
-        )
-        return func(**kwargs)
 
-    for option in reversed(_OPTIONS):
-        wrapper = option(wrapper)
-    return wrapper
+#: Adds the options to a click command; it receives them as ``request: RequestOptions``.
+request_options = option_group("request", _OPTIONS, _request)
 
 
 def parse_request_options(*, extra_body: str | None, stop: tuple[str, ...], **values: Any) -> RequestOptions:

@@ -29,13 +29,13 @@ import pyarrow as pa
 from launch.config import ParallelConfig
 from launch.process import EngineStartError
 from analysis.capacity import max_in_flight
-from bench.execute import RunConfig, RunResult, _utc_now, prepare_run_dir, stats_notes, workload_meta
-from bench.host import host_fingerprint
+from bench.execute import RunConfig, RunResult, prepare_run_dir, stats_notes
+from bench.run_meta import describe_run, run_meta, workload_meta
 from core import __version__
 from core.errors import BenchError
 from core.tokenizer import output_token
 from loadgen.runner import RunStats
-from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, SCHEMA_VERSION, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
 from results.writer import write_run_meta, write_schedule, write_table_atomic
 from sim.backend import ModelBackend
 from sim.options import ModelTiming, describe
@@ -378,28 +378,23 @@ def _max_in_flight(outcomes: Sequence[Outcome]) -> int:
 
 
 def _meta(cfg: RunConfig, engine: VirtualEngine, run_id: str, stats: RunStats, wall_s: float) -> dict[str, Any]:
-    now = _utc_now()
-    return {
-        "run_id": run_id,
-        "schema_version": SCHEMA_VERSION,
-        "bench_version": __version__,
-        "status": "complete",
-        "command": " ".join(cfg.command),
-        "config_json": {
+    description = describe_run(
+        command=cfg.command,
+        config={
             **cfg.config,
             "engine_launch": {"version": engine.version, "argv": list(engine.argv), "clock": "virtual"},
             "sim_model": describe(engine.timing),
         },
-        "engine": cfg.engine,
-        "model": cfg.model,
-        "adapter_json": {"transport": "virtual", "flavor": engine.flavor},
-        "workload_json": workload_meta(cfg.schedule),
-        "host_json": host_fingerprint(),
-        "start_utc": now,
-        "end_utc": now,
-        "t0_monotonic_ns": stats.t0_ns,
-        "t0_unix_ns": time.time_ns(),
-        "clock": CLOCK_LABEL,
-        "notes_json": {**stats_notes(stats, []), "wall_s": round(wall_s, 3)},
-        "extra_json": cfg.extra,
-    }
+        engine=cfg.engine,
+        model=cfg.model,
+        adapter={"transport": "virtual", "flavor": engine.flavor},
+        schedule=cfg.schedule,
+        extra=cfg.extra,
+    )
+    meta = run_meta(run_id, description, clock=CLOCK_LABEL, status="complete")
+    meta.update(
+        end_utc=meta["start_utc"],
+        t0_monotonic_ns=stats.t0_ns,
+        notes_json={**stats_notes(stats, []), "wall_s": round(wall_s, 3)},
+    )
+    return meta

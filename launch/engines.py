@@ -84,7 +84,7 @@ def vllm_refusals(p: ParallelConfig) -> list[str]:
     if p.disagg is not None:
         out.append(
             "bench does not launch vLLM prefill/decode disaggregation (it needs a KV connector and a "
-            "proxy): start it yourself and pass --url"
+            "proxy): start it yourself and give bench its url"
         )
     return out
 
@@ -108,7 +108,7 @@ def tgi_refusals(p: ParallelConfig) -> list[str]:
     out: list[str] = []
     for name, text in (
         ("pp", "pipeline parallelism"),
-        ("dp", "data parallelism (run several launchers behind a load balancer and pass --url)"),
+        ("dp", "data parallelism (run several launchers behind a load balancer and give bench its url)"),
         ("ep", "expert parallelism"),
         ("dcp", "decode context parallelism"),
         ("pcp", "prefill context parallelism"),

@@ -114,18 +114,20 @@ CLOCKS: tuple[str, ...] = get_args(Clock)
 
 def check_base_url(url: str) -> str:
     """``url`` when it is an engine's base URL (scheme, host, no API path), else a
-    ValueError that says how to write it."""
+    ``SettingError`` (a ValueError naming the ``url`` setting) that says how to write it."""
     from urllib.parse import urlsplit
+
+    from core.errors import SettingError
 
     parts = urlsplit(url)
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
         guess = "http://" + url.split("://", 1)[-1]
-        raise ValueError(f"--url {url!r}: give the scheme and host, e.g. {guess}")
+        raise SettingError(f"$url {url!r}: give the scheme and host, e.g. {guess}")
     path = parts.path.rstrip("/")
     if path.lower().endswith("/v1"):
         root = url[: url.lower().rstrip("/").rfind("/v1")]
-        raise ValueError(
-            f"--url {url!r}: give the server's root ({root}); bench adds the API path "
+        raise SettingError(
+            f"$url {url!r}: give the server's root ({root}); bench adds the API path "
             "(/v1/completions, /v1/chat/completions, ...) itself"
         )
     return url

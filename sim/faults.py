@@ -29,14 +29,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from core.errors import SettingError
 from core.pairs import split_pairs
 
 RATE_MODES = ("reset", "http500", "http503", "http429", "stall", "malformed", "split_utf8", "multi_token", "no_done",
               "stream_error", "abort")
 
 
-class FaultSpecError(ValueError):
-    pass
+class FaultSpecError(SettingError):
+    """A malformed ``faults`` setting (named ``$faults``: the CLI shows its flag)."""
 
 
 def _duration(text: str, what: str) -> float:
@@ -48,7 +49,7 @@ def _duration(text: str, what: str) -> float:
             return float(t[:-1])
         return float(t)
     except ValueError:
-        raise FaultSpecError(f"--faults {what}: bad duration {text!r} (e.g. 5s, 200ms)") from None
+        raise FaultSpecError(f"$faults {what}: bad duration {text!r} (e.g. 5s, 200ms)") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +75,12 @@ class FaultSpec:
         values: dict[str, float] = {}
         for item, key, val in split_pairs(text):
             if val is None:
-                raise FaultSpecError(f"--faults item {item!r}: expected mode=rate")
+                raise FaultSpecError(f"$faults item {item!r}: expected mode=rate")
             if key == "slow_start":
                 values["slow_start_s"] = _duration(val, key)
                 continue
             if key not in RATE_MODES:
-                raise FaultSpecError(f"--faults: unknown mode {key!r} (known: {', '.join(RATE_MODES)}, slow_start)")
+                raise FaultSpecError(f"$faults: unknown mode {key!r} (known: {', '.join(RATE_MODES)}, slow_start)")
             rate_text = val
             if key == "stall":
                 rate_text, _, dur = val.partition(":")
@@ -88,9 +89,9 @@ class FaultSpec:
             try:
                 rate = float(rate_text)
             except ValueError:
-                raise FaultSpecError(f"--faults {key}: rate {rate_text!r} is not a number") from None
+                raise FaultSpecError(f"$faults {key}: rate {rate_text!r} is not a number") from None
             if not 0.0 <= rate <= 1.0:
-                raise FaultSpecError(f"--faults {key}: rate must be between 0 and 1")
+                raise FaultSpecError(f"$faults {key}: rate must be between 0 and 1")
             values[key] = rate
         return cls(**values)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -71,91 +72,86 @@ def dataset_sample(rows: int, requests: int, seed: int) -> np.ndarray:
 
 def _check_counts(requests: int, warmup: int) -> None:
     if requests < 1:
-        raise WorkloadError("--requests must be at least 1")
+        raise WorkloadError("$requests must be at least 1")
     if requests > MAX_REQUESTS:
-        raise WorkloadError(f"--requests {requests}: at most {MAX_REQUESTS:,} per schedule")
+        raise WorkloadError(f"$requests {requests}: at most {MAX_REQUESTS:,} per schedule")
     if warmup < 0:
-        raise WorkloadError("--warmup must be >= 0")
+        raise WorkloadError("$warmup must be >= 0")
 
 
 def _load_mode(
     wd: WorkloadDef, rate: float | None, arrival: str | None, concurrency: int | None, is_trace: bool
 ) -> tuple[str, ArrivalSpec | None, float | None, int | None]:
     if rate is not None and concurrency is not None:
-        raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
+        raise WorkloadError("give either $rate (open loop) or $concurrency (closed loop), not both")
     arrival_text = arrival or wd.arrival
     if rate is None and concurrency is None:
         rate, concurrency = wd.rate, wd.concurrency
     if concurrency is not None:
         if concurrency < 1:
-            raise WorkloadError("--concurrency must be at least 1")
+            raise WorkloadError("$concurrency must be at least 1")
         return "closed", None, None, concurrency
     if rate is None:
         if is_trace and (arrival_text is None or arrival_text.startswith("trace")):
             return "open", parse_arrival(arrival_text or "trace"), None, None
         spec = parse_arrival(arrival_text or "poisson")
         if spec.process not in ("steps", "ramp"):
-            raise WorkloadError(f"workload {wd.name!r}: give --rate (requests/s, open loop) or --concurrency (closed loop)")
+            raise WorkloadError(f"workload {wd.name!r}: give $rate (requests/s, open loop) or $concurrency (closed loop)")
         return "open", spec, None, None
     if not (rate > 0 and math.isfinite(rate)):
-        raise WorkloadError("--rate must be a positive number of requests per second")
+        raise WorkloadError("$rate must be a positive number of requests per second")
     spec = parse_arrival(arrival_text or "poisson")
     if spec.process == "trace" and not is_trace:
         raise WorkloadError("arrival trace replays a trace file's timestamps; this workload has none")
     return "open", spec, rate, None
 
 
-def plan_workload(
-    wd: WorkloadDef,
-    *,
-    requests: int,
-    rate: float | None,
-    arrival: str | None,
-    concurrency: int | None,
-    warmup: int,
-    seed: int,
-) -> Plan:
-    _check_counts(requests, warmup)
-    rngs = _streams(seed)
-    table: TraceTable | None = None
-    rows: np.ndarray | None = None
-    if wd.trace is not None:
-        tc = wd.trace
-        opts: dict[str, object] = {}
-        if tc.model is not None or tc.log_type is not None:
-            opts = {"model": tc.model, "log_type": tc.log_type}
-        if tc.output_tokens is not None:
-            opts["output_tokens"] = tc.output_tokens
-        table = read_trace(tc.path, tc.format, **opts)
-        if tc.start < 0 or tc.start >= len(table):
-            raise WorkloadError(f"trace start {tc.start}: the file has {len(table)} requests")
-        if table.format == "dataset":
-            order = dataset_sample(len(table) - tc.start, requests, seed) + tc.start
-        elif table.timestamps_s is not None:
-            order = np.argsort(table.timestamps_s, kind="stable")
-        else:
-            order = np.arange(len(table))
-        rows = order[tc.start : tc.start + requests] if table.format != "dataset" else order
-        requests = len(rows)
-    mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, table is not None)
-    if arr is not None and arr.process == "trace" and (table is None or table.timestamps_s is None):
-        raise WorkloadError(
-            "this trace file has no timestamps to replay: give --rate (open loop) or --concurrency (closed loop)"
-        )
-
-    # -- lengths
-    length_class: np.ndarray | None = None
-    if table is not None and rows is not None:
-        inputs = table.input_tokens[rows].copy()
-        outputs = table.output_tokens[rows].copy()
+def _trace_rows(wd: WorkloadDef, requests: int, seed: int) -> tuple[TraceTable | None, np.ndarray | None]:
+    """A trace workload's table and the rows it replays, in order (None, None otherwise)."""
+    if wd.trace is None:
+        return None, None
+    tc = wd.trace
+    opts: dict[str, object] = {}
+    if tc.model is not None or tc.log_type is not None:
+        opts = {"model": tc.model, "log_type": tc.log_type}
+    if tc.output_tokens is not None:
+        opts["output_tokens"] = tc.output_tokens
+    table = read_trace(tc.path, tc.format, **opts)
+    if tc.start < 0 or tc.start >= len(table):
+        raise WorkloadError(f"trace start {tc.start}: the file has {len(table)} requests")
+    if table.format == "dataset":
+        order = dataset_sample(len(table) - tc.start, requests, seed) + tc.start
+    elif table.timestamps_s is not None:
+        order = np.argsort(table.timestamps_s, kind="stable")
     else:
-        assert wd.lengths is not None
-        if isinstance(wd.lengths, Mixture):
-            inputs, outputs, length_class = wd.lengths.sample_labelled(requests, rngs[_LENGTHS])
-        else:
-            inputs, outputs = wd.lengths.sample(requests, rngs[_LENGTHS])
+        order = np.arange(len(table))
+    return table, (order[tc.start : tc.start + requests] if table.format != "dataset" else order)
 
-    # -- structure: sessions
+
+def _lengths(
+    wd: WorkloadDef, table: TraceTable | None, rows: np.ndarray | None, requests: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(input, output, length class or None) per request: the trace's, else drawn."""
+    if table is not None and rows is not None:
+        return table.input_tokens[rows].copy(), table.output_tokens[rows].copy(), None
+    assert wd.lengths is not None
+    if isinstance(wd.lengths, Mixture):
+        inputs, outputs, length_class = wd.lengths.sample_labelled(requests, rng)
+        return inputs, outputs, length_class
+    inputs, outputs = wd.lengths.sample(requests, rng)
+    return inputs, outputs, None
+
+
+def _sessions(
+    wd: WorkloadDef,
+    table: TraceTable | None,
+    rows: np.ndarray | None,
+    requests: int,
+    inputs: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(session, turn, think time in s, inputs): the trace's sessions, else drawn ones whose
+    later turns may take their own input lengths (-1: no session)."""
     session = np.full(requests, -1, dtype=np.int64)
     turn = np.zeros(requests, dtype=np.int64)
     think = np.zeros(requests)
@@ -169,10 +165,9 @@ def plan_workload(
                 think[j] = table.think_time_s[r] if table.think_time_s else 0.0  # type: ignore[index]
     elif wd.sessions is not None:
         sc = wd.sessions
-        srng = rngs[_STRUCTURE]
         i = s = 0
         while i < requests:
-            k = min(int(srng.integers(sc.turns_min, sc.turns_max + 1)), requests - i)
+            k = min(int(rng.integers(sc.turns_min, sc.turns_max + 1)), requests - i)
             session[i : i + k] = s
             turn[i : i + k] = np.arange(k)
             i += k
@@ -182,62 +177,120 @@ def plan_workload(
             if sc.think == "fixed":
                 think[later] = sc.think_time_s
             else:
-                think[later] = srng.exponential(sc.think_time_s, size=int(later.sum()))
+                think[later] = rng.exponential(sc.think_time_s, size=int(later.sum()))
         if sc.followup_input is not None:
             follow = sc.followup_input.build("sessions.followup_input")
-            inputs[later] = follow.sample(int(later.sum()), srng)
+            inputs[later] = follow.sample(int(later.sum()), rng)
+    return session, turn, think, inputs
 
-    # -- structure: prefix groups
+
+def _prefix_groups(
+    wd: WorkloadDef,
+    table: TraceTable | None,
+    session: np.ndarray,
+    turn: np.ndarray,
+    inputs: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """(prefix group per request, -1 for none; prefix tokens; inputs with the prefix)."""
+    requests = len(session)
     group = np.full(requests, -1, dtype=np.int64)
-    prefix_tokens = 0
-    if wd.prefix is not None and table is None:
-        pc = wd.prefix
-        pc.validate()
-        prefix_tokens = pc.tokens
-        shares = np.asarray(pc.shares(), dtype=float)
-        probs = np.append(shares, max(0.0, 1.0 - shares.sum()))
-        g = rngs[_STRUCTURE].choice(len(probs), size=requests, p=probs / probs.sum())
-        group = np.where(g < len(shares), g, -1).astype(np.int64)
-        if session.max() >= 0:  # a session keeps its first turn's group
-            first: dict[np.int64, np.int64] = {}
-            for j in range(requests):
-                if session[j] >= 0:
-                    first.setdefault(session[j], group[j])
-                    group[j] = first[session[j]]
-        with_prefix = (group >= 0) & (turn == 0)
-        if pc.included:
-            inputs = np.where(with_prefix, np.maximum(inputs, pc.tokens + 1), inputs)
-        else:
-            inputs = np.where(with_prefix, inputs + pc.tokens, inputs)
-
-    # -- arrivals (only first turns of sessions get a send offset)
-    offsets: np.ndarray | None = None
-    starts = (session < 0) | (turn == _first_turns(session, turn))
-    if mode == "open" and arr is not None:
-        n_units = int(starts.sum())
-        if arr.process == "trace":
-            assert table is not None and table.timestamps_s is not None and rows is not None and wd.trace is not None
-            scale = float(arr.params.get("time_scale", wd.trace.time_scale))  # type: ignore[arg-type]
-            bucket = wd.trace.bucket_s if wd.trace.bucket_s is not None else table.bucket_s
-            unit_offsets = trace_offsets(table.timestamps_s[rows][starts], scale, bucket)
-        else:
-            unit_rate = rate
-            if rate is not None and wd.sessions is not None and table is None:
-                unit_rate = rate * n_units / requests  # sessions start so requests/s ~ --rate
-            unit_offsets = offsets_s(arr, n_units, unit_rate, rngs[_ARRIVALS])
-        offsets = np.full(requests, np.nan)
-        offsets[starts] = unit_offsets
-
-    # -- warm-up: same lengths, no structure, own stream
-    if warmup:
-        if wd.lengths is not None:
-            w_in, w_out = wd.lengths.sample(warmup, rngs[_WARMUP])
-        else:
-            assert table is not None
-            pick = rngs[_WARMUP].integers(0, len(table), size=warmup)
-            w_in, w_out = table.input_tokens[pick], table.output_tokens[pick]
+    if wd.prefix is None or table is not None:
+        return group, 0, inputs
+    pc = wd.prefix
+    pc.validate()
+    shares = np.asarray(pc.shares(), dtype=float)
+    probs = np.append(shares, max(0.0, 1.0 - shares.sum()))
+    g = rng.choice(len(probs), size=requests, p=probs / probs.sum())
+    group = np.where(g < len(shares), g, -1).astype(np.int64)
+    if session.max() >= 0:  # a session keeps its first turn's group
+        first: dict[np.int64, np.int64] = {}
+        for j in range(requests):
+            if session[j] >= 0:
+                first.setdefault(session[j], group[j])
+                group[j] = first[session[j]]
+    with_prefix = (group >= 0) & (turn == 0)
+    if pc.included:
+        inputs = np.where(with_prefix, np.maximum(inputs, pc.tokens + 1), inputs)
     else:
-        w_in = w_out = np.zeros(0, dtype=np.int64)
+        inputs = np.where(with_prefix, inputs + pc.tokens, inputs)
+    return group, pc.tokens, inputs
+
+
+def _offsets(
+    wd: WorkloadDef,
+    table: TraceTable | None,
+    rows: np.ndarray | None,
+    mode: str,
+    arr: ArrivalSpec | None,
+    rate: float | None,
+    session: np.ndarray,
+    turn: np.ndarray,
+    rng: np.random.Generator,
+) -> np.ndarray | None:
+    """Open loop: the send offset in s of each request that starts a unit (a request or a
+    session's first turn; NaN for later turns); None in closed loop."""
+    if not (mode == "open" and arr is not None):
+        return None
+    requests = len(session)
+    starts = (session < 0) | (turn == _first_turns(session, turn))
+    n_units = int(starts.sum())
+    if arr.process == "trace":
+        assert table is not None and table.timestamps_s is not None and rows is not None and wd.trace is not None
+        scale = float(arr.params.get("time_scale", wd.trace.time_scale))  # type: ignore[arg-type]
+        bucket = wd.trace.bucket_s if wd.trace.bucket_s is not None else table.bucket_s
+        unit_offsets = trace_offsets(table.timestamps_s[rows][starts], scale, bucket)
+    else:
+        unit_rate = rate
+        if rate is not None and wd.sessions is not None and table is None:
+            unit_rate = rate * n_units / requests  # sessions start so requests/s ~ the rate asked
+        unit_offsets = offsets_s(arr, n_units, unit_rate, rng)
+    offsets = np.full(requests, np.nan)
+    offsets[starts] = unit_offsets
+    return offsets
+
+
+def _warmup_lengths(
+    wd: WorkloadDef, table: TraceTable | None, warmup: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The warm-up's (input, output) lengths: the same lengths, no structure, own stream."""
+    if not warmup:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if wd.lengths is not None:
+        w_in, w_out = wd.lengths.sample(warmup, rng)
+        return w_in, w_out
+    assert table is not None
+    pick = rng.integers(0, len(table), size=warmup)
+    return table.input_tokens[pick], table.output_tokens[pick]
+
+
+def plan_workload(
+    wd: WorkloadDef,
+    *,
+    requests: int,
+    rate: float | None,
+    arrival: str | None,
+    concurrency: int | None,
+    warmup: int,
+    seed: int,
+) -> Plan:
+    """The plan of ``wd``: one step per concern (trace rows, load mode, lengths, sessions,
+    prefix groups, arrivals, warm-up), each drawing from its own seeded stream."""
+    _check_counts(requests, warmup)
+    rngs = _streams(seed)
+    table, rows = _trace_rows(wd, requests, seed)
+    if rows is not None:
+        requests = len(rows)
+    mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, table is not None)
+    if arr is not None and arr.process == "trace" and (table is None or table.timestamps_s is None):
+        raise WorkloadError(
+            "this trace file has no timestamps to replay: give $rate (open loop) or $concurrency (closed loop)"
+        )
+    inputs, outputs, length_class = _lengths(wd, table, rows, requests, rngs[_LENGTHS])
+    session, turn, think, inputs = _sessions(wd, table, rows, requests, inputs, rngs[_STRUCTURE])
+    group, prefix_tokens, inputs = _prefix_groups(wd, table, session, turn, inputs, rngs[_STRUCTURE])
+    offsets = _offsets(wd, table, rows, mode, arr, rate, session, turn, rngs[_ARRIVALS])
+    w_in, w_out = _warmup_lengths(wd, table, warmup, rngs[_WARMUP])
 
     return Plan(
         name=wd.name,
@@ -312,6 +365,34 @@ def _check_sizes(plan: Plan) -> None:
             )
 
 
+def _warmup_specs(plan: Plan, synth: PromptSynth, rng: np.random.Generator) -> list[RequestSpec]:
+    """The warm-up requests (their prompts drawn from ``rng`` before the measured ones')."""
+    return [
+        RequestSpec(
+            request_id=f"w{i:06d}",
+            input_tokens=int(plan.warmup_input[i]),
+            max_output_tokens=int(plan.warmup_output[i]),
+            prompt=synth.text(int(plan.warmup_input[i]), rng),
+            phase="warmup",
+            input_tokens_source=synth.source,
+        )
+        for i in range(len(plan.warmup_input))
+    ]
+
+
+def _schedule_description(plan: Plan, synth: PromptSynth, salt: int | None) -> dict[str, Any]:
+    """The schedule's ``description`` (``run.parquet`` ``workload_json``): the plan's, the prompt
+    source, the salt, the arrival parameters and the request counts."""
+    desc = dict(plan.description or {})
+    desc["prompt"] = synth.describe()
+    desc["prompt_salt"] = salt
+    if plan.arrival is not None:
+        desc["arrival_params"] = plan.arrival.as_dict()
+    desc["requests"] = len(plan)
+    desc["warmup"] = len(plan.warmup_input)
+    return desc
+
+
 def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, salt: int | None = None) -> Schedule:
     """Build the prompts and the ``Schedule``.
 
@@ -324,18 +405,7 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
         synth = make_synth(wd.prompt.tokenizer, wd.prompt.tokenize_url, wd.prompt.model)
     rng = _streams(plan.seed)[_PROMPTS] if salt is None else np.random.default_rng([plan.seed, salt, _PROMPTS])
     salted = () if salt is None else (salt,)
-    specs: list[RequestSpec] = []
-    for i in range(len(plan.warmup_input)):
-        specs.append(
-            RequestSpec(
-                request_id=f"w{i:06d}",
-                input_tokens=int(plan.warmup_input[i]),
-                max_output_tokens=int(plan.warmup_output[i]),
-                prompt=synth.text(int(plan.warmup_input[i]), rng),
-                phase="warmup",
-                input_tokens_source=synth.source,
-            )
-        )
+    specs = _warmup_specs(plan, synth, rng)  # first: the warm-up's prompts come first from ``rng``
     prefix_text: dict[int, str] = {}
     if plan.prefix_tokens:
         for g in sorted(set(plan.prefix_group.tolist()) - {-1}):
@@ -384,13 +454,6 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
                 length_class=None if plan.length_class is None else str(plan.length_class[j]),
             )
         )
-    desc = dict(plan.description or {})
-    desc["prompt"] = synth.describe()
-    desc["prompt_salt"] = salt
-    if plan.arrival is not None:
-        desc["arrival_params"] = plan.arrival.as_dict()
-    desc["requests"] = len(plan)
-    desc["warmup"] = len(plan.warmup_input)
     schedule = Schedule(
         name=plan.name,
         seed=plan.seed,
@@ -399,6 +462,6 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
         concurrency=plan.concurrency,
         rate=plan.rate,
         arrival=plan.arrival.text if plan.arrival is not None else "closed",
-        description=desc,
+        description=_schedule_description(plan, synth, salt),
     )
     return schedule.with_request(wd.request) if wd.request != RequestOptions() else schedule

@@ -50,7 +50,7 @@ def resolve(ref: str, **kwargs: Any) -> WorkloadDef:
             )
         else:
             raise WorkloadError(
-                f"--workload {ref!r}: not a built-in ({', '.join(builtins())}) nor a .toml/.csv/.jsonl file"
+                f"$workload {ref!r}: not a built-in ({', '.join(builtins())}) nor a .toml/.csv/.jsonl file"
             )
     prompt = wd.prompt
     tok, url, model = kwargs.get("tokenizer"), kwargs.get("tokenize_url"), kwargs.get("model")

@@ -120,7 +120,7 @@ def read_dataset(path: Path, output_tokens: int | None = None) -> tuple[list[str
         elif output_tokens is not None:
             n_out = output_tokens
         else:
-            raise WorkloadError(f"{where}: no output length (no reply, no 'output_tokens'): give --output-tokens")
+            raise WorkloadError(f"{where}: no output length (no reply, no 'output_tokens'): give $output_tokens")
         prompts.append(prompt)
         inputs.append(max(1, count_tokens(prompt)))
         outputs.append(n_out)

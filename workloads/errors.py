@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from core.errors import SettingError
 
-class WorkloadError(ValueError):
-    """A workload that makes no sense, or a malformed trace file; the message is one line."""
+
+class WorkloadError(SettingError):
+    """A workload that makes no sense, or a malformed trace file; the message is one line and
+    names settings as ``$name`` (``core.errors.SettingError``), not as CLI flags."""

@@ -1,4 +1,4 @@
-"""A synthetic workload from flags: fixed lengths, Poisson/constant arrivals or closed loop."""
+"""A synthetic workload from settings: fixed lengths, Poisson/constant arrivals or closed loop."""
 
 from __future__ import annotations
 
@@ -30,24 +30,24 @@ class SyntheticWorkload:
 
     def validate(self) -> None:
         if self.requests < 1:
-            raise WorkloadError("--requests must be at least 1")
+            raise WorkloadError("$requests must be at least 1")
         if self.input_tokens < 1 or self.output_tokens < 1:
-            raise WorkloadError("--input-tokens and --output-tokens must be at least 1")
-        for flag, n in (("--input-tokens", self.input_tokens), ("--output-tokens", self.output_tokens)):
+            raise WorkloadError("$input_tokens and $output_tokens must be at least 1")
+        for setting, n in (("$input_tokens", self.input_tokens), ("$output_tokens", self.output_tokens)):
             if n > MAX_REQUEST_TOKENS:
-                raise WorkloadError(f"{flag} {n:,}: more than a request can hold (at most {MAX_REQUEST_TOKENS:,})")
+                raise WorkloadError(f"{setting} {n:,}: more than a request can hold (at most {MAX_REQUEST_TOKENS:,})")
         if self.rate is not None and self.concurrency is not None:
-            raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
+            raise WorkloadError("give either $rate (open loop) or $concurrency (closed loop), not both")
         if self.rate is None and self.concurrency is None:
-            raise WorkloadError("give --rate (requests/s, open loop) or --concurrency (closed loop)")
+            raise WorkloadError("give $rate (requests/s, open loop) or $concurrency (closed loop)")
         if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
-            raise WorkloadError("--rate must be a positive number of requests per second")
+            raise WorkloadError("$rate must be a positive number of requests per second")
         if self.concurrency is not None and self.concurrency < 1:
-            raise WorkloadError("--concurrency must be at least 1")
+            raise WorkloadError("$concurrency must be at least 1")
         if self.arrival not in ("poisson", "constant"):
-            raise WorkloadError(f"--arrival {self.arrival!r}: use poisson or constant")
+            raise WorkloadError(f"$arrival {self.arrival!r}: use poisson or constant")
         if self.warmup < 0:
-            raise WorkloadError("--warmup must be >= 0")
+            raise WorkloadError("$warmup must be >= 0")
 
     def schedule(self, synth: PromptSynth | None = None) -> Schedule:
         """The requests; ``synth`` makes the prompt text (default: the word approximation)."""

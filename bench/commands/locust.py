@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from bench.errors import ExitCode, Outcome, setting_message
+from bench import run_options as opts
 from core.errors import BenchError
-from bench.errors import ExitCode, Outcome
+
+if TYPE_CHECKING:
+    from bench.distributed.wire import ClientSettings
+    from workloads.spec import Schedule
 
 
 @click.group("locust")
@@ -41,62 +47,24 @@ def _require_locust() -> None:
 @click.option("--workers", "n_workers", type=int, required=True, help="Workers to wait for; the schedule is split over them.")
 @click.option("--bind-host", default="127.0.0.1", show_default=True, help="Interface for workers (0.0.0.0 for other machines).")
 @click.option("--port", type=int, default=5557, show_default=True, help="locust master port.")
-@click.option("--url", required=True, help="Engine base URL, as the workers reach it.")
-@click.option("--engine", default="vllm", show_default=True, help="API flavour: vllm/openai, sglang, tgi, generic.")
-@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
-@click.option("--model", default="sim-model", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Run folder to create (on the master).")
-@click.option("--overwrite", is_flag=True)
-@click.option("--workload", "workload_ref", help="Named workload or TOML file.")
-@click.option("--requests", "n_requests", type=int, default=100, show_default=True)
-@click.option("--input-tokens", type=int, default=256, show_default=True)
-@click.option("--output-tokens", type=int, default=128, show_default=True)
-@click.option("--rate", type=float, help="Open loop: mean requests/s over all workers.")
-@click.option("--arrival", default="poisson", show_default=True)
-@click.option("--concurrency", type=int, help="Closed loop: requests in flight over all workers.")
-@click.option("--warmup", type=int, default=0, show_default=True, help="Warm-up requests (run by worker 0 before t0).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--duration", type=float, help="Stop sending after this many seconds.")
-@click.option("--stall-timeout", type=float, default=120.0, show_default=True)
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Read by each worker from ITS environment.")
-@click.option("--api-key-file", help="Path read by each worker on its own machine.")
-@click.option("--save-text", is_flag=True)
+@opts.target_options(distributed=True)
+@opts.load_options(distributed=True)
+@opts.client_options(distributed=True)
 @click.option("--wait-workers", type=float, default=120.0, show_default=True, help="Seconds to wait for the workers.")
 @click.option("--start-lead", type=float, default=1.0, show_default=True, help="Seconds between the start order and t0.")
 @click.option("--worker-timeout", type=float, default=10.0, show_default=True, help="Silence after which a worker is lost.")
-@click.option("--slo", "slo_text")
-@click.option("--percentiles", "pct_text", default="50,90,95,99", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@opts.output_options(distributed=True)
 def master(
     n_workers: int,
     bind_host: str,
     port: int,
-    url: str,
-    engine: str,
-    api: str,
-    model: str,
-    out: Path,
-    overwrite: bool,
-    workload_ref: str | None,
-    n_requests: int,
-    input_tokens: int,
-    output_tokens: int,
-    rate: float | None,
-    arrival: str,
-    concurrency: int | None,
-    warmup: int,
-    seed: int,
-    duration: float | None,
-    stall_timeout: float,
-    api_key_env: str,
-    api_key_file: str | None,
-    save_text: bool,
+    target: opts.EngineTarget,
+    load: opts.LoadOptions,
+    client: opts.ClientOptions,
     wait_workers: float,
     start_lead: float,
     worker_timeout: float,
-    slo_text: str | None,
-    pct_text: str,
-    as_json: bool,
+    output: opts.OutputOptions,
 ) -> None:
     """Build the schedule, hand each worker its share, collect one run folder."""
     if n_workers < 1:
@@ -110,66 +78,17 @@ def master(
     import secrets
     import signal
 
-    from launch.profiles import adapter_for_engine
-    from bench.commands.run import _build_schedule
-    from bench.options import parse_percentiles, parse_slo
-    from bench.distributed.wire import ClientSettings
-    from bench.execute import prepare_run_dir, workload_meta
+    from bench.execute import prepare_run_dir
     from bench.outcome import run_outcome
     from bench.report_text import print_summary
-    from loadgen.aiohttp_transport import AiohttpTransport
-    from loadgen.transport import Timeouts, check_base_url
-    from workloads.synthetic import WorkloadError
 
-    slo = parse_slo(slo_text)
-    percentiles = parse_percentiles(pct_text)
-    try:
-        check_base_url(url)
-    except ValueError as exc:
-        raise BenchError(str(exc)) from None
-    try:
-        schedule = _build_schedule(  # a new prompt salt, as bench run: no prefix shared with earlier runs
-            workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
-            salt=secrets.randbits(32),
-        )
-    except (WorkloadError, ValueError) as exc:
-        raise BenchError(str(exc)) from None
-    try:
-        adapter = adapter_for_engine(engine, model=model, api=api)
-    except (ValueError, TypeError) as exc:
-        raise BenchError(f"--engine {engine}: {exc}") from None
-    timeouts = Timeouts(stall=stall_timeout)
-    client = ClientSettings(
-        url=url,
-        adapter=engine,
-        api=api,
-        model=model,
-        api_key_env=api_key_env,
-        api_key_file=api_key_file,
-        connect_timeout_s=timeouts.connect,
-        stall_timeout_s=stall_timeout,
-        duration_s=duration,
-        save_text=save_text,
+    schedule, description, settings = _master_plan(n_workers, target, load, client, output, secrets.randbits(32))
+    run_dir = prepare_run_dir(output.out, output.overwrite)
+    node = MasterNode(
+        MasterSettings(workers=n_workers, bind_host=bind_host, port=port, wait_workers_s=wait_workers,
+                       start_lead_s=start_lead, worker_timeout_s=worker_timeout),
+        echo=lambda s: click.echo(s, err=True),
     )
-    run_dir = prepare_run_dir(out, overwrite)
-    base_meta = {
-        "command": " ".join(("bench", *sys.argv[1:])),
-        "config_json": {"engine": engine, "api": api, "slo": slo.as_dict(), "percentiles": list(percentiles), "workers": n_workers},
-        "engine": engine,
-        "model": model,
-        "adapter_json": {**adapter.describe(), **AiohttpTransport(url, timeouts).describe(), "url": url},
-        "workload_json": workload_meta(schedule),
-        "extra_json": {},
-    }
-    settings = MasterSettings(
-        workers=n_workers,
-        bind_host=bind_host,
-        port=port,
-        wait_workers_s=wait_workers,
-        start_lead_s=start_lead,
-        worker_timeout_s=worker_timeout,
-    )
-    node = MasterNode(settings, echo=lambda s: click.echo(s, err=True))
 
     def on_signal() -> None:
         if node.stop_requested.is_set():
@@ -181,15 +100,70 @@ def master(
     gevent.signal_handler(signal.SIGINT, on_signal)
     gevent.signal_handler(signal.SIGTERM, on_signal)
     try:
-        assembly = node.run(schedule, client, run_dir, base_meta)
+        assembly = node.run(schedule, settings, run_dir, description)
     finally:
         node.close()
-    summary = print_summary(run_dir, slo, percentiles, as_json)
+    summary = print_summary(run_dir, output.slo, output.percentiles, output.as_json)
     if assembly.meta.get("status") == "interrupted":
         raise Outcome(ExitCode.INTERRUPTED)
     outcome = run_outcome(summary)
     if outcome is not None:
         raise outcome
+
+
+def _master_plan(
+    n_workers: int,
+    target: opts.EngineTarget,
+    load: opts.LoadOptions,
+    client: opts.ClientOptions,
+    output: opts.OutputOptions,
+    salt: int,
+) -> tuple[Schedule, dict[str, Any], ClientSettings]:
+    """The schedule (a new prompt salt, as ``bench run``: no prefix shared with earlier runs),
+    the run's description (``bench.run_meta.describe_run``) and what each worker's client gets."""
+    from launch.profiles import adapter_for_engine
+    from bench.distributed.wire import ClientSettings
+    from bench.run_meta import describe_run
+    from loadgen.aiohttp_transport import AiohttpTransport
+    from loadgen.transport import Timeouts, check_base_url
+    from workloads.synthetic import WorkloadError
+
+    url = str(target.url)  # required by the option
+    try:
+        check_base_url(url)
+    except ValueError as exc:
+        raise BenchError(setting_message(exc)) from None
+    try:
+        schedule = load.schedule(salt=salt)
+    except (WorkloadError, ValueError) as exc:
+        raise BenchError(setting_message(exc)) from None
+    try:
+        adapter = adapter_for_engine(target.engine, model=target.model, api=target.api)
+    except (ValueError, TypeError) as exc:
+        raise BenchError(f"--engine {target.engine}: {exc}") from None
+    timeouts = Timeouts(stall=client.stall_timeout)
+    settings = ClientSettings(
+        url=url,
+        adapter=target.engine,
+        api=target.api,
+        model=target.model,
+        api_key_env=client.api_key_env,
+        api_key_file=None if client.api_key_file is None else str(client.api_key_file),
+        connect_timeout_s=timeouts.connect,
+        stall_timeout_s=client.stall_timeout,
+        duration_s=load.duration,
+        save_text=output.save_text,
+    )
+    description = describe_run(
+        command=("bench", *sys.argv[1:]),
+        config=output.config(target.engine, target.api, workers=n_workers),
+        engine=target.engine,
+        model=target.model,
+        adapter={**adapter.describe(), **AiohttpTransport(url, timeouts).describe(), "url": url},
+        schedule=schedule,
+        extra={},
+    )
+    return schedule, description, settings
 
 
 @command.command("worker")

@@ -5,83 +5,130 @@ from __future__ import annotations
 import contextlib
 import secrets
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from adapters.base import Adapter, adapter_names, check_requests
+from bench.errors import ExitCode, Outcome, setting_message
 from launch.profiles import adapter_for_engine
-from bench.errors import ExitCode, Outcome
-from bench.options import parse_percentiles, parse_slo
 from bench.request_options import request_options
+from bench.run_options import (
+    ClientOptions,
+    EngineTarget,
+    LoadOptions,
+    OutputOptions,
+    client_options,
+    load_options,
+    option_group,
+    output_options,
+    target_options,
+)
 from bench.secrets import load_api_key
 from core.errors import BenchError
 from loadgen.runner import RunOptions
 from loadgen.recorder import MAX_EVENT_BYTES
 from loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
-from workloads.prompts import make_synth
 from workloads.spec import RequestOptions, Schedule
+from workloads.synthetic import WorkloadError
 
 if TYPE_CHECKING:
+    from bench.execute import RunConfig
     from bench.virtual import VirtualEngine
-from workloads.synthetic import SyntheticWorkload, WorkloadError
+
+
+@dataclass(frozen=True)
+class EmbeddedOptions:
+    """The embedded simulated engine's timing (``bench run`` without ``--url`` or ``--launch``)."""
+
+    sim_ttft_ms: float
+    sim_itl_ms: float
+    sim_reasoning_tokens: int
+    sim_natural_stop: float
+
+    def argv(self, model: str, flavor: str) -> list[str]:
+        return ["--model", model, "--ttft-ms", str(self.sim_ttft_ms), "--itl-ms", str(self.sim_itl_ms),
+                "--flavor", flavor, "--natural-stop", str(self.sim_natural_stop),
+                "--reasoning-tokens", str(self.sim_reasoning_tokens)]
+
+    def describe(self, flavor: str) -> dict[str, Any]:
+        return {"ttft_ms": self.sim_ttft_ms, "itl_ms": self.sim_itl_ms, "flavor": flavor,
+                "natural_stop_mean": self.sim_natural_stop, "reasoning_tokens": self.sim_reasoning_tokens}
+
+
+_embedded_options = option_group("embedded", (
+    click.option("--sim-ttft-ms", type=float, default=50.0, show_default=True, help="Embedded engine: time to first token."),
+    click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency."),
+    click.option("--sim-reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
+                 help="Embedded engine: chat answers start with this many reasoning tokens."),
+    click.option("--sim-natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
+                 help="Embedded engine: requests not forced to their length end at a seeded end of sequence of this "
+                      "mean length (0: never)."),
+), lambda values: EmbeddedOptions(**{k: values.pop(k) for k in (
+    "sim_ttft_ms", "sim_itl_ms", "sim_reasoning_tokens", "sim_natural_stop")}))
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """``--launch``: bench starts the engine at a parallel configuration and stops it after the run."""
+
+    launch: bool
+    parallel_text: str
+    engine_args: tuple[str, ...]
+    gpu: str | None
+    engine_version: str | None
+    ready_timeout: float
+
+
+_launch_options = option_group("launch", (
+    click.option("--launch", is_flag=True,
+                 help="Start --engine (sim|vllm|sglang|tgi) with --model through bench's launcher; stop it after the run."),
+    click.option("--parallel", "parallel_text", default="",
+                 help="With --launch: parallel configuration, e.g. tp=2,dp=2 or tp=4,disagg=1:1."),
+    click.option("--engine-arg", "engine_args", multiple=True, help="With --launch: one extra engine argument (repeatable)."),
+    click.option("--gpu", help="With --launch: GPU preset of the simulated engine (h100, ...); informational otherwise."),
+    click.option("--engine-version", default=None, metavar="VERSION",
+                 help="The engine's version (e.g. 0.5.23, 3.3.6): picks version-gated launch flags and the /metrics "
+                      "names it emits (docs/engines.md); default: what the launched engine reports, else every name."),
+    click.option("--ready-timeout", type=float, default=600.0, show_default=True,
+                 help="With --launch: seconds to wait for readiness."),
+), lambda values: LaunchOptions(**{k: values.pop(k) for k in (
+    "launch", "parallel_text", "engine_args", "gpu", "engine_version", "ready_timeout")}))
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """The client's per-request limits (``bench run`` only; the locust workers use their defaults)."""
+
+    request_timeout: float
+    drain_timeout: float
+    max_event_bytes: int
+
+
+_limit_options = option_group("limits", (
+    click.option("--request-timeout", type=float, default=DEFAULT_TOTAL_S, show_default=True,
+                 help="Max seconds for one whole request (0: no limit)."),
+    click.option("--drain-timeout", type=float, default=30.0, show_default=True,
+                 help="With --duration: seconds in-flight requests may still take (then recorded as cancelled)."),
+    click.option("--max-event-bytes", type=int, default=MAX_EVENT_BYTES, show_default=True,
+                 help="Longest SSE event or line of a response; longer fails the request (line_too_long)."),
+), lambda values: ClientLimits(**{k: values.pop(k) for k in ("request_timeout", "drain_timeout", "max_event_bytes")}))
 
 
 @click.command("run")
-@click.option("--url", help="Engine base URL (e.g. http://127.0.0.1:8000). Default: start the embedded simulated engine.")
-@click.option(
-    "--engine",
-    default="vllm",
-    show_default=True,
-    help="API flavour to speak: vllm/openai (OpenAI-compatible), sglang, tgi, generic. "
-    "Without --url the embedded engine speaks it too.",
-)
-@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
-@click.option("--model", default="sim-model", show_default=True, help="Model name sent with each request.")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Run folder to create.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing run in --out.")
-@click.option("--workload", "workload_ref", help="Named workload or TOML file (see `bench workload show`).")
-@click.option("--requests", "n_requests", type=int, default=100, show_default=True, help="Measured requests.")
-@click.option("--input-tokens", type=int, default=256, show_default=True)
-@click.option("--output-tokens", type=int, default=128, show_default=True)
-@click.option("--rate", type=float, help="Open loop: mean requests/s.")
-@click.option(
-    "--arrival",
-    default=None,
-    help="Open-loop arrivals (default poisson): poisson, constant; with --workload also "
-    "gamma:cv=2, onoff, ramp, steps, trace (see docs/workloads.md).",
-)
+@target_options()
+@load_options()
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path), help="Local HF tokenizer folder for exact prompt lengths.")
 @click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': the engine measured.")
 @click.option("--prompt-salt", type=click.IntRange(0, 2**63 - 1),
               help="Mixed into the prompt text so runs share no cached prefix. [default: new per run]")
-@click.option("--concurrency", type=int, help="Closed loop: requests kept in flight.")
-@click.option("--warmup", type=int, default=0, show_default=True, help="Warm-up requests (recorded, excluded).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--duration", type=float, help="Stop sending after this many seconds.")
-@click.option("--stall-timeout", type=float, default=120.0, show_default=True,
-              help="Max seconds without data (SSE comments and keep-alives are not data).")
-@click.option("--request-timeout", type=float, default=DEFAULT_TOTAL_S, show_default=True,
-              help="Max seconds for one whole request (0: no limit).")
-@click.option("--drain-timeout", type=float, default=30.0, show_default=True,
-              help="With --duration: seconds in-flight requests may still take (then recorded as cancelled).")
-@click.option("--max-event-bytes", type=int, default=MAX_EVENT_BYTES, show_default=True,
-              help="Longest SSE event or line of a response; longer fails the request (line_too_long).")
-@click.option("--slo", "slo_text", help="SLOs for goodput, e.g. ttft_ms=500,tpot_ms=50.")
-@click.option("--percentiles", "pct_text", default="50,90,95,99", show_default=True)
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="Environment variable with the API key.")
-@click.option("--api-key-file", type=click.Path(path_type=Path), help="File holding the API key.")
-@click.option("--save-text", is_flag=True, help="Store generated text in the results (off by default).")
-@click.option("--sim-ttft-ms", type=float, default=50.0, show_default=True, help="Embedded engine: time to first token.")
-@click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency.")
-@click.option("--sim-reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
-              help="Embedded engine: chat answers start with this many reasoning tokens.")
-@click.option("--sim-natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
-              help="Embedded engine: requests not forced to their length end at a seeded end of sequence of this "
-                   "mean length (0: never).")
+@client_options()
+@_limit_options
+@output_options()
+@_embedded_options
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Load-generating processes (schedule split by send time; one run folder).")
 @click.option("--transport", "transport_kind", type=click.Choice(["auto", "raw", "aiohttp"]), default="auto",
@@ -92,63 +139,25 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
                    "virtual (the default with --launch --engine sim): the simulated engine's scheduler and "
                    "cost model run in virtual time, no server or client, the same rows every time. "
                    "[default: auto; virtual with --launch --engine sim]")
-@click.option("--launch", is_flag=True,
-              help="Start --engine (sim|vllm|sglang|tgi) with --model through bench's launcher; stop it after the run.")
-@click.option("--parallel", "parallel_text", default="",
-              help="With --launch: parallel configuration, e.g. tp=2,dp=2 or tp=4,disagg=1:1.")
-@click.option("--engine-arg", "engine_args", multiple=True, help="With --launch: one extra engine argument (repeatable).")
-@click.option("--gpu", help="With --launch: GPU preset of the simulated engine (h100, ...); informational otherwise.")
-@click.option("--engine-version", default=None, metavar="VERSION",
-              help="The engine's version (e.g. 0.5.23, 3.3.6): picks version-gated launch flags and the /metrics "
-                   "names it emits (docs/engines.md); default: what the launched engine reports, else every name.")
-@click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="With --launch: seconds to wait for readiness.")
+@_launch_options
 @click.option("--scrape-interval", type=float, default=1.0, show_default=True, help="Seconds between /metrics scrapes.")
 @click.option("--no-scrape", is_flag=True, help="Do not scrape the engine's /metrics.")
 @request_options
 def command(
-    url: str | None,
-    engine: str,
-    api: str,
-    model: str,
-    out: Path,
-    overwrite: bool,
-    workload_ref: str | None,
-    n_requests: int,
-    input_tokens: int,
-    output_tokens: int,
-    rate: float | None,
-    arrival: str | None,
+    target: EngineTarget,
+    load: LoadOptions,
     tokenizer_dir: Path | None,
     tokenize_url: str | None,
     prompt_salt: int | None,
-    concurrency: int | None,
-    warmup: int,
-    seed: int,
-    duration: float | None,
-    stall_timeout: float,
-    request_timeout: float,
-    drain_timeout: float,
-    max_event_bytes: int,
-    slo_text: str | None,
-    pct_text: str,
-    api_key_env: str,
-    api_key_file: Path | None,
-    save_text: bool,
-    sim_ttft_ms: float,
-    sim_itl_ms: float,
-    sim_natural_stop: float,
-    sim_reasoning_tokens: int,
+    client: ClientOptions,
+    limits: ClientLimits,
+    output: OutputOptions,
+    embedded: EmbeddedOptions,
     progress: bool | None,
-    as_json: bool,
     workers: int,
     transport_kind: str,
     clock: str | None,
-    launch: bool,
-    parallel_text: str,
-    engine_args: tuple[str, ...],
-    gpu: str | None,
-    ready_timeout: float,
-    engine_version: str | None,
+    launch: LaunchOptions,
     scrape_interval: float,
     no_scrape: bool,
     request: RequestOptions,
@@ -163,131 +172,50 @@ def command(
       bench run --concurrency 16 --requests 200 --out runs/sim           # embedded engine
       bench run --url http://127.0.0.1:8000 --model M --rate 4 --out runs/r4
     """
-    from bench.embedded import embedded_engine, sim_flavor
-    from bench.execute import RunConfig, execute_run, prepare_run_dir
+    # The order of the checks is the order of the errors a user sees (cheap ones first, nothing
+    # started before the input is known good); the steps are the functions below.
+    from bench.embedded import sim_flavor
+    from bench.execute import execute_run, prepare_run_dir
     from bench.outcome import run_outcome
     from bench.report_text import print_summary
     from core.eventloop import run_async
 
-    slo = parse_slo(slo_text)
-    percentiles = parse_percentiles(pct_text)
-    if duration is not None and duration <= 0:
-        raise BenchError("--duration must be positive")
-    if stall_timeout <= 0:
-        raise BenchError("--stall-timeout must be positive")
-    if request_timeout < 0 or drain_timeout < 0:
-        raise BenchError("--request-timeout and --drain-timeout must be >= 0")
-    if max_event_bytes < 1024:
-        raise BenchError("--max-event-bytes must be at least 1024")
-    if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0 or sim_natural_stop < 0):
-        raise BenchError("--sim-ttft-ms, --sim-itl-ms and --sim-natural-stop must be >= 0")
+    url, engine, model = target.url, target.engine, target.model
+    _check_limits(load, client, limits, embedded if not url else None)
     salt = secrets.randbits(32) if prompt_salt is None else prompt_salt
-    timed = [k for k, _ in slo.limits if k != "e2e_ms"]
-
-    def build(tokenize: str | None) -> Schedule:
-        try:
-            built = _build_schedule(
-                workload_ref, n_requests, input_tokens, output_tokens, rate, arrival, concurrency, warmup, seed,
-                tokenizer_dir, tokenize, model, salt,
-            )
-            built = built.with_request(request.over(built.request))
-        except (WorkloadError, ValueError) as exc:
-            raise BenchError(str(exc)) from None
-        if built.request.stream is False and timed:
-            raise BenchError(f"--slo {timed[0]}: non-streaming requests have no per-token times; judge them on e2e_ms")
-        return built
-
-    def make_adapter(sched: Schedule, version: str | None) -> Adapter:
-        try:
-            made = adapter_for_engine(engine, model=model, api=api, api_key=api_key, engine_version=version,
-                                      extra_body=sched.request.extra_body)
-        except (ValueError, TypeError) as exc:
-            raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
-        try:
-            check_requests(made, sched.requests)
-        except ValueError as exc:
-            raise BenchError(f"--engine {engine}: {exc}") from None
-        return made
-
+    plan = _SchedulePlan(load, request, output, tokenizer_dir, model, salt)
     # 'auto' asks the engine measured, so its schedule is built once that engine answers
-    schedule = None if tokenize_url == "auto" else build(tokenize_url)
-    if launch and url:
+    schedule = None if tokenize_url == "auto" else plan.build(tokenize_url)
+    if launch.launch and url:
         raise BenchError("--launch starts the engine itself: drop --url")
     if url:
         try:
             check_base_url(url)
         except ValueError as exc:
-            raise BenchError(str(exc)) from None
+            raise BenchError(setting_message(exc)) from None
     if scrape_interval <= 0:
         raise BenchError("--scrape-interval must be positive")
-    api_key = load_api_key(api_key_env, api_key_file)
+    api_key = load_api_key(client.api_key_env, client.api_key_file)
     try:
-        adapter_for_engine(engine, model=model, api=api, api_key=api_key)  # an unknown engine fails here, early
+        adapter_for_engine(engine, model=model, api=target.api, api_key=api_key)  # an unknown engine fails here, early
     except (ValueError, TypeError) as exc:
         raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
     if schedule is not None:
-        make_adapter(schedule, engine_version)  # requests an engine cannot take fail before anything starts
-    clock = clock or ("virtual" if launch and engine == "sim" else "auto")
-    virtual = _virtual_engine(clock, launch, engine, model, parallel_text, engine_args, gpu, workers, save_text)
-    run_dir = prepare_run_dir(out, overwrite)
-    command_line = ("bench", *sys.argv[1:])
-    engine_info = None
-    launched_version: str | None = None
+        _make_adapter(target, api_key, schedule, launch.engine_version)  # requests an engine cannot take fail before anything starts
+    clock = clock or ("virtual" if launch.launch and engine == "sim" else "auto")
+    virtual = _virtual_engine(clock, launch, engine, model, workers, output.save_text)
+    run_dir = prepare_run_dir(output.out, output.overwrite)
     with contextlib.ExitStack() as stack:
-        if url:
-            target = url
-            engine_label = engine
-        elif virtual is not None:
-            target, engine_label = "virtual:", "sim"
-        elif launch:
-            from bench.launch_engine import launch_engine
-
-            handle = stack.enter_context(
-                launch_engine(engine, model, parallel_text, engine_args, gpu, ready_timeout, run_dir / "engine.log",
-                              engine_version)
-            )
-            target, engine_label, engine_info = handle.url, engine, handle.describe()
-            launched_version = handle.version  # SGLang's stream shape depends on it
-        else:
-            target = stack.enter_context(
-                embedded_engine(
-                    run_dir / "engine.log",
-                    ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms),
-                     "--flavor", sim_flavor(engine), "--natural-stop", str(sim_natural_stop),
-                     "--reasoning-tokens", str(sim_reasoning_tokens)],
-                )
-            )
-            engine_label = "sim"
+        where, engine_label, engine_info, launched_version = _start_target(
+            stack, target, launch, embedded, virtual is not None, run_dir
+        )
         if schedule is None:
-            schedule = build(target)
-        adapter = make_adapter(schedule, launched_version or engine_version)
-        cfg = RunConfig(
-            out=run_dir,
-            url=target,
-            engine=engine_label,
-            model=model,
-            schedule=schedule,
-            options=RunOptions(duration_s=duration, save_text=save_text, progress=progress,
-                               drain_timeout_s=drain_timeout, max_event_bytes=max_event_bytes),
-            timeouts=Timeouts(stall=stall_timeout, total=request_timeout or None),
-            command=command_line,
-            transport=transport_kind,
-            clock=clock,
-            workers=workers,
-            scrape_interval_s=None if no_scrape else scrape_interval,
-            engine_info=engine_info,
-            engine_version=engine_version,
-            config={
-                "engine": engine_label,
-                "engine_version": engine_version,
-                "api": api,
-                "slo": slo.as_dict(),
-                "percentiles": list(percentiles),
-                "sim": None if (url or launch) else {"ttft_ms": sim_ttft_ms, "itl_ms": sim_itl_ms, "flavor": sim_flavor(engine),
-                                                     "natural_stop_mean": sim_natural_stop,
-                                                     "reasoning_tokens": sim_reasoning_tokens},
-                "request": schedule.request.describe(),
-            },
+            schedule = plan.build(where)
+        adapter = _make_adapter(target, api_key, schedule, launched_version or launch.engine_version)
+        cfg = _run_config(
+            target, load, client, limits, output, launch, run_dir, where, engine_label, schedule, progress,
+            transport_kind, clock, workers, None if no_scrape else scrape_interval, engine_info,
+            None if (url or launch.launch) else embedded.describe(sim_flavor(engine)),
         )
         if virtual is not None:
             from bench.virtual import execute_virtual
@@ -295,7 +223,7 @@ def command(
             result = execute_virtual(cfg, virtual)
         else:
             result = run_async(lambda: execute_run(cfg, adapter))
-    summary = print_summary(result.run_dir, slo, percentiles, as_json)
+    summary = print_summary(result.run_dir, output.slo, output.percentiles, output.as_json)
     if result.stats.interrupted:
         raise Outcome(ExitCode.INTERRUPTED)
     outcome = run_outcome(summary)
@@ -303,21 +231,139 @@ def command(
         raise outcome
 
 
-def _virtual_engine(
+def _start_target(
+    stack: contextlib.ExitStack,
+    target: EngineTarget,
+    launch: LaunchOptions,
+    embedded: EmbeddedOptions,
+    virtual: bool,
+    run_dir: Path,
+) -> tuple[str, str, dict[str, Any] | None, str | None]:
+    """The engine measured: (where it answers, its engine label, what the launcher says about
+    it, its reported version): the ``--url`` given, virtual time, an engine ``--launch``ed,
+    else the embedded engine (the last two stop when ``stack`` closes)."""
+    engine, model = target.engine, target.model
+    if target.url:
+        return target.url, engine, None, None
+    if virtual:
+        return "virtual:", "sim", None, None
+    if launch.launch:
+        from bench.launch_engine import launch_engine
+
+        handle = stack.enter_context(
+            launch_engine(engine, model, launch.parallel_text, launch.engine_args, launch.gpu,
+                          launch.ready_timeout, run_dir / "engine.log", launch.engine_version)
+        )
+        return handle.url, engine, handle.describe(), handle.version  # SGLang's stream shape depends on the version
+    from bench.embedded import embedded_engine, sim_flavor
+
+    where = stack.enter_context(embedded_engine(run_dir / "engine.log", embedded.argv(model, sim_flavor(engine))))
+    return where, "sim", None, None
+
+
+def _check_limits(load: LoadOptions, client: ClientOptions, limits: ClientLimits, embedded: EmbeddedOptions | None) -> None:
+    """The run's own numeric limits (the workload's are checked where it is built)."""
+    if load.duration is not None and load.duration <= 0:
+        raise BenchError("--duration must be positive")
+    if client.stall_timeout <= 0:
+        raise BenchError("--stall-timeout must be positive")
+    if limits.request_timeout < 0 or limits.drain_timeout < 0:
+        raise BenchError("--request-timeout and --drain-timeout must be >= 0")
+    if limits.max_event_bytes < 1024:
+        raise BenchError("--max-event-bytes must be at least 1024")
+    if embedded is not None and (embedded.sim_ttft_ms < 0 or embedded.sim_itl_ms < 0 or embedded.sim_natural_stop < 0):
+        raise BenchError("--sim-ttft-ms, --sim-itl-ms and --sim-natural-stop must be >= 0")
+
+
+@dataclass(frozen=True)
+class _SchedulePlan:
+    """What the schedule is built from; built once the tokenizer to use is known."""
+
+    load: LoadOptions
+    request: RequestOptions
+    output: OutputOptions
+    tokenizer_dir: Path | None
+    model: str
+    salt: int
+
+    def build(self, tokenize: str | None) -> Schedule:
+        try:
+            built = self.load.schedule(salt=self.salt, tokenizer_dir=self.tokenizer_dir, tokenize_url=tokenize,
+                                       model=self.model)
+            built = built.with_request(self.request.over(built.request))
+        except (WorkloadError, ValueError) as exc:
+            raise BenchError(setting_message(exc)) from None
+        timed = [k for k, _ in self.output.slo.limits if k != "e2e_ms"]
+        if built.request.stream is False and timed:
+            raise BenchError(f"--slo {timed[0]}: non-streaming requests have no per-token times; judge them on e2e_ms")
+        return built
+
+
+def _make_adapter(target: EngineTarget, api_key: str | None, sched: Schedule, version: str | None) -> Adapter:
+    """The engine's adapter for this schedule; ``BenchError`` naming ``--engine`` for requests it cannot take."""
+    engine = target.engine
+    try:
+        made = adapter_for_engine(engine, model=target.model, api=target.api, api_key=api_key, engine_version=version,
+                                  extra_body=sched.request.extra_body)
+    except (ValueError, TypeError) as exc:
+        raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
+    try:
+        check_requests(made, sched.requests)
+    except ValueError as exc:
+        raise BenchError(f"--engine {engine}: {setting_message(exc)}") from None
+    return made
+
+
+def _run_config(
+    target: EngineTarget,
+    load: LoadOptions,
+    client: ClientOptions,
+    limits: ClientLimits,
+    output: OutputOptions,
+    launch: LaunchOptions,
+    run_dir: Path,
+    where: str,
+    engine_label: str,
+    schedule: Schedule,
+    progress: bool | None,
+    transport_kind: str,
     clock: str,
-    launch: bool,
-    engine: str,
-    model: str,
-    parallel_text: str,
-    engine_args: tuple[str, ...],
-    gpu: str | None,
     workers: int,
-    save_text: bool,
+    scrape_interval_s: float | None,
+    engine_info: dict[str, Any] | None,
+    sim: dict[str, Any] | None,
+) -> RunConfig:
+    """The ``RunConfig`` of this run (``config_json`` through ``OutputOptions.config``)."""
+    from bench.execute import RunConfig
+
+    return RunConfig(
+        out=run_dir,
+        url=where,
+        engine=engine_label,
+        model=target.model,
+        schedule=schedule,
+        options=RunOptions(duration_s=load.duration, save_text=output.save_text, progress=progress,
+                           drain_timeout_s=limits.drain_timeout, max_event_bytes=limits.max_event_bytes),
+        timeouts=Timeouts(stall=client.stall_timeout, total=limits.request_timeout or None),
+        command=("bench", *sys.argv[1:]),
+        transport=transport_kind,
+        clock=clock,
+        workers=workers,
+        scrape_interval_s=scrape_interval_s,
+        engine_info=engine_info,
+        engine_version=launch.engine_version,
+        config=output.config(engine_label, target.api, engine_version=launch.engine_version, sim=sim,
+                             request=schedule.request.describe()),
+    )
+
+
+def _virtual_engine(
+    clock: str, launch: LaunchOptions, engine: str, model: str, workers: int, save_text: bool
 ) -> VirtualEngine | None:
     """With ``--clock virtual``: the simulated engine's configuration to model (None otherwise)."""
     if clock != "virtual":
         return None
-    if not (launch and engine == "sim"):
+    if not (launch.launch and engine == "sim"):
         raise BenchError("--clock virtual models the simulated engine: add --launch --engine sim --model PRESET")
     if workers != 1 or save_text:
         raise BenchError("--workers and --save-text concern a live run: measure in real time (--clock auto)")
@@ -326,64 +372,6 @@ def _virtual_engine(
     from bench.virtual import virtual_engine
 
     try:
-        return virtual_engine(model, gpu, parse_parallel(parallel_text, engine_args))
+        return virtual_engine(model, launch.gpu, parse_parallel(launch.parallel_text, launch.engine_args))
     except EngineStartError as exc:
         raise BenchError(f"--launch sim: {exc}") from None
-
-
-def _build_schedule(
-    workload_ref: str | None,
-    n_requests: int,
-    input_tokens: int,
-    output_tokens: int,
-    rate: float | None,
-    arrival: str | None,
-    concurrency: int | None,
-    warmup: int,
-    seed: int,
-    tokenizer_dir: Path | None = None,
-    tokenize_url: str | None = None,
-    model: str | None = None,
-    salt: int | None = None,
-) -> Schedule:
-    if workload_ref:
-        from workloads.catalog import build_named_schedule
-
-        extra: dict[str, Any] = {}
-        if tokenizer_dir is not None:
-            extra["tokenizer"] = str(tokenizer_dir)
-        if tokenize_url:
-            extra["tokenize_url"] = tokenize_url
-        if extra and model:
-            extra["model"] = model
-        extra["output_tokens"] = output_tokens  # only for dataset rows without an output length
-        return build_named_schedule(
-            workload_ref,
-            requests=n_requests,
-            rate=rate,
-            arrival=arrival or "poisson",
-            concurrency=concurrency,
-            warmup=warmup,
-            seed=seed,
-            salt=salt,
-            **extra,
-        )
-    arrival = arrival or "poisson"
-    if arrival not in ("poisson", "constant"):
-        raise WorkloadError(
-            f"--arrival {arrival!r}: without --workload use poisson or constant "
-            "(other processes with e.g. --workload fixed --arrival gamma:cv=2)"
-        )
-    if rate is None and concurrency is None:
-        concurrency = 8
-    return SyntheticWorkload(
-        requests=n_requests,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        rate=rate,
-        arrival=arrival,
-        concurrency=concurrency,
-        warmup=warmup,
-        seed=seed,
-        salt=salt,
-    ).schedule(make_synth(str(tokenizer_dir) if tokenizer_dir else None, tokenize_url, model))

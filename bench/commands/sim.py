@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from core.errors import BenchError
-from bench.errors import ExitCode
+from bench.errors import ExitCode, setting_message
 
 _GPUS = ("a100", "h100", "h200", "l40s")
 _PRESETS = ("llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")
@@ -132,7 +132,7 @@ def build_config(kw: dict[str, Any]) -> Any:
     try:
         faults = FaultSpec.parse(kw.get("faults"))
     except FaultSpecError as exc:
-        raise BenchError(str(exc)) from None
+        raise BenchError(setting_message(exc)) from None
     model_timing = None
     if kw.get("timing", "fixed") == "model":
         dp, dd = 0, 0

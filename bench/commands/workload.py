@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from bench.errors import setting_message
 from core.errors import BenchError
 
 
@@ -87,7 +88,7 @@ def show_cmd(
                 wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
             )
     except WorkloadError as exc:
-        raise BenchError(str(exc)) from None
+        raise BenchError(setting_message(exc)) from None
     summary = plan_summary(plan)
     summary["description"] = wd.description
     summary["source"] = wd.source

@@ -9,10 +9,8 @@ distribution facts in ``extra_json["distributed"]``.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import re
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,10 +18,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.host import host_fingerprint
-from core import __version__
+from bench.run_meta import run_meta, utc_now
 from results.reader import read_requests
-from results.schema import MONITOR_DIR, REQUESTS_DIR, SCHEMA_VERSION
+from results.schema import MONITOR_DIR, REQUESTS_DIR
 from results.writer import compact_finished_run, write_run_meta, write_schedule
 from workloads.spec import Schedule
 
@@ -35,10 +32,6 @@ class PartRejected(ValueError):
     pass
 
 
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
 class RunAssembly:
     """Collects one distributed run into ``run_dir`` (already prepared and empty)."""
 
@@ -47,17 +40,8 @@ class RunAssembly:
         self.run_id = run_id
         self.schedule = schedule
         self.rows_by_worker: Counter[int] = Counter()
-        self.meta: dict[str, Any] = {
-            "run_id": run_id,
-            "schema_version": SCHEMA_VERSION,
-            "bench_version": __version__,
-            "status": "running",
-            "host_json": host_fingerprint(),
-            "start_utc": utc_now(),
-            "t0_unix_ns": time.time_ns(),
-            "clock": "perf_counter_ns (user space, at read); workers' readings moved onto the master's timeline",
-            **base_meta,
-        }
+        clock = "perf_counter_ns (user space, at read); workers' readings moved onto the master's timeline"
+        self.meta: dict[str, Any] = run_meta(run_id, base_meta, clock=clock)
         write_run_meta(run_dir, self.meta)
         write_schedule(run_dir, schedule.requests)
 

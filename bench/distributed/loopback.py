@@ -47,6 +47,10 @@ def run_loopback(
 
     ``kill_worker`` is an index into the started worker processes (not a worker_id);
     ``worker_env[i]`` adds environment variables to worker process ``i``.
+
+    Longer than most functions on purpose: the master and worker processes are started,
+    watched and reaped inside one ``try``/``finally``, so that no process outlives an error;
+    split into steps, that guarantee would be spread over several functions.
     """
     logs = logs or out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.config import ParallelConfig
-from analysis.capacity import CapacitySearch, LoadJudgement, Probe, closed_loop_plateau, judge_load
+from analysis.capacity import CapacitySearch, LoadJudgement, Probe, Saturation, closed_loop_plateau, judge_load
 from bench.sweep import store
 from analysis.invariants import ONE_READ_SHARE_MAX
 from bench.sweep.engines import (
@@ -146,295 +146,14 @@ class CellRunner:
             served = _served_model(spec)
             first_run = True
             for w in spec.workloads:
-                ok = self._run_workload(cfg, cell_id, index, w, handle.url, served, out, first_run)
+                # all loads of one workload; False when the cell must stop (engine died)
+                ok = _WorkloadLoads(self, cfg, cell_id, index, w, handle.url, served, out, first_run).run()
                 first_run = False
                 if not ok:
                     break
         finally:
             handle.stop()
         return out
-
-    # -- loads ---------------------------------------------------------------------------
-
-    def _run_workload(
-        self,
-        cfg: ParallelConfig,
-        cell_id: str,
-        index: str,
-        w: WorkloadSpec,
-        url: str,
-        served: str,
-        out: CellOutcome,
-        first_run: bool,
-    ) -> bool:
-        """All loads of one workload; False when the cell must stop (engine died)."""
-        spec = self.spec
-        state = {"first": first_run, "seq": 0}
-        virtual = self.virtual
-
-        def measure(load: Load, workers: int | None = None) -> tuple[dict[str, Any], bool] | None:
-            """Run one load (with its repeats pooled by the caller); None if the engine died.
-            ``workers``: client processes for this run (None: the sweep's)."""
-            # re-measurements of a load come after its repeats, and are labelled as further repeats
-            label = load.label(len(spec.workloads) > 1, max(spec.repeats, load.repeat + 1))
-            run_dir = store.cell_dir(self.sweep_dir, cell_id) / f"load={label}"
-            out.prefix_cache_reset = "fresh engine (virtual time)" if virtual else reset_prefix_cache(spec.engine, url)
-            warmup = spec.loads.warmup if state["first"] else 0
-            state["first"] = False
-            extra = {
-                "sweep_id": self.sweep_id,
-                "cell": {**cfg.as_dict(), "cell_id": cell_id, "engine": spec.engine, "model": spec.model, "gpu": spec.gpu},
-                "load": {"kind": load.kind, "value": load.value, "label": label},
-                "workload": w.tag,
-                "repeat": load.repeat,
-                "probe": load.probe,
-                "role": load.role,
-                "saturated": False,
-                "prefix_cache": out.prefix_cache_reset,
-                **({"engine_info": out.engine_info} if out.engine_info else {}),
-            }
-            t = time.monotonic()
-            for attempt in range(2):
-                metrics, sat, interrupted = run_load(
-                    spec=spec if workers is None else replace(spec, workers=workers),
-                    load=load,
-                    run_dir=run_dir,
-                    url=url,
-                    served_model=served,
-                    extra=extra,
-                    warmup=warmup,
-                    progress=self.progress,
-                    engine_version=out.engine_version,
-                    virtual=virtual,
-                )
-                if not metrics.get("missing_rows") or interrupted or attempt == 1:
-                    break
-                # a results-writing fault lost rows: judging the load on part of it would be
-                # wrong, so keep the incomplete folder aside and measure the load again
-                kept = store.set_aside_partial(self.sweep_dir, cell_id, run_dir)
-                self.echo(
-                    f"{index} {cell_id} {label}: WARNING: {metrics['missing_rows']} requests have no row in the "
-                    f"results; measuring this load again (incomplete run kept in {kept})"
-                )
-            row = {
-                **config_columns(spec, cfg, cell_id),
-                "sweep_id": self.sweep_id,
-                "workload": w.tag,
-                "load_label": label,
-                "load_kind": load.kind,
-                "load_value": float(load.value),
-                "repeat": load.repeat,
-                "probe": load.probe,
-                "role": load.role,
-                "status": "interrupted" if interrupted else "complete",
-                "saturated": sat.saturated,
-                "saturation_reason": str(sat) if sat.saturated else None,
-                "run_dir": str(run_dir.relative_to(self.sweep_dir)),
-                "warmup_requests": warmup,
-                **metrics,
-            }
-            if spec.slo:  # this run's own verdict; the load's pools its runs (judge_load)
-                own = judge_load([row], spec.attainment_pct, spec.confidence)
-                row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
-            if load.kind == "concurrency" and load.role == "load" and out.points:
-                prev = [
-                    p
-                    for p in out.points
-                    if p["workload"] == w.tag and p["load_kind"] == "concurrency" and p.get("role") == "load"
-                ]
-                if prev:
-                    plateau = closed_loop_plateau(
-                        prev[-1]["throughput_rps"], int(prev[-1]["load_value"]), metrics["throughput_rps"], int(load.value)
-                    )
-                    if plateau.saturated:
-                        row["saturated"] = True
-                        row["saturation_reason"] = "; ".join(filter(None, (row["saturation_reason"], str(plateau))))
-            out.points.append(row)
-            store.write_points(self.sweep_dir, cell_id, out.points)
-            self._echo_point(index, cell_id, label, row, time.monotonic() - t)
-            if interrupted:
-                raise SweepInterrupted(cell_id)
-            if virtual is None and not alive(url, spec.engine):
-                out.status = "failed"
-                out.reason = f"engine stopped answering during load {label}"
-                out.log_tail = _logs_tail(store.cell_dir(self.sweep_dir, cell_id))
-                return None
-            return row, bool(row["saturated"])
-
-        def measure_pooled(kind: str, value: float, role: str, requests: int | None = None) -> LoadJudgement | None:
-            """Measure one load (its repeats), then more until its sample decides it: a load
-            the client could not measure truthfully once more, an undecided one with twice
-            the requests per run, up to ``loads.max_requests`` in all (docs/sweeps.md)."""
-            rows: list[dict[str, Any]] = []
-            repeat = 0
-
-            def one(n: int | None, workers: int | None = None) -> bool:
-                nonlocal repeat
-                res = measure(Load(kind, value, w, repeat, role, n, seq=state["seq"]), workers)
-                state["seq"] += 1
-                repeat += 1
-                if res is None:
-                    return False
-                rows.append(res[0])
-                return True
-
-            for _ in range(spec.repeats if role != "baseline" else 1):
-                if not one(requests):
-                    return None
-            judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
-            if role == "baseline" or not spec.slo:
-                return judgement
-            remeasured = False
-            last = requests or spec.loads.requests
-            while True:
-                workers = None
-                if judgement.untrustworthy and not remeasured:
-                    remeasured, n = True, last
-                    # a saturated client gets twice the load-generating processes
-                    workers = min(64, 2 * spec.workers) if "client saturated" in judgement.untrustworthy else None
-                    more = f" with {workers} client processes" if workers else ""
-                    self.echo(f"{index} {cell_id}: {fmt_load(kind, value)}: measuring again{more}: {judgement.reason}")
-                elif judgement.needs_more and len(rows) - spec.repeats < MAX_REMEASURES:
-                    n = min(2 * last, loads.max_requests - sum(int(r["requests"]) for r in rows))
-                    if n < 1:
-                        break
-                    self.echo(f"{index} {cell_id}: {fmt_load(kind, value)} undecided ({judgement.reason}); {n} more requests")
-                else:
-                    break
-                if not one(n, workers):
-                    return None
-                last = n
-                judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
-            return judgement
-
-        def probe_of(value: float, j: LoadJudgement) -> Probe:
-            if not spec.slo:  # no SLO: a load passes unless saturated
-                return Probe(value, not j.saturated, j.attainment, j.saturated)
-            return Probe(value, j.passed, j.attainment, j.saturated, j.undecided, j.reason)
-
-        loads = spec.loads
-
-        def requests_for(rate: float, window_s: float) -> int:
-            return int(min(loads.max_requests, max(loads.requests, math.ceil(rate * window_s))))
-
-        if loads.capacity:
-            base = measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
-            if base is None:
-                return False
-            base_att = base.attainment
-            base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
-            window = loads.min_window_s if loads.min_window_s is not None else WINDOW_E2E_MULTIPLE * base_e2e_s
-            if not math.isfinite(window):
-                window = 0.0
-            if base.verdict == "fail":  # decidedly, on a handful of requests: none pass there
-                out.capacity[w.tag] = {
-                    "method": "search",
-                    "capacity_rps": None,
-                    "upper_rps": None,
-                    "precision": loads.capacity_precision,
-                    "achieved_precision": None,
-                    "converged": True,
-                    "probes": 0,
-                    "note": f"fails the SLOs even one request at a time ({100 * base_att:.0f}% met)",
-                }
-                self.echo(f"{index} {cell_id}: capacity none: fails the SLOs even one request at a time")
-                return True
-            # later cells start near what earlier cells found per GPU (fewer probes)
-            start = self.capacity_hint(cfg, w.tag) if self.capacity_hint else None
-            if start is None:
-                start = loads.capacity_start
-            if start is None:
-                start = 2.0 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 1.0
-            search = CapacitySearch(
-                start=start,
-                precision=loads.capacity_precision,
-                max_probes=loads.capacity_max_probes,
-                max_rate=loads.capacity_max_rate,
-                # a quarter of the one-at-a-time rate is nearly unloaded: a configuration that
-                # passed one at a time but fails there is reported below it rather than probed
-                # at ever slower (and ever longer) rates
-                min_rate=max(
-                    loads.capacity_min_rate,
-                    0.25 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 0.0,
-                ),
-            )
-            while (rate := search.next_rate()) is not None:
-                res = measure_pooled("rate", rate, "probe", requests_for(rate, window))
-                if res is None:
-                    return False
-                search.record(probe_of(rate, res))
-            result = search.result()
-            out.capacity[w.tag] = {
-                "method": "search",
-                "capacity_rps": result.capacity_rps,
-                "upper_rps": result.upper_rps,
-                "precision": result.precision,
-                "achieved_precision": result.achieved_precision,
-                "converged": result.converged,
-                "probes": len(result.probes),
-                "undecided": list(result.undecided),
-                "level": result.level,
-                "note": result.note,
-            }
-            self.echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}")
-            if result.undecided:
-                self.echo(f"{index} {cell_id}: {result.note}")
-            return True
-        values: list[tuple[str, float]] = (
-            [("rate", r) for r in sorted(loads.rates)]
-            if loads.rates
-            else [("concurrency", float(c)) for c in sorted(loads.concurrency)]
-        )
-        probes: list[Probe] = []
-        for i, (kind, value) in enumerate(values):
-            res = measure_pooled(
-                kind, value, "load", requests_for(value, loads.min_window_s or 0.0) if kind == "rate" else None
-            )
-            if res is None:
-                return False
-            sat = res.saturated
-            probes.append(probe_of(value, res))
-            if sat and loads.stop_at_saturation and i + 1 < len(values):
-                skipped = ", ".join(f"{v:g}" for _, v in values[i + 1 :])
-                self.echo(f"{index} {cell_id}: saturated at {kind} {value:g}; skipping higher loads ({skipped})")
-                for k2, v2 in values[i + 1 :]:
-                    label = Load(k2, v2, w).label(len(spec.workloads) > 1, 1)
-                    out.points.append(
-                        {
-                            **config_columns(spec, cfg, cell_id),
-                            "sweep_id": self.sweep_id,
-                            "workload": w.tag,
-                            "load_label": label,
-                            "load_kind": k2,
-                            "load_value": float(v2),
-                            "repeat": 0,
-                            "probe": False,
-                            "role": "load",
-                            "status": "skipped",
-                            "saturated": True,
-                            "saturation_reason": f"skipped: saturated at {kind} {value:g}",
-                        }
-                    )
-                store.write_points(self.sweep_dir, cell_id, out.points)
-                break
-        if kind == "rate" and spec.slo:
-            from analysis.capacity import capacity_from_probes
-
-            result = capacity_from_probes(probes, precision=float("nan"))
-            out.capacity[w.tag] = {
-                "method": "rate list",
-                "capacity_rps": result.capacity_rps,
-                "upper_rps": result.upper_rps,
-                "precision": None,
-                "achieved_precision": result.achieved_precision,
-                "converged": result.upper_rps is not None,
-                "probes": len(probes),
-                "undecided": list(result.undecided),
-                "level": result.level,
-                "note": result.note,
-            }
-            self.echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}")
-        return True
 
     def _echo_point(self, index: str, cell_id: str, label: str, row: dict[str, Any], secs: float) -> None:
         parts = [
@@ -463,6 +182,343 @@ class CellRunner:
         if row.get("missing_rows"):
             line += f"  WARNING: {row['missing_rows']} scheduled requests have no row in the results"
         self.echo(line)
+
+
+@dataclass
+class _WorkloadLoads:
+    """The loads of one workload in one cell (``run``), one step per method: a run, its points
+    row, a pooled load, a capacity search, a list of loads. Holds the state the steps share:
+    whether the warm-up is still due and the sequence number of the next run."""
+
+    runner: CellRunner
+    cfg: ParallelConfig
+    cell_id: str
+    index: str
+    w: WorkloadSpec
+    url: str
+    served: str
+    out: CellOutcome
+    #: the warm-up goes with the cell's first run
+    first: bool
+    seq: int = 0
+
+    @property
+    def spec(self) -> SweepSpec:
+        return self.runner.spec
+
+    @property
+    def virtual(self) -> VirtualEngine | None:
+        return self.runner.virtual
+
+    def run(self) -> bool:
+        """All loads of the workload; False when the cell must stop (engine died)."""
+        return self.capacity_search() if self.spec.loads.capacity else self.load_list()
+
+    def measure(self, load: Load, workers: int | None = None) -> tuple[dict[str, Any], bool] | None:
+        """Run one load (with its repeats pooled by the caller); None if the engine died.
+        ``workers``: client processes for this run (None: the sweep's)."""
+        spec, runner, out = self.spec, self.runner, self.out
+        # re-measurements of a load come after its repeats, and are labelled as further repeats
+        label = load.label(len(spec.workloads) > 1, max(spec.repeats, load.repeat + 1))
+        run_dir = store.cell_dir(runner.sweep_dir, self.cell_id) / f"load={label}"
+        out.prefix_cache_reset = "fresh engine (virtual time)" if self.virtual else reset_prefix_cache(spec.engine, self.url)
+        warmup = spec.loads.warmup if self.first else 0
+        self.first = False
+        t = time.monotonic()
+        metrics, sat, interrupted = self._run_load(load, label, run_dir, warmup, workers)
+        row = self._point_row(load, label, run_dir, warmup, metrics, sat, interrupted)
+        out.points.append(row)
+        store.write_points(runner.sweep_dir, self.cell_id, out.points)
+        runner._echo_point(self.index, self.cell_id, label, row, time.monotonic() - t)
+        if interrupted:
+            raise SweepInterrupted(self.cell_id)
+        if self.virtual is None and not alive(self.url, spec.engine):
+            out.status = "failed"
+            out.reason = f"engine stopped answering during load {label}"
+            out.log_tail = _logs_tail(store.cell_dir(runner.sweep_dir, self.cell_id))
+            return None
+        return row, bool(row["saturated"])
+
+    def _run_load(
+        self, load: Load, label: str, run_dir: Path, warmup: int, workers: int | None
+    ) -> tuple[dict[str, Any], Saturation, bool]:
+        """One run folder of ``load``: (metrics, saturation, interrupted); measured once more
+        when a results-writing fault lost rows."""
+        spec, runner, cfg = self.spec, self.runner, self.cfg
+        extra = {
+            "sweep_id": runner.sweep_id,
+            "cell": {**cfg.as_dict(), "cell_id": self.cell_id, "engine": spec.engine, "model": spec.model, "gpu": spec.gpu},
+            "load": {"kind": load.kind, "value": load.value, "label": label},
+            "workload": self.w.tag,
+            "repeat": load.repeat,
+            "probe": load.probe,
+            "role": load.role,
+            "saturated": False,
+            "prefix_cache": self.out.prefix_cache_reset,
+            **({"engine_info": self.out.engine_info} if self.out.engine_info else {}),
+        }
+        for attempt in range(2):
+            metrics, sat, interrupted = run_load(
+                spec=spec if workers is None else replace(spec, workers=workers),
+                load=load,
+                run_dir=run_dir,
+                url=self.url,
+                served_model=self.served,
+                extra=extra,
+                warmup=warmup,
+                progress=runner.progress,
+                engine_version=self.out.engine_version,
+                virtual=self.virtual,
+            )
+            if not metrics.get("missing_rows") or interrupted or attempt == 1:
+                break
+            # a results-writing fault lost rows: judging the load on part of it would be
+            # wrong, so keep the incomplete folder aside and measure the load again
+            kept = store.set_aside_partial(runner.sweep_dir, self.cell_id, run_dir)
+            runner.echo(
+                f"{self.index} {self.cell_id} {label}: WARNING: {metrics['missing_rows']} requests have no row in the "
+                f"results; measuring this load again (incomplete run kept in {kept})"
+            )
+        return metrics, sat, interrupted
+
+    def _point_row(
+        self,
+        load: Load,
+        label: str,
+        run_dir: Path,
+        warmup: int,
+        metrics: dict[str, Any],
+        sat: Saturation,
+        interrupted: bool,
+    ) -> dict[str, Any]:
+        """The ``points.parquet`` row of one run: the cell, the load, its metrics and verdict,
+        and a closed-loop plateau against the previous concurrency of the workload."""
+        spec, runner = self.spec, self.runner
+        row = {
+            **config_columns(spec, self.cfg, self.cell_id),
+            "sweep_id": runner.sweep_id,
+            "workload": self.w.tag,
+            "load_label": label,
+            "load_kind": load.kind,
+            "load_value": float(load.value),
+            "repeat": load.repeat,
+            "probe": load.probe,
+            "role": load.role,
+            "status": "interrupted" if interrupted else "complete",
+            "saturated": sat.saturated,
+            "saturation_reason": str(sat) if sat.saturated else None,
+            "run_dir": str(run_dir.relative_to(runner.sweep_dir)),
+            "warmup_requests": warmup,
+            **metrics,
+        }
+        if spec.slo:  # this run's own verdict; the load's pools its runs (judge_load)
+            own = judge_load([row], spec.attainment_pct, spec.confidence)
+            row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
+        if load.kind == "concurrency" and load.role == "load" and self.out.points:
+            prev = [
+                p
+                for p in self.out.points
+                if p["workload"] == self.w.tag and p["load_kind"] == "concurrency" and p.get("role") == "load"
+            ]
+            if prev:
+                plateau = closed_loop_plateau(
+                    prev[-1]["throughput_rps"], int(prev[-1]["load_value"]), metrics["throughput_rps"], int(load.value)
+                )
+                if plateau.saturated:
+                    row["saturated"] = True
+                    row["saturation_reason"] = "; ".join(filter(None, (row["saturation_reason"], str(plateau))))
+        return row
+
+    def measure_pooled(self, kind: str, value: float, role: str, requests: int | None = None) -> LoadJudgement | None:
+        """Measure one load (its repeats), then more until its sample decides it: a load
+        the client could not measure truthfully once more, an undecided one with twice
+        the requests per run, up to ``loads.max_requests`` in all (docs/sweeps.md)."""
+        spec, loads, echo = self.spec, self.spec.loads, self.runner.echo
+        rows: list[dict[str, Any]] = []
+
+        def one(n: int | None, workers: int | None = None) -> bool:
+            res = self.measure(Load(kind, value, self.w, len(rows), role, n, seq=self.seq), workers)
+            self.seq += 1
+            if res is None:
+                return False
+            rows.append(res[0])
+            return True
+
+        for _ in range(spec.repeats if role != "baseline" else 1):
+            if not one(requests):
+                return None
+        judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
+        if role == "baseline" or not spec.slo:
+            return judgement
+        remeasured = False
+        last = requests or loads.requests
+        while True:
+            workers = None
+            if judgement.untrustworthy and not remeasured:
+                remeasured, n = True, last
+                # a saturated client gets twice the load-generating processes
+                workers = min(64, 2 * spec.workers) if "client saturated" in judgement.untrustworthy else None
+                more = f" with {workers} client processes" if workers else ""
+                echo(f"{self.index} {self.cell_id}: {fmt_load(kind, value)}: measuring again{more}: {judgement.reason}")
+            elif judgement.needs_more and len(rows) - spec.repeats < MAX_REMEASURES:
+                n = min(2 * last, loads.max_requests - sum(int(r["requests"]) for r in rows))
+                if n < 1:
+                    break
+                echo(f"{self.index} {self.cell_id}: {fmt_load(kind, value)} undecided ({judgement.reason}); {n} more requests")
+            else:
+                break
+            if not one(n, workers):
+                return None
+            last = n
+            judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
+        return judgement
+
+    def probe_of(self, value: float, j: LoadJudgement) -> Probe:
+        if not self.spec.slo:  # no SLO: a load passes unless saturated
+            return Probe(value, not j.saturated, j.attainment, j.saturated)
+        return Probe(value, j.passed, j.attainment, j.saturated, j.undecided, j.reason)
+
+    def requests_for(self, rate: float, window_s: float) -> int:
+        loads = self.spec.loads
+        return int(min(loads.max_requests, max(loads.requests, math.ceil(rate * window_s))))
+
+    def capacity_search(self) -> bool:
+        """``loads.capacity``: a one-at-a-time baseline, then rate probes until the capacity
+        is bracketed to the precision asked; False when the engine died."""
+        loads, out, w, cfg = self.spec.loads, self.out, self.w, self.cfg
+        index, cell_id, echo = self.index, self.cell_id, self.runner.echo
+        base = self.measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
+        if base is None:
+            return False
+        base_att = base.attainment
+        base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
+        window = loads.min_window_s if loads.min_window_s is not None else WINDOW_E2E_MULTIPLE * base_e2e_s
+        if not math.isfinite(window):
+            window = 0.0
+        if base.verdict == "fail":  # decidedly, on a handful of requests: none pass there
+            out.capacity[w.tag] = {
+                "method": "search",
+                "capacity_rps": None,
+                "upper_rps": None,
+                "precision": loads.capacity_precision,
+                "achieved_precision": None,
+                "converged": True,
+                "probes": 0,
+                "note": f"fails the SLOs even one request at a time ({100 * base_att:.0f}% met)",
+            }
+            echo(f"{index} {cell_id}: capacity none: fails the SLOs even one request at a time")
+            return True
+        # later cells start near what earlier cells found per GPU (fewer probes)
+        hint = self.runner.capacity_hint
+        start = hint(cfg, w.tag) if hint else None
+        if start is None:
+            start = loads.capacity_start
+        if start is None:
+            start = 2.0 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 1.0
+        search = CapacitySearch(
+            start=start,
+            precision=loads.capacity_precision,
+            max_probes=loads.capacity_max_probes,
+            max_rate=loads.capacity_max_rate,
+            # a quarter of the one-at-a-time rate is nearly unloaded: a configuration that
+            # passed one at a time but fails there is reported below it rather than probed
+            # at ever slower (and ever longer) rates
+            min_rate=max(
+                loads.capacity_min_rate,
+                0.25 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 0.0,
+            ),
+        )
+        while (rate := search.next_rate()) is not None:
+            res = self.measure_pooled("rate", rate, "probe", self.requests_for(rate, window))
+            if res is None:
+                return False
+            search.record(self.probe_of(rate, res))
+        result = search.result()
+        out.capacity[w.tag] = {
+            "method": "search",
+            "capacity_rps": result.capacity_rps,
+            "upper_rps": result.upper_rps,
+            "precision": result.precision,
+            "achieved_precision": result.achieved_precision,
+            "converged": result.converged,
+            "probes": len(result.probes),
+            "undecided": list(result.undecided),
+            "level": result.level,
+            "note": result.note,
+        }
+        echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}")
+        if result.undecided:
+            echo(f"{index} {cell_id}: {result.note}")
+        return True
+
+    def load_list(self) -> bool:
+        """The listed rates or concurrencies, lowest first (the rest skipped once one saturates
+        with ``loads.stop_at_saturation``); with SLOs and rates, the capacity they bracket.
+        False when the engine died."""
+        loads = self.spec.loads
+        values: list[tuple[str, float]] = (
+            [("rate", r) for r in sorted(loads.rates)]
+            if loads.rates
+            else [("concurrency", float(c)) for c in sorted(loads.concurrency)]
+        )
+        probes: list[Probe] = []
+        for i, (kind, value) in enumerate(values):
+            res = self.measure_pooled(
+                kind, value, "load", self.requests_for(value, loads.min_window_s or 0.0) if kind == "rate" else None
+            )
+            if res is None:
+                return False
+            probes.append(self.probe_of(value, res))
+            if res.saturated and loads.stop_at_saturation and i + 1 < len(values):
+                self._skip_above(kind, value, values[i + 1 :])
+                break
+        if kind == "rate" and self.spec.slo:
+            self._rate_list_capacity(probes)
+        return True
+
+    def _skip_above(self, kind: str, value: float, rest: list[tuple[str, float]]) -> None:
+        """Record the loads above a saturated one as skipped points."""
+        spec, out = self.spec, self.out
+        skipped = ", ".join(f"{v:g}" for _, v in rest)
+        self.runner.echo(f"{self.index} {self.cell_id}: saturated at {kind} {value:g}; skipping higher loads ({skipped})")
+        for k2, v2 in rest:
+            label = Load(k2, v2, self.w).label(len(spec.workloads) > 1, 1)
+            out.points.append(
+                {
+                    **config_columns(spec, self.cfg, self.cell_id),
+                    "sweep_id": self.runner.sweep_id,
+                    "workload": self.w.tag,
+                    "load_label": label,
+                    "load_kind": k2,
+                    "load_value": float(v2),
+                    "repeat": 0,
+                    "probe": False,
+                    "role": "load",
+                    "status": "skipped",
+                    "saturated": True,
+                    "saturation_reason": f"skipped: saturated at {kind} {value:g}",
+                }
+            )
+        store.write_points(self.runner.sweep_dir, self.cell_id, out.points)
+
+    def _rate_list_capacity(self, probes: list[Probe]) -> None:
+        from analysis.capacity import capacity_from_probes
+
+        result = capacity_from_probes(probes, precision=float("nan"))
+        self.out.capacity[self.w.tag] = {
+            "method": "rate list",
+            "capacity_rps": result.capacity_rps,
+            "upper_rps": result.upper_rps,
+            "precision": None,
+            "achieved_precision": result.achieved_precision,
+            "converged": result.upper_rps is not None,
+            "probes": len(probes),
+            "undecided": list(result.undecided),
+            "level": result.level,
+            "note": result.note,
+        }
+        cap = _cap_text(result.capacity_rps, result.upper_rps, self.cfg.gpus)
+        self.runner.echo(f"{self.index} {self.cell_id}: capacity {cap}")
 
 
 def fmt_load(kind: str, value: float) -> str:
