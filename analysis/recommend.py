@@ -36,9 +36,8 @@ from analysis.headline import build_headline, headline_lines
 from analysis.load import load_run
 from analysis.slo import SLO
 from results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
+from results.sweep_layout import CELLS_FILE, points_files, read_cells_table, read_sweep_json
 
-CELLS_FILE = "cells.parquet"
-POINTS_FILE = "points.parquet"
 #: Capacities per GPU within this fraction of the best count as tied (no target rate).
 TIE_FRACTION = 0.05
 #: TTFT counts as queue-dominated when queue time is at least this share of it.
@@ -72,10 +71,10 @@ ADVICE = {
 
 
 def read_cells(sweep: Path) -> pd.DataFrame:
-    path = Path(sweep) / CELLS_FILE
-    if not path.exists():
+    table = read_cells_table(sweep)
+    if table is None:
         raise ResultsError(f"{sweep}: not a sweep folder (no {CELLS_FILE})")
-    return read_parquet_file(path).to_pandas()
+    return table.to_pandas()
 
 
 def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] | None = None) -> pd.DataFrame:
@@ -85,8 +84,7 @@ def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] |
     run folder under those bounds.
     """
     sweep = Path(sweep)
-    pattern = f"cell={cell_id}/{POINTS_FILE}" if cell_id else f"cell=*/{POINTS_FILE}"
-    files = sorted(str(p) for p in sweep.glob(pattern))
+    files = points_files(sweep, cell_id)
     if not files:
         return pd.DataFrame()
     frames = [read_parquet_file(f).to_pandas() for f in files]
@@ -98,7 +96,7 @@ def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] |
 
 def sweep_dataset(sweep: Path) -> ds.Dataset:
     """The points as one Arrow dataset partitioned by cell (hive: ``cell=<id>``)."""
-    files = sorted(str(p) for p in Path(sweep).glob(f"cell=*/{POINTS_FILE}"))
+    files = points_files(sweep)
     schemas = [pq.read_schema(f) for f in files]
     schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else None
     if schema is not None:
@@ -124,11 +122,13 @@ def _rescore(sweep: Path, df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
 
 def _settings_from_definition(sweep: Path) -> dict[str, Any]:
     """Fallback when no load ran (every cell failed): the definition in sweep.json."""
-    path = Path(sweep) / "sweep.json"
     try:
-        spec = json.loads(path.read_text()).get("spec") or {}
+        data = read_sweep_json(sweep)
     except (OSError, ValueError):
         return {}
+    if data is None:
+        return {}
+    spec = data.get("spec") or {}
     return {
         "slo": spec.get("slo") or {},
         "attainment_pct": spec.get("attainment_pct"),

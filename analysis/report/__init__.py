@@ -22,6 +22,7 @@ from analysis.report import figures as F
 from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
 from analysis.report.page import render_page
 from analysis.slo import SLO
+from results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, is_sweep
 
 #: Runs that get their own detailed section; beyond this the page lists them in the table only.
 MAX_RUN_SECTIONS = 24
@@ -61,11 +62,11 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
             rel = Path(v.path).resolve().relative_to(results.resolve()) if Path(v.path).resolve() != results.resolve() else None
             v.label = f"{rel} ({v.run_id})" if rel else v.run_id
     views.sort(key=lambda v: (v.key.split(' / ')[0], v.offered if v.offered is not None else math.inf, v.label))
-    is_sweep = results.is_dir() and ((results / "cells.parquet").exists() or (results / "sweep.json").exists())
+    sweep = is_sweep(results)
     sections: list[Section] = []
     top_notes: list[str] = []
 
-    if is_sweep:
+    if sweep:
         cells, rec, notes = read_sweep_tables(results)
         top_notes += notes
         sections.append(_sweep_section(cells, rec))
@@ -200,7 +201,7 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
                 parts.append(f"<p><b>{F.esc(title)}</b>: " + "; ".join(F.esc(i) for i in items) + "</p>")
         parts.append(_evidence_html(rec))
     else:
-        sec.notes.append("no recommendation.json: recommendation omitted")
+        sec.notes.append(f"no {RECOMMENDATION_FILE}: recommendation omitted")
     if cells is not None and len(cells):
         preferred = [
             "cell_id", "status", "engine", "model", "gpu", "gpus", "tp", "pp", "dp", "ep", "dcp", "pcp", "disagg",
@@ -212,7 +213,7 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
             rows.append([_fmt(r[c]) for c in cols])
         parts.append("<h3>Cells</h3>" + _table([F.esc(c) for c in cols], rows, "cells"))
     else:
-        sec.notes.append("no cells.parquet: cell table omitted")
+        sec.notes.append(f"no {CELLS_FILE}: cell table omitted")
     sec.html = "".join(parts)
     return sec
 

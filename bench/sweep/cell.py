@@ -174,7 +174,7 @@ class CellRunner:
             ``workers``: client processes for this run (None: the sweep's)."""
             # re-measurements of a load come after its repeats, and are labelled as further repeats
             label = load.label(len(spec.workloads) > 1, max(spec.repeats, load.repeat + 1))
-            run_dir = store.cell_dir(self.sweep_dir, cell_id) / f"load={label}"
+            run_dir = store.load_dir(self.sweep_dir, cell_id, label)
             out.prefix_cache_reset = "fresh engine (virtual time)" if virtual else reset_prefix_cache(spec.engine, url)
             warmup = spec.loads.warmup if state["first"] else 0
             state["first"] = False
