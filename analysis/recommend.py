@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ def _rescore(sweep: Path, df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
                 if k.startswith("miss_share_"):
                     rec.pop(k)
             rescored = ("attainment", "attainment_low", "attainment_high", "met", "goodput_rps")
-            rec.update({k: v for k, v in m.items() if k in rescored or k.startswith("miss_share_")})
+            rec.update({k: v for k, v in m.as_row().items() if k in rescored or k.startswith("miss_share_")})
         rows.append(rec)
     return pd.DataFrame(rows)
 
@@ -276,56 +277,63 @@ def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) ->
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """What limits a configuration (``diagnose_cell``): an ``ADVICE`` code, its explanation,
+    and the evidence (a JSON payload: the knee's figures beside the lightest load's, and
+    the ``miss_share_*``/``server_*`` columns it has)."""
+
+    limiting_factor: str
+    explanation: str
+    evidence: dict[str, Any]
+
+
 def diagnose_cell(
     points: pd.DataFrame, slo: dict[str, float], attainment_pct: float, level: float = CONFIDENCE
-) -> dict[str, Any]:
+) -> Diagnosis:
     """Which resource limits this configuration, read from its loads (one cell, one workload)."""
     pooled = _pooled(points, attainment_pct, level)
     if pooled.empty:
-        return {"limiting_factor": "unknown", "explanation": "no measured loads", "evidence": {}}
+        return Diagnosis("unknown", "no measured loads", {})
     base = pooled.iloc[0]
     failing = pooled[pooled["verdict"] == "fail"]  # the knee is a decided failure, not an undecided load
     knee = failing.iloc[0] if len(failing) else None
     if knee is None:
         top = pooled.iloc[-1]
-        return {
-            "limiting_factor": "none",
-            "explanation": ADVICE["none"] + f" ({_load_text(top)})",
-            "evidence": _evidence(base, top, None),
-        }
+        return Diagnosis("none", ADVICE["none"] + f" ({_load_text(top)})", _evidence(base, top, None))
     queue_ms, queue_src = _queue_estimate(base, knee)
     ev = _evidence(base, knee, (queue_ms, queue_src))
+    code = _limiting_code(base, knee, slo, queue_ms)
+    return Diagnosis(code, ADVICE[code] + f" (at {_load_text(knee)})", ev)
+
+
+def _limiting_code(base: pd.Series, knee: pd.Series, slo: dict[str, float], queue_ms: float) -> str:
+    """The ``ADVICE`` code of the knee (the lowest failing load) against the lightest load."""
     kv = _f(knee.get("server_kv_cache_usage_max"))
     pre = _f(knee.get("server_preemptions"))
     miss = {k[len("miss_share_") :]: _f(knee[k]) for k in knee.index if str(k).startswith("miss_share_")}
     failed_share = _f(knee.get("failed")) / max(1.0, _f(knee.get("requests"))) if "failed" in knee else float("nan")
-    code: str
     if (math.isfinite(kv) and kv >= KV_FULL) or (math.isfinite(pre) and pre > 0):
-        code = "kv_cache"
-    elif math.isfinite(failed_share) and failed_share > 0.5:
-        code = "errors"
-    else:
-        ttft_miss = miss.get("ttft_ms", 0.0) + miss.get("ttfo_ms", 0.0)
-        tpot_miss = miss.get("tpot_ms", 0.0) + miss.get("itl_max_ms", 0.0)
-        ttft_slo = slo.get("ttft_ms") or slo.get("ttfo_ms")
-        tpot_slo = slo.get("tpot_ms")
-        if tpot_miss > ttft_miss and tpot_miss > 0:
-            base_tpot = _f(base.get("tpot_p90_ms"))
-            code = "decode_unloaded" if tpot_slo and base_tpot > tpot_slo else "decode"
-        elif ttft_miss > 0 or knee["saturated"]:
-            base_ttft = _f(base.get("ttft_p90_ms"))
-            if ttft_slo and base_ttft > ttft_slo and knee.name == base.name:
-                code = "prefill_unloaded"
-            elif ttft_slo and _f(base.get("ttft_p50_ms")) > ttft_slo:
-                code = "prefill_unloaded"
-            else:
-                ttft = _f(knee.get("ttft_p50_ms"))
-                code = "queueing" if (math.isfinite(queue_ms) and ttft > 0 and queue_ms >= QUEUE_SHARE * ttft) or (
-                    knee["saturated"] and not (ttft_miss > 0)
-                ) else "prefill"
-        else:
-            code = "errors" if failed_share > 0 else "queueing"
-    return {"limiting_factor": code, "explanation": ADVICE[code] + f" (at {_load_text(knee)})", "evidence": ev}
+        return "kv_cache"
+    if math.isfinite(failed_share) and failed_share > 0.5:
+        return "errors"
+    ttft_miss = miss.get("ttft_ms", 0.0) + miss.get("ttfo_ms", 0.0)
+    tpot_miss = miss.get("tpot_ms", 0.0) + miss.get("itl_max_ms", 0.0)
+    ttft_slo = slo.get("ttft_ms") or slo.get("ttfo_ms")
+    tpot_slo = slo.get("tpot_ms")
+    if tpot_miss > ttft_miss and tpot_miss > 0:
+        base_tpot = _f(base.get("tpot_p90_ms"))
+        return "decode_unloaded" if tpot_slo and base_tpot > tpot_slo else "decode"
+    if not (ttft_miss > 0 or knee["saturated"]):
+        return "errors" if failed_share > 0 else "queueing"
+    base_ttft = _f(base.get("ttft_p90_ms"))
+    if ttft_slo and base_ttft > ttft_slo and knee.name == base.name:
+        return "prefill_unloaded"
+    if ttft_slo and _f(base.get("ttft_p50_ms")) > ttft_slo:
+        return "prefill_unloaded"
+    ttft = _f(knee.get("ttft_p50_ms"))
+    queued = math.isfinite(queue_ms) and ttft > 0 and queue_ms >= QUEUE_SHARE * ttft
+    return "queueing" if queued or (knee["saturated"] and not (ttft_miss > 0)) else "prefill"
 
 
 def _queue_estimate(base: pd.Series, knee: pd.Series) -> tuple[float, str]:
@@ -464,43 +472,12 @@ def _recommend_workload(
     precision: float | None,
     level: float = CONFIDENCE,
 ) -> dict[str, Any]:
-    configs: list[dict[str, Any]] = []
     status = {c["cell_id"]: c for c in cells}
-    for cell_id, g in points.groupby("cell_id", sort=False):
-        c = status.get(cell_id, {})
-        if c.get("status") not in (None, "complete"):
-            continue
-        gpus = int(g["gpus"].iloc[0])
-        axes = int(g["axes"].iloc[0]) if "axes" in g else 0
-        cap = cell_capacity(g, att, precision, level)
-        diag: dict[str, Any] = (
-            diagnose_cell(g, slo, att, level)
-            if slo
-            else {"limiting_factor": "unknown", "explanation": "no SLO given", "evidence": {}}
-        )
-        pooled = _pooled(g, att, level)
-        base = pooled.iloc[0] if len(pooled) else None
-        configs.append(
-            {
-                "cell_id": cell_id,
-                "gpus": gpus,
-                "axes": axes,
-                "tuning": _clean(g["tuning"].iloc[0]) if "tuning" in g else None,
-                **{k: _clean(v) for k, v in cap.items()},
-                "capacity_rps_per_gpu": (cap["capacity_rps"] / gpus) if cap.get("capacity_rps") else None,
-                "limiting_factor": diag["limiting_factor"],
-                "diagnosis": diag["explanation"],
-                "evidence": _clean_dict(diag["evidence"]),
-                "lightest": _clean_dict(
-                    {
-                        "load": _load_text(base) if base is not None else None,
-                        "ttft_p50_ms": _f(base.get("ttft_p50_ms")) if base is not None else None,
-                        "tpot_p50_ms": _f(base.get("tpot_p50_ms")) if base is not None else None,
-                    }
-                ),
-                "loads": [_clean_dict(_point_summary(r)) for _, r in pooled.iterrows()],
-            }
-        )
+    configs = [
+        _configuration(str(cell_id), g, slo, att, precision, level)
+        for cell_id, g in points.groupby("cell_id", sort=False)
+        if status.get(cell_id, {}).get("status") in (None, "complete")
+    ]
     configs.sort(key=lambda c: (c["gpus"], c["axes"], c["cell_id"]))
     result: dict[str, Any] = {"configurations": configs}
     result["untrustworthy"] = [
@@ -554,6 +531,38 @@ def _recommend_workload(
             result["provisional"] = True
     result["same_gpus_tradeoffs"] = _tradeoffs(configs)
     return result
+
+
+def _configuration(
+    cell_id: str, g: pd.DataFrame, slo: dict[str, float], att: float, precision: float | None, level: float
+) -> dict[str, Any]:
+    """One configuration of the recommendation (a JSON payload): its capacity, diagnosis,
+    lightest load and every load's pooled verdict."""
+    gpus = int(g["gpus"].iloc[0])
+    axes = int(g["axes"].iloc[0]) if "axes" in g else 0
+    cap = cell_capacity(g, att, precision, level)
+    diag = diagnose_cell(g, slo, att, level) if slo else Diagnosis("unknown", "no SLO given", {})
+    pooled = _pooled(g, att, level)
+    base = pooled.iloc[0] if len(pooled) else None
+    return {
+        "cell_id": cell_id,
+        "gpus": gpus,
+        "axes": axes,
+        "tuning": _clean(g["tuning"].iloc[0]) if "tuning" in g else None,
+        **{k: _clean(v) for k, v in cap.items()},
+        "capacity_rps_per_gpu": (cap["capacity_rps"] / gpus) if cap.get("capacity_rps") else None,
+        "limiting_factor": diag.limiting_factor,
+        "diagnosis": diag.explanation,
+        "evidence": _clean_dict(diag.evidence),
+        "lightest": _clean_dict(
+            {
+                "load": _load_text(base) if base is not None else None,
+                "ttft_p50_ms": _f(base.get("ttft_p50_ms")) if base is not None else None,
+                "tpot_p50_ms": _f(base.get("tpot_p50_ms")) if base is not None else None,
+            }
+        ),
+        "loads": [_clean_dict(_point_summary(r)) for _, r in pooled.iterrows()],
+    }
 
 
 def _gpus(c: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from analysis.metrics import itl_ms, measured, request_metrics
 from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
 from analysis.summary import SummaryOptions, summarize
+from analysis.summary_types import RunSummary
 from results.reader import read_server_metrics
 from results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, read_cells_table
 
@@ -50,7 +51,7 @@ class RunView:
     label: str
     path: str
     meta: dict[str, Any]
-    summary: dict[str, Any]
+    summary: RunSummary
     key: str  # configuration key (sweep cell / load) or ''
     gpus: int
     offered: float | None  # offered load value (rate req/s or concurrency)
