@@ -15,6 +15,12 @@ tables). Rules (docs/sweeps.md):
   failed, against its lightest load: which SLO the misses are on, how much of TTFT is queue
   time (server histogram when scraped, otherwise TTFT growth over the lightest load), and
   KV-cache usage / preemptions when the server reported them.
+
+The recommendation stays a JSON document (``dict``): it is written to
+``recommendation.json`` and read back from it by the report and the headline
+(analysis/headline.py), so one shape serves both; a configuration's evidence carries the
+``miss_share_*``/``server_*`` columns its points have. What is computed on the way is
+typed: ``Diagnosis``, ``analysis.capacity.PointMetrics``, ``CapacityResult``.
 """
 
 from __future__ import annotations

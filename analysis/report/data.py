@@ -3,6 +3,9 @@
 Every per-request or per-token view is sampled or binned here, so the page size depends on
 the number of runs, not on the number of requests (a 100k-request run plots the same ~2,000
 points a 1k-request run does).
+
+The run's summary is typed (``RunView.summary``, analysis/summary_types.py); the plotted
+series (CDFs, server gauges, the TTFT split) are dicts of lists, handed to plotly as they are.
 """
 
 from __future__ import annotations

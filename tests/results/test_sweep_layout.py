@@ -29,7 +29,7 @@ def _string_constants(path: Path) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("package", ["analysis", "bench", "results"])
+@pytest.mark.parametrize("package", ["analysis", "bench", "benchmarks", "results"])
 def test_file_names_are_declared_once(package: str) -> None:
     offenders = [
         f"{path.relative_to(REPO)}: {name}"
