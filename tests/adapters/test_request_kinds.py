@@ -156,7 +156,7 @@ def test_bench_run_sampling_options_end_to_end(tmp_path: Path) -> None:
     ), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     s = json.loads(p.stdout)
-    assert s.requests.ok == 12 and s.tokens.natural_stops >= 6
+    assert s["requests"]["ok"] == 12 and s["tokens"]["natural_stops"] >= 6
     config = json.loads(load_run(out).meta["config_json"])
     assert config["request"] == {"sampling": {"temperature": 0.8, "stop": ["###"]}, "forced_length": False, "stream": True,
                                  "extra_body_keys": ["repetition_penalty"]}
