@@ -42,6 +42,7 @@ from analysis.invariants import check_records, timing_measurable
 from analysis.metrics import measured, request_metrics
 from analysis.slo import SLO, SLO_METRICS
 from analysis.summary import client_health
+from analysis.summary_types import ClientHealth
 from analysis.totals import judged_mask, run_totals
 
 #: Open loop: first tokens must keep up with at least this share of the offered rate.
@@ -105,7 +106,72 @@ def _top_error(failed: pd.DataFrame) -> str | None:
     return error_line(top_errors(failed["error_type"], messages, limit=1))
 
 
-def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> dict[str, Any]:
+_NAN = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class PointMetrics:
+    """The numbers a sweep keeps for one load run (``point_metrics``): flat, NaN where not
+    measurable. ``as_row()`` is its ``points.parquet`` row (the configuration columns are
+    the sweep's); the field order is the column order."""
+
+    requests: int
+    ok: int
+    failed: int  # failed or cancelled at the drain deadline
+    cancelled: int
+    anomalies: int
+    window_s: float
+    offered_rps: float
+    measured_offered_rps: float
+    admitted_rps: float
+    throughput_rps: float
+    output_tokens_per_s: float
+    max_in_flight: int
+    rejected_at_admission: int
+    top_error: str | None
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p90_ms: float
+    tpot_p99_ms: float
+    e2e_p50_ms: float
+    e2e_p90_ms: float
+    e2e_p99_ms: float
+    ttft_from_intended_p50_ms: float
+    ttft_from_intended_p90_ms: float
+    ttft_from_intended_p99_ms: float
+    input_tokens_mean: float
+    output_tokens_mean: float
+    one_read_share: float
+    met: float
+    attainment: float
+    attainment_low: float
+    attainment_high: float
+    goodput_rps: float
+    #: per SLO bound (``ttft_ms`` …): share of judged requests missing it; columns ``miss_share_<bound>``
+    miss_share: dict[str, float]
+    under_sampled: str | None
+    client_saturated: bool
+    untrustworthy: str | None
+    server_queue_time_mean_ms: float = _NAN
+    server_kv_cache_usage_max: float = _NAN
+    server_preemptions: float = _NAN
+    server_waiting_max: float = _NAN
+    server_waiting_growth: float = _NAN
+
+    def as_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "miss_share":
+                row.update({f"miss_share_{k}": v for k, v in value.items()})
+            else:
+                row[name] = value
+        return row
+
+
+def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> PointMetrics:
     """The numbers a sweep keeps for one load run (flat; NaN where not measurable).
 
     Totals, attainment and goodput are ``analysis.totals.run_totals``'s; anomalous records
@@ -120,60 +186,72 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
     met = slo_outcomes(df, slo)["met"] if slo and len(df) else None
     totals = run_totals(df, met)
     intended = df.loc[keep, "intended_send_ns"].to_numpy(dtype=float)
-    wl = run.meta.get("workload") or {}
-    offered = wl.get("rate")
-    out: dict[str, Any] = {
-        "requests": totals.judged,
-        "ok": totals.ok,
-        "failed": totals.failed + totals.cancelled,
-        "cancelled": totals.cancelled,
-        "anomalies": totals.anomalies,
-        "window_s": totals.window_s,
-        "offered_rps": float(offered) if offered else float("nan"),
-        "measured_offered_rps": _span_rate(intended),
-        "admitted_rps": _span_rate(df.loc[keep, "first_token_ns"].to_numpy(dtype=float)),
-        "throughput_rps": totals.requests_per_s,
-        "output_tokens_per_s": totals.output_tokens_per_s,
-        "max_in_flight": _max_in_flight(df[keep]),
-        "rejected_at_admission": admission_rejections(df[keep]),
-        "top_error": _top_error(df[keep & ~ok]),
-    }
+    offered = (run.meta.get("workload") or {}).get("rate")
     okdf = df[ok]
+    latency = _latency_percentiles(okdf)
+    prompt = okdf["prompt_tokens"].astype("float64").fillna(okdf["input_tokens_target"].astype("float64"))
+    multi = int((okdf["output_tokens"].to_numpy() >= 2).sum())
+    one_read = int(checks.one_read[ok].sum())
+    if not timing_measurable(one_read, multi):  # not the engine's gaps: no TPOT figure
+        latency.update({f"tpot_p{q}_ms": _NAN for q in (50, 90, 99)})
+    attainment = (_NAN, _NAN, _NAN)
+    goodput = _NAN
+    miss_share: dict[str, float] = {}
+    if met is not None and totals.judged:
+        res = slo_outcomes(df[keep], slo)
+        attainment = (totals.attainment, *totals.attainment_interval())
+        goodput = totals.goodput_rps
+        miss_share = {key: float(res[f"miss_{key}"].mean()) for key, _ in slo.limits}
+    send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else _NAN
+    health = client_health(df[keep], run.monitor)
+    measured_offered = _span_rate(intended)
+    lag_p50 = _nanmedian(df.loc[keep, "schedule_lag_ms"].to_numpy(dtype=float))
+    sig = signals or {}
+    return PointMetrics(
+        requests=totals.judged,
+        ok=totals.ok,
+        failed=totals.failed + totals.cancelled,
+        cancelled=totals.cancelled,
+        anomalies=totals.anomalies,
+        window_s=totals.window_s,
+        offered_rps=float(offered) if offered else _NAN,
+        measured_offered_rps=measured_offered,
+        admitted_rps=_span_rate(df.loc[keep, "first_token_ns"].to_numpy(dtype=float)),
+        throughput_rps=totals.requests_per_s,
+        output_tokens_per_s=totals.output_tokens_per_s,
+        max_in_flight=_max_in_flight(df[keep]),
+        rejected_at_admission=admission_rejections(df[keep]),
+        top_error=_top_error(df[keep & ~ok]),
+        **latency,
+        input_tokens_mean=float(prompt.mean()) if len(okdf) else _NAN,
+        output_tokens_mean=float(okdf["output_tokens"].mean()) if len(okdf) else _NAN,
+        one_read_share=one_read / multi if multi else _NAN,
+        met=float(totals.met) if totals.met is not None else _NAN,
+        attainment=attainment[0],
+        attainment_low=attainment[1],
+        attainment_high=attainment[2],
+        goodput_rps=goodput,
+        miss_share=miss_share,
+        under_sampled=under_sampled(float(send_span), latency["e2e_p50_ms"]) if offered else None,
+        client_saturated=health.saturated,
+        untrustworthy=untrustworthy(
+            totals.anomalies, totals.measured, health, slo, measured_offered, lag_p50, run.meta.get("clock")
+        ),
+        **{f"server_{key}": float(sig.get(key, _NAN)) for key in _SERVER_SIGNALS},
+    )
+
+
+#: The server signals a point keeps (``server_signals``), as ``server_<name>`` columns.
+_SERVER_SIGNALS = ("queue_time_mean_ms", "kv_cache_usage_max", "preemptions", "waiting_max", "waiting_growth")
+
+
+def _latency_percentiles(okdf: pd.DataFrame) -> dict[str, float]:
+    """``<metric>_p<q>_ms`` of the successful requests (TTFT, TPOT, E2E, TTFT from intended send)."""
+    out: dict[str, float] = {}
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "ttft_from_intended_ms"):
         vals = okdf[name].to_numpy(dtype=float)
         for q in (50, 90, 99):
             out[f"{name[:-3]}_p{q}_ms"] = _pct(vals, q)
-    prompt = okdf["prompt_tokens"].astype("float64").fillna(okdf["input_tokens_target"].astype("float64"))
-    out["input_tokens_mean"] = float(prompt.mean()) if len(okdf) else float("nan")
-    out["output_tokens_mean"] = float(okdf["output_tokens"].mean()) if len(okdf) else float("nan")
-    multi = int((okdf["output_tokens"].to_numpy() >= 2).sum())
-    one_read = int(checks.one_read[ok].sum())
-    out["one_read_share"] = one_read / multi if multi else float("nan")
-    if not timing_measurable(one_read, multi):  # not the engine's gaps: no TPOT figure
-        for q in (50, 90, 99):
-            out[f"tpot_p{q}_ms"] = float("nan")
-    out["met"] = float(totals.met) if totals.met is not None else float("nan")
-    if met is not None and totals.judged:
-        res = slo_outcomes(df[keep], slo)
-        out["attainment"] = totals.attainment
-        out["attainment_low"], out["attainment_high"] = totals.attainment_interval()
-        out["goodput_rps"] = totals.goodput_rps
-        for key, _ in slo.limits:
-            out[f"miss_share_{key}"] = float(res[f"miss_{key}"].mean())
-    else:
-        out["attainment"] = out["attainment_low"] = out["attainment_high"] = float("nan")
-        out["goodput_rps"] = float("nan")
-    send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else float("nan")
-    out["under_sampled"] = under_sampled(float(send_span), out["e2e_p50_ms"]) if offered else None
-    health = client_health(df[keep], run.monitor)
-    out["client_saturated"] = bool(health["saturated"])
-    lag_p50 = _nanmedian(df.loc[keep, "schedule_lag_ms"].to_numpy(dtype=float))
-    out["untrustworthy"] = untrustworthy(
-        totals.anomalies, totals.measured, health, slo, out["measured_offered_rps"], lag_p50, run.meta.get("clock")
-    )
-    sig = signals or {}
-    for key in ("queue_time_mean_ms", "kv_cache_usage_max", "preemptions", "waiting_max", "waiting_growth"):
-        out[f"server_{key}"] = float(sig.get(key, float("nan")))
     return out
 
 
@@ -190,7 +268,7 @@ CLIENT_BEHIND_ARRIVALS = 1.0
 def untrustworthy(
     anomalies: int,
     measured_rows: int,
-    health: dict[str, Any],
+    health: ClientHealth,
     slo: SLO = SLO(),
     offered_rps: float = math.nan,
     send_lag_p50_ms: float = math.nan,
@@ -208,17 +286,17 @@ def untrustworthy(
     why = []
     if measured_rows and anomalies > ANOMALY_SHARE_MAX * measured_rows:
         why.append(f"{anomalies} of {measured_rows} records anomalous")
-    if health.get("saturated"):
-        lag = _finite(health.get("schedule_lag_p99_ms"))
+    if health.saturated:
+        lag = _finite(health.schedule_lag_p99_ms)
         if clock == "user":
-            lag = max(lag, _finite(health.get("loop_lag_p99_ms")))
+            lag = max(lag, _finite(health.loop_lag_p99_ms))
         bounds = [v for k, v in slo.limits if k in ("ttft_ms", "ttfo_ms", "e2e_ms", "itl_max_ms")]
         arrival_ms = 1000.0 / offered_rps if math.isfinite(offered_rps) and offered_rps > 0 else math.inf
         if _finite(send_lag_p50_ms) > CLIENT_BEHIND_ARRIVALS * arrival_ms:
             why.append(f"client saturated: half its sends {send_lag_p50_ms:.0f} ms or more behind the schedule")
         elif not bounds or lag >= CLIENT_LAG_SLO_SHARE * min(bounds):
             limit = f" against an SLO bound of {min(bounds):g} ms" if bounds else ""
-            why.append(f"client saturated (its lag p99 {lag:.1f} ms{limit}): " + "; ".join(health.get("warnings") or []))
+            why.append(f"client saturated (its lag p99 {lag:.1f} ms{limit}): " + "; ".join(health.warnings))
     return "; ".join(why) or None
 
 

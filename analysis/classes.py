@@ -21,7 +21,9 @@ def classes_of(table: pa.Table) -> list[str]:
 
 
 def class_breakdown(table: pa.Table, options: SummaryOptions = SummaryOptions()) -> list[dict[str, Any]]:
-    """One summary row per class: share of requests, TTFT/TPOT/E2E percentiles, attainment."""
+    """One summary row per class: share of requests, TTFT/TPOT/E2E percentiles, attainment.
+
+    The rows are a JSON payload (``bench summary --json``'s ``classes``), kept as dicts."""
     names = classes_of(table)
     if len(names) < 2:
         return []
@@ -30,19 +32,19 @@ def class_breakdown(table: pa.Table, options: SummaryOptions = SummaryOptions())
     for name in names:
         part = table.filter(pc.fill_null(pc.equal(table["length_class"], name), False))
         s = summarize(part, options)
-        lat = s["latency"]
+        lat = s.latency
         row: dict[str, Any] = {
             "class": name,
-            "requests": s["requests"]["measured"],
-            "share": s["requests"]["measured"] / total if total else float("nan"),
-            "failed": s["requests"]["failed"],
+            "requests": s.requests.measured,
+            "share": s.requests.measured / total if total else float("nan"),
+            "failed": s.requests.failed,
             "input_tokens_mean": float(pc.mean(part.filter(pc.equal(part["phase"], "measure"))["input_tokens_target"]).as_py() or 0),
         }
         for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
             for stat in ("p50", "p95"):
                 row[f"{metric[:-3]}_{stat}_ms"] = lat[metric][stat]
-        if "slo" in s:
-            row["attainment"] = s["slo"]["attainment"]
+        if s.slo is not None:
+            row["attainment"] = s.slo.attainment
         rows.append(row)
     return rows
 

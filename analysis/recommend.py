@@ -15,12 +15,19 @@ tables). Rules (docs/sweeps.md):
   failed, against its lightest load: which SLO the misses are on, how much of TTFT is queue
   time (server histogram when scraped, otherwise TTFT growth over the lightest load), and
   KV-cache usage / preemptions when the server reported them.
+
+The recommendation stays a JSON document (``dict``): it is written to
+``recommendation.json`` and read back from it by the report and the headline
+(analysis/headline.py), so one shape serves both; a configuration's evidence carries the
+``miss_share_*``/``server_*`` columns its points have. What is computed on the way is
+typed: ``Diagnosis``, ``analysis.capacity.PointMetrics``, ``CapacityResult``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +43,8 @@ from analysis.headline import build_headline, headline_lines
 from analysis.load import load_run
 from analysis.slo import SLO
 from results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
+from results.sweep_layout import CELLS_FILE, points_files, read_cells_table, read_sweep_json
 
-CELLS_FILE = "cells.parquet"
-POINTS_FILE = "points.parquet"
 #: Capacities per GPU within this fraction of the best count as tied (no target rate).
 TIE_FRACTION = 0.05
 #: TTFT counts as queue-dominated when queue time is at least this share of it.
@@ -72,10 +78,10 @@ ADVICE = {
 
 
 def read_cells(sweep: Path) -> pd.DataFrame:
-    path = Path(sweep) / CELLS_FILE
-    if not path.exists():
+    table = read_cells_table(sweep)
+    if table is None:
         raise ResultsError(f"{sweep}: not a sweep folder (no {CELLS_FILE})")
-    return read_parquet_file(path).to_pandas()
+    return table.to_pandas()
 
 
 def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] | None = None) -> pd.DataFrame:
@@ -85,8 +91,7 @@ def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] |
     run folder under those bounds.
     """
     sweep = Path(sweep)
-    pattern = f"cell={cell_id}/{POINTS_FILE}" if cell_id else f"cell=*/{POINTS_FILE}"
-    files = sorted(str(p) for p in sweep.glob(pattern))
+    files = points_files(sweep, cell_id)
     if not files:
         return pd.DataFrame()
     frames = [read_parquet_file(f).to_pandas() for f in files]
@@ -98,7 +103,7 @@ def load_points(sweep: Path, cell_id: str | None = None, slo: dict[str, float] |
 
 def sweep_dataset(sweep: Path) -> ds.Dataset:
     """The points as one Arrow dataset partitioned by cell (hive: ``cell=<id>``)."""
-    files = sorted(str(p) for p in Path(sweep).glob(f"cell=*/{POINTS_FILE}"))
+    files = points_files(sweep)
     schemas = [pq.read_schema(f) for f in files]
     schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else None
     if schema is not None:
@@ -117,18 +122,20 @@ def _rescore(sweep: Path, df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
                 if k.startswith("miss_share_"):
                     rec.pop(k)
             rescored = ("attainment", "attainment_low", "attainment_high", "met", "goodput_rps")
-            rec.update({k: v for k, v in m.items() if k in rescored or k.startswith("miss_share_")})
+            rec.update({k: v for k, v in m.as_row().items() if k in rescored or k.startswith("miss_share_")})
         rows.append(rec)
     return pd.DataFrame(rows)
 
 
 def _settings_from_definition(sweep: Path) -> dict[str, Any]:
     """Fallback when no load ran (every cell failed): the definition in sweep.json."""
-    path = Path(sweep) / "sweep.json"
     try:
-        spec = json.loads(path.read_text()).get("spec") or {}
+        data = read_sweep_json(sweep)
     except (OSError, ValueError):
         return {}
+    if data is None:
+        return {}
+    spec = data.get("spec") or {}
     return {
         "slo": spec.get("slo") or {},
         "attainment_pct": spec.get("attainment_pct"),
@@ -276,56 +283,63 @@ def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) ->
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """What limits a configuration (``diagnose_cell``): an ``ADVICE`` code, its explanation,
+    and the evidence (a JSON payload: the knee's figures beside the lightest load's, and
+    the ``miss_share_*``/``server_*`` columns it has)."""
+
+    limiting_factor: str
+    explanation: str
+    evidence: dict[str, Any]
+
+
 def diagnose_cell(
     points: pd.DataFrame, slo: dict[str, float], attainment_pct: float, level: float = CONFIDENCE
-) -> dict[str, Any]:
+) -> Diagnosis:
     """Which resource limits this configuration, read from its loads (one cell, one workload)."""
     pooled = _pooled(points, attainment_pct, level)
     if pooled.empty:
-        return {"limiting_factor": "unknown", "explanation": "no measured loads", "evidence": {}}
+        return Diagnosis("unknown", "no measured loads", {})
     base = pooled.iloc[0]
     failing = pooled[pooled["verdict"] == "fail"]  # the knee is a decided failure, not an undecided load
     knee = failing.iloc[0] if len(failing) else None
     if knee is None:
         top = pooled.iloc[-1]
-        return {
-            "limiting_factor": "none",
-            "explanation": ADVICE["none"] + f" ({_load_text(top)})",
-            "evidence": _evidence(base, top, None),
-        }
+        return Diagnosis("none", ADVICE["none"] + f" ({_load_text(top)})", _evidence(base, top, None))
     queue_ms, queue_src = _queue_estimate(base, knee)
     ev = _evidence(base, knee, (queue_ms, queue_src))
+    code = _limiting_code(base, knee, slo, queue_ms)
+    return Diagnosis(code, ADVICE[code] + f" (at {_load_text(knee)})", ev)
+
+
+def _limiting_code(base: pd.Series, knee: pd.Series, slo: dict[str, float], queue_ms: float) -> str:
+    """The ``ADVICE`` code of the knee (the lowest failing load) against the lightest load."""
     kv = _f(knee.get("server_kv_cache_usage_max"))
     pre = _f(knee.get("server_preemptions"))
     miss = {k[len("miss_share_") :]: _f(knee[k]) for k in knee.index if str(k).startswith("miss_share_")}
     failed_share = _f(knee.get("failed")) / max(1.0, _f(knee.get("requests"))) if "failed" in knee else float("nan")
-    code: str
     if (math.isfinite(kv) and kv >= KV_FULL) or (math.isfinite(pre) and pre > 0):
-        code = "kv_cache"
-    elif math.isfinite(failed_share) and failed_share > 0.5:
-        code = "errors"
-    else:
-        ttft_miss = miss.get("ttft_ms", 0.0) + miss.get("ttfo_ms", 0.0)
-        tpot_miss = miss.get("tpot_ms", 0.0) + miss.get("itl_max_ms", 0.0)
-        ttft_slo = slo.get("ttft_ms") or slo.get("ttfo_ms")
-        tpot_slo = slo.get("tpot_ms")
-        if tpot_miss > ttft_miss and tpot_miss > 0:
-            base_tpot = _f(base.get("tpot_p90_ms"))
-            code = "decode_unloaded" if tpot_slo and base_tpot > tpot_slo else "decode"
-        elif ttft_miss > 0 or knee["saturated"]:
-            base_ttft = _f(base.get("ttft_p90_ms"))
-            if ttft_slo and base_ttft > ttft_slo and knee.name == base.name:
-                code = "prefill_unloaded"
-            elif ttft_slo and _f(base.get("ttft_p50_ms")) > ttft_slo:
-                code = "prefill_unloaded"
-            else:
-                ttft = _f(knee.get("ttft_p50_ms"))
-                code = "queueing" if (math.isfinite(queue_ms) and ttft > 0 and queue_ms >= QUEUE_SHARE * ttft) or (
-                    knee["saturated"] and not (ttft_miss > 0)
-                ) else "prefill"
-        else:
-            code = "errors" if failed_share > 0 else "queueing"
-    return {"limiting_factor": code, "explanation": ADVICE[code] + f" (at {_load_text(knee)})", "evidence": ev}
+        return "kv_cache"
+    if math.isfinite(failed_share) and failed_share > 0.5:
+        return "errors"
+    ttft_miss = miss.get("ttft_ms", 0.0) + miss.get("ttfo_ms", 0.0)
+    tpot_miss = miss.get("tpot_ms", 0.0) + miss.get("itl_max_ms", 0.0)
+    ttft_slo = slo.get("ttft_ms") or slo.get("ttfo_ms")
+    tpot_slo = slo.get("tpot_ms")
+    if tpot_miss > ttft_miss and tpot_miss > 0:
+        base_tpot = _f(base.get("tpot_p90_ms"))
+        return "decode_unloaded" if tpot_slo and base_tpot > tpot_slo else "decode"
+    if not (ttft_miss > 0 or knee["saturated"]):
+        return "errors" if failed_share > 0 else "queueing"
+    base_ttft = _f(base.get("ttft_p90_ms"))
+    if ttft_slo and base_ttft > ttft_slo and knee.name == base.name:
+        return "prefill_unloaded"
+    if ttft_slo and _f(base.get("ttft_p50_ms")) > ttft_slo:
+        return "prefill_unloaded"
+    ttft = _f(knee.get("ttft_p50_ms"))
+    queued = math.isfinite(queue_ms) and ttft > 0 and queue_ms >= QUEUE_SHARE * ttft
+    return "queueing" if queued or (knee["saturated"] and not (ttft_miss > 0)) else "prefill"
 
 
 def _queue_estimate(base: pd.Series, knee: pd.Series) -> tuple[float, str]:
@@ -464,43 +478,12 @@ def _recommend_workload(
     precision: float | None,
     level: float = CONFIDENCE,
 ) -> dict[str, Any]:
-    configs: list[dict[str, Any]] = []
     status = {c["cell_id"]: c for c in cells}
-    for cell_id, g in points.groupby("cell_id", sort=False):
-        c = status.get(cell_id, {})
-        if c.get("status") not in (None, "complete"):
-            continue
-        gpus = int(g["gpus"].iloc[0])
-        axes = int(g["axes"].iloc[0]) if "axes" in g else 0
-        cap = cell_capacity(g, att, precision, level)
-        diag: dict[str, Any] = (
-            diagnose_cell(g, slo, att, level)
-            if slo
-            else {"limiting_factor": "unknown", "explanation": "no SLO given", "evidence": {}}
-        )
-        pooled = _pooled(g, att, level)
-        base = pooled.iloc[0] if len(pooled) else None
-        configs.append(
-            {
-                "cell_id": cell_id,
-                "gpus": gpus,
-                "axes": axes,
-                "tuning": _clean(g["tuning"].iloc[0]) if "tuning" in g else None,
-                **{k: _clean(v) for k, v in cap.items()},
-                "capacity_rps_per_gpu": (cap["capacity_rps"] / gpus) if cap.get("capacity_rps") else None,
-                "limiting_factor": diag["limiting_factor"],
-                "diagnosis": diag["explanation"],
-                "evidence": _clean_dict(diag["evidence"]),
-                "lightest": _clean_dict(
-                    {
-                        "load": _load_text(base) if base is not None else None,
-                        "ttft_p50_ms": _f(base.get("ttft_p50_ms")) if base is not None else None,
-                        "tpot_p50_ms": _f(base.get("tpot_p50_ms")) if base is not None else None,
-                    }
-                ),
-                "loads": [_clean_dict(_point_summary(r)) for _, r in pooled.iterrows()],
-            }
-        )
+    configs = [
+        _configuration(str(cell_id), g, slo, att, precision, level)
+        for cell_id, g in points.groupby("cell_id", sort=False)
+        if status.get(cell_id, {}).get("status") in (None, "complete")
+    ]
     configs.sort(key=lambda c: (c["gpus"], c["axes"], c["cell_id"]))
     result: dict[str, Any] = {"configurations": configs}
     result["untrustworthy"] = [
@@ -554,6 +537,38 @@ def _recommend_workload(
             result["provisional"] = True
     result["same_gpus_tradeoffs"] = _tradeoffs(configs)
     return result
+
+
+def _configuration(
+    cell_id: str, g: pd.DataFrame, slo: dict[str, float], att: float, precision: float | None, level: float
+) -> dict[str, Any]:
+    """One configuration of the recommendation (a JSON payload): its capacity, diagnosis,
+    lightest load and every load's pooled verdict."""
+    gpus = int(g["gpus"].iloc[0])
+    axes = int(g["axes"].iloc[0]) if "axes" in g else 0
+    cap = cell_capacity(g, att, precision, level)
+    diag = diagnose_cell(g, slo, att, level) if slo else Diagnosis("unknown", "no SLO given", {})
+    pooled = _pooled(g, att, level)
+    base = pooled.iloc[0] if len(pooled) else None
+    return {
+        "cell_id": cell_id,
+        "gpus": gpus,
+        "axes": axes,
+        "tuning": _clean(g["tuning"].iloc[0]) if "tuning" in g else None,
+        **{k: _clean(v) for k, v in cap.items()},
+        "capacity_rps_per_gpu": (cap["capacity_rps"] / gpus) if cap.get("capacity_rps") else None,
+        "limiting_factor": diag.limiting_factor,
+        "diagnosis": diag.explanation,
+        "evidence": _clean_dict(diag.evidence),
+        "lightest": _clean_dict(
+            {
+                "load": _load_text(base) if base is not None else None,
+                "ttft_p50_ms": _f(base.get("ttft_p50_ms")) if base is not None else None,
+                "tpot_p50_ms": _f(base.get("tpot_p50_ms")) if base is not None else None,
+            }
+        ),
+        "loads": [_clean_dict(_point_summary(r)) for _, r in pooled.iterrows()],
+    }
 
 
 def _gpus(c: dict[str, Any]) -> str:

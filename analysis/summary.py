@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -39,7 +39,21 @@ from analysis.metrics import (
 from analysis.invariants import CHECK_COLUMNS, anomaly_counts, check_records, timing_measurable
 from analysis.smoothness import Deadlines, batch_smoothness, one_token_fluidity, send_ns_float, token_range_fluidity
 from analysis.slo import SLO, SLO_METRICS
-from analysis.totals import judged_mask, run_totals
+from analysis.summary_types import (
+    ClientHealth,
+    ClientWindow,
+    DistributionMethod,
+    PromptLengths,
+    Reasoning,
+    RequestCounts,
+    RunSummary,
+    SloAttainment,
+    Smoothness,
+    Throughput,
+    TimingCheck,
+    TokenAccounting,
+)
+from analysis.totals import RunTotals, judged_mask, run_totals
 from results.record import SOURCE_NON_STREAMING
 from results.schema import REQUESTS_SCHEMA
 
@@ -78,7 +92,7 @@ def slo_mask(df: pd.DataFrame, slo: SLO) -> np.ndarray:
     return mask & ok
 
 
-def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monitor: pa.Table | None = None) -> dict[str, Any]:
+def summarize(table: pa.Table, options: SummaryOptions = SummaryOptions(), monitor: pa.Table | None = None) -> RunSummary:
     """Summary of the measured (non-warm-up) requests of ``table``."""
     batches: Iterable[pa.Table | pa.RecordBatch] = table.to_batches() if table.num_rows else [table]
     return summarize_batches(batches, options, monitor)
@@ -89,7 +103,7 @@ def summarize_run(
     options: SummaryOptions = SummaryOptions(),
     monitor: pa.Table | None = None,
     requests: pa.Table | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """``summarize`` of a run folder's requests, the chunk lists streamed record batch by
     record batch.
 
@@ -216,7 +230,7 @@ def summarize_batches(
     monitor: pa.Table | None = None,
     exact_limit: int = EXACT_LIMIT,
     scalars: pa.Table | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """``summarize`` over the requests table given as consecutive batches of rows.
 
     ``scalars``: the whole table's REQUEST_SCALAR_COLUMNS (every row, warm-up included, in
@@ -224,72 +238,101 @@ def summarize_batches(
     Per-request metrics are computed per batch and kept (one value per request); ITL and
     chunk gaps go into pooled distributions, exact up to ``exact_limit`` values each
     (docs/metrics.md, Aggregates). Batches are prepared (``_prepare``) by a thread per core
-    and pooled in their order, so the result does not depend on the threads.
+    and pooled in their order (``_pool_batches``), so the result does not depend on the
+    threads; ``_summary_of`` then computes the figures.
     """
     deadlines = Deadlines.from_slo(options.slo.as_dict())
+    pooled = _pool_batches(batches, deadlines, exact_limit, scalars)
+    if scalars is None:
+        table = pa.concat_tables(pooled.parts) if pooled.parts else pa.table({})
+    else:
+        if pooled.rows != scalars.num_rows:
+            raise _RowsChanged(f"{scalars.num_rows} rows given, {pooled.rows} streamed")
+        table = measured(scalars)
+    return _summary_of(table, pooled, options, deadlines, monitor)
+
+
+class _Pooled(NamedTuple):
+    """What ``_pool_batches`` gathered from every batch."""
+
+    rows: int  # rows streamed, warm-up included
+    parts: list[pa.Table]  # the measured rows' per-request columns (when no ``scalars`` were given)
+    per_row: list[_PerRow]
+    itl: PooledDistribution
+    chunk_gap: PooledDistribution
+
+
+def _joined(batches: Iterable[pa.Table | pa.RecordBatch], scalars: pa.Table | None) -> Iterator[pa.Table | pa.RecordBatch]:
+    """The batches, each with its rows' ``_JOINED_COLUMNS`` of ``scalars`` when given."""
+    rows = 0
+    for batch in batches:
+        if scalars is not None:
+            if batch.num_rows == 0:
+                continue
+            if rows + batch.num_rows > scalars.num_rows:
+                raise _RowsChanged(f"more rows streamed than the {scalars.num_rows} given")
+            side = scalars.slice(rows, batch.num_rows).select(list(_JOINED_COLUMNS)).combine_chunks()
+            batch = pa.RecordBatch.from_arrays(
+                [*(side.column(c).chunk(0) for c in _JOINED_COLUMNS), *batch.columns],
+                names=[*_JOINED_COLUMNS, *batch.schema.names],
+            )
+        rows += batch.num_rows
+        yield batch
+
+
+def _pool_batches(
+    batches: Iterable[pa.Table | pa.RecordBatch], deadlines: Deadlines, exact_limit: int, scalars: pa.Table | None
+) -> _Pooled:
+    """Prepare the batches in threads, a few ahead, and pool them in their order."""
     itl = PooledDistribution(exact_limit)
     chunk_gap = PooledDistribution(exact_limit)
-    all_rows = 0
     parts: list[pa.Table] = []
     per_row: list[_PerRow] = []
-
-    def joined() -> Iterator[pa.Table | pa.RecordBatch]:
-        """The batches, each with its rows' ``_JOINED_COLUMNS`` of ``scalars`` when given."""
-        nonlocal all_rows
-        for batch in batches:
-            if scalars is not None:
-                if batch.num_rows == 0:
-                    continue
-                if all_rows + batch.num_rows > scalars.num_rows:
-                    raise _RowsChanged(f"more rows streamed than the {scalars.num_rows} given")
-                side = scalars.slice(all_rows, batch.num_rows).select(list(_JOINED_COLUMNS)).combine_chunks()
-                batch = pa.RecordBatch.from_arrays(
-                    [*(side.column(c).chunk(0) for c in _JOINED_COLUMNS), *batch.columns],
-                    names=[*_JOINED_COLUMNS, *batch.schema.names],
-                )
-            all_rows += batch.num_rows
-            yield batch
-
+    rows = 0
     workers = max(1, os.cpu_count() or 1)
     pending: deque[Future[_Prepared]] = deque()
     with ThreadPoolExecutor(workers, thread_name_prefix="bench-summary") as pool:
         try:
-            source = joined()
-            while True:
-                # a few batches prepared ahead, in threads (numpy and Arrow release the GIL);
-                # whether to count them into bins there is decided now, by the pooled state
-                for batch in source:
-                    pending.append(pool.submit(
-                        _prepare, batch, deadlines, scalars is None,
-                        itl.method == "histogram", chunk_gap.method == "histogram",
-                    ))
-                    if len(pending) > workers:
-                        break
-                if not pending:
-                    break
-                prepared = pending.popleft().result()
-                if prepared.scalars is not None:
-                    parts.append(prepared.scalars)
-                if prepared.per_row is None:
-                    continue
-                per_row.append(prepared.per_row)
-                assert prepared.itl is not None
-                _pool(itl, prepared.itl)
-                if prepared.chunk_gap is None:
-                    _pool(chunk_gap, prepared.itl, same_as=itl)
-                else:
-                    _pool(chunk_gap, prepared.chunk_gap)
+            for batch in _joined(batches, scalars):
+                # whether to count a batch into bins in its thread is decided now, by the pooled state
+                rows += batch.num_rows
+                pending.append(pool.submit(
+                    _prepare, batch, deadlines, scalars is None,
+                    itl.method == "histogram", chunk_gap.method == "histogram",
+                ))
+                if len(pending) > workers:
+                    _take(pending.popleft().result(), parts, per_row, itl, chunk_gap)
+            while pending:
+                _take(pending.popleft().result(), parts, per_row, itl, chunk_gap)
         finally:
             for future in pending:
                 future.cancel()
+    return _Pooled(rows, parts, per_row, itl, chunk_gap)
 
-    if scalars is None:
-        table = pa.concat_tables(parts) if parts else pa.table({})
+
+def _take(
+    prepared: _Prepared, parts: list[pa.Table], per_row: list[_PerRow], itl: PooledDistribution, chunk_gap: PooledDistribution
+) -> None:
+    """Pool one prepared batch (in batch order)."""
+    if prepared.scalars is not None:
+        parts.append(prepared.scalars)
+    if prepared.per_row is None:
+        return
+    per_row.append(prepared.per_row)
+    assert prepared.itl is not None
+    _pool(itl, prepared.itl)
+    if prepared.chunk_gap is None:
+        _pool(chunk_gap, prepared.itl, same_as=itl)
     else:
-        if all_rows != scalars.num_rows:
-            raise _RowsChanged(f"{scalars.num_rows} rows given, {all_rows} streamed")
-        table = measured(scalars)
-    measured_rows = table.num_rows
+        _pool(chunk_gap, prepared.chunk_gap)
+
+
+def _summary_of(
+    table: pa.Table, pooled: _Pooled, options: SummaryOptions, deadlines: Deadlines, monitor: pa.Table | None
+) -> RunSummary:
+    """The figures of the measured rows (``table``'s per-request columns, ``pooled``'s
+    per-row arrays and token-level distributions)."""
+    per_row = pooled.per_row
     df = scalar_metrics(table)
     row_arrays = [np.concatenate([p[i] for p in per_row]) if per_row else np.empty(0) for i in range(6)]
     df["max_itl_ms"] = row_arrays[0]
@@ -299,88 +342,86 @@ def summarize_batches(
     judged = judged_mask(df)
     meets = slo_mask(df, options.slo) if options.slo else None
     totals = run_totals(df, meets)
-    cancelled = df["error_type"].eq("cancelled").to_numpy()
-    counted = df[judged & ~cancelled]
-    ok_mask = counted["ok"].to_numpy(dtype=bool)
     ok_rows = df["ok"].to_numpy(dtype=bool) & judged
     ok_df = df[ok_rows]
-    errors = counted.loc[~ok_mask, "error_type"].value_counts().to_dict()
-    failed_df = counted[~ok_mask]
-    messages = failed_df["error_message"] if "error_message" in failed_df else [None] * len(failed_df)
 
     latency: dict[str, dict[str, float]] = {}
     for name in ("ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms", "schedule_lag_ms", "ttft_from_intended_ms", "max_itl_ms"):
         latency[name] = percentiles(ok_df[name].to_numpy(dtype=float), ps)
-    latency["itl_ms"] = itl.summary(ps)
-    latency["chunk_gap_ms"] = chunk_gap.summary(ps)
-
-    summary: dict[str, Any] = {
-        "requests": {
-            "rows": all_rows,
-            "warmup_excluded": all_rows - measured_rows,
-            "measured": len(counted),
-            "ok": totals.ok,
-            "failed": totals.failed,
-            "cancelled_at_end": totals.cancelled,
-            "anomalies": totals.anomalies,
-            "anomaly_kinds": anomaly_counts(df["anomaly"].to_numpy()),
-            "error_rate": totals.error_rate,
-            "errors": {str(k): int(v) for k, v in errors.items()},
-            "top_errors": top_errors(failed_df["error_type"], messages),
-            # answered in one response: E2E only (no TTFT, TPOT, ITL)
-            "non_streaming": int(counted["token_source"].eq(SOURCE_NON_STREAMING).sum()),
-        },
-        "window_s": totals.window_s,
-        "throughput": {
-            "requests_per_s": totals.requests_per_s,
-            "output_tokens_per_s": totals.output_tokens_per_s,
-            "total_tokens_per_s": totals.total_tokens_per_s,
-        },
-        "latency": latency,
-        "timing": _timing_measurable(ok_df, one_read[ok_rows]),
-        "token_distributions": _distribution_method(itl, chunk_gap),
-        "tokens": _token_accounting(ok_df),
-        "percentiles": list(ps),
-    }
+    latency["itl_ms"] = pooled.itl.summary(ps)
+    latency["chunk_gap_ms"] = pooled.chunk_gap.summary(ps)
+    slo = None
     if options.slo:
-        lo, hi = totals.attainment_interval()
-        summary["slo"] = {
-            "objectives": options.slo.as_dict(),
-            "met": totals.met,
-            "judged": totals.judged,
-            "attainment": totals.attainment if totals.judged else 0.0,
-            "attainment_interval": [lo, hi],
-            "goodput_rps": totals.goodput_rps,
-        }
-    summary["client"] = client_health(df[judged], monitor)
-    summary["smoothness"] = {
-        "deadlines_ms": {"ttft": deadlines.ttft_ms, "token_interval": deadlines.token_interval_ms},
-        "fluidity": percentiles(row_arrays[1][ok_rows], (1, 5, 10, 50)),
-        "longest_gap_ms": percentiles(row_arrays[3][ok_rows], (50, 90, 95, 99)),
-    }
-    return summary
+        slo = SloAttainment(
+            objectives=options.slo.as_dict(),
+            met=int(totals.met or 0),  # an SLO was given: counted
+            judged=totals.judged,
+            attainment=totals.attainment if totals.judged else 0.0,
+            attainment_interval=totals.attainment_interval(),
+            goodput_rps=totals.goodput_rps,
+        )
+    return RunSummary(
+        requests=_request_counts(df, judged, totals, pooled.rows, table.num_rows),
+        window_s=totals.window_s,
+        throughput=Throughput(totals.requests_per_s, totals.output_tokens_per_s, totals.total_tokens_per_s),
+        latency=latency,
+        timing=_timing_measurable(ok_df, one_read[ok_rows]),
+        token_distributions=_distribution_method(pooled.itl, pooled.chunk_gap),
+        tokens=_token_accounting(ok_df),
+        percentiles=tuple(ps),
+        slo=slo,
+        client=client_health(df[judged], monitor),
+        smoothness=Smoothness(
+            deadlines_ms={"ttft": deadlines.ttft_ms, "token_interval": deadlines.token_interval_ms},
+            fluidity=percentiles(row_arrays[1][ok_rows], (1, 5, 10, 50)),
+            longest_gap_ms=percentiles(row_arrays[3][ok_rows], (50, 90, 95, 99)),
+        ),
+    )
 
 
-def _timing_measurable(ok_df: pd.DataFrame, one_read: np.ndarray) -> dict[str, Any]:
+def _request_counts(df: pd.DataFrame, judged: np.ndarray, totals: RunTotals, all_rows: int, measured_rows: int) -> RequestCounts:
+    cancelled = df["error_type"].eq("cancelled").to_numpy()
+    counted = df[judged & ~cancelled]
+    ok_mask = counted["ok"].to_numpy(dtype=bool)
+    errors = counted.loc[~ok_mask, "error_type"].value_counts().to_dict()
+    failed_df = counted[~ok_mask]
+    messages = failed_df["error_message"] if "error_message" in failed_df else [None] * len(failed_df)
+    return RequestCounts(
+        rows=all_rows,
+        warmup_excluded=all_rows - measured_rows,
+        measured=len(counted),
+        ok=totals.ok,
+        failed=totals.failed,
+        cancelled_at_end=totals.cancelled,
+        anomalies=totals.anomalies,
+        anomaly_kinds=anomaly_counts(df["anomaly"].to_numpy()),
+        error_rate=totals.error_rate,
+        errors={str(k): int(v) for k, v in errors.items()},
+        top_errors=top_errors(failed_df["error_type"], messages),
+        non_streaming=int(counted["token_source"].eq(SOURCE_NON_STREAMING).sum()),
+    )
+
+
+def _timing_measurable(ok_df: pd.DataFrame, one_read: np.ndarray) -> TimingCheck:
     """Whether the per-token timings (ITL, TPOT, chunk gap) stand for the engine's: not when
     most multi-token responses arrived in one read (the gaps are then the client's)."""
     multi = int((ok_df["output_tokens"].to_numpy() >= 2).sum())
     k = int(one_read.sum())
-    return {"one_read_responses": k, "multi_token_responses": multi, "itl_measurable": timing_measurable(k, multi)}
+    return TimingCheck(one_read_responses=k, multi_token_responses=multi, itl_measurable=timing_measurable(k, multi))
 
 
-def _distribution_method(*dists: PooledDistribution) -> dict[str, Any]:
+def _distribution_method(*dists: PooledDistribution) -> DistributionMethod:
     """How the pooled token-level percentiles (ITL, chunk gap) were computed."""
     exact = all(d.method == "exact" for d in dists)
-    return {
-        "method": "exact" if exact else "histogram",
-        "values": max(d.n for d in dists),
-        "exact_limit": dists[0].exact_limit,
-        "max_relative_error": 0.0 if exact else HISTOGRAM_RELATIVE_ERROR,
-    }
+    return DistributionMethod(
+        method="exact" if exact else "histogram",
+        values=max(d.n for d in dists),
+        exact_limit=dists[0].exact_limit,
+        max_relative_error=0.0 if exact else HISTOGRAM_RELATIVE_ERROR,
+    )
 
 
-def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
+def _token_accounting(ok_df: pd.DataFrame) -> TokenAccounting:
     sources = ok_df["token_source"].value_counts().to_dict()
     comp = ok_df["completion_tokens"].astype("float64")
     has = ~comp.isna()
@@ -390,34 +431,34 @@ def _token_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
     long = int((ok_df["output_tokens"] > ok_df["max_output_tokens"]).sum())
     finish = ok_df["finish_reason"] if "finish_reason" in ok_df else pd.Series([None] * len(ok_df), dtype=object)
     reasons = finish.fillna("none").value_counts().to_dict()
-    return {
-        "sources": {str(k): int(v) for k, v in sources.items()},
-        "chunk_vs_server_mismatches": mismatch,
-        "shorter_than_requested": short,
-        "longer_than_requested": long,
-        "prompt": prompt_length_accounting(ok_df),
-        "finish_reasons": {str(k): int(v) for k, v in sorted(reasons.items())},
-        "natural_stops": int(finish.isin(NATURAL_STOPS).sum()),
-        **_reasoning(ok_df),
-    }
+    return TokenAccounting(
+        sources={str(k): int(v) for k, v in sources.items()},
+        chunk_vs_server_mismatches=mismatch,
+        shorter_than_requested=short,
+        longer_than_requested=long,
+        prompt=prompt_length_accounting(ok_df),
+        finish_reasons={str(k): int(v) for k, v in sorted(reasons.items())},
+        natural_stops=int(finish.isin(NATURAL_STOPS).sum()),
+        reasoning=_reasoning(ok_df),
+    )
 
 
-def _reasoning(ok_df: pd.DataFrame) -> dict[str, Any]:
-    """Reasoning vs answer tokens, where some request reasoned (docs/metrics.md)."""
+def _reasoning(ok_df: pd.DataFrame) -> Reasoning | None:
+    """Reasoning vs answer tokens, where some request reasoned (docs/metrics.md); None: none did."""
     if "reasoning_tokens" not in ok_df:
-        return {}
+        return None
     reasoning = ok_df["reasoning_tokens"].astype("float64")
     known = ~reasoning.isna()
     if not (reasoning[known] > 0).any():
-        return {}
+        return None
     out = ok_df.loc[known, "output_tokens"].astype("float64")
-    return {"reasoning": {
-        "requests": int((reasoning[known] > 0).sum()),
-        "reasoning_tokens": int(reasoning[known].sum()),
-        "answer_tokens": int((out - reasoning[known]).sum()),
-        "reasoning_tokens_mean": float(reasoning[known].mean()),
-        "answer_tokens_mean": float((out - reasoning[known]).mean()),
-    }}
+    return Reasoning(
+        requests=int((reasoning[known] > 0).sum()),
+        reasoning_tokens=int(reasoning[known].sum()),
+        answer_tokens=int((out - reasoning[known]).sum()),
+        reasoning_tokens_mean=float(reasoning[known].mean()),
+        answer_tokens_mean=float((out - reasoning[known]).mean()),
+    )
 
 
 #: A run warns when more than this share of its prompts are off their requested length by more
@@ -425,7 +466,7 @@ def _reasoning(ok_df: pd.DataFrame) -> dict[str, Any]:
 PROMPT_LENGTH_TOLERANCE = 0.05
 
 
-def prompt_length_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
+def prompt_length_accounting(ok_df: pd.DataFrame) -> PromptLengths:
     """Requested (``input_tokens_target``) against server-reported (``prompt_tokens``) prompt
     lengths, over the successful requests that carry no conversation history (later turns of
     a session also hold the earlier turns, so their length is not the requested one)."""
@@ -435,34 +476,29 @@ def prompt_length_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
     want = ok_df.loc[own, "input_tokens_target"].astype("float64")
     keep = got.notna().to_numpy() & (want > 0).to_numpy()
     got_a, want_a = got.to_numpy()[keep], want.to_numpy()[keep]
-    out: dict[str, Any] = {"compared": int(keep.sum()), "exact_share": float("nan"), "ratio_p50": float("nan"),
-                           "off_share": float("nan"), "warning": None}  # fmt: skip
     if not len(got_a):
-        return out
+        return PromptLengths(compared=int(keep.sum()))
     ratio = got_a / want_a
-    off = np.abs(ratio - 1) > PROMPT_LENGTH_TOLERANCE
-    out.update(
-        exact_share=float(np.mean(got_a == want_a)),
-        ratio_p50=float(np.median(ratio)),
-        off_share=float(np.mean(off)),
-    )
-    if out["off_share"] > PROMPT_LENGTH_TOLERANCE:
+    off_share = float(np.mean(np.abs(ratio - 1) > PROMPT_LENGTH_TOLERANCE))
+    ratio_p50 = float(np.median(ratio))
+    warning = None
+    if off_share > PROMPT_LENGTH_TOLERANCE:
         source = ok_df.loc[own, "input_tokens_source"] if "input_tokens_source" in ok_df else pd.Series(dtype=object)
         counted = bool(len(source)) and bool(source[keep].isin(EXACT_PROMPT_SOURCES).all())
         why = ("the text was counted exactly, so the rest is what the engine adds (a chat template, BOS)" if counted
                else "exact lengths need --tokenizer DIR or --tokenize-url auto")  # fmt: skip
-        out["warning"] = (
-            f"prompts are not the length asked for: {100 * out['off_share']:.0f}% of {len(got_a)} are off by more "
-            f"than {100 * PROMPT_LENGTH_TOLERANCE:g}% (server/requested p50 {out['ratio_p50']:.2f}); {why}"
+        warning = (
+            f"prompts are not the length asked for: {100 * off_share:.0f}% of {len(got_a)} are off by more "
+            f"than {100 * PROMPT_LENGTH_TOLERANCE:g}% (server/requested p50 {ratio_p50:.2f}); {why}"
         )
-    return out
+    return PromptLengths(int(keep.sum()), float(np.mean(got_a == want_a)), ratio_p50, off_share, warning)
 
 
 #: ``input_tokens_source`` values whose prompt text was counted with the model's tokenizer.
 EXACT_PROMPT_SOURCES = ("tokenizer", "server_tokenize")
 
 
-def client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:
+def client_health(df: pd.DataFrame, monitor: pa.Table | None) -> ClientHealth:
     """Was the client itself the bottleneck? Overall figures, then per time window.
 
     Signals (docs/instrument.md): schedule lag (send minus intended send, per request),
@@ -473,14 +509,11 @@ def client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:
     """
     lag = df["schedule_lag_ms"].to_numpy(dtype=float)
     lag_ok = ~np.isnan(lag)
-    health: dict[str, Any] = {
-        "schedule_lag_p99_ms": float(np.percentile(lag[lag_ok], 99)) if lag_ok.any() else float("nan"),
-    }
+    lag_p99 = float(np.percentile(lag[lag_ok], 99)) if lag_ok.any() else float("nan")
     warnings = []
-    if lag_ok.any() and health["schedule_lag_p99_ms"] > CLIENT_LAG_P99_MS:
-        warnings.append(
-            f"client saturated: send lag p99 {health['schedule_lag_p99_ms']:.1f} ms > {CLIENT_LAG_P99_MS:g} ms"
-        )
+    if lag_ok.any() and lag_p99 > CLIENT_LAG_P99_MS:
+        warnings.append(f"client saturated: send lag p99 {lag_p99:.1f} ms > {CLIENT_LAG_P99_MS:g} ms")
+    loop_p99 = loop_max = None
     loop_ms = np.empty(0)
     mon_ts = np.empty(0)
     cpu = np.empty(0)
@@ -491,29 +524,33 @@ def client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:
         cpu = monitor["cpu_s"].to_numpy(zero_copy_only=False).astype(float)
         workers = monitor["worker_id"].to_numpy(zero_copy_only=False).astype(np.int64)
         if np.isfinite(loop_ms).any():
-            health["loop_lag_p99_ms"] = float(np.nanpercentile(loop_ms, 99))
-            health["loop_lag_max_ms"] = float(np.nanmax(loop_ms))
-            if health["loop_lag_p99_ms"] > LOOP_LAG_MAX_MS:
-                warnings.append(f"client saturated: event-loop lag p99 {health['loop_lag_p99_ms']:.1f} ms")
+            loop_p99 = float(np.nanpercentile(loop_ms, 99))
+            loop_max = float(np.nanmax(loop_ms))
+            if loop_p99 > LOOP_LAG_MAX_MS:
+                warnings.append(f"client saturated: event-loop lag p99 {loop_p99:.1f} ms")
     windows = _client_windows(df, lag, mon_ts, loop_ms, cpu, workers)
-    health["windows"] = windows
-    busy = [w["cpu_busy"] for w in windows if w["cpu_busy"] == w["cpu_busy"]]
-    health["cpu_busy_max"] = max(busy) if busy else float("nan")
+    busy = [w.cpu_busy for w in windows if w.cpu_busy == w.cpu_busy]
     if busy and max(busy) >= CLIENT_CPU_BUSY:
         warnings.append(f"client saturated: a client process used {100 * max(busy):.0f}% of a core")
-    flagged = [w for w in windows if w["saturated"]]
-    health["saturated_windows"] = len(flagged)
+    flagged = [w for w in windows if w.saturated]
     if flagged:
-        spans = ", ".join(f"{w['start_s']:g}-{w['end_s']:g} s" for w in flagged[:6]) + (", ..." if len(flagged) > 6 else "")
+        spans = ", ".join(f"{w.start_s:g}-{w.end_s:g} s" for w in flagged[:6]) + (", ..." if len(flagged) > 6 else "")
         warnings.append(f"client saturated in {len(flagged)} of {len(windows)} windows ({spans}): timings there include client delay")
-    health["warnings"] = warnings
-    health["saturated"] = bool(warnings)
-    return health
+    return ClientHealth(
+        schedule_lag_p99_ms=lag_p99,
+        loop_lag_p99_ms=loop_p99,
+        loop_lag_max_ms=loop_max,
+        windows=windows,
+        cpu_busy_max=max(busy) if busy else float("nan"),
+        saturated_windows=len(flagged),
+        warnings=warnings,
+        saturated=bool(warnings),
+    )
 
 
 def _client_windows(
     df: pd.DataFrame, lag: np.ndarray, mon_ts: np.ndarray, loop_ms: np.ndarray, cpu: np.ndarray, workers: np.ndarray
-) -> list[dict[str, Any]]:
+) -> list[ClientWindow]:
     """Per-window client signals over the measured period (windows of 1-10 s)."""
     intended = df["intended_send_ns"].to_numpy(dtype=float)
     send = df["send_ns"].to_numpy(dtype=float)
@@ -530,7 +567,7 @@ def _client_windows(
     w_send = np.where(np.isfinite(send), np.clip((send - t0) // width, 0, n - 1), -1)
     offered = np.bincount(w_int[np.isfinite(w_int)].astype(np.int64), minlength=n)
     sent = np.bincount(w_send[w_send >= 0].astype(np.int64), minlength=n)
-    out: list[dict[str, Any]] = []
+    out: list[ClientWindow] = []
     # each window's send lags, from one sort (not a scan of every request per window)
     finite_lag = np.isfinite(lag)
     lag_w = w_int[finite_lag].astype(np.int64)
@@ -563,16 +600,16 @@ def _client_windows(
         if busy >= CLIENT_CPU_BUSY:
             why.append(f"client CPU {100 * busy:.0f}% of a core")
         out.append(
-            {
-                "start_s": round(i * width_s, 3),
-                "end_s": round((i + 1) * width_s, 3),
-                "offered": int(offered[i]),
-                "sent": int(sent[i]),
-                "send_lag_p99_ms": lag_p99,
-                "loop_lag_max_ms": loop_max,
-                "cpu_busy": busy,
-                "saturated": bool(why),
-                "why": why,
-            }
+            ClientWindow(
+                start_s=round(i * width_s, 3),
+                end_s=round((i + 1) * width_s, 3),
+                offered=int(offered[i]),
+                sent=int(sent[i]),
+                send_lag_p99_ms=lag_p99,
+                loop_lag_max_ms=loop_max,
+                cpu_busy=busy,
+                saturated=bool(why),
+                why=why,
+            )
         )
     return out

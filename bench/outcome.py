@@ -9,29 +9,30 @@ from pathlib import Path
 from typing import Any
 
 from analysis.failures import error_line
+from analysis.summary_types import RunSummary
 from bench.errors import ExitCode, Outcome, too_few_succeeded
 
 
-def run_outcome(summary: dict[str, Any]) -> Outcome | None:
+def run_outcome(summary: RunSummary) -> Outcome | None:
     """``NO_DATA`` when nothing or almost nothing of the run succeeded, else None."""
-    r = summary["requests"]
-    if not too_few_succeeded(int(r["ok"]), int(r["measured"])):
+    r = summary.requests
+    if not too_few_succeeded(r.ok, r.measured):
         return None
-    if not r["measured"]:
-        cancelled = int(r.get("cancelled_at_end") or 0)
+    if not r.measured:
+        cancelled = r.cancelled_at_end
         return Outcome(
             ExitCode.NO_DATA,
             "error: no request completed"
             + (f": {cancelled} still running were cancelled at the end (a longer --duration or --drain-timeout?)"
                if cancelled else ""),
         )
-    top = r.get("top_errors") or []
+    top = r.top_errors
     cause = error_line(top)
     if top and str(top[0].get("message", "")).startswith("HTTP 404"):
         cause += " (is --url the server's root, and --engine/--api its API?)"
     return Outcome(
         ExitCode.NO_DATA,
-        f"error: {r['ok']} of {r['measured']} measured requests succeeded" + (f"; {cause}" if cause else ""),
+        f"error: {r.ok} of {r.measured} measured requests succeeded" + (f"; {cause}" if cause else ""),
     )
 
 

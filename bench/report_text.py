@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +14,37 @@ from analysis.format import format_summary
 from analysis.load import load_run
 from analysis.slo import SLO
 from analysis.summary import REQUEST_SCALAR_COLUMNS, SummaryOptions, summarize_run
+from analysis.summary_types import RunSummary, json_of
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
+@dataclass(frozen=True, slots=True)
+class PrintedSummary:
+    """A run's summary with what ``bench summary`` shows beside it. ``run``, ``server``,
+    ``ttft_split`` and ``classes`` are JSON payloads (run.parquet's fields, the server's
+    metrics, analysis.ttft_split, analysis.classes), kept as such."""
+
+    summary: RunSummary
+    run: dict[str, Any]
+    server: dict[str, Any] | None = None
+    ttft_split: dict[str, Any] | None = None
+    classes: list[dict[str, Any]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``bench summary --json``: the summary's fields, then ``run`` and what is present of the rest."""
+        out = self.summary.to_json()
+        out["run"] = self.run
+        for key in ("server", "ttft_split", "classes"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
 
 
-def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple[dict[str, Any], str]:
+def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple[PrintedSummary, str]:
     # per-request columns only (read once, shared with summarize_run, which streams the chunk lists)
     run = load_run(run_dir, list(REQUEST_SCALAR_COLUMNS))
     s = summarize_run(run.path, SummaryOptions(percentiles, slo), run.monitor, run.requests)
-    s["run"] = {
+    info = {
         "run_id": run.run_id,
         "path": str(run.path),
         "status": run.meta.get("status"),
@@ -39,27 +54,22 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
         # run-level warnings recorded by the writer (e.g. a distributed worker lost mid-run)
         "warnings": list((run.meta.get("notes") or {}).get("warnings") or []),
     }
-    from analysis.server_metrics import server_summary
-
-    server = server_summary(run.path, run.requests)
-    if server is not None:
-        s["server"] = server
-    from analysis.ttft_split import split_summary
-
-    split = split_summary(run.path)
-    if split is not None:
-        s["ttft_split"] = split
     from analysis.classes import class_breakdown, classes_of
+    from analysis.server_metrics import server_summary
+    from analysis.ttft_split import split_summary
     from results.reader import read_requests
 
+    server = server_summary(run.path, run.requests)
+    split = split_summary(run.path)
+    classes = None
     if len(classes_of(read_requests(run.path, ["phase", "length_class"]))) > 1:
-        s["classes"] = class_breakdown(read_requests(run.path), SummaryOptions(percentiles, slo))
+        classes = class_breakdown(read_requests(run.path), SummaryOptions(percentiles, slo))
     clock = str(run.meta.get("clock") or "?").split(":")[0]  # "kernel: SO_TIMESTAMPNS ..." -> "kernel"
     title = (
         f"run {run.run_id} ({run.meta.get('status')}) engine={run.meta.get('engine')} model={run.meta.get('model')} "
         f"clock={clock}"
     )
-    return s, title
+    return PrintedSummary(s, info, server, split, classes), title
 
 
 def _finite(v: float) -> bool:
@@ -92,32 +102,32 @@ def _server_lines(server: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_json: bool) -> dict[str, Any]:
+def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_json: bool) -> RunSummary:
     """Print the run's summary (a table, or JSON); returns it."""
-    s, title = summary_of(run_dir, slo, percentiles)
+    p, title = summary_of(run_dir, slo, percentiles)
     if as_json:
-        click.echo(json.dumps(_clean(s), indent=2, default=str))
-    else:
-        click.echo(format_summary(s, title))
-        for line in _server_lines(s.get("server") or {}):
+        click.echo(json.dumps(json_of(p.to_json(), finite=True), indent=2, default=str))
+        return p.summary
+    click.echo(format_summary(p.summary, title))
+    for line in _server_lines(p.server or {}):
+        click.echo(line)
+    if p.classes:
+        from analysis.classes import format_breakdown
+
+        for line in format_breakdown(p.classes):
             click.echo(line)
-        if s.get("classes"):
-            from analysis.classes import format_breakdown
+    if p.ttft_split:
+        from analysis.ttft_split import format_split
 
-            for line in format_breakdown(s["classes"]):
-                click.echo(line)
-        if s.get("ttft_split"):
-            from analysis.ttft_split import format_split
-
-            for line in format_split(s["ttft_split"]):
-                click.echo(line)
-        td = s.get("token_distributions") or {}
-        if td.get("method") == "histogram":
-            click.echo(
-                f"note: ITL and chunk-gap percentiles over {td['values']:,} values from a histogram "
-                f"(within {100 * td['max_relative_error']:.4f} % of exact; docs/metrics.md)"
-            )
-        for warning in s["run"]["warnings"]:
-            click.echo(f"WARNING: {warning}")
-        click.echo(f"results: {run_dir}")
-    return s
+        for line in format_split(p.ttft_split):
+            click.echo(line)
+    td = p.summary.token_distributions
+    if td.method == "histogram":
+        click.echo(
+            f"note: ITL and chunk-gap percentiles over {td.values:,} values from a histogram "
+            f"(within {100 * td.max_relative_error:.4f} % of exact; docs/metrics.md)"
+        )
+    for warning in p.run["warnings"]:
+        click.echo(f"WARNING: {warning}")
+    click.echo(f"results: {run_dir}")
+    return p.summary

@@ -22,12 +22,12 @@ from bench.embedded import embedded_engine
 from results.reader import read_run_meta
 
 ROWS = [
-    ("requests ok", lambda s: s["requests"]["ok"]),
-    ("achieved req/s", lambda s: s["throughput"]["requests_per_s"]),
-    ("output tok/s", lambda s: s["throughput"]["output_tokens_per_s"]),
-    *[(f"TTFT p{p} ms", lambda s, p=p: s["latency"]["ttft_ms"][f"p{p}"]) for p in (50, 90, 99)],
-    *[(f"ITL p{p} ms", lambda s, p=p: s["latency"]["itl_ms"][f"p{p}"]) for p in (50, 90, 99)],
-    *[(f"send lag p{p} ms", lambda s, p=p: s["latency"]["schedule_lag_ms"][f"p{p}"]) for p in (50, 99)],
+    ("requests ok", lambda s: s.requests.ok),
+    ("achieved req/s", lambda s: s.throughput.requests_per_s),
+    ("output tok/s", lambda s: s.throughput.output_tokens_per_s),
+    *[(f"TTFT p{p} ms", lambda s, p=p: s.latency["ttft_ms"][f"p{p}"]) for p in (50, 90, 99)],
+    *[(f"ITL p{p} ms", lambda s, p=p: s.latency["itl_ms"][f"p{p}"]) for p in (50, 90, 99)],
+    *[(f"send lag p{p} ms", lambda s, p=p: s.latency["schedule_lag_ms"][f"p{p}"]) for p in (50, 99)],
 ]
 
 

@@ -490,7 +490,7 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
                 a = np.asarray(lists[row], np.int64)[np.asarray(toks[row]) > 0]
                 tokens_in += int(((a >= lo) & (a <= hi)).sum())
     res["cpu_us_tok"] = cpu_us / tokens_in if tokens_in else float("nan")
-    res["flags"] = "; ".join(summary["client"].get("warnings", [])) or "-"
+    res["flags"] = "; ".join(summary.client.warnings) or "-"
     return res
 
 

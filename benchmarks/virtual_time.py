@@ -56,11 +56,11 @@ def _bench(*args: str, timeout: float = 3600) -> tuple[subprocess.CompletedProce
 
 
 def main_job_once(tmp: Path, k: int) -> tuple[float, float, str, dict[str, float | None]]:
-    from bench.sweep.store import read_cells
+    from bench.sweep.store import RECOMMENDATION_FILE, read_cells
 
     out = tmp / f"sweep{k}"
     r, wall, cpu = _bench(*MAIN_JOB, "--out", str(out))
-    rec = json.loads((out / "recommendation.json").read_text()).get("recommendation") or {}
+    rec = json.loads((out / RECOMMENDATION_FILE).read_text()).get("recommendation") or {}
     caps = {c["cell_id"]: c["capacity_rps"] for c in read_cells(out)}
     assert "ran in virtual time" in r.stdout
     return wall, cpu, str(rec.get("cell_id")), caps

@@ -22,6 +22,7 @@ from analysis.report import figures as F
 from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
 from analysis.report.page import render_page
 from analysis.slo import SLO
+from results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, is_sweep
 
 #: Runs that get their own detailed section; beyond this the page lists them in the table only.
 MAX_RUN_SECTIONS = 24
@@ -61,11 +62,11 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
             rel = Path(v.path).resolve().relative_to(results.resolve()) if Path(v.path).resolve() != results.resolve() else None
             v.label = f"{rel} ({v.run_id})" if rel else v.run_id
     views.sort(key=lambda v: (v.key.split(' / ')[0], v.offered if v.offered is not None else math.inf, v.label))
-    is_sweep = results.is_dir() and ((results / "cells.parquet").exists() or (results / "sweep.json").exists())
+    sweep = is_sweep(results)
     sections: list[Section] = []
     top_notes: list[str] = []
 
-    if is_sweep:
+    if sweep:
         cells, rec, notes = read_sweep_tables(results)
         top_notes += notes
         sections.append(_sweep_section(cells, rec))
@@ -74,7 +75,7 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
     overview = Section("Across runs")
     by_id = {r.run_id: r for r in runs}
     points = load_points([by_id[v.run_id] for v in views], views, options.slo)
-    objectives: dict[str, float] = next((v.summary["slo"]["objectives"] for v in views if v.summary.get("slo")), {})
+    objectives: dict[str, float] = next((v.summary.slo.objectives for v in views if v.summary.slo), {})
     for name, fig in (
         ("latency-throughput", F.latency_vs_throughput(points)),
         ("goodput-load", F.goodput_vs_load(points, objectives)),
@@ -82,7 +83,7 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
     ):
         if fig is not None:
             overview.figures.append((name, fig))
-    if not any(v.summary.get("slo") for v in views):
+    if not any(v.summary.slo for v in views):
         overview.notes.append("no SLO in the runs and none given (--slo): goodput and SLO attainment omitted")
     if len(points) < 2:
         overview.notes.append(
@@ -200,7 +201,7 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
                 parts.append(f"<p><b>{F.esc(title)}</b>: " + "; ".join(F.esc(i) for i in items) + "</p>")
         parts.append(_evidence_html(rec))
     else:
-        sec.notes.append("no recommendation.json: recommendation omitted")
+        sec.notes.append(f"no {RECOMMENDATION_FILE}: recommendation omitted")
     if cells is not None and len(cells):
         preferred = [
             "cell_id", "status", "engine", "model", "gpu", "gpus", "tp", "pp", "dp", "ep", "dcp", "pcp", "disagg",
@@ -212,7 +213,7 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
             rows.append([_fmt(r[c]) for c in cols])
         parts.append("<h3>Cells</h3>" + _table([F.esc(c) for c in cols], rows, "cells"))
     else:
-        sec.notes.append("no cells.parquet: cell table omitted")
+        sec.notes.append(f"no {CELLS_FILE}: cell table omitted")
     sec.html = "".join(parts)
     return sec
 
@@ -226,27 +227,27 @@ def _runs_table_section(views: list[RunView]) -> Section:
     rows = []
     for v in views:
         s = v.summary
-        lat, thr, req = s["latency"], s["throughput"], s["requests"]
-        slo = s.get("slo")
+        lat, thr, req = s.latency, s.throughput, s.requests
+        slo = s.slo
         rows.append(
             [
                 f'<a href="#run-{F.esc(v.run_id)}">{F.esc(v.run_id)}</a>',
                 F.esc(v.key or "–"),
                 F.esc(v.meta.get("status", "?")),
                 str(v.gpus),
-                str(req["measured"]),
-                str(req["failed"]),
-                _fmt(thr["requests_per_s"]),
-                _fmt(thr["output_tokens_per_s"], 0),
-                _fmt(thr["output_tokens_per_s"] / max(v.gpus, 1), 0),
+                str(req.measured),
+                str(req.failed),
+                _fmt(thr.requests_per_s),
+                _fmt(thr.output_tokens_per_s, 0),
+                _fmt(thr.output_tokens_per_s / max(v.gpus, 1), 0),
                 _fmt(lat["ttft_ms"]["p50"]),
                 _fmt(lat["ttft_ms"]["p95"]),
                 _fmt(lat["tpot_ms"]["p50"]),
                 _fmt(lat["tpot_ms"]["p95"]),
                 _fmt(lat["itl_ms"]["p99"]),
                 _fmt(lat["e2e_ms"]["p50"]),
-                _fmt(slo["goodput_rps"]) if slo else "–",
-                f"{100 * slo['attainment']:.1f}%" if slo else "–",
+                _fmt(slo.goodput_rps) if slo else "–",
+                f"{100 * slo.attainment:.1f}%" if slo else "–",
                 _fmt(v.smoothness.get("fluidity_mean"), 3),
             ]
         )
@@ -280,25 +281,25 @@ def _run_section(i: int, v: RunView) -> Section:
         ["model", F.esc(meta.get("model"))],
         ["status", F.esc(meta.get("status"))],
         ["timestamps", F.esc(meta.get("clock") or "?")],
-        ["window", f"{v.summary['window_s']:.2f} s"],
+        ["window", f"{v.summary.window_s:.2f} s"],
     ]
     if v.key:
         info.insert(1, ["configuration", F.esc(v.key)])
-    slo = v.summary.get("slo")
+    slo = v.summary.slo
     if slo:
-        objs = ", ".join(f"{k} ≤ {val:g}" for k, val in slo["objectives"].items())
-        info.append(["SLO", F.esc(f"{objs}: attainment {100 * slo['attainment']:.1f}%, goodput {slo['goodput_rps']:.2f} req/s")])
-    for e in v.summary["requests"].get("top_errors") or []:
+        objs = ", ".join(f"{k} ≤ {val:g}" for k, val in slo.objectives.items())
+        info.append(["SLO", F.esc(f"{objs}: attainment {100 * slo.attainment:.1f}%, goodput {slo.goodput_rps:.2f} req/s")])
+    for e in v.summary.requests.top_errors:
         info.append([f"errors: {F.esc(e['error_type'])}", F.esc(f"{e['count']} x {e['message'] or '(no message)'}")])
     for k, val in v.smoothness.items():
         info.append([F.esc(k), _fmt(val, 3)])
-    req = v.summary["requests"]
-    if req.get("anomalies"):
+    req = v.summary.requests
+    if req.anomalies:
         info.append(["anomalies", F.esc(anomaly_text(req) + ": excluded from every figure (docs/metrics.md, Record invariants)")])
-    timing = v.summary.get("timing") or {}
-    if not timing.get("itl_measurable", True):
+    timing = v.summary.timing
+    if not timing.itl_measurable:
         info.append(["ITL / TPOT", F.esc("not measurable: " + one_read_text(timing))])
-    for w in v.summary.get("client", {}).get("warnings", []):
+    for w in v.summary.client.warnings:
         info.append(["warning", F.esc(w)])
     sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv") + _classes_html(v.classes)
     for name, fig in (

@@ -3,6 +3,9 @@
 Every per-request or per-token view is sampled or binned here, so the page size depends on
 the number of runs, not on the number of requests (a 100k-request run plots the same ~2,000
 points a 1k-request run does).
+
+The run's summary is typed (``RunView.summary``, analysis/summary_types.py); the plotted
+series (CDFs, server gauges, the TTFT split) are dicts of lists, handed to plotly as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from analysis.metrics import itl_ms, measured, request_metrics
 from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
 from analysis.summary import SummaryOptions, summarize
-from results.reader import read_parquet_file, read_server_metrics
+from analysis.summary_types import RunSummary
+from results.reader import read_server_metrics
+from results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, read_cells_table
 
 #: Quantile grid of a CDF: fine in the tail, where the interesting part is.
 CDF_GRID = np.unique(np.r_[np.linspace(0, 0.9, 91), 1 - np.logspace(-1, -4, 120), 1.0])
@@ -49,7 +54,7 @@ class RunView:
     label: str
     path: str
     meta: dict[str, Any]
-    summary: dict[str, Any]
+    summary: RunSummary
     key: str  # configuration key (sweep cell / load) or ''
     gpus: int
     offered: float | None  # offered load value (rate req/s or concurrency)
@@ -324,20 +329,19 @@ def read_sweep_tables(path: Path) -> tuple[pd.DataFrame | None, dict[str, Any] |
     notes: list[str] = []
     cells = None
     rec = None
-    cells_path = path / "cells.parquet"
-    if cells_path.exists():
-        try:
-            cells = read_parquet_file(cells_path).to_pandas()
-        except (OSError, pa.ArrowInvalid) as exc:
-            notes.append(f"cells.parquet unreadable ({exc})")
-    rec_path = path / "recommendation.json"
+    try:
+        table = read_cells_table(path)
+        cells = table.to_pandas() if table is not None else None
+    except (OSError, pa.ArrowInvalid) as exc:
+        notes.append(f"{CELLS_FILE} unreadable ({exc})")
+    rec_path = path / RECOMMENDATION_FILE
     if rec_path.exists():
         try:
             rec = json.loads(rec_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            notes.append(f"recommendation.json unreadable ({exc})")
+            notes.append(f"{RECOMMENDATION_FILE} unreadable ({exc})")
     elif cells is not None:
-        notes.append("no recommendation.json in this sweep (run `bench recommend` to add one)")
+        notes.append(f"no {RECOMMENDATION_FILE} in this sweep (run `bench recommend` to add one)")
     return cells, rec, notes
 
 

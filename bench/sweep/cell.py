@@ -220,7 +220,7 @@ class _WorkloadLoads:
         spec, runner, out = self.spec, self.runner, self.out
         # re-measurements of a load come after its repeats, and are labelled as further repeats
         label = load.label(len(spec.workloads) > 1, max(spec.repeats, load.repeat + 1))
-        run_dir = store.cell_dir(runner.sweep_dir, self.cell_id) / f"load={label}"
+        run_dir = store.load_dir(runner.sweep_dir, self.cell_id, label)
         out.prefix_cache_reset = "fresh engine (virtual time)" if self.virtual else reset_prefix_cache(spec.engine, self.url)
         warmup = spec.loads.warmup if self.first else 0
         self.first = False

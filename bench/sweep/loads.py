@@ -170,7 +170,7 @@ def run_load(
         result = run_async(lambda: execute_run(cfg, adapter))
     run = load_run(run_dir)
     signals = server_signals(read_server_metrics(run_dir))
-    metrics = point_metrics(run, slo, signals)
+    metrics = point_metrics(run, slo, signals).as_row()
     expected = len(schedule.measured)
     metrics["missing_rows"] = 0
     if metrics["requests"] < expected and not result.stats.interrupted:

@@ -226,7 +226,7 @@ def _set_limiting(row: dict[str, Any], sweep_dir: Path, spec: SweepSpec) -> None
             return
         pts = pts[pts["workload"] == spec.workloads[0].tag]
         diag = diagnose_cell(pts, spec.slo, spec.attainment_pct, spec.confidence)
-        row["limiting_factor"] = diag["limiting_factor"]
+        row["limiting_factor"] = diag.limiting_factor
     except Exception as exc:  # a diagnosis problem must never lose a measured cell
         row["limiting_factor"] = f"unknown ({type(exc).__name__}: {exc})"
 

@@ -1,16 +1,6 @@
-"""The sweep folder on disk (layout in docs/sweeps.md and /work/notes/interfaces.md).
-
-::
-
-    SWEEP/sweep.json                 the definition as run, bench version, sweep id
-    SWEEP/cells.parquet              one row per cell (rewritten atomically on every change)
-    SWEEP/recommendation.json        the recommendation with its evidence
-    SWEEP/cell=<id>/engine.log
-    SWEEP/cell=<id>/points.parquet   one row per load: configuration columns + metrics
-    SWEEP/cell=<id>/load=<label>/    an ordinary run folder
-
-``pyarrow.dataset.dataset(SWEEP, partitioning="hive")`` over the ``points.parquet`` files
-is one dataset partitioned by cell, the configuration as columns.
+"""Writing the sweep folder. Its layout (file names, the cell table's schema) is declared
+once in ``results/sweep_layout.py``, which analysis reads it by; the names are re-exported
+here for bench's callers.
 """
 
 from __future__ import annotations
@@ -24,53 +14,27 @@ from typing import Any
 
 import pyarrow as pa
 
-from results.reader import read_parquet_file
+from results.sweep_layout import (
+    CELL_PREFIX,
+    CELLS_FILE,
+    CELLS_SCHEMA,
+    LOAD_PREFIX,
+    PARTIAL_DIR,
+    POINTS_FILE,
+    RECOMMENDATION_FILE,
+    SWEEP_FILE,
+    cell_dir,
+    load_dir,
+    read_cells_table,
+    read_sweep_json,
+)
 from results.writer import write_table_atomic
 
-SWEEP_FILE = "sweep.json"
-CELLS_FILE = "cells.parquet"
-POINTS_FILE = "points.parquet"
-RECOMMENDATION_FILE = "recommendation.json"
-PARTIAL_DIR = ".partial"
-
-CELLS_SCHEMA = pa.schema(
-    [
-        pa.field("cell_id", pa.string(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),  # complete | failed | skipped | running
-        pa.field("reason", pa.string()),
-        pa.field("log_tail", pa.string()),
-        pa.field("tp", pa.int32()),
-        pa.field("pp", pa.int32()),
-        pa.field("dp", pa.int32()),
-        pa.field("ep", pa.int32()),
-        pa.field("dcp", pa.int32()),
-        pa.field("pcp", pa.int32()),
-        pa.field("disagg", pa.string()),
-        pa.field("gpus", pa.int32()),
-        pa.field("axes", pa.int32()),
-        pa.field("tuning", pa.string()),  # tuning-axis values as JSON, {"max-num-seqs": "8"}; null: none
-        pa.field("engine", pa.string()),
-        pa.field("model", pa.string()),
-        pa.field("gpu", pa.string()),
-        pa.field("capacity_rps", pa.float64()),
-        pa.field("capacity_rps_per_gpu", pa.float64()),
-        pa.field("limiting_factor", pa.string()),
-        pa.field("capacity_json", pa.string()),  # per workload: capacity, bracket, precision
-        pa.field("engine_version", pa.string()),
-        pa.field("engine_argv", pa.string()),
-        pa.field("engine_info", pa.string()),
-        # JSON: bench's version and git commit, nvidia-smi's GPUs, the model's config.json hash
-        pa.field("fingerprint", pa.string()),  # JSON: what the engine says about itself (version, server info)
-        pa.field("prefix_cache_reset", pa.string()),
-        pa.field("started_unix_s", pa.float64()),
-        pa.field("ended_unix_s", pa.float64()),
-    ],
-    metadata={"bench.table": "sweep_cells"},
-)
-
-
-def cell_dir(sweep: Path, cell_id: str) -> Path:
-    return Path(sweep) / f"cell={cell_id}"
+__all__ = [
+    "CELL_PREFIX", "CELLS_FILE", "CELLS_SCHEMA", "LOAD_PREFIX", "PARTIAL_DIR", "POINTS_FILE", "RECOMMENDATION_FILE",
+    "SWEEP_FILE", "cell_dir", "load_dir", "read_cells", "read_sweep_json", "set_aside_partial", "write_cells",
+    "write_points", "write_recommendation", "write_sweep_json",
+]
 
 
 def write_sweep_json(sweep: Path, data: dict[str, Any]) -> None:
@@ -80,23 +44,14 @@ def write_sweep_json(sweep: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, sweep / SWEEP_FILE)
 
 
-def read_sweep_json(sweep: Path) -> dict[str, Any] | None:
-    path = Path(sweep) / SWEEP_FILE
-    if not path.exists():
-        return None
-    return json.loads(path.read_text())  # type: ignore[no-any-return]
-
-
 def write_cells(sweep: Path, rows: list[dict[str, Any]]) -> None:
     cols = {name: [r.get(name) for r in rows] for name in CELLS_SCHEMA.names}
     write_table_atomic(pa.Table.from_pydict(cols, schema=CELLS_SCHEMA), Path(sweep) / CELLS_FILE)
 
 
 def read_cells(sweep: Path) -> list[dict[str, Any]]:
-    path = Path(sweep) / CELLS_FILE
-    if not path.exists():
-        return []
-    return read_parquet_file(path).to_pylist()  # type: ignore[no-any-return]
+    table = read_cells_table(sweep)
+    return [] if table is None else table.to_pylist()  # type: ignore[no-any-return]
 
 
 def write_points(sweep: Path, cell_id: str, rows: list[dict[str, Any]]) -> None:

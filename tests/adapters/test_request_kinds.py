@@ -130,7 +130,7 @@ def test_stop_sequences_end_requests_naturally_on_every_engine(
     stopped = [r for r in rows if r["finish_reason"] == natural]
     assert len(stopped) >= 5 and all(r["output_tokens"] < 60 for r in stopped)
     s = summarize(load_run(tmp_path / "run").requests)
-    assert s["tokens"]["natural_stops"] == len(stopped)
+    assert s.tokens.natural_stops == len(stopped)
     assert f"natural stops {len(stopped)}/10" in format_summary(s)
 
 
@@ -138,7 +138,7 @@ def test_forced_runs_show_no_finish_reason_line(tmp_path: Path) -> None:
     c = ServerConfig(model="llama-3.1-8b", flavor="vllm", model_timing=MODEL, natural_stop_mean=8.0)
     run_against(c, schedule(4, output_tokens=20), tmp_path)
     s = summarize(load_run(tmp_path / "run").requests)
-    assert s["tokens"]["finish_reasons"] == {"length": 4} and s["tokens"]["natural_stops"] == 0
+    assert s.tokens.finish_reasons == {"length": 4} and s.tokens.natural_stops == 0
     assert "finish reasons" not in format_summary(s)
 
 
@@ -195,9 +195,9 @@ def test_non_streaming_requests_have_e2e_only(tmp_path: Path, flavor: str, adapt
         assert r["output_tokens"] == 12 and r["token_source"] == "response_usage"
         assert r["first_token_ns"] is None and r["chunk_ns"] == [] and r["end_ns"] > r["send_ns"]
     s = summarize(load_run(tmp_path / "run").requests)
-    assert s["requests"]["non_streaming"] == 6
-    assert s["latency"]["e2e_ms"]["n"] == 6
-    assert s["latency"]["ttft_ms"]["n"] == s["latency"]["tpot_ms"]["n"] == s["latency"]["itl_ms"]["n"] == 0
+    assert s.requests.non_streaming == 6
+    assert s.latency["e2e_ms"]["n"] == 6
+    assert s.latency["ttft_ms"]["n"] == s.latency["tpot_ms"]["n"] == s.latency["itl_ms"]["n"] == 0
     text = format_summary(s)
     assert "non-streaming: 6 requests" in text and "TTFT (ms)" not in text
 
@@ -305,9 +305,9 @@ def test_reasoning_tokens_come_first_and_are_counted_apart(tmp_path: Path) -> No
         # (equal only when one read brought both)
         assert r["first_content_ns"] >= r["first_token_ns"]
     s = summarize(load_run(tmp_path / "run").requests)
-    assert s["tokens"]["reasoning"] == {"requests": 4, "reasoning_tokens": 24, "answer_tokens": 16,
+    assert s.tokens.reasoning is not None and s.tokens.reasoning.to_json() == {"requests": 4, "reasoning_tokens": 24, "answer_tokens": 16,
                                         "reasoning_tokens_mean": 6.0, "answer_tokens_mean": 4.0}
-    assert s["latency"]["ttfo_ms"]["p50"] >= s["latency"]["ttft_ms"]["p50"]
+    assert s.latency["ttfo_ms"]["p50"] >= s.latency["ttft_ms"]["p50"]
     assert "reasoning: 4 requests reasoned" in format_summary(s)
 
 
@@ -315,7 +315,7 @@ def test_no_reasoning_line_without_reasoning(tmp_path: Path) -> None:
     c = ServerConfig(model="m", flavor="vllm", reasoning_tokens=6)
     run_against(c, schedule(2, output_tokens=8), tmp_path, OpenAIAdapter(model="m"))  # completions: no reasoning
     s = summarize(load_run(tmp_path / "run").requests)
-    assert "reasoning" not in s["tokens"] and "reasoning" not in format_summary(s)
+    assert s.tokens.reasoning is None and "reasoning" not in format_summary(s)
 
 
 def test_bench_run_reasoning_on_the_embedded_engine(tmp_path: Path) -> None:

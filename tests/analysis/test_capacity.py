@@ -108,12 +108,12 @@ def test_attainment_counts_failures_and_cancellations_as_misses(tmp_path: Path) 
     recs.append(record("gone", 1000.0, [], ok=False, error_type="cancelled", end_ms=5000.0))
     run = load_run(write_run(tmp_path / "r", recs, {"workload_json": '{"rate": 10.0}'}))
     m = point_metrics(run, SLO.parse("ttft_ms=200,tpot_ms=50"))
-    assert m["requests"] == 10
-    assert m["attainment"] == pytest.approx(0.8)
-    assert m["miss_share_ttft_ms"] == pytest.approx(0.2)
-    assert m["offered_rps"] == 10.0
-    assert m["goodput_rps"] == pytest.approx(8 / m["window_s"])
-    assert math.isnan(m["server_kv_cache_usage_max"])  # no server metrics: degrades to NaN
+    assert m.requests == 10
+    assert m.attainment == pytest.approx(0.8)
+    assert m.miss_share["ttft_ms"] == pytest.approx(0.2)
+    assert m.offered_rps == 10.0
+    assert m.goodput_rps == pytest.approx(8 / m.window_s)
+    assert math.isnan(m.server_kv_cache_usage_max)  # no server metrics: degrades to NaN
 
 
 def test_requests_rejected_at_admission_saturate_the_load_and_say_so(tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_requests_rejected_at_admission_saturate_the_load_and_say_so(tmp_path: P
     run = load_run(write_run(tmp_path / "r", recs, {"workload_json": '{"rate": 10.0}'}))
     for sat in (open_loop_saturation(run), admission_saturation(run)):
         assert sat.saturated and "2 of 10 requests rejected at admission" in str(sat), sat
-    assert point_metrics(run, SLO.parse("ttft_ms=200"))["rejected_at_admission"] == 2
+    assert point_metrics(run, SLO.parse("ttft_ms=200")).rejected_at_admission == 2
     clean = load_run(write_run(tmp_path / "c", recs[:8], {"workload_json": '{"rate": 10.0}'}))
     assert not admission_saturation(clean).saturated
 

@@ -48,13 +48,13 @@ def test_point_estimates_match_the_run_summary(tmp_path: Path) -> None:
     slo = SLO.parse("ttft_ms=90,tpot_ms=13")
     s = summarize(table, __import__("analysis.summary", fromlist=["SummaryOptions"]).SummaryOptions(slo=slo))
     got = point_estimates(make_side([table], slo), ["ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "requests_per_s", "output_tokens_per_s", "goodput_rps", "slo_attainment"])
-    assert got["ttft_p95_ms"] == pytest.approx(s["latency"]["ttft_ms"]["p95"])
-    assert got["tpot_p50_ms"] == pytest.approx(s["latency"]["tpot_ms"]["p50"])
-    assert got["itl_p99_ms"] == pytest.approx(s["latency"]["itl_ms"]["p99"])
-    assert got["requests_per_s"] == pytest.approx(s["throughput"]["requests_per_s"])
-    assert got["output_tokens_per_s"] == pytest.approx(s["throughput"]["output_tokens_per_s"])
-    assert got["goodput_rps"] == pytest.approx(s["slo"]["goodput_rps"])
-    assert got["slo_attainment"] == pytest.approx(s["slo"]["attainment"])
+    assert got["ttft_p95_ms"] == pytest.approx(s.latency["ttft_ms"]["p95"])
+    assert got["tpot_p50_ms"] == pytest.approx(s.latency["tpot_ms"]["p50"])
+    assert got["itl_p99_ms"] == pytest.approx(s.latency["itl_ms"]["p99"])
+    assert got["requests_per_s"] == pytest.approx(s.throughput.requests_per_s)
+    assert got["output_tokens_per_s"] == pytest.approx(s.throughput.output_tokens_per_s)
+    assert got["goodput_rps"] == pytest.approx(s.slo.goodput_rps)
+    assert got["slo_attainment"] == pytest.approx(s.slo.attainment)
 
 
 def test_same_distribution_is_not_significant_and_15pct_is_found(tmp_path: Path) -> None:

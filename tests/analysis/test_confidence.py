@@ -156,15 +156,18 @@ def test_a_client_delay_makes_a_load_untrustworthy_only_where_it_matters() -> No
     from analysis.capacity import untrustworthy
     from analysis.slo import SLO
 
-    busy = {"saturated": True, "schedule_lag_p99_ms": 30.0, "loop_lag_p99_ms": 400.0, "warnings": ["client saturated: x"]}
+    from analysis.summary_types import ClientHealth
+
+    busy = ClientHealth(schedule_lag_p99_ms=30.0, loop_lag_p99_ms=400.0, warnings=["client saturated: x"], saturated=True)
+    calm = ClientHealth(schedule_lag_p99_ms=float("nan"))
     loose, tight = SLO.parse("ttft_ms=1000"), SLO.parse("ttft_ms=200")
     assert untrustworthy(0, 100, busy, loose, 10.0, 1.0, "kernel") is None  # 30 ms against 1 s: cannot flip it
     assert untrustworthy(0, 100, busy, tight, 10.0, 1.0, "kernel")  # 30 ms against 200 ms: could
     assert untrustworthy(0, 100, busy, loose, 10.0, 1.0, "user")  # reads stamped 400 ms late
     assert "behind the schedule" in str(untrustworthy(0, 100, busy, loose, 10.0, 150.0, "kernel"))
-    assert untrustworthy(0, 100, {"saturated": False}, tight) is None
-    assert untrustworthy(2, 100, {"saturated": False}) == "2 of 100 records anomalous"
-    assert untrustworthy(1, 100, {"saturated": False}) is None  # 1 %: counted, excluded, not decisive
+    assert untrustworthy(0, 100, calm, tight) is None
+    assert untrustworthy(2, 100, calm) == "2 of 100 records anomalous"
+    assert untrustworthy(1, 100, calm) is None  # 1 %: counted, excluded, not decisive
 
 
 def test_confidence_zero_is_the_point_estimate_and_old_sweeps_keep_it() -> None:

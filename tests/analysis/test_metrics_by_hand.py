@@ -52,28 +52,28 @@ def test_itl_spreads_multi_token_chunks(run) -> None:  # type: ignore[no-untyped
 
 def test_summary_counts_throughput_and_goodput(run) -> None:  # type: ignore[no-untyped-def]
     s = summarize(run.requests, SummaryOptions((50, 99), SLO.parse("ttft_ms=150")))
-    r = s["requests"]
-    assert (r["measured"], r["ok"], r["failed"], r["warmup_excluded"]) == (3, 2, 1, 1)
-    assert r["errors"] == {"http_error": 1}
-    assert r["error_rate"] == pytest.approx(1 / 3)
+    r = s.requests
+    assert (r.measured, r.ok, r.failed, r.warmup_excluded) == (3, 2, 1, 1)
+    assert r.errors == {"http_error": 1}
+    assert r.error_rate == pytest.approx(1 / 3)
     # window: first intended send (0 ms) to last end (1265 ms)
-    assert s["window_s"] == pytest.approx(1.265)
-    assert s["throughput"]["requests_per_s"] == pytest.approx(2 / 1.265)
-    assert s["throughput"]["output_tokens_per_s"] == pytest.approx(8 / 1.265)
-    assert s["throughput"]["total_tokens_per_s"] == pytest.approx((8 + 20) / 1.265)
+    assert s.window_s == pytest.approx(1.265)
+    assert s.throughput.requests_per_s == pytest.approx(2 / 1.265)
+    assert s.throughput.output_tokens_per_s == pytest.approx(8 / 1.265)
+    assert s.throughput.total_tokens_per_s == pytest.approx((8 + 20) / 1.265)
     # TTFT p50 over a (100) and b (200)
-    assert s["latency"]["ttft_ms"]["p50"] == pytest.approx(150)
+    assert s.latency["ttft_ms"]["p50"] == pytest.approx(150)
     # SLO ttft<=150: only a meets it; the failed request counts as a miss
-    assert s["slo"]["met"] == 1
-    assert s["slo"]["attainment"] == pytest.approx(1 / 3)
-    assert s["slo"]["goodput_rps"] == pytest.approx(1 / 1.265)
+    assert s.slo.met == 1
+    assert s.slo.attainment == pytest.approx(1 / 3)
+    assert s.slo.goodput_rps == pytest.approx(1 / 1.265)
 
 
 def test_percentiles_are_numpy_linear(tmp_path: Path) -> None:
     recs = [record(f"r{i}", 0, [(t, 1), (t + 5, 1)]) for i, t in enumerate([10, 20, 30, 40, 50])]
     run = load_run(write_run(tmp_path / "r", recs))
     s = summarize(run.requests, SummaryOptions((50, 90)))
-    assert s["latency"]["ttft_ms"]["p90"] == pytest.approx(np.percentile([10, 20, 30, 40, 50], 90))
+    assert s.latency["ttft_ms"]["p90"] == pytest.approx(np.percentile([10, 20, 30, 40, 50], 90))
 
 
 def test_token_mismatch_and_short_output_are_counted(tmp_path: Path) -> None:
@@ -83,6 +83,6 @@ def test_token_mismatch_and_short_output_are_counted(tmp_path: Path) -> None:
         record("c", 0, [(10, 1), (20, 2)], max_output_tokens=2),  # a TGI segment overshoot
     ]
     s = summarize(load_run(write_run(tmp_path / "r", recs)).requests)
-    assert s["tokens"]["chunk_vs_server_mismatches"] == 1
-    assert s["tokens"]["shorter_than_requested"] == 1
-    assert s["tokens"]["longer_than_requested"] == 1
+    assert s.tokens.chunk_vs_server_mismatches == 1
+    assert s.tokens.shorter_than_requested == 1
+    assert s.tokens.longer_than_requested == 1

@@ -113,7 +113,7 @@ def test_fewer_axes_breaks_a_tie_in_gpus(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def _diag(points: list[dict[str, Any]]) -> str:
-    return str(diagnose_cell(pd.DataFrame(points), SLO, 90.0)["limiting_factor"])
+    return str(diagnose_cell(pd.DataFrame(points), SLO, 90.0).limiting_factor)
 
 
 def test_diagnosis_reads_the_limiting_resource() -> None:
@@ -142,7 +142,7 @@ def test_diagnosis_reads_the_limiting_resource() -> None:
     )
     # nothing failed
     d = diagnose_cell(pd.DataFrame([_point("tp2", 1, 1.0), _point("tp2", 2, 0.97)]), SLO, 90.0)
-    assert d["limiting_factor"] == "none" and "2 req/s" in d["explanation"]
+    assert d.limiting_factor == "none" and "2 req/s" in d.explanation
 
 
 def test_an_untrustworthy_load_marks_the_answer_and_the_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

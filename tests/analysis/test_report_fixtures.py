@@ -108,5 +108,5 @@ def test_synthetic_run_reads_back(tmp_path: Path) -> None:
 
     run = load_run(synthetic_run(tmp_path / "syn", 200, 8))
     s = summarize(run.requests)
-    assert s["requests"]["ok"] == 200
-    assert 60 < s["latency"]["ttft_ms"]["p50"] < 110
+    assert s.requests.ok == 200
+    assert 60 < s.latency["ttft_ms"]["p50"] < 110

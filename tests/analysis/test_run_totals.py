@@ -39,13 +39,13 @@ def test_summary_capacity_bootstrap_gate_and_report_agree_on_one_run(tmp_path: P
     run = load_run(run_dir)
     s = summarize_run(run_dir, SummaryOptions(slo=slo))
     # the rule: 6 met of 10 judged (anomaly out; failed and both cancelled are misses)
-    assert (s["slo"]["met"], s["slo"]["judged"]) == (6, 10)
-    assert s["slo"]["attainment"] == pytest.approx(0.6)
+    assert (s.slo.met, s.slo.judged) == (6, 10)
+    assert s.slo.attainment == pytest.approx(0.6)
     window = 3.0  # 0 .. 3000 ms: the cancelled requests' end
-    assert s["window_s"] == pytest.approx(window)
-    assert s["throughput"]["requests_per_s"] == pytest.approx(7 / window)
-    assert s["slo"]["goodput_rps"] == pytest.approx(6 / window)
-    assert s["requests"]["error_rate"] == pytest.approx(1 / 8)
+    assert s.window_s == pytest.approx(window)
+    assert s.throughput.requests_per_s == pytest.approx(7 / window)
+    assert s.slo.goodput_rps == pytest.approx(6 / window)
+    assert s.requests.error_rate == pytest.approx(1 / 8)
 
     point = point_metrics(run, slo)
     boot = point_estimates(make_side([run.requests], slo), ["slo_attainment", "goodput_rps", "requests_per_s", "error_rate"])
@@ -55,17 +55,17 @@ def test_summary_capacity_bootstrap_gate_and_report_agree_on_one_run(tmp_path: P
     view = build_run_view(run, "", slo)
     report = load_points([run], [view], slo)[0].metrics
 
-    for attainment in (point["attainment"], boot["slo_attainment"], gated["slo_attainment"], report["slo_attainment"], view.summary["slo"]["attainment"]):
-        assert attainment == pytest.approx(s["slo"]["attainment"])
-    for goodput in (point["goodput_rps"], boot["goodput_rps"], compared["goodput_rps"], report["goodput_rps"]):
-        assert goodput == pytest.approx(s["slo"]["goodput_rps"])
-    for rps in (point["throughput_rps"], boot["requests_per_s"], report["requests_per_s"]):
-        assert rps == pytest.approx(s["throughput"]["requests_per_s"])
-    assert point["window_s"] == pytest.approx(s["window_s"])
-    assert boot["error_rate"] == pytest.approx(s["requests"]["error_rate"])
-    assert point["anomalies"] == s["requests"]["anomalies"] == 1
-    lo, hi = s["slo"]["attainment_interval"]
-    assert (point["attainment_low"], point["attainment_high"]) == pytest.approx((lo, hi))
+    for attainment in (point.attainment, boot["slo_attainment"], gated["slo_attainment"], report["slo_attainment"], view.summary.slo.attainment):
+        assert attainment == pytest.approx(s.slo.attainment)
+    for goodput in (point.goodput_rps, boot["goodput_rps"], compared["goodput_rps"], report["goodput_rps"]):
+        assert goodput == pytest.approx(s.slo.goodput_rps)
+    for rps in (point.throughput_rps, boot["requests_per_s"], report["requests_per_s"]):
+        assert rps == pytest.approx(s.throughput.requests_per_s)
+    assert point.window_s == pytest.approx(s.window_s)
+    assert boot["error_rate"] == pytest.approx(s.requests.error_rate)
+    assert point.anomalies == s.requests.anomalies == 1
+    lo, hi = s.slo.attainment_interval
+    assert (point.attainment_low, point.attainment_high) == pytest.approx((lo, hi))
     assert lo < 0.6 < hi
 
 

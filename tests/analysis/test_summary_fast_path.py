@@ -96,12 +96,12 @@ def _reference(table: pa.Table) -> dict[str, np.ndarray]:
 
 def _check_against_reference(s: dict, table: pa.Table) -> None:
     ref = _reference(table)
-    assert s["latency"]["itl_ms"] == percentiles(ref["itl"], OPTIONS.percentiles)
-    assert s["latency"]["chunk_gap_ms"] == percentiles(ref["itl"], OPTIONS.percentiles)  # one token per chunk
-    assert s["latency"]["max_itl_ms"] == percentiles(ref["max_itl_ok"], OPTIONS.percentiles)
-    assert s["smoothness"]["fluidity"] == percentiles(ref["fluidity_ok"], (1, 5, 10, 50))
-    assert s["smoothness"]["longest_gap_ms"] == percentiles(ref["longest_ok"], (50, 90, 95, 99))
-    assert 0 < s["smoothness"]["fluidity"]["mean"] < 1  # the sample exercises misses
+    assert s.latency["itl_ms"] == percentiles(ref["itl"], OPTIONS.percentiles)
+    assert s.latency["chunk_gap_ms"] == percentiles(ref["itl"], OPTIONS.percentiles)  # one token per chunk
+    assert s.latency["max_itl_ms"] == percentiles(ref["max_itl_ok"], OPTIONS.percentiles)
+    assert s.smoothness.fluidity == percentiles(ref["fluidity_ok"], (1, 5, 10, 50))
+    assert s.smoothness.longest_gap_ms == percentiles(ref["longest_ok"], (50, 90, 95, 99))
+    assert 0 < s.smoothness.fluidity["mean"] < 1  # the sample exercises misses
 
 
 def _no_other_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,12 +118,12 @@ def test_fast_path_equals_the_per_row_definitions(tmp_path: Path, monkeypatch: p
     assert token_ranges(table.combine_chunks().to_batches()[0]) is not None
     _no_other_path(monkeypatch)
     s = summarize_run(run_dir, OPTIONS)
-    assert s["token_distributions"]["method"] == "exact"
-    assert s["requests"]["failed"] > 0 and s["requests"]["cancelled_at_end"] > 0 and s["requests"]["warmup_excluded"] > 0
+    assert s.token_distributions.method == "exact"
+    assert s.requests.failed > 0 and s.requests.cancelled_at_end > 0 and s.requests.warmup_excluded > 0
     _check_against_reference(s, table)
     # batches that cut the run anywhere give the same summary
     tiny = summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS), batch_rows=3), OPTIONS)
-    assert json.dumps(tiny, sort_keys=True, default=str) == json.dumps(s, sort_keys=True, default=str)
+    assert json.dumps(tiny.to_json(), sort_keys=True, default=str) == json.dumps(s.to_json(), sort_keys=True, default=str)
 
 
 def test_a_zero_token_frame_between_tokens_takes_the_other_path_with_the_same_definitions(tmp_path: Path) -> None:
@@ -263,8 +263,8 @@ def test_parts_written_after_the_per_request_columns_were_read_are_not_mismatche
     w._seq = 1  # the next part file
     w.write([{f: getattr(r, f) for f in r.__dataclass_fields__} for r in recs[60:]])
     late = summarize_run(run_dir, OPTIONS, requests=early)
-    assert late["requests"]["rows"] == len(recs)
-    assert json.dumps(late, sort_keys=True, default=str) == json.dumps(summarize_run(run_dir, OPTIONS), sort_keys=True, default=str)
+    assert late.requests.rows == len(recs)
+    assert json.dumps(late.to_json(), sort_keys=True, default=str) == json.dumps(summarize_run(run_dir, OPTIONS).to_json(), sort_keys=True, default=str)
 
 
 def _many_parts(run_dir: Path, parts: int = 20) -> list[RequestRecord]:
@@ -290,7 +290,7 @@ def test_compacting_keeps_every_row_in_order_and_the_summary(tmp_path: Path) -> 
     files = sorted((run_dir / "requests").glob("*.parquet"))
     assert 2 <= len(files) <= 5 and not any(p.name.startswith(".") for p in run_dir.iterdir() if p.name != ".")
     assert read_requests(run_dir).equals(before)
-    assert json.dumps(summarize_run(run_dir, OPTIONS), sort_keys=True, default=str) == json.dumps(summary, sort_keys=True, default=str)
+    assert json.dumps(summarize_run(run_dir, OPTIONS).to_json(), sort_keys=True, default=str) == json.dumps(summary.to_json(), sort_keys=True, default=str)
 
 
 def test_compacting_changes_nothing_where_the_swap_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

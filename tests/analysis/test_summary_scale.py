@@ -15,6 +15,7 @@ from analysis.metrics import HISTOGRAM_RELATIVE_ERROR, PooledDistribution, itl_m
 from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
 from analysis.summary import REQUEST_COLUMNS, SummaryOptions, summarize, summarize_batches, summarize_run
+from analysis.summary_types import RunSummary, json_of
 from results.writer import RequestsWriter, write_run_meta
 from tests.helpers_records import record
 
@@ -49,8 +50,8 @@ def _random_run(run_dir: Path, n: int = 400, parts: int = 5, seed: int = 11, mul
     return run_dir
 
 
-def _same(a: dict, b: dict) -> None:
-    assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+def _same(a: RunSummary | dict, b: RunSummary | dict) -> None:
+    assert json.dumps(json_of(a), sort_keys=True, default=str) == json.dumps(json_of(b), sort_keys=True, default=str)
 
 
 @pytest.mark.parametrize("multi_token", [True, False])  # False: the one-token-per-chunk fast path
@@ -60,7 +61,7 @@ def test_streamed_summary_equals_in_memory_on_several_part_files(tmp_path: Path,
     table = load_run(run_dir).requests
     whole = summarize(pa.Table.from_batches([table.combine_chunks().to_batches()[0]]), OPTIONS)
     streamed = summarize_run(run_dir, OPTIONS)
-    assert streamed["token_distributions"]["method"] == "exact"
+    assert streamed.token_distributions.method == "exact"
     _same(streamed, whole)
     # small batches, cutting requests of one part file apart from each other
     tiny = summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS), batch_rows=7), OPTIONS)
@@ -70,12 +71,12 @@ def test_streamed_summary_equals_in_memory_on_several_part_files(tmp_path: Path,
     m = table.filter(pa.compute.equal(table["phase"], "measure"))
     ok = m.filter(m["ok"])
     for name, values in (("itl_ms", itl_ms(ok)), ("chunk_gap_ms", chunk_gap_ms(ok))):
-        assert streamed["latency"][name] == percentiles(values, OPTIONS.percentiles)
+        assert streamed.latency[name] == percentiles(values, OPTIONS.percentiles)
     sm = smoothness_metrics(ok, Deadlines(120, 9))
-    assert streamed["smoothness"]["fluidity"] == percentiles(sm["fluidity"].to_numpy(), (1, 5, 10, 50))
-    assert streamed["smoothness"]["longest_gap_ms"] == percentiles(sm["longest_gap_ms"].to_numpy(), (50, 90, 95, 99))
-    assert streamed["requests"]["warmup_excluded"] > 0 and streamed["requests"]["cancelled_at_end"] > 0
-    assert 0 < streamed["smoothness"]["fluidity"]["mean"] < 1  # the sample exercises misses
+    assert streamed.smoothness.fluidity == percentiles(sm["fluidity"].to_numpy(), (1, 5, 10, 50))
+    assert streamed.smoothness.longest_gap_ms == percentiles(sm["longest_gap_ms"].to_numpy(), (50, 90, 95, 99))
+    assert streamed.requests.warmup_excluded > 0 and streamed.requests.cancelled_at_end > 0
+    assert 0 < streamed.smoothness.fluidity["mean"] < 1  # the sample exercises misses
 
 
 @pytest.mark.parametrize("multi_token", [True, False])
@@ -83,15 +84,15 @@ def test_past_the_exact_limit_the_summary_says_histogram(tmp_path: Path, multi_t
     run_dir = _random_run(tmp_path / "run", n=120, parts=3, multi_token=multi_token)
     exact = summarize_run(run_dir, OPTIONS)
     approx = summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS), batch_rows=16), OPTIONS, exact_limit=50)
-    td = approx["token_distributions"]
-    assert td["method"] == "histogram" and td["max_relative_error"] == HISTOGRAM_RELATIVE_ERROR
+    td = approx.token_distributions
+    assert td.method == "histogram" and td.max_relative_error == HISTOGRAM_RELATIVE_ERROR
     for name in ("itl_ms", "chunk_gap_ms"):
-        e, a = exact["latency"][name], approx["latency"][name]
+        e, a = exact.latency[name], approx.latency[name]
         assert a["n"] == e["n"] and a["mean"] == pytest.approx(e["mean"], rel=1e-12)
         for key in ("p1", "p50", "p90", "p99", "p99_9"):
             assert abs(a[key] - e[key]) <= HISTOGRAM_RELATIVE_ERROR * abs(e[key]) + 1e-12
-    _same({k: v for k, v in approx.items() if k not in ("latency", "token_distributions")},
-          {k: v for k, v in exact.items() if k not in ("latency", "token_distributions")})
+    _same({k: v for k, v in approx.to_json().items() if k not in ("latency", "token_distributions")},
+          {k: v for k, v in exact.to_json().items() if k not in ("latency", "token_distributions")})
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -131,7 +132,7 @@ def test_a_run_without_request_files_streams_an_empty_summary(tmp_path: Path) ->
     run_dir.mkdir()
     write_run_meta(run_dir, {"run_id": "e", "schema_version": "1.0", "bench_version": "0", "status": "complete"})
     s = summarize_run(run_dir, OPTIONS)
-    assert s["requests"]["measured"] == 0 and s["latency"]["itl_ms"]["n"] == 0
+    assert s.requests.measured == 0 and s.latency["itl_ms"]["n"] == 0
 
 
 def test_values_binned_off_thread_count_as_if_added() -> None:

@@ -147,11 +147,11 @@ def test_two_workers_match_a_single_process_run(engine_url: str, tmp_path: Path)
     assert abs(other["applied_offset_ns"]) <= other["clock_start"]["error_bound_ns"] + 2_000_000
 
     d, s = summarize(d_run.requests), summarize(s_run.requests)
-    assert d["requests"]["measured"] == s["requests"]["measured"] == REQUESTS
-    assert d["requests"]["ok"] == s["requests"]["ok"] == REQUESTS
-    d_rate, s_rate = d["throughput"]["requests_per_s"], s["throughput"]["requests_per_s"]
+    assert d.requests.measured == s.requests.measured == REQUESTS
+    assert d.requests.ok == s.requests.ok == REQUESTS
+    d_rate, s_rate = d.throughput.requests_per_s, s.throughput.requests_per_s
     assert abs(d_rate - s_rate) <= RATE_REL_TOL * s_rate, (d_rate, s_rate)
-    lat_d, lat_s = d["latency"], s["latency"]
+    lat_d, lat_s = d.latency, s.latency
     assert abs(lat_d["ttft_ms"]["p50"] - lat_s["ttft_ms"]["p50"]) <= TTFT_P50_ABS_MS
     assert abs(lat_d["ttft_ms"]["p90"] - lat_s["ttft_ms"]["p90"]) <= TTFT_P90_ABS_MS
     assert abs(lat_d["itl_ms"]["p50"] - lat_s["itl_ms"]["p50"]) <= ITL_P50_ABS_MS

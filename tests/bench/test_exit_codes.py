@@ -202,4 +202,4 @@ def test_a_sweep_load_names_its_most_frequent_error(tmp_path: Path) -> None:
                                  error_message=f"HTTP 400: {4096 + i} tokens is too long") for i in range(3)]
     recs.append(record("gone", 900.0, [], ok=False, error_type="cancelled", end_ms=5000.0))
     m = point_metrics(load_run(write_run(tmp_path / "r", recs, {"workload_json": '{"rate": 10.0}'})), SLO.parse("ttft_ms=200"))
-    assert m["top_error"] == "3 x http_error: HTTP 400: 4096 tokens is too long"
+    assert m.top_error == "3 x http_error: HTTP 400: 4096 tokens is too long"

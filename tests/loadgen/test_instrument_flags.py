@@ -44,10 +44,10 @@ def _requests(late_after_ms: float | None) -> pa.Table:
 
 def test_a_client_that_keeps_up_is_not_flagged() -> None:
     mon = _monitor([(t * 100.0, 1.0, t * 0.02) for t in range(201)] + [(20100.0, None, 4.1)])  # 20 % of a core
-    client = summarize(_requests(None), monitor=mon)["client"]
-    assert client["warnings"] == [] and client["saturated_windows"] == 0
-    assert len(client["windows"]) >= 2 and all(not w["saturated"] for w in client["windows"])
-    assert abs(client["cpu_busy_max"] - 0.2) < 0.05
+    client = summarize(_requests(None), monitor=mon).client
+    assert client.warnings == [] and client.saturated_windows == 0
+    assert len(client.windows) >= 2 and all(not w.saturated for w in client.windows)
+    assert abs(client.cpu_busy_max - 0.2) < 0.05
 
 
 def test_the_windows_where_the_client_fell_behind_are_flagged() -> None:
@@ -59,12 +59,12 @@ def test_the_windows_where_the_client_fell_behind_are_flagged() -> None:
         busy = 1.0 if t >= 10000 else 0.2
         cpu += 0.1 * busy
         samples.append((t, 40.0 if t >= 10000 else 1.0, cpu))
-    client = summarize(_requests(10000.0), monitor=_monitor(samples))["client"]
-    flagged = [w for w in client["windows"] if w["saturated"]]
-    calm = [w for w in client["windows"] if not w["saturated"]]
+    client = summarize(_requests(10000.0), monitor=_monitor(samples)).client
+    flagged = [w for w in client.windows if w.saturated]
+    calm = [w for w in client.windows if not w.saturated]
     assert flagged and calm
-    assert all(w["start_s"] >= 9.0 for w in flagged)  # only the second half
-    why = " ".join(" ".join(w["why"]) for w in flagged)
+    assert all(w.start_s >= 9.0 for w in flagged)  # only the second half
+    why = " ".join(" ".join(w.why) for w in flagged)
     assert "send lag" in why and "event-loop lag" in why and "client CPU" in why
-    assert any(msg.startswith("client saturated in ") for msg in client["warnings"])
-    assert sum(w["offered"] for w in client["windows"]) == 40 == sum(w["sent"] for w in client["windows"])
+    assert any(msg.startswith("client saturated in ") for msg in client.warnings)
+    assert sum(w.offered for w in client.windows) == 40 == sum(w.sent for w in client.windows)

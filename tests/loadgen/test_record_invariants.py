@@ -70,13 +70,13 @@ def test_an_anomalous_record_is_counted_printed_and_kept_out_of_every_metric() -
     bad = replace(_good("neg", 400.0), send_ns=int(411 * MS), first_byte_ns=int(411 * MS), intended_send_ns=int(411 * MS))
     slo = SLO.parse("ttft_ms=50")
     s = summarize(_table([*good, bad]), SummaryOptions(slo=slo))
-    req = s["requests"]
-    assert req["anomalies"] == 1 and req["anomaly_kinds"] == {"token_before_first_byte": 1}
-    assert req["ok"] == 4 and s["latency"]["ttft_ms"]["n"] == 4
-    assert s["latency"]["ttft_ms"]["p50"] == pytest.approx(10.0)  # no negative TTFT pooled
-    assert s["latency"]["itl_ms"]["n"] == 8  # 2 per good request, none of the anomaly's
-    assert s["slo"]["judged"] == 4 and s["slo"]["attainment"] == 1.0
-    assert s["window_s"] == pytest.approx(0.314)  # 0 .. 314 ms: the anomaly's own span is out
+    req = s.requests
+    assert req.anomalies == 1 and req.anomaly_kinds == {"token_before_first_byte": 1}
+    assert req.ok == 4 and s.latency["ttft_ms"]["n"] == 4
+    assert s.latency["ttft_ms"]["p50"] == pytest.approx(10.0)  # no negative TTFT pooled
+    assert s.latency["itl_ms"]["n"] == 8  # 2 per good request, none of the anomaly's
+    assert s.slo.judged == 4 and s.slo.attainment == 1.0
+    assert s.window_s == pytest.approx(0.314)  # 0 .. 314 ms: the anomaly's own span is out
     text = format_summary(s)
     assert "ANOMALIES: 1 anomalous record (token_before_first_byte 1)" in text
     # the bootstrap (compare, gate, report) leaves it out the same way
@@ -84,20 +84,20 @@ def test_an_anomalous_record_is_counted_printed_and_kept_out_of_every_metric() -
     assert side.anomalies == 1
     est = point_estimates(side, ["ttft_p50_ms", "slo_attainment", "requests_per_s"])
     assert est["ttft_p50_ms"] == pytest.approx(10.0) and est["slo_attainment"] == 1.0
-    assert est["requests_per_s"] == pytest.approx(s["throughput"]["requests_per_s"])
+    assert est["requests_per_s"] == pytest.approx(s.throughput.requests_per_s)
 
 
 def test_responses_in_one_read_make_itl_and_tpot_not_measurable() -> None:
     # 3 of 4 responses arrive whole in one read (every token the same stamp): TPOT 0.00
     one = [record(f"o{i}", 100.0 * i, [(100.0 * i + 8, 1), (100.0 * i + 8, 1), (100.0 * i + 8, 1)]) for i in range(3)]
     s = summarize(_table([*one, _good("g", 400.0)]))
-    assert s["timing"] == {"one_read_responses": 3, "multi_token_responses": 4, "itl_measurable": False}
+    assert s.timing.to_json() == {"one_read_responses": 3, "multi_token_responses": 4, "itl_measurable": False}
     text = format_summary(s)
     tpot = next(line for line in text.splitlines() if line.startswith("TPOT"))
     assert "not measurable: 3 of 4 responses arrived in one read" in tpot and "0.00" not in tpot
     assert not any(line.startswith("ITL") and "0.00" in line for line in text.splitlines())
     fine = summarize(_table([_good(f"g{i}", 100.0 * i) for i in range(4)]))
-    assert fine["timing"]["itl_measurable"] and "not measurable" not in format_summary(fine)
+    assert fine.timing.itl_measurable and "not measurable" not in format_summary(fine)
 
 
 class _StampedSocket(socket.socket):

@@ -84,8 +84,8 @@ def test_each_failure_is_a_row_and_the_run_goes_on(tmp_path: Path, transport: st
     assert rows["no_done"]["error_type"] == "no_done"
     assert rows["stall"]["error_type"] == "timeout"
     s = summarize(run.requests)
-    assert s["requests"]["failed"] == 5 and s["requests"]["ok"] == 2
-    assert sum(s["requests"]["errors"].values()) == 5
+    assert s.requests.failed == 5 and s.requests.ok == 2
+    assert sum(s.requests.errors.values()) == 5
 
 
 def test_connection_refused_is_recorded(tmp_path: Path) -> None:

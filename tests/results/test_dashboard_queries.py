@@ -56,16 +56,16 @@ def test_duckdb_examples_run_and_match_bench(run_dir: Path) -> None:
         results.append(dict(zip(rel.columns, rows[0])) if rows else {})
     s = summarize(load_run(run_dir).requests)
     pct, itl, thr = results[0], results[1], results[2]
-    assert pct["requests"] == s["requests"]["ok"]
-    assert pct["ttft_p50_ms"] == pytest.approx(s["latency"]["ttft_ms"]["p50"])
-    assert pct["ttft_p95_ms"] == pytest.approx(s["latency"]["ttft_ms"]["p95"])
-    assert pct["e2e_p99_ms"] == pytest.approx(s["latency"]["e2e_ms"]["p99"])
-    assert itl["tokens"] == s["latency"]["itl_ms"]["n"]
-    assert itl["itl_p50_ms"] == pytest.approx(s["latency"]["itl_ms"]["p50"])
-    assert itl["itl_p99_ms"] == pytest.approx(s["latency"]["itl_ms"]["p99"])
-    assert thr["requests_per_s"] == pytest.approx(s["throughput"]["requests_per_s"])
-    assert thr["output_tokens_per_s"] == pytest.approx(s["throughput"]["output_tokens_per_s"])
-    assert thr["failed"] == s["requests"]["failed"]
+    assert pct["requests"] == s.requests.ok
+    assert pct["ttft_p50_ms"] == pytest.approx(s.latency["ttft_ms"]["p50"])
+    assert pct["ttft_p95_ms"] == pytest.approx(s.latency["ttft_ms"]["p95"])
+    assert pct["e2e_p99_ms"] == pytest.approx(s.latency["e2e_ms"]["p99"])
+    assert itl["tokens"] == s.latency["itl_ms"]["n"]
+    assert itl["itl_p50_ms"] == pytest.approx(s.latency["itl_ms"]["p50"])
+    assert itl["itl_p99_ms"] == pytest.approx(s.latency["itl_ms"]["p99"])
+    assert thr["requests_per_s"] == pytest.approx(s.throughput.requests_per_s)
+    assert thr["output_tokens_per_s"] == pytest.approx(s.throughput.output_tokens_per_s)
+    assert thr["failed"] == s.requests.failed
     sweep_rows = con.sql(blocks[-1].replace("SWEEP/", f"{run_dir.parent / 'sweep'}/")).fetchall()
     assert [r[:2] for r in sweep_rows] == [("tp1", "rate-1"), ("tp2", "rate-1")]
 
@@ -77,12 +77,12 @@ def test_pandas_examples_run_and_match_bench(run_dir: Path, tmp_path: Path) -> N
     exec(compile(blocks[0], "results.md[pandas 1]", "exec"), ns)  # noqa: S102 - our own documentation
     s = summarize(load_run(run_dir).requests)
     got = ns["summary"]
-    assert got["ttft_p50_ms"] == pytest.approx(s["latency"]["ttft_ms"]["p50"])
-    assert got["ttft_p95_ms"] == pytest.approx(s["latency"]["ttft_ms"]["p95"])
-    assert got["tpot_p50_ms"] == pytest.approx(s["latency"]["tpot_ms"]["p50"])
-    assert got["output_tokens_per_s"] == pytest.approx(s["throughput"]["output_tokens_per_s"])
+    assert got["ttft_p50_ms"] == pytest.approx(s.latency["ttft_ms"]["p50"])
+    assert got["ttft_p95_ms"] == pytest.approx(s.latency["ttft_ms"]["p95"])
+    assert got["tpot_p50_ms"] == pytest.approx(s.latency["tpot_ms"]["p50"])
+    assert got["output_tokens_per_s"] == pytest.approx(s.throughput.output_tokens_per_s)
     exec(compile(blocks[1], "results.md[pandas 2]", "exec"), ns)  # noqa: S102
-    assert ns["chunk_gap_ms"].quantile(0.5) == pytest.approx(s["latency"]["chunk_gap_ms"]["p50"])
+    assert ns["chunk_gap_ms"].quantile(0.5) == pytest.approx(s.latency["chunk_gap_ms"]["p50"])
     hist = tmp_path / "history"
     shutil.copytree(run_dir, hist / "a")
     cwd = Path.cwd()

@@ -12,6 +12,14 @@ import pytest
 
 from analysis.format import format_summary
 from analysis.summary import prompt_length_accounting
+from analysis.summary_types import (
+    DistributionMethod,
+    RequestCounts,
+    RunSummary,
+    Throughput,
+    TimingCheck,
+    TokenAccounting,
+)
 from bench.sweep.loads import Load, build_schedule
 from bench.sweep.spec import SweepSpec, WorkloadSpec
 from results.reader import read_requests
@@ -63,30 +71,33 @@ def _rows(got: list[int | None], want: int = 128, turns: list[int | None] | None
 
 def test_prompt_lengths_compared_and_warned() -> None:
     exact = prompt_length_accounting(_rows([128] * 10))
-    assert exact["compared"] == 10 and exact["exact_share"] == 1.0 and exact["ratio_p50"] == 1.0
-    assert exact["warning"] is None
+    assert exact.compared == 10 and exact.exact_share == 1.0 and exact.ratio_p50 == 1.0
+    assert exact.warning is None
     # what real vLLM did with --input-tokens 128 and the word approximation: 171-214, p50 192
     off = prompt_length_accounting(_rows([171, 192, 192, 214, 180, 200, 128, None]))
-    assert off["compared"] == 7 and off["exact_share"] == pytest.approx(1 / 7)
-    assert off["ratio_p50"] == pytest.approx(1.5)
-    assert off["warning"] and "not the length asked for" in off["warning"]
+    assert off.compared == 7 and off.exact_share == pytest.approx(1 / 7)
+    assert off.ratio_p50 == pytest.approx(1.5)
+    assert off.warning and "not the length asked for" in off.warning
     # counted exactly (chat API): the excess is the engine's own (its chat template)
     chat = _rows([145] * 4)
     chat["input_tokens_source"] = "server_tokenize"
-    assert "chat template" in (prompt_length_accounting(chat)["warning"] or "")
+    assert "chat template" in (prompt_length_accounting(chat).warning or "")
     # a later turn holds the conversation so far: not compared
     turns = prompt_length_accounting(_rows([128, 900], turns=[0, 1]))
-    assert turns["compared"] == 1 and turns["warning"] is None
+    assert turns.compared == 1 and turns.warning is None
 
 
 def test_summary_text_prints_the_prompt_line_and_warning() -> None:
-    s = {
-        "requests": {"measured": 1, "ok": 1, "failed": 0, "errors": {}, "warmup_excluded": 0, "cancelled_at_end": 0},
-        "throughput": {"requests_per_s": 1.0, "output_tokens_per_s": 1.0, "total_tokens_per_s": 1.0},
-        "window_s": 1.0, "percentiles": [50], "latency": {}, "client": {},
-        "tokens": {"sources": {}, "chunk_vs_server_mismatches": 0, "shorter_than_requested": 0,
-                   "prompt": prompt_length_accounting(_rows([192, 192, 171]))},
-    }  # fmt: skip
+    s = RunSummary(
+        requests=RequestCounts(rows=1, warmup_excluded=0, measured=1, ok=1, failed=0, cancelled_at_end=0, anomalies=0,
+                               anomaly_kinds={}, error_rate=0.0, errors={}, top_errors=[], non_streaming=0),
+        throughput=Throughput(requests_per_s=1.0, output_tokens_per_s=1.0, total_tokens_per_s=1.0),
+        window_s=1.0, percentiles=(50,), latency={},
+        timing=TimingCheck(0, 0, True), token_distributions=DistributionMethod("exact", 0, 1, 0.0),
+        tokens=TokenAccounting(sources={}, chunk_vs_server_mismatches=0, shorter_than_requested=0,
+                               longer_than_requested=0, prompt=prompt_length_accounting(_rows([192, 192, 171])),
+                               finish_reasons={}, natural_stops=0),
+    )  # fmt: skip
     text = format_summary(s)
     assert "prompt tokens, server vs requested (n=3): 0% exact, p50 ratio 1.50" in text
     assert "WARNING: prompts are not the length asked for" in text

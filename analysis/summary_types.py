@@ -1,0 +1,188 @@
+"""The run summary as typed values (``analysis.summary.summarize`` returns a ``RunSummary``).
+
+``to_json()`` gives the JSON payload ``bench summary --json`` prints: the fields in their
+declared order, a field marked ``OMIT_NONE`` left out while it is None (the payload has no
+key for it then), nested summaries as objects. The per-metric percentile maps
+(``{"n": .., "mean": .., "p50": ..}``, analysis.metrics.percentiles) and the count maps
+(error type, token source, finish reason → count) stay dicts: their keys are data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Field metadata: leave the key out of ``to_json()`` while the value is None.
+OMIT_NONE = {"omit_none": True}
+
+
+def json_of(value: Any, finite: bool = False) -> Any:
+    """``value`` as JSON-ready data: dataclasses as dicts in field order (``OMIT_NONE``
+    fields left out while None), tuples as lists, dicts and lists element by element;
+    with ``finite``, NaN and infinities as None (strict JSON)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            if v is None and f.metadata.get("omit_none"):
+                continue
+            out[f.name] = json_of(v, finite)
+        return out
+    if isinstance(value, dict):
+        return {k: json_of(v, finite) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_of(v, finite) for v in value]
+    if finite and isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class _Json:
+    """``to_json()`` for the summary's dataclasses."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return json_of(self)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCounts(_Json):
+    rows: int
+    warmup_excluded: int
+    measured: int
+    ok: int
+    failed: int
+    cancelled_at_end: int
+    anomalies: int
+    anomaly_kinds: dict[str, int]
+    error_rate: float
+    errors: dict[str, int]
+    top_errors: list[dict[str, Any]]  # analysis.failures.top_errors rows
+    #: answered in one response: E2E only (no TTFT, TPOT, ITL)
+    non_streaming: int
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput(_Json):
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TimingCheck(_Json):
+    """Whether the per-token timings stand for the engine's (analysis.invariants.timing_measurable)."""
+
+    one_read_responses: int
+    multi_token_responses: int
+    itl_measurable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DistributionMethod(_Json):
+    """How the pooled token-level percentiles (ITL, chunk gap) were computed."""
+
+    method: str  # "exact" | "histogram"
+    values: int
+    exact_limit: int
+    max_relative_error: float
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLengths(_Json):
+    """Requested against server-reported prompt lengths (``prompt_length_accounting``)."""
+
+    compared: int
+    exact_share: float = float("nan")
+    ratio_p50: float = float("nan")
+    off_share: float = float("nan")
+    warning: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning(_Json):
+    requests: int
+    reasoning_tokens: int
+    answer_tokens: int
+    reasoning_tokens_mean: float
+    answer_tokens_mean: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAccounting(_Json):
+    sources: dict[str, int]
+    chunk_vs_server_mismatches: int
+    shorter_than_requested: int
+    longer_than_requested: int
+    prompt: PromptLengths
+    finish_reasons: dict[str, int]
+    natural_stops: int
+    reasoning: Reasoning | None = field(default=None, metadata=OMIT_NONE)  # None: no request reasoned
+
+
+@dataclass(frozen=True, slots=True)
+class SloAttainment(_Json):
+    objectives: dict[str, float]
+    met: int
+    judged: int
+    attainment: float
+    attainment_interval: tuple[float, float]
+    goodput_rps: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClientWindow(_Json):
+    """One time window's client signals (``analysis.summary.client_health``)."""
+
+    start_s: float
+    end_s: float
+    offered: int
+    sent: int
+    send_lag_p99_ms: float
+    loop_lag_max_ms: float
+    cpu_busy: float
+    saturated: bool
+    why: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientHealth(_Json):
+    """Was the client itself the bottleneck? (``analysis.summary.client_health``)"""
+
+    schedule_lag_p99_ms: float
+    #: event-loop lag, where the monitor sampled it (None: not sampled)
+    loop_lag_p99_ms: float | None = field(default=None, metadata=OMIT_NONE)
+    loop_lag_max_ms: float | None = field(default=None, metadata=OMIT_NONE)
+    windows: list[ClientWindow] = field(default_factory=list)
+    cpu_busy_max: float = float("nan")
+    saturated_windows: int = 0
+    warnings: list[str] = field(default_factory=list)
+    saturated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Smoothness(_Json):
+    deadlines_ms: dict[str, float]  # "ttft", "token_interval"
+    fluidity: dict[str, float]  # percentile map
+    longest_gap_ms: dict[str, float]  # percentile map
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary(_Json):
+    """A run's summary: counts, latency percentiles, throughput, goodput, client health."""
+
+    requests: RequestCounts
+    window_s: float
+    throughput: Throughput
+    #: metric name (``ttft_ms``, ``itl_ms`` …) → percentile map (analysis.metrics.percentiles)
+    latency: dict[str, dict[str, float]]
+    timing: TimingCheck
+    token_distributions: DistributionMethod
+    tokens: TokenAccounting
+    percentiles: tuple[float, ...]
+    slo: SloAttainment | None = field(default=None, metadata=OMIT_NONE)  # None: no SLO given
+    client: ClientHealth = field(default_factory=lambda: ClientHealth(float("nan")))
+    smoothness: Smoothness = field(default_factory=lambda: Smoothness({}, {}, {}))
