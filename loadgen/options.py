@@ -1,0 +1,46 @@
+"""What a run is told (``RunOptions``) and what it counts (``RunStats``): shared by the
+runner's three parts (``loadgen/dispatch.py``, ``loadgen/recording.py``,
+``loadgen/monitoring.py``) and by the worker pool."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from loadgen.recorder import MAX_EVENT_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    worker_id: int = 0
+    #: Stop sending new requests this long after t0 (None: when the schedule is done).
+    duration_s: float | None = None
+    #: After ``duration_s``, how long in-flight requests may take before being cancelled
+    #: (recorded as such). Without a duration every request runs to its end, bounded by the
+    #: transport's per-request deadline (``Timeouts.total``).
+    drain_timeout_s: float = 30.0
+    #: Longest SSE event (or line) a response may carry (``RequestRecorder``).
+    max_event_bytes: int = MAX_EVENT_BYTES
+    warmup_concurrency: int = 4
+    save_text: bool = False
+    progress: bool | None = None
+    monitor_interval_s: float = 0.1
+    #: Delay between building the plan and t0, so the first sends are not late.
+    start_lead_s: float = 0.05
+    #: An explicit t0 (``perf_counter_ns``, CLOCK_MONOTONIC: shared by every process on the
+    #: host) so several worker processes start their shares of one schedule together.
+    start_at_ns: int | None = None
+
+
+@dataclass(slots=True)
+class RunStats:
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    t0_ns: int = 0
+    end_ns: int = 0
+    interrupted: bool = False
+    error_types: dict[str, int] = field(default_factory=lambda: defaultdict(int))
