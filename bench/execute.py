@@ -115,6 +115,8 @@ def stats_notes(stats: RunStats, notes: list[str]) -> dict[str, Any]:
         "max_in_flight": stats.max_in_flight,
         "t0_ns": stats.t0_ns,
         "end_ns": stats.end_ns,
+        # which read path parsed the streams' payloads (bench/report_text.py says a fallback)
+        "read_path_payloads": {"compiled": stats.payloads_compiled, "python": stats.payloads_python},
     }
 
 

@@ -43,4 +43,8 @@ class RunStats:
     t0_ns: int = 0
     end_ns: int = 0
     interrupted: bool = False
+    #: SSE data payloads the compiled scan took itself, and those the adapter's Python
+    #: parser read (on the Python read path, or handed over by the scan): the read-path share.
+    payloads_compiled: int = 0
+    payloads_python: int = 0
     error_types: dict[str, int] = field(default_factory=lambda: defaultdict(int))

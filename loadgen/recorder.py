@@ -80,6 +80,7 @@ class FastStreamLike(Protocol):
     done: int
     pending: bytes
     last_payload_ns: int
+    scanned: int
 
     def columns(self, kinds: tuple[EventKind, ...], nfields: int) -> tuple[list[int], tuple[list[Any], ...]]: ...
     def flush(self, sink: RequestRecorder) -> None: ...
@@ -113,6 +114,7 @@ class RequestRecorder:
         "_fast",
         "_not_sse",
         "_last_payload_ns",
+        "_parsed",
         "max_event_bytes",
     )
 
@@ -155,6 +157,8 @@ class RequestRecorder:
         self._not_sse: str | None = None
         #: Stamp of the read that brought the last SSE data payload (-1: none yet).
         self._last_payload_ns = -1
+        #: SSE data payloads the adapter's Python parser read.
+        self._parsed = 0
         self.max_event_bytes = max_event_bytes
 
     # -- transport callbacks -------------------------------------------------------
@@ -223,6 +227,7 @@ class RequestRecorder:
         """One payload through the adapter's parser: (the event to keep, whether the
         stream failed). A malformed payload or an error event fails it (``_error``); the
         end-of-stream marker is noted, not kept."""
+        self._parsed += 1
         try:
             event = self._parser.parse(payload)
         except Exception as exc:  # a malformed payload fails this request only
@@ -320,6 +325,13 @@ class RequestRecorder:
         self._done = True
         if self._keep_text and event.text:
             self._text.append(event.text)
+
+    @property
+    def payloads_read(self) -> tuple[int, int]:
+        """(payloads the compiled scan took itself, payloads the Python parser read): the
+        run's read-path share (``RunStats``)."""
+        fast = self._fast
+        return (fast.scanned if fast is not None else 0), self._parsed
 
     @property
     def saw_done(self) -> bool:

@@ -88,6 +88,9 @@ class Recording:
         else:
             writer.add_record(record)
         stats = self.stats
+        compiled, python = recorder.payloads_read
+        stats.payloads_compiled += compiled
+        stats.payloads_python += python
         if record.ok:
             stats.completed += 1
         elif record.error_type == "cancelled":

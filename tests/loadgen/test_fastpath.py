@@ -391,6 +391,59 @@ def test_a_regular_stream_is_read_in_c() -> None:
     assert len(calls) == 1  # only the final event went to the parser
 
 
+def _shaped(rng: random.Random, chat: bool, shape: str, n: int) -> bytes:
+    """An OpenAI stream of ``n`` token events with usage on every chunk, only in a final
+    usage event, only in the last text chunk, or nowhere; its role and final events."""
+    events: list[bytes] = []
+    if chat:
+        events.append(_dump({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, rng))
+    for i in range(n):
+        ev = _token_event(rng, chat, i + 1, usage=shape == "every")
+        if shape == "last_text" and i == n - 1:
+            ev["usage"] = {"prompt_tokens": 8, "completion_tokens": n}
+        events.append(_dump(ev, rng))
+    fin: dict[str, Any] = {"id": "c1", "choices": [{"index": 0, "finish_reason": "length"}]}
+    fin["choices"][0]["delta" if chat else "text"] = {} if chat else ""
+    events.append(_dump(fin, rng))
+    if shape in ("every", "end"):
+        events.append(_dump({"id": "c1", "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n}}, rng))
+    events.append(b"[DONE]")
+    return b"".join(b"data: " + e + b"\n\n" for e in events)
+
+
+@pytest.mark.parametrize("shape", ["every", "end", "last_text", "none"])
+@pytest.mark.parametrize("chat", [False, True])
+def test_every_openai_stream_shape_is_read_in_c_with_the_same_record(shape: str, chat: bool) -> None:
+    """Usage per chunk (vLLM continuous usage), at the end only (stock OpenAI servers), in
+    the last text chunk (transformers serve), or absent (llama-cpp-python): the compiled
+    scan takes the token events itself (at most the first one and the final events go to
+    the parser) and the record equals the Python path's, over random framings."""
+    rng = random.Random(f"{shape}{chat}")
+    calls: list[bytes] = []
+    orig = RequestRecorder.fast_special
+
+    def spy(self: RequestRecorder, ts: int, payload: bytes) -> tuple[int, Any]:
+        calls.append(payload)
+        return orig(self, ts, payload)
+
+    for _ in range(40):
+        data, _ = _http(rng, _shaped(rng, chat, shape, 30))
+        if not data.endswith(b"0\r\n\r\n"):
+            data += b"0\r\n\r\n"
+        pieces = _split(rng, data)
+        py, py_reads, py_kept = _run(pieces, compiled=False, chat=chat, close_at_end=True)
+        calls.clear()
+        RequestRecorder.fast_special = spy  # type: ignore[method-assign]
+        try:
+            c, c_reads, c_kept = _run(pieces, compiled=True, chat=chat, close_at_end=True)
+        finally:
+            RequestRecorder.fast_special = orig  # type: ignore[method-assign]
+        assert _comparable(c) == _comparable(py), (shape, chat, data)
+        assert (c_reads, c_kept) == (py_reads, py_kept), (shape, chat)
+        assert py.ok and py.output_tokens == 30, py
+        assert len(calls) <= 4, (shape, chat, calls)  # role, first token without usage, final, usage
+
+
 def test_bad_chunk_framing_is_a_protocol_error_on_both_paths() -> None:
     data = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\ndata: x\r\n"
     for compiled in (False, True):
@@ -468,6 +521,7 @@ TRANSCRIPTS = [
     "tfserve_chat_stream.sse",
     "llcpp_py_completions_stream.sse",
     "llcpp_py_chat_stream.sse",
+    "tfserve_cb_chat_stream_no_usage_requested.sse",
 ]
 
 
@@ -497,3 +551,4 @@ def test_recorded_engine_streams_give_the_same_records(name: str) -> None:
             taken += fastpath.classify(block[6:], 2 if chat else 1) is not None
     if name.startswith("vllm_") and "usage_only" not in name:
         assert taken > 0, "vLLM's continuous-usage token events should be read in C"
+    assert taken > 0, "every OpenAI stream shape's token events (usage per chunk, at the end, none) are read in C"
