@@ -150,7 +150,8 @@ async def execute_run(
         "engine": cfg.engine,
         "model": cfg.model,
         "adapter_json": {**adapter.describe(), **transport.describe(), "url": cfg.url},
-        "workload_json": workload_meta(schedule),  # as fitted to the served context
+        # as fitted to the served context; with the time-based warm-up and cool-down (excluded)
+        "workload_json": {**workload_meta(schedule), "warmup_s": cfg.options.warmup_s, "cooldown_s": cfg.options.cooldown_s},
         "host_json": host_fingerprint(),
         "start_utc": _utc_now(),
         "t0_monotonic_ns": time.perf_counter_ns(),

@@ -30,6 +30,32 @@ class RunOptions:
     #: An explicit t0 (``perf_counter_ns``, CLOCK_MONOTONIC: shared by every process on the
     #: host) so several worker processes start their shares of one schedule together.
     start_at_ns: int | None = None
+    #: Time-based warm-up and cool-down (docs/metrics.md, Which requests count): a measured
+    #: request intended to be sent in the first ``warmup_s`` after t0 is recorded with phase
+    #: "warmup", one intended in the last ``cooldown_s`` before ``duration_s`` ends with
+    #: phase "cooldown"; both are recorded and excluded from every metric.
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.warmup_s < 0 or self.cooldown_s < 0:
+            raise ValueError(f"warmup_s and cooldown_s must be >= 0 (got {self.warmup_s:g}, {self.cooldown_s:g})")
+        if self.cooldown_s and self.duration_s is None:
+            raise ValueError("cooldown_s needs duration_s: a run without a duration has no known end to count back from")
+        if self.duration_s is not None and (self.warmup_s or self.cooldown_s) and self.warmup_s + self.cooldown_s >= self.duration_s:
+            raise ValueError(
+                f"warmup_s + cooldown_s ({self.warmup_s + self.cooldown_s:g} s) leave nothing of duration_s ({self.duration_s:g} s)"
+            )
+
+    def phase_at(self, t0_ns: int, intended_ns: int) -> str | None:
+        """The phase a measured request intended at ``intended_ns`` is recorded with when the
+        time-based warm-up or cool-down takes it ("warmup", "cooldown"), else None."""
+        offset = intended_ns - t0_ns
+        if offset < self.warmup_s * 1e9:
+            return "warmup"
+        if self.cooldown_s and self.duration_s is not None and offset >= (self.duration_s - self.cooldown_s) * 1e9:
+            return "cooldown"
+        return None
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ The dispatch side (``loadgen/dispatch.py``) calls ``finish`` or ``defer``; the m
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import gc
 import os
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from loadgen.options import RunStats
+from loadgen.options import RunOptions, RunStats
 from loadgen.recorder import RequestRecorder
 from loadgen.transport import StreamError
 from results.record import RequestRecord
@@ -57,8 +58,11 @@ class Recording:
         requires_done: bool = True,
         save_text: bool = False,
         concurrency: int = 0,
+        options: RunOptions | None = None,
     ) -> None:
         self.writer = writer
+        #: The time-based warm-up and cool-down, when the run has either.
+        self._windows = options if options is not None and (options.warmup_s or options.cooldown_s) else None
         self.monitor_writer = monitor_writer
         self.stats = stats
         self._requires_done = requires_done
@@ -76,6 +80,10 @@ class Recording:
     def finish(self, recorder: RequestRecorder, end: int, error: StreamError | None) -> RequestRecord:
         """Build the record of an ended request, hand it to the writer, count it."""
         record = recorder.finish(end, error, self._requires_done, self._save_text)
+        if self._windows is not None and record.phase == "measure":
+            phase = self._windows.phase_at(self.stats.t0_ns, record.intended_send_ns)
+            if phase is not None:
+                record = dataclasses.replace(record, phase=phase)
         writer = self.writer
         if isinstance(writer, PartWriter):
             # The per-chunk lists go to the writer as numpy arrays: pyarrow converts those

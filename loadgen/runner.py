@@ -61,6 +61,7 @@ class Runner:
             requires_done=getattr(adapter, "requires_done", True),
             save_text=options.save_text,
             concurrency=schedule.concurrency or 0,
+            options=options,
         )
         self.dispatch = Dispatcher(schedule, adapter, transport, self.recording, self.stats, options, self.stop)
         self.monitor = Monitor(

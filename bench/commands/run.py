@@ -57,6 +57,10 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
               help="Mixed into the prompt text so runs share no cached prefix. [default: new per run]")
 @click.option("--concurrency", type=int, help="Closed loop: requests kept in flight.")
 @click.option("--warmup", type=int, default=0, show_default=True, help="Warm-up requests (recorded, excluded).")
+@click.option("--warmup-s", type=float, default=0.0, show_default=True,
+              help="Time-based warm-up: requests due in the first S seconds after t0 are recorded, excluded.")
+@click.option("--cooldown-s", type=float, default=0.0, show_default=True,
+              help="With --duration: requests due in the last S seconds are recorded, excluded.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--duration", type=float, help="Stop sending after this many seconds.")
 @click.option("--stall-timeout", type=float, default=120.0, show_default=True,
@@ -122,6 +126,8 @@ def command(
     prompt_salt: int | None,
     concurrency: int | None,
     warmup: int,
+    warmup_s: float,
+    cooldown_s: float,
     seed: int,
     duration: float | None,
     stall_timeout: float,
@@ -178,6 +184,10 @@ def command(
         raise BenchError("--request-timeout and --drain-timeout must be >= 0")
     if max_event_bytes < 1024:
         raise BenchError("--max-event-bytes must be at least 1024")
+    try:
+        RunOptions(duration_s=duration, warmup_s=warmup_s, cooldown_s=cooldown_s)
+    except ValueError as exc:
+        raise BenchError(f"--warmup-s/--cooldown-s/--duration: {exc}") from None
     if not url and (sim_ttft_ms < 0 or sim_itl_ms < 0 or sim_natural_stop < 0):
         raise BenchError("--sim-ttft-ms, --sim-itl-ms and --sim-natural-stop must be >= 0")
     salt = secrets.randbits(32) if prompt_salt is None else prompt_salt
@@ -267,7 +277,8 @@ def command(
             model=model,
             schedule=schedule,
             options=RunOptions(duration_s=duration, save_text=save_text, progress=progress,
-                               drain_timeout_s=drain_timeout, max_event_bytes=max_event_bytes),
+                               drain_timeout_s=drain_timeout, max_event_bytes=max_event_bytes,
+                               warmup_s=warmup_s, cooldown_s=cooldown_s),
             timeouts=Timeouts(stall=stall_timeout, total=request_timeout or None),
             command=command_line,
             transport=transport_kind,
