@@ -57,8 +57,9 @@ CLIENT_LAG_P99_MS = 5.0
 LOOP_LAG_MAX_MS = 20.0
 #: ... or when a client process is busy for this fraction of one core.
 CLIENT_CPU_BUSY = 0.9
-#: ... or when a client process wrote no monitor sample for this long (seconds): its event
-#: loop did not run (starved of CPU), so the windows it spans cannot be judged on its samples.
+#: ... or when a client process wrote no monitor sample for this long (seconds, and ten of its
+#: usual sample intervals): its event loop did not run (starved of CPU), so the windows the
+#: silence spans cannot be judged on its samples.
 CLIENT_SILENT_S = 1.0
 
 
@@ -522,13 +523,19 @@ def client_health(df: pd.DataFrame, monitor: pa.Table | None) -> dict[str, Any]:
 
 def _silent_spans(mon_ts: np.ndarray, workers: np.ndarray, t0: float) -> list[tuple[int, float, float]]:
     """(worker, start s from ``t0``, length s) of every gap of at least CLIENT_SILENT_S
-    between two monitor samples of one worker process that ends after ``t0`` (the measured
-    period; a worker's closing sample ends its last gap)."""
+    (and ten of the worker's usual sample intervals) between two monitor samples of one
+    worker process that ends after ``t0`` (the measured period; a worker's closing sample
+    ends its last gap)."""
     out = []
     for w in np.unique(workers):
         ts = np.sort(mon_ts[workers == w]).astype(np.float64)
         gaps = np.diff(ts)
-        for k in np.nonzero((gaps >= CLIENT_SILENT_S * 1e9) & (ts[1:] > t0))[0]:
+        if not len(gaps):
+            continue
+        # the cadence is the run's setting (every s seconds: silent after 10 s), read from
+        # the shorter gaps: a starved worker's are mostly long, its short ones still show it
+        limit = max(CLIENT_SILENT_S * 1e9, 10 * float(np.percentile(gaps, 10)))
+        for k in np.nonzero((gaps >= limit) & (ts[1:] > t0))[0]:
             out.append((int(w), round((ts[k] - t0) / 1e9, 3), float(gaps[k] / 1e9)))
     return out
 
