@@ -89,7 +89,7 @@ enum { KIND_SPECIAL = 0, KIND_CONTENT = 1, KIND_REASONING = 2, KIND_PENDING = 3,
  * verdict, the record is built, or this many wait: the final events of a response are
  * then parsed when its record is built, not in the read that freed its closed-loop slot. */
 #define MAX_PENDING 32
-enum { API_COMPLETIONS = 1, API_CHAT = 2 };
+enum { API_COMPLETIONS = 1, API_CHAT = 2, API_TGI = 3 };
 #define MAX_DEPTH 128
 
 typedef struct {
@@ -493,7 +493,37 @@ static int scan_choices(scan_t *sc, regular_t *r, int api) {
     }
 }
 
+/* TGI's /generate_stream token event (adapters/tgi.py): an object whose ``token`` is an
+ * object, without ``error``, with ``generated_text`` and ``details`` absent or null (the
+ * final event has them: the parser reads it). Each such event is one token of text. */
+static int classify_tgi(const char *p, Py_ssize_t n, regular_t *r) {
+    scan_t sc = {(const unsigned char *)p, 0, n};
+    int seen_token = 0, seen_gen = 0, seen_details = 0;
+    r->kind = KIND_SPECIAL;
+    r->cum = r->prompt = r->cached = -1;
+    r->id_start = 0;
+    r->id_len = -1;
+    OBJECT_MEMBERS(&sc, kst, kln, {
+        if (key_is(&sc, kst, kln, "token", 5)) {
+            if (seen_token++ || !at(&sc, '{') || scan_value(&sc, 1) < 0) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "generated_text", 14)) {
+            if (seen_gen++ || !is_null(&sc)) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "details", 7)) {
+            if (seen_details++ || !is_null(&sc)) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "error", 5)) {
+            return SPECIAL;
+        } else {
+            GENERIC_VALUE(&sc, 1)
+        }
+    });
+    ws(&sc);
+    if (sc.i != sc.n || !seen_token) return SPECIAL;
+    r->kind = KIND_CONTENT;
+    return REGULAR;
+}
+
 static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
+    if (api == API_TGI) return classify_tgi(p, n, r);
     scan_t sc = {(const unsigned char *)p, 0, n};
     int seen_choices = 0, seen_usage = 0, seen_id = 0, seen_object = 0;
     r->kind = KIND_SPECIAL;
@@ -668,7 +698,7 @@ static int fs_flush(FastStream *self, PyObject *sink) {
 /* one SSE data payload */
 static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n) {
     if (self->stopped) return 0;
-    if (n == 6 && memcmp(p, "[DONE]", 6) == 0) {
+    if (self->api != API_TGI && n == 6 && memcmp(p, "[DONE]", 6) == 0) { /* (TGI has no marker) */
         self->done = 1;
         self->done_at = self->nev;
         self->scanned++;
@@ -684,7 +714,7 @@ static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n)
     /* A token event with usage is the scan's while usage is cumulative; one without
      * usage once the parser has seen one (the first goes to the parser, whose state it
      * changes: usage is then a final count, and the parser says so, fast_ok false). */
-    if (classify(p, n, self->api, &r) == REGULAR && (r.cum >= 0) == (self->cumulative_ok != 0)) {
+    if (classify(p, n, self->api, &r) == REGULAR && (self->api == API_TGI || (r.cum >= 0) == (self->cumulative_ok != 0))) {
         ev_t e = {ts, r.cum, r.prompt, r.cached, NULL, r.kind};
         if (!self->id_found && r.id_len >= 0) {
             e.obj = PyUnicode_DecodeUTF8(p + r.id_start, r.id_len, "strict");
@@ -1123,6 +1153,10 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
                     v = stand_in;
                     Py_INCREF(v);
                     break;
+                case F_TOKENS: /* a TGI event is one token; OpenAI counts come from usage */
+                    v = self->api == API_TGI ? PyLong_FromLong(1) : Py_None;
+                    if (v == Py_None) Py_INCREF(v);
+                    break;
                 case F_CUM:
                     v = int_or_none(e->cum);
                     break;
@@ -1170,8 +1204,8 @@ static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "ipLiOO|n", kwlist, &fd, &kernel_clock, &offset, &api, &sink, &on_end,
                                      &max_event))
         return -1;
-    if (api != API_COMPLETIONS && api != API_CHAT) {
-        PyErr_SetString(PyExc_ValueError, "api must be 1 (completions) or 2 (chat)");
+    if (api != API_COMPLETIONS && api != API_CHAT && api != API_TGI) {
+        PyErr_SetString(PyExc_ValueError, "api must be 1 (completions), 2 (chat) or 3 (TGI)");
         return -1;
     }
     self->fd = fd;
@@ -1308,6 +1342,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     }
     PyModule_AddIntConstant(m, "API_COMPLETIONS", API_COMPLETIONS);
     PyModule_AddIntConstant(m, "API_CHAT", API_CHAT);
+    PyModule_AddIntConstant(m, "API_TGI", API_TGI);
     PyModule_AddIntConstant(m, "KIND_CONTENT", KIND_CONTENT);
     PyModule_AddIntConstant(m, "KIND_REASONING", KIND_REASONING);
     return m;

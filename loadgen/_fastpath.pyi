@@ -5,6 +5,7 @@ from typing import Any
 
 API_COMPLETIONS: int
 API_CHAT: int
+API_TGI: int
 KIND_CONTENT: int
 KIND_REASONING: int
 

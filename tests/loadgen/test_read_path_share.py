@@ -44,6 +44,16 @@ def test_openai_streams_with_or_without_usage_per_chunk_are_read_in_c(tmp_path: 
     assert not any("fell back" in w for w in summary["run"]["warnings"])
 
 
+def test_tgi_token_events_are_read_in_c(tmp_path: Path) -> None:
+    """TGI's /generate_stream: one token per event, the scan takes them; the parser reads the final one."""
+    from adapters.tgi import TGIAdapter
+
+    meta, summary = _run(tmp_path, "tgi", TGIAdapter(model="sim-model"))
+    counts = meta["notes"]["read_path_payloads"]
+    assert counts["compiled"] >= 6 * 20 and counts["python"] <= 6 * 2, counts
+    assert not summary["run"]["read_path"]["fell_back"]
+
+
 def test_a_stream_shape_the_scan_does_not_know_is_said_to_fall_back(tmp_path: Path) -> None:
     """SGLang's /generate events are not OpenAI payloads: every one goes to the Python
     parser although the compiled path is on, and the summary says so."""
