@@ -346,6 +346,51 @@ class RequestRecorder:
         return "".join(self._text)
 
     # -- result --------------------------------------------------------------------
+    def _columns(self) -> tuple[list[int], tuple[Sequence[Any], ...], bytes, bool]:
+        """The stream's events as (stamps, one column per StreamEvent field), the SSE bytes
+        left after the last complete event, and whether the end-of-stream marker came.
+
+        Column-wise (one transposition in C, then scans from the end where the fields the
+        record needs sit): the record of a 256-token stream is built in a fraction of the
+        per-event loop's time, which matters when a whole batch of streams ends in one step."""
+        events = self._events
+        cols: tuple[Sequence[Any], ...] = tuple(zip(*events)) if events else ((),) * _NFIELDS
+        stamps: list[int] = self._ts
+        pending = self._framer.pending
+        done = self._done
+        fast = self._fast
+        if fast is not None:
+            # the compiled path's events come first: the Python framer only ever takes over
+            fast_stamps, fast_cols = fast.columns(_FAST_KINDS, _NFIELDS)
+            if fast_stamps:
+                stamps = fast_stamps + stamps if stamps else fast_stamps
+                cols = tuple(f + list(c) for f, c in zip(fast_cols, cols)) if events else fast_cols
+            pending = pending or fast.pending
+            done = done or bool(fast.done)
+        return stamps, cols, pending, done
+
+    def _verdict(
+        self, err: StreamError | None, any_event: bool, done: bool, pending: bool, finish_reason: str | None,
+        requires_done: bool,
+    ) -> StreamError | None:
+        """The request's failure, if any: the transport's or the stream's own ``err``, else
+        what the response lacked (a response, an event stream, its end)."""
+        if err is None and self.status is None:
+            err = StreamError("no_response", "no response received")
+        if self._not_sse is not None and not any_event and not done and (err is None or err.error_type == "malformed_chunk"):
+            # a 2xx answer of another kind (a login page, a JSON body), said as such; a
+            # server that streams events under another Content-Type is still read
+            body = " ".join(self._body.decode("utf-8", "replace").split())[:200]
+            err = StreamError("not_event_stream", f"not an event stream ({self._not_sse})" + (f": {body}" if body else ""))
+        if err is None:
+            if requires_done and not done:
+                err = StreamError("no_done", "stream ended without its end-of-stream marker")
+            elif not requires_done and finish_reason is None:
+                err = StreamError("truncated", "stream ended without a final event")
+            elif pending:
+                err = StreamError("truncated", "stream ended inside an event")
+        return err
+
     def finish(
         self, end_ns: int, error: StreamError | None = None, requires_done: bool = True, save_text: bool = False
     ) -> RequestRecord:
@@ -355,7 +400,6 @@ class RequestRecorder:
         unary = not self.spec.stream
         if unary:
             self._parse_unary()
-        events = self._events
         fast = self._fast
         if fast is not None:
             try:
@@ -366,41 +410,14 @@ class RequestRecorder:
         if err is None and self.status is not None and self.status >= 400:
             err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
 
-        # Column-wise (one transposition in C, then scans from the end where these fields
-        # sit): the record of a 256-token stream is built in a fraction of the per-event
-        # loop's time, which matters when a whole batch of streams ends in one step.
-        cols: tuple[Sequence[Any], ...] = tuple(zip(*events)) if events else ((),) * _NFIELDS
-        stamps: list[int] = self._ts
-        pending = self._framer.pending
-        done = self._done
-        if fast is not None:
-            # the compiled path's events come first: the Python framer only ever takes over
-            fast_stamps, fast_cols = fast.columns(_FAST_KINDS, _NFIELDS)
-            if fast_stamps:
-                stamps = fast_stamps + stamps if stamps else fast_stamps
-                cols = tuple(f + list(c) for f, c in zip(fast_cols, cols)) if events else fast_cols
-            pending = pending or fast.pending
-            done = done or bool(fast.done)
+        stamps, cols, pending, done = self._columns()
         finish_reason = _last_set(cols[_FINISH])
         prompt_tokens = _last_set(cols[_PROMPT])
         completion_tokens = _last_set(cols[_COMPLETION])
         cached_tokens = _last_set(cols[_CACHED])
         server_id = next(filter(None, cols[_SERVER_ID]), None)
         timing = _last_set(cols[_TIMING])
-        if err is None and self.status is None:
-            err = StreamError("no_response", "no response received")
-        if self._not_sse is not None and not stamps and not done and (err is None or err.error_type == "malformed_chunk"):
-            # a 2xx answer of another kind (a login page, a JSON body), said as such; a
-            # server that streams events under another Content-Type is still read
-            body = " ".join(self._body.decode("utf-8", "replace").split())[:200]
-            err = StreamError("not_event_stream", f"not an event stream ({self._not_sse})" + (f": {body}" if body else ""))
-        if err is None:
-            if requires_done and not done:
-                err = StreamError("no_done", "stream ended without its end-of-stream marker")
-            elif not requires_done and finish_reason is None:
-                err = StreamError("truncated", "stream ended without a final event")
-            elif pending.strip():
-                err = StreamError("truncated", "stream ended inside an event")
+        err = self._verdict(err, bool(stamps), done, bool(pending.strip()), finish_reason, requires_done)
         kinds, texts = cols[_KIND], cols[_TEXT]
         counts, source = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
         output_tokens = sum(counts)
