@@ -498,11 +498,7 @@ static int scan_choices(scan_t *sc, regular_t *r, int api) {
  * final event has them: the parser reads it). Each such event is one token of text. */
 static int classify_tgi(const char *p, Py_ssize_t n, regular_t *r) {
     scan_t sc = {(const unsigned char *)p, 0, n};
-    int seen_token = 0, seen_gen = 0, seen_details = 0;
-    r->kind = KIND_SPECIAL;
-    r->cum = r->prompt = r->cached = -1;
-    r->id_start = 0;
-    r->id_len = -1;
+    int seen_token = 0, seen_gen = 0, seen_details = 0; /* (``r`` was reset by classify) */
     OBJECT_MEMBERS(&sc, kst, kln, {
         if (key_is(&sc, kst, kln, "token", 5)) {
             if (seen_token++ || !at(&sc, '{') || scan_value(&sc, 1) < 0) return SPECIAL;
@@ -523,13 +519,13 @@ static int classify_tgi(const char *p, Py_ssize_t n, regular_t *r) {
 }
 
 static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
-    if (api == API_TGI) return classify_tgi(p, n, r);
-    scan_t sc = {(const unsigned char *)p, 0, n};
-    int seen_choices = 0, seen_usage = 0, seen_id = 0, seen_object = 0;
     r->kind = KIND_SPECIAL;
     r->cum = r->prompt = r->cached = -1;
     r->id_start = 0;
     r->id_len = -1;
+    if (api == API_TGI) return classify_tgi(p, n, r);
+    scan_t sc = {(const unsigned char *)p, 0, n};
+    int seen_choices = 0, seen_usage = 0, seen_id = 0, seen_object = 0;
     OBJECT_MEMBERS(&sc, kst, kln, {
         if (key_is(&sc, kst, kln, "choices", 7)) {
             if (seen_choices++ || scan_choices(&sc, r, api) != REGULAR) return SPECIAL;
