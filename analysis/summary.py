@@ -71,6 +71,10 @@ CLIENT_LAG_P99_MS = 5.0
 LOOP_LAG_MAX_MS = 20.0
 #: ... or when a client process is busy for this fraction of one core.
 CLIENT_CPU_BUSY = 0.9
+#: ... or when a client process wrote no monitor sample for this long (seconds, and ten of its
+#: usual sample intervals): its event loop did not run (starved of CPU), so the windows the
+#: silence spans cannot be judged on its samples.
+CLIENT_SILENT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,6 +536,11 @@ def client_health(df: pd.DataFrame, monitor: pa.Table | None) -> ClientHealth:
     busy = [w.cpu_busy for w in windows if w.cpu_busy == w.cpu_busy]
     if busy and max(busy) >= CLIENT_CPU_BUSY:
         warnings.append(f"client saturated: a client process used {100 * max(busy):.0f}% of a core")
+    intended = df["intended_send_ns"].to_numpy(dtype=float)
+    silent = _silent_spans(mon_ts, workers, float(np.nanmin(intended)) if np.isfinite(intended).any() else 0.0)
+    for w, start_s, length_s in silent:
+        warnings.append(f"client saturated: worker {w} silent for {length_s:.1f} s from {start_s:g} s "
+                        "(no monitor sample: its event loop did not run)")
     flagged = [w for w in windows if w.saturated]
     if flagged:
         spans = ", ".join(f"{w.start_s:g}-{w.end_s:g} s" for w in flagged[:6]) + (", ..." if len(flagged) > 6 else "")
@@ -543,9 +552,29 @@ def client_health(df: pd.DataFrame, monitor: pa.Table | None) -> ClientHealth:
         windows=windows,
         cpu_busy_max=max(busy) if busy else float("nan"),
         saturated_windows=len(flagged),
+        silent_workers=sorted({w for w, _, _ in silent}),
         warnings=warnings,
         saturated=bool(warnings),
     )
+
+
+def _silent_spans(mon_ts: np.ndarray, workers: np.ndarray, t0: float) -> list[tuple[int, float, float]]:
+    """(worker, start s from ``t0``, length s) of every gap of at least CLIENT_SILENT_S
+    (and ten of the worker's usual sample intervals) between two monitor samples of one
+    worker process that ends after ``t0`` (the measured period; a worker's closing sample
+    ends its last gap)."""
+    out = []
+    for w in np.unique(workers):
+        ts = np.sort(mon_ts[workers == w]).astype(np.float64)
+        gaps = np.diff(ts)
+        if not len(gaps):
+            continue
+        # the cadence is the run's setting (every s seconds: silent after 10 s), read from
+        # the shorter gaps: a starved worker's are mostly long, its short ones still show it
+        limit = max(CLIENT_SILENT_S * 1e9, 10 * float(np.percentile(gaps, 10)))
+        for k in np.nonzero((gaps >= limit) & (ts[1:] > t0))[0]:
+            out.append((int(w), round((ts[k] - t0) / 1e9, 3), float(gaps[k] / 1e9)))
+    return out
 
 
 def _client_windows(
@@ -575,6 +604,7 @@ def _client_windows(
     lag_sorted = lag[finite_lag][order]
     lag_bounds = np.searchsorted(lag_w[order], np.arange(n + 1))
     per_worker = [(mon_ts[workers == w], cpu[workers == w]) for w in np.unique(workers)]
+    silent = _silent_spans(mon_ts, workers, t0)
     for i in range(n):
         lo, hi = t0 + i * width, t0 + (i + 1) * width
         lags = lag_sorted[lag_bounds[i] : lag_bounds[i + 1]]
@@ -599,6 +629,9 @@ def _client_windows(
             why.append(f"event-loop lag {loop_max:.0f} ms")
         if busy >= CLIENT_CPU_BUSY:
             why.append(f"client CPU {100 * busy:.0f}% of a core")
+        for w, start_s, length_s in silent:  # a worker without a sample here is itself a finding
+            if start_s * 1e9 + t0 < hi and (start_s + length_s) * 1e9 + t0 > lo:
+                why.append(f"worker {w} silent for {length_s:.1f} s")
         out.append(
             ClientWindow(
                 start_s=round(i * width_s, 3),

@@ -159,6 +159,8 @@ class ClientHealth(_Json):
     windows: list[ClientWindow] = field(default_factory=list)
     cpu_busy_max: float = float("nan")
     saturated_windows: int = 0
+    #: client processes that wrote no monitor sample for a while (their event loop starved)
+    silent_workers: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     saturated: bool = False
 

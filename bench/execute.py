@@ -101,6 +101,8 @@ def stats_notes(stats: RunStats, notes: list[str]) -> dict[str, Any]:
         "max_in_flight": stats.max_in_flight,
         "t0_ns": stats.t0_ns,
         "end_ns": stats.end_ns,
+        # which read path parsed the streams' payloads (bench/report_text.py says a fallback)
+        "read_path_payloads": {"compiled": stats.payloads_compiled, "python": stats.payloads_python},
     }
 
 
@@ -128,6 +130,7 @@ async def execute_run(
         adapter={**adapter.describe(), **transport.describe(), "url": cfg.url},
         schedule=schedule,  # as fitted to the served context
         extra=cfg.extra,
+        phases={"warmup_s": cfg.options.warmup_s, "cooldown_s": cfg.options.cooldown_s},
     )
     clock = CLOCK_LABELS.get(str(transport.describe().get("clock", "user")), "user")
     meta = {**run_meta(run_id, description, clock=clock), "t0_monotonic_ns": time.perf_counter_ns()}

@@ -54,6 +54,15 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
         # run-level warnings recorded by the writer (e.g. a distributed worker lost mid-run)
         "warnings": list((run.meta.get("notes") or {}).get("warnings") or []),
     }
+    read_path = read_path_share(run.meta)
+    if read_path is not None:
+        info["read_path"] = read_path
+        if read_path["fell_back"]:
+            info["warnings"].append(
+                f"read path fell back to Python: the adapter's Python parser read {100 * read_path['python_share']:.0f}% "
+                f"of {read_path['compiled'] + read_path['python']:,} stream payloads, the compiled scan "
+                f"{100 * (1 - read_path['python_share']):.0f}% (client CPU per token is higher; docs/instrument.md)"
+            )
     from analysis.classes import class_breakdown, classes_of
     from analysis.server_metrics import server_summary
     from analysis.ttft_split import split_summary
@@ -70,6 +79,30 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
         f"clock={clock}"
     )
     return PrintedSummary(s, info, server, split, classes), title
+
+
+#: A run "fell back" when the compiled read path was on but the Python parser read more
+#: than this share of the stream payloads (each stream's final events are always its).
+FALLBACK_SHARE = 0.5
+
+
+def read_path_share(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """Which read path parsed the run's stream payloads (``notes.read_path_payloads``,
+    recorded by ``bench run``), and whether the run fell back to Python; None when the
+    run did not record it."""
+    counts = (meta.get("notes") or {}).get("read_path_payloads") or {}
+    compiled, python = int(counts.get("compiled") or 0), int(counts.get("python") or 0)
+    if compiled + python == 0:
+        return None
+    share = python / (compiled + python)
+    configured = str((meta.get("adapter") or {}).get("read_path") or "")
+    return {
+        "configured": configured,
+        "compiled": compiled,
+        "python": python,
+        "python_share": share,
+        "fell_back": configured == "compiled" and share > FALLBACK_SHARE,
+    }
 
 
 def _finite(v: float) -> bool:

@@ -55,15 +55,17 @@ def describe_run(
     adapter: Mapping[str, Any],
     schedule: Schedule,
     extra: Mapping[str, Any],
+    phases: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """What was run: the command line, config, engine, adapter/transport and workload."""
+    """What was run: the command line, config, engine, adapter/transport and workload
+    (``phases``: the time-based warm-up and cool-down seconds, recorded and excluded)."""
     return {
         "command": " ".join(command),
         "config_json": dict(config),
         "engine": engine,
         "model": model,
         "adapter_json": dict(adapter),
-        "workload_json": workload_meta(schedule),
+        "workload_json": {**workload_meta(schedule), **(phases or {})},
         "extra_json": dict(extra),
     }
 

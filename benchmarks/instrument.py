@@ -19,6 +19,8 @@ user; ``--clock`` picks it, by default bench run's own default, auto):
   stamp        client chunk stamp minus the engine's emission time (p50/p99)
   re-send      closed loop: previous response end -> next request at the socket (p50)
   CPU/tok      client CPU microseconds per received token (all client processes)
+  Python-parsed  % of the stream payloads the adapter's Python parser read (the rest: the
+               compiled scan; the run's notes.read_path_payloads)
   RSS          peak RSS of the largest client process
   open         % of the requested streams open at the engine (steady part)
   late         engine lateness: actual minus intended emission (p50/p99)
@@ -38,6 +40,7 @@ Engines:
 Example:
   python benchmarks/instrument.py --concurrency 64,256,1024 --clock user
   python benchmarks/instrument.py --concurrency 1024 --workers 2
+  python benchmarks/instrument.py --concurrency 256,1024 --shape end   # usage only at the end
 """
 
 from __future__ import annotations
@@ -73,6 +76,15 @@ _CHUNK = (
     b'"text":" t%d","logprobs":null,"finish_reason":%s,"stop_reason":null}],'
     b'"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n'
 )
+#: A token event without usage (``--shape end`` and ``none``: stock OpenAI servers, llama.cpp).
+_CHUNK_PLAIN = (
+    b'data: {"id":"cmpl-%d","object":"text_completion","created":0,"model":"%s","choices":[{"index":0,'
+    b'"text":" t%d","logprobs":null,"finish_reason":%s,"stop_reason":null}]}\n\n'
+)
+_DONE = b"data: [DONE]\n\n"
+#: Where the engine puts usage: on every token event (vLLM's continuous usage), only in a
+#: final usage event (``include_usage``), or nowhere.
+SHAPES = ("every", "end", "none")
 _USAGE = (
     b'data: {"id":"cmpl-%d","object":"text_completion","created":0,"model":"%s","choices":[],'
     b'"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\ndata: [DONE]\n\n'
@@ -102,7 +114,8 @@ class LeanEngine:
     ``a + ttft`` (so TTFT is ttft..ttft+itl, and the log says exactly when).
     """
 
-    def __init__(self, ttft_ns: int, itl_ns: int, model: bytes, log: bool = True) -> None:
+    def __init__(self, ttft_ns: int, itl_ns: int, model: bytes, log: bool = True, shape: str = "every") -> None:
+        self.shape = shape
         self.log = log  # False: no per-token emission log (a long recording would fill memory)
         self.ttft_ns = ttft_ns
         self.itl_ns = itl_ns
@@ -175,9 +188,14 @@ class LeanEngine:
             i = st.done
             st.done = n = i + 1
             last = n >= st.max_tokens
-            body = _CHUNK % (st.rid, model, i, b'"length"' if last else b"null", st.prompt_tokens, st.prompt_tokens + n, n)
+            finish = b'"length"' if last else b"null"
+            if self.shape == "every":
+                body = _CHUNK % (st.rid, model, i, finish, st.prompt_tokens, st.prompt_tokens + n, n)
+            else:
+                body = _CHUNK_PLAIN % (st.rid, model, i, finish)
             if last:
-                out.append((st, _frame(body) + _frame(_USAGE % (st.rid, model, st.prompt_tokens, st.prompt_tokens + n, n)) + b"0\r\n\r\n"))
+                end = _DONE if self.shape == "none" else _USAGE % (st.rid, model, st.prompt_tokens, st.prompt_tokens + n, n)
+                out.append((st, _frame(body) + _frame(end) + b"0\r\n\r\n"))
             else:
                 out.append((st, _frame(body)))
                 keep.append(st)
@@ -273,7 +291,8 @@ def serve_main(args: argparse.Namespace) -> None:
         pass
 
     async def main() -> None:
-        engine = LeanEngine(int(args.ttft_ms * 1e6), int(args.itl_ms * 1e6), args.model.encode(), log=not args.no_log)
+        engine = LeanEngine(int(args.ttft_ms * 1e6), int(args.itl_ms * 1e6), args.model.encode(), log=not args.no_log,
+                            shape=args.shape)
         loop = asyncio.get_running_loop()
         server = await loop.create_server(lambda: _EngineProtocol(engine), "127.0.0.1", args.port, backlog=4096)
         stop = asyncio.Event()
@@ -317,7 +336,7 @@ def _start_engine(args: argparse.Namespace, port: int, log: Path, engine_log: Pa
     cpus = _cpuset(args.server_cpus)
     if args.server == "lean":
         argv = [sys.executable, __file__, "serve", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
-                "--itl-ms", str(args.itl_ms), "--model", args.model, "--log", str(log)]
+                "--itl-ms", str(args.itl_ms), "--model", args.model, "--log", str(log), "--shape", args.shape]
         has_log = not getattr(args, "no_log", False)
         if not has_log:
             argv.append("--no-log")
@@ -409,7 +428,11 @@ def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurren
     total_tokens = int(sum(sum(t) for t in toks))
     window = (ends.max() - send.min()) / 1e9 if len(send) else float("nan")
     res: dict[str, float | str] = {"c": concurrency, "failed": n_failed, "tok_s": total_tokens / window}
-    res["clock"] = str(read_run_meta(run_dir).get("clock") or "?").split(":")[0]  # the clock actually used
+    meta = read_run_meta(run_dir)
+    res["clock"] = str(meta.get("clock") or "?").split(":")[0]  # the clock actually used
+    paths = (meta.get("notes") or {}).get("read_path_payloads") or {}
+    parsed = int(paths.get("compiled") or 0) + int(paths.get("python") or 0)
+    res["python_pct"] = 100 * int(paths.get("python") or 0) / parsed if parsed else float("nan")
 
     client_itl: list[np.ndarray] = []
     for ts, tk in zip(lists, toks):
@@ -595,6 +618,7 @@ def main() -> None:
     sv.add_argument("--model", default="sim-model")
     sv.add_argument("--log", required=True)
     sv.add_argument("--no-log", action="store_true", help="keep no per-token emission log (long recordings)")
+    sv.add_argument("--shape", choices=SHAPES, default="every")
     sc = sub.add_parser("scale", help="time `bench summary` on a synthesised run of many requests")
     sc.add_argument("--out", required=True, help="results folder (synthesised when absent)")
     sc.add_argument("--requests", type=int, default=1_000_000)
@@ -608,6 +632,8 @@ def main() -> None:
     ap.add_argument("--itl-ms", type=float, default=10.0)
     ap.add_argument("--model", default="sim-model")
     ap.add_argument("--server", choices=["lean", "sim"], default="lean")
+    ap.add_argument("--shape", choices=SHAPES, default="every",
+                    help="lean engine: usage on every token event, only in a final usage event, or none")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--transport", choices=["raw", "aiohttp"], default=None)
     from loadgen.transport import CLOCKS
@@ -632,7 +658,7 @@ def main() -> None:
     load = os.getloadavg()
     print(f"# engine={args.server} transport={args.transport or 'default'} clock={args.clock or 'auto (bench run default)'} "
           f"workers={args.workers} client cpus={args.client_cpus or 'any'} engine cpus={args.server_cpus or 'any'} "
-          f"tokens={args.tokens} truth TTFT {args.ttft_ms:g} ms ITL {args.itl_ms:g} ms; loadavg before {load[0]:.2f}")
+          f"shape={args.shape} tokens={args.tokens} truth TTFT {args.ttft_ms:g} ms ITL {args.itl_ms:g} ms; loadavg before {load[0]:.2f}")
     rows = []
     for c in levels:
         port = free_port()
@@ -664,7 +690,7 @@ def _print_row(r: dict[str, float | str]) -> None:
         f" | ITL err p50/p99 {f('itl_err_p50')}/{f('itl_err_p99')} ms"
         f" | stamp p50/p99 {f('stamp_p50', '{:.3f}')}/{f('stamp_p99', '{:.3f}')} ms"
         f" | re-send p50/p99 {f('resend_p50', '{:.3f}')}/{f('resend_p99', '{:.3f}')} ms"
-        f" | CPU/tok {f('cpu_us_tok', '{:.1f}')} us | RSS {f('rss_mb', '{:.0f}')} MB | open {f('open_pct', '{:.1f}')} %"
+        f" | CPU/tok {f('cpu_us_tok', '{:.1f}')} us | Python-parsed {f('python_pct', '{:.1f}')} % | RSS {f('rss_mb', '{:.0f}')} MB | open {f('open_pct', '{:.1f}')} %"
         f" | engine late p50/p99 {f('late_p50', '{:.3f}')}/{f('late_p99', '{:.3f}')} ms"
         f" | send->read p50/p99 {f('read_p50', '{:.3f}')}/{f('read_p99', '{:.3f}')} ms | failed {r['failed']}"
         f" | flags: {r['flags']}"

@@ -8,8 +8,10 @@
  * HTTP/1.1 chunk de-framing, SSE framing, and a validating JSON scan of each payload.
  *
  * The scan only *recognises* the common token event of an OpenAI-style stream (one
- * choice with non-empty text, finish_reason null, usage with an integer
- * completion_tokens) and keeps its few numbers in a C array. Every other payload (the
+ * choice with non-empty text, finish_reason null, and either usage with an integer
+ * completion_tokens or no usage at all) and keeps its few numbers in a C array. A
+ * stream's first token event without usage goes to the parser (it changes the
+ * parser's state: usage is no longer cumulative), the later ones are the scan's. Every other payload (the
  * role event, the final event, usage-only events, errors, anything unusual or that
  * might not be valid JSON) goes to the adapter's own Python parser through
  * ``sink.fast_special(ts, payload)``, which returns (code, event). So the adapter's
@@ -87,7 +89,7 @@ enum { KIND_SPECIAL = 0, KIND_CONTENT = 1, KIND_REASONING = 2, KIND_PENDING = 3,
  * verdict, the record is built, or this many wait: the final events of a response are
  * then parsed when its record is built, not in the read that freed its closed-loop slot. */
 #define MAX_PENDING 32
-enum { API_COMPLETIONS = 1, API_CHAT = 2 };
+enum { API_COMPLETIONS = 1, API_CHAT = 2, API_TGI = 3 };
 #define MAX_DEPTH 128
 
 typedef struct {
@@ -491,18 +493,46 @@ static int scan_choices(scan_t *sc, regular_t *r, int api) {
     }
 }
 
-static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
+/* TGI's /generate_stream token event (adapters/tgi.py): an object whose ``token`` is an
+ * object, without ``error``, with ``generated_text`` and ``details`` absent or null (the
+ * final event has them: the parser reads it). Each such event is one token of text. */
+static int classify_tgi(const char *p, Py_ssize_t n, regular_t *r) {
     scan_t sc = {(const unsigned char *)p, 0, n};
-    int seen_choices = 0, seen_usage = 0, seen_id = 0, seen_object = 0;
+    int seen_token = 0, seen_gen = 0, seen_details = 0; /* (``r`` was reset by classify) */
+    OBJECT_MEMBERS(&sc, kst, kln, {
+        if (key_is(&sc, kst, kln, "token", 5)) {
+            if (seen_token++ || !at(&sc, '{') || scan_value(&sc, 1) < 0) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "generated_text", 14)) {
+            if (seen_gen++ || !is_null(&sc)) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "details", 7)) {
+            if (seen_details++ || !is_null(&sc)) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "error", 5)) {
+            return SPECIAL;
+        } else {
+            GENERIC_VALUE(&sc, 1)
+        }
+    });
+    ws(&sc);
+    if (sc.i != sc.n || !seen_token) return SPECIAL;
+    r->kind = KIND_CONTENT;
+    return REGULAR;
+}
+
+static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
     r->kind = KIND_SPECIAL;
     r->cum = r->prompt = r->cached = -1;
     r->id_start = 0;
     r->id_len = -1;
+    if (api == API_TGI) return classify_tgi(p, n, r);
+    scan_t sc = {(const unsigned char *)p, 0, n};
+    int seen_choices = 0, seen_usage = 0, seen_id = 0, seen_object = 0;
     OBJECT_MEMBERS(&sc, kst, kln, {
         if (key_is(&sc, kst, kln, "choices", 7)) {
             if (seen_choices++ || scan_choices(&sc, r, api) != REGULAR) return SPECIAL;
         } else if (key_is(&sc, kst, kln, "usage", 5)) {
-            if (seen_usage++ || scan_usage(&sc, r) != REGULAR) return SPECIAL;
+            /* null reads as no usage (the parser's ``if not usage``); an object must be
+             * a usage with an integer completion_tokens */
+            if (seen_usage++ || (!is_null(&sc) && scan_usage(&sc, r) != REGULAR)) return SPECIAL;
         } else if (key_is(&sc, kst, kln, "id", 2)) {
             if (seen_id++) return SPECIAL;
             if (!is_null(&sc)) {
@@ -527,7 +557,8 @@ static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
     });
     ws(&sc);
     if (sc.i != sc.n) return SPECIAL; /* trailing bytes: not one JSON value */
-    if (!seen_choices || !seen_usage || r->cum < 0) return SPECIAL;
+    /* without usage (absent or null) it is a plain token event: r->cum stays -1 */
+    if (!seen_choices) return SPECIAL;
     return REGULAR;
 }
 
@@ -563,7 +594,8 @@ typedef struct {
     bbuf pyout;   /* bytes for the Python framer (after a hand-over), per read */
     bbuf joined;  /* a multi-line data field, joined */
     int handed_over;
-    int regular_ok;
+    int cumulative_ok; /* usage still reads as a cumulative count (the parser's fast_ok) */
+    long long scanned; /* payloads the scan took itself (token events, [DONE]) */
     int stopped;
     int done;
     Py_ssize_t done_at; /* events before the [DONE] marker */
@@ -623,7 +655,7 @@ static int fs_parse(FastStream *self, PyObject *sink, ev_t *slot, const char *p,
         slot->kind = KIND_SPECIAL;
     }
     Py_DECREF(res);
-    if (code == 1) self->regular_ok = 0;
+    if (code == 1) self->cumulative_ok = 0;
     if (code == 2) self->stopped = 1;
     return 0;
 }
@@ -662,48 +694,46 @@ static int fs_flush(FastStream *self, PyObject *sink) {
 /* one SSE data payload */
 static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n) {
     if (self->stopped) return 0;
-    if (n == 6 && memcmp(p, "[DONE]", 6) == 0) {
+    if (self->api != API_TGI && n == 6 && memcmp(p, "[DONE]", 6) == 0) { /* (TGI has no marker) */
         self->done = 1;
         self->done_at = self->nev;
+        self->scanned++;
         return 0;
     }
-    if (self->regular_ok && self->npending) {
+    if (self->npending) {
         /* what a token event means may depend on the payloads before it */
         if (!self->sink) return 0; /* closed meanwhile */
         if (fs_flush(self, self->sink) < 0) return -1;
         if (self->stopped) return 0;
     }
-    if (self->regular_ok) {
-        regular_t r;
-        if (classify(p, n, self->api, &r) == REGULAR) {
-            ev_t e = {ts, r.cum, r.prompt, r.cached, NULL, r.kind};
-            if (!self->id_found && r.id_len >= 0) {
-                e.obj = PyUnicode_DecodeUTF8(p + r.id_start, r.id_len, "strict");
-                if (!e.obj) return -1;
-                self->id_found = 1;
-            }
-            if (fs_push(self, &e) < 0) {
-                Py_XDECREF(e.obj);
-                return -1;
-            }
-            return 0;
+    regular_t r;
+    /* A token event with usage is the scan's while usage is cumulative; one without
+     * usage once the parser has seen one (the first goes to the parser, whose state it
+     * changes: usage is then a final count, and the parser says so, fast_ok false). */
+    if (classify(p, n, self->api, &r) == REGULAR && (self->api == API_TGI || (r.cum >= 0) == (self->cumulative_ok != 0))) {
+        ev_t e = {ts, r.cum, r.prompt, r.cached, NULL, r.kind};
+        if (!self->id_found && r.id_len >= 0) {
+            e.obj = PyUnicode_DecodeUTF8(p + r.id_start, r.id_len, "strict");
+            if (!e.obj) return -1;
+            self->id_found = 1;
         }
-        /* not a token event: the parser reads it later, off the read path */
-        ev_t e = {ts, -1, -1, -1, PyBytes_FromStringAndSize(p, n), KIND_PENDING};
-        if (!e.obj) return -1;
         if (fs_push(self, &e) < 0) {
-            Py_DECREF(e.obj);
+            Py_XDECREF(e.obj);
             return -1;
         }
-        if (!self->npending++) self->first_pending = self->nev - 1;
-        if (self->npending >= MAX_PENDING && self->sink) return fs_flush(self, self->sink);
+        self->scanned++;
         return 0;
     }
-    /* the scan no longer applies (usage is not cumulative): every payload to the parser */
-    if (!self->sink) return 0; /* closed meanwhile */
-    ev_t e = {ts, -1, -1, -1, NULL, KIND_DROPPED};
-    if (fs_push(self, &e) < 0) return -1;
-    return fs_parse(self, self->sink, &self->ev[self->nev - 1], p, n);
+    /* not a token event the scan may take: the parser reads it later, off the read path */
+    ev_t e = {ts, -1, -1, -1, PyBytes_FromStringAndSize(p, n), KIND_PENDING};
+    if (!e.obj) return -1;
+    if (fs_push(self, &e) < 0) {
+        Py_DECREF(e.obj);
+        return -1;
+    }
+    if (!self->npending++) self->first_pending = self->nev - 1;
+    if (self->npending >= MAX_PENDING && self->sink) return fs_flush(self, self->sink);
+    return 0;
 }
 
 static int fs_end(FastStream *self, int code, PyObject *message, int keep_alive);
@@ -1091,15 +1121,17 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
         if (!l) goto fail;
         PyTuple_SET_ITEM(cols, f, l);
     }
-    PyObject *empty = PyUnicode_New(0, 0);
-    if (!empty) goto fail;
+    /* The scan keeps no text, but every event it took had some: a one-character stand-in,
+     * so the record counts text chunks (tokens without usage) as the parser's events would. */
+    PyObject *stand_in = PyUnicode_FromStringAndSize("?", 1);
+    if (!stand_in) goto fail;
     Py_ssize_t i = 0;
     for (Py_ssize_t k = 0; k < self->nev; k++) {
         ev_t *e = &self->ev[k];
         if (e->kind == KIND_DROPPED || e->kind == KIND_PENDING) continue;
         PyObject *t = PyLong_FromLongLong(e->ts);
         if (!t) {
-            Py_DECREF(empty);
+            Py_DECREF(stand_in);
             goto fail;
         }
         PyList_SET_ITEM(stamps, i, t);
@@ -1114,8 +1146,12 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
                     Py_INCREF(v);
                     break;
                 case F_TEXT:
-                    v = empty;
+                    v = stand_in;
                     Py_INCREF(v);
+                    break;
+                case F_TOKENS: /* a TGI event is one token; OpenAI counts come from usage */
+                    v = self->api == API_TGI ? PyLong_FromLong(1) : Py_None;
+                    if (v == Py_None) Py_INCREF(v);
                     break;
                 case F_CUM:
                     v = int_or_none(e->cum);
@@ -1136,14 +1172,14 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
                 }
             }
             if (!v) {
-                Py_DECREF(empty);
+                Py_DECREF(stand_in);
                 goto fail;
             }
             PyList_SET_ITEM(PyTuple_GET_ITEM(cols, f), i, v);
         }
         i++;
     }
-    Py_DECREF(empty);
+    Py_DECREF(stand_in);
     return Py_BuildValue("(NN)", stamps, cols);
 fail:
     Py_XDECREF(stamps);
@@ -1164,8 +1200,8 @@ static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "ipLiOO|n", kwlist, &fd, &kernel_clock, &offset, &api, &sink, &on_end,
                                      &max_event))
         return -1;
-    if (api != API_COMPLETIONS && api != API_CHAT) {
-        PyErr_SetString(PyExc_ValueError, "api must be 1 (completions) or 2 (chat)");
+    if (api != API_COMPLETIONS && api != API_CHAT && api != API_TGI) {
+        PyErr_SetString(PyExc_ValueError, "api must be 1 (completions), 2 (chat) or 3 (TGI)");
         return -1;
     }
     self->fd = fd;
@@ -1177,7 +1213,7 @@ static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
     self->last_data_ns = -1;
     self->last_payload_ns = -1;
     self->hstate = H_SIZE;
-    self->regular_ok = 1;
+    self->cumulative_ok = 1;
     Py_INCREF(sink);
     Py_XSETREF(self->sink, sink);
     Py_INCREF(on_end);
@@ -1227,6 +1263,7 @@ static PyMemberDef FS_members[] = {
      "stamp of the read of the last SSE data payload, -1 if none"},
     {"fallback_reads", T_LONGLONG, offsetof(FastStream, fallback_reads), READONLY, "kernel clock: reads without a timestamp"},
     {"reads", T_LONGLONG, offsetof(FastStream, reads), READONLY, "socket reads"},
+    {"scanned", T_LONGLONG, offsetof(FastStream, scanned), READONLY, "SSE data payloads the scan took itself"},
     {"done", T_INT, offsetof(FastStream, done), READONLY, "the [DONE] marker was seen"},
     {"ended", T_INT, offsetof(FastStream, ended), READONLY, "on_end was called (or close)"},
     {NULL}};
@@ -1301,6 +1338,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     }
     PyModule_AddIntConstant(m, "API_COMPLETIONS", API_COMPLETIONS);
     PyModule_AddIntConstant(m, "API_CHAT", API_CHAT);
+    PyModule_AddIntConstant(m, "API_TGI", API_TGI);
     PyModule_AddIntConstant(m, "KIND_CONTENT", KIND_CONTENT);
     PyModule_AddIntConstant(m, "KIND_REASONING", KIND_REASONING);
     return m;

@@ -5,6 +5,7 @@ from typing import Any
 
 API_COMPLETIONS: int
 API_CHAT: int
+API_TGI: int
 KIND_CONTENT: int
 KIND_REASONING: int
 
@@ -20,6 +21,8 @@ class FastStream:
     def fallback_reads(self) -> int: ...
     @property
     def reads(self) -> int: ...
+    @property
+    def scanned(self) -> int: ...
     @property
     def done(self) -> int: ...
     @property

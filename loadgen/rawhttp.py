@@ -39,8 +39,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
-from loadgen.recorder import MAX_EVENT_BYTES
-from loadgen.transport import CLOCKS, KEEPALIVE_IDLE_S, Clock, Sink, StreamError, Timeouts, overdue, progress_ns
+from loadgen.transport import (
+    CLOCKS, KEEPALIVE_IDLE_S, Clock, FastSink, Sink, StreamError, Timeouts, overdue, progress_ns,
+)
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
     from loadgen import _fastpath
@@ -131,6 +132,7 @@ class _Exchange:
         "progress_ns",
         "head_only",
         "fast",
+        "fast_sink",
         "on_complete",
     )
 
@@ -148,6 +150,8 @@ class _Exchange:
         self.head_only = head_only
         #: The compiled reader of this response's body, once it took over (``_start_fast``).
         self.fast: Any = None
+        #: The sink as the compiled reader sees it (the same object as ``sink``).
+        self.fast_sink: FastSink | None = None
         #: Called once the response completed and its connection is idle again, before the
         #: sender wakes (a closed-loop slot sends its next request from here: ``start``).
         self.on_complete: Callable[[], None] | None = None
@@ -339,10 +343,11 @@ class _Exchange:
         else:
             self.state = _UNTIL_CLOSE
             self.keep_alive = False
-        if self.state == _CHUNK_SIZE and 200 <= status < 300 and self.transport.use_fast:
-            api = getattr(self.sink, "fast_api", 0)
+        sink = self.sink
+        if self.state == _CHUNK_SIZE and 200 <= status < 300 and self.transport.use_fast and isinstance(sink, FastSink):
+            api = sink.fast_api
             if api:
-                self._start_fast(api, ts_ns, rest)
+                self._start_fast(sink, api, ts_ns, rest)
                 return
         if rest and self.state != _DONE:
             try:
@@ -364,17 +369,15 @@ class _Exchange:
             self._complete()
 
     # -- the compiled path --------------------------------------------------------------
-    def _start_fast(self, api: int, ts_ns: int, rest: bytes) -> None:
+    def _start_fast(self, sink: FastSink, api: int, ts_ns: int, rest: bytes) -> None:
         """Hand the body to ``loadgen._fastpath``: its reader replaces the Python one for
         this response and calls ``_fast_end`` when the response ends, however it ends."""
         t = self.transport
         conn = self.conn
-        fast = _fastpath.FastStream(
-            conn.fd, t.kernel_clock, t.offset_ns, api, self.sink, self._fast_end,
-            getattr(self.sink, "max_event_bytes", MAX_EVENT_BYTES),
-        )
+        fast = _fastpath.FastStream(conn.fd, t.kernel_clock, t.offset_ns, api, sink, self._fast_end, sink.max_event_bytes)
         self.fast = fast
-        self.sink.use_fast(fast)  # type: ignore[attr-defined]
+        self.fast_sink = sink
+        sink.use_fast(fast)
         if rest:
             fast.feed(ts_ns, rest)
         if not fast.ended:
@@ -384,8 +387,8 @@ class _Exchange:
         fast = self.fast
         t = self.transport
         self.last_read_ns = fast.last_read_ns
-        if fast.last_data_ns >= 0:
-            self.sink.last_data_ns = fast.last_data_ns  # type: ignore[attr-defined]
+        if fast.last_data_ns >= 0 and self.fast_sink is not None:
+            self.fast_sink.last_data_ns = fast.last_data_ns
         t.user_fallback_reads += fast.fallback_reads
         if code == 0:
             self.keep_alive = self.keep_alive and keep_alive

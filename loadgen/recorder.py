@@ -80,6 +80,7 @@ class FastStreamLike(Protocol):
     done: int
     pending: bytes
     last_payload_ns: int
+    scanned: int
 
     def columns(self, kinds: tuple[EventKind, ...], nfields: int) -> tuple[list[int], tuple[list[Any], ...]]: ...
     def flush(self, sink: RequestRecorder) -> None: ...
@@ -113,6 +114,7 @@ class RequestRecorder:
         "_fast",
         "_not_sse",
         "_last_payload_ns",
+        "_parsed",
         "max_event_bytes",
     )
 
@@ -155,6 +157,8 @@ class RequestRecorder:
         self._not_sse: str | None = None
         #: Stamp of the read that brought the last SSE data payload (-1: none yet).
         self._last_payload_ns = -1
+        #: SSE data payloads the adapter's Python parser read.
+        self._parsed = 0
         self.max_event_bytes = max_event_bytes
 
     # -- transport callbacks -------------------------------------------------------
@@ -223,6 +227,7 @@ class RequestRecorder:
         """One payload through the adapter's parser: (the event to keep, whether the
         stream failed). A malformed payload or an error event fails it (``_error``); the
         end-of-stream marker is noted, not kept."""
+        self._parsed += 1
         try:
             event = self._parser.parse(payload)
         except Exception as exc:  # a malformed payload fails this request only
@@ -322,6 +327,13 @@ class RequestRecorder:
             self._text.append(event.text)
 
     @property
+    def payloads_read(self) -> tuple[int, int]:
+        """(payloads the compiled scan took itself, payloads the Python parser read): the
+        run's read-path share (``RunStats``)."""
+        fast = self._fast
+        return (fast.scanned if fast is not None else 0), self._parsed
+
+    @property
     def saw_done(self) -> bool:
         self._digest()
         if self._fast is not None:
@@ -334,6 +346,51 @@ class RequestRecorder:
         return "".join(self._text)
 
     # -- result --------------------------------------------------------------------
+    def _columns(self) -> tuple[list[int], tuple[Sequence[Any], ...], bytes, bool]:
+        """The stream's events as (stamps, one column per StreamEvent field), the SSE bytes
+        left after the last complete event, and whether the end-of-stream marker came.
+
+        Column-wise (one transposition in C, then scans from the end where the fields the
+        record needs sit): the record of a 256-token stream is built in a fraction of the
+        per-event loop's time, which matters when a whole batch of streams ends in one step."""
+        events = self._events
+        cols: tuple[Sequence[Any], ...] = tuple(zip(*events)) if events else ((),) * _NFIELDS
+        stamps: list[int] = self._ts
+        pending = self._framer.pending
+        done = self._done
+        fast = self._fast
+        if fast is not None:
+            # the compiled path's events come first: the Python framer only ever takes over
+            fast_stamps, fast_cols = fast.columns(_FAST_KINDS, _NFIELDS)
+            if fast_stamps:
+                stamps = fast_stamps + stamps if stamps else fast_stamps
+                cols = tuple(f + list(c) for f, c in zip(fast_cols, cols)) if events else fast_cols
+            pending = pending or fast.pending
+            done = done or bool(fast.done)
+        return stamps, cols, pending, done
+
+    def _verdict(
+        self, err: StreamError | None, any_event: bool, done: bool, pending: bool, finish_reason: str | None,
+        requires_done: bool,
+    ) -> StreamError | None:
+        """The request's failure, if any: the transport's or the stream's own ``err``, else
+        what the response lacked (a response, an event stream, its end)."""
+        if err is None and self.status is None:
+            err = StreamError("no_response", "no response received")
+        if self._not_sse is not None and not any_event and not done and (err is None or err.error_type == "malformed_chunk"):
+            # a 2xx answer of another kind (a login page, a JSON body), said as such; a
+            # server that streams events under another Content-Type is still read
+            body = " ".join(self._body.decode("utf-8", "replace").split())[:200]
+            err = StreamError("not_event_stream", f"not an event stream ({self._not_sse})" + (f": {body}" if body else ""))
+        if err is None:
+            if requires_done and not done:
+                err = StreamError("no_done", "stream ended without its end-of-stream marker")
+            elif not requires_done and finish_reason is None:
+                err = StreamError("truncated", "stream ended without a final event")
+            elif pending:
+                err = StreamError("truncated", "stream ended inside an event")
+        return err
+
     def finish(
         self, end_ns: int, error: StreamError | None = None, requires_done: bool = True, save_text: bool = False
     ) -> RequestRecord:
@@ -343,7 +400,6 @@ class RequestRecorder:
         unary = not self.spec.stream
         if unary:
             self._parse_unary()
-        events = self._events
         fast = self._fast
         if fast is not None:
             try:
@@ -354,41 +410,14 @@ class RequestRecorder:
         if err is None and self.status is not None and self.status >= 400:
             err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
 
-        # Column-wise (one transposition in C, then scans from the end where these fields
-        # sit): the record of a 256-token stream is built in a fraction of the per-event
-        # loop's time, which matters when a whole batch of streams ends in one step.
-        cols: tuple[Sequence[Any], ...] = tuple(zip(*events)) if events else ((),) * _NFIELDS
-        stamps: list[int] = self._ts
-        pending = self._framer.pending
-        done = self._done
-        if fast is not None:
-            # the compiled path's events come first: the Python framer only ever takes over
-            fast_stamps, fast_cols = fast.columns(_FAST_KINDS, _NFIELDS)
-            if fast_stamps:
-                stamps = fast_stamps + stamps if stamps else fast_stamps
-                cols = tuple(f + list(c) for f, c in zip(fast_cols, cols)) if events else fast_cols
-            pending = pending or fast.pending
-            done = done or bool(fast.done)
+        stamps, cols, pending, done = self._columns()
         finish_reason = _last_set(cols[_FINISH])
         prompt_tokens = _last_set(cols[_PROMPT])
         completion_tokens = _last_set(cols[_COMPLETION])
         cached_tokens = _last_set(cols[_CACHED])
         server_id = next(filter(None, cols[_SERVER_ID]), None)
         timing = _last_set(cols[_TIMING])
-        if err is None and self.status is None:
-            err = StreamError("no_response", "no response received")
-        if self._not_sse is not None and not stamps and not done and (err is None or err.error_type == "malformed_chunk"):
-            # a 2xx answer of another kind (a login page, a JSON body), said as such; a
-            # server that streams events under another Content-Type is still read
-            body = " ".join(self._body.decode("utf-8", "replace").split())[:200]
-            err = StreamError("not_event_stream", f"not an event stream ({self._not_sse})" + (f": {body}" if body else ""))
-        if err is None:
-            if requires_done and not done:
-                err = StreamError("no_done", "stream ended without its end-of-stream marker")
-            elif not requires_done and finish_reason is None:
-                err = StreamError("truncated", "stream ended without a final event")
-            elif pending.strip():
-                err = StreamError("truncated", "stream ended inside an event")
+        err = self._verdict(err, bool(stamps), done, bool(pending.strip()), finish_reason, requires_done)
         kinds, texts = cols[_KIND], cols[_TEXT]
         counts, source = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
         output_tokens = sum(counts)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar, get_args, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 from adapters.base import HttpCall
 
@@ -33,6 +33,23 @@ class Sink(Protocol):
     def sent(self, ts_ns: int) -> None: ...
     def headers(self, ts_ns: int, status: int, content_type: str = "") -> None: ...
     def data(self, ts_ns: int, data: bytes) -> None: ...
+
+
+@runtime_checkable
+class FastSink(Sink, Protocol):
+    """A sink that can take a response through the compiled read path
+    (``loadgen/_fastpath.c``, which the raw transport uses when ``fast_api`` is not 0):
+    the compiled reader feeds ``use_fast``'s object itself, hands it the payloads it
+    does not recognise (``fast_special``), and reports the last body bytes
+    (``last_data_ns``). ``loadgen.recorder.RequestRecorder`` is one."""
+
+    last_data_ns: int | None
+    max_event_bytes: int
+
+    @property
+    def fast_api(self) -> int: ...
+    def use_fast(self, fast: Any) -> None: ...
+    def fast_special(self, ts_ns: int, payload: bytes) -> tuple[int, Any]: ...
 
 
 class Transport(Protocol):

@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import Adapter
-from loadgen.runner import RunOptions, Runner, RunStats, _warm_up_writer
+from loadgen.options import RunOptions, RunStats
+from loadgen.recording import warm_up_writer
+from loadgen.runner import Runner
 from loadgen.split import split_schedule
-from loadgen.transport import Timeouts
+from loadgen.transport import Preconnecting, Timeouts
 from loadgen.transports import make_transport
 from results.writer import MonitorWriter, RequestsWriter
 from workloads.spec import Schedule
@@ -111,11 +113,10 @@ async def _worker_async(job: WorkerJob, conn: Connection) -> RunStats:
             runner = Runner(_with_requests(job.schedule, warm), job.adapter, transport, writer, monitor, base)
             current[:] = [runner]
             await runner.run()
-        _warm_up_writer()  # pyarrow's lazy imports take seconds: before t0, not after
-        preconnect = getattr(transport, "preconnect", None)
-        if preconnect is not None and job.schedule.mode == "closed":
+        warm_up_writer()  # pyarrow's lazy imports take seconds: before t0, not after
+        if isinstance(transport, Preconnecting) and job.schedule.mode == "closed":
             # before t0, not after it: the warm-up's connections may be too old to reuse
-            await preconnect(max(1, job.schedule.concurrency or 1))
+            await transport.preconnect(max(1, job.schedule.concurrency or 1))
         conn.send(("ready", transport.describe()))
         t0 = await asyncio.to_thread(conn.recv)
         runner = Runner(
@@ -235,6 +236,8 @@ def merge_stats(parts: Sequence[RunStats], interrupted: bool = False) -> RunStat
         out.failed += s.failed
         out.cancelled += s.cancelled
         out.max_in_flight += s.max_in_flight
+        out.payloads_compiled += s.payloads_compiled
+        out.payloads_python += s.payloads_python
         out.t0_ns = s.t0_ns if not out.t0_ns else min(out.t0_ns, s.t0_ns)
         out.end_ns = max(out.end_ns, s.end_ns)
         out.interrupted = out.interrupted or s.interrupted

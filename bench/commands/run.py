@@ -100,11 +100,14 @@ _launch_options = option_group("launch", (
 
 @dataclass(frozen=True)
 class ClientLimits:
-    """The client's per-request limits (``bench run`` only; the locust workers use their defaults)."""
+    """The client's per-request limits and the run's excluded phases (``bench run`` only; the
+    locust workers use their defaults)."""
 
     request_timeout: float
     drain_timeout: float
     max_event_bytes: int
+    warmup_s: float
+    cooldown_s: float
 
 
 _limit_options = option_group("limits", (
@@ -114,7 +117,12 @@ _limit_options = option_group("limits", (
                  help="With --duration: seconds in-flight requests may still take (then recorded as cancelled)."),
     click.option("--max-event-bytes", type=int, default=MAX_EVENT_BYTES, show_default=True,
                  help="Longest SSE event or line of a response; longer fails the request (line_too_long)."),
-), lambda values: ClientLimits(**{k: values.pop(k) for k in ("request_timeout", "drain_timeout", "max_event_bytes")}))
+    click.option("--warmup-s", type=float, default=0.0, show_default=True,
+                 help="Time-based warm-up: requests due in the first S seconds after t0 are recorded, excluded."),
+    click.option("--cooldown-s", type=float, default=0.0, show_default=True,
+                 help="With --duration: requests due in the last S seconds are recorded, excluded."),
+), lambda values: ClientLimits(**{k: values.pop(k) for k in (
+    "request_timeout", "drain_timeout", "max_event_bytes", "warmup_s", "cooldown_s")}))
 
 
 @click.command("run")
@@ -271,6 +279,10 @@ def _check_limits(load: LoadOptions, client: ClientOptions, limits: ClientLimits
         raise BenchError("--request-timeout and --drain-timeout must be >= 0")
     if limits.max_event_bytes < 1024:
         raise BenchError("--max-event-bytes must be at least 1024")
+    try:
+        RunOptions(duration_s=load.duration, warmup_s=limits.warmup_s, cooldown_s=limits.cooldown_s)
+    except ValueError as exc:
+        raise BenchError(f"--warmup-s/--cooldown-s/--duration: {exc}") from None
     if embedded is not None and (embedded.sim_ttft_ms < 0 or embedded.sim_itl_ms < 0 or embedded.sim_natural_stop < 0):
         raise BenchError("--sim-ttft-ms, --sim-itl-ms and --sim-natural-stop must be >= 0")
 
@@ -343,7 +355,8 @@ def _run_config(
         model=target.model,
         schedule=schedule,
         options=RunOptions(duration_s=load.duration, save_text=output.save_text, progress=progress,
-                           drain_timeout_s=limits.drain_timeout, max_event_bytes=limits.max_event_bytes),
+                           drain_timeout_s=limits.drain_timeout, max_event_bytes=limits.max_event_bytes,
+                           warmup_s=limits.warmup_s, cooldown_s=limits.cooldown_s),
         timeouts=Timeouts(stall=client.stall_timeout, total=limits.request_timeout or None),
         command=("bench", *sys.argv[1:]),
         transport=transport_kind,

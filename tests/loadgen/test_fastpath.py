@@ -219,9 +219,12 @@ class _FakeLoop:
         return self.readers.pop(fd, None) is not None
 
 
-def _run(pieces: list[bytes], compiled: bool, chat: bool, close_at_end: bool) -> tuple[RequestRecord, list[int], bool]:
+def _run(
+    pieces: list[bytes], compiled: bool, chat: bool, close_at_end: bool, parser: Any = None
+) -> tuple[RequestRecord, list[int], bool]:
     """Feeds ``pieces`` (one read each) through RawHttpTransport's exchange; returns the
-    record, the read index of each chunk stamp, and whether the connection was kept."""
+    record, the read index of each chunk stamp, and whether the connection was kept
+    (``parser``: another adapter's parser than OpenAI's)."""
     t = rawhttp.RawHttpTransport("http://127.0.0.1:9", compiled=compiled)
     fake = _FakeLoop()
     t._loop = fake  # type: ignore[assignment]
@@ -232,7 +235,7 @@ def _run(pieces: list[bytes], compiled: bool, chat: bool, close_at_end: bool) ->
     aloop = asyncio.new_event_loop()
     try:
         fut = aloop.create_future()
-        rec = RequestRecorder(SPEC, OpenAIStreamParser(chat), 0, 0)
+        rec = RequestRecorder(SPEC, parser if parser is not None else OpenAIStreamParser(chat), 0, 0)
         ex = rawhttp._Exchange(t, conn, rec, fut, False)
         conn.exchange = ex
         t._active.add(ex)
@@ -254,7 +257,7 @@ def _run(pieces: list[bytes], compiled: bool, chat: bool, close_at_end: bool) ->
             exc = fut.exception()
             assert isinstance(exc, StreamError), exc
             error = exc
-        record = rec.finish(rawhttp._now(), error)
+        record = rec.finish(rawhttp._now(), error, requires_done=parser is None)  # (TGI has no [DONE])
         assert compiled == (ex.fast is not None) or not compiled
         # each chunk stamp -> the index of the read that stamped it (exact: one read per piece)
         index = {ts: i for i, ts in enumerate(stamps)}
@@ -391,6 +394,156 @@ def test_a_regular_stream_is_read_in_c() -> None:
     assert len(calls) == 1  # only the final event went to the parser
 
 
+def _shaped(rng: random.Random, chat: bool, shape: str, n: int) -> bytes:
+    """An OpenAI stream of ``n`` token events with usage on every chunk, only in a final
+    usage event, only in the last text chunk, or nowhere; its role and final events."""
+    events: list[bytes] = []
+    if chat:
+        events.append(_dump({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, rng))
+    for i in range(n):
+        ev = _token_event(rng, chat, i + 1, usage=shape == "every")
+        if shape == "last_text" and i == n - 1:
+            ev["usage"] = {"prompt_tokens": 8, "completion_tokens": n}
+        events.append(_dump(ev, rng))
+    fin: dict[str, Any] = {"id": "c1", "choices": [{"index": 0, "finish_reason": "length"}]}
+    fin["choices"][0]["delta" if chat else "text"] = {} if chat else ""
+    events.append(_dump(fin, rng))
+    if shape in ("every", "end"):
+        events.append(_dump({"id": "c1", "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n}}, rng))
+    events.append(b"[DONE]")
+    return b"".join(b"data: " + e + b"\n\n" for e in events)
+
+
+@pytest.mark.parametrize("shape", ["every", "end", "last_text", "none"])
+@pytest.mark.parametrize("chat", [False, True])
+def test_every_openai_stream_shape_is_read_in_c_with_the_same_record(shape: str, chat: bool) -> None:
+    """Usage per chunk (vLLM continuous usage), at the end only (stock OpenAI servers), in
+    the last text chunk (transformers serve), or absent (llama-cpp-python): the compiled
+    scan takes the token events itself (at most the first one and the final events go to
+    the parser) and the record equals the Python path's, over random framings."""
+    rng = random.Random(f"{shape}{chat}")
+    calls: list[bytes] = []
+    orig = RequestRecorder.fast_special
+
+    def spy(self: RequestRecorder, ts: int, payload: bytes) -> tuple[int, Any]:
+        calls.append(payload)
+        return orig(self, ts, payload)
+
+    for _ in range(40):
+        data, _ = _http(rng, _shaped(rng, chat, shape, 30))
+        if not data.endswith(b"0\r\n\r\n"):
+            data += b"0\r\n\r\n"
+        pieces = _split(rng, data)
+        py, py_reads, py_kept = _run(pieces, compiled=False, chat=chat, close_at_end=True)
+        calls.clear()
+        RequestRecorder.fast_special = spy  # type: ignore[method-assign]
+        try:
+            c, c_reads, c_kept = _run(pieces, compiled=True, chat=chat, close_at_end=True)
+        finally:
+            RequestRecorder.fast_special = orig  # type: ignore[method-assign]
+        assert _comparable(c) == _comparable(py), (shape, chat, data)
+        assert (c_reads, c_kept) == (py_reads, py_kept), (shape, chat)
+        assert py.ok and py.output_tokens == 30, py
+        assert len(calls) <= 4, (shape, chat, calls)  # role, first token without usage, final, usage
+
+
+# -- TGI /generate_stream: one token per event ------------------------------------------
+def _tgi_event(rng: random.Random, i: int, final: bool = False) -> dict[str, Any]:
+    special = rng.random() < 0.05
+    token = {"id": rng.randint(0, 999), "text": "</s>" if special else rng.choice(TEXTS), "logprob": -0.25, "special": special}
+    ev: dict[str, Any] = {"index": i, "token": token, "generated_text": None, "details": None}
+    if rng.random() < 0.2:
+        ev["top_tokens"] = [] if rng.random() < 0.5 else None
+    if rng.random() < 0.2:
+        del ev["details"]
+    if final:
+        ev["generated_text"] = "all of it"
+        if rng.random() < 0.7:
+            ev["details"] = {"finish_reason": "length", "generated_tokens": i, "seed": None, "input_length": 8}
+    return ev
+
+
+def test_tgi_payloads_agree_with_the_parser() -> None:
+    from adapters.tgi import TGIStreamParser
+
+    rng = random.Random(3)
+    regular = 0
+    for i in range(4000):
+        payload = _dump(_tgi_event(rng, i, final=rng.random() < 0.1), rng)
+        b = bytearray(payload)
+        if rng.random() < 0.5:  # byte-level damage: every verdict must still agree
+            for _ in range(rng.randint(1, 3)):
+                pos = rng.randrange(len(b))
+                b.insert(pos, rng.choice(b'{}[]",:\\ 0123456789aeuntrl\x00\x80\xff'))
+        payload = bytes(b)
+        got = fastpath.classify(payload, fastpath.API_TGI)
+        if got is None:
+            continue
+        regular += 1
+        try:
+            ev = TGIStreamParser().parse(payload)
+        except Exception:
+            raise AssertionError(f"scan took a payload the parser refuses: {payload!r}") from None
+        assert ev is not None and ev.kind == EventKind.CONTENT and ev.tokens == 1, payload
+        assert (ev.cumulative, ev.finish_reason, ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens,
+                ev.server_request_id, ev.error_type) == (None,) * 7, payload
+        assert got == (fastpath.KIND_CONTENT, None, None, None, None)
+    for payload in (b'{"token":{"id":1},"token":null}', b'{"token":null}', b'{"token":[1]}', b'{"error":"x","token":{}}',
+                    b'{"token":{},"details":{}}', b'{"token":{},"generated_text":""}', b'{"tok\\u0065n":{}}', b"[DONE]"):
+        assert fastpath.classify(payload, fastpath.API_TGI) is None, payload
+    assert regular > 1500
+
+
+def _tgi_stream(rng: random.Random) -> bytes:
+    n = rng.randint(0, 40)
+    events = [_dump(_tgi_event(rng, i + 1, final=i == n - 1 and rng.random() < 0.9), rng) for i in range(n)]
+    r = rng.random()
+    if r < 0.04 and events:
+        events.insert(rng.randrange(len(events)), b'{"error":"Request failed during generation","error_type":"generation"}')
+    elif r < 0.08 and events:
+        events.insert(rng.randrange(len(events)), events[0][:-2])  # malformed JSON
+    elif r < 0.1:
+        events.append(b"[DONE]")  # not TGI's: the parser refuses it, so must the scan
+    body = b"".join((b"data:" if rng.random() < 0.8 else b"data: ") + e + b"\n\n" for e in events)
+    if rng.random() < 0.05:
+        body += b'data:{"index":'  # ends inside an event
+    return body
+
+
+def test_random_tgi_streams_give_the_same_records() -> None:
+    """TGI's token events are read in C (the final event, errors and anything odd go to the
+    parser), and the records equal the Python path's over random framings."""
+    from adapters.tgi import TGIStreamParser
+
+    rng = random.Random(20)
+    calls: list[bytes] = []
+    orig = RequestRecorder.fast_special
+
+    def spy(self: RequestRecorder, ts: int, payload: bytes) -> tuple[int, Any]:
+        calls.append(payload)
+        return orig(self, ts, payload)
+
+    scanned_streams = 0
+    for i in range(300):
+        body = _tgi_stream(rng)
+        data, _complete = _http(rng, body)
+        pieces = _split(rng, data)
+        py, py_reads, py_kept = _run(pieces, compiled=False, chat=False, close_at_end=True, parser=TGIStreamParser())
+        calls.clear()
+        RequestRecorder.fast_special = spy  # type: ignore[method-assign]
+        try:
+            c, c_reads, c_kept = _run(pieces, compiled=True, chat=False, close_at_end=True, parser=TGIStreamParser())
+        finally:
+            RequestRecorder.fast_special = orig  # type: ignore[method-assign]
+        ctx = f"stream {i}:\n{data!r}"
+        assert _comparable(c) == _comparable(py), ctx
+        assert (c_reads, c_kept) == (py_reads, py_kept), ctx
+        if py.ok and py.output_tokens >= 10:
+            assert len(calls) <= 2, (ctx, calls)  # the final event (and maybe one odd one)
+            scanned_streams += 1
+    assert scanned_streams > 100
+
+
 def test_bad_chunk_framing_is_a_protocol_error_on_both_paths() -> None:
     data = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\ndata: x\r\n"
     for compiled in (False, True):
@@ -468,6 +621,7 @@ TRANSCRIPTS = [
     "tfserve_chat_stream.sse",
     "llcpp_py_completions_stream.sse",
     "llcpp_py_chat_stream.sse",
+    "tfserve_cb_chat_stream_no_usage_requested.sse",
 ]
 
 
@@ -497,3 +651,4 @@ def test_recorded_engine_streams_give_the_same_records(name: str) -> None:
             taken += fastpath.classify(block[6:], 2 if chat else 1) is not None
     if name.startswith("vllm_") and "usage_only" not in name:
         assert taken > 0, "vLLM's continuous-usage token events should be read in C"
+    assert taken > 0, "every OpenAI stream shape's token events (usage per chunk, at the end, none) are read in C"

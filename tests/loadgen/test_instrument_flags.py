@@ -68,3 +68,43 @@ def test_the_windows_where_the_client_fell_behind_are_flagged() -> None:
     assert "send lag" in why and "event-loop lag" in why and "client CPU" in why
     assert any(msg.startswith("client saturated in ") for msg in client.warnings)
     assert sum(w.offered for w in client.windows) == 40 == sum(w.sent for w in client.windows)
+
+
+def _two_workers(silent_from_ms: float, silent_to_ms: float) -> pa.Table:
+    """Samples every 100 ms over 20 s from worker 0 and worker 1 (20 % of a core each);
+    worker 1 writes none between the two times (its loop starved), then resumes."""
+    rows: list[tuple[int, float]] = [(0, t * 100.0) for t in range(201)]
+    rows += [(1, t * 100.0) for t in range(201) if not silent_from_ms < t * 100.0 < silent_to_ms]
+    n = len(rows)
+    return pa.Table.from_pydict(
+        {
+            "worker_id": [w for w, _ in rows],
+            "ts_ns": [int(t * MS) for _, t in rows],
+            "loop_lag_ns": [int(1.0 * MS)] * n,
+            "cpu_s": [t / 1000 * 0.2 for _, t in rows],
+            "in_flight": [1] * n,
+            "sent": [0] * n,
+            "completed": [0] * n,
+        },
+        schema=MONITOR_SCHEMA,
+    )
+
+
+def test_a_silent_worker_fails_the_windows_it_spans_and_is_named() -> None:
+    """A window with no sample from one worker is judged on that worker too: its silence
+    (4 s without a monitor sample, from 6 s) fails every window it spans, and the summary
+    names the worker, even though the healthy worker's samples there look fine."""
+    client = summarize(_requests(None), monitor=_two_workers(6000.0, 10000.0)).client
+    flagged = [w for w in client.windows if w.saturated]
+    assert flagged, client.windows
+    for w in client.windows:
+        spans = w.start_s < 10.0 and w.end_s > 6.0
+        assert w.saturated == spans, w
+        assert (any(why == "worker 1 silent for 4.0 s" for why in w.why)) == spans, w
+    assert client.silent_workers == [1]
+    assert any(m.startswith("client saturated: worker 1 silent for 4.0 s from 6 s") for m in client.warnings), client.warnings
+
+
+def test_a_short_gap_between_samples_is_not_silence() -> None:
+    client = summarize(_requests(None), monitor=_two_workers(6000.0, 6900.0)).client  # 0.9 s apart
+    assert client.silent_workers == [] and client.saturated_windows == 0, client.warnings

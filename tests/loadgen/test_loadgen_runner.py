@@ -50,7 +50,7 @@ def test_a_freed_slot_counts_from_the_read_not_from_the_stamp(tmp_path: Path, mo
     (the runner's clock), not the end's data stamp (with the kernel clock, the kernel's
     earlier receipt): here the runner's clock runs 20 ms ahead of the stamps, and the
     intended sends follow the runner's clock."""
-    from loadgen import runner as runner_mod
+    from loadgen import dispatch as runner_mod  # the clock of the dispatch side
 
     monkeypatch.setattr(runner_mod, "_now", lambda: time.perf_counter_ns() + 20_000_000)
     specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(6))
@@ -167,17 +167,17 @@ def test_a_failure_storm_keeps_the_recording_backlog_bounded(tmp_path: Path, mon
     """A closed loop against a port nobody listens on fails every request at once, faster
     than the per-iteration budget records them: the backlog of ended requests waiting to
     be recorded (and the memory it holds) stays bounded, and every request is recorded."""
-    from loadgen import runner as runner_mod
+    from loadgen.recording import Recording
 
-    monkeypatch.setattr(runner_mod.Runner, "FINISH_BACKLOG_MAX", 64)
+    monkeypatch.setattr(Recording, "FINISH_BACKLOG_MAX", 64)
     waiting: list[int] = []
-    real = runner_mod.Runner._finish
+    real = Recording.finish
 
-    def spy(self: runner_mod.Runner, recorder: RequestRecorder, end: int, error: object) -> object:
-        waiting.append(len(self._to_finish))
+    def spy(self: Recording, recorder: RequestRecorder, end: int, error: object) -> object:
+        waiting.append(len(self.backlog))
         return real(self, recorder, end, error)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner_mod.Runner, "_finish", spy)
+    monkeypatch.setattr(Recording, "finish", spy)
     rows = _storm(tmp_path, 3000)
     assert len(rows) == 3000 and {r["error_type"] for r in rows} == {"connect"}
     assert len(waiting) == 3000 and max(waiting) <= 64
@@ -247,20 +247,20 @@ def test_a_failure_storm_leaves_no_garbage_to_pile_up(tmp_path: Path, monkeypatc
     so a server that fails every request cannot grow the client's memory without bound."""
     import gc
 
-    from loadgen import runner as runner_mod
+    from loadgen.recording import Recording
 
-    monkeypatch.setattr(runner_mod.Runner, "FAILURES_PER_COLLECT", 256)
+    monkeypatch.setattr(Recording, "FAILURES_PER_COLLECT", 256)
     alive: list[int] = []
-    real = runner_mod.Runner._finish
+    real = Recording.finish
     calls = [0]
 
-    def spy(self: runner_mod.Runner, recorder: RequestRecorder, end: int, error: object) -> object:
+    def spy(self: Recording, recorder: RequestRecorder, end: int, error: object) -> object:
         calls[0] += 1
         if calls[0] % 500 == 0:
             alive.append(len(gc.get_objects()))
         return real(self, recorder, end, error)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner_mod.Runner, "_finish", spy)
+    monkeypatch.setattr(Recording, "finish", spy)
     rows = _storm(tmp_path, 4000)
     assert len(rows) == 4000 and not any(r["ok"] for r in rows)
     assert len(alive) == 8

@@ -7,6 +7,8 @@ import ast
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from loadgen.aiohttp_transport import AiohttpTransport
 from loadgen.rawhttp import RawHttpTransport
 from loadgen.transport import EagerTransport, Preconnecting, StreamError, Transport
@@ -27,11 +29,14 @@ def test_each_transport_declares_what_it_can_do() -> None:
     assert StreamError("timeout", "x").error_type == "timeout"
 
 
-def test_the_runner_uses_the_contract_only() -> None:
-    """No duck-typed reach into a transport: no getattr on it, no ``type: ignore`` beside it."""
-    source = (REPO / "loadgen" / "runner.py").read_text()
+@pytest.mark.parametrize("module", ["runner.py", "dispatch.py", "recording.py", "monitoring.py", "workers.py", "rawhttp.py"])
+def test_the_runner_uses_the_contract_only(module: str) -> None:
+    """No duck-typed reach into a transport (or, from the transport, into its sink): no
+    getattr on it, no ``type: ignore`` beside it."""
+    source = (REPO / "loadgen" / module).read_text()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
             assert "transport" not in ast.unparse(node.args[0]), ast.unparse(node)
+            assert "sink" not in ast.unparse(node.args[0]), ast.unparse(node)
     for line in source.splitlines():
-        assert not ("transport" in line and "type: ignore" in line), line
+        assert not (("transport" in line or "sink" in line) and "type: ignore" in line), line
