@@ -65,4 +65,4 @@ def test_a_run_records_and_excludes_its_warm_up_and_cool_down(tmp_path: Path) ->
     assert [r["phase"] for r in sorted(rows, key=lambda r: r["request_id"])].count("measure") == 12
     assert (run.meta["workload"]["warmup_s"], run.meta["workload"]["cooldown_s"]) == (0.3, 0.3)
     summary = summarize(run.requests, monitor=run.monitor)
-    assert summary["requests"]["measured"] == 12 and summary["requests"]["warmup_excluded"] == 12
+    assert summary.requests.measured == 12 and summary.requests.warmup_excluded == 12
