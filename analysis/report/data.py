@@ -23,7 +23,7 @@ from analysis.metrics import itl_ms, measured, request_metrics
 from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
 from analysis.summary import SummaryOptions, summarize
-from results.reader import read_parquet_file, read_server_metrics
+from results.reader import read_parquet_file, read_server_metrics, read_server_spans
 
 #: Quantile grid of a CDF: fine in the tail, where the interesting part is.
 CDF_GRID = np.unique(np.r_[np.linspace(0, 0.9, 91), 1 - np.logspace(-1, -4, 120), 1.0])
@@ -143,7 +143,7 @@ def build_run_view(run: Run, key: str, slo_override: SLO, seed: int = 0) -> RunV
     view.load_series = _load_series(df, run.monitor)
     view.timeline = _timeline(table, df, seed)
     view.server = _server_views(Path(run.path), df)
-    view.ttft_parts = _ttft_parts(table)
+    view.ttft_parts = _ttft_parts(table, read_server_spans(Path(run.path)))
     from analysis.classes import class_breakdown
 
     view.classes = class_breakdown(table, SummaryOptions(slo=slo))
@@ -220,11 +220,11 @@ def _timeline(table: pa.Table, df: pd.DataFrame, seed: int) -> list[dict[str, An
     return out
 
 
-def _ttft_parts(table: pa.Table) -> dict[str, dict[str, float]]:
+def _ttft_parts(table: pa.Table, spans: pa.Table | None) -> dict[str, dict[str, float]]:
     """Each TTFT part's distribution over requests, reduced to a box (analysis/ttft_split.py)."""
     from analysis.ttft_split import PARTS, request_parts
 
-    parts = request_parts(table)
+    parts = request_parts(table, spans)
     out: dict[str, dict[str, float]] = {}
     for name in ("ttft", *PARTS):
         v = parts[f"{name}_ms"].to_numpy(dtype=float) if len(parts) else np.array([])

@@ -24,6 +24,7 @@ from workloads.spec import RequestOptions, Schedule
 
 if TYPE_CHECKING:
     from bench.virtual import VirtualEngine
+    from loadgen.otlp import OtlpReceiver
 from workloads.synthetic import SyntheticWorkload, WorkloadError
 
 
@@ -103,6 +104,12 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
 @click.option("--ready-timeout", type=float, default=600.0, show_default=True, help="With --launch: seconds to wait for readiness.")
 @click.option("--scrape-interval", type=float, default=1.0, show_default=True, help="Seconds between /metrics scrapes.")
 @click.option("--no-scrape", is_flag=True, help="Do not scrape the engine's /metrics.")
+@click.option("--otlp-receiver", is_flag=True,
+              help="Receive the engine's per-request OpenTelemetry spans (OTLP/HTTP protobuf, POST /v1/traces on "
+                   "127.0.0.1) and keep them in the run (server_spans.parquet) for the TTFT split; --launch "
+                   "--engine vllm is pointed at it, other engines must be told the printed endpoint.")
+@click.option("--otlp-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="With --otlp-receiver: its port (0: any free one).")
 @request_options
 def command(
     url: str | None,
@@ -150,6 +157,8 @@ def command(
     engine_version: str | None,
     scrape_interval: float,
     no_scrape: bool,
+    otlp_receiver: bool,
+    otlp_port: int,
     request: RequestOptions,
 ) -> None:
     """Measure one workload and print its metric table.
@@ -233,6 +242,9 @@ def command(
     engine_info = None
     launched_version: str | None = None
     with contextlib.ExitStack() as stack:
+        receiver = _otlp_receiver(stack, otlp_port, engine, bool(launch)) if otlp_receiver else None
+        if receiver is not None and virtual is not None:
+            raise BenchError("--otlp-receiver: a run in virtual time has no engine to send spans; use --clock auto")
         if url:
             target = url
             engine_label = engine
@@ -243,7 +255,7 @@ def command(
 
             handle = stack.enter_context(
                 launch_engine(engine, model, parallel_text, engine_args, gpu, ready_timeout, run_dir / "engine.log",
-                              engine_version)
+                              engine_version, otlp_endpoint=receiver.endpoint if receiver is not None else None)
             )
             target, engine_label, engine_info = handle.url, engine, handle.describe()
             launched_version = handle.version  # SGLang's stream shape depends on it
@@ -293,13 +305,26 @@ def command(
 
             result = execute_virtual(cfg, virtual)
         else:
-            result = run_async(lambda: execute_run(cfg, adapter))
+            result = run_async(lambda: execute_run(cfg, adapter, otlp=receiver))
     summary = print_summary(result.run_dir, slo, percentiles, as_json)
     if result.stats.interrupted:
         raise Outcome(ExitCode.INTERRUPTED)
     outcome = run_outcome(summary)
     if outcome is not None:
         raise outcome
+
+
+def _otlp_receiver(stack: contextlib.ExitStack, port: int, engine: str, launch: bool) -> OtlpReceiver:
+    """A started OTLP receiver, stopped when the run's stack closes."""
+    from loadgen.otlp import OtlpReceiver
+
+    try:
+        receiver = stack.enter_context(OtlpReceiver("127.0.0.1", port))
+    except OSError as exc:
+        raise BenchError(f"--otlp-port {port}: {exc}") from None
+    how = "vLLM is launched with it" if launch and engine == "vllm" else "point the engine's OTLP/HTTP protobuf trace exporter at it"
+    sys.stderr.write(f"OTLP receiver at {receiver.endpoint} ({how})\n")
+    return receiver
 
 
 def _virtual_engine(
