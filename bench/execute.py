@@ -200,6 +200,8 @@ async def execute_run(
         names = metric_names(cfg.engine, (cfg.engine_info or {}).get("version") or cfg.engine_version)
         scraper = MetricsScraper(cfg.url, run_dir, cfg.scrape_interval_s, names=names)
         await asyncio.to_thread(scraper.start)
+    if otlp is not None:
+        otlp.reset()  # a receiver reused across runs: this run's spans only
     try:
         stats = await runner.run()
     finally:

@@ -18,8 +18,8 @@ run --launch --engine sim` in virtual time, deterministic given the seeds, so th
 the engine's modelled noise (step jitter, workload) and nothing of this host. ``--clock real``
 runs two live `bench sim serve` engines (normal and slowed) on this host: the history then
 also holds the host's load, which moves TTFT and throughput by tens of % on a shared machine.
-``--keep DIR`` keeps the stores; ``--reuse DIR`` reads kept stores again (no runs), to try
-detector settings on the same measured histories.
+``--keep DIR`` keeps the stores; ``--reuse DIR`` computes every night's entry again from the
+run folders of kept stores (no runs), to try the detector on the same measured histories.
 """
 
 from __future__ import annotations
@@ -119,6 +119,17 @@ def record(store: Path, runs: int, at: int, root: Path, seed: int, clock: str, o
             proc.wait(timeout=30)
 
 
+def rebuild(kept: Path, store: Path) -> None:
+    """A store with every night's entry computed again, by this code, from the run folders a
+    kept store holds (so --reuse sees metrics added since the histories were recorded)."""
+    cfg = load_gate_config(GATES)
+    slo = SLO.from_dict(cfg.gate.slo)
+    for run_dir in sorted(kept.glob("runs/date=*/commit=*/config=*/run=*")):
+        day, commit, config = (run_dir.parents[i].name.split("=", 1)[1] for i in (2, 1, 0))
+        for e in entries(run_dir, list(cfg.metrics), slo):
+            add_entry(store, Partition(day, commit, config), e.entry_id, e.rows, [r.path for r in e.runs])
+
+
 def history(seed: int, at: int, store: Path) -> tuple[int, list[tuple[str, int]], list[str]]:
     cfg = load_gate_config(GATES)
     result = run_trend(store, dict(cfg.metrics), list(cfg.metrics), TrendOptions(seed=seed))
@@ -148,7 +159,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-trend-") as tmp:
         for seed in range(n_hist):
             if args.reuse is not None:
-                store = args.reuse / f"store-{seed}"
+                store = Path(tmp) / f"store-{seed}"
+                rebuild(args.reuse / f"store-{seed}", store)
             else:
                 store = (args.keep or Path(tmp)) / f"store-{seed}"
                 record(store, runs, at, Path(tmp), seed, args.clock, args.order)

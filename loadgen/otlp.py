@@ -246,6 +246,11 @@ class OtlpReceiver:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def reset(self) -> None:
+        """Forget the spans received so far (a new run starts; the counters keep counting)."""
+        with self._lock:
+            self._spans = []
+
     def add(self, spans: list[Span]) -> None:
         with self._lock:
             self.payloads += 1
