@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--reuse", type=Path, help="read the stores kept in this folder (no runs)")
     args = ap.parse_args()
     n_hist, runs, at = args.histories, args.runs, args.at
-    hits = 0
+    hits = host = 0
     false: list[tuple[int, str, int]] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-trend-") as tmp:
@@ -165,6 +165,7 @@ def main() -> None:
                 store = (args.keep or Path(tmp)) / f"store-{seed}"
                 record(store, runs, at, Path(tmp), seed, args.clock, args.order)
             h, f, lines = history(seed, at, store)
+            host += sum(" host change " in line for line in lines)
             hits += h
             false += [(seed, metric, run) for metric, run in f]
             print(f"history seed={seed}: run {at} flagged: {'yes' if h else 'NO'}; false alarms {len(f)}", flush=True)
@@ -178,6 +179,7 @@ def main() -> None:
     for _, metric, _ in false:
         by_metric[metric] = by_metric.get(metric, 0) + 1
     print("  false alarms by metric: " + (", ".join(f"{m} {n}" for m, n in sorted(by_metric.items())) or "none"))
+    print(f"  host changes (a regression/improvement where the host's event-loop lag changed too; not flagged): {host}")
     print(f"  ({time.monotonic() - t0:.0f} s on this host)")
 
 
