@@ -30,15 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.browser import load_page  # noqa: E402
+from benchmarks.virtual_time import MAIN_JOB  # noqa: E402  (the README's main job)
 
 CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
 
-#: The README's main job (README.md, "Set-up: two commands"), without its --out.
-MAIN_JOB = [
-    "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "4", "--tp", "2,4",
-    "--dp", "1,2", "--capacity", "--slo", "ttft_ms=300,tpot_ms=40", "--target-rate", "38", "--input-tokens", "128",
-    "--output-tokens", "16", "--engine-arg=--max-num-seqs=8", "--no-progress",
-]  # fmt: skip
 
 
 def _bench(*args: str) -> None:
