@@ -31,6 +31,27 @@ DEFAULT_HISTORY_METRICS: tuple[str, ...] = (
 )  # fmt: skip
 
 
+#: The host's condition during the run, stored beside the metrics of every entry and never
+#: gated: the median lag of the client's event loop (client_monitor), in ms. It rises when the
+#: client's host is loaded; where the engine shares that host (the simulated engine, a CI
+#: runner) it stands for the engine's host too. ``bench trend`` reads it to tell a change of
+#: the host from a change of the code (analysis/trend.py). Absent for runs without a monitor
+#: (virtual time).
+HOST_LAG_METRIC = "host_loop_lag_p50_ms"
+
+
+def host_lag_ms(runs: Sequence[Run]) -> float | None:
+    """Median event-loop lag of the client over the runs' monitor samples (None without any)."""
+    lags = [
+        r.monitor["loop_lag_ns"].to_numpy(zero_copy_only=False).astype(float)
+        for r in runs
+        if r.monitor is not None and "loop_lag_ns" in r.monitor.column_names and r.monitor.num_rows
+    ]
+    values = np.concatenate(lags) if lags else np.array([])
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) / 1e6 if len(values) else None
+
+
 @dataclass(frozen=True)
 class Entry:
     """One configuration of one results folder, ready to store."""
@@ -53,10 +74,14 @@ def entries(results: Path, metrics: Sequence[str] = DEFAULT_HISTORY_METRICS, slo
     out = []
     for key, runs in group_runs(load_runs(results)).items():
         side = make_side([r.requests for r in runs], slo, [r.run_id for r in runs])
-        values = point_estimates(side, names)
+        values = {m: float(v) if np.isfinite(v) else None for m, v in point_estimates(side, names).items()}
+        lag = host_lag_ms(runs)
+        stored = [*names, HOST_LAG_METRIC] if lag is not None else list(names)
+        if lag is not None:
+            values[HOST_LAG_METRIC] = lag
         first = runs[0]
         starts = [s for s in (_start(r) for r in runs) if s is not None]
-        n = len(names)
+        n = len(stored)
         rows = pa.table(
             {
                 "run_id": [first.run_id] * n,
@@ -68,8 +93,8 @@ def entries(results: Path, metrics: Sequence[str] = DEFAULT_HISTORY_METRICS, slo
                 "bench_version": [first.meta.get("bench_version")] * n,
                 "runs": [len(runs)] * n,
                 "requests": [side.n_requests] * n,
-                "metric": names,
-                "value": [float(values[m]) if np.isfinite(values[m]) else None for m in names],
+                "metric": stored,
+                "value": [values[m] for m in stored],
             },
             schema=HISTORY_SCHEMA,
         )

@@ -32,6 +32,11 @@ from workloads.spec import Schedule
 
 if TYPE_CHECKING:
     from loadgen.scrape import MetricsScraper
+    from loadgen.otlp import OtlpReceiver
+
+#: Longest wait, after the last response, for the engine's spans (engines export in batches:
+#: vLLM every 5 s by default, every 0.5 s when bench launches it with a receiver).
+OTLP_WAIT_S = 15.0
 
 #: ``run.parquet`` ``clock``: which clock stamped the received chunks.
 CLOCK_LABELS = {
@@ -107,8 +112,15 @@ def stats_notes(stats: RunStats, notes: list[str]) -> dict[str, Any]:
 
 
 async def execute_run(
-    cfg: RunConfig, adapter: Adapter, transport: Transport | None = None, install_signals: bool = True
+    cfg: RunConfig,
+    adapter: Adapter,
+    transport: Transport | None = None,
+    install_signals: bool = True,
+    otlp: OtlpReceiver | None = None,
 ) -> RunResult:
+    """One run into ``cfg.out``. With ``otlp`` (a started receiver the engine exports its
+    spans to), the spans of the run's requests are awaited after the last response and written
+    beside the requests (``server_spans.parquet``)."""
     run_dir = prepare_run_dir(cfg.out, cfg.overwrite)
     run_id = uuid.uuid4().hex[:16]
     own_transport = transport is None
@@ -150,6 +162,8 @@ async def execute_run(
     scraper = _scraper(cfg, run_dir)
     if scraper is not None:
         await asyncio.to_thread(scraper.start)
+    if otlp is not None:
+        otlp.reset()  # a receiver reused across runs: this run's spans only
     try:
         stats = await runner.run()
     finally:
@@ -162,6 +176,10 @@ async def execute_run(
     notes = []
     if stats.interrupted:
         notes.append("run interrupted: in-flight requests recorded as cancelled")
+    if otlp is not None:
+        await asyncio.to_thread(otlp.wait_for, stats.completed, 0.0 if stats.interrupted else OTLP_WAIT_S)
+        if otlp.write(run_dir) is None:
+            notes.append(f"OTLP receiver at {otlp.endpoint}: no request span arrived (is the engine exporting to it?)")
     meta.update(
         status="interrupted" if stats.interrupted else "complete",
         adapter_json={**meta["adapter_json"], **(transport.describe() if cfg.workers <= 1 else {})},
@@ -171,6 +189,7 @@ async def execute_run(
             # printed by every summary of the run (bench/report_text.py)
             "warnings": [context_note] if context_note else [],
             **({"server_metrics": scraper.describe()} if scraper is not None else {}),
+            **({"otlp": otlp.describe()} if otlp is not None else {}),
         },
     )
     write_run_meta(run_dir, meta)

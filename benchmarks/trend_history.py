@@ -1,20 +1,33 @@
 """bench trend on constructed histories of nightly runs of the simulated engine.
 
-Usage: python benchmarks/trend_history.py [HISTORIES] [RUNS] [REGRESSION_AT]   (default 10 30 20)
+Usage::
 
-Each history: two simulated engines (Llama-3.1-8B on an H100, modelled timing, 3 % step
-jitter), the second with --slowdown 1.10 (every step 10 % slower). Nightly run i (1-based,
-its own workload seed) goes to the first engine before REGRESSION_AT and to the slow one from
-it on, is added to a results store as commit i, and `bench trend` (ci/gates-sim.toml's
-metrics and allowances) runs over the 30 commits. Prints, per history, the flagged change
-points, then the totals: histories where run REGRESSION_AT (±1) is flagged, and false alarms
-(flagged change points anywhere else). The target (issue 23): every history flags run 20 and
-at most one false alarm over 10 histories.
+    python benchmarks/trend_history.py [--clock virtual|real] [--histories 10] [--runs 30] [--at 20]
+                                       [--keep DIR] [--reuse DIR]
+
+Each history: the simulated engine (Llama-3.1-8B on an H100, modelled timing, 3 % step
+jitter), with --slowdown 1.10 (every step 10 % slower) from nightly run REGRESSION_AT on.
+Nightly run i (1-based, its own workload and engine seed) is added to a results store as
+commit i, and `bench trend` (ci/gates-sim.toml's metrics and allowances) runs over the 30
+commits. Prints, per history, the change points, then the totals: histories where run
+REGRESSION_AT (±1) is flagged, and false alarms (flagged change points anywhere else). The
+target (issue 23): every history flags run 20 and at most one false alarm over 10 histories.
+
+``--clock virtual`` (the default) runs each night as a user's nightly sim gate would: `bench
+run --launch --engine sim` in virtual time, deterministic given the seeds, so the history holds
+the engine's modelled noise (step jitter, workload) and nothing of this host. ``--clock real``
+runs two live `bench sim serve` engines (normal and slowed) on this host: the history then
+also holds the host's load, which moves TTFT and throughput by tens of % on a shared machine.
+``--keep DIR`` keeps the stores; ``--reuse DIR`` computes every night's entry again from the
+run folders of kept stores (no runs), to try the detector on the same measured histories.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -60,31 +73,63 @@ def start_sim(slowdown: float, seed: int) -> tuple[subprocess.Popen[bytes], str]
     raise RuntimeError("the simulated engine did not start")
 
 
-def nightly(url: str, out: Path, seed: int) -> None:
+WORKLOAD = ["--model", MODEL, "--requests", "48", "--concurrency", "8", "--input-tokens", "256", "--output-tokens", "24",
+            "--no-progress", "--slo", "ttft_ms=500,tpot_ms=50"]  # fmt: skip
+
+
+def nightly(target: list[str], out: Path, seed: int) -> None:
     """One `bench run`, in this process (an interpreter start per run would triple the time)."""
-    argv = ["run", "--url", url, "--model", MODEL, "--requests", "48", "--concurrency", "8", "--input-tokens", "256",
-            "--output-tokens", "24", "--seed", str(seed), "--out", str(out), "--no-progress", "--slo", "ttft_ms=500,tpot_ms=50"]  # fmt: skip
-    res = CliRunner().invoke(cli, argv)
+    res = CliRunner().invoke(cli, ["run", *target, *WORKLOAD, "--seed", str(seed), "--out", str(out)])
     if res.exit_code != 0:
         raise RuntimeError(f"bench run failed: {res.output[-500:]}")
 
 
-def history(seed: int, runs: int, at: int, root: Path) -> tuple[int, list[tuple[str, int]], list[str]]:
+def virtual_target(slowdown: float, seed: int) -> list[str]:
+    """`bench run` arguments for the simulated engine in virtual time (what `bench sim serve`
+    would model, the same rows for the same seeds on any host)."""
+    sim = ["--jitter", "0.03", "--slowdown", f"{slowdown:g}", "--seed", str(seed)]
+    return ["--launch", "--engine", "sim", "--gpu", "h100", "--clock", "virtual", *(f"--engine-arg={a}" for a in sim)]
+
+
+def record(store: Path, runs: int, at: int, root: Path, seed: int, clock: str, order: str) -> None:
     cfg = load_gate_config(GATES)
     slo = SLO.from_dict(cfg.gate.slo)
-    store = root / f"store-{seed}"
-    base, slow = start_sim(1.0, seed), start_sim(1.10, seed)
+    engines = (start_sim(1.0, seed), start_sim(1.10, seed)) if clock == "real" else ()
+    nights = list(range(1, runs + 1))
+    if order == "shuffled":
+        random.Random(seed).shuffle(nights)
     try:
-        for i in range(1, runs + 1):
+        for i in nights:
             out = root / f"h{seed}-run{i:02d}"
-            nightly((slow if i >= at else base)[1], out, 1000 * seed + i)
+            slowdown = 1.10 if i >= at else 1.0
+            if clock == "real":
+                target = ["--url", engines[i >= at][1]]
+            else:
+                target = virtual_target(slowdown, 1000 * seed + i)
+            nightly(target, out, 1000 * seed + i)
             day = (_dt.date(2026, 1, 1) + _dt.timedelta(days=i - 1)).isoformat()
             for e in entries(out, list(cfg.metrics), slo):
                 add_entry(store, Partition(day, f"c{i:02d}", config_slug(e.config_key)), e.entry_id, e.rows, [r.path for r in e.runs])
+            shutil.rmtree(out)
     finally:
-        for proc, _ in (base, slow):
+        for proc, _ in engines:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def rebuild(kept: Path, store: Path) -> None:
+    """A store with every night's entry computed again, by this code, from the run folders a
+    kept store holds (so --reuse sees metrics added since the histories were recorded)."""
+    cfg = load_gate_config(GATES)
+    slo = SLO.from_dict(cfg.gate.slo)
+    for run_dir in sorted(kept.glob("runs/date=*/commit=*/config=*/run=*")):
+        day, commit, config = (run_dir.parents[i].name.split("=", 1)[1] for i in (2, 1, 0))
+        for e in entries(run_dir, list(cfg.metrics), slo):
+            add_entry(store, Partition(day, commit, config), e.entry_id, e.rows, [r.path for r in e.runs])
+
+
+def history(seed: int, at: int, store: Path) -> tuple[int, list[tuple[str, int]], list[str]]:
+    cfg = load_gate_config(GATES)
     result = run_trend(store, dict(cfg.metrics), list(cfg.metrics), TrendOptions(seed=seed))
     lines = [f"{f.metric} at run {f.index + 1}: {f.verdict} {100 * f.change.rel_change:+.1f}% (p={f.change.p_value:.3f})" for f in result.findings]
     hit = int(any(abs(f.index + 1 - at) <= 1 for f in result.flagged))
@@ -93,27 +138,46 @@ def history(seed: int, runs: int, at: int, root: Path) -> tuple[int, list[tuple[
 
 
 def main() -> None:
-    n_hist = int(sys.argv[1]) if len(sys.argv) > 1 else 10
-    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 30
-    at = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-    hits = 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clock", choices=("virtual", "real"), default="virtual")
+    ap.add_argument("--histories", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--at", type=int, default=20, help="first nightly run of the slowed engine (1-based)")
+    ap.add_argument("--order", choices=("sequential", "shuffled"), default="sequential",
+                    help="record the nights in order, or in a seeded random order (each night's place in the history "
+                         "is its number either way): shuffled, the host's load changes of the minutes the benchmark "
+                         "takes fall on random nights, as on nights a day apart, instead of on a run of consecutive ones")
+    ap.add_argument("--keep", type=Path, help="keep the results stores in this folder")
+    ap.add_argument("--reuse", type=Path, help="read the stores kept in this folder (no runs)")
+    args = ap.parse_args()
+    n_hist, runs, at = args.histories, args.runs, args.at
+    hits = host = 0
     false: list[tuple[int, str, int]] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-trend-") as tmp:
         for seed in range(n_hist):
-            h, f, lines = history(seed, runs, at, Path(tmp))
+            if args.reuse is not None:
+                store = Path(tmp) / f"store-{seed}"
+                rebuild(args.reuse / f"store-{seed}", store)
+            else:
+                store = (args.keep or Path(tmp)) / f"store-{seed}"
+                record(store, runs, at, Path(tmp), seed, args.clock, args.order)
+            h, f, lines = history(seed, at, store)
+            host += sum(" host change " in line for line in lines)
             hits += h
             false += [(seed, metric, run) for metric, run in f]
             print(f"history seed={seed}: run {at} flagged: {'yes' if h else 'NO'}; false alarms {len(f)}", flush=True)
             for line in lines:
                 print(f"    {line}", flush=True)
-    print(f"\n{n_hist} histories of {runs} nightly runs, 10 % TPOT regression (--slowdown 1.10) from run {at}:")
+    source = f"stores in {args.reuse}" if args.reuse else f"clock {args.clock}, nights recorded {args.order}"
+    print(f"\n{n_hist} histories of {runs} nightly runs ({source}), 10 % TPOT regression (--slowdown 1.10) from run {at}:")
     print(f"  run {at} (±1) flagged in {hits} of {n_hist} histories")
     print(f"  false alarms: {len(false)} flagged change points, at {len({(s, r) for s, _, r in false})} distinct (history, run) points")
     by_metric: dict[str, int] = {}
     for _, metric, _ in false:
         by_metric[metric] = by_metric.get(metric, 0) + 1
     print("  false alarms by metric: " + (", ".join(f"{m} {n}" for m, n in sorted(by_metric.items())) or "none"))
+    print(f"  host changes (a regression/improvement where the host's event-loop lag changed too; not flagged): {host}")
     print(f"  ({time.monotonic() - t0:.0f} s on this host)")
 
 

@@ -12,7 +12,15 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from results.schema import MONITOR_DIR, REQUESTS_DIR, REQUESTS_SCHEMA, RUN_FILE, SCHEMA_VERSION, SERVER_METRICS_DIR
+from results.schema import (
+    MONITOR_DIR,
+    REQUESTS_DIR,
+    REQUESTS_SCHEMA,
+    RUN_FILE,
+    SCHEMA_VERSION,
+    SERVER_METRICS_DIR,
+    SERVER_SPANS_FILE,
+)
 
 
 class ResultsError(Exception):
@@ -117,3 +125,10 @@ def read_monitor(run_dir: Path) -> pa.Table | None:
 
 def read_server_metrics(run_dir: Path) -> pa.Table | None:
     return _read_parts(Path(run_dir) / SERVER_METRICS_DIR)
+
+
+def read_server_spans(run_dir: Path) -> pa.Table | None:
+    """The engine's per-request spans received during the run (``SERVER_SPANS_SCHEMA``), or
+    None when the run had no OTLP receiver or no span arrived."""
+    path = Path(run_dir) / SERVER_SPANS_FILE
+    return pq.read_table(path) if path.exists() else None

@@ -129,6 +129,34 @@ SERVER_METRICS_SCHEMA = pa.schema(
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "server_metrics"},
 )
 
+#: The engine's own per-request spans, received over OTLP during the run (loadgen/otlp.py;
+#: ``bench run --otlp-receiver``), one row per span that names a request
+#: (``gen_ai.request.id``). Written once, when the run ends; analysis joins it to the
+#: client's rows by request id (``span_request_id`` is the engine's id of the request, the
+#: ``server_request_id`` of the client's row plus a per-choice suffix such as ``-0``).
+#: Latencies in seconds, as the engine reported them (vLLM's ``llm_request`` span).
+SERVER_SPANS_FILE = "server_spans.parquet"
+#: column -> the span attribute it holds
+SPAN_LATENCY_ATTRIBUTES = {
+    "queue_s": "gen_ai.latency.time_in_queue",
+    "prefill_s": "gen_ai.latency.time_in_model_prefill",
+    "decode_s": "gen_ai.latency.time_in_model_decode",
+    "inference_s": "gen_ai.latency.time_in_model_inference",
+    "ttft_s": "gen_ai.latency.time_to_first_token",
+    "e2e_s": "gen_ai.latency.e2e",
+}
+SERVER_SPANS_SCHEMA = pa.schema(
+    [
+        pa.field("span_request_id", pa.string(), nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("start_unix_ns", pa.int64()),
+        pa.field("end_unix_ns", pa.int64()),
+        *(pa.field(c, pa.float64()) for c in SPAN_LATENCY_ATTRIBUTES),
+        pa.field("attributes_json", pa.string()),  # every attribute of the span
+    ],
+    metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "server_spans"},
+)
+
 #: A results store (``bench history``): many runs as one partitioned Parquet dataset,
 #: ``STORE/metrics/date=D/commit=C/config=K/<run_id>.parquet`` in long format (one row per
 #: gated metric of the run), beside a copy of each run folder under ``STORE/runs/<same

@@ -27,7 +27,7 @@ from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
 from analysis.summary import SummaryOptions, summarize
 from analysis.summary_types import RunSummary
-from results.reader import read_server_metrics
+from results.reader import read_server_metrics, read_server_spans
 from results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, read_cells_table
 
 #: Quantile grid of a CDF: fine in the tail, where the interesting part is.
@@ -148,7 +148,7 @@ def build_run_view(run: Run, key: str, slo_override: SLO, seed: int = 0) -> RunV
     view.load_series = _load_series(df, run.monitor)
     view.timeline = _timeline(table, df, seed)
     view.server = _server_views(Path(run.path), df)
-    view.ttft_parts = _ttft_parts(table)
+    view.ttft_parts = _ttft_parts(table, read_server_spans(Path(run.path)))
     from analysis.classes import class_breakdown
 
     view.classes = class_breakdown(table, SummaryOptions(slo=slo))
@@ -225,11 +225,11 @@ def _timeline(table: pa.Table, df: pd.DataFrame, seed: int) -> list[dict[str, An
     return out
 
 
-def _ttft_parts(table: pa.Table) -> dict[str, dict[str, float]]:
+def _ttft_parts(table: pa.Table, spans: pa.Table | None) -> dict[str, dict[str, float]]:
     """Each TTFT part's distribution over requests, reduced to a box (analysis/ttft_split.py)."""
     from analysis.ttft_split import PARTS, request_parts
 
-    parts = request_parts(table)
+    parts = request_parts(table, spans)
     out: dict[str, dict[str, float]] = {}
     for name in ("ttft", *PARTS):
         v = parts[f"{name}_ms"].to_numpy(dtype=float) if len(parts) else np.array([])

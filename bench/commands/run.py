@@ -37,6 +37,7 @@ from workloads.synthetic import WorkloadError
 if TYPE_CHECKING:
     from bench.execute import RunConfig
     from bench.virtual import VirtualEngine
+    from loadgen.otlp import OtlpReceiver
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,12 @@ _limit_options = option_group("limits", (
 @_launch_options
 @click.option("--scrape-interval", type=float, default=1.0, show_default=True, help="Seconds between /metrics scrapes.")
 @click.option("--no-scrape", is_flag=True, help="Do not scrape the engine's /metrics.")
+@click.option("--otlp-receiver", is_flag=True,
+              help="Receive the engine's per-request OpenTelemetry spans (OTLP/HTTP protobuf, POST /v1/traces on "
+                   "127.0.0.1) and keep them in the run (server_spans.parquet) for the TTFT split; --launch "
+                   "--engine vllm is pointed at it, other engines must be told the printed endpoint.")
+@click.option("--otlp-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="With --otlp-receiver: its port (0: any free one).")
 @request_options
 def command(
     target: EngineTarget,
@@ -168,6 +175,8 @@ def command(
     launch: LaunchOptions,
     scrape_interval: float,
     no_scrape: bool,
+    otlp_receiver: bool,
+    otlp_port: int,
     request: RequestOptions,
 ) -> None:
     """Measure one workload and print its metric table.
@@ -214,8 +223,12 @@ def command(
     virtual = _virtual_engine(clock, launch, engine, model, workers, output.save_text)
     run_dir = prepare_run_dir(output.out, output.overwrite)
     with contextlib.ExitStack() as stack:
+        receiver = _otlp_receiver(stack, otlp_port, engine, launch.launch) if otlp_receiver else None
+        if receiver is not None and virtual is not None:
+            raise BenchError("--otlp-receiver: a run in virtual time has no engine to send spans; use --clock auto")
         where, engine_label, engine_info, launched_version = _start_target(
-            stack, target, launch, embedded, virtual is not None, run_dir
+            stack, target, launch, embedded, virtual is not None, run_dir,
+            receiver.endpoint if receiver is not None else None,
         )
         if schedule is None:
             schedule = plan.build(where)
@@ -230,13 +243,26 @@ def command(
 
             result = execute_virtual(cfg, virtual)
         else:
-            result = run_async(lambda: execute_run(cfg, adapter))
+            result = run_async(lambda: execute_run(cfg, adapter, otlp=receiver))
     summary = print_summary(result.run_dir, output.slo, output.percentiles, output.as_json)
     if result.stats.interrupted:
         raise Outcome(ExitCode.INTERRUPTED)
     outcome = run_outcome(summary)
     if outcome is not None:
         raise outcome
+
+
+def _otlp_receiver(stack: contextlib.ExitStack, port: int, engine: str, launch: bool) -> OtlpReceiver:
+    """A started OTLP receiver, stopped when the run's stack closes."""
+    from loadgen.otlp import OtlpReceiver
+
+    try:
+        receiver = stack.enter_context(OtlpReceiver("127.0.0.1", port))
+    except OSError as exc:
+        raise BenchError(f"--otlp-port {port}: {exc}") from None
+    how = "vLLM is launched with it" if launch and engine == "vllm" else "point the engine's OTLP/HTTP protobuf trace exporter at it"
+    sys.stderr.write(f"OTLP receiver at {receiver.endpoint} ({how})\n")
+    return receiver
 
 
 def _start_target(
@@ -246,6 +272,7 @@ def _start_target(
     embedded: EmbeddedOptions,
     virtual: bool,
     run_dir: Path,
+    otlp_endpoint: str | None = None,
 ) -> tuple[str, str, dict[str, Any] | None, str | None]:
     """The engine measured: (where it answers, its engine label, what the launcher says about
     it, its reported version): the ``--url`` given, virtual time, an engine ``--launch``ed,
@@ -260,7 +287,8 @@ def _start_target(
 
         handle = stack.enter_context(
             launch_engine(engine, model, launch.parallel_text, launch.engine_args, launch.gpu,
-                          launch.ready_timeout, run_dir / "engine.log", launch.engine_version)
+                          launch.ready_timeout, run_dir / "engine.log", launch.engine_version,
+                          otlp_endpoint=otlp_endpoint)
         )
         return handle.url, engine, handle.describe(), handle.version  # SGLang's stream shape depends on the version
     from bench.embedded import embedded_engine, sim_flavor

@@ -20,9 +20,12 @@ from core.errors import BenchError
 @click.option("--min-size", type=int, default=4, show_default=True, help="Fewest commits on each side of a change point.")
 @click.option("--min-change-pct", type=float, default=0.0, show_default=True, help="Smallest change flagged for metrics without a gate allowance.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--host-tolerance", type=int, default=1, show_default=True,
+              help="A change within this many commits of a same-direction change of the host's event-loop lag is a "
+                   "host change, not flagged (-1: never).")
 def command(
     store: Path, config_path: Path | None, metrics_text: str | None, html_path: Path | None, md_path: Path | None,
-    p_max: float, permutations: int, min_size: int, min_change_pct: float, seed: int,
+    p_max: float, permutations: int, min_size: int, min_change_pct: float, seed: int, host_tolerance: int,
 ) -> None:  # fmt: skip
     """Detect change points (E-divisive means) in each metric of each configuration of STORE.
 
@@ -40,7 +43,7 @@ def command(
     try:
         gates = dict(load_gate_config(config_path).metrics) if config_path else {}
         metrics = [m.strip() for m in metrics_text.split(",") if m.strip()] if metrics_text else (list(gates) or None)
-        options = TrendOptions(p_max, permutations, min_size, min_change_pct / 100, seed)
+        options = TrendOptions(p_max, permutations, min_size, min_change_pct / 100, seed, host_tolerance=host_tolerance)
         result = run_trend(store, gates, metrics, options)
     except (ConfigError, ResultsError, ValueError) as exc:
         raise BenchError(str(exc)) from None

@@ -9,20 +9,15 @@ Skips, saying why, where /usr/bin/chromium (Debian package `chromium`) is absent
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import os
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from analysis.report import build_report
+from bench.browser import VIEWPORT, load_page
 from tests.analysis.test_report_fixtures import make_sweep, real_run
 
 CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
@@ -46,9 +41,6 @@ def _need_chromium() -> None:
         pytest.skip(f"{CHROMIUM} not installed (Debian: apt-get install -y chromium); the browser check needs it")
 
 
-#: A laptop's first screen, the viewport the headline must fit in.
-VIEWPORT = (1280, 800)
-
 _FIRST_SCREEN = """JSON.stringify((function(){
   function box(id){ var e = document.getElementById(id); if (!e) { return null; }
     var r = e.getBoundingClientRect(); return {text: e.textContent.trim(), top: r.top, bottom: r.bottom, left: r.left, right: r.right}; }
@@ -59,90 +51,7 @@ _FIRST_SCREEN = """JSON.stringify((function(){
 async def _cdp_load(
     url: str, profile: Path, settle_s: float = 1.5, timeout_s: float = 60.0, probe: str = _PROBE, screenshot: Path | None = None
 ) -> tuple[list[str], dict[str, Any]]:
-    argv = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank",
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + timeout_s
-        while not port_file.exists() or not port_file.read_text().strip():
-            if proc.poll() is not None:
-                raise RuntimeError(f"chromium exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("chromium did not open its DevTools port")
-            await asyncio.sleep(0.1)
-        port = int(port_file.read_text().split()[0])
-        async with aiohttp.ClientSession() as http:
-            for _ in range(100):
-                async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
-                    pages = [t for t in await r.json() if t.get("type") == "page"]
-                if pages:
-                    break
-                await asyncio.sleep(0.1)
-            ws_url = pages[0]["webSocketDebuggerUrl"]
-            async with http.ws_connect(ws_url, max_msg_size=0) as ws:
-                return await asyncio.wait_for(_drive(ws, url, settle_s, probe, screenshot), timeout_s)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-
-
-async def _drive(
-    ws: aiohttp.ClientWebSocketResponse, url: str, settle_s: float, probe_js: str, screenshot: Path | None
-) -> tuple[list[str], dict[str, Any]]:
-    errors: list[str] = []
-    next_id = 0
-    pending: dict[int, asyncio.Future[Any]] = {}
-    loaded = asyncio.Event()
-
-    async def reader() -> None:
-        async for msg in ws:
-            m = json.loads(msg.data)
-            if "id" in m and m["id"] in pending:
-                pending.pop(m["id"]).set_result(m)
-            method = m.get("method")
-            p = m.get("params", {})
-            if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                errors.append("console: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
-            elif method == "Runtime.exceptionThrown":
-                d = p.get("exceptionDetails", {})
-                errors.append("exception: " + str(d.get("exception", {}).get("description") or d.get("text")))
-            elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
-                errors.append("log: " + str(p["entry"].get("text")))
-            elif method == "Page.loadEventFired":
-                loaded.set()
-
-    async def call(method: str, **params: Any) -> Any:
-        nonlocal next_id
-        next_id += 1
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pending[next_id] = fut
-        await ws.send_str(json.dumps({"id": next_id, "method": method, "params": params}))
-        return await fut
-
-    task = asyncio.create_task(reader())
-    try:
-        for domain in ("Runtime", "Log", "Page"):
-            await call(f"{domain}.enable")
-        width, height = VIEWPORT
-        await call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-        await call("Page.navigate", url=url)
-        await loaded.wait()
-        await asyncio.sleep(settle_s)
-        res = await call("Runtime.evaluate", expression=probe_js, returnByValue=True)
-        probe = json.loads(res["result"]["result"]["value"])
-        if screenshot is not None:
-            shot = await call("Page.captureScreenshot", format="png")
-            screenshot.write_bytes(base64.b64decode(shot["result"]["data"]))
-    finally:
-        task.cancel()
-    return errors, probe
+    return await load_page(CHROMIUM, url, profile, probe, settle_s, timeout_s, screenshot, VIEWPORT)
 
 
 def _check_in_browser(html_path: Path, tmp_path: Path) -> dict[str, Any]:

@@ -88,3 +88,49 @@ def test_simulated_sglang_split_sums_to_the_client_ttft(tmp_path: Path) -> None:
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "ttft-split-requests" in page and "-ttft-split\"" not in page  # per request, not the histogram means
     assert info.figures >= 3
+
+
+def _spans(rows: list[tuple[str, float | None, float | None, float | None]]) -> pa.Table:
+    from results.schema import SERVER_SPANS_SCHEMA
+
+    n = len(rows)
+    return pa.table({"span_request_id": [r[0] for r in rows], "name": ["llm_request"] * n, "start_unix_ns": [1] * n,
+                     "end_unix_ns": [2] * n, "queue_s": [r[1] for r in rows], "prefill_s": [r[2] for r in rows],
+                     "decode_s": [None] * n, "inference_s": [None] * n, "ttft_s": [r[3] for r in rows],
+                     "e2e_s": [None] * n, "attributes_json": ["{}"] * n}, schema=SERVER_SPANS_SCHEMA)  # fmt: skip
+
+
+def test_engine_spans_join_by_request_id_and_split_into_queue_prefill_emission_transit() -> None:
+    table = pa.table({"phase": ["measure"] * 4, "ok": [True] * 4, "send_ns": [0] * 4,
+                      "first_token_ns": [50_000_000, 60_000_000, 70_000_000, 80_000_000],
+                      "server_request_id": ["cmpl-a", "cmpl-b", "cmpl-c", None],
+                      "server_timing_json": [None, None, None, None]})  # fmt: skip
+    # vLLM names a request <response id>-<choice>; cmpl-c has no span, the last no id
+    spans = _spans([("cmpl-a-0", 0.010, 0.025, 0.040), ("cmpl-b-0", 0.0, 0.030, None), ("cmpl-x-0", 1.0, 1.0, 2.0)])
+    parts = request_parts(table, spans).set_index("ttft_ms")
+    assert list(parts.index) == [50.0, 60.0] and (parts["source"] == "span").all()
+    a = parts.loc[50.0]
+    assert a["queue_ms"] == pytest.approx(10) and a["prefill_ms"] == pytest.approx(25)
+    assert a["emission_ms"] == pytest.approx(5) and a["transit_ms"] == pytest.approx(10)
+    assert a["other_ms"] != a["other_ms"]  # NaN: transit is the rest
+    assert a[["queue_ms", "prefill_ms", "emission_ms", "transit_ms"]].sum() == pytest.approx(50)
+    b = parts.loc[60.0]  # no engine TTFT in the span: no emission/transit, the rest is `other`
+    assert b["emission_ms"] != b["emission_ms"] and b["other_ms"] == pytest.approx(30)
+
+
+def test_split_summary_reads_the_runs_spans(tmp_path: Path) -> None:
+    from results.schema import SERVER_SPANS_FILE
+    from results.reader import read_requests
+    from results.writer import write_table_atomic
+
+    run = synthetic_run(tmp_path / "run", 40, 4)
+    part = next((run / "requests").glob("*.parquet"))
+    table = read_requests(run)
+    ids = [f"cmpl-{r}" for r in table.column("request_id").to_pylist()]
+    write_table_atomic(table.set_column(table.schema.get_field_index("server_request_id"), "server_request_id", pa.array(ids)), part)
+    assert split_summary(run) is None
+    write_table_atomic(_spans([(f"{rid}-0", 0.001, 0.002, 0.004) for rid in ids]), run / SERVER_SPANS_FILE)
+    split = split_summary(run)
+    assert split is not None and split["source"] == "per request, from the engine's OpenTelemetry spans"
+    assert split["parts_ms"]["queue"]["mean"] == pytest.approx(1.0) and split["parts_ms"]["emission"]["mean"] == pytest.approx(1.0)
+    assert "transit" in split["parts_ms"] and "other" not in split["parts_ms"] and split["max_sum_error_ms"] < 1e-6

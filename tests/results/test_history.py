@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.changepoint import e_divisive
+from analysis.history import Series
 from bench.cli import cli
 from tests.conftest import REPO
 from results.synthetic import synthetic_run
@@ -131,3 +132,37 @@ def test_gate_against_a_rolling_baseline(store: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     res = runner.invoke(cli, ["gate", "--current", str(fast), "--config", config])
     assert res.exit_code == 2 and "exactly one of --baseline and --history" in res.output
+
+
+def _as_series(metric: str, values: np.ndarray) -> Series:
+    from analysis.history import Point
+
+    return Series("", metric, tuple(Point(f"2026-01-{i + 1:02d}", f"c{i + 1:02d}", float(v), 1) for i, v in enumerate(values)))
+
+
+def test_a_change_that_coincides_with_a_slower_host_is_not_flagged() -> None:
+    """TTFT jumps at night 11 because the host got busier (the client's event-loop lag jumps
+    with it): listed as a host change. TPOT regresses at night 20 while the host recovers:
+    flagged. Without the host series both are flagged."""
+    from analysis.gate import MetricGate
+    from analysis.history import HOST_LAG_METRIC
+    from analysis.trend import TrendOptions, detect, markdown, TrendResult
+
+    rng = np.random.default_rng(7)
+    lag = np.where((np.arange(30) >= 10) & (np.arange(30) < 19), 8.0, 0.5) * (1 + 0.2 * rng.standard_normal(30))
+    ttft = _series(1, 10, shift=0.6)
+    tpot = _series(2, 19)
+    gates = {"ttft_p50_ms": MetricGate(max_increase_pct=30), "tpot_p50_ms": MetricGate(max_increase_pct=5)}
+    series = [_as_series("ttft_p50_ms", ttft), _as_series("tpot_p50_ms", tpot)]
+    host = [_as_series(HOST_LAG_METRIC, lag)]
+    found = detect(series, gates, TrendOptions(), host)
+    by = {(f.metric, f.index): f for f in found}
+    assert by[("ttft_p50_ms", 10)].verdict == "host change" and not by[("ttft_p50_ms", 10)].flagged
+    assert by[("ttft_p50_ms", 10)].host is not None and by[("ttft_p50_ms", 10)].host.after > by[("ttft_p50_ms", 10)].host.before
+    assert by[("tpot_p50_ms", 19)].verdict == "regression"  # the host got faster there: not an excuse
+    md = markdown(TrendResult("s", tuple(series), tuple(found), TrendOptions(), gates, tuple(host)))
+    assert "· host change" in md and "event-loop lag" in md
+    plain = detect(series, gates, TrendOptions())
+    assert sorted((f.metric, f.index) for f in plain if f.flagged) == [("tpot_p50_ms", 19), ("ttft_p50_ms", 10)]
+    never = detect(series, gates, TrendOptions(host_tolerance=-1), host)
+    assert all(f.verdict != "host change" for f in never)

