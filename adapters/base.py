@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple, Protocol
 
-from workloads.spec import Message, RequestSpec, Sampling
+from workloads.spec import Constraint, Message, RequestSpec, Sampling
 
 
 class EventKind(IntEnum):
@@ -137,12 +137,13 @@ def adapter_for_engine(
 
 
 def check_requests(adapter: Adapter, specs: Sequence[RequestSpec]) -> None:
-    """Build one call per distinct sampling of ``specs``: ``ValueError`` naming what the
-    engine cannot express, before any request is sent."""
-    seen: set[Sampling | None] = set()
+    """Build one call per distinct sampling, constraint and kind of ``specs``: ``ValueError``
+    naming what the engine cannot express, before any request is sent."""
+    seen: set[tuple[Sampling | None, Constraint | None, str]] = set()
     for spec in specs:
-        if spec.sampling not in seen:
-            seen.add(spec.sampling)
+        key = (spec.sampling, spec.constraint, spec.kind)
+        if key not in seen:
+            seen.add(key)
             adapter.build(spec)
 
 

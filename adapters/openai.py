@@ -13,8 +13,8 @@ from typing import Any, Literal
 import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent
-from adapters.sampling import openai_fields
-from workloads.spec import Message, RequestSpec, merge_body
+from adapters.sampling import StructuredStyle, openai_fields, openai_structured
+from workloads.spec import Message, RequestSpec, embedding_inputs, merge_body
 
 Api = Literal["completions", "chat"]
 
@@ -83,6 +83,10 @@ class OpenAIStreamParser:
         if "error" in obj or obj.get("object") == "error":
             return error_event(obj)
         usage = obj.get("usage") or {}
+        if obj.get("object") == "list":  # /v1/embeddings: a vector per input, no generated tokens
+            if not isinstance(obj.get("data"), list) or not obj["data"]:
+                raise StreamPayloadError(f"embeddings response without data: {body[:80]!r}")
+            return StreamEvent(EventKind.CONTENT, "", 0, None, None, usage.get("prompt_tokens"), 0, None, obj.get("id"))
         choice = (obj.get("choices") or [{}])[0]
         text = (choice.get("message") or {}).get("content") if self._chat else choice.get("text")
         details = usage.get("prompt_tokens_details") or {}
@@ -155,6 +159,8 @@ class OpenAIAdapter:
     name = "openai"
     forces_output_length = True
     exact_chunk_counts = True
+    #: how a structured-output constraint is sent (adapters/sampling.py openai_structured)
+    structured_style: StructuredStyle = "vllm"
 
     def __init__(
         self,
@@ -185,7 +191,11 @@ class OpenAIAdapter:
         return f"{self.base_path}/{'chat/completions' if self.api == 'chat' else 'completions'}"
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": spec.max_output_tokens, "stream": spec.stream}
+        if spec.kind == "embeddings":
+            emb: dict[str, Any] = {"model": spec.model or self.model, "input": embedding_inputs(spec)}
+            return merge_body(emb, self.extra_body) if self.extra_body else emb
+        body: dict[str, Any] = {"model": spec.model or self.model, "max_tokens": spec.max_output_tokens,
+                                "stream": spec.stream}
         if spec.stream:
             body["stream_options"] = (
                 {"include_usage": True, "continuous_usage_stats": True} if self.continuous_usage else {"include_usage": True}
@@ -199,10 +209,13 @@ class OpenAIAdapter:
             body["min_tokens"] = spec.max_output_tokens
         if spec.sampling is not None:
             body.update(openai_fields(spec.sampling, self.api == "chat"))
+        if spec.constraint is not None:
+            body.update(openai_structured(spec.constraint, self.structured_style, self.name))
         return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
-        return HttpCall("POST", self.path, orjson.dumps(self.body(spec, history)), self._headers)
+        path = f"{self.base_path}/embeddings" if spec.kind == "embeddings" else self.path
+        return HttpCall("POST", path, orjson.dumps(self.body(spec, history)), self._headers)
 
     def parser(self) -> OpenAIStreamParser:
         return OpenAIStreamParser(self.api == "chat")

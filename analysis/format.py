@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from analysis.failures import error_line
+from analysis.kinds import kinds_lines
 
 _LABELS = {
     "ttft_ms": "TTFT (ms)",
@@ -116,6 +117,7 @@ def format_summary(s: dict[str, Any], title: str = "") -> str:
             "finish reasons: " + ", ".join(f"{k} {v}" for k, v in reasons.items())
             + f"; natural stops {tok['natural_stops']}/{r['ok']}"
         )
+    lines.extend(kinds_lines(s.get("kinds") or {}))
     for w in s["client"].get("warnings", []):
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)

@@ -42,6 +42,10 @@ _SCALAR_COLUMNS = [
     "prefix_group",
     "finish_reason",
     "reasoning_tokens",
+    "kind",
+    "model",
+    "structured_ok",
+    "inputs",
 ]
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analysis.failures import top_errors
+from analysis.kinds import kinds_summary
 from analysis.metrics import (
     EXACT_LIMIT,
     HISTOGRAM_RELATIVE_ERROR,
@@ -352,6 +353,9 @@ def summarize_batches(
             "attainment_interval": [lo, hi],
             "goodput_rps": totals.goodput_rps,
         }
+    kinds = kinds_summary(counted, totals.window_s)
+    if kinds:  # structured output, embeddings, a model mix: only where a request was of that kind
+        summary["kinds"] = kinds
     summary["client"] = client_health(df[judged], monitor)
     summary["smoothness"] = {
         "deadlines_ms": {"ttft": deadlines.ttft_ms, "token_interval": deadlines.token_interval_ms},

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from core.errors import BenchError
+from core.pairs import split_pairs
 from workloads.spec import RequestOptions
 
 _OPTIONS = (
@@ -31,6 +32,15 @@ _OPTIONS = (
                  help="--no-stream: ask for each answer in one response (E2E only: no TTFT, TPOT or ITL)."),
     click.option("--extra-body", "extra_body", metavar="JSON|@FILE",
                  help="JSON object merged into every request body last (nested objects key by key)."),
+    click.option("--json-schema", "json_schema", metavar="JSON|@FILE",
+                 help="Structured output: every answer must be JSON fitting this schema."),
+    click.option("--regex", help="Structured output: every answer must match this regular expression."),
+    click.option("--choice", "choice", multiple=True, help="Structured output: the answer is one of these (repeatable)."),
+    click.option("--embeddings", "batch", metavar="N[,N...]",
+                 help="Ask for embeddings (POST /v1/embeddings) of N inputs per request; several sizes: each "
+                      "request draws one."),
+    click.option("--model-mix", "models", metavar="NAME=WEIGHT,...",
+                 help="Many models / LoRA adapters: each request asks for one, drawn from this weighted mix."),
 )
 
 
@@ -43,7 +53,8 @@ def request_options(func: Callable[..., Any]) -> Callable[..., Any]:
             temperature=kwargs.pop("temperature"), top_p=kwargs.pop("top_p"), top_k=kwargs.pop("top_k"),
             seed=kwargs.pop("sampling_seed"), n=kwargs.pop("n_choices"), stop=kwargs.pop("stop"),
             logprobs=kwargs.pop("logprobs"), natural_stop=kwargs.pop("natural_stop"), stream=kwargs.pop("stream"),
-            extra_body=kwargs.pop("extra_body"),
+            extra_body=kwargs.pop("extra_body"), json_schema=kwargs.pop("json_schema"), regex=kwargs.pop("regex"),
+            choice=kwargs.pop("choice"), batch=kwargs.pop("batch"), models=kwargs.pop("models"),
         )
         return func(**kwargs)
 
@@ -52,21 +63,32 @@ def request_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def parse_request_options(*, extra_body: str | None, stop: tuple[str, ...], **values: Any) -> RequestOptions:
+def parse_request_options(
+    *, extra_body: str | None, stop: tuple[str, ...], json_schema: str | None = None, choice: tuple[str, ...] = (),
+    batch: str | None = None, models: str | None = None, **values: Any,
+) -> RequestOptions:
     """``RequestOptions`` from the option values; ``BenchError`` (one line) for a bad one."""
+    schema = _json_object(json_schema, "--json-schema") if json_schema else None
     try:
-        return RequestOptions(stop=tuple(stop), extra_body=_extra_body(extra_body), **values)
+        sizes = tuple(int(b) for b in batch.split(",")) if batch else ()
+        mix = {p.key: float(p.value or "") for p in split_pairs(models)} if models else {}
+    except ValueError as exc:
+        raise BenchError(f"--embeddings/--model-mix: {exc}") from None
+    try:
+        return RequestOptions(stop=tuple(stop), extra_body=_json_object(extra_body, "--extra-body"),
+                              json_schema=schema, choice=tuple(choice), batch=sizes,
+                              kind="embeddings" if sizes else None, models=mix, **values)
     except ValueError as exc:
         raise BenchError(str(exc)) from None
 
 
-def _extra_body(text: str | None) -> dict[str, Any]:
+def _json_object(text: str | None, where: str) -> dict[str, Any]:
+    """A JSON object given inline or as ``@file`` (``{}`` for nothing)."""
     if not text:
         return {}
-    where = "--extra-body"
     if text.startswith("@"):
         path = Path(text[1:])
-        where = f"--extra-body {path}"
+        where = f"{where} {path}"
         try:
             text = path.read_text()
         except OSError as exc:

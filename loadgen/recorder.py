@@ -21,6 +21,7 @@ from adapters.sse import SSEFramer
 from loadgen.transport import StreamError
 from results.record import SOURCE_NON_STREAMING, RequestRecord
 from workloads.spec import RequestSpec
+from workloads.structured import conforms
 
 #: Token-count sources, most trusted first (see docs/metrics.md).
 SOURCE_CUMULATIVE = "server_cumulative"
@@ -385,7 +386,7 @@ class RequestRecorder:
         if err is None:
             if requires_done and not done:
                 err = StreamError("no_done", "stream ended without its end-of-stream marker")
-            elif not requires_done and finish_reason is None:
+            elif not requires_done and finish_reason is None and not unary:  # a parsed body is whole
                 err = StreamError("truncated", "stream ended without a final event")
             elif pending.strip():
                 err = StreamError("truncated", "stream ended inside an event")
@@ -404,6 +405,9 @@ class RequestRecorder:
                     first_content = ts
                     break
         spec = self.spec
+        structured_ok = None
+        if spec.constraint is not None and err is None:
+            structured_ok = conforms(spec.constraint, self.answer_text)
         return RequestRecord(
             request_id=spec.request_id,
             phase=spec.phase,
@@ -437,6 +441,10 @@ class RequestRecorder:
             output_text=self.answer_text if save_text else None,
             server_timing_json=None if timing is None else json.dumps(timing, separators=(",", ":")),
             reasoning_tokens=reasoning,
+            kind=None if spec.kind == "generate" else spec.kind,
+            model=spec.model,
+            structured_ok=structured_ok,
+            inputs=spec.batch if spec.kind == "embeddings" else None,
         )
 
 

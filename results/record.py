@@ -56,3 +56,12 @@ class RequestRecord:
     #: output tokens that came as reasoning ("thinking") before or between the answer's;
     #: None when unknown (a non-streaming response)
     reasoning_tokens: int | None = None
+    #: "embeddings" for an embeddings request; None for generated text
+    kind: str | None = None
+    #: the model or LoRA adapter asked for, when the workload mixes several; None: the run's model
+    model: str | None = None
+    #: whether the answer fit the request's structured-output constraint; None: no constraint,
+    #: or the request failed
+    structured_ok: bool | None = None
+    #: embeddings: the number of inputs in the request
+    inputs: int | None = None

@@ -34,8 +34,9 @@ from sim.options import ModelTiming, describe
 from sim.prom import FlavorMetrics
 from sim.request import SimRequest
 from sim.sampling import openai_problem, sglang_problem, tgi_problem
+from sim.structured import Unsupported, answer, openai_constraint, pieces, sglang_constraint, tgi_constraint
 from sim.timing import FixedTiming
-from sim.wire import OpenAIWire, SGLangWire, TGIWire
+from sim.wire import EmbeddingWire, OpenAIWire, SGLangWire, TGIWire
 
 _now = time.perf_counter_ns
 VERSION = f"{__version__}-bench-sim"
@@ -71,6 +72,12 @@ class ServerConfig:
     #: > 0: chat answers start with this many reasoning tokens (``delta.reasoning_content``,
     #: vLLM's reasoning-parser shape), always leaving at least one answer token
     reasoning_tokens: int = 0
+    #: LoRA adapters served besides the base model (requests name one as their model)
+    lora_adapters: tuple[str, ...] = ()
+    #: adapters resident at once (vLLM --max-loras); loading another evicts the least recently used
+    max_loras: int = 1
+    #: time to load an adapter that is not resident: the request waits it before it can be scheduled
+    lora_swap_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -82,7 +89,8 @@ class HttpStream:
 
     __slots__ = ("srv", "req", "rid", "wire", "kind", "seed", "faults", "pw", "transport", "done", "sent",
                  "held", "hold_until", "buf_text", "buf_pieces", "buf_intended", "buf_first", "first_ns", "last_ns",
-                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason", "ended", "planned", "segment", "first_req")
+                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason", "ended", "planned", "segment", "first_req",
+                 "script")
 
     def __init__(self, srv: "SimServer", rid: str, wire: Any, kind: str, seed: int, faults: RequestFaults,
                  arrival_ns: int) -> None:
@@ -116,6 +124,8 @@ class HttpStream:
         self.segment = 0
         #: TGI: the first segment, whose queue and start TGI's timings are taken from
         self.first_req: SimRequest | None = None
+        #: a structured answer's pieces, one per output token (sim/structured.py); None: free text
+        self.script: list[str] | None = None
 
     # -- engine-loop side --------------------------------------------------------------------
     def emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
@@ -150,7 +160,8 @@ class HttpStream:
             if log is not None:
                 log.add1(self.rid, first, intended[0], actual)
             return
-        pieces = [output_token(self.seed, first + j) for j in range(n)]
+        script = self.script
+        pieces = script[first : first + n] if script is not None else [output_token(self.seed, first + j) for j in range(n)]
         if f.split_at >= 0 and first <= f.split_at < first + n:
             pieces[f.split_at - first] = SPLIT_TOKEN
         self.sent += n
@@ -328,6 +339,9 @@ class SimServer:
         self.gen_throughput = 0.0
         #: TGI flavour: requests holding one of its --max-concurrent-requests permits
         self.tgi_admitted = 0
+        #: resident LoRA adapters, least recently used first, and the loads so far
+        self.loras: list[str] = []
+        self.lora_swaps = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
@@ -381,6 +395,25 @@ class SimServer:
         req.tag = sink
         sink.req = req
         return req
+
+    def _load_adapter(self, req: SimRequest, adapter: str) -> None:
+        """The adapter-swap cost: a request whose LoRA adapter is not among the ``max_loras``
+        resident ones waits ``lora_swap_ms`` (the load) before it can be scheduled; the adapter
+        then evicts the least recently used one. A resident adapter costs nothing."""
+        resident = self.loras
+        if adapter in resident:
+            resident.remove(adapter)
+        else:
+            self.lora_swaps += 1
+            delay = int(self.config.lora_swap_ms * 1e6)
+            if isinstance(self.backend, FixedBackend):
+                req.arrival_ns += delay  # fixed timing counts from arrival
+            else:
+                overhead = int(getattr(self.backend, "request_overhead_ns", 0))
+                req.ready_ns = max(req.ready_ns, req.arrival_ns + overhead + delay)
+            if len(resident) >= max(1, self.config.max_loras):
+                resident.pop(0)
+        resident.append(adapter)
 
     def request_timing(self, req: SimRequest, first_token_ns: int) -> dict[str, float]:
         """SGLang's per-request timings (``meta_info`` with ``--enable-metrics``: ``queue_time``,
@@ -523,9 +556,17 @@ class SimServer:
     async def _run(
         self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
         arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0, stop_sequences: bool = False,
+        constraint: tuple[str, Any] | None = None, adapter: str | None = None,
     ) -> web.StreamResponse:
         if self.starting:
             return status_error(503, "the engine is starting")
+        script = None
+        if constraint is not None:
+            try:
+                # the answer's pieces, then the end-of-sequence token (no text; TGI sends it as special)
+                script = [*pieces(answer(constraint, zlib.crc32(rid.encode()))), ""]
+            except Unsupported as exc:
+                return status_error(400, f"structured output: {exc}")
         prompt_ids = tokenize(prompt)
         if not prompt_ids:
             prompt_ids = [0]
@@ -553,9 +594,17 @@ class SimServer:
                 max_tokens = n
                 # TGI names what ended it; vLLM and SGLang say "stop" for both
                 sink.finish_reason = ("stop_sequence" if stop_sequences else "eos_token") if kind == "tgi" else "stop"
+        if script is not None:
+            # the answer ends where its structure does (an end-of-sequence token), or is cut at max_tokens
+            sink.script = script
+            if len(script) <= max_tokens:
+                max_tokens = len(script)
+                sink.finish_reason = "eos_token" if kind == "tgi" else "stop"
         if segment:
             sink.planned, sink.segment = max_tokens, segment
         req = self._make_request(rid, prompt_ids, min(max_tokens, segment) if segment else max_tokens, arrival, sink)
+        if adapter is not None:
+            self._load_adapter(req, adapter)
         self.metrics.request(len(prompt_ids))
         headers = {"x-request-id": rid}
         if not stream:
@@ -584,7 +633,7 @@ class SimServer:
         pw.send_headers()
         sink.pw = pw
         sink.transport = request.transport
-        sink.fast = faults.clean and kind != "tgi" and request.transport is not None
+        sink.fast = faults.clean and kind != "tgi" and request.transport is not None and script is None
         if hasattr(wire, "cached"):
             wire.cached = 0
         self.engine.submit(req)
@@ -709,7 +758,7 @@ class OpenAIRoutes:
                 return _openai_error(400, "prompt must be a string")
             prompt = raw_prompt
         model = body.get("model", srv.config.model)
-        if model != srv.config.model:
+        if model != srv.config.model and model not in srv.config.lora_adapters:
             return _openai_error(404, f"The model `{model}` does not exist.")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is None:
@@ -729,10 +778,37 @@ class OpenAIRoutes:
         rid = ("chatcmpl-" if chat else "cmpl-") + srv.next_id()
         wire = OpenAIWire(rid, chat, model, count_tokens(prompt) or 1, bool(opts.get("include_usage")),
                           bool(opts.get("continuous_usage_stats")), cached_details=True)
-        if chat:
+        try:
+            constraint = openai_constraint(body)
+        except Unsupported as exc:
+            return _openai_error(400, str(exc))
+        if chat and constraint is None:
             wire.reasoning = min(srv.config.reasoning_tokens, max_tokens - 1)
         return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error,
-                              forced=bool(body.get("ignore_eos")), min_tokens=min_tokens)
+                              forced=bool(body.get("ignore_eos")), min_tokens=min_tokens, constraint=constraint,
+                              adapter=model if model != srv.config.model else None)
+
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/embeddings``: one vector per input. The inputs are prefilled as one
+        sequence of their summed length (the cost of that prefill step; the one token the
+        scheduler samples with it is not sent), then the vectors come in one response."""
+        arrival = _now()
+        srv = self.srv
+        body = await _json_body(request)
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
+            return _openai_error(400, "input must be a string or a non-empty list of strings")
+        model = body.get("model", srv.config.model)
+        if model != srv.config.model and model not in srv.config.lora_adapters:
+            return _openai_error(404, f"The model `{model}` does not exist.")
+        rid = "embd-" + srv.next_id()
+        prompt = "\n".join(inputs)
+        wire = EmbeddingWire(rid, model, [count_tokens(i) or 1 for i in inputs])
+        return await srv._run(request, "openai", wire, rid, prompt, 1, False, arrival, _openai_error,
+                              adapter=model if model != srv.config.model else None)
 
 
 class SGLangRoutes:
@@ -755,12 +831,19 @@ class SGLangRoutes:
         problem = sglang_problem(sp)
         if problem:
             return _sglang_error(400, problem)
+        lora = body.get("lora_path")
+        if lora is not None and lora not in srv.config.lora_adapters:
+            return _sglang_error(400, f"lora_path {lora!r} is not a loaded LoRA adapter")
+        try:
+            constraint = sglang_constraint(sp)
+        except Unsupported as exc:
+            return _sglang_error(400, str(exc))
         rid = str(body.get("rid") or srv.next_id())
         wire = SGLangWire(rid, count_tokens(text) or 1, arrival)
         min_new = sp.get("min_new_tokens", 0)
         return await srv._run(request, "sglang", wire, rid, text, max_tokens, bool(body.get("stream")), arrival,
                               _sglang_error, forced=bool(sp.get("ignore_eos")),
-                              min_tokens=min_new if isinstance(min_new, int) else 0)
+                              min_tokens=min_new if isinstance(min_new, int) else 0, constraint=constraint, adapter=lora)
 
     async def server_info(self, request: web.Request) -> web.Response:
         srv = self.srv
@@ -837,10 +920,20 @@ class TGIRoutes:
                 srv.metrics.failed("validation")
                 return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {invalid}",
                                         "validation", _tgi_error)
+            lora = params.get("adapter_id")
+            if lora is not None and lora not in srv.config.lora_adapters:
+                return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: adapter {lora!r} "
+                                        "is not loaded", "validation", _tgi_error)
+            try:
+                constraint = tgi_constraint(params)
+            except (Unsupported, ValueError) as exc:
+                return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {exc}",
+                                        "validation", _tgi_error)
             # no max_new_tokens: all that fits, in segments (validation.rs)
             max_tokens = params.get("max_new_tokens") or max(1, srv.max_model_len - (count_tokens(text) or 1))
             return await srv._run(request, "tgi", wire, srv.next_id(), text, max_tokens, stream, arrival, _tgi_error,
-                                  forced=False, stop_sequences=bool(params.get("stop")))
+                                  forced=False, stop_sequences=bool(params.get("stop")), constraint=constraint,
+                                  adapter=lora)
         finally:
             srv.tgi_admitted -= 1
 
@@ -904,6 +997,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
         r.add_post("/reset_prefix_cache", srv.reset_prefix_cache_route)  # vLLM dev-mode route
         r.add_post("/v1/completions", oa.completions)
         r.add_post("/v1/chat/completions", oa.chat)
+        r.add_post("/v1/embeddings", oa.embeddings)
     elif config.flavor == "sglang":
         sg = SGLangRoutes(srv)
         r.add_post("/generate", sg.generate)
@@ -915,6 +1009,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
         r.add_post("/flush_cache", sg.flush_cache)
         r.add_post("/v1/completions", oa.completions)
         r.add_post("/v1/chat/completions", oa.chat)
+        r.add_post("/v1/embeddings", oa.embeddings)
     else:
         tg = TGIRoutes(srv)
         r.add_post("/generate_stream", tg.generate_stream)

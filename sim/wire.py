@@ -108,6 +108,26 @@ class OpenAIWire:
                 "created": self.created, "model": self.model, "choices": [choice], "usage": self.usage(done)}
 
 
+class EmbeddingWire:
+    """vLLM's (and SGLang's) /v1/embeddings response: a small deterministic vector per input."""
+
+    __slots__ = ("rid", "model", "lengths", "cached")
+
+    #: the vectors' dimension (kept small: the client reads the latency, not the values)
+    DIM = 8
+
+    def __init__(self, rid: str, model: str, lengths: list[int]) -> None:
+        self.rid, self.model, self.lengths = rid, model, lengths
+        self.cached = 0
+
+    def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
+        data = [{"object": "embedding", "index": i, "embedding": [((i + 1) * (k + 3) % 17) / 17 for k in range(self.DIM)]}
+                for i in range(len(self.lengths))]
+        n = sum(self.lengths)
+        return {"id": self.rid, "object": "list", "created": int(time.time()), "model": self.model, "data": data,
+                "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None}}
+
+
 class SGLangWire:
     """SGLang's native /generate stream (0.5.23, tokenizer_manager.py): cumulative text, and
     ``output_ids`` holding every id so far on every event (O(n²) bytes per request)."""

@@ -74,6 +74,9 @@ from workloads.synthetic import SyntheticWorkload, WorkloadError
 @click.option("--save-text", is_flag=True, help="Store generated text in the results (off by default).")
 @click.option("--sim-ttft-ms", type=float, default=50.0, show_default=True, help="Embedded engine: time to first token.")
 @click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency.")
+@click.option("--sim-lora-swap-ms", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Embedded engine: it serves the --model-mix names as LoRA adapters, one resident at a time, and "
+                   "loading one takes this long.")
 @click.option("--sim-reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="Embedded engine: chat answers start with this many reasoning tokens.")
 @click.option("--sim-natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
@@ -137,6 +140,7 @@ def command(
     sim_itl_ms: float,
     sim_natural_stop: float,
     sim_reasoning_tokens: int,
+    sim_lora_swap_ms: float,
     progress: bool | None,
     as_json: bool,
     workers: int,
@@ -253,7 +257,8 @@ def command(
                     run_dir / "engine.log",
                     ["--model", model, "--ttft-ms", str(sim_ttft_ms), "--itl-ms", str(sim_itl_ms),
                      "--flavor", sim_flavor(engine), "--natural-stop", str(sim_natural_stop),
-                     "--reasoning-tokens", str(sim_reasoning_tokens)],
+                     "--reasoning-tokens", str(sim_reasoning_tokens), "--lora-swap-ms", str(sim_lora_swap_ms),
+                     "--lora-adapters", ",".join((schedule.request if schedule else request).models)],
                 )
             )
             engine_label = "sim"
