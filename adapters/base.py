@@ -61,6 +61,9 @@ class StreamEvent(NamedTuple):
     #: the engine's per-request timings in seconds, as it names them (SGLang meta_info
     #: ``queue_time``, ``prefill_launch_delay``, ``prefill_launch_latency``; docs/metrics.md)
     server_timing: dict[str, float] | None = None
+    #: chat tool calls this payload carries part of: the highest tool-call index + 1 (a
+    #: non-streaming answer: its number of tool calls); None: none
+    tool_calls: int | None = None
 
 
 class StreamParser(Protocol):
@@ -137,11 +140,11 @@ def adapter_for_engine(
 
 
 def check_requests(adapter: Adapter, specs: Sequence[RequestSpec]) -> None:
-    """Build one call per distinct sampling, constraint and kind of ``specs``: ``ValueError``
+    """Build one call per distinct sampling, constraint, kind and tools of ``specs``: ``ValueError``
     naming what the engine cannot express, before any request is sent."""
-    seen: set[tuple[Sampling | None, Constraint | None, str]] = set()
+    seen: set[tuple[Sampling | None, Constraint | None, str, int]] = set()
     for spec in specs:
-        key = (spec.sampling, spec.constraint, spec.kind)
+        key = (spec.sampling, spec.constraint, spec.kind, spec.tools)
         if key not in seen:
             seen.add(key)
             adapter.build(spec)

@@ -123,3 +123,9 @@ def refuse_embeddings(spec: RequestSpec, engine: str, instead: str) -> None:
     """``UnsupportedRequest`` for an embeddings request to an API that has no such route."""
     if spec.kind == "embeddings":
         raise UnsupportedRequest(f"{engine}: no embeddings route; {instead}")
+
+
+def refuse_tools(spec: RequestSpec, engine: str, instead: str) -> None:
+    """``UnsupportedRequest`` for a request with tools to an API that cannot carry them."""
+    if spec.tools:
+        raise UnsupportedRequest(f"{engine}: no tool definitions; {instead}")

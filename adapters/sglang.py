@@ -21,7 +21,7 @@ import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
 from adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
-from adapters.sampling import refuse_embeddings, sglang_fields, sglang_structured
+from adapters.sampling import refuse_embeddings, refuse_tools, sglang_fields, sglang_structured
 from adapters.versions import version_at_least
 from workloads.spec import Message, RequestSpec, merge_body
 
@@ -179,6 +179,7 @@ class SGLangAdapter:
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
         refuse_embeddings(spec, "sglang (native /generate)", "use --engine sglang-openai (/v1/embeddings)")
+        refuse_tools(spec, "sglang (native /generate)", "use --engine sglang-openai --api chat")
         sampling: dict[str, Any] = {"max_new_tokens": spec.max_output_tokens}
         if spec.fixed_output and self.force_length_fields:
             sampling["ignore_eos"] = True

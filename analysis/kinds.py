@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 #: The requests-table columns these metrics read (absent in runs written before them).
-KIND_COLUMNS = ("kind", "model", "structured_ok", "inputs")
+KIND_COLUMNS = ("kind", "model", "structured_ok", "inputs", "tool_calls", "first_tool_call_ns")
 
 
 def kinds_summary(counted: pd.DataFrame, window_s: float) -> dict[str, Any]:
@@ -24,6 +24,8 @@ def kinds_summary(counted: pd.DataFrame, window_s: float) -> dict[str, Any]:
             out["structured"] = {"requests": len(judged), "conforming": fit, "share": fit / len(judged)}
     if "kind" in ok and ok["kind"].eq("embeddings").any():
         out["embeddings"] = _embeddings(ok[ok["kind"].eq("embeddings")], window_s)
+    if "tool_calls" in ok and ok["tool_calls"].notna().any():
+        out["tools"] = _tools(ok[ok["tool_calls"].notna()])
     if "model" in counted and counted["model"].notna().any():
         out["models"] = {str(m): _model(g) for m, g in counted.groupby(counted["model"].fillna("(run's model)"))}
     return out
@@ -51,6 +53,13 @@ def _embeddings(emb: pd.DataFrame, window_s: float) -> dict[str, Any]:
     }
 
 
+def _tools(with_tools: pd.DataFrame) -> dict[str, Any]:
+    calls = with_tools["tool_calls"].astype(int)
+    ttftc = (with_tools["first_tool_call_ns"].astype("float64") - with_tools["send_ns"].astype("float64")) / 1e6
+    return {"requests": len(with_tools), "calling": int((calls > 0).sum()), "tool_calls": int(calls.sum()),
+            "ttftc_ms_p50": _p(ttftc, 50), "ttftc_ms_p99": _p(ttftc, 99)}
+
+
 def _model(g: pd.DataFrame) -> dict[str, Any]:
     ok = g[g["ok"].to_numpy(dtype=bool)]
     return {"requests": len(g), "ok": len(ok), "ttft_ms_p50": _p(ok["ttft_ms"], 50), "ttft_ms_p99": _p(ok["ttft_ms"], 99),
@@ -71,6 +80,11 @@ def kinds_lines(k: dict[str, Any]) -> list[str]:
                           for b, v in sorted(emb["by_batch"].items()))
         lines.append(f"embeddings: {emb['requests']} requests, {emb['inputs_per_s']:,.1f} inputs/s, "
                      f"{emb['prompt_tokens_per_s']:,.0f} prompt tok/s ({sizes}); no TTFT (one response)")
+    tl = k.get("tools")
+    if tl:
+        lines.append(f"tool calls: {tl['calling']}/{tl['requests']} requests with tools called one "
+                     f"({tl['tool_calls']} calls); time to first tool-call token p50 {tl['ttftc_ms_p50']:.1f} ms "
+                     f"p99 {tl['ttftc_ms_p99']:.1f} ms")
     for name, m in (k.get("models") or {}).items():
         lines.append(f"model {name}: {m['ok']}/{m['requests']} ok, TTFT p50 {m['ttft_ms_p50']:.1f} ms "
                      f"p99 {m['ttft_ms_p99']:.1f} ms, TPOT p50 {m['tpot_ms_p50']:.2f} ms, E2E p50 {m['e2e_ms_p50']:.1f} ms")

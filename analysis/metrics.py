@@ -46,6 +46,8 @@ _SCALAR_COLUMNS = [
     "model",
     "structured_ok",
     "inputs",
+    "tool_calls",
+    "first_tool_call_ns",
 ]
 
 

@@ -39,6 +39,9 @@ _OPTIONS = (
     click.option("--embeddings", "batch", metavar="N[,N...]",
                  help="Ask for embeddings (POST /v1/embeddings) of N inputs per request; several sizes: each "
                       "request draws one."),
+    click.option("--tools", "tools", type=int, metavar="N",
+                 help="Chat requests carry N tool definitions; tool calls are counted and timed."),
+    click.option("--tool-choice", help="auto, required, none, or a tool's name (tool_0 ...)."),
     click.option("--model-mix", "models", metavar="NAME=WEIGHT,...",
                  help="Many models / LoRA adapters: each request asks for one, drawn from this weighted mix."),
 )
@@ -55,6 +58,7 @@ def request_options(func: Callable[..., Any]) -> Callable[..., Any]:
             logprobs=kwargs.pop("logprobs"), natural_stop=kwargs.pop("natural_stop"), stream=kwargs.pop("stream"),
             extra_body=kwargs.pop("extra_body"), json_schema=kwargs.pop("json_schema"), regex=kwargs.pop("regex"),
             choice=kwargs.pop("choice"), batch=kwargs.pop("batch"), models=kwargs.pop("models"),
+            tools=kwargs.pop("tools"), tool_choice=kwargs.pop("tool_choice"),
         )
         return func(**kwargs)
 

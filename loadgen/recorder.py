@@ -405,6 +405,12 @@ class RequestRecorder:
                     first_content = ts
                     break
         spec = self.spec
+        tool_calls = first_tool_call = None
+        if spec.tools:
+            calls = cols[_TOOLS]
+            tool_calls = max((c for c in calls if c is not None), default=0)
+            if stamps:
+                first_tool_call = next((ts for ts, c in zip(stamps, calls) if c is not None), None)
         structured_ok = None
         if spec.constraint is not None and err is None:
             structured_ok = conforms(spec.constraint, self.answer_text)
@@ -445,6 +451,8 @@ class RequestRecorder:
             model=spec.model,
             structured_ok=structured_ok,
             inputs=spec.batch if spec.kind == "embeddings" else None,
+            tool_calls=tool_calls,
+            first_tool_call_ns=first_tool_call,
         )
 
 
@@ -458,6 +466,7 @@ _COMPLETION = StreamEvent._fields.index("completion_tokens")
 _CACHED = StreamEvent._fields.index("cached_tokens")
 _SERVER_ID = StreamEvent._fields.index("server_request_id")
 _TIMING = StreamEvent._fields.index("server_timing")
+_TOOLS = StreamEvent._fields.index("tool_calls")
 #: The kinds the compiled scan's codes stand for (0 is a parser event kept whole).
 _FAST_KINDS = (EventKind.EMPTY, EventKind.CONTENT, EventKind.REASONING)
 _CUMULATIVE = StreamEvent._fields.index("cumulative")

@@ -65,3 +65,7 @@ class RequestRecord:
     structured_ok: bool | None = None
     #: embeddings: the number of inputs in the request
     inputs: int | None = None
+    #: chat with tools: the tool calls the answer made (0: none); None: no tools sent
+    tool_calls: int | None = None
+    #: when the first tool-call token arrived (streaming only)
+    first_tool_call_ns: int | None = None

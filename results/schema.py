@@ -48,6 +48,8 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("model", pa.string()),
         pa.field("structured_ok", pa.bool_()),
         pa.field("inputs", pa.int32()),
+        pa.field("tool_calls", pa.int32()),
+        pa.field("first_tool_call_ns", pa.int64()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )

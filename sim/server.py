@@ -599,7 +599,7 @@ class SimServer:
             sink.script = script
             if len(script) <= max_tokens:
                 max_tokens = len(script)
-                sink.finish_reason = "eos_token" if kind == "tgi" else "stop"
+                sink.finish_reason = "eos_token" if kind == "tgi" else "tool_calls" if getattr(wire, "tool", None) else "stop"
         if segment:
             sink.planned, sink.segment = max_tokens, segment
         req = self._make_request(rid, prompt_ids, min(max_tokens, segment) if segment else max_tokens, arrival, sink)
@@ -780,8 +780,11 @@ class OpenAIRoutes:
                           bool(opts.get("continuous_usage_stats")), cached_details=True)
         try:
             constraint = openai_constraint(body)
+            call = _tool_call(body, rid) if chat else None
         except Unsupported as exc:
             return _openai_error(400, str(exc))
+        if call is not None:  # the answer is a call of one of the tools, its arguments fitting its parameters
+            wire.tool, constraint = call[0], call[1]
         if chat and constraint is None:
             wire.reasoning = min(srv.config.reasoning_tokens, max_tokens - 1)
         return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error,
@@ -955,6 +958,30 @@ class TGIRoutes:
             "sha": None,
             "docker_label": None,
         })
+
+
+def _tool_call(body: dict[str, Any], rid: str) -> tuple[tuple[str, str], tuple[str, Any]] | None:
+    """With ``tools`` (and a ``tool_choice`` other than "none"): ((call id, function name), the
+    constraint its arguments fit). The named tool, or one chosen by the request id."""
+    tools = body.get("tools")
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools):
+        raise Unsupported("tools must be a list of {type: function, function: {...}} objects")
+    choice = body.get("tool_choice", "auto")
+    if choice == "none":
+        return None
+    functions = [t["function"] for t in tools]
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        named = [f for f in functions if f.get("name") == name]
+        if not named:
+            raise Unsupported(f"tool_choice names {name!r}, which is not among the tools")
+        fn = named[0]
+    else:
+        fn = functions[zlib.crc32(rid.encode()) % len(functions)]
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    return ("chatcmpl-tool-" + rid.rsplit("-", 1)[-1], str(fn.get("name", ""))), ("json", params)
 
 
 def _tgi_invalid(text: str, params: dict[str, Any]) -> str | None:

@@ -145,6 +145,10 @@ class RequestOptions(Sampling):
     batch: tuple[int, ...] = ()
     #: many models / LoRA adapters: each request's model drawn from this weighted mix (seeded)
     models: dict[str, float] = field(default_factory=dict)
+    #: tool calls: chat requests carry this many tool definitions (workloads/tools.py)
+    tools: int | None = None
+    #: "auto", "required", "none" or a tool's name (the engine's default when unset)
+    tool_choice: str | None = None
 
     def __post_init__(self) -> None:
         Sampling.__post_init__(self)
@@ -157,6 +161,10 @@ class RequestOptions(Sampling):
             raise ValueError("embeddings requests have no generated answer to constrain")
         if any(not name for name in self.models) or any(not w > 0 for w in self.models.values()):
             raise ValueError("models: each model (or adapter) needs a name and a weight > 0")
+        if self.tools is not None and self.tools < 0:
+            raise ValueError(f"tools must be >= 0, not {self.tools}")
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools (the number of tool definitions sent)")
 
     def constraint(self) -> Constraint | None:
         """The structured-output constraint asked for (``None``: none)."""
@@ -200,6 +208,8 @@ class RequestOptions(Sampling):
             out["batch"] = list(self.batch or (1,))
         if self.models:
             out["models"] = dict(self.models)
+        if self.tools:
+            out["tools"] = {"definitions": self.tools, "tool_choice": self.tool_choice}
         return out
 
     def draw(self, seed: int, request_id: str) -> tuple[int, str | None]:
@@ -267,6 +277,9 @@ class RequestSpec:
     batch: int = 1
     #: the model (or LoRA adapter) asked for; None: the run's model
     model: str | None = None
+    #: chat: tool definitions sent (workloads/tools.py) and the tool_choice
+    tools: int = 0
+    tool_choice: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:
@@ -323,7 +336,8 @@ class Schedule:
             batch, model = options.draw(self.seed, spec.request_id)
             specs.append(replace(spec, sampling=sampling, fixed_output=forced, stream=stream, constraint=own,
                                  kind="embeddings" if embeddings else spec.kind, batch=batch if embeddings else spec.batch,
-                                 model=spec.model or model))
+                                 model=spec.model or model, tools=options.tools or spec.tools,
+                                 tool_choice=options.tool_choice or spec.tool_choice))
         desc = {**self.description, "request": options.describe()}
         return replace(self, requests=tuple(specs), request=options, description=desc)
 

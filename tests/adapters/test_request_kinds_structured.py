@@ -221,3 +221,40 @@ def test_bench_run_structured_embeddings_and_model_mix_end_to_end(tmp_path: Path
     assert bad.returncode != 0 and "tgi: no embeddings route" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     virtual = _run(tmp_path, "virtual", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--regex", "a+")
     assert virtual.returncode != 0 and "virtual time models plain text generation; structured output" in virtual.stderr
+
+
+# -- tool calls -----------------------------------------------------------------------------------
+def test_tool_definitions_in_chat_bodies_and_refusals() -> None:
+    spec = _spec(tools=2, tool_choice="tool_1")
+    body = _body(OpenAIAdapter(api="chat"), spec)
+    assert [t["function"]["name"] for t in body["tools"]] == ["tool_0", "tool_1"]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "tool_1"}}
+    assert _body(OpenAIAdapter(api="chat"), _spec(tools=1, tool_choice="required"))["tool_choice"] == "required"
+    with pytest.raises(ValueError, match=r"^openai: tools are sent with chat requests: use --api chat"):
+        check_requests(OpenAIAdapter(), [spec])
+    with pytest.raises(ValueError, match=r"^sglang \(native /generate\): no tool definitions"):
+        check_requests(SGLangAdapter(), [spec])
+    with pytest.raises(ValueError, match=r"^tgi \(/generate_stream\): no tool definitions"):
+        check_requests(TGIAdapter(), [spec])
+    with pytest.raises(ValueError, match="tool_choice needs tools"):
+        RequestOptions(tool_choice="auto")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_tool_calls_end_to_end(tmp_path: Path, stream: bool) -> None:
+    c = ServerConfig(model="m", flavor="vllm", timing=FAST)
+    sched = schedule(6, output_tokens=64, concurrency=3).with_request(RequestOptions(tools=3, stream=stream))
+    rows = run_against(c, sched, tmp_path, OpenAIAdapter(model="m", api="chat"))
+    assert all(r["ok"] for r in rows), [r["error_message"] for r in rows]
+    for r in rows:
+        assert r["tool_calls"] == 1 and r["finish_reason"] == "tool_calls" and r["output_tokens"] > 1
+        # the arguments' deltas are output: the first of them is the first token
+        assert (r["first_tool_call_ns"] == r["first_token_ns"]) if stream else r["first_tool_call_ns"] is None
+    s = summarize(load_run(tmp_path / "run").requests)
+    assert {k: s["kinds"]["tools"][k] for k in ("requests", "calling", "tool_calls")} == {
+        "requests": 6, "calling": 6, "tool_calls": 6}
+    assert "tool calls: 6/6 requests with tools called one" in format_summary(s)
+    # tool_choice "none": the tools are sent, no call is made
+    none = schedule(2, output_tokens=8).with_request(RequestOptions(tools=3, tool_choice="none"))
+    rows = run_against(c, none, tmp_path / "none", OpenAIAdapter(model="m", api="chat"))
+    assert all(r["ok"] and r["tool_calls"] == 0 and r["first_tool_call_ns"] is None for r in rows)
