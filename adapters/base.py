@@ -140,11 +140,11 @@ def adapter_for_engine(
 
 
 def check_requests(adapter: Adapter, specs: Sequence[RequestSpec]) -> None:
-    """Build one call per distinct sampling, constraint, kind and tools of ``specs``: ``ValueError``
+    """Build one call per distinct sampling, constraint, kind, tools and images of ``specs``: ``ValueError``
     naming what the engine cannot express, before any request is sent."""
-    seen: set[tuple[Sampling | None, Constraint | None, str, int]] = set()
+    seen: set[tuple[Sampling | None, Constraint | None, str, int, bool]] = set()
     for spec in specs:
-        key = (spec.sampling, spec.constraint, spec.kind, spec.tools)
+        key = (spec.sampling, spec.constraint, spec.kind, spec.tools, bool(spec.images))
         if key not in seen:
             seen.add(key)
             adapter.build(spec)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent
-from adapters.sampling import StructuredStyle, UnsupportedRequest, openai_fields, openai_structured
+from adapters.sampling import StructuredStyle, UnsupportedRequest, image_urls, openai_fields, openai_structured
 from workloads.spec import Message, RequestSpec, embedding_inputs, merge_body
 from workloads.tools import tool_choice_field, tool_definitions
 
@@ -209,7 +209,13 @@ class OpenAIAdapter:
                 {"include_usage": True, "continuous_usage_stats": True} if self.continuous_usage else {"include_usage": True}
             )
         if self.api == "chat":
-            body["messages"] = [{"role": m.role, "content": m.content} for m in (*history, *_as_messages(spec))]
+            messages: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in (*history, *_as_messages(spec))]
+            if spec.images:  # the request's own (last) message: its text, then its images
+                parts = [{"type": "image_url", "image_url": {"url": url}} for url in image_urls(spec)]
+                messages[-1]["content"] = [{"type": "text", "text": messages[-1]["content"]}, *parts]
+            body["messages"] = messages
+        elif spec.images:
+            raise UnsupportedRequest(f"{self.name}: images are sent in chat messages: use --api chat")
         else:
             body["prompt"] = _as_prompt(spec, history)
         if spec.fixed_output and self.force_length_fields:

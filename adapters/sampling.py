@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workloads.images import data_url
 from workloads.spec import Constraint, RequestSpec, Sampling
 
 
@@ -125,7 +126,15 @@ def refuse_embeddings(spec: RequestSpec, engine: str, instead: str) -> None:
         raise UnsupportedRequest(f"{engine}: no embeddings route; {instead}")
 
 
-def refuse_tools(spec: RequestSpec, engine: str, instead: str) -> None:
-    """``UnsupportedRequest`` for a request with tools to an API that cannot carry them."""
+def refuse_tools(spec: RequestSpec, engine: str, instead: str, images: bool = False) -> None:
+    """``UnsupportedRequest`` for a request with tools (or, with ``images``, images) to an API
+    that cannot carry them."""
     if spec.tools:
         raise UnsupportedRequest(f"{engine}: no tool definitions; {instead}")
+    if images and spec.images:
+        raise UnsupportedRequest(f"{engine}: no images; {instead}")
+
+
+def image_urls(spec: RequestSpec) -> list[str]:
+    """The data URLs of a request's images (made locally, workloads/images.py)."""
+    return [data_url(w, h, f"{spec.request_id}:{i}") for i, (w, h) in enumerate(spec.images)]

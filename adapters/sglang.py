@@ -21,7 +21,7 @@ import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
 from adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
-from adapters.sampling import refuse_embeddings, refuse_tools, sglang_fields, sglang_structured
+from adapters.sampling import image_urls, refuse_embeddings, refuse_tools, sglang_fields, sglang_structured
 from adapters.versions import version_at_least
 from workloads.spec import Message, RequestSpec, merge_body
 
@@ -194,6 +194,8 @@ class SGLangAdapter:
         body = {"text": _as_prompt(spec, history), "sampling_params": sampling, "stream": spec.stream, **top}
         if spec.model is not None and spec.model != self.model:
             body["lora_path"] = spec.model  # a LoRA adapter loaded with --lora-paths NAME=PATH
+        if spec.images:
+            body["image_data"] = image_urls(spec)
         return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:

@@ -95,7 +95,8 @@ class TGIAdapter:
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
         refuse_embeddings(spec, "tgi", "TEI serves them: use --engine openai against TEI's /v1/embeddings")
-        refuse_tools(spec, "tgi (/generate_stream)", "use --engine openai --api chat (TGI's /v1/chat/completions)")
+        refuse_tools(spec, "tgi (/generate_stream)", "use --engine openai --api chat (TGI's /v1/chat/completions)",
+                     images=True)
         params: dict[str, Any] = {"max_new_tokens": spec.max_output_tokens, "details": True}
         if spec.sampling is not None:
             params.update(tgi_fields(spec.sampling))

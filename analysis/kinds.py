@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 #: The requests-table columns these metrics read (absent in runs written before them).
-KIND_COLUMNS = ("kind", "model", "structured_ok", "inputs", "tool_calls", "first_tool_call_ns")
+KIND_COLUMNS = ("kind", "model", "structured_ok", "inputs", "tool_calls", "first_tool_call_ns", "images")
 
 
 def kinds_summary(counted: pd.DataFrame, window_s: float) -> dict[str, Any]:
@@ -26,6 +26,13 @@ def kinds_summary(counted: pd.DataFrame, window_s: float) -> dict[str, Any]:
         out["embeddings"] = _embeddings(ok[ok["kind"].eq("embeddings")], window_s)
     if "tool_calls" in ok and ok["tool_calls"].notna().any():
         out["tools"] = _tools(ok[ok["tool_calls"].notna()])
+    if "images" in ok and ok["images"].notna().any():
+        with_images = ok[ok["images"].notna()]
+        n = with_images["images"].astype("float64")
+        extra = with_images["prompt_tokens"].astype("float64") - with_images["input_tokens_target"].astype("float64")
+        out["images"] = {"requests": len(with_images), "images": int(n.sum()),
+                         "prompt_tokens_mean": float(with_images["prompt_tokens"].astype("float64").mean()),
+                         "image_tokens_per_image": float((extra / n).mean())}
     if "model" in counted and counted["model"].notna().any():
         out["models"] = {str(m): _model(g) for m, g in counted.groupby(counted["model"].fillna("(run's model)"))}
     return out
@@ -80,6 +87,11 @@ def kinds_lines(k: dict[str, Any]) -> list[str]:
                           for b, v in sorted(emb["by_batch"].items()))
         lines.append(f"embeddings: {emb['requests']} requests, {emb['inputs_per_s']:,.1f} inputs/s, "
                      f"{emb['prompt_tokens_per_s']:,.0f} prompt tok/s ({sizes}); no TTFT (one response)")
+    im = k.get("images")
+    if im:
+        lines.append(f"images: {im['requests']} requests carried {im['images']} images; server prompt tokens "
+                     f"{im['prompt_tokens_mean']:.0f} per request, about {im['image_tokens_per_image']:.0f} per image "
+                     "(server count minus the requested text length)")
     tl = k.get("tools")
     if tl:
         lines.append(f"tool calls: {tl['calling']}/{tl['requests']} requests with tools called one "

@@ -48,6 +48,7 @@ _SCALAR_COLUMNS = [
     "inputs",
     "tool_calls",
     "first_tool_call_ns",
+    "images",
 ]
 
 

@@ -432,9 +432,13 @@ PROMPT_LENGTH_TOLERANCE = 0.05
 def prompt_length_accounting(ok_df: pd.DataFrame) -> dict[str, Any]:
     """Requested (``input_tokens_target``) against server-reported (``prompt_tokens``) prompt
     lengths, over the successful requests that carry no conversation history (later turns of
-    a session also hold the earlier turns, so their length is not the requested one)."""
+    a session also hold the earlier turns, so their length is not the requested one; images and
+    embeddings batches add tokens the requested length does not count)."""
     turn = ok_df["turn"].astype("float64") if "turn" in ok_df else pd.Series(np.nan, index=ok_df.index)
     own = turn.isna() | turn.eq(0)
+    for extra in ("images", "inputs"):
+        if extra in ok_df:
+            own &= ok_df[extra].isna()
     got = ok_df.loc[own, "prompt_tokens"].astype("float64")
     want = ok_df.loc[own, "input_tokens_target"].astype("float64")
     keep = got.notna().to_numpy() & (want > 0).to_numpy()

@@ -42,6 +42,8 @@ _OPTIONS = (
     click.option("--tools", "tools", type=int, metavar="N",
                  help="Chat requests carry N tool definitions; tool calls are counted and timed."),
     click.option("--tool-choice", help="auto, required, none, or a tool's name (tool_0 ...)."),
+    click.option("--images", type=int, metavar="N", help="Chat requests carry N locally made PNG images."),
+    click.option("--image-size", metavar="WxH", help="Size of each image (default 512x512)."),
     click.option("--model-mix", "models", metavar="NAME=WEIGHT,...",
                  help="Many models / LoRA adapters: each request asks for one, drawn from this weighted mix."),
 )
@@ -58,7 +60,8 @@ def request_options(func: Callable[..., Any]) -> Callable[..., Any]:
             logprobs=kwargs.pop("logprobs"), natural_stop=kwargs.pop("natural_stop"), stream=kwargs.pop("stream"),
             extra_body=kwargs.pop("extra_body"), json_schema=kwargs.pop("json_schema"), regex=kwargs.pop("regex"),
             choice=kwargs.pop("choice"), batch=kwargs.pop("batch"), models=kwargs.pop("models"),
-            tools=kwargs.pop("tools"), tool_choice=kwargs.pop("tool_choice"),
+            tools=kwargs.pop("tools"), tool_choice=kwargs.pop("tool_choice"), images=kwargs.pop("images"),
+            image_size=kwargs.pop("image_size"),
         )
         return func(**kwargs)
 

@@ -251,6 +251,8 @@ def _unmodelled_kinds(specs: Sequence[RequestSpec]) -> str:
         kinds.append("embeddings")
     if any(s.tools for s in specs):
         kinds.append("tool calls")
+    if any(s.images for s in specs):
+        kinds.append("images")
     if any(s.model is not None for s in specs):
         kinds.append("a model mix (adapter swaps)")
     return ", ".join(kinds)
@@ -353,6 +355,7 @@ def _requests_table(
         "inputs": [None] * n,
         "tool_calls": [None] * n,
         "first_tool_call_ns": [None] * n,
+        "images": [None] * n,
     }
     missing = sorted(set(REQUESTS_SCHEMA.names) - {"chunk_ns", "chunk_tokens"} - set(cols))
     assert not missing, f"requests columns left unfilled: {missing}"  # a schema column added without a value here

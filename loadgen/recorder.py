@@ -453,6 +453,7 @@ class RequestRecorder:
             inputs=spec.batch if spec.kind == "embeddings" else None,
             tool_calls=tool_calls,
             first_tool_call_ns=first_tool_call,
+            images=len(spec.images) or None,
         )
 
 

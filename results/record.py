@@ -69,3 +69,5 @@ class RequestRecord:
     tool_calls: int | None = None
     #: when the first tool-call token arrived (streaming only)
     first_tool_call_ns: int | None = None
+    #: chat: the images sent with the prompt (their tokens are in the server's prompt_tokens)
+    images: int | None = None

@@ -50,6 +50,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("inputs", pa.int32()),
         pa.field("tool_calls", pa.int32()),
         pa.field("first_tool_call_ns", pa.int64()),
+        pa.field("images", pa.int32()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )

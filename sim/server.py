@@ -10,9 +10,11 @@ and wait for the end of their stream.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import random
+import struct
 import sys
 import time
 import zlib
@@ -556,7 +558,7 @@ class SimServer:
     async def _run(
         self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
         arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0, stop_sequences: bool = False,
-        constraint: tuple[str, Any] | None = None, adapter: str | None = None,
+        constraint: tuple[str, Any] | None = None, adapter: str | None = None, image_ids: list[int] | None = None,
     ) -> web.StreamResponse:
         if self.starting:
             return status_error(503, "the engine is starting")
@@ -570,6 +572,8 @@ class SimServer:
         prompt_ids = tokenize(prompt)
         if not prompt_ids:
             prompt_ids = [0]
+        if image_ids:  # the images' tokens are prefilled with the text's (their prefill is charged)
+            prompt_ids = prompt_ids + image_ids
         refusal = self._too_long(kind, len(prompt_ids), max_tokens)
         if refusal is not None:
             if kind == "tgi":  # tgi_request_failure{err="validation"}; vLLM/SGLang count no request
@@ -701,6 +705,43 @@ def _pieces(text: str) -> list[str]:
     return re.findall(r"\s*\S+", text)
 
 
+#: pixels per side of one image token (Qwen2-VL-style 28x28 merged patches)
+IMAGE_PATCH = 28
+
+
+def _image_ids(urls: list[Any]) -> list[int]:
+    """The prompt token ids the images stand for: ceil(w/28) x ceil(h/28) per image, read from
+    each PNG's header, ids derived from the image's bytes (the same image, the same prefix).
+    ``Unsupported`` for anything but a PNG data URL: the simulated engine fetches nothing."""
+    ids: list[int] = []
+    for url in urls:
+        head, _, data = str(url).partition(",")
+        if not head.startswith("data:image/png;base64"):
+            raise Unsupported("images must be PNG data URLs (the simulated engine fetches nothing)")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except ValueError:
+            raise Unsupported("an image's base64 data is invalid") from None
+        if raw[:8] != b"\x89PNG\r\n\x1a\n" or raw[12:16] != b"IHDR":
+            raise Unsupported("an image is not a PNG")
+        w, h = struct.unpack(">II", raw[16:24])
+        n = -(-w // IMAGE_PATCH) * -(-h // IMAGE_PATCH)
+        c = zlib.crc32(raw)
+        ids.extend(1000 + (c + k * 7919) % 30000 for k in range(n))
+    return ids
+
+
+def _message_images(messages: Any) -> list[Any]:
+    """The image URLs of a chat request's content parts."""
+    urls = []
+    for m in messages if isinstance(messages, list) else ():
+        c = m.get("content") if isinstance(m, dict) else None
+        for p in c if isinstance(c, list) else ():
+            if isinstance(p, dict) and p.get("type") == "image_url":
+                urls.append((p.get("image_url") or {}).get("url"))
+    return urls
+
+
 def _chat_prompt(messages: Any) -> str:
     if not isinstance(messages, list):
         return ""
@@ -776,7 +817,11 @@ class OpenAIRoutes:
         if opts and not stream:
             return _openai_error(400, "Stream options can only be defined when `stream=True`.")
         rid = ("chatcmpl-" if chat else "cmpl-") + srv.next_id()
-        wire = OpenAIWire(rid, chat, model, count_tokens(prompt) or 1, bool(opts.get("include_usage")),
+        try:
+            image_ids = _image_ids(_message_images(body.get("messages"))) if chat else []
+        except Unsupported as exc:
+            return _openai_error(400, str(exc))
+        wire = OpenAIWire(rid, chat, model, (count_tokens(prompt) or 1) + len(image_ids), bool(opts.get("include_usage")),
                           bool(opts.get("continuous_usage_stats")), cached_details=True)
         try:
             constraint = openai_constraint(body)
@@ -789,7 +834,7 @@ class OpenAIRoutes:
             wire.reasoning = min(srv.config.reasoning_tokens, max_tokens - 1)
         return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error,
                               forced=bool(body.get("ignore_eos")), min_tokens=min_tokens, constraint=constraint,
-                              adapter=model if model != srv.config.model else None)
+                              adapter=model if model != srv.config.model else None, image_ids=image_ids)
 
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -841,12 +886,17 @@ class SGLangRoutes:
             constraint = sglang_constraint(sp)
         except Unsupported as exc:
             return _sglang_error(400, str(exc))
+        try:
+            image_ids = _image_ids(body.get("image_data") or [])
+        except Unsupported as exc:
+            return _sglang_error(400, str(exc))
         rid = str(body.get("rid") or srv.next_id())
-        wire = SGLangWire(rid, count_tokens(text) or 1, arrival)
+        wire = SGLangWire(rid, (count_tokens(text) or 1) + len(image_ids), arrival)
         min_new = sp.get("min_new_tokens", 0)
         return await srv._run(request, "sglang", wire, rid, text, max_tokens, bool(body.get("stream")), arrival,
                               _sglang_error, forced=bool(sp.get("ignore_eos")),
-                              min_tokens=min_new if isinstance(min_new, int) else 0, constraint=constraint, adapter=lora)
+                              min_tokens=min_new if isinstance(min_new, int) else 0, constraint=constraint, adapter=lora,
+                              image_ids=image_ids)
 
     async def server_info(self, request: web.Request) -> web.Response:
         srv = self.srv

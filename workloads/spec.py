@@ -18,6 +18,8 @@ LoadMode = Literal["open", "closed"]
 #: What a request asks for: generated text (completions/chat) or embeddings of its inputs.
 RequestKind = Literal["generate", "embeddings"]
 
+DEFAULT_IMAGE_SIZE = "512x512"
+
 #: Most tokens one request's prompt or output may ask for: above the longest context any
 #: engine serves (2M), and bounded so a mistyped size is refused in one line instead of a
 #: prompt built for minutes in gigabytes of memory.
@@ -149,6 +151,9 @@ class RequestOptions(Sampling):
     tools: int | None = None
     #: "auto", "required", "none" or a tool's name (the engine's default when unset)
     tool_choice: str | None = None
+    #: images in chat: this many locally made PNGs of ``image_size`` ("WxH", default 512x512) per request
+    images: int | None = None
+    image_size: str | None = None
 
     def __post_init__(self) -> None:
         Sampling.__post_init__(self)
@@ -165,6 +170,12 @@ class RequestOptions(Sampling):
             raise ValueError(f"tools must be >= 0, not {self.tools}")
         if self.tool_choice is not None and not self.tools:
             raise ValueError("tool_choice needs tools (the number of tool definitions sent)")
+        if self.images is not None and not 0 <= self.images <= 64:
+            raise ValueError(f"images must be 0..64 per request, not {self.images}")
+        if self.image_size is not None:
+            from workloads.images import parse_size
+
+            parse_size(self.image_size)
 
     def constraint(self) -> Constraint | None:
         """The structured-output constraint asked for (``None``: none)."""
@@ -210,7 +221,15 @@ class RequestOptions(Sampling):
             out["models"] = dict(self.models)
         if self.tools:
             out["tools"] = {"definitions": self.tools, "tool_choice": self.tool_choice}
+        if self.images:
+            out["images"] = {"per_request": self.images, "size": self.image_size or DEFAULT_IMAGE_SIZE}
         return out
+
+    def image_sizes(self) -> tuple[tuple[int, int], ...]:
+        """The sizes of the images each request carries."""
+        from workloads.images import parse_size
+
+        return (parse_size(self.image_size or DEFAULT_IMAGE_SIZE),) * (self.images or 0)
 
     def draw(self, seed: int, request_id: str) -> tuple[int, str | None]:
         """(embedding inputs, model) of one request: the same seed and id give the same draw."""
@@ -280,6 +299,8 @@ class RequestSpec:
     #: chat: tool definitions sent (workloads/tools.py) and the tool_choice
     tools: int = 0
     tool_choice: str | None = None
+    #: chat: (width, height) of each image sent with the prompt (workloads/images.py)
+    images: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_output_tokens < 1:
@@ -326,6 +347,7 @@ class Schedule:
         base = options.sampling()
         constraint = options.constraint()
         embeddings = options.kind == "embeddings"
+        images = options.image_sizes()
         specs = []
         for spec in self.requests:
             sampling = _sampling_over(spec.sampling, base)
@@ -337,7 +359,7 @@ class Schedule:
             specs.append(replace(spec, sampling=sampling, fixed_output=forced, stream=stream, constraint=own,
                                  kind="embeddings" if embeddings else spec.kind, batch=batch if embeddings else spec.batch,
                                  model=spec.model or model, tools=options.tools or spec.tools,
-                                 tool_choice=options.tool_choice or spec.tool_choice))
+                                 tool_choice=options.tool_choice or spec.tool_choice, images=images or spec.images))
         desc = {**self.description, "request": options.describe()}
         return replace(self, requests=tuple(specs), request=options, description=desc)
 

@@ -258,3 +258,45 @@ def test_tool_calls_end_to_end(tmp_path: Path, stream: bool) -> None:
     none = schedule(2, output_tokens=8).with_request(RequestOptions(tools=3, tool_choice="none"))
     rows = run_against(c, none, tmp_path / "none", OpenAIAdapter(model="m", api="chat"))
     assert all(r["ok"] and r["tool_calls"] == 0 and r["first_tool_call_ns"] is None for r in rows)
+
+
+# -- images in chat -------------------------------------------------------------------------------
+def test_images_are_local_pngs_in_content_parts_and_refused_where_unsupported() -> None:
+    import base64
+    import struct
+    import zlib
+
+    spec = _spec(images=((64, 32), (16, 16)))
+    body = _body(OpenAIAdapter(api="chat"), spec)
+    parts = body["messages"][-1]["content"]
+    assert parts[0] == {"type": "text", "text": "a b c d"} and [p["type"] for p in parts[1:]] == ["image_url"] * 2
+    raw = base64.b64decode(parts[1]["image_url"]["url"].split(",", 1)[1])
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", raw[16:24]) == (64, 32)
+    idat_len = struct.unpack(">I", raw[33:37])[0]
+    assert len(zlib.decompress(raw[41:41 + idat_len])) == 32 * (1 + 3 * 64)  # one filter byte per row, RGB
+    assert len(_body(SGLangAdapter(), spec)["image_data"]) == 2
+    with pytest.raises(ValueError, match=r"^openai: images are sent in chat messages"):
+        check_requests(OpenAIAdapter(), [spec])
+    with pytest.raises(ValueError, match=r"^tgi \(/generate_stream\): no images"):
+        check_requests(TGIAdapter(), [spec])
+    with pytest.raises(ValueError, match="image_size must be WIDTHxHEIGHT"):
+        RequestOptions(images=1, image_size="big")
+
+
+def test_images_end_to_end_charge_their_prefill(tmp_path: Path) -> None:
+    c = ServerConfig(model="m", flavor="vllm", model_timing=ModelTiming("llama-3.1-8b", "h100"))
+    c = dataclasses.replace(c, model="m")
+    base = schedule(6, input_tokens=32, output_tokens=4, concurrency=1)
+    ttft = {}
+    for n in (0, 2):
+        sched = base.with_request(RequestOptions(images=n, image_size="1024x1024"))
+        rows = run_against(c, sched, tmp_path / str(n), OpenAIAdapter(model="m", api="chat"))
+        assert all(r["ok"] for r in rows), [r["error_message"] for r in rows]
+        if n:  # 1024/28 -> 37 tokens a side: 1,369 per image, in the server's prompt count
+            assert all(r["prompt_tokens"] == 32 + 2 * 37 * 37 and r["images"] == 2 for r in rows)
+        s = summarize(load_run(tmp_path / str(n) / "run").requests)
+        ttft[n] = s["latency"]["ttft_ms"]["p50"]
+    assert s["kinds"]["images"]["images"] == 12 and round(s["kinds"]["images"]["image_tokens_per_image"]) == 1369
+    assert "images: 6 requests carried 12 images" in format_summary(s)
+    assert s["tokens"]["prompt"]["compared"] == 0  # image requests are not held to the requested text length
+    assert ttft[2] > ttft[0], ttft  # 2,738 more prompt tokens to prefill
