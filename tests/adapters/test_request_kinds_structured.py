@@ -300,3 +300,15 @@ def test_images_end_to_end_charge_their_prefill(tmp_path: Path) -> None:
     assert "images: 6 requests carried 12 images" in format_summary(s)
     assert s["tokens"]["prompt"]["compared"] == 0  # image requests are not held to the requested text length
     assert ttft[2] > ttft[0], ttft  # 2,738 more prompt tokens to prefill
+
+
+def test_the_new_request_fields_survive_the_distributed_wire() -> None:
+    import msgpack
+
+    from bench.distributed.wire import spec_from_wire, spec_to_wire
+
+    spec = _spec(constraint=Constraint(choice=("a", "b")), images=((8, 8),), model="lora-a", tools=2,
+                 tool_choice="auto")
+    assert spec_from_wire(msgpack.unpackb(msgpack.packb(spec_to_wire(spec)))) == spec
+    emb = _spec(kind="embeddings", batch=4, stream=False, constraint=JSON_C)
+    assert spec_from_wire(msgpack.unpackb(msgpack.packb(spec_to_wire(emb)))) == emb
