@@ -110,6 +110,10 @@ def test_an_answer_cut_at_max_tokens_does_not_conform(tmp_path: Path) -> None:
     assert all(r["finish_reason"] == "length" for r in rows if r["request_id"] in short)
     s = summarize(load_run(tmp_path / "run").requests)
     assert s["kinds"]["structured"] == {"requests": 4, "conforming": 2, "share": 0.5}
+    from analysis.report import build_report
+
+    build_report(tmp_path / "run", tmp_path / "report.html")
+    assert "structured output</td><td>2/4 answers conform" in (tmp_path / "report.html").read_text().replace("\n", "")
 
 
 def test_no_kind_lines_for_plain_text(tmp_path: Path) -> None:
