@@ -591,7 +591,7 @@ class SimServer:
         seed = zlib.crc32(rid.encode())
         sink = HttpStream(self, rid, wire, kind, seed, faults, arrival)
         mean = self.config.natural_stop_mean
-        if mean > 0 and not forced:
+        if mean > 0 and not forced and script is None:  # a structured answer ends where its structure does
             natural = 1 + int(random.Random(seed ^ self.config.seed).expovariate(1.0 / mean))
             n = min(max_tokens, max(min_tokens, natural))
             if n < max_tokens:
