@@ -351,7 +351,7 @@ class Schedule:
         specs = []
         for spec in self.requests:
             sampling = _sampling_over(spec.sampling, base)
-            own = spec.constraint or constraint
+            own = constraint or spec.constraint  # the options win: they include the file's and the CLI's
             # a constrained answer ends where its structure does: never forced past it
             forced = spec.fixed_output and options.forced and not (sampling and sampling.stop) and own is None
             stream = spec.stream and options.stream is not False and not embeddings

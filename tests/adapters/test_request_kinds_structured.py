@@ -75,6 +75,9 @@ def test_a_constraint_implies_a_natural_stop_and_one_constraint_at_most() -> Non
     # the command line's constraint replaces the file's whole (never two at once)
     merged = RequestOptions(regex="x").over(RequestOptions(json_schema=SCHEMA))
     assert merged.constraint() == Constraint(regex="x")
+    # applied twice (a workload file's options, then the command line's over them): the latter win
+    twice = schedule(2).with_request(RequestOptions(json_schema=SCHEMA)).with_request(merged)
+    assert all(s.constraint == Constraint(regex="x") for s in twice.requests)
 
 
 @pytest.mark.parametrize(
