@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple, Protocol
 
-from workloads.spec import Message, RequestSpec, Sampling
+from workloads.spec import Constraint, Message, RequestSpec, Sampling
 
 
 class EventKind(IntEnum):
@@ -61,6 +61,9 @@ class StreamEvent(NamedTuple):
     #: the engine's per-request timings in seconds, as it names them (SGLang meta_info
     #: ``queue_time``, ``prefill_launch_delay``, ``prefill_launch_latency``; docs/metrics.md)
     server_timing: dict[str, float] | None = None
+    #: chat tool calls this payload carries part of: the highest tool-call index + 1 (a
+    #: non-streaming answer: its number of tool calls); None: none
+    tool_calls: int | None = None
 
 
 class StreamParser(Protocol):
@@ -119,12 +122,13 @@ def _load_plugins() -> None:
 
 
 def check_requests(adapter: Adapter, specs: Sequence[RequestSpec]) -> None:
-    """Build one call per distinct sampling of ``specs``: ``ValueError`` naming what the
-    engine cannot express, before any request is sent."""
-    seen: set[Sampling | None] = set()
+    """Build one call per distinct sampling, constraint, kind, tools and images of ``specs``: ``ValueError``
+    naming what the engine cannot express, before any request is sent."""
+    seen: set[tuple[Sampling | None, Constraint | None, str, int, bool]] = set()
     for spec in specs:
-        if spec.sampling not in seen:
-            seen.add(spec.sampling)
+        key = (spec.sampling, spec.constraint, spec.kind, spec.tools, bool(spec.images))
+        if key not in seen:
+            seen.add(key)
             adapter.build(spec)
 
 

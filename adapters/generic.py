@@ -22,6 +22,7 @@ class GenericOpenAIAdapter(OpenAIAdapter):
     forces_output_length = False
     exact_chunk_counts = False
     requires_done = False
+    structured_style = "openai"  # response_format with a JSON schema only
 
     def __init__(
         self,

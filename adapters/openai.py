@@ -13,8 +13,9 @@ from typing import Any, Literal
 import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent
-from adapters.sampling import openai_fields
-from workloads.spec import Message, RequestSpec, merge_body
+from adapters.sampling import StructuredStyle, UnsupportedRequest, image_urls, openai_fields, openai_structured
+from workloads.spec import Message, RequestSpec, embedding_inputs, merge_body
+from workloads.tools import tool_choice_field, tool_definitions
 
 Api = Literal["completions", "chat"]
 
@@ -83,12 +84,19 @@ class OpenAIStreamParser:
         if "error" in obj or obj.get("object") == "error":
             return error_event(obj)
         usage = obj.get("usage") or {}
+        if obj.get("object") == "list":  # /v1/embeddings: a vector per input, no generated tokens
+            if not isinstance(obj.get("data"), list) or not obj["data"]:
+                raise StreamPayloadError(f"embeddings response without data: {body[:80]!r}")
+            return StreamEvent(EventKind.CONTENT, "", 0, None, None, usage.get("prompt_tokens"), 0, None, obj.get("id"))
         choice = (obj.get("choices") or [{}])[0]
-        text = (choice.get("message") or {}).get("content") if self._chat else choice.get("text")
+        message = (choice.get("message") or {}) if self._chat else {}
+        text = message.get("content") if self._chat else choice.get("text")
         details = usage.get("prompt_tokens_details") or {}
+        calls = message.get("tool_calls")
         return StreamEvent(
             EventKind.CONTENT, text or "", usage.get("completion_tokens"), None, choice.get("finish_reason"),
             usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens"), obj.get("id"),
+            tool_calls=len(calls) if isinstance(calls, list) and calls else None,
         )
 
     def parse(self, payload: bytes) -> StreamEvent | None:
@@ -119,6 +127,7 @@ class OpenAIStreamParser:
             return StreamEvent(EventKind.ERROR, error_type="abort", error_message="request aborted by the engine")
         kind = EventKind.EMPTY
         text = ""
+        calls = None
         if self._chat:
             delta = choice.get("delta") or {}
             content = delta.get("content")
@@ -126,6 +135,7 @@ class OpenAIStreamParser:
                 kind, text = EventKind.CONTENT, content
             elif delta.get("tool_calls"):
                 kind, text = EventKind.CONTENT, ""
+                calls = _tool_calls(delta["tool_calls"])
             else:
                 reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                 if reasoning:
@@ -139,14 +149,16 @@ class OpenAIStreamParser:
         if not usage:
             if text:
                 self._continuous = False
-            return StreamEvent(kind, text, None, None, choice.get("finish_reason"), None, None, None, rid)
+            return StreamEvent(kind, text, None, None, choice.get("finish_reason"), None, None, None, rid, tool_calls=calls)
         # the per-token path: positional fields (StreamEvent order), no throwaway dicts
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if details else None
         final = usage.get("completion_tokens")
         if self._continuous:
-            return StreamEvent(kind, text, None, final, choice.get("finish_reason"), usage.get("prompt_tokens"), None, cached, rid)
-        return StreamEvent(kind, text, None, None, choice.get("finish_reason"), usage.get("prompt_tokens"), final, cached, rid)
+            return StreamEvent(kind, text, None, final, choice.get("finish_reason"), usage.get("prompt_tokens"), None, cached,
+                               rid, tool_calls=calls)
+        return StreamEvent(kind, text, None, None, choice.get("finish_reason"), usage.get("prompt_tokens"), final, cached, rid,
+                           tool_calls=calls)
 
 
 class OpenAIAdapter:
@@ -155,6 +167,8 @@ class OpenAIAdapter:
     name = "openai"
     forces_output_length = True
     exact_chunk_counts = True
+    #: how a structured-output constraint is sent (adapters/sampling.py openai_structured)
+    structured_style: StructuredStyle = "vllm"
 
     def __init__(
         self,
@@ -185,13 +199,23 @@ class OpenAIAdapter:
         return f"{self.base_path}/{'chat/completions' if self.api == 'chat' else 'completions'}"
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": spec.max_output_tokens, "stream": spec.stream}
+        if spec.kind == "embeddings":
+            emb: dict[str, Any] = {"model": spec.model or self.model, "input": embedding_inputs(spec)}
+            return merge_body(emb, self.extra_body) if self.extra_body else emb
+        body: dict[str, Any] = {"model": spec.model or self.model, "max_tokens": spec.max_output_tokens,
+                                "stream": spec.stream}
         if spec.stream:
             body["stream_options"] = (
                 {"include_usage": True, "continuous_usage_stats": True} if self.continuous_usage else {"include_usage": True}
             )
         if self.api == "chat":
-            body["messages"] = [{"role": m.role, "content": m.content} for m in (*history, *_as_messages(spec))]
+            messages: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in (*history, *_as_messages(spec))]
+            if spec.images:  # the request's own (last) message: its text, then its images
+                parts = [{"type": "image_url", "image_url": {"url": url}} for url in image_urls(spec)]
+                messages[-1]["content"] = [{"type": "text", "text": messages[-1]["content"]}, *parts]
+            body["messages"] = messages
+        elif spec.images:
+            raise UnsupportedRequest(f"{self.name}: images are sent in chat messages: use --api chat")
         else:
             body["prompt"] = _as_prompt(spec, history)
         if spec.fixed_output and self.force_length_fields:
@@ -199,10 +223,19 @@ class OpenAIAdapter:
             body["min_tokens"] = spec.max_output_tokens
         if spec.sampling is not None:
             body.update(openai_fields(spec.sampling, self.api == "chat"))
+        if spec.constraint is not None:
+            body.update(openai_structured(spec.constraint, self.structured_style, self.name))
+        if spec.tools:
+            if self.api != "chat":
+                raise UnsupportedRequest(f"{self.name}: tools are sent with chat requests: use --api chat")
+            body["tools"] = tool_definitions(spec.tools)
+            if spec.tool_choice is not None:
+                body["tool_choice"] = tool_choice_field(spec.tool_choice)
         return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
-        return HttpCall("POST", self.path, orjson.dumps(self.body(spec, history)), self._headers)
+        path = f"{self.base_path}/embeddings" if spec.kind == "embeddings" else self.path
+        return HttpCall("POST", path, orjson.dumps(self.body(spec, history)), self._headers)
 
     def parser(self) -> OpenAIStreamParser:
         return OpenAIStreamParser(self.api == "chat")
@@ -216,6 +249,14 @@ class OpenAIAdapter:
             "continuous_usage_stats": self.continuous_usage,
             "force_length_fields": self.force_length_fields,
         }
+
+
+def _tool_calls(deltas: Any) -> int | None:
+    """The highest tool-call index of a delta's ``tool_calls`` + 1 (the calls begun so far)."""
+    if not isinstance(deltas, list):
+        return None
+    indexes = [d.get("index", 0) for d in deltas if isinstance(d, dict)]
+    return 1 + max(i for i in indexes if isinstance(i, int)) if any(isinstance(i, int) for i in indexes) else None
 
 
 def _as_messages(spec: RequestSpec) -> tuple[Message, ...]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import SettingError
-from workloads.spec import Sampling
+from workloads.images import data_url
+from workloads.spec import Constraint, RequestSpec, Sampling
 
 
 class UnsupportedRequest(SettingError):
@@ -80,3 +81,61 @@ def tgi_fields(s: Sampling) -> dict[str, Any]:
     if s.logprobs:
         params["top_n_tokens"] = s.logprobs
     return params
+
+
+# -- structured output ---------------------------------------------------------------------------
+#: How an OpenAI-compatible server takes a constraint: vLLM's ``structured_outputs`` (json, regex,
+#: choice; the ``guided_*`` fields it replaced were removed in vLLM 0.12), SGLang's OpenAI routes
+#: (``response_format`` for a schema, a top-level ``regex``), or the OpenAI standard alone
+#: (``response_format`` with a JSON schema; no regex or choice).
+StructuredStyle = str
+
+
+def openai_structured(c: Constraint, style: StructuredStyle, engine: str) -> dict[str, Any]:
+    """Top-level fields of an OpenAI completions/chat body asking for ``c``."""
+    if style == "vllm":
+        if c.json_schema is not None:
+            return {"structured_outputs": {"json": c.schema()}}
+        if c.regex is not None:
+            return {"structured_outputs": {"regex": c.regex}}
+        return {"structured_outputs": {"choice": list(c.choice)}}
+    if c.json_schema is not None:
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": c.schema()}}}
+    if style == "sglang":
+        return {"regex": c.as_regex()}
+    raise UnsupportedRequest(f"{engine}: the OpenAI API constrains output with a JSON schema only "
+                             f"(response_format); {c.kind} is a vLLM/SGLang extension")
+
+
+def sglang_structured(c: Constraint) -> dict[str, Any]:
+    """``sampling_params`` fields of SGLang's native ``/generate`` (a choice becomes a regex)."""
+    if c.json_schema is not None:
+        return {"json_schema": c.json_schema}
+    return {"regex": c.as_regex()}
+
+
+def tgi_structured(c: Constraint) -> dict[str, Any]:
+    """``parameters`` fields of TGI (``grammar``: json or regex; a choice becomes a regex)."""
+    if c.json_schema is not None:
+        return {"grammar": {"type": "json", "value": c.schema()}}
+    return {"grammar": {"type": "regex", "value": c.as_regex()}}
+
+
+def refuse_embeddings(spec: RequestSpec, engine: str, instead: str) -> None:
+    """``UnsupportedRequest`` for an embeddings request to an API that has no such route."""
+    if spec.kind == "embeddings":
+        raise UnsupportedRequest(f"{engine}: no embeddings route; {instead}")
+
+
+def refuse_tools(spec: RequestSpec, engine: str, instead: str, images: bool = False) -> None:
+    """``UnsupportedRequest`` for a request with tools (or, with ``images``, images) to an API
+    that cannot carry them."""
+    if spec.tools:
+        raise UnsupportedRequest(f"{engine}: no tool definitions; {instead}")
+    if images and spec.images:
+        raise UnsupportedRequest(f"{engine}: no images; {instead}")
+
+
+def image_urls(spec: RequestSpec) -> list[str]:
+    """The data URLs of a request's images (made locally, workloads/images.py)."""
+    return [data_url(w, h, f"{spec.request_id}:{i}") for i, (w, h) in enumerate(spec.images)]

@@ -21,7 +21,7 @@ import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
 from adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
-from adapters.sampling import sglang_fields
+from adapters.sampling import image_urls, refuse_embeddings, refuse_tools, sglang_fields, sglang_structured
 from adapters.versions import version_at_least
 from workloads.spec import Message, RequestSpec, merge_body
 
@@ -178,6 +178,8 @@ class SGLangAdapter:
         self._headers = tuple(headers)
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
+        refuse_embeddings(spec, "sglang (native /generate)", "use --engine sglang-openai (/v1/embeddings)")
+        refuse_tools(spec, "sglang (native /generate)", "use --engine sglang-openai --api chat")
         sampling: dict[str, Any] = {"max_new_tokens": spec.max_output_tokens}
         if spec.fixed_output and self.force_length_fields:
             sampling["ignore_eos"] = True
@@ -186,8 +188,14 @@ class SGLangAdapter:
         if spec.sampling is not None:
             params, top = sglang_fields(spec.sampling)
             sampling.update(params)
+        if spec.constraint is not None:
+            sampling.update(sglang_structured(spec.constraint))
         sampling.update(self.extra_sampling)
         body = {"text": _as_prompt(spec, history), "sampling_params": sampling, "stream": spec.stream, **top}
+        if spec.model is not None and spec.model != self.model:
+            body["lora_path"] = spec.model  # a LoRA adapter loaded with --lora-paths NAME=PATH
+        if spec.images:
+            body["image_data"] = image_urls(spec)
         return merge_body(body, self.extra_body) if self.extra_body else body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
@@ -214,6 +222,7 @@ class SGLangOpenAIAdapter(OpenAIAdapter):
     """SGLang's OpenAI-compatible routes (it accepts continuous_usage_stats, ignore_eos, min_tokens)."""
 
     name = "sglang-openai"
+    structured_style = "sglang"
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "adapter": self.name}

@@ -21,7 +21,7 @@ import orjson
 
 from adapters.base import EventKind, HttpCall, StreamEvent, register
 from adapters.openai import StreamPayloadError, _as_prompt, error_event, loads, unary_object
-from adapters.sampling import tgi_fields
+from adapters.sampling import refuse_embeddings, refuse_tools, tgi_fields, tgi_structured
 from workloads.spec import Message, RequestSpec, merge_body
 
 _EMPTY = StreamEvent(EventKind.EMPTY)
@@ -100,9 +100,16 @@ class TGIAdapter:
         self._headers = tuple(headers)
 
     def body(self, spec: RequestSpec, history: Sequence[Message] = ()) -> dict[str, Any]:
+        refuse_embeddings(spec, "tgi", "TEI serves them: use --engine openai against TEI's /v1/embeddings")
+        refuse_tools(spec, "tgi (/generate_stream)", "use --engine openai --api chat (TGI's /v1/chat/completions)",
+                     images=True)
         params: dict[str, Any] = {"max_new_tokens": spec.max_output_tokens, "details": True}
         if spec.sampling is not None:
             params.update(tgi_fields(spec.sampling))
+        if spec.constraint is not None:
+            params.update(tgi_structured(spec.constraint))
+        if spec.model is not None and spec.model != self.model:
+            params["adapter_id"] = spec.model  # TGI multi-LoRA (--lora-adapters)
         params.update(self.extra_parameters)
         body: dict[str, Any] = {"inputs": _as_prompt(spec, history), "parameters": params}
         if spec.stream:

@@ -6,6 +6,7 @@ import math
 
 from analysis.failures import error_line
 from analysis.summary_types import PromptLengths, RequestCounts, RunSummary, SloAttainment, TimingCheck, TokenAccounting
+from analysis.kinds import kinds_lines
 
 _LABELS = {
     "ttft_ms": "TTFT (ms)",
@@ -68,6 +69,7 @@ def format_summary(s: RunSummary, title: str = "") -> str:
     if s.slo is not None:
         lines.append(_slo_line(s.slo))
     lines += _token_lines(s.tokens, r.ok)
+    lines.extend(kinds_lines(s.kinds or {}))
     for w in s.client.warnings:
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)

@@ -42,6 +42,13 @@ _SCALAR_COLUMNS = [
     "prefix_group",
     "finish_reason",
     "reasoning_tokens",
+    "kind",
+    "model",
+    "structured_ok",
+    "inputs",
+    "tool_calls",
+    "first_tool_call_ns",
+    "images",
 ]
 
 

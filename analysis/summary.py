@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analysis.failures import top_errors
+from analysis.kinds import kinds_summary
 from analysis.metrics import (
     EXACT_LIMIT,
     HISTOGRAM_RELATIVE_ERROR,
@@ -374,6 +375,8 @@ def _summary_of(
         tokens=_token_accounting(ok_df),
         percentiles=tuple(ps),
         slo=slo,
+        # structured output, embeddings, a model mix: only where a request was of that kind
+        kinds=kinds_summary(_counted(df, judged), totals.window_s) or None,
         client=client_health(df[judged], monitor),
         smoothness=Smoothness(
             deadlines_ms={"ttft": deadlines.ttft_ms, "token_interval": deadlines.token_interval_ms},
@@ -383,9 +386,13 @@ def _summary_of(
     )
 
 
+def _counted(df: pd.DataFrame, judged: np.ndarray) -> pd.DataFrame:
+    """The judged rows the counts are over: a request cancelled at the end is not one of them."""
+    return df[judged & ~df["error_type"].eq("cancelled").to_numpy()]
+
+
 def _request_counts(df: pd.DataFrame, judged: np.ndarray, totals: RunTotals, all_rows: int, measured_rows: int) -> RequestCounts:
-    cancelled = df["error_type"].eq("cancelled").to_numpy()
-    counted = df[judged & ~cancelled]
+    counted = _counted(df, judged)
     ok_mask = counted["ok"].to_numpy(dtype=bool)
     errors = counted.loc[~ok_mask, "error_type"].value_counts().to_dict()
     failed_df = counted[~ok_mask]
@@ -473,9 +480,13 @@ PROMPT_LENGTH_TOLERANCE = 0.05
 def prompt_length_accounting(ok_df: pd.DataFrame) -> PromptLengths:
     """Requested (``input_tokens_target``) against server-reported (``prompt_tokens``) prompt
     lengths, over the successful requests that carry no conversation history (later turns of
-    a session also hold the earlier turns, so their length is not the requested one)."""
+    a session also hold the earlier turns, so their length is not the requested one; images and
+    embeddings batches add tokens the requested length does not count)."""
     turn = ok_df["turn"].astype("float64") if "turn" in ok_df else pd.Series(np.nan, index=ok_df.index)
     own = turn.isna() | turn.eq(0)
+    for extra in ("images", "inputs"):
+        if extra in ok_df:
+            own &= ok_df[extra].isna()
     got = ok_df.loc[own, "prompt_tokens"].astype("float64")
     want = ok_df.loc[own, "input_tokens_target"].astype("float64")
     keep = got.notna().to_numpy() & (want > 0).to_numpy()

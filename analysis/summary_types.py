@@ -186,5 +186,8 @@ class RunSummary(_Json):
     tokens: TokenAccounting
     percentiles: tuple[float, ...]
     slo: SloAttainment | None = field(default=None, metadata=OMIT_NONE)  # None: no SLO given
+    #: per request kind (structured output, embeddings, tools, images, a model mix; analysis/kinds.py),
+    #: only where a request was of that kind
+    kinds: dict[str, Any] | None = field(default=None, metadata=OMIT_NONE)
     client: ClientHealth = field(default_factory=lambda: ClientHealth(float("nan")))
     smoothness: Smoothness = field(default_factory=lambda: Smoothness({}, {}, {}))

@@ -211,6 +211,9 @@ def run_id_for(cfg: RunConfig, engine: VirtualEngine) -> str:
 
 def execute_virtual(cfg: RunConfig, engine: VirtualEngine) -> RunResult:
     """Run ``cfg.schedule`` on ``engine`` in virtual time into ``cfg.out``."""
+    unmodelled = _unmodelled_kinds(cfg.schedule.requests)
+    if unmodelled:
+        raise BenchError(f"virtual time models plain text generation; {unmodelled}: measure in real time (--clock auto)")
     wall0 = time.perf_counter()
     run_dir = prepare_run_dir(cfg.out, cfg.overwrite)
     run_id = run_id_for(cfg, engine)
@@ -237,6 +240,22 @@ def execute_virtual(cfg: RunConfig, engine: VirtualEngine) -> RunResult:
     stats = _stats(result.outcomes, sends, result.t0_ns, result.end_ns)
     write_run_meta(run_dir, _meta(cfg, engine, run_id, stats, time.perf_counter() - wall0))
     return RunResult(run_dir, run_id, stats)
+
+
+def _unmodelled_kinds(specs: Sequence[RequestSpec]) -> str:
+    """The request kinds of ``specs`` the virtual-time engine does not model, in words ("" if none)."""
+    kinds = []
+    if any(s.constraint is not None for s in specs):
+        kinds.append("structured output")
+    if any(s.kind == "embeddings" for s in specs):
+        kinds.append("embeddings")
+    if any(s.tools for s in specs):
+        kinds.append("tool calls")
+    if any(s.images for s in specs):
+        kinds.append("images")
+    if any(s.model is not None for s in specs):
+        kinds.append("a model mix (adapter swaps)")
+    return ", ".join(kinds)
 
 
 class _Samples:
@@ -330,6 +349,13 @@ def _requests_table(
         "server_timing_json": [None] * n,  # TTFT is the model's own here; no engine report to split
         "length_class": [s.length_class for s in sp],
         "reasoning_tokens": [0 if k else None for k in ok],  # the modelled engine does not reason
+        "kind": [None] * n,  # text generation only (execute_virtual refuses the other kinds)
+        "model": [s.model for s in sp],
+        "structured_ok": [None] * n,
+        "inputs": [None] * n,
+        "tool_calls": [None] * n,
+        "first_tool_call_ns": [None] * n,
+        "images": [None] * n,
     }
     missing = sorted(set(REQUESTS_SCHEMA.names) - {"chunk_ns", "chunk_tokens"} - set(cols))
     assert not missing, f"requests columns left unfilled: {missing}"  # a schema column added without a value here

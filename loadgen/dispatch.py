@@ -149,7 +149,7 @@ class Dispatcher:
             self.adapter.parser(),
             self.options.worker_id,
             intended_ns,
-            keep_text=spec.session_id is not None or self.options.save_text,
+            keep_text=spec.session_id is not None or self.options.save_text or spec.constraint is not None,
             queue=self.digest_queue,
             max_event_bytes=self.options.max_event_bytes,
         )

@@ -21,6 +21,7 @@ from adapters.sse import SSEFramer
 from loadgen.transport import StreamError
 from results.record import SOURCE_NON_STREAMING, RequestRecord
 from workloads.spec import RequestSpec
+from workloads.structured import conforms
 
 #: Token-count sources, most trusted first (see docs/metrics.md).
 SOURCE_CUMULATIVE = "server_cumulative"
@@ -371,7 +372,7 @@ class RequestRecorder:
 
     def _verdict(
         self, err: StreamError | None, any_event: bool, done: bool, pending: bool, finish_reason: str | None,
-        requires_done: bool,
+        requires_done: bool, unary: bool,
     ) -> StreamError | None:
         """The request's failure, if any: the transport's or the stream's own ``err``, else
         what the response lacked (a response, an event stream, its end)."""
@@ -385,7 +386,7 @@ class RequestRecorder:
         if err is None:
             if requires_done and not done:
                 err = StreamError("no_done", "stream ended without its end-of-stream marker")
-            elif not requires_done and finish_reason is None:
+            elif not requires_done and finish_reason is None and not unary:  # a parsed body is whole
                 err = StreamError("truncated", "stream ended without a final event")
             elif pending:
                 err = StreamError("truncated", "stream ended inside an event")
@@ -417,7 +418,7 @@ class RequestRecorder:
         cached_tokens = _last_set(cols[_CACHED])
         server_id = next(filter(None, cols[_SERVER_ID]), None)
         timing = _last_set(cols[_TIMING])
-        err = self._verdict(err, bool(stamps), done, bool(pending.strip()), finish_reason, requires_done)
+        err = self._verdict(err, bool(stamps), done, bool(pending.strip()), finish_reason, requires_done, unary)
         kinds, texts = cols[_KIND], cols[_TEXT]
         counts, source = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
         output_tokens = sum(counts)
@@ -433,6 +434,15 @@ class RequestRecorder:
                     first_content = ts
                     break
         spec = self.spec
+        tool_calls = first_tool_call = None
+        if spec.tools:
+            calls = cols[_TOOLS]
+            tool_calls = max((c for c in calls if c is not None), default=0)
+            if stamps:
+                first_tool_call = next((ts for ts, c in zip(stamps, calls) if c is not None), None)
+        structured_ok = None
+        if spec.constraint is not None and err is None:
+            structured_ok = conforms(spec.constraint, self.answer_text)
         return RequestRecord(
             request_id=spec.request_id,
             phase=spec.phase,
@@ -466,6 +476,13 @@ class RequestRecorder:
             output_text=self.answer_text if save_text else None,
             server_timing_json=None if timing is None else json.dumps(timing, separators=(",", ":")),
             reasoning_tokens=reasoning,
+            kind=None if spec.kind == "generate" else spec.kind,
+            model=spec.model,
+            structured_ok=structured_ok,
+            inputs=spec.batch if spec.kind == "embeddings" else None,
+            tool_calls=tool_calls,
+            first_tool_call_ns=first_tool_call,
+            images=len(spec.images) or None,
         )
 
 
@@ -479,6 +496,7 @@ _COMPLETION = StreamEvent._fields.index("completion_tokens")
 _CACHED = StreamEvent._fields.index("cached_tokens")
 _SERVER_ID = StreamEvent._fields.index("server_request_id")
 _TIMING = StreamEvent._fields.index("server_timing")
+_TOOLS = StreamEvent._fields.index("tool_calls")
 #: The kinds the compiled scan's codes stand for (0 is a parser event kept whole).
 _FAST_KINDS = (EventKind.EMPTY, EventKind.CONTENT, EventKind.REASONING)
 _CUMULATIVE = StreamEvent._fields.index("cumulative")

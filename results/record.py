@@ -56,3 +56,18 @@ class RequestRecord:
     #: output tokens that came as reasoning ("thinking") before or between the answer's;
     #: None when unknown (a non-streaming response)
     reasoning_tokens: int | None = None
+    #: "embeddings" for an embeddings request; None for generated text
+    kind: str | None = None
+    #: the model or LoRA adapter asked for, when the workload mixes several; None: the run's model
+    model: str | None = None
+    #: whether the answer fit the request's structured-output constraint; None: no constraint,
+    #: or the request failed
+    structured_ok: bool | None = None
+    #: embeddings: the number of inputs in the request
+    inputs: int | None = None
+    #: chat with tools: the tool calls the answer made (0: none); None: no tools sent
+    tool_calls: int | None = None
+    #: when the first tool-call token arrived (streaming only)
+    first_tool_call_ns: int | None = None
+    #: chat: the images sent with the prompt (their tokens are in the server's prompt_tokens)
+    images: int | None = None

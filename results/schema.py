@@ -44,6 +44,13 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("server_timing_json", pa.string()),
         pa.field("length_class", pa.string()),
         pa.field("reasoning_tokens", pa.int32()),
+        pa.field("kind", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("structured_ok", pa.bool_()),
+        pa.field("inputs", pa.int32()),
+        pa.field("tool_calls", pa.int32()),
+        pa.field("first_tool_call_ns", pa.int64()),
+        pa.field("images", pa.int32()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )

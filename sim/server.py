@@ -10,9 +10,11 @@ and wait for the end of their stream.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import random
+import struct
 import sys
 import time
 import zlib
@@ -34,8 +36,9 @@ from sim.options import ModelTiming, describe
 from sim.prom import FlavorMetrics
 from sim.request import SimRequest
 from sim.sampling import openai_problem, sglang_problem, tgi_problem
+from sim.structured import Unsupported, answer, openai_constraint, pieces, sglang_constraint, tgi_constraint
 from sim.timing import FixedTiming
-from sim.wire import OpenAIWire, SGLangWire, TGIWire
+from sim.wire import EmbeddingWire, OpenAIWire, SGLangWire, TGIWire
 
 _now = time.perf_counter_ns
 VERSION = f"{__version__}-bench-sim"
@@ -71,6 +74,12 @@ class ServerConfig:
     #: > 0: chat answers start with this many reasoning tokens (``delta.reasoning_content``,
     #: vLLM's reasoning-parser shape), always leaving at least one answer token
     reasoning_tokens: int = 0
+    #: LoRA adapters served besides the base model (requests name one as their model)
+    lora_adapters: tuple[str, ...] = ()
+    #: adapters resident at once (vLLM --max-loras); loading another evicts the least recently used
+    max_loras: int = 1
+    #: time to load an adapter that is not resident: the request waits it before it can be scheduled
+    lora_swap_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):
@@ -82,7 +91,8 @@ class HttpStream:
 
     __slots__ = ("srv", "req", "rid", "wire", "kind", "seed", "faults", "pw", "transport", "done", "sent",
                  "held", "hold_until", "buf_text", "buf_pieces", "buf_intended", "buf_first", "first_ns", "last_ns",
-                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason", "ended", "planned", "segment", "first_req")
+                 "arrival_ns", "unary_text", "closed", "fast", "finish_reason", "ended", "planned", "segment", "first_req",
+                 "script")
 
     def __init__(self, srv: "SimServer", rid: str, wire: Any, kind: str, seed: int, faults: RequestFaults,
                  arrival_ns: int) -> None:
@@ -116,6 +126,8 @@ class HttpStream:
         self.segment = 0
         #: TGI: the first segment, whose queue and start TGI's timings are taken from
         self.first_req: SimRequest | None = None
+        #: a structured answer's pieces, one per output token (sim/structured.py); None: free text
+        self.script: list[str] | None = None
 
     # -- engine-loop side --------------------------------------------------------------------
     def emit(self, req: SimRequest, n: int, intended: tuple[int, ...], finished: bool) -> None:
@@ -150,7 +162,8 @@ class HttpStream:
             if log is not None:
                 log.add1(self.rid, first, intended[0], actual)
             return
-        pieces = [output_token(self.seed, first + j) for j in range(n)]
+        script = self.script
+        pieces = script[first : first + n] if script is not None else [output_token(self.seed, first + j) for j in range(n)]
         if f.split_at >= 0 and first <= f.split_at < first + n:
             pieces[f.split_at - first] = SPLIT_TOKEN
         self.sent += n
@@ -328,6 +341,9 @@ class SimServer:
         self.gen_throughput = 0.0
         #: TGI flavour: requests holding one of its --max-concurrent-requests permits
         self.tgi_admitted = 0
+        #: resident LoRA adapters, least recently used first, and the loads so far
+        self.loras: list[str] = []
+        self.lora_swaps = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
@@ -381,6 +397,25 @@ class SimServer:
         req.tag = sink
         sink.req = req
         return req
+
+    def _load_adapter(self, req: SimRequest, adapter: str) -> None:
+        """The adapter-swap cost: a request whose LoRA adapter is not among the ``max_loras``
+        resident ones waits ``lora_swap_ms`` (the load) before it can be scheduled; the adapter
+        then evicts the least recently used one. A resident adapter costs nothing."""
+        resident = self.loras
+        if adapter in resident:
+            resident.remove(adapter)
+        else:
+            self.lora_swaps += 1
+            delay = int(self.config.lora_swap_ms * 1e6)
+            if isinstance(self.backend, FixedBackend):
+                req.arrival_ns += delay  # fixed timing counts from arrival
+            else:
+                overhead = int(getattr(self.backend, "request_overhead_ns", 0))
+                req.ready_ns = max(req.ready_ns, req.arrival_ns + overhead + delay)
+            if len(resident) >= max(1, self.config.max_loras):
+                resident.pop(0)
+        resident.append(adapter)
 
     def request_timing(self, req: SimRequest, first_token_ns: int) -> dict[str, float]:
         """SGLang's per-request timings (``meta_info`` with ``--enable-metrics``: ``queue_time``,
@@ -523,12 +558,22 @@ class SimServer:
     async def _run(
         self, request: web.Request, kind: str, wire: Any, rid: str, prompt: str, max_tokens: int, stream: bool,
         arrival: int, status_error: Any, forced: bool = True, min_tokens: int = 0, stop_sequences: bool = False,
+        constraint: tuple[str, Any] | None = None, adapter: str | None = None, image_ids: list[int] | None = None,
     ) -> web.StreamResponse:
         if self.starting:
             return status_error(503, "the engine is starting")
+        script = None
+        if constraint is not None:
+            try:
+                # the answer's pieces, then the end-of-sequence token (no text; TGI sends it as special)
+                script = [*pieces(answer(constraint, zlib.crc32(rid.encode()))), ""]
+            except Unsupported as exc:
+                return status_error(400, f"structured output: {exc}")
         prompt_ids = tokenize(prompt)
         if not prompt_ids:
             prompt_ids = [0]
+        if image_ids:  # the images' tokens are prefilled with the text's (their prefill is charged)
+            prompt_ids = prompt_ids + image_ids
         refusal = self._too_long(kind, len(prompt_ids), max_tokens)
         if refusal is not None:
             if kind == "tgi":  # tgi_request_failure{err="validation"}; vLLM/SGLang count no request
@@ -546,16 +591,24 @@ class SimServer:
         seed = zlib.crc32(rid.encode())
         sink = HttpStream(self, rid, wire, kind, seed, faults, arrival)
         mean = self.config.natural_stop_mean
-        if mean > 0 and not forced:
+        if mean > 0 and not forced and script is None:  # a structured answer ends where its structure does
             natural = 1 + int(random.Random(seed ^ self.config.seed).expovariate(1.0 / mean))
             n = min(max_tokens, max(min_tokens, natural))
             if n < max_tokens:
                 max_tokens = n
                 # TGI names what ended it; vLLM and SGLang say "stop" for both
                 sink.finish_reason = ("stop_sequence" if stop_sequences else "eos_token") if kind == "tgi" else "stop"
+        if script is not None:
+            # the answer ends where its structure does (an end-of-sequence token), or is cut at max_tokens
+            sink.script = script
+            if len(script) <= max_tokens:
+                max_tokens = len(script)
+                sink.finish_reason = "eos_token" if kind == "tgi" else "tool_calls" if getattr(wire, "tool", None) else "stop"
         if segment:
             sink.planned, sink.segment = max_tokens, segment
         req = self._make_request(rid, prompt_ids, min(max_tokens, segment) if segment else max_tokens, arrival, sink)
+        if adapter is not None:
+            self._load_adapter(req, adapter)
         self.metrics.request(len(prompt_ids))
         headers = {"x-request-id": rid}
         if not stream:
@@ -584,7 +637,7 @@ class SimServer:
         pw.send_headers()
         sink.pw = pw
         sink.transport = request.transport
-        sink.fast = faults.clean and kind != "tgi" and request.transport is not None
+        sink.fast = faults.clean and kind != "tgi" and request.transport is not None and script is None
         if hasattr(wire, "cached"):
             wire.cached = 0
         self.engine.submit(req)
@@ -652,6 +705,43 @@ def _pieces(text: str) -> list[str]:
     return re.findall(r"\s*\S+", text)
 
 
+#: pixels per side of one image token (Qwen2-VL-style 28x28 merged patches)
+IMAGE_PATCH = 28
+
+
+def _image_ids(urls: list[Any]) -> list[int]:
+    """The prompt token ids the images stand for: ceil(w/28) x ceil(h/28) per image, read from
+    each PNG's header, ids derived from the image's bytes (the same image, the same prefix).
+    ``Unsupported`` for anything but a PNG data URL: the simulated engine fetches nothing."""
+    ids: list[int] = []
+    for url in urls:
+        head, _, data = str(url).partition(",")
+        if not head.startswith("data:image/png;base64"):
+            raise Unsupported("images must be PNG data URLs (the simulated engine fetches nothing)")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except ValueError:
+            raise Unsupported("an image's base64 data is invalid") from None
+        if raw[:8] != b"\x89PNG\r\n\x1a\n" or raw[12:16] != b"IHDR":
+            raise Unsupported("an image is not a PNG")
+        w, h = struct.unpack(">II", raw[16:24])
+        n = -(-w // IMAGE_PATCH) * -(-h // IMAGE_PATCH)
+        c = zlib.crc32(raw)
+        ids.extend(1000 + (c + k * 7919) % 30000 for k in range(n))
+    return ids
+
+
+def _message_images(messages: Any) -> list[Any]:
+    """The image URLs of a chat request's content parts."""
+    urls = []
+    for m in messages if isinstance(messages, list) else ():
+        c = m.get("content") if isinstance(m, dict) else None
+        for p in c if isinstance(c, list) else ():
+            if isinstance(p, dict) and p.get("type") == "image_url":
+                urls.append((p.get("image_url") or {}).get("url"))
+    return urls
+
+
 def _chat_prompt(messages: Any) -> str:
     if not isinstance(messages, list):
         return ""
@@ -709,7 +799,7 @@ class OpenAIRoutes:
                 return _openai_error(400, "prompt must be a string")
             prompt = raw_prompt
         model = body.get("model", srv.config.model)
-        if model != srv.config.model:
+        if model != srv.config.model and model not in srv.config.lora_adapters:
             return _openai_error(404, f"The model `{model}` does not exist.")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is None:
@@ -727,12 +817,46 @@ class OpenAIRoutes:
         if opts and not stream:
             return _openai_error(400, "Stream options can only be defined when `stream=True`.")
         rid = ("chatcmpl-" if chat else "cmpl-") + srv.next_id()
-        wire = OpenAIWire(rid, chat, model, count_tokens(prompt) or 1, bool(opts.get("include_usage")),
+        try:
+            image_ids = _image_ids(_message_images(body.get("messages"))) if chat else []
+        except Unsupported as exc:
+            return _openai_error(400, str(exc))
+        wire = OpenAIWire(rid, chat, model, (count_tokens(prompt) or 1) + len(image_ids), bool(opts.get("include_usage")),
                           bool(opts.get("continuous_usage_stats")), cached_details=True)
-        if chat:
+        try:
+            constraint = openai_constraint(body)
+            call = _tool_call(body, rid) if chat else None
+        except Unsupported as exc:
+            return _openai_error(400, str(exc))
+        if call is not None:  # the answer is a call of one of the tools, its arguments fitting its parameters
+            wire.tool, constraint = call[0], call[1]
+        if chat and constraint is None:
             wire.reasoning = min(srv.config.reasoning_tokens, max_tokens - 1)
         return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error,
-                              forced=bool(body.get("ignore_eos")), min_tokens=min_tokens)
+                              forced=bool(body.get("ignore_eos")), min_tokens=min_tokens, constraint=constraint,
+                              adapter=model if model != srv.config.model else None, image_ids=image_ids)
+
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/embeddings``: one vector per input. The inputs are prefilled as one
+        sequence of their summed length (the cost of that prefill step; the one token the
+        scheduler samples with it is not sent), then the vectors come in one response."""
+        arrival = _now()
+        srv = self.srv
+        body = await _json_body(request)
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
+            return _openai_error(400, "input must be a string or a non-empty list of strings")
+        model = body.get("model", srv.config.model)
+        if model != srv.config.model and model not in srv.config.lora_adapters:
+            return _openai_error(404, f"The model `{model}` does not exist.")
+        rid = "embd-" + srv.next_id()
+        prompt = "\n".join(inputs)
+        wire = EmbeddingWire(rid, model, [count_tokens(i) or 1 for i in inputs])
+        return await srv._run(request, "openai", wire, rid, prompt, 1, False, arrival, _openai_error,
+                              adapter=model if model != srv.config.model else None)
 
 
 class SGLangRoutes:
@@ -755,12 +879,24 @@ class SGLangRoutes:
         problem = sglang_problem(sp)
         if problem:
             return _sglang_error(400, problem)
+        lora = body.get("lora_path")
+        if lora is not None and lora not in srv.config.lora_adapters:
+            return _sglang_error(400, f"lora_path {lora!r} is not a loaded LoRA adapter")
+        try:
+            constraint = sglang_constraint(sp)
+        except Unsupported as exc:
+            return _sglang_error(400, str(exc))
+        try:
+            image_ids = _image_ids(body.get("image_data") or [])
+        except Unsupported as exc:
+            return _sglang_error(400, str(exc))
         rid = str(body.get("rid") or srv.next_id())
-        wire = SGLangWire(rid, count_tokens(text) or 1, arrival)
+        wire = SGLangWire(rid, (count_tokens(text) or 1) + len(image_ids), arrival)
         min_new = sp.get("min_new_tokens", 0)
         return await srv._run(request, "sglang", wire, rid, text, max_tokens, bool(body.get("stream")), arrival,
                               _sglang_error, forced=bool(sp.get("ignore_eos")),
-                              min_tokens=min_new if isinstance(min_new, int) else 0)
+                              min_tokens=min_new if isinstance(min_new, int) else 0, constraint=constraint, adapter=lora,
+                              image_ids=image_ids)
 
     async def server_info(self, request: web.Request) -> web.Response:
         srv = self.srv
@@ -837,10 +973,20 @@ class TGIRoutes:
                 srv.metrics.failed("validation")
                 return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {invalid}",
                                         "validation", _tgi_error)
+            lora = params.get("adapter_id")
+            if lora is not None and lora not in srv.config.lora_adapters:
+                return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: adapter {lora!r} "
+                                        "is not loaded", "validation", _tgi_error)
+            try:
+                constraint = tgi_constraint(params)
+            except (Unsupported, ValueError) as exc:
+                return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {exc}",
+                                        "validation", _tgi_error)
             # no max_new_tokens: all that fits, in segments (validation.rs)
             max_tokens = params.get("max_new_tokens") or max(1, srv.max_model_len - (count_tokens(text) or 1))
             return await srv._run(request, "tgi", wire, srv.next_id(), text, max_tokens, stream, arrival, _tgi_error,
-                                  forced=False, stop_sequences=bool(params.get("stop")))
+                                  forced=False, stop_sequences=bool(params.get("stop")), constraint=constraint,
+                                  adapter=lora)
         finally:
             srv.tgi_admitted -= 1
 
@@ -862,6 +1008,30 @@ class TGIRoutes:
             "sha": None,
             "docker_label": None,
         })
+
+
+def _tool_call(body: dict[str, Any], rid: str) -> tuple[tuple[str, str], tuple[str, Any]] | None:
+    """With ``tools`` (and a ``tool_choice`` other than "none"): ((call id, function name), the
+    constraint its arguments fit). The named tool, or one chosen by the request id."""
+    tools = body.get("tools")
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools):
+        raise Unsupported("tools must be a list of {type: function, function: {...}} objects")
+    choice = body.get("tool_choice", "auto")
+    if choice == "none":
+        return None
+    functions = [t["function"] for t in tools]
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        named = [f for f in functions if f.get("name") == name]
+        if not named:
+            raise Unsupported(f"tool_choice names {name!r}, which is not among the tools")
+        fn = named[0]
+    else:
+        fn = functions[zlib.crc32(rid.encode()) % len(functions)]
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    return ("chatcmpl-tool-" + rid.rsplit("-", 1)[-1], str(fn.get("name", ""))), ("json", params)
 
 
 def _tgi_invalid(text: str, params: dict[str, Any]) -> str | None:
@@ -904,6 +1074,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
         r.add_post("/reset_prefix_cache", srv.reset_prefix_cache_route)  # vLLM dev-mode route
         r.add_post("/v1/completions", oa.completions)
         r.add_post("/v1/chat/completions", oa.chat)
+        r.add_post("/v1/embeddings", oa.embeddings)
     elif config.flavor == "sglang":
         sg = SGLangRoutes(srv)
         r.add_post("/generate", sg.generate)
@@ -915,6 +1086,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
         r.add_post("/flush_cache", sg.flush_cache)
         r.add_post("/v1/completions", oa.completions)
         r.add_post("/v1/chat/completions", oa.chat)
+        r.add_post("/v1/embeddings", oa.embeddings)
     else:
         tg = TGIRoutes(srv)
         r.add_post("/generate_stream", tg.generate_stream)

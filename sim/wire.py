@@ -24,7 +24,7 @@ class OpenAIWire:
     """vLLM's /v1/completions and /v1/chat/completions streams."""
 
     __slots__ = ("rid", "chat", "model", "created", "prompt_tokens", "cached", "include_usage", "continuous",
-                 "details", "_opened", "_head", "_mid", "_usage_head", "reasoning", "_reasoning_head")
+                 "details", "_opened", "_head", "_mid", "_usage_head", "reasoning", "_reasoning_head", "tool")
 
     def __init__(self, rid: str, chat: bool, model: str, prompt_tokens: int, include_usage: bool, continuous: bool,
                  cached_details: bool = False) -> None:
@@ -47,6 +47,9 @@ class OpenAIWire:
         #: (vLLM's reasoning parsers), the answer after them
         self.reasoning = 0
         self._reasoning_head = self._head.replace(b'"delta":{"content":', b'"delta":{"reasoning_content":')
+        #: chat with tools: (call id, function name) when the answer is a tool call, its arguments
+        #: streamed as ``delta.tool_calls`` deltas (vLLM's tool parsers' shape)
+        self.tool: tuple[str, str] | None = None
 
     def usage(self, done: int) -> dict[str, Any]:
         u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + done,
@@ -60,6 +63,8 @@ class OpenAIWire:
                 "created": self.created, "model": self.model, "choices": choices}
 
     def tokens(self, text: str, done: int, finish: str | None) -> bytes:
+        if self.tool is not None:
+            return self._tool_tokens(text, done, finish)
         out = b""
         if self.chat and not self._opened:
             self._opened = True
@@ -80,6 +85,19 @@ class OpenAIWire:
         head = self._reasoning_head if done <= self.reasoning else self._head
         return out + head + _dumps(text) + self._mid + fin + tail + usage
 
+    def _tool_tokens(self, text: str, done: int, finish: str | None) -> bytes:
+        """A piece of the tool call's arguments; the first delta names the call and its function."""
+        assert self.tool is not None
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+        if not self._opened:
+            self._opened = True
+            call = {"index": 0, "id": self.tool[0], "type": "function",
+                    "function": {"name": self.tool[1], "arguments": text}}
+        chunk = self._base([{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": finish}])
+        if self.continuous:
+            chunk["usage"] = self.usage(done)
+        return sse(chunk)
+
     def malformed(self, text: str) -> bytes:
         return b'data: {"id":"' + self.rid.encode() + b'","object":"text_completion","choices":[{"index":0,"text":' + \
             _dumps(text)[:-1] + b"\n\n"
@@ -98,6 +116,9 @@ class OpenAIWire:
 
     def unary(self, text: str, done: int, finish: str, reasoning_text: str | None = None) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tool is not None:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": self.tool[0], "type": "function", "function": {"name": self.tool[1], "arguments": text}}]}
         if reasoning_text is not None:
             message["reasoning_content"] = reasoning_text
         choice: dict[str, Any] = (
@@ -106,6 +127,26 @@ class OpenAIWire:
         )
         return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice], "usage": self.usage(done)}
+
+
+class EmbeddingWire:
+    """vLLM's (and SGLang's) /v1/embeddings response: a small deterministic vector per input."""
+
+    __slots__ = ("rid", "model", "lengths", "cached")
+
+    #: the vectors' dimension (kept small: the client reads the latency, not the values)
+    DIM = 8
+
+    def __init__(self, rid: str, model: str, lengths: list[int]) -> None:
+        self.rid, self.model, self.lengths = rid, model, lengths
+        self.cached = 0
+
+    def unary(self, text: str, done: int, finish: str) -> dict[str, Any]:
+        data = [{"object": "embedding", "index": i, "embedding": [((i + 1) * (k + 3) % 17) / 17 for k in range(self.DIM)]}
+                for i in range(len(self.lengths))]
+        n = sum(self.lengths)
+        return {"id": self.rid, "object": "list", "created": int(time.time()), "model": self.model, "data": data,
+                "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None}}
 
 
 class SGLangWire:

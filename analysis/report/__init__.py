@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from analysis.compare import config_key
 from analysis.format import anomaly_text, one_read_text
 from analysis.headline import build_headline, capacity_text, margin_text
+from analysis.kinds import kinds_lines
 from analysis.load import load_runs
 from analysis.report import figures as F
 from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
@@ -299,6 +300,9 @@ def _run_section(i: int, v: RunView) -> Section:
     timing = v.summary.timing
     if not timing.itl_measurable:
         info.append(["ITL / TPOT", F.esc("not measurable: " + one_read_text(timing))])
+    for line in kinds_lines(v.summary.kinds or {}):  # structured output, embeddings, tools, images, models
+        name, _, text = line.partition(": ")
+        info.append([F.esc(name), F.esc(text)])
     for w in v.summary.client.warnings:
         info.append(["warning", F.esc(w)])
     sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv") + _classes_html(v.classes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,11 +49,13 @@ class EmbeddedOptions:
     sim_itl_ms: float
     sim_reasoning_tokens: int
     sim_natural_stop: float
+    sim_lora_swap_ms: float
 
-    def argv(self, model: str, flavor: str) -> list[str]:
+    def argv(self, model: str, flavor: str, lora_adapters: Sequence[str] = ()) -> list[str]:
         return ["--model", model, "--ttft-ms", str(self.sim_ttft_ms), "--itl-ms", str(self.sim_itl_ms),
                 "--flavor", flavor, "--natural-stop", str(self.sim_natural_stop),
-                "--reasoning-tokens", str(self.sim_reasoning_tokens)]
+                "--reasoning-tokens", str(self.sim_reasoning_tokens), "--lora-swap-ms", str(self.sim_lora_swap_ms),
+                "--lora-adapters", ",".join(lora_adapters)]
 
     def describe(self, flavor: str) -> dict[str, Any]:
         return {"ttft_ms": self.sim_ttft_ms, "itl_ms": self.sim_itl_ms, "flavor": flavor,
@@ -64,11 +67,14 @@ _embedded_options = option_group("embedded", (
     click.option("--sim-itl-ms", type=float, default=10.0, show_default=True, help="Embedded engine: inter-token latency."),
     click.option("--sim-reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
                  help="Embedded engine: chat answers start with this many reasoning tokens."),
+    click.option("--sim-lora-swap-ms", type=click.FloatRange(0), default=0.0, show_default=True,
+                 help="Embedded engine: it serves the --model-mix names as LoRA adapters, one resident at a time, and "
+                      "loading one takes this long."),
     click.option("--sim-natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
                  help="Embedded engine: requests not forced to their length end at a seeded end of sequence of this "
                       "mean length (0: never)."),
 ), lambda values: EmbeddedOptions(**{k: values.pop(k) for k in (
-    "sim_ttft_ms", "sim_itl_ms", "sim_reasoning_tokens", "sim_natural_stop")}))
+    "sim_ttft_ms", "sim_itl_ms", "sim_reasoning_tokens", "sim_natural_stop", "sim_lora_swap_ms")}))
 
 
 @dataclass(frozen=True)
@@ -229,6 +235,7 @@ def command(
         where, engine_label, engine_info, launched_version = _start_target(
             stack, target, launch, embedded, virtual is not None, run_dir,
             receiver.endpoint if receiver is not None else None,
+            (schedule.request if schedule else request).models,  # the embedded engine serves them as adapters
         )
         if schedule is None:
             schedule = plan.build(where)
@@ -273,6 +280,7 @@ def _start_target(
     virtual: bool,
     run_dir: Path,
     otlp_endpoint: str | None = None,
+    lora_adapters: Sequence[str] = (),
 ) -> tuple[str, str, dict[str, Any] | None, str | None]:
     """The engine measured: (where it answers, its engine label, what the launcher says about
     it, its reported version): the ``--url`` given, virtual time, an engine ``--launch``ed,
@@ -293,7 +301,7 @@ def _start_target(
         return handle.url, engine, handle.describe(), handle.version  # SGLang's stream shape depends on the version
     from bench.embedded import embedded_engine, sim_flavor
 
-    where = stack.enter_context(embedded_engine(run_dir / "engine.log", embedded.argv(model, sim_flavor(engine))))
+    where = stack.enter_context(embedded_engine(run_dir / "engine.log", embedded.argv(model, sim_flavor(engine), lora_adapters)))
     return where, "sim", None, None
 
 

@@ -73,6 +73,12 @@ def command() -> None:
                    "in-stream 'overloaded' error, as TGI answers (0: no limit).")
 @click.option("--reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="Chat answers start with this many reasoning tokens (delta.reasoning_content), then the answer.")
+@click.option("--lora-adapters", default="", metavar="NAME,...",
+              help="LoRA adapters served besides the model (requests name one as their model).")
+@click.option("--max-loras", type=click.IntRange(1), default=1, show_default=True,
+              help="Adapters resident at once; loading another evicts the least recently used.")
+@click.option("--lora-swap-ms", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Time to load an adapter that is not resident, waited by the request that needs it.")
 @click.option("--mlock", is_flag=True,
               help="Lock the engine's memory (mlockall; needs root) so host memory reclaim cannot stall emission.")
 @click.option("--emission-log", type=click.Path(path_type=Path), default=None,
@@ -175,6 +181,8 @@ def build_config(kw: dict[str, Any]) -> Any:
         natural_stop_mean=float(kw.get("natural_stop") or 0.0),
         max_concurrent_requests=int(kw.get("max_concurrent_requests", 128) or 0),
         reasoning_tokens=int(kw.get("reasoning_tokens") or 0),
+        lora_adapters=tuple(a.strip() for a in str(kw.get("lora_adapters") or "").split(",") if a.strip()),
+        max_loras=int(kw.get("max_loras") or 1), lora_swap_ms=float(kw.get("lora_swap_ms") or 0.0),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from workloads.spec import Message, RequestSpec, Sampling, Schedule
+from workloads.spec import Constraint, Message, RequestSpec, Sampling, Schedule
 
 _SPEC_FIELDS = tuple(f.name for f in fields(RequestSpec))
 
@@ -16,6 +16,8 @@ def spec_to_wire(spec: RequestSpec) -> dict[str, Any]:
         out["messages"] = [[m.role, m.content] for m in spec.messages]
     if spec.sampling is not None:
         out["sampling"] = {k: getattr(spec.sampling, k) for k in Sampling.__slots__}
+    if spec.constraint is not None:
+        out["constraint"] = {k: getattr(spec.constraint, k) for k in Constraint.__slots__}
     return out
 
 
@@ -25,6 +27,10 @@ def spec_from_wire(data: dict[str, Any]) -> RequestSpec:
         values["messages"] = tuple(Message(role, content) for role, content in values["messages"])
     if values.get("sampling") is not None:
         values["sampling"] = Sampling(**{**values["sampling"], "stop": tuple(values["sampling"]["stop"])})
+    if values.get("constraint") is not None:
+        values["constraint"] = Constraint(**{**values["constraint"], "choice": tuple(values["constraint"]["choice"])})
+    if "images" in values:
+        values["images"] = tuple((int(w), int(h)) for w, h in values["images"] or ())
     return RequestSpec(**values)
 
 
