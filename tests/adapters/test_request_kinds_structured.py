@@ -96,7 +96,7 @@ def test_structured_answers_conform_on_every_engine(tmp_path: Path, flavor: str,
     # the structure ends the answer before max_tokens: a natural stop
     assert all(r["output_tokens"] < 64 and r["finish_reason"] in ("stop", "eos_token") for r in rows)
     s = summarize(load_run(tmp_path / "run").requests)
-    assert s["kinds"]["structured"] == {"requests": 6, "conforming": 6, "share": 1.0}
+    assert s.kinds["structured"] == {"requests": 6, "conforming": 6, "share": 1.0}
     assert "structured output: 6/6 answers conform (100.0%" in format_summary(s)
 
 
@@ -113,7 +113,7 @@ def test_an_answer_cut_at_max_tokens_does_not_conform(tmp_path: Path) -> None:
                                                                    for s in sched.requests}
     assert all(r["finish_reason"] == "length" for r in rows if r["request_id"] in short)
     s = summarize(load_run(tmp_path / "run").requests)
-    assert s["kinds"]["structured"] == {"requests": 4, "conforming": 2, "share": 0.5}
+    assert s.kinds["structured"] == {"requests": 4, "conforming": 2, "share": 0.5}
     from analysis.report import build_report
 
     build_report(tmp_path / "run", tmp_path / "report.html")
@@ -124,7 +124,7 @@ def test_no_kind_lines_for_plain_text(tmp_path: Path) -> None:
     run_against(ServerConfig(model="m", timing=FAST), schedule(2), tmp_path, OpenAIAdapter(model="m"))
     s = summarize(load_run(tmp_path / "run").requests)
     text = format_summary(s)
-    assert "kinds" not in s and "structured output" not in text and "embeddings" not in text
+    assert s.kinds is None and "structured output" not in text and "embeddings" not in text
 
 
 # -- embeddings --------------------------------------------------------------------------------
@@ -155,10 +155,10 @@ def test_embeddings_end_to_end_at_batch_sizes(tmp_path: Path, loop: str) -> None
         assert r["kind"] == "embeddings" and r["first_token_ns"] is None and r["output_tokens"] == 0
         assert r["prompt_tokens"] >= 64 * r["inputs"]  # every input is prefilled
     s = summarize(load_run(tmp_path / "run").requests)
-    emb = s["kinds"]["embeddings"]
+    emb = s.kinds["embeddings"]
     assert emb["requests"] == 12 and emb["inputs"] == sum(r["inputs"] for r in rows)
     assert set(emb["by_batch"]) == {1, 8} and emb["inputs_per_s"] > emb["requests_per_s"] > 0
-    assert s["latency"]["ttft_ms"]["n"] == 0
+    assert s.latency["ttft_ms"]["n"] == 0
     assert "embeddings: 12 requests" in format_summary(s)
 
 
@@ -185,9 +185,9 @@ def test_adapter_swaps_cost_ttft_and_the_summary_splits_by_model(tmp_path: Path)
                          lora_swap_ms=swap_ms)
         run_against(c, sched, tmp_path / str(swap_ms), OpenAIAdapter(model="m"))
         s = summarize(load_run(tmp_path / str(swap_ms) / "run").requests)
-        assert set(s["kinds"]["models"]) == {"a", "b"}
-        assert sum(m["ok"] for m in s["kinds"]["models"].values()) == 16
-        ttft[swap_ms] = s["latency"]["ttft_ms"]["mean"]
+        assert set(s.kinds["models"]) == {"a", "b"}
+        assert sum(m["ok"] for m in s.kinds["models"].values()) == 16
+        ttft[swap_ms] = s.latency["ttft_ms"]["mean"]
     # one resident adapter, two alternating at random: about half the requests wait a 60 ms load
     assert ttft[60.0] - ttft[0.0] > 15.0, ttft
     assert "model a: " in format_summary(s) and "model b: " in format_summary(s)
@@ -259,7 +259,7 @@ def test_tool_calls_end_to_end(tmp_path: Path, stream: bool) -> None:
         # the arguments' deltas are output: the first of them is the first token
         assert (r["first_tool_call_ns"] == r["first_token_ns"]) if stream else r["first_tool_call_ns"] is None
     s = summarize(load_run(tmp_path / "run").requests)
-    assert {k: s["kinds"]["tools"][k] for k in ("requests", "calling", "tool_calls")} == {
+    assert {k: s.kinds["tools"][k] for k in ("requests", "calling", "tool_calls")} == {
         "requests": 6, "calling": 6, "tool_calls": 6}
     assert "tool calls: 6/6 requests with tools called one" in format_summary(s)
     # tool_choice "none": the tools are sent, no call is made
@@ -303,10 +303,10 @@ def test_images_end_to_end_charge_their_prefill(tmp_path: Path) -> None:
         if n:  # 1024/28 -> 37 tokens a side: 1,369 per image, in the server's prompt count
             assert all(r["prompt_tokens"] == 32 + 2 * 37 * 37 and r["images"] == 2 for r in rows)
         s = summarize(load_run(tmp_path / str(n) / "run").requests)
-        ttft[n] = s["latency"]["ttft_ms"]["p50"]
-    assert s["kinds"]["images"]["images"] == 12 and round(s["kinds"]["images"]["image_tokens_per_image"]) == 1369
+        ttft[n] = s.latency["ttft_ms"]["p50"]
+    assert s.kinds["images"]["images"] == 12 and round(s.kinds["images"]["image_tokens_per_image"]) == 1369
     assert "images: 6 requests carried 12 images" in format_summary(s)
-    assert s["tokens"]["prompt"]["compared"] == 0  # image requests are not held to the requested text length
+    assert s.tokens.prompt.compared == 0  # image requests are not held to the requested text length
     assert ttft[2] > ttft[0], ttft  # 2,738 more prompt tokens to prefill
 
 
