@@ -13,12 +13,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from adapters.launch.config import ParallelConfig
+import pandas as pd
+
 from analysis.capacity import CapacitySearch, LoadJudgement, Probe, closed_loop_plateau, judge_load
 from bench.sweep import store
 from analysis.invariants import ONE_READ_SHARE_MAX
+from analysis.recommend import pooled_loads, rate_probes
+from analysis.slo import SLO
 from bench.sweep.engines import (
     CellEngine,
     EngineStartError,
@@ -116,11 +120,30 @@ class CellRunner:
         #: the cell's engine when it runs in virtual time
         self.virtual: VirtualEngine | None = None
 
-    def run(self, cfg: ParallelConfig, cell_id: str, index: str) -> CellOutcome:
+    def run(self, cfg: ParallelConfig, cell_id: str, index: str, prior: list[dict[str, Any]] | None = None) -> CellOutcome:
+        """Measure the cell. ``prior``: a complete cell's points, re-judged at the sweep's
+        (changed) SLOs (orchestrate.rejudged_points): its capacity searches continue from them, and
+        only the loads the new verdicts need are measured, the engine started only for them."""
         spec = self.spec
         cdir = store.cell_dir(self.sweep_dir, cell_id)
         cdir.mkdir(parents=True, exist_ok=True)
+        priors: dict[str, list[dict[str, Any]]] = {}
+        if prior is not None:
+            priors = {w.tag: [p for p in prior if p.get("workload") == w.tag] for w in spec.workloads}
+            wanted = missing_loads(spec, priors)
+            self.echo(
+                f"{index} {cell_id}: measured loads re-judged at {SLO.from_dict(spec.slo)}: "
+                + (f"probing the missing loads, from {', '.join(wanted)}" if wanted else "no load missing")
+            )
+            if not wanted:
+                out = CellOutcome("complete", points=list(prior))
+                for w in spec.workloads:
+                    self._run_workload(cfg, cell_id, index, w, "", "", out, False, priors[w.tag])
+                store.write_points(self.sweep_dir, cell_id, out.points)
+                return out
         log_path = cdir / "engine.log"
+        if prior is not None and log_path.exists():
+            log_path = cdir / f"engine-resumed-{time.time_ns()}.log"
         engine = cell_engine(spec, cfg)
         self.echo(f"{index} {cell_id} ({cfg.gpus} GPU{'s' if cfg.gpus != 1 else ''}): starting {spec.engine}...")
         t0 = time.monotonic()
@@ -133,7 +156,7 @@ class CellRunner:
             log = text.split("last log lines:", 1)[1].strip("\n") if "last log lines:" in text else ""
             log = log or _logs_tail(cdir) or text
             return CellOutcome("failed", _start_failure(text, log), log)
-        out = CellOutcome("complete")
+        out = CellOutcome("complete", points=list(prior or ()))
         self.virtual = handle.engine if isinstance(handle, VirtualHandle) else None
         out.engine_version = getattr(handle, "version", None) or spec.engine_version
         argv = getattr(handle, "argv", None)
@@ -143,7 +166,8 @@ class CellRunner:
             served = _served_model(spec)
             first_run = True
             for w in spec.workloads:
-                ok = self._run_workload(cfg, cell_id, index, w, handle.url, served, out, first_run)
+                rows = None if prior is None else priors[w.tag]
+                ok = self._run_workload(cfg, cell_id, index, w, handle.url, served, out, first_run, rows)
                 first_run = False
                 if not ok:
                     break
@@ -163,10 +187,13 @@ class CellRunner:
         served: str,
         out: CellOutcome,
         first_run: bool,
+        prior: list[dict[str, Any]] | None = None,
     ) -> bool:
-        """All loads of one workload; False when the cell must stop (engine died)."""
+        """All loads of one workload; False when the cell must stop (engine died).
+        ``prior``: this workload's measured points, re-judged (see ``run``)."""
         spec = self.spec
-        state = {"first": first_run, "seq": 0}
+        # a later load never reuses an earlier one's prompts (Load.seq)
+        state = {"first": first_run, "seq": len(prior or ())}
         virtual = self.virtual
 
         def measure(load: Load, workers: int | None = None) -> tuple[dict[str, Any], bool] | None:
@@ -314,15 +341,22 @@ class CellRunner:
             return int(min(loads.max_requests, max(loads.requests, math.ceil(rate * window_s))))
 
         if loads.capacity:
-            base = measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
-            if base is None:
-                return False
-            base_att = base.attainment
-            base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
+            known: list[Probe] = []
+            base_verdict: str | None
+            if prior is None:
+                base = measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
+                if base is None:
+                    return False
+                base_verdict, base_att = base.verdict, base.attainment
+                base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
+            else:
+                judged = prior_loads(spec, prior)
+                known, base_verdict = list(judged.probes), judged.base_verdict
+                base_att, base_e2e_s = judged.base_attainment, judged.base_e2e_s
             window = loads.min_window_s if loads.min_window_s is not None else WINDOW_E2E_MULTIPLE * base_e2e_s
             if not math.isfinite(window):
                 window = 0.0
-            if base.verdict == "fail":  # decidedly, on a handful of requests: none pass there
+            if base_verdict == "fail":  # decidedly, on a handful of requests: none pass there
                 out.capacity[w.tag] = {
                     "method": "search",
                     "capacity_rps": None,
@@ -341,19 +375,7 @@ class CellRunner:
                 start = loads.capacity_start
             if start is None:
                 start = 2.0 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 1.0
-            search = CapacitySearch(
-                start=start,
-                precision=loads.capacity_precision,
-                max_probes=loads.capacity_max_probes,
-                max_rate=loads.capacity_max_rate,
-                # a quarter of the one-at-a-time rate is nearly unloaded: a configuration that
-                # passed one at a time but fails there is reported below it rather than probed
-                # at ever slower (and ever longer) rates
-                min_rate=max(
-                    loads.capacity_min_rate,
-                    0.25 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 0.0,
-                ),
-            )
+            search = capacity_search(spec, start, base_e2e_s, known)
             while (rate := search.next_rate()) is not None:
                 res = measure_pooled("rate", rate, "probe", requests_for(rate, window))
                 if res is None:
@@ -381,7 +403,18 @@ class CellRunner:
             if loads.rates
             else [("concurrency", float(c)) for c in sorted(loads.concurrency)]
         )
+        kind = values[0][0] if values else "rate"
         probes: list[Probe] = []
+        if prior is not None:  # the listed loads were measured: only a gap below them is probed
+            values = []
+            probes = list(prior_loads(spec, prior).probes)
+            gap = gap_search(spec, probes)
+            while gap is not None and (rate := gap.next_rate()) is not None:
+                res = measure_pooled("rate", rate, "probe", requests_for(rate, loads.min_window_s or 0.0))
+                if res is None:
+                    return False
+                gap.record(probe_of(rate, res))
+            probes = gap.probes if gap is not None else probes
         for i, (kind, value) in enumerate(values):
             res = measure_pooled(
                 kind, value, "load", requests_for(value, loads.min_window_s or 0.0) if kind == "rate" else None
@@ -459,6 +492,88 @@ class CellRunner:
         if row.get("missing_rows"):
             line += f"  WARNING: {row['missing_rows']} scheduled requests have no row in the results"
         self.echo(line)
+
+
+class PriorLoads(NamedTuple):
+    """A cell's measured loads of one workload, pooled and judged as the sweep judges them."""
+
+    probes: tuple[Probe, ...]  # the rate loads, as capacity-search probes
+    base_verdict: str | None  # the one-at-a-time baseline's verdict (None: none measured)
+    base_attainment: float
+    base_e2e_s: float
+
+
+def prior_loads(spec: SweepSpec, rows: list[dict[str, Any]]) -> PriorLoads:
+    pooled = pooled_loads(pd.DataFrame(rows), spec.attainment_pct, spec.confidence) if rows else pd.DataFrame()
+    if pooled.empty:
+        return PriorLoads((), None, math.nan, math.nan)
+    base = pooled[pooled["_base"]]
+    b = base.iloc[0] if len(base) else None
+
+    def num(key: str) -> float:
+        v = b.get(key) if b is not None else None
+        return float(v) if v is not None else math.nan
+
+    verdict = b.get("verdict") if b is not None else None
+    return PriorLoads(tuple(rate_probes(pooled)), verdict, num("attainment"), num("e2e_p50_ms") / 1000.0)
+
+
+def capacity_search(spec: SweepSpec, start: float, base_e2e_s: float, known: list[Probe] | None = None) -> CapacitySearch:
+    """A cell's capacity search from ``start``; ``known``: probes measured before (a resumed,
+    re-judged cell), from which the search goes on as if it had made them itself."""
+    loads = spec.loads
+    known = list(known or ())
+    return CapacitySearch(
+        start=start,
+        precision=loads.capacity_precision,
+        max_probes=len(known) + loads.capacity_max_probes,
+        max_rate=loads.capacity_max_rate,
+        # a quarter of the one-at-a-time rate is nearly unloaded: a configuration that
+        # passed one at a time but fails there is reported below it rather than probed
+        # at ever slower (and ever longer) rates
+        min_rate=max(
+            loads.capacity_min_rate,
+            0.25 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 0.0,
+        ),
+        probes=known,
+    )
+
+
+def gap_search(spec: SweepSpec, probes: list[Probe]) -> CapacitySearch | None:
+    """A rate list re-judged so that no listed rate passes: halve below the lowest until one
+    passes (the bracket is the answer; a list sets no precision). None: no gap."""
+    if not spec.slo or not probes or any(p.passed for p in probes):
+        return None
+    loads = spec.loads
+    return CapacitySearch(
+        start=min(p.rate for p in probes),
+        precision=math.inf,
+        max_probes=len(probes) + loads.capacity_max_probes,
+        max_rate=loads.capacity_max_rate,
+        min_rate=loads.capacity_min_rate,
+        probes=list(probes),
+    )
+
+
+def missing_loads(spec: SweepSpec, priors: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The next load each workload's re-judged search would probe (empty: the measured loads
+    decide every verdict, nothing to measure)."""
+    out = []
+    for w in spec.workloads:
+        judged = prior_loads(spec, priors.get(w.tag) or [])
+        search: CapacitySearch | None
+        if spec.loads.capacity:
+            if judged.base_verdict == "fail":
+                continue
+            e2e = judged.base_e2e_s
+            start = spec.loads.capacity_start or (2.0 / e2e if math.isfinite(e2e) and e2e > 0 else 1.0)
+            search = capacity_search(spec, start, e2e, list(judged.probes))
+        else:
+            search = gap_search(spec, list(judged.probes))
+        rate = search.next_rate() if search is not None else None
+        if rate is not None:
+            out.append(f"{w.tag} at {rate:g} req/s" if len(spec.workloads) > 1 else f"{rate:g} req/s")
+    return out
 
 
 def fmt_load(kind: str, value: float) -> str:
