@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from adapters.launch.config import ParallelConfig
 import pandas as pd
 
+from adapters.launch.config import ParallelConfig
 from analysis.capacity import CapacitySearch, LoadJudgement, Probe, closed_loop_plateau, judge_load
 from bench.sweep import store
 from analysis.invariants import ONE_READ_SHARE_MAX
