@@ -539,18 +539,25 @@ def capacity_search(spec: SweepSpec, start: float, base_e2e_s: float, known: lis
     )
 
 
+#: A re-judged rate list halves below its lowest listed rate down to this fraction of it (a
+#: list has no one-at-a-time baseline to say how low "unloaded" is); below that it stays unknown.
+GAP_FLOOR = 1 / 8
+
+
 def gap_search(spec: SweepSpec, probes: list[Probe]) -> CapacitySearch | None:
     """A rate list re-judged so that no listed rate passes: halve below the lowest until one
-    passes (the bracket is the answer; a list sets no precision). None: no gap."""
+    passes, at most down to GAP_FLOOR of it (the bracket is the answer; a list sets no
+    precision). None: no gap."""
     if not spec.slo or not probes or any(p.passed for p in probes):
         return None
     loads = spec.loads
+    lowest = min(p.rate for p in probes)
     return CapacitySearch(
-        start=min(p.rate for p in probes),
+        start=lowest,
         precision=math.inf,
         max_probes=len(probes) + loads.capacity_max_probes,
         max_rate=loads.capacity_max_rate,
-        min_rate=loads.capacity_min_rate,
+        min_rate=max(loads.capacity_min_rate, GAP_FLOOR * lowest),
         probes=list(probes),
     )
 

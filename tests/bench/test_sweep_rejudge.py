@@ -93,3 +93,28 @@ def test_resume_with_tighter_slos_probes_the_gap_and_settles_the_answer(tmp_path
     # resuming again with the same SLOs measures nothing more
     again = _bench("sweep", "--resume", "--out", str(out), "--slo", TIGHT)
     assert _rates(out) == after and "starting sim" not in again.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_rate_list_rejudged_probes_below_its_lowest_rate_and_a_looser_slo_measures_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "list"
+    args = ["--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--tp", "2", "--rate", "10,20",
+            "--confidence", "0", "--input-tokens", "128", "--output-tokens", "16", "--requests", "20", "--warmup", "2",
+            "--engine-arg=--max-num-seqs=8"]  # fmt: skip
+    _bench("sweep", *args, "--slo", LOOSE, "--out", str(out))
+    before = _rates_of(out)
+    assert before == {10.0, 20.0}
+    r = _bench("sweep", "--resume", "--out", str(out), "--slo", TIGHT)
+    added = _rates_of(out) - before
+    # halving below the lowest listed rate, down to an eighth of it at most (cell.GAP_FLOOR)
+    assert added and added <= {5.0, 2.5, 1.25}, added
+    assert "probing the missing loads, from 5 req/s" in r.stderr
+    # back to the loose SLOs: the listed rates decide again, nothing is measured
+    again = _bench("sweep", "--resume", "--out", str(out), "--slo", LOOSE)
+    assert "no load missing" in again.stderr and "starting sim" not in again.stderr
+    assert _rates_of(out) == before | added
+
+
+def _rates_of(sweep: Path) -> set[float]:
+    pts = load_points(sweep)
+    return set(pts["load_value"])
