@@ -24,6 +24,7 @@ Example (about 6 engine starts per round, 30-80 s each on 2 quiet cores, minutes
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import statistics
@@ -40,8 +41,10 @@ from adapters.launch.config import ParallelConfig
 from adapters.launch.engines import VLLM_CPU_VENV
 from adapters.launch.launcher import LaunchSpec, plan_launch
 from adapters.launch.process import free_port
+from analysis.server_metrics import ttft_cross_check
 from analysis.summary import summarize_run
 from bench.sweep import store
+from results.reader import read_requests
 
 #: What vLLM on CPU needs here (docs/engines.md): no hub, no telemetry, 1 GiB of KV cache.
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -109,7 +112,11 @@ def _points(sweep_dir: Path, cell_id: str) -> list[dict[str, Any]]:
 def figures(run_dir: Path) -> dict[str, Any]:
     s = summarize_run(run_dir)
     lat = s["latency"]
+    # the engine's own TTFT over the same window: slower on both sides means the host, not the client
+    check = ttft_cross_check(run_dir, read_requests(run_dir)) or {}
     return {
+        "server_ttft_mean_ms": check.get("server_mean_ms", math.nan),
+        "client_ttft_mean_ms": check.get("client_mean_ms", math.nan),
         "ok": s["requests"]["ok"],
         "measured": s["requests"]["measured"],
         "anomalies": s["requests"]["anomalies"],
@@ -252,11 +259,13 @@ def report(results: dict[str, list[dict[str, Any]]], tps: list[int], with_sweep:
     pairs = [("run tp1 by hand", "run tp1 launched")]
     if with_sweep:
         pairs += [(f"sweep tp{tp} by hand", f"sweep tp{tp} cell") for tp in tps]
-    print("\nper run: TTFT p50 ms, TPOT p50 ms, anomalies, one-read responses / measured")
+    print("\nper run: TTFT p50 ms, TPOT p50 ms, anomalies, one-read responses / measured, TTFT mean ms "
+          "(client; the engine's own histogram, same window, warm-up included)")
     for name, rows in results.items():
         for i, f in enumerate(rows, 1):
             print(f"  {name:22s} r{i}: TTFT {f['ttft_p50_ms']:7.2f}  TPOT {f['tpot_p50_ms']:6.2f}  "
-                  f"anomalies {f['anomalies']}  one-read {f['one_read']}/{f['measured']}  ok {f['ok']}")  # fmt: skip
+                  f"anomalies {f['anomalies']}  one-read {f['one_read']}/{f['measured']}  ok {f['ok']}  "
+                  f"TTFT mean client {f['client_ttft_mean_ms']:.1f} / engine {f['server_ttft_mean_ms']:.1f}")  # fmt: skip
     print(f"\nby hand vs bench-launched (median over rounds of TTFT p50; within {100 * TOLERANCE:.0f} %?)")
     for hand, other in pairs:
         a, b = results.get(hand), results.get(other)
