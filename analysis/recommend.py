@@ -50,8 +50,12 @@ TIE_FRACTION = 0.05
 #: TTFT counts as queue-dominated when queue time is at least this share of it.
 QUEUE_SHARE = 0.5
 KV_FULL = 0.95
-#: How to measure what a re-judged sweep did not probe.
-PROBE_HINT = "bench sweep --capacity with --slo set to them"
+#: How to measure what a re-judged sweep did not probe (the per-cell note; the message names
+#: the whole command, ``resume_command``).
+PROBE_HINT = "bench sweep --resume with these SLOs probes the missing loads"
+#: The settings a load's verdict depends on: ``bench sweep --resume`` may change them, and
+#: then re-judges the measured loads and probes what the new verdicts need.
+JUDGING = ("slo", "attainment_pct", "confidence")
 
 ADVICE = {
     "queueing": "TTFT is mostly queue time: add replicas (DP) or admission control",
@@ -112,19 +116,27 @@ def sweep_dataset(sweep: Path) -> ds.Dataset:
 
 
 def _rescore(sweep: Path, df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
-    rows = []
-    for rec in df.to_dict("records"):
-        rd = rec.get("run_dir")
-        if rec.get("status") in ("complete", "interrupted") and isinstance(rd, str) and (sweep / rd).exists():
-            run = load_run(sweep / rd)
-            m = point_metrics(run, slo, server_signals(read_server_metrics(sweep / rd)))
-            for k in list(rec):
-                if k.startswith("miss_share_"):
-                    rec.pop(k)
-            rescored = ("attainment", "attainment_low", "attainment_high", "met", "goodput_rps")
-            rec.update({k: v for k, v in m.as_row().items() if k in rescored or k.startswith("miss_share_")})
-        rows.append(rec)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([rescore_point(sweep, rec, slo) for rec in df.to_dict("records")])
+
+
+def rescore_point(sweep: Path, rec: dict[str, Any], slo: SLO) -> dict[str, Any]:
+    """One point (a row of points.parquet, changed in place) with its attainment, goodput and
+    miss shares recomputed under ``slo`` from its run folder's request table."""
+    rd = rec.get("run_dir")
+    if rec.get("status") in ("complete", "interrupted") and isinstance(rd, str) and (Path(sweep) / rd).exists():
+        run = load_run(Path(sweep) / rd)
+        m = point_metrics(run, slo, server_signals(read_server_metrics(Path(sweep) / rd)))
+        for k in list(rec):
+            if k.startswith("miss_share_"):
+                rec.pop(k)
+        rescored = ("attainment", "attainment_low", "attainment_high", "met", "goodput_rps")
+        rec.update({k: v for k, v in m.as_row().items() if k in rescored or k.startswith("miss_share_")})
+    return rec
+
+
+def resume_command(sweep: Path, slo: dict[str, float]) -> str:
+    """The command that probes the loads a re-judged sweep lacks (bench/sweep/cell.py)."""
+    return f"bench sweep --resume --out {sweep} --slo {SLO.from_dict(slo)}"
 
 
 def _settings_from_definition(sweep: Path) -> dict[str, Any]:
@@ -145,6 +157,11 @@ def _settings_from_definition(sweep: Path) -> dict[str, Any]:
     }
 
 
+def _judging(settings: dict[str, Any]) -> dict[str, Any]:
+    spec = settings.get("sweep") or {}
+    return {k: spec.get(k) for k in JUDGING}
+
+
 def sweep_settings(sweep: Path, points: pd.DataFrame) -> dict[str, Any]:
     """SLO, attainment target and target load as the sweep ran them (from a run's metadata)."""
     for rd in points.get("run_dir", pd.Series(dtype=object)).dropna():
@@ -161,8 +178,9 @@ def sweep_settings(sweep: Path, points: pd.DataFrame) -> dict[str, Any]:
 # -- per-cell numbers --------------------------------------------------------------------
 
 
-def _pooled(points: pd.DataFrame, attainment_pct: float, level: float = CONFIDENCE) -> pd.DataFrame:
-    """One row per load value: repeats pooled (attainment weighted by requests)."""
+def pooled_loads(points: pd.DataFrame, attainment_pct: float, level: float = CONFIDENCE) -> pd.DataFrame:
+    """One row per load value: repeats pooled (attainment weighted by requests) and judged
+    (``passed``, ``verdict``); the one-at-a-time baseline first (``_base``), then by load."""
     done = points[points["status"].isin(["complete", "interrupted"])].copy()
     if done.empty:
         return done
@@ -226,19 +244,12 @@ def cell_capacity(
     points: pd.DataFrame, attainment_pct: float, precision: float | None, level: float = CONFIDENCE
 ) -> dict[str, Any]:
     """Capacity of one cell and workload (rate loads), or the best passing concurrency."""
-    pooled = _pooled(points, attainment_pct, level)
+    pooled = pooled_loads(points, attainment_pct, level)
     if pooled.empty:
         return {"capacity_rps": None, "note": "no measured loads"}
     rates = pooled[(pooled["load_kind"] == "rate") & ~pooled["_base"]]
     if len(rates):
-        probes = [
-            Probe(
-                float(r["load_value"]), bool(r["passed"]), _f(r.get("attainment")), bool(r["saturated"]),
-                r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""),
-            )
-            for _, r in rates.iterrows()
-        ]  # fmt: skip
-        res = capacity_from_probes(probes, precision if precision else float("nan"))
+        res = capacity_from_probes(rate_probes(pooled), precision if precision else float("nan"))
         out = {
             "kind": "rate",
             "capacity_rps": res.capacity_rps,
@@ -264,6 +275,18 @@ def cell_capacity(
     }
 
 
+def rate_probes(pooled: pd.DataFrame) -> list[Probe]:
+    """The rate loads of a pooled cell (``pooled_loads``), as the capacity search's probes."""
+    rates = pooled[(pooled["load_kind"] == "rate") & ~pooled["_base"]] if len(pooled) else pooled
+    return [
+        Probe(
+            float(r["load_value"]), bool(r["passed"]), _f(r.get("attainment")), bool(r["saturated"]),
+            r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""),
+        )
+        for _, r in rates.iterrows()
+    ]  # fmt: skip
+
+
 def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) -> dict[str, Any]:
     """When no probed rate passed: is that a verdict (the configuration fails even one
     request at a time) or a gap (nothing below the lowest probed rate was measured, as after
@@ -278,7 +301,7 @@ def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) ->
         "unknown_below_rps": lowest,
         "note": (
             f"not probed below {lowest:g} req/s: capacity unknown there "
-            f"(a sweep of it with these SLOs measures it: {PROBE_HINT}); {res.note}"
+            f"({PROBE_HINT}); {res.note}"
         ),
     }
 
@@ -298,7 +321,7 @@ def diagnose_cell(
     points: pd.DataFrame, slo: dict[str, float], attainment_pct: float, level: float = CONFIDENCE
 ) -> Diagnosis:
     """Which resource limits this configuration, read from its loads (one cell, one workload)."""
-    pooled = _pooled(points, attainment_pct, level)
+    pooled = pooled_loads(points, attainment_pct, level)
     if pooled.empty:
         return Diagnosis("unknown", "no measured loads", {})
     base = pooled.iloc[0]
@@ -404,10 +427,13 @@ def recommend(
     cells = read_cells(sweep)
     stored = load_points(sweep)
     settings = sweep_settings(sweep, stored) if not stored.empty else {}
-    if not settings:
-        settings = _settings_from_definition(sweep)
+    definition = _settings_from_definition(sweep)
+    # a sweep resumed with other SLOs (bench sweep --resume --slo) is judged by its definition
+    rejudged = bool(settings and definition) and _judging(definition) != _judging(settings)
+    if not settings or rejudged:
+        settings = definition
     slo_used = dict(slo) if slo is not None else dict(settings.get("slo") or {})
-    points = load_points(sweep, slo=slo_used) if slo is not None else stored
+    points = load_points(sweep, slo=slo_used) if slo is not None or rejudged else stored
     att = attainment_pct if attainment_pct is not None else float(settings.get("attainment_pct") or 90.0)
     target = target_rate if target_rate is not None else settings.get("target_rate")
     target_c = target_concurrency if target_concurrency is not None else settings.get("target_concurrency")
@@ -459,8 +485,9 @@ def recommend(
     workloads = list(dict.fromkeys(points["workload"].dropna()))
     for w in workloads:
         out["workloads"][w] = _recommend_workload(
-            points[points["workload"] == w], cell_rows, slo_used, att, target, target_c, precision, level
-        )
+            points[points["workload"] == w], cell_rows, slo_used, att, target, target_c, precision, level,
+            resume_command(sweep, slo_used) if slo_used else "",
+        )  # fmt: skip
     first = out["workloads"][workloads[0]]
     out["recommendation"] = first.get("recommendation")
     out["message"] = first.get("message")
@@ -477,6 +504,7 @@ def _recommend_workload(
     target_c: int | None,
     precision: float | None,
     level: float = CONFIDENCE,
+    resume: str = "",
 ) -> dict[str, Any]:
     status = {c["cell_id"]: c for c in cells}
     configs = [
@@ -512,6 +540,12 @@ def _recommend_workload(
     result["message"] = message
     if rec is not None and target is None and target_c is None:
         result["separation"] = _separation(configs, rec)
+    if target is None and target_c is None:
+        # without a target the pick is the most load per GPU: a configuration whose capacity is
+        # unknown below a rate that would beat it per GPU might be the answer
+        best = (rec or {}).get("capacity_rps_per_gpu") or 0.0
+        maybe = [c for c in configs if c.get("unknown_below_rps") is not None and c["unknown_below_rps"] / c["gpus"] > best]
+        _provisional(result, maybe, rec, message, resume)
     if target is not None:
         result["short_of_target"] = [
             f"{c['cell_id']} ({_gpus(c)}): "
@@ -528,13 +562,7 @@ def _recommend_workload(
         # a configuration not probed down to the target might meet it: the answer waits on it
         maybe = [c for c in configs if c.get("unknown_below_rps") is not None and c["unknown_below_rps"] > target + 1e-9]
         maybe = [c for c in maybe if rec is None or (c["gpus"], c["axes"]) < (rec["gpus"], _axes(configs, rec))]
-        if maybe:
-            result["message"] = (message + "; " if rec else "") + (
-                "not known for "
-                + ", ".join(f"{c['cell_id']} ({_gpus(c)}, not probed below {c['unknown_below_rps']:g} req/s)" for c in maybe)
-                + f": a sweep of them with these SLOs measures it ({PROBE_HINT})"
-            )
-            result["provisional"] = True
+        _provisional(result, maybe, rec, message, resume)
     result["same_gpus_tradeoffs"] = _tradeoffs(configs)
     return result
 
@@ -548,7 +576,7 @@ def _configuration(
     axes = int(g["axes"].iloc[0]) if "axes" in g else 0
     cap = cell_capacity(g, att, precision, level)
     diag = diagnose_cell(g, slo, att, level) if slo else Diagnosis("unknown", "no SLO given", {})
-    pooled = _pooled(g, att, level)
+    pooled = pooled_loads(g, att, level)
     base = pooled.iloc[0] if len(pooled) else None
     return {
         "cell_id": cell_id,
@@ -569,6 +597,22 @@ def _configuration(
         ),
         "loads": [_clean_dict(_point_summary(r)) for _, r in pooled.iterrows()],
     }
+
+
+def _provisional(
+    result: dict[str, Any], maybe: list[dict[str, Any]], rec: dict[str, Any] | None, message: str, resume: str
+) -> None:
+    """Configurations not probed where they could change the answer: the answer waits on them
+    (PROVISIONAL), and the message says which loads are missing and the command that probes them."""
+    if not maybe:
+        return
+    result["message"] = (message + "; " if rec else "") + (
+        "not known for "
+        + ", ".join(f"{c['cell_id']} ({_gpus(c)}, not probed below {c['unknown_below_rps']:g} req/s)" for c in maybe)
+        + f": probe the missing loads with `{resume}`"
+    )
+    result["provisional"] = True
+    result["resume_command"] = resume
 
 
 def _gpus(c: dict[str, Any]) -> str:
@@ -772,7 +816,10 @@ def format_recommendation(rec: dict[str, Any]) -> str:
             if wr.get("untrustworthy"):
                 lines.append(f"  UNTRUSTWORTHY: {len(wr['untrustworthy'])} load(s) could not be measured truthfully (listed below)")
             if wr.get("provisional"):
-                lines.append("  PROVISIONAL: a smaller configuration was not probed at these loads")
+                lines.append(
+                    "  PROVISIONAL: a configuration that could change the answer was not probed at these loads; "
+                    f"probe them with: {wr.get('resume_command')}"
+                )
             ev = r.get("evidence")
             if ev:
                 lines.append(

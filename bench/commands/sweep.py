@@ -131,7 +131,8 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--out", type=click.Path(path_type=Path), help="Sweep folder (required unless --dry-run).")
 @click.option("--dry-run", is_flag=True,
               help="Print every cell's argv, environment, GPU assignment and skip reason; start nothing.")
-@click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run. "
+              "With another --slo/--attainment/--confidence: re-judge its loads and probe the ones the new verdicts need.")
 @click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
 @click.option("--progress/--no-progress", default=None, help="Per-request progress bar (default: on a terminal).")
 def command(config_path: Path | None, **flags: Any) -> None:
@@ -146,6 +147,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
       bench sweep --engine vllm --model /models/M --tp 1,2,4 --rate 1,2,4,8 --slo ttft_ms=500 --out sweeps/m
       bench sweep --config sweep.toml --out sweeps/s
       bench sweep --resume --out sweeps/70b        # after an interruption
+      bench sweep --resume --out sweeps/70b --slo ttft_ms=150,tpot_ms=40   # tighter SLOs: probe the gaps
     """
     from analysis.recommend import format_recommendation, recommend
     from bench.outcome import sweep_outcome

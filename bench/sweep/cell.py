@@ -13,12 +13,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import pandas as pd
 
 from launch.config import ParallelConfig
 from analysis.capacity import CapacitySearch, LoadJudgement, Probe, Saturation, closed_loop_plateau, judge_load
 from bench.sweep import store
 from analysis.invariants import ONE_READ_SHARE_MAX
+from analysis.recommend import pooled_loads, rate_probes
+from analysis.slo import SLO
 from bench.sweep.engines import (
     CellEngine,
     EngineStartError,
@@ -118,11 +122,30 @@ class CellRunner:
         #: the cell's engine when it runs in virtual time
         self.virtual: VirtualEngine | None = None
 
-    def run(self, cfg: ParallelConfig, cell_id: str, index: str) -> CellOutcome:
+    def run(self, cfg: ParallelConfig, cell_id: str, index: str, prior: list[dict[str, Any]] | None = None) -> CellOutcome:
+        """Measure the cell. ``prior``: a complete cell's points, re-judged at the sweep's
+        (changed) SLOs (orchestrate.rejudged_points): its capacity searches continue from them, and
+        only the loads the new verdicts need are measured, the engine started only for them."""
         spec = self.spec
         cdir = store.cell_dir(self.sweep_dir, cell_id)
         cdir.mkdir(parents=True, exist_ok=True)
+        priors: dict[str, list[dict[str, Any]]] = {}
+        if prior is not None:
+            priors = {w.tag: [p for p in prior if p.get("workload") == w.tag] for w in spec.workloads}
+            wanted = missing_loads(spec, priors)
+            self.echo(
+                f"{index} {cell_id}: measured loads re-judged at {SLO.from_dict(spec.slo)}: "
+                + (f"probing the missing loads, from {', '.join(wanted)}" if wanted else "no load missing")
+            )
+            if not wanted:
+                out = CellOutcome("complete", points=list(prior))
+                for w in spec.workloads:
+                    _WorkloadLoads(self, cfg, cell_id, index, w, "", "", out, False, priors[w.tag]).run()
+                store.write_points(self.sweep_dir, cell_id, out.points)
+                return out
         log_path = cdir / "engine.log"
+        if prior is not None and log_path.exists():
+            log_path = cdir / f"engine-resumed-{time.time_ns()}.log"
         engine = cell_engine(spec, cfg)
         self.echo(f"{index} {cell_id} ({cfg.gpus} GPU{'s' if cfg.gpus != 1 else ''}): starting {spec.engine}...")
         t0 = time.monotonic()
@@ -135,7 +158,7 @@ class CellRunner:
             log = text.split("last log lines:", 1)[1].strip("\n") if "last log lines:" in text else ""
             log = log or _logs_tail(cdir) or text
             return CellOutcome("failed", _start_failure(text, log), log)
-        out = CellOutcome("complete")
+        out = CellOutcome("complete", points=list(prior or ()))
         self.virtual = handle.engine if isinstance(handle, VirtualHandle) else None
         out.engine_version = getattr(handle, "version", None) or spec.engine_version
         argv = getattr(handle, "argv", None)
@@ -147,7 +170,8 @@ class CellRunner:
             first_run = True
             for w in spec.workloads:
                 # all loads of one workload; False when the cell must stop (engine died)
-                ok = _WorkloadLoads(self, cfg, cell_id, index, w, handle.url, served, out, first_run).run()
+                rows = None if prior is None else priors[w.tag]
+                ok = _WorkloadLoads(self, cfg, cell_id, index, w, handle.url, served, out, first_run, rows).run()
                 first_run = False
                 if not ok:
                     break
@@ -200,7 +224,13 @@ class _WorkloadLoads:
     out: CellOutcome
     #: the warm-up goes with the cell's first run
     first: bool
+    #: this workload's measured points, re-judged at the sweep's (changed) SLOs (a resumed
+    #: cell, ``CellRunner.run``): the searches go on from them
+    prior: list[dict[str, Any]] | None = None
     seq: int = 0
+
+    def __post_init__(self) -> None:
+        self.seq = len(self.prior or ())  # a later load never reuses an earlier one's prompts (Load.seq)
 
     @property
     def spec(self) -> SweepSpec:
@@ -387,15 +417,22 @@ class _WorkloadLoads:
         is bracketed to the precision asked; False when the engine died."""
         loads, out, w, cfg = self.spec.loads, self.out, self.w, self.cfg
         index, cell_id, echo = self.index, self.cell_id, self.runner.echo
-        base = self.measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
-        if base is None:
-            return False
-        base_att = base.attainment
-        base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
+        known: list[Probe] = []
+        base_verdict: str | None
+        if self.prior is None:
+            base = self.measure_pooled("concurrency", 1, "baseline", min(loads.requests, BASELINE_REQUESTS))
+            if base is None:
+                return False
+            base_verdict, base_att = base.verdict, base.attainment
+            base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
+        else:  # re-judged: the baseline and the probes made are known
+            judged = prior_loads(self.spec, self.prior)
+            known, base_verdict = list(judged.probes), judged.base_verdict
+            base_att, base_e2e_s = judged.base_attainment, judged.base_e2e_s
         window = loads.min_window_s if loads.min_window_s is not None else WINDOW_E2E_MULTIPLE * base_e2e_s
         if not math.isfinite(window):
             window = 0.0
-        if base.verdict == "fail":  # decidedly, on a handful of requests: none pass there
+        if base_verdict == "fail":  # decidedly, on a handful of requests: none pass there
             out.capacity[w.tag] = {
                 "method": "search",
                 "capacity_rps": None,
@@ -415,19 +452,7 @@ class _WorkloadLoads:
             start = loads.capacity_start
         if start is None:
             start = 2.0 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 1.0
-        search = CapacitySearch(
-            start=start,
-            precision=loads.capacity_precision,
-            max_probes=loads.capacity_max_probes,
-            max_rate=loads.capacity_max_rate,
-            # a quarter of the one-at-a-time rate is nearly unloaded: a configuration that
-            # passed one at a time but fails there is reported below it rather than probed
-            # at ever slower (and ever longer) rates
-            min_rate=max(
-                loads.capacity_min_rate,
-                0.25 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 0.0,
-            ),
-        )
+        search = seeded_capacity_search(self.spec, start, base_e2e_s, known)
         while (rate := search.next_rate()) is not None:
             res = self.measure_pooled("rate", rate, "probe", self.requests_for(rate, window))
             if res is None:
@@ -461,7 +486,18 @@ class _WorkloadLoads:
             if loads.rates
             else [("concurrency", float(c)) for c in sorted(loads.concurrency)]
         )
+        kind = values[0][0] if values else "rate"
         probes: list[Probe] = []
+        if self.prior is not None:  # the listed loads were measured: only a gap below them is probed
+            values = []
+            probes = list(prior_loads(self.spec, self.prior).probes)
+            gap = gap_search(self.spec, probes)
+            while gap is not None and (rate := gap.next_rate()) is not None:
+                res = self.measure_pooled("rate", rate, "probe", self.requests_for(rate, loads.min_window_s or 0.0))
+                if res is None:
+                    return False
+                gap.record(self.probe_of(rate, res))
+            probes = gap.probes if gap is not None else probes
         for i, (kind, value) in enumerate(values):
             res = self.measure_pooled(
                 kind, value, "load", self.requests_for(value, loads.min_window_s or 0.0) if kind == "rate" else None
@@ -519,6 +555,95 @@ class _WorkloadLoads:
         }
         cap = _cap_text(result.capacity_rps, result.upper_rps, self.cfg.gpus)
         self.runner.echo(f"{self.index} {self.cell_id}: capacity {cap}")
+
+
+class PriorLoads(NamedTuple):
+    """A cell's measured loads of one workload, pooled and judged as the sweep judges them."""
+
+    probes: tuple[Probe, ...]  # the rate loads, as capacity-search probes
+    base_verdict: str | None  # the one-at-a-time baseline's verdict (None: none measured)
+    base_attainment: float
+    base_e2e_s: float
+
+
+def prior_loads(spec: SweepSpec, rows: list[dict[str, Any]]) -> PriorLoads:
+    pooled = pooled_loads(pd.DataFrame(rows), spec.attainment_pct, spec.confidence) if rows else pd.DataFrame()
+    if pooled.empty:
+        return PriorLoads((), None, math.nan, math.nan)
+    base = pooled[pooled["_base"]]
+    b = base.iloc[0] if len(base) else None
+
+    def num(key: str) -> float:
+        v = b.get(key) if b is not None else None
+        return float(v) if v is not None else math.nan
+
+    verdict = b.get("verdict") if b is not None else None
+    return PriorLoads(tuple(rate_probes(pooled)), verdict, num("attainment"), num("e2e_p50_ms") / 1000.0)
+
+
+def seeded_capacity_search(spec: SweepSpec, start: float, base_e2e_s: float, known: list[Probe] | None = None) -> CapacitySearch:
+    """A cell's capacity search from ``start``; ``known``: probes measured before (a resumed,
+    re-judged cell), from which the search goes on as if it had made them itself."""
+    loads = spec.loads
+    known = list(known or ())
+    return CapacitySearch(
+        start=start,
+        precision=loads.capacity_precision,
+        max_probes=len(known) + loads.capacity_max_probes,
+        max_rate=loads.capacity_max_rate,
+        # a quarter of the one-at-a-time rate is nearly unloaded: a configuration that
+        # passed one at a time but fails there is reported below it rather than probed
+        # at ever slower (and ever longer) rates
+        min_rate=max(
+            loads.capacity_min_rate,
+            0.25 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 0.0,
+        ),
+        probes=known,
+    )
+
+
+#: A re-judged rate list halves below its lowest listed rate down to this fraction of it (a
+#: list has no one-at-a-time baseline to say how low "unloaded" is); below that it stays unknown.
+GAP_FLOOR = 1 / 8
+
+
+def gap_search(spec: SweepSpec, probes: list[Probe]) -> CapacitySearch | None:
+    """A rate list re-judged so that no listed rate passes: halve below the lowest until one
+    passes, at most down to GAP_FLOOR of it (the bracket is the answer; a list sets no
+    precision). None: no gap."""
+    if not spec.slo or not probes or any(p.passed for p in probes):
+        return None
+    loads = spec.loads
+    lowest = min(p.rate for p in probes)
+    return CapacitySearch(
+        start=lowest,
+        precision=math.inf,
+        max_probes=len(probes) + loads.capacity_max_probes,
+        max_rate=loads.capacity_max_rate,
+        min_rate=max(loads.capacity_min_rate, GAP_FLOOR * lowest),
+        probes=list(probes),
+    )
+
+
+def missing_loads(spec: SweepSpec, priors: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The next load each workload's re-judged search would probe (empty: the measured loads
+    decide every verdict, nothing to measure)."""
+    out = []
+    for w in spec.workloads:
+        judged = prior_loads(spec, priors.get(w.tag) or [])
+        search: CapacitySearch | None
+        if spec.loads.capacity:
+            if judged.base_verdict == "fail":
+                continue
+            e2e = judged.base_e2e_s
+            start = spec.loads.capacity_start or (2.0 / e2e if math.isfinite(e2e) and e2e > 0 else 1.0)
+            search = seeded_capacity_search(spec, start, e2e, list(judged.probes))
+        else:
+            search = gap_search(spec, list(judged.probes))
+        rate = search.next_rate() if search is not None else None
+        if rate is not None:
+            out.append(f"{w.tag} at {rate:g} req/s" if len(spec.workloads) > 1 else f"{rate:g} req/s")
+    return out
 
 
 def fmt_load(kind: str, value: float) -> str:

@@ -17,13 +17,16 @@ from bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, V
 from bench.sweep.fingerprint import cell_fingerprint
 from bench.sweep.matrix import PlannedCell, expand
 from bench.sweep.spec import LEGACY_DEFAULTS, SweepSpec, spec_from_dict
+from analysis.recommend import JUDGING
 from core import __version__
 from core.errors import BenchError
 
 Echo = Callable[[str], None]
 
-#: Spec fields that may change between a sweep and its --resume (they do not alter measured cells).
-RESUMABLE_CHANGES = {"matrix", "gpus", "target_rate", "target_concurrency", "ready_timeout_s"}
+#: Spec fields that may change between a sweep and its --resume: they do not alter measured
+#: cells, or (JUDGING: the SLOs, attainment target, confidence) only how their loads are judged;
+#: then the measured loads are re-judged and each search probes what the new verdicts need.
+RESUMABLE_CHANGES = {"matrix", "gpus", "target_rate", "target_concurrency", "ready_timeout_s", *JUDGING}
 
 FINISHED = ("complete", "skipped")
 
@@ -108,6 +111,9 @@ def run_sweep(
         },
     )
     previous = {r["cell_id"]: r for r in store.read_cells(sweep_dir)}
+    # complete cells judged under other SLOs than these: re-judged, their gaps probed
+    was = judging({**LEGACY_DEFAULTS, **(stored.get("spec") or {})}) if stored else judging(spec.as_dict())
+    rejudge = {cid for cid, r in previous.items() if r["status"] == "complete" and _judged_at(r, was) != judging(spec.as_dict())}
     rows: dict[str, dict[str, Any]] = {}
     for c in planned:
         old = previous.get(c.cell_id)
@@ -127,7 +133,11 @@ def run_sweep(
     runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, _capacity_hint(rows))
     ran: list[str] = []
     reused: list[str] = []
-    todo = [c for c in planned if not c.skip_reason and rows[c.cell_id]["status"] not in ("complete", "failed")]
+    todo = [
+        c
+        for c in planned
+        if not c.skip_reason and (rows[c.cell_id]["status"] not in ("complete", "failed") or c.cell_id in rejudge)
+    ]
     total = len(todo)
     echo(
         f"sweep {sweep_id}: {len(planned)} cells, {total} to run"
@@ -143,37 +153,37 @@ def run_sweep(
             echo(f"done {c.cell_id}: {rows[c.cell_id]['status']} (kept from the earlier run)")
     interrupted = False
     for i, c in enumerate(todo, 1):
-        store.set_aside_partial(sweep_dir, c.cell_id)
         row = rows[c.cell_id]
-        row.update(status="running", reason=None, log_tail=None, started_unix_s=time.time(), ended_unix_s=None,
-                   fingerprint=json.dumps(cell_fingerprint(spec.model), sort_keys=True))
-        save()
+        prior = rejudged_points(sweep_dir, c.cell_id, spec) if c.cell_id in rejudge else None
+        if prior is None:
+            store.set_aside_partial(sweep_dir, c.cell_id)
+            row.update(status="running", reason=None, log_tail=None, started_unix_s=time.time(), ended_unix_s=None,
+                       fingerprint=json.dumps(cell_fingerprint(spec.model), sort_keys=True))
+            save()
         try:
-            outcome = runner.run(c.config, c.cell_id, f"[{i}/{total}]")
-        except SweepInterrupted:
-            row.update(status="running", reason="interrupted; rerun with --resume")
-            save()
+            outcome = runner.run(c.config, c.cell_id, f"[{i}/{total}]", prior)
+        except (SweepInterrupted, KeyboardInterrupt):
+            if prior is None:  # a re-judged cell stays complete: its earlier loads stand
+                row.update(status="running", reason="interrupted; rerun with --resume")
+                save()
             interrupted = True
             break
-        except KeyboardInterrupt:
-            row.update(status="running", reason="interrupted; rerun with --resume")
-            save()
-            interrupted = True
-            break
-        row.update(
-            status=outcome.status,
-            reason=outcome.reason,
-            log_tail=outcome.log_tail,
-            engine_version=outcome.engine_version,
-            engine_argv=outcome.engine_argv,
-            engine_info=json.dumps(outcome.engine_info, sort_keys=True, default=str) if outcome.engine_info else None,
-            prefix_cache_reset=outcome.prefix_cache_reset,
-            ended_unix_s=time.time(),
-        )
+        ran.append(c.cell_id)
+        if prior is not None and outcome.status == "failed":
+            # the cell's measured loads stand; its verdicts at these SLOs wait on the missing loads
+            echo(f"[{i}/{total}] {c.cell_id}: the missing loads were not measured: {outcome.reason}")
+            continue
+        row.update(status=outcome.status, reason=outcome.reason, log_tail=outcome.log_tail, ended_unix_s=time.time())
+        for key in ("engine_version", "engine_argv", "prefix_cache_reset"):
+            if prior is None or getattr(outcome, key) is not None:  # re-judged without a launch: kept
+                row[key] = getattr(outcome, key)
+        if outcome.engine_info:
+            row["engine_info"] = json.dumps(outcome.engine_info, sort_keys=True, default=str)
+        elif prior is None:
+            row["engine_info"] = None
         _set_capacity(row, outcome.capacity, spec, c.config)
         _set_limiting(row, sweep_dir, spec)
         save()
-        ran.append(c.cell_id)
         if outcome.status == "failed":
             echo(f"[{i}/{total}] {c.cell_id}: FAILED: {outcome.reason}")
             for line in (outcome.log_tail or "").splitlines()[-8:]:
@@ -207,11 +217,49 @@ def _set_capacity(row: dict[str, Any], capacity: dict[str, dict[str, Any]], spec
 
     if not capacity:
         return
+    for record in capacity.values():  # the settings its verdicts were made under
+        record["judged"] = judging(spec.as_dict())
     first = capacity.get(spec.workloads[0].tag) or next(iter(capacity.values()))
     cap = first.get("capacity_rps")
     row["capacity_rps"] = cap
     row["capacity_rps_per_gpu"] = cap / cfg.gpus if cap is not None else None
     row["capacity_json"] = json.dumps(capacity, sort_keys=True)
+
+
+def judging(spec: dict[str, Any]) -> dict[str, Any]:
+    """The settings a sweep's verdicts depend on (analysis.recommend.JUDGING), comparable."""
+    return {k: _norm(spec.get(k)) for k in JUDGING}
+
+
+def _judged_at(row: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    """The settings a complete cell's verdicts were made under (``default``: a cell stored
+    before cells recorded them, or one without a capacity record)."""
+    import json
+
+    records = json.loads(row["capacity_json"]).values() if row.get("capacity_json") else []
+    return next((r["judged"] for r in records if r.get("judged")), default)
+
+
+def rejudged_points(sweep_dir: Path, cell_id: str, spec: SweepSpec) -> list[dict[str, Any]]:
+    """A complete cell's points with attainment and verdicts recomputed from their run folders
+    under the spec's SLOs (what ``bench recommend --slo`` does, kept in points.parquet)."""
+    from analysis.capacity import judge_load
+    from analysis.recommend import rescore_point
+    from analysis.slo import SLO
+    from results.reader import read_parquet_file
+
+    path = store.cell_dir(sweep_dir, cell_id) / store.POINTS_FILE
+    if not path.exists():
+        return []
+    slo = SLO.from_dict(spec.slo)
+    rows = []
+    for row in read_parquet_file(path).to_pylist():
+        row = rescore_point(sweep_dir, row, slo)
+        if spec.slo and row.get("status") in ("complete", "interrupted"):
+            own = judge_load([row], spec.attainment_pct, spec.confidence)
+            row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
+        rows.append(row)
+    return rows
 
 
 def _set_limiting(row: dict[str, Any], sweep_dir: Path, spec: SweepSpec) -> None:

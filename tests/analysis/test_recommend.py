@@ -186,6 +186,15 @@ def test_rejudging_says_what_it_does_not_know_instead_of_no_capacity(tmp_path: P
     text = format_recommendation(rec)
     assert "no capacity under the SLOs" not in text and "unknown: not probed below 24 req/s" in text
     assert "<24?" in text
+    # the message names the command that probes the gap (bench sweep --resume, tests/bench/test_sweep_rejudge.py)
+    command = f"bench sweep --resume --out {sweep} --slo ttft_ms=500,tpot_ms=50"
+    assert command in rec["message"] and wr["resume_command"] == command
+    assert "PROVISIONAL" in text and command in text
+    # without a target the pick is the most load per GPU: tp1 (1 GPU), unknown below 24 req/s,
+    # might beat tp2's 12 req/s per GPU, so that answer is provisional too
+    free = recommend(sweep)
+    assert free["recommendation"]["cell_id"] == "tp2" and free["workloads"]["w"]["provisional"]
+    assert "not known for tp1 (1 GPU, not probed below 24 req/s)" in free["message"]
     # a configuration that fails even one request at a time is a verdict, not a gap
     fail_base = _point("tp1", 1.0, 0.0, kind="concurrency", role="baseline", miss_ttft=1.0)
     pts2 = [fail_base, *(_point("tp1", r, 0.3) for r in (24.0, 48.0))]
