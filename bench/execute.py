@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import Adapter
 from adapters.context import context_routes
@@ -25,12 +25,13 @@ from core.control import EngineClient
 from core.errors import BenchError
 from loadgen.runner import RunOptions, Runner, RunStats
 from loadgen.transport import Timeouts, Transport
-from loadgen.transports import make_transport
-from loadgen.workers import WorkerPool
 from results.schema import RUN_FILE, SCHEMA_VERSION
 from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
 from workloads.context import fit_to_context
 from workloads.spec import Schedule
+
+if TYPE_CHECKING:  # imported where a live run needs them (a virtual-time run never loads aiohttp)
+    from loadgen.workers import WorkerPool
 
 #: ``run.parquet`` ``clock``: which clock stamped the received chunks.
 CLOCK_LABELS = {
@@ -129,6 +130,8 @@ async def execute_run(
     run_id = uuid.uuid4().hex[:16]
     own_transport = transport is None
     if transport is None:
+        from loadgen.transports import make_transport
+
         try:
             transport = make_transport(cfg.transport, cfg.url, cfg.timeouts, cfg.clock)
         except ValueError as exc:
@@ -160,6 +163,8 @@ async def execute_run(
     write_schedule(run_dir, schedule.requests)
     runner: Runner | WorkerPool
     if cfg.workers > 1:
+        from loadgen.workers import WorkerPool
+
         runner = WorkerPool(run_dir, run_id, schedule, adapter, cfg.url, cfg.timeouts, cfg.workers,
                             cfg.transport, cfg.clock, cfg.options)
         meta["adapter_json"]["workers"] = cfg.workers
