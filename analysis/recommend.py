@@ -529,6 +529,8 @@ def _recommend_workload(
     result["message"] = message
     if rec is not None and target is None and target_c is None:
         result["separation"] = _separation(configs, rec)
+    elif target is not None and (sep := _target_separation(configs, rec, target)) is not None:
+        result["separation"] = sep
     if target is not None:
         result["short_of_target"] = [
             f"{c['cell_id']} ({_gpus(c)}): "
@@ -576,6 +578,44 @@ def _separation(configs: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str,
         pick["cell_id"], _per_gpu_bracket(pick), runner["cell_id"], _per_gpu_bracket(runner)
     )
     return {"runner_up": runner["cell_id"], "separated": sep.separated, "text": sep.text + " (per GPU)"}
+
+
+def _target_separation(configs: list[dict[str, Any]], rec: dict[str, Any] | None, target: float) -> dict[str, Any] | None:
+    """With a target load the answer is the smallest configuration meeting it: is that decided?
+
+    Every configuration the choice would prefer (fewer GPUs, fewer parallel axes; any, when
+    none met the target) and that fell short must have failed, decided, at or below the target.
+    One that passed below the target and never failed at or below it has a bracket that holds
+    the target: a repeat may find it meeting the target, so the answer is too close to call.
+    """
+    def rank(c: dict[str, Any]) -> tuple[int, int]:
+        return int(c["gpus"]), int(c["axes"])
+
+    picked = None if rec is None else next((c for c in configs if c["cell_id"] == rec["cell_id"]), None)
+    short = [
+        c for c in configs
+        if c.get("capacity_rps") and c["capacity_rps"] < target - 1e-9 and (picked is None or rank(c) < rank(picked))
+    ]  # fmt: skip
+    if not short:
+        return None
+    runner = max(short, key=lambda c: c["capacity_rps"])
+    open_ = [c for c in short if c.get("upper_rps") is None or c["upper_rps"] > target + 1e-9]
+    name = rec["cell_id"] if rec is not None else "no configuration"
+    if not open_:
+        return {
+            "runner_up": runner["cell_id"],
+            "separated": True,
+            "text": f"{name} is separated from {runner['cell_id']}: {runner['cell_id']} failed at "
+            f"{runner['upper_rps']:.4g} req/s, at or below the target {target:g}",
+        }
+    c = max(open_, key=lambda c: c["capacity_rps"])
+    fails = f"failed only at {c['upper_rps']:.4g} req/s" if c.get("upper_rps") else "no load failed"
+    return {
+        "runner_up": c["cell_id"],
+        "separated": False,
+        "text": f"{name} and {c['cell_id']} are too close to call at {target:g} req/s ({c['cell_id']} passed "
+        f"{c['capacity_rps']:.4g} req/s and {fails}: it may meet the target too)",
+    }
 
 
 def _per_gpu_bracket(c: dict[str, Any]) -> tuple[float | None, float | None]:
