@@ -108,11 +108,13 @@ def realtime_repeats(repeats: int) -> bool:
             rec = json.loads((out / "recommendation.json").read_text())
             pick = str((rec.get("recommendation") or {}).get("cell_id"))
             close = "too close to call" in r.stdout.lower()
+            untrusted = r.returncode == 5  # the answer rests on loads the client could not measure truthfully
             close_runs += close
             tally[pick] = tally.get(pick, 0) + 1
             line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RECOMMENDATION")), "")
             print(f"real time, run {k + 1}: {wall:5.0f} s wall, {cpu:5.1f} s CPU (load {load} at its start); "
-                  f"recommendation {pick}; too close to call: {'yes' if close else 'no'}\n  {line[:160]}", flush=True)
+                  f"recommendation {pick}; too close to call: {'yes' if close else 'no'}; "
+                  f"UNTRUSTWORTHY: {'yes' if untrusted else 'no'}\n  {line[:160]}", flush=True)
     top = max(tally.values(), default=0)
     ok = top == repeats or close_runs == repeats
     print(f"real time: {repeats} runs: " + ", ".join(f"{c} x{n}" for c, n in sorted(tally.items()))
