@@ -191,7 +191,11 @@ def _pooled(points: pd.DataFrame, attainment_pct: float, level: float = CONFIDEN
 def _judge(row: dict[str, Any], runs: pd.DataFrame, attainment_pct: float, level: float) -> None:
     """The load's pooled verdict (analysis.capacity.judge_load) into ``row``; the pooled
     figures are those of the runs the client measured truthfully."""
-    records = [{k: (None if _missing(v) else v) for k, v in r.items()} for r in runs.to_dict("records")]
+    # column by column (DataFrame.to_dict goes row by row through iloc: twice the time here)
+    cols = list(runs.columns)
+    records = [
+        {k: (None if _missing(v) else v) for k, v in zip(cols, row)} for row in zip(*(runs[c].tolist() for c in cols))
+    ]
     if "attainment" not in runs or runs["attainment"].isna().all():  # no SLO: saturation alone
         row.update(passed=not row["saturated"], verdict="pass" if not row["saturated"] else "fail", verdict_reason=None)
         row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan)
@@ -216,10 +220,16 @@ def _missing(v: Any) -> bool:
 
 
 def cell_capacity(
-    points: pd.DataFrame, attainment_pct: float, precision: float | None, level: float = CONFIDENCE
+    points: pd.DataFrame,
+    attainment_pct: float,
+    precision: float | None,
+    level: float = CONFIDENCE,
+    pooled: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
-    """Capacity of one cell and workload (rate loads), or the best passing concurrency."""
-    pooled = _pooled(points, attainment_pct, level)
+    """Capacity of one cell and workload (rate loads), or the best passing concurrency.
+    ``pooled``: ``_pooled(points, attainment_pct, level)`` when the caller has it already."""
+    if pooled is None:
+        pooled = _pooled(points, attainment_pct, level)
     if pooled.empty:
         return {"capacity_rps": None, "note": "no measured loads"}
     rates = pooled[(pooled["load_kind"] == "rate") & ~pooled["_base"]]
@@ -277,10 +287,16 @@ def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) ->
 
 
 def diagnose_cell(
-    points: pd.DataFrame, slo: dict[str, float], attainment_pct: float, level: float = CONFIDENCE
+    points: pd.DataFrame,
+    slo: dict[str, float],
+    attainment_pct: float,
+    level: float = CONFIDENCE,
+    pooled: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
-    """Which resource limits this configuration, read from its loads (one cell, one workload)."""
-    pooled = _pooled(points, attainment_pct, level)
+    """Which resource limits this configuration, read from its loads (one cell, one workload).
+    ``pooled``: ``_pooled(points, attainment_pct, level)`` when the caller has it already."""
+    if pooled is None:
+        pooled = _pooled(points, attainment_pct, level)
     if pooled.empty:
         return {"limiting_factor": "unknown", "explanation": "no measured loads", "evidence": {}}
     base = pooled.iloc[0]
@@ -472,13 +488,13 @@ def _recommend_workload(
             continue
         gpus = int(g["gpus"].iloc[0])
         axes = int(g["axes"].iloc[0]) if "axes" in g else 0
-        cap = cell_capacity(g, att, precision, level)
+        pooled = _pooled(g, att, level)  # once per cell: the capacity and the diagnosis read it too
+        cap = cell_capacity(g, att, precision, level, pooled)
         diag: dict[str, Any] = (
-            diagnose_cell(g, slo, att, level)
+            diagnose_cell(g, slo, att, level, pooled)
             if slo
             else {"limiting_factor": "unknown", "explanation": "no SLO given", "evidence": {}}
         )
-        pooled = _pooled(g, att, level)
         base = pooled.iloc[0] if len(pooled) else None
         configs.append(
             {
