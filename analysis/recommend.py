@@ -216,7 +216,11 @@ def pooled_loads(points: pd.DataFrame, attainment_pct: float, level: float = CON
 def _judge(row: dict[str, Any], runs: pd.DataFrame, attainment_pct: float, level: float) -> None:
     """The load's pooled verdict (analysis.capacity.judge_load) into ``row``; the pooled
     figures are those of the runs the client measured truthfully."""
-    records = [{k: (None if _missing(v) else v) for k, v in r.items()} for r in runs.to_dict("records")]
+    # column by column (DataFrame.to_dict goes row by row through iloc: twice the time here)
+    cols = list(runs.columns)
+    records = [
+        {k: (None if _missing(v) else v) for k, v in zip(cols, row)} for row in zip(*(runs[c].tolist() for c in cols))
+    ]
     if "attainment" not in runs or runs["attainment"].isna().all():  # no SLO: saturation alone
         row.update(passed=not row["saturated"], verdict="pass" if not row["saturated"] else "fail", verdict_reason=None)
         row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan)
@@ -241,10 +245,16 @@ def _missing(v: Any) -> bool:
 
 
 def cell_capacity(
-    points: pd.DataFrame, attainment_pct: float, precision: float | None, level: float = CONFIDENCE
+    points: pd.DataFrame,
+    attainment_pct: float,
+    precision: float | None,
+    level: float = CONFIDENCE,
+    pooled: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
-    """Capacity of one cell and workload (rate loads), or the best passing concurrency."""
-    pooled = pooled_loads(points, attainment_pct, level)
+    """Capacity of one cell and workload (rate loads), or the best passing concurrency.
+    ``pooled``: ``pooled_loads(points, attainment_pct, level)`` when the caller has it already."""
+    if pooled is None:
+        pooled = pooled_loads(points, attainment_pct, level)
     if pooled.empty:
         return {"capacity_rps": None, "note": "no measured loads"}
     rates = pooled[(pooled["load_kind"] == "rate") & ~pooled["_base"]]
@@ -318,10 +328,16 @@ class Diagnosis:
 
 
 def diagnose_cell(
-    points: pd.DataFrame, slo: dict[str, float], attainment_pct: float, level: float = CONFIDENCE
+    points: pd.DataFrame,
+    slo: dict[str, float],
+    attainment_pct: float,
+    level: float = CONFIDENCE,
+    pooled: pd.DataFrame | None = None,
 ) -> Diagnosis:
-    """Which resource limits this configuration, read from its loads (one cell, one workload)."""
-    pooled = pooled_loads(points, attainment_pct, level)
+    """Which resource limits this configuration, read from its loads (one cell, one workload).
+    ``pooled``: ``pooled_loads(points, attainment_pct, level)`` when the caller has it already."""
+    if pooled is None:
+        pooled = pooled_loads(points, attainment_pct, level)
     if pooled.empty:
         return Diagnosis("unknown", "no measured loads", {})
     base = pooled.iloc[0]
@@ -546,6 +562,8 @@ def _recommend_workload(
         best = (rec or {}).get("capacity_rps_per_gpu") or 0.0
         maybe = [c for c in configs if c.get("unknown_below_rps") is not None and c["unknown_below_rps"] / c["gpus"] > best]
         _provisional(result, maybe, rec, message, resume)
+    elif target is not None and (sep := _target_separation(configs, rec, target)) is not None:
+        result["separation"] = sep
     if target is not None:
         result["short_of_target"] = [
             f"{c['cell_id']} ({_gpus(c)}): "
@@ -574,9 +592,9 @@ def _configuration(
     lightest load and every load's pooled verdict."""
     gpus = int(g["gpus"].iloc[0])
     axes = int(g["axes"].iloc[0]) if "axes" in g else 0
-    cap = cell_capacity(g, att, precision, level)
-    diag = diagnose_cell(g, slo, att, level) if slo else Diagnosis("unknown", "no SLO given", {})
-    pooled = pooled_loads(g, att, level)
+    pooled = pooled_loads(g, att, level)  # once per cell: the capacity and the diagnosis read it too
+    cap = cell_capacity(g, att, precision, level, pooled)
+    diag = diagnose_cell(g, slo, att, level, pooled) if slo else Diagnosis("unknown", "no SLO given", {})
     base = pooled.iloc[0] if len(pooled) else None
     return {
         "cell_id": cell_id,
@@ -635,6 +653,44 @@ def _separation(configs: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str,
         pick["cell_id"], _per_gpu_bracket(pick), runner["cell_id"], _per_gpu_bracket(runner)
     )
     return {"runner_up": runner["cell_id"], "separated": sep.separated, "text": sep.text + " (per GPU)"}
+
+
+def _target_separation(configs: list[dict[str, Any]], rec: dict[str, Any] | None, target: float) -> dict[str, Any] | None:
+    """With a target load the answer is the smallest configuration meeting it: is that decided?
+
+    Every configuration the choice would prefer (fewer GPUs, fewer parallel axes; any, when
+    none met the target) and that fell short must have failed, decided, at or below the target.
+    One that passed below the target and never failed at or below it has a bracket that holds
+    the target: a repeat may find it meeting the target, so the answer is too close to call.
+    """
+    def rank(c: dict[str, Any]) -> tuple[int, int]:
+        return int(c["gpus"]), int(c["axes"])
+
+    picked = None if rec is None else next((c for c in configs if c["cell_id"] == rec["cell_id"]), None)
+    short = [
+        c for c in configs
+        if c.get("capacity_rps") and c["capacity_rps"] < target - 1e-9 and (picked is None or rank(c) < rank(picked))
+    ]  # fmt: skip
+    if not short:
+        return None
+    runner = max(short, key=lambda c: c["capacity_rps"])
+    open_ = [c for c in short if c.get("upper_rps") is None or c["upper_rps"] > target + 1e-9]
+    name = rec["cell_id"] if rec is not None else "no configuration"
+    if not open_:
+        return {
+            "runner_up": runner["cell_id"],
+            "separated": True,
+            "text": f"{name} is separated from {runner['cell_id']}: {runner['cell_id']} failed at "
+            f"{runner['upper_rps']:.4g} req/s, at or below the target {target:g}",
+        }
+    c = max(open_, key=lambda c: c["capacity_rps"])
+    fails = f"failed only at {c['upper_rps']:.4g} req/s" if c.get("upper_rps") else "no load failed"
+    return {
+        "runner_up": c["cell_id"],
+        "separated": False,
+        "text": f"{name} and {c['cell_id']} are too close to call at {target:g} req/s ({c['cell_id']} passed "
+        f"{c['capacity_rps']:.4g} req/s and {fails}: it may meet the target too)",
+    }
 
 
 def _per_gpu_bracket(c: dict[str, Any]) -> tuple[float | None, float | None]:

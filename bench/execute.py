@@ -23,16 +23,15 @@ from core.errors import BenchError
 from launch.profiles import profile
 from loadgen.runner import RunOptions, Runner, RunStats
 from loadgen.transport import Timeouts, Transport
-from loadgen.transports import make_transport
-from loadgen.workers import WorkerPool
 from results.schema import RUN_FILE
 from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
 from workloads.context import fit_to_context
 from workloads.spec import Schedule
 
-if TYPE_CHECKING:
-    from loadgen.scrape import MetricsScraper
+if TYPE_CHECKING:  # imported where a live run needs them (a virtual-time run never loads aiohttp)
     from loadgen.otlp import OtlpReceiver
+    from loadgen.scrape import MetricsScraper
+    from loadgen.workers import WorkerPool
 
 #: Longest wait, after the last response, for the engine's spans (engines export in batches:
 #: vLLM every 5 s by default, every 0.5 s when bench launches it with a receiver).
@@ -125,6 +124,8 @@ async def execute_run(
     run_id = uuid.uuid4().hex[:16]
     own_transport = transport is None
     if transport is None:
+        from loadgen.transports import make_transport
+
         try:
             transport = make_transport(cfg.transport, cfg.url, cfg.timeouts, cfg.clock)
         except ValueError as exc:
@@ -150,6 +151,8 @@ async def execute_run(
     write_schedule(run_dir, schedule.requests)
     runner: Runner | WorkerPool
     if cfg.workers > 1:
+        from loadgen.workers import WorkerPool
+
         runner = WorkerPool(run_dir, run_id, schedule, adapter, cfg.url, cfg.timeouts, cfg.workers,
                             cfg.transport, cfg.clock, cfg.options)
         meta["adapter_json"]["workers"] = cfg.workers

@@ -6,13 +6,18 @@ Prints the two targets' figures:
    ``--repeats`` times in a row, then as many times again while ``--busy`` processes spin
    on the CPUs: each run's wall time, recommendation and capacities, and whether every run
    gave the same answer (identical recommendation and capacity figures).
-2. One ``bench run`` of ``--requests`` requests (~200 output tokens each) on a TP4×DP2
+2. With ``--realtime-repeats N``: the same job measured live (``--clock auto``: the simulated
+   engine launched as a server, bench's client and transport against it), N times: each
+   run's recommendation, whether its output says the leading configurations are too close to
+   call, and the tally (the target: one recommendation in N of N, or "too close to call").
+3. One ``bench run`` of ``--requests`` requests (~200 output tokens each) on a TP4×DP2
    simulated deployment in virtual time: wall time (simulated and written), and whether its
    rows and ``bench summary`` match the model's own outcome list (``sim.backend.simulate``
    on the same arrivals, token for token; percentiles from the outcomes with numpy).
 
     python benchmarks/virtual_time.py                     # both, 5 + 5 sweeps, 100,000 requests
     python benchmarks/virtual_time.py --repeats 2 --requests 5000   # a quick look
+    python benchmarks/virtual_time.py --skip-main-job --skip-big-run --realtime-repeats 10
 
 Timings depend on the host; the answers must not.
 """
@@ -42,15 +47,18 @@ MAIN_JOB = [
 ]  # fmt: skip
 
 
-def _bench(*args: str, timeout: float = 3600) -> tuple[subprocess.CompletedProcess[str], float, float]:
-    """Run ``bench ARGS``; returns (the process, wall seconds, CPU seconds it used: user + system)."""
+def _bench(
+    *args: str, timeout: float = 3600, ok_codes: tuple[int, ...] = (0,)
+) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """Run ``bench ARGS``; returns (the process, wall seconds, CPU seconds it and its children
+    used: user + system). ``ok_codes``: exit codes that are answers, not failures."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True,
                        timeout=timeout)  # fmt: skip
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if r.returncode != 0:
+    if r.returncode not in ok_codes:
         raise SystemExit(f"bench {' '.join(args[:2])} failed:\n{r.stderr[-3000:]}")
     return r, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -85,6 +93,33 @@ def main_job(repeats: int, busy: int) -> bool:
     same = all(a == answers[0] for a in answers)
     print(f"main job: {len(answers)} runs, identical recommendation and capacities: {'yes' if same else 'NO'}")
     return same
+
+
+def realtime_repeats(repeats: int) -> bool:
+    """The main job in real time, ``repeats`` times; True when every run recommended the same
+    configuration or said that the leading ones are too close to call."""
+    tally: dict[str, int] = {}
+    close_runs = 0
+    with tempfile.TemporaryDirectory(prefix="bench-rt-") as d:
+        for k in range(repeats):
+            out = Path(d) / f"rt{k}"
+            load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+            r, wall, cpu = _bench(*MAIN_JOB, "--clock", "auto", "--out", str(out), ok_codes=(0, 4, 5))
+            rec = json.loads((out / "recommendation.json").read_text())
+            pick = str((rec.get("recommendation") or {}).get("cell_id"))
+            close = "too close to call" in r.stdout.lower()
+            untrusted = r.returncode == 5  # the answer rests on loads the client could not measure truthfully
+            close_runs += close
+            tally[pick] = tally.get(pick, 0) + 1
+            line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RECOMMENDATION")), "")
+            print(f"real time, run {k + 1}: {wall:5.0f} s wall, {cpu:5.1f} s CPU (load {load} at its start); "
+                  f"recommendation {pick}; too close to call: {'yes' if close else 'no'}; "
+                  f"UNTRUSTWORTHY: {'yes' if untrusted else 'no'}\n  {line[:160]}", flush=True)
+    top = max(tally.values(), default=0)
+    ok = top == repeats or close_runs == repeats
+    print(f"real time: {repeats} runs: " + ", ".join(f"{c} x{n}" for c, n in sorted(tally.items()))
+          + f"; said too close to call in {close_runs}; target met: {'yes' if ok else 'NO'}")
+    return ok
 
 
 def _exact_seconds(ns: int) -> float:
@@ -154,10 +189,14 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=200)
     ap.add_argument("--skip-main-job", action="store_true")
     ap.add_argument("--skip-big-run", action="store_true")
+    ap.add_argument("--realtime-repeats", type=int, default=0,
+                    help="also run the main job this many times in real time (--clock auto)")
     a = ap.parse_args()
     ok = True
     if not a.skip_main_job:
         ok &= main_job(a.repeats, a.busy)
+    if a.realtime_repeats:
+        ok &= realtime_repeats(a.realtime_repeats)
     if not a.skip_big_run:
         ok &= big_run(a.requests, a.rate, a.input_tokens, a.output_tokens)
     sys.exit(0 if ok else 1)

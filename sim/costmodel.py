@@ -39,6 +39,9 @@ class StepCost:
     parts: dict[str, float]
 
 
+#: The terms of a step's time, as ``StepCost.parts`` names them (``CostModel.times`` order).
+STEP_PARTS = ("linear", "attn_prefill", "attn_decode", "tp", "dcp", "pcp", "ep", "moe_mla_layers", "pp_send", "fixed")
+
 #: Entries of a cost model's per-token-count cache before it starts afresh (bounds its memory).
 _BY_TOKENS_CACHE = 1 << 16
 
@@ -92,6 +95,12 @@ class CostModel:
         self.moe_flops_factor = self.flops / moe_rate if 0 < moe_rate < self.flops else 1.0
         self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t / 4.0) ** 1.25 if t > 1 else 0.0
         self._by_tokens: dict[tuple[int, int], tuple[float, float, float, float, float, float, float]] = {}
+        # constants of ``times`` (one step's attention and fixed costs)
+        self._two_layers = 2.0 * self.layers_stage
+        self._attn_split = t * parallel.pcp
+        self._kv_read_bw = self.bw * gpu.mbu_kv
+        self._fixed_s = profile.t_fixed_ms * 1e-3
+        self._per_seq_s = profile.per_seq_us * 1e-6
 
     # -- memory ------------------------------------------------------------------------
     @property
@@ -137,8 +146,16 @@ class CostModel:
     # -- one step ------------------------------------------------------------------------
     def step(self, prefill: list[tuple[int, int]], n_decode: int, decode_ctx_sum: int) -> StepCost:
         """Cost of one step: ``prefill`` is (chunk tokens, context before the chunk) per request."""
-        m, g, par = self.m, self.g, self.par
-        t, p = par.tp, par.pp
+        latency, occupancy, terms = self.times(prefill, n_decode, decode_ctx_sum)
+        return StepCost(latency, occupancy, dict(zip(STEP_PARTS, terms)))
+
+    def times(
+        self, prefill: list[tuple[int, int]], n_decode: int, decode_ctx_sum: int
+    ) -> tuple[float, float, tuple[float, ...]]:
+        """``step`` as (latency, occupancy, the terms of ``STEP_PARTS``): the scheduler calls
+        this once per step, so it builds no dict or dataclass."""
+        m = self.m
+        p = self.par.pp
         pf_tokens = 0
         attn_pf_flops = 0.0
         for chunk, ctx in prefill:
@@ -151,21 +168,16 @@ class CostModel:
                 self._by_tokens.clear()
             by_tokens = self._by_tokens[key] = self._token_parts(pf_tokens, n_decode)
         t_lin, t_tp, t_dcp, t_pcp, t_ep, t_layers, send = by_tokens
-        # attention
-        t_attn_pf = (
-            2.0 * self.layers_stage * attn_pf_flops * 2.0 * m.heads * m.head_dim / (t * par.pcp) / self.attn_flops
-        )
-        t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / (self.bw * g.mbu_kv)
+        # attention (the precomputed factors are the leftmost ones: every product rounds as
+        # it would written out in full, so the times are bit for bit those of the formula)
+        t_attn_pf = self._two_layers * attn_pf_flops * 2.0 * m.heads * m.head_dim / self._attn_split / self.attn_flops
+        t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / self._kv_read_bw
         stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers
         # engine CPU time: per step, plus per sequence in the step (scheduling, sampling, output)
-        fixed = self.prof.t_fixed_ms * 1e-3 + self.prof.per_seq_us * 1e-6 * (len(prefill) + n_decode)
+        fixed = self._fixed_s + self._per_seq_s * (len(prefill) + n_decode)
         latency = p * stage + (p - 1) * send + fixed
         occupancy = stage + send + fixed if p > 1 else latency
-        parts = {
-            "linear": t_lin, "attn_prefill": t_attn_pf, "attn_decode": t_attn_dec, "tp": t_tp, "dcp": t_dcp,
-            "pcp": t_pcp, "ep": t_ep, "moe_mla_layers": t_layers, "pp_send": (p - 1) * send, "fixed": fixed,
-        }
-        return StepCost(latency, occupancy, parts)
+        return latency, occupancy, (t_lin, t_attn_pf, t_attn_dec, t_tp, t_dcp, t_pcp, t_ep, t_layers, (p - 1) * send, fixed)
 
     def _token_parts(self, pf_tokens: int, n_decode: int) -> tuple[float, float, float, float, float, float, float]:
         """The step's costs that depend on its token counts alone (linear layers, collectives,

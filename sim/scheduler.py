@@ -133,25 +133,35 @@ class Instance:
 
     # -- events ------------------------------------------------------------------------
     def next_event_ns(self) -> int | None:
+        """The next step end or step start (the backend asks every instance before each event)."""
+        inflight = self.inflight
         ev: int | None = None
-        if self.inflight:
-            ev = min(b.end_ns for b in self.inflight)
-        if len(self.inflight) < self.pp:
-            start: int | None = None
-            if not self.blocked and (self.waiting or any(not r.in_flight for r in self.running)):
-                start = max(self.stage_free_ns, self.clock)
-            elif self.pending:
-                start = max(self.stage_free_ns, self.clock, self.pending[0][0])
-            if start is not None and (ev is None or start < ev):
-                ev = start
+        if inflight:
+            ev = inflight[0].end_ns if len(inflight) == 1 else min(b.end_ns for b in inflight)
+            if len(inflight) >= self.pp:
+                return ev
+        start: int | None = None
+        if not self.blocked and (self.waiting or any(not r.in_flight for r in self.running)):
+            start = self.stage_free_ns if self.stage_free_ns > self.clock else self.clock
+        elif self.pending:
+            start = max(self.stage_free_ns, self.clock, self.pending[0][0])
+        if start is not None and (ev is None or start < ev):
+            return start
         return ev
 
     def pop_completion(self, t: int) -> Batch | None:
-        due = [b for b in self.inflight if b.end_ns <= t]
-        if not due:
-            return None
-        best = min(due, key=lambda x: x.end_ns)
-        self.inflight.remove(best)
+        inflight = self.inflight
+        if len(inflight) == 1:  # (pp = 1: at most one step in flight)
+            best = inflight[0]
+            if best.end_ns > t:
+                return None
+            inflight.clear()
+        else:
+            due = [b for b in inflight if b.end_ns <= t]
+            if not due:
+                return None
+            best = min(due, key=lambda x: x.end_ns)
+            inflight.remove(best)
         self.clock = max(self.clock, best.end_ns)
         self.blocked = False
         return best
@@ -180,16 +190,26 @@ class Instance:
         req.private_blocks = 0
 
     def _register_full_blocks(self, req: SimRequest) -> None:
+        """Turn the request's newly filled prompt blocks into cached ones (``BlockPool.register``,
+        inlined: this runs after every prefill chunk)."""
         hashes = req.block_hashes
-        if not hashes or not self.pool.prefix_caching:
+        pool = self.pool
+        if not hashes or not pool.prefix_caching:
             return
         full = min(req.num_computed // self.limits.block_size, len(hashes))
-        while len(req.shared_blocks) < full and req.private_blocks > 0:
-            h = hashes[len(req.shared_blocks)]
-            if not self.pool.register(h):
+        shared = req.shared_blocks
+        n = len(shared)
+        private = req.private_blocks
+        refs = pool.refs
+        while n < full and private > 0:
+            h = hashes[n]
+            if h in refs:
                 break
-            req.private_blocks -= 1
-            req.shared_blocks.append(h)
+            refs[h] = 1
+            private -= 1
+            shared.append(h)
+            n += 1
+        req.private_blocks = private
 
     def _preempt(self, victim: SimRequest) -> None:
         self.free(victim)
@@ -358,17 +378,20 @@ class Instance:
             plan.add_prefill(req, chunk)
 
     def _launch(self, plan: "_Plan", t: int) -> Batch:
-        c = self.cost.step(plan.prefill, plan.n_dec, plan.dec_ctx)
+        latency_s, occupancy_s, _ = self.cost.times(plan.prefill, plan.n_dec, plan.dec_ctx)
         factor = self.slowdown
         if self.jitter > 0:
             factor *= min(1.5, max(0.5, self.rng.gauss(1.0, self.jitter)))
-        end = t + int(c.latency_s * factor * 1e9)
-        self.stage_free_ns = t + int(c.occupancy_s * factor * 1e9)
-        pf = sum(p[0] for p in plan.prefill)
+        end = t + int(latency_s * factor * 1e9)
+        busy = int(occupancy_s * factor * 1e9)
+        self.stage_free_ns = t + busy
+        pf = 0
+        for chunk, _ctx in plan.prefill:
+            pf += chunk
         b = Batch(t, end, plan.work, pf, plan.n_dec)
         self.inflight.append(b)
         self.steps += 1
-        self.busy_ns += int(c.occupancy_s * factor * 1e9)
+        self.busy_ns += busy
         self.last_batch_tokens = pf + plan.n_dec
         return b
 

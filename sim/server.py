@@ -19,8 +19,6 @@ import sys
 import time
 import zlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -29,15 +27,15 @@ from aiohttp import web
 from core import __version__
 from core.tokenizer import count_tokens, output_token, tokenize
 from sim.backend import FixedBackend, ModelBackend
+from sim.config import ServerConfig
 from sim.emission import EmissionLog
-from sim.faults import FaultPlanner, FaultSpec, RequestFaults
+from sim.faults import FaultPlanner, RequestFaults
 from sim.loop import EngineLoop
-from sim.options import ModelTiming, describe
+from sim.options import describe
 from sim.prom import FlavorMetrics
 from sim.request import SimRequest
 from sim.sampling import openai_problem, sglang_problem, tgi_problem
 from sim.structured import Unsupported, answer, openai_constraint, pieces, sglang_constraint, tgi_constraint
-from sim.timing import FixedTiming
 from sim.wire import EmbeddingWire, OpenAIWire, SGLangWire, TGIWire
 
 _now = time.perf_counter_ns
@@ -48,42 +46,6 @@ SPLIT_TOKEN = " caf\u00e9"  # one token whose UTF-8 bytes the split_utf8 fault c
 #: prompt plus text so far, after each (router/src/validation.rs DEFAULT_GENERATION_LENGTH,
 #: router/src/infer/mod.rs); a request may end past its max_new_tokens.
 TGI_SEGMENT_TOKENS = 1024
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    model: str = "sim-model"
-    timing: FixedTiming = FixedTiming()
-    max_model_len: int = 131072
-    flavor: str = "vllm"
-    #: None: fixed timing; otherwise the performance model
-    model_timing: ModelTiming | None = None
-    faults: FaultSpec = field(default_factory=FaultSpec)
-    emission_log: Path | None = None
-    seed: int = 0
-    #: fixed timing on a global ITL grid (all streams step together) instead of per-request deadlines
-    fixed_grid: bool = False
-    #: busy-wait the last microseconds before each deadline (tighter emission times, more CPU)
-    spin_us: int = 0
-    #: > 0: requests that do not force their length (no ignore_eos; TGI always) stop at a seeded
-    #: geometric "end of sequence" with this mean length; 0: every request gets max_tokens
-    natural_stop_mean: float = 0.0
-    #: TGI flavour: TGI's --max-concurrent-requests (default 128; 0: no limit). Past it a request
-    #: is answered at once with an in-stream "overloaded" error (router/src/infer/mod.rs)
-    max_concurrent_requests: int = 128
-    #: > 0: chat answers start with this many reasoning tokens (``delta.reasoning_content``,
-    #: vLLM's reasoning-parser shape), always leaving at least one answer token
-    reasoning_tokens: int = 0
-    #: LoRA adapters served besides the base model (requests name one as their model)
-    lora_adapters: tuple[str, ...] = ()
-    #: adapters resident at once (vLLM --max-loras); loading another evicts the least recently used
-    max_loras: int = 1
-    #: time to load an adapter that is not resident: the request waits it before it can be scheduled
-    lora_swap_ms: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.flavor not in ("vllm", "sglang", "tgi"):
-            raise ValueError(f"flavor must be vllm, sglang or tgi, not {self.flavor!r}")
 
 
 class HttpStream:

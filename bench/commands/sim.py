@@ -132,7 +132,7 @@ def build_config(kw: dict[str, Any]) -> Any:
     from core.config import ConfigError
     from sim.faults import FaultSpec, FaultSpecError
     from sim.options import ModelTiming, apply_toml
-    from sim.server import ServerConfig
+    from sim.config import ServerConfig
     from sim.timing import FixedTiming
 
     try:

@@ -176,15 +176,16 @@ def run_load(
     if metrics["requests"] < expected and not result.stats.interrupted:
         metrics["missing_rows"] = expected - metrics["requests"]
     sat = open_loop_saturation(run, signals) if load.kind == "rate" else admission_saturation(run)
-    _mark_saturation(run_dir, sat)
+    _mark_saturation(run_dir, sat, run.meta)
     return metrics, sat, bool(result.stats.interrupted)
 
 
-def _mark_saturation(run_dir: Path, sat: Saturation) -> None:
-    """Record the verdict in the run's own metadata (extra_json.saturated)."""
+def _mark_saturation(run_dir: Path, sat: Saturation, meta: dict[str, Any] | None = None) -> None:
+    """Record the verdict in the run's own metadata (extra_json.saturated); ``meta``: that
+    metadata as already read (``load_run``), so it is not read a second time."""
     if not (run_dir / RUN_FILE).exists():
         return
-    meta = read_run_meta(run_dir)
+    meta = dict(meta) if meta is not None else read_run_meta(run_dir)
     extra = dict(meta.get("extra") or {})
     extra["saturated"] = sat.saturated
     extra["saturation_reasons"] = list(sat.reasons)

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.recommend import diagnose_cell, format_recommendation, recommend
+from analysis.recommend import _target_separation, diagnose_cell, format_recommendation, recommend
 from bench.sweep.store import write_cells, write_points
 
 SLO = {"ttft_ms": 500.0, "tpot_ms": 50.0}
@@ -218,3 +218,28 @@ def test_the_winner_is_separated_or_too_close_to_call(tmp_path: Path, monkeypatc
     assert rec["recommendation"]["cell_id"] == "tp1"  # fewer GPUs decide
     assert not rec["workloads"]["w"]["separation"]["separated"]
     assert "TOO CLOSE TO CALL" in format_recommendation(rec)
+
+
+def _bracket(cell: str, gpus: int, lo: float | None, hi: float | None, axes: int = 1) -> dict[str, Any]:
+    return {"cell_id": cell, "gpus": gpus, "axes": axes, "capacity_rps": lo, "upper_rps": hi}
+
+
+def test_a_target_answer_is_too_close_to_call_when_a_smaller_bracket_holds_the_target() -> None:
+    """Issue 18: with --target-rate, a smaller configuration that passed below the target and
+    never failed at or below it may meet the target in a repeat: the answer says so."""
+    big = _bracket("tp2-dp2", 4, 46.1, 46.8, axes=2)
+    rec = {"cell_id": "tp2-dp2", "gpus": 4}
+    decided = [_bracket("tp2", 2, 21.1, 21.3), _bracket("tp4", 4, 30.3, 30.6), big]
+    sep = _target_separation(decided, rec, 38.0)
+    assert sep is not None and sep["separated"] and sep["runner_up"] == "tp4"
+    straddles = [_bracket("tp2", 2, 21.1, 21.3), _bracket("tp4", 4, 35.0, 39.0), big]  # 38 lies inside tp4's bracket
+    sep = _target_separation(straddles, rec, 38.0)
+    assert sep is not None and not sep["separated"] and sep["runner_up"] == "tp4"
+    assert "too close to call at 38 req/s" in sep["text"]
+    never_failed = [_bracket("tp4", 4, 30.0, None), big]  # passed 30, nothing failed: 38 is open
+    assert not _target_separation(never_failed, rec, 38.0)["separated"]  # type: ignore[index]
+    # nothing met the target: a bracket holding it makes "none" too close to call as well
+    sep = _target_separation([_bracket("tp2", 2, 21.1, 21.3), _bracket("tp4", 4, 35.0, 39.0)], None, 38.0)
+    assert sep is not None and not sep["separated"] and sep["text"].startswith("no configuration and tp4")
+    # a larger configuration is never the runner-up of a target answer; no smaller one: no line
+    assert _target_separation([_bracket("tp2", 2, 40.0, 44.0), _bracket("tp4", 4, 35.0, 39.0)], {"cell_id": "tp2", "gpus": 2}, 38.0) is None
