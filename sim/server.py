@@ -152,6 +152,17 @@ class HttpStream:
             pieces, intended, first = self.buf_pieces, tuple(self.buf_intended), self.buf_first
             self.buf_pieces, self.buf_intended = [], []
             n = len(pieces)
+        self._write_event(req, pieces, first, n, intended, finished)
+
+    def _write_event(
+        self, req: SimRequest, pieces: list[str], first: int, n: int, intended: tuple[int, ...], finished: bool,
+    ) -> None:
+        """Frame ``pieces`` (the ``n`` tokens from ``first`` on) as one event, send it, and apply the
+        faults planned inside it (malformed, split, in-stream error, abort, reset, stall).
+
+        The slow path of ``_emit``: the one-token hot path never comes here.
+        """
+        f = self.faults
         done = first + n
         finish = self.finish_reason if finished else None
         if f.malformed_at >= 0 and first <= f.malformed_at < done:
@@ -574,23 +585,40 @@ class SimServer:
         self.metrics.request(len(prompt_ids))
         headers = {"x-request-id": rid}
         if not stream:
-            sink.unary_text = []
-            self.engine.submit(req)
-            try:
-                await sink.done
-            except asyncio.CancelledError:
-                self.engine.abort(sink.req or req)
-                raise
-            if hasattr(wire, "cached"):
-                wire.cached = req.cached_tokens
-            self._record_finish(sink, len(prompt_ids))
-            if getattr(wire, "reasoning", 0):
-                r = wire.reasoning
-                body = wire.unary("".join(sink.unary_text[r:]), sink.sent, sink.finish_reason,
-                                  "".join(sink.unary_text[:r]))
-            else:
-                body = wire.unary("".join(sink.unary_text), sink.sent, sink.finish_reason)
-            return web.json_response(body, headers=headers, dumps=lambda o: orjson.dumps(o).decode())
+            return await self._respond_unary(sink, req, wire, len(prompt_ids), headers)
+        fast = faults.clean and kind != "tgi" and request.transport is not None and script is None
+        return await self._respond_stream(request, sink, req, wire, len(prompt_ids), headers, fast)
+
+    async def _respond_unary(
+        self, sink: HttpStream, req: SimRequest, wire: Any, prompt_len: int, headers: dict[str, str],
+    ) -> web.Response:
+        """Run a non-streaming request to its end and answer it in one JSON body."""
+        sink.unary_text = []
+        self.engine.submit(req)
+        try:
+            await sink.done
+        except asyncio.CancelledError:
+            self.engine.abort(sink.req or req)
+            raise
+        if hasattr(wire, "cached"):
+            wire.cached = req.cached_tokens
+        self._record_finish(sink, prompt_len)
+        if getattr(wire, "reasoning", 0):
+            r = wire.reasoning
+            body = wire.unary("".join(sink.unary_text[r:]), sink.sent, sink.finish_reason,
+                              "".join(sink.unary_text[:r]))
+        else:
+            body = wire.unary("".join(sink.unary_text), sink.sent, sink.finish_reason)
+        return web.json_response(body, headers=headers, dumps=lambda o: orjson.dumps(o).decode())
+
+    async def _respond_stream(
+        self, request: web.Request, sink: HttpStream, req: SimRequest, wire: Any, prompt_len: int,
+        headers: dict[str, str], fast: bool,
+    ) -> web.StreamResponse:
+        """Open the event stream, let the engine write the tokens into it, and close it at the end.
+
+        ``fast`` selects the sink's one-token hot path (no faults, no script, OpenAI/SGLang framing).
+        """
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
@@ -599,7 +627,7 @@ class SimServer:
         pw.send_headers()
         sink.pw = pw
         sink.transport = request.transport
-        sink.fast = faults.clean and kind != "tgi" and request.transport is not None and script is None
+        sink.fast = fast
         if hasattr(wire, "cached"):
             wire.cached = 0
         self.engine.submit(req)
@@ -614,7 +642,7 @@ class SimServer:
         if how == "shutdown":
             self.engine.abort(sink.req or req)
         if how == "ok":
-            self._record_finish(sink, len(prompt_ids))
+            self._record_finish(sink, prompt_len)
         if how in ("ok", "ended"):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
