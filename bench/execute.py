@@ -149,17 +149,7 @@ async def execute_run(
     meta = {**run_meta(run_id, description, clock=clock), "t0_monotonic_ns": time.perf_counter_ns()}
     write_run_meta(run_dir, meta)
     write_schedule(run_dir, schedule.requests)
-    runner: Runner | WorkerPool
-    if cfg.workers > 1:
-        from loadgen.workers import WorkerPool
-
-        runner = WorkerPool(run_dir, run_id, schedule, adapter, cfg.url, cfg.timeouts, cfg.workers,
-                            cfg.transport, cfg.clock, cfg.options)
-        meta["adapter_json"]["workers"] = cfg.workers
-        meta["adapter_json"]["worker_cpus"] = runner.cpus
-        write_run_meta(run_dir, meta)
-    else:
-        runner = Runner(schedule, adapter, transport, writer, monitor, cfg.options)
+    runner = _make_runner(cfg, run_dir, run_id, meta, schedule, adapter, transport, writer, monitor)
     loop = asyncio.get_running_loop()
     installed = _install_signals(loop, runner) if install_signals else []
     scraper = _scraper(cfg, run_dir)
@@ -183,6 +173,51 @@ async def execute_run(
         await asyncio.to_thread(otlp.wait_for, stats.completed, 0.0 if stats.interrupted else OTLP_WAIT_S)
         if otlp.write(run_dir) is None:
             notes.append(f"OTLP receiver at {otlp.endpoint}: no request span arrived (is the engine exporting to it?)")
+    _write_final_meta(cfg, run_dir, meta, stats, notes, context_note, transport, scraper, otlp)
+    # Every writer is closed: merge the run's part files (one per second or per 256
+    # requests while recording, the crash-loss bound) into few large ones, so readers do
+    # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.
+    compact_finished_run(run_dir)
+    return RunResult(run_dir, run_id, stats)
+
+
+def _make_runner(
+    cfg: RunConfig,
+    run_dir: Path,
+    run_id: str,
+    meta: dict[str, Any],
+    schedule: Schedule,
+    adapter: Adapter,
+    transport: Transport,
+    writer: RequestsWriter,
+    monitor: MonitorWriter,
+) -> Runner | WorkerPool:
+    """The in-process runner, or with ``cfg.workers > 1`` a pool of worker processes (then
+    ``meta`` gains the worker count and CPUs and is written again)."""
+    if cfg.workers > 1:
+        from loadgen.workers import WorkerPool
+
+        pool = WorkerPool(run_dir, run_id, schedule, adapter, cfg.url, cfg.timeouts, cfg.workers,
+                          cfg.transport, cfg.clock, cfg.options)
+        meta["adapter_json"]["workers"] = cfg.workers
+        meta["adapter_json"]["worker_cpus"] = pool.cpus
+        write_run_meta(run_dir, meta)
+        return pool
+    return Runner(schedule, adapter, transport, writer, monitor, cfg.options)
+
+
+def _write_final_meta(
+    cfg: RunConfig,
+    run_dir: Path,
+    meta: dict[str, Any],
+    stats: RunStats,
+    notes: list[str],
+    context_note: str | None,
+    transport: Transport,
+    scraper: MetricsScraper | None,
+    otlp: OtlpReceiver | None,
+) -> None:
+    """Rewrite the run's meta at its end: status, end time, the notes and warnings."""
     meta.update(
         status="interrupted" if stats.interrupted else "complete",
         adapter_json={**meta["adapter_json"], **(transport.describe() if cfg.workers <= 1 else {})},
@@ -196,11 +231,6 @@ async def execute_run(
         },
     )
     write_run_meta(run_dir, meta)
-    # Every writer is closed: merge the run's part files (one per second or per 256
-    # requests while recording, the crash-loss bound) into few large ones, so readers do
-    # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.
-    compact_finished_run(run_dir)
-    return RunResult(run_dir, run_id, stats)
 
 
 def _install_signals(loop: asyncio.AbstractEventLoop, runner: Runner | WorkerPool) -> list[signal.Signals]:
