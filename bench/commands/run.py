@@ -36,7 +36,7 @@ from workloads.spec import RequestOptions, Schedule
 from workloads.synthetic import WorkloadError
 
 if TYPE_CHECKING:
-    from bench.execute import RunConfig
+    from bench.execute import RunConfig, RunResult
     from bench.virtual import VirtualEngine
     from loadgen.otlp import OtlpReceiver
 
@@ -199,8 +199,6 @@ def command(
     # started before the input is known good); the steps are the functions below.
     from bench.embedded import sim_flavor
     from bench.execute import execute_run, prepare_run_dir
-    from bench.outcome import run_outcome
-    from bench.report_text import print_summary
     from core.eventloop import run_async
 
     url, engine, model = target.url, target.engine, target.model
@@ -209,22 +207,9 @@ def command(
     plan = _SchedulePlan(load, request, output, tokenizer_dir, model, salt)
     # 'auto' asks the engine measured, so its schedule is built once that engine answers
     schedule = None if tokenize_url == "auto" else plan.build(tokenize_url)
-    if launch.launch and url:
-        raise BenchError("--launch starts the engine itself: drop --url")
-    if url:
-        try:
-            check_base_url(url)
-        except ValueError as exc:
-            raise BenchError(setting_message(exc)) from None
-    if scrape_interval <= 0:
-        raise BenchError("--scrape-interval must be positive")
+    _check_target(target, launch, scrape_interval)
     api_key = load_api_key(client.api_key_env, client.api_key_file)
-    try:
-        adapter_for_engine(engine, model=model, api=target.api, api_key=api_key)  # an unknown engine fails here, early
-    except (ValueError, TypeError) as exc:
-        raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
-    if schedule is not None:
-        _make_adapter(target, api_key, schedule, launch.engine_version)  # requests an engine cannot take fail before anything starts
+    _check_engine(target, api_key, schedule, launch.engine_version)
     clock = clock or ("virtual" if launch.launch and engine == "sim" else "auto")
     virtual = _virtual_engine(clock, launch, engine, model, workers, output.save_text)
     run_dir = prepare_run_dir(output.out, output.overwrite)
@@ -251,6 +236,42 @@ def command(
             result = execute_virtual(cfg, virtual)
         else:
             result = run_async(lambda: execute_run(cfg, adapter, otlp=receiver))
+    _report(result, output)
+
+
+def _check_target(target: EngineTarget, launch: LaunchOptions, scrape_interval: float) -> None:
+    """The target's settings, checked before anything starts: --launch with --url, the URL's
+    form, the scrape interval."""
+    url = target.url
+    if launch.launch and url:
+        raise BenchError("--launch starts the engine itself: drop --url")
+    if url:
+        try:
+            check_base_url(url)
+        except ValueError as exc:
+            raise BenchError(setting_message(exc)) from None
+    if scrape_interval <= 0:
+        raise BenchError("--scrape-interval must be positive")
+
+
+def _check_engine(target: EngineTarget, api_key: str | None, schedule: Schedule | None,
+                  engine_version: str | None) -> None:
+    """An unknown engine fails here, early; with the schedule already built, so do requests
+    the engine cannot take (before anything starts)."""
+    engine = target.engine
+    try:
+        adapter_for_engine(engine, model=target.model, api=target.api, api_key=api_key)
+    except (ValueError, TypeError) as exc:
+        raise BenchError(f"--engine {engine}: {exc} (known: {', '.join(adapter_names())})") from None
+    if schedule is not None:
+        _make_adapter(target, api_key, schedule, engine_version)
+
+
+def _report(result: RunResult, output: OutputOptions) -> None:
+    """Print the run's summary; the exit outcome when it was interrupted or mostly failed."""
+    from bench.outcome import run_outcome
+    from bench.report_text import print_summary
+
     summary = print_summary(result.run_dir, output.slo, output.percentiles, output.as_json)
     if result.stats.interrupted:
         raise Outcome(ExitCode.INTERRUPTED)
@@ -382,7 +403,7 @@ def _run_config(
     sim: dict[str, Any] | None,
 ) -> RunConfig:
     """The ``RunConfig`` of this run (``config_json`` through ``OutputOptions.config``)."""
-    from bench.execute import RunConfig
+    from bench.execute import RunConfig, RunResult
 
     return RunConfig(
         out=run_dir,
