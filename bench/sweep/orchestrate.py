@@ -12,7 +12,7 @@ from typing import Any
 
 from launch.config import ParallelConfig
 from bench.sweep import store
-from bench.sweep.cell import CellRunner, SweepInterrupted, config_columns
+from bench.sweep.cell import CellOutcome, CellRunner, SweepInterrupted, config_columns
 from bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
 from bench.sweep.fingerprint import cell_fingerprint
 from bench.sweep.matrix import PlannedCell, expand
@@ -78,52 +78,16 @@ def run_sweep(
     progress: bool | None = None,
     command: tuple[str, ...] = (),
 ) -> SweepResult:
-    if launcher is not None and spec.clock is None:
-        spec = replace(spec, clock="auto")  # a launcher starts engines: they are measured live
-    spec = spec.with_clock()
-    spec.validate()
-    if launcher is None and spec.endpoints:  # running deployments: measured where they are
-        launcher = DeploymentLauncher({e.name: e.url for e in spec.endpoints})
-    if launcher is None:
-        launcher = VirtualLauncher() if spec.virtual else DefaultLauncher()
+    spec, launcher = _with_launcher(spec, launcher)
     sweep_dir = Path(sweep_dir)
-    stored = store.read_sweep_json(sweep_dir)
-    if stored is not None and not resume:
-        raise BenchError(f"{sweep_dir} already holds a sweep; pass --resume to finish it, or choose another --out")
-    if stored is not None:
-        _check_resume(stored, spec)
-        sweep_id = str(stored.get("sweep_id"))
-    else:
-        if sweep_dir.exists() and any(sweep_dir.iterdir()):
-            raise BenchError(f"{sweep_dir} exists and is not empty; choose another --out")
-        sweep_id = _virtual_sweep_id(spec) if spec.virtual else uuid.uuid4().hex[:12]
+    stored, sweep_id = _open_sweep(spec, sweep_dir, resume)
     planned = expand(spec, launcher.unsupported)
-    store.write_sweep_json(
-        sweep_dir,
-        {
-            "sweep_id": sweep_id,
-            "bench_version": __version__,
-            "spec": spec.as_dict(),
-            "command": (stored or {}).get("command") or (" ".join(command) if command else None),
-            "cells": [c.cell_id for c in planned],
-            "created_unix_s": (stored or {}).get("created_unix_s", time.time()),
-            "updated_unix_s": time.time(),
-        },
-    )
+    _write_sweep_json(sweep_dir, sweep_id, spec, stored, command, planned)
     previous = {r["cell_id"]: r for r in store.read_cells(sweep_dir)}
     # complete cells judged under other SLOs than these: re-judged, their gaps probed
     was = judging({**LEGACY_DEFAULTS, **(stored.get("spec") or {})}) if stored else judging(spec.as_dict())
     rejudge = {cid for cid, r in previous.items() if r["status"] == "complete" and _judged_at(r, was) != judging(spec.as_dict())}
-    rows: dict[str, dict[str, Any]] = {}
-    for c in planned:
-        old = previous.get(c.cell_id)
-        if old and (old["status"] in FINISHED or (old["status"] == "failed" and not retry_failed)):
-            rows[c.cell_id] = old
-        else:
-            rows[c.cell_id] = _base_row(spec, c, "skipped" if c.skip_reason else "pending", c.skip_reason)
-    # cells of an earlier matrix that this one no longer lists are kept (their data is on disk)
-    for cid, old in previous.items():
-        rows.setdefault(cid, old)
+    rows = _initial_rows(spec, planned, previous, retry_failed)
 
     def save() -> None:
         # cells not started yet are not written: cells.parquet lists complete|failed|skipped|running
@@ -132,25 +96,13 @@ def run_sweep(
     save()
     runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, _capacity_hint(rows))
     ran: list[str] = []
-    reused: list[str] = []
     todo = [
         c
         for c in planned
         if not c.skip_reason and (rows[c.cell_id]["status"] not in ("complete", "failed") or c.cell_id in rejudge)
     ]
     total = len(todo)
-    echo(
-        f"sweep {sweep_id}: {len(planned)} cells, {total} to run"
-        + (f", {sum(1 for c in planned if c.skip_reason)} skipped" if any(c.skip_reason for c in planned) else "")
-        + (f", {len(planned) - total - sum(1 for c in planned if c.skip_reason)} already done" if resume else "")
-        + f" -> {sweep_dir}"
-    )
-    for c in planned:
-        if c.skip_reason:
-            echo(f"skip {c.cell_id}: {c.skip_reason}")
-        elif c.cell_id not in [t.cell_id for t in todo]:
-            reused.append(c.cell_id)
-            echo(f"done {c.cell_id}: {rows[c.cell_id]['status']} (kept from the earlier run)")
+    reused = _announce(echo, sweep_id, sweep_dir, planned, todo, rows, resume)
     interrupted = False
     for i, c in enumerate(todo, 1):
         row = rows[c.cell_id]
@@ -173,14 +125,7 @@ def run_sweep(
             # the cell's measured loads stand; its verdicts at these SLOs wait on the missing loads
             echo(f"[{i}/{total}] {c.cell_id}: the missing loads were not measured: {outcome.reason}")
             continue
-        row.update(status=outcome.status, reason=outcome.reason, log_tail=outcome.log_tail, ended_unix_s=time.time())
-        for key in ("engine_version", "engine_argv", "prefix_cache_reset"):
-            if prior is None or getattr(outcome, key) is not None:  # re-judged without a launch: kept
-                row[key] = getattr(outcome, key)
-        if outcome.engine_info:
-            row["engine_info"] = json.dumps(outcome.engine_info, sort_keys=True, default=str)
-        elif prior is None:
-            row["engine_info"] = None
+        _record_outcome(row, outcome, rejudged=prior is not None)
         _set_capacity(row, outcome.capacity, spec, c.config)
         _set_limiting(row, sweep_dir, spec)
         save()
@@ -197,6 +142,101 @@ def run_sweep(
         tuple(r["cell_id"] for r in final if r["status"] == "skipped"),
         interrupted,
     )
+
+
+def _with_launcher(spec: SweepSpec, launcher: Launcher | None) -> tuple[SweepSpec, Launcher]:
+    """The spec with its clock settled and validated, and the launcher that starts (or finds)
+    its engines: the one given, the spec's running deployments, virtual, or the default."""
+    if launcher is not None and spec.clock is None:
+        spec = replace(spec, clock="auto")  # a launcher starts engines: they are measured live
+    spec = spec.with_clock()
+    spec.validate()
+    if launcher is None and spec.endpoints:  # running deployments: measured where they are
+        launcher = DeploymentLauncher({e.name: e.url for e in spec.endpoints})
+    if launcher is None:
+        launcher = VirtualLauncher() if spec.virtual else DefaultLauncher()
+    return spec, launcher
+
+
+def _open_sweep(spec: SweepSpec, sweep_dir: Path, resume: bool) -> tuple[dict[str, Any] | None, str]:
+    """The sweep already stored in ``sweep_dir`` (checked against ``spec`` on --resume) or None,
+    and the sweep's id; ``BenchError`` for a directory that may not be used."""
+    stored = store.read_sweep_json(sweep_dir)
+    if stored is not None and not resume:
+        raise BenchError(f"{sweep_dir} already holds a sweep; pass --resume to finish it, or choose another --out")
+    if stored is not None:
+        _check_resume(stored, spec)
+        return stored, str(stored.get("sweep_id"))
+    if sweep_dir.exists() and any(sweep_dir.iterdir()):
+        raise BenchError(f"{sweep_dir} exists and is not empty; choose another --out")
+    return None, _virtual_sweep_id(spec) if spec.virtual else uuid.uuid4().hex[:12]
+
+
+def _write_sweep_json(sweep_dir: Path, sweep_id: str, spec: SweepSpec, stored: dict[str, Any] | None,
+                      command: tuple[str, ...], planned: list[PlannedCell]) -> None:
+    """The sweep's definition (sweep.json); a resumed sweep keeps its command and creation time."""
+    store.write_sweep_json(
+        sweep_dir,
+        {
+            "sweep_id": sweep_id,
+            "bench_version": __version__,
+            "spec": spec.as_dict(),
+            "command": (stored or {}).get("command") or (" ".join(command) if command else None),
+            "cells": [c.cell_id for c in planned],
+            "created_unix_s": (stored or {}).get("created_unix_s", time.time()),
+            "updated_unix_s": time.time(),
+        },
+    )
+
+
+def _initial_rows(spec: SweepSpec, planned: list[PlannedCell], previous: dict[str, dict[str, Any]],
+                  retry_failed: bool) -> dict[str, dict[str, Any]]:
+    """Each cell's row before the run: kept from ``previous`` when finished (or failed without
+    --retry-failed), else pending or skipped."""
+    rows: dict[str, dict[str, Any]] = {}
+    for c in planned:
+        old = previous.get(c.cell_id)
+        if old and (old["status"] in FINISHED or (old["status"] == "failed" and not retry_failed)):
+            rows[c.cell_id] = old
+        else:
+            rows[c.cell_id] = _base_row(spec, c, "skipped" if c.skip_reason else "pending", c.skip_reason)
+    # cells of an earlier matrix that this one no longer lists are kept (their data is on disk)
+    for cid, old in previous.items():
+        rows.setdefault(cid, old)
+    return rows
+
+
+def _announce(echo: Echo, sweep_id: str, sweep_dir: Path, planned: list[PlannedCell], todo: list[PlannedCell],
+              rows: dict[str, dict[str, Any]], resume: bool) -> list[str]:
+    """Print the sweep's plan and each cell skipped or kept; the ids of the cells kept."""
+    total = len(todo)
+    echo(
+        f"sweep {sweep_id}: {len(planned)} cells, {total} to run"
+        + (f", {sum(1 for c in planned if c.skip_reason)} skipped" if any(c.skip_reason for c in planned) else "")
+        + (f", {len(planned) - total - sum(1 for c in planned if c.skip_reason)} already done" if resume else "")
+        + f" -> {sweep_dir}"
+    )
+    reused: list[str] = []
+    for c in planned:
+        if c.skip_reason:
+            echo(f"skip {c.cell_id}: {c.skip_reason}")
+        elif c.cell_id not in [t.cell_id for t in todo]:
+            reused.append(c.cell_id)
+            echo(f"done {c.cell_id}: {rows[c.cell_id]['status']} (kept from the earlier run)")
+    return reused
+
+
+def _record_outcome(row: dict[str, Any], outcome: CellOutcome, rejudged: bool) -> None:
+    """A run cell's row after its run: status, reason, end time, the engine it ran on. A
+    re-judged cell run without a launch keeps the engine fields it had."""
+    row.update(status=outcome.status, reason=outcome.reason, log_tail=outcome.log_tail, ended_unix_s=time.time())
+    for key in ("engine_version", "engine_argv", "prefix_cache_reset"):
+        if not rejudged or getattr(outcome, key) is not None:  # re-judged without a launch: kept
+            row[key] = getattr(outcome, key)
+    if outcome.engine_info:
+        row["engine_info"] = json.dumps(outcome.engine_info, sort_keys=True, default=str)
+    elif not rejudged:
+        row["engine_info"] = None
 
 
 def _virtual_sweep_id(spec: SweepSpec) -> str:
