@@ -44,6 +44,7 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
     # per-request columns only (read once, shared with summarize_run, which streams the chunk lists)
     run = load_run(run_dir, list(REQUEST_SCALAR_COLUMNS))
     s = summarize_run(run.path, SummaryOptions(percentiles, slo), run.monitor, run.requests)
+    warnings: list[str] = list((run.meta.get("notes") or {}).get("warnings") or [])
     info = {
         "run_id": run.run_id,
         "path": str(run.path),
@@ -52,13 +53,13 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
         "model": run.meta.get("model"),
         "clock": run.meta.get("clock"),
         # run-level warnings recorded by the writer (e.g. a distributed worker lost mid-run)
-        "warnings": list((run.meta.get("notes") or {}).get("warnings") or []),
+        "warnings": warnings,
     }
     read_path = read_path_share(run.meta)
     if read_path is not None:
         info["read_path"] = read_path
         if read_path["fell_back"]:
-            info["warnings"].append(
+            warnings.append(
                 f"read path fell back to Python: the adapter's Python parser read {100 * read_path['python_share']:.0f}% "
                 f"of {read_path['compiled'] + read_path['python']:,} stream payloads, the compiled scan "
                 f"{100 * (1 - read_path['python_share']):.0f}% (client CPU per token is higher; docs/instrument.md)"

@@ -98,6 +98,8 @@ def main_job(repeats: int, busy: int) -> bool:
 def realtime_repeats(repeats: int) -> bool:
     """The main job in real time, ``repeats`` times; True when every run recommended the same
     configuration or said that the leading ones are too close to call."""
+    from results.sweep_layout import RECOMMENDATION_FILE
+
     tally: dict[str, int] = {}
     close_runs = 0
     with tempfile.TemporaryDirectory(prefix="bench-rt-") as d:
@@ -105,7 +107,7 @@ def realtime_repeats(repeats: int) -> bool:
             out = Path(d) / f"rt{k}"
             load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
             r, wall, cpu = _bench(*MAIN_JOB, "--clock", "auto", "--out", str(out), ok_codes=(0, 4, 5))
-            rec = json.loads((out / "recommendation.json").read_text())
+            rec = json.loads((out / RECOMMENDATION_FILE).read_text())
             pick = str((rec.get("recommendation") or {}).get("cell_id"))
             close = "too close to call" in r.stdout.lower()
             untrusted = r.returncode == 5  # the answer rests on loads the client could not measure truthfully

@@ -220,7 +220,7 @@ def command(
         where, engine_label, engine_info, launched_version = _start_target(
             stack, target, launch, embedded, virtual is not None, run_dir,
             receiver.endpoint if receiver is not None else None,
-            (schedule.request if schedule else request).models,  # the embedded engine serves them as adapters
+            tuple((schedule.request if schedule else request).models),  # the embedded engine serves them as adapters
         )
         if schedule is None:
             schedule = plan.build(where)
@@ -403,7 +403,7 @@ def _run_config(
     sim: dict[str, Any] | None,
 ) -> RunConfig:
     """The ``RunConfig`` of this run (``config_json`` through ``OutputOptions.config``)."""
-    from bench.execute import RunConfig, RunResult
+    from bench.execute import RunConfig
 
     return RunConfig(
         out=run_dir,

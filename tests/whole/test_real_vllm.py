@@ -207,7 +207,7 @@ def test_two_cell_sweep_measures_cleanly(tmp_path: Path) -> None:
         tpot = sorted((r["end_ns"] - r["first_token_ns"]) / (r["output_tokens"] - 1) for r in rows)
         assert tpot[len(tpot) // 2] > 0, cell
         summary = summarize_run(run_dir)
-        assert summary["requests"]["anomalies"] == 0, (cell, summary["requests"]["anomaly_kinds"])
+        assert summary.requests.anomalies == 0, (cell, summary.requests.anomaly_kinds)
         check = ttft_cross_check(run_dir, read_requests(run_dir))
         assert check is not None and check["p50_rel_diff_bucketed"] < 0.25, (cell, check)
 
