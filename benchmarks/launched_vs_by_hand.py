@@ -37,10 +37,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adapters.launch.config import ParallelConfig
-from adapters.launch.engines import VLLM_CPU_VENV
-from adapters.launch.launcher import LaunchSpec, plan_launch
-from adapters.launch.process import free_port
+from launch.config import ParallelConfig
+from launch.engines import VLLM_CPU_VENV
+from launch.launcher import LaunchSpec, plan_launch
+from launch.process import free_port
 from analysis.server_metrics import ttft_cross_check
 from analysis.summary import summarize_run
 from bench.sweep import store
@@ -111,19 +111,19 @@ def _points(sweep_dir: Path, cell_id: str) -> list[dict[str, Any]]:
 
 def figures(run_dir: Path) -> dict[str, Any]:
     s = summarize_run(run_dir)
-    lat = s["latency"]
+    lat = s.latency
     # the engine's own TTFT over the same window: slower on both sides means the host, not the client
     check = ttft_cross_check(run_dir, read_requests(run_dir)) or {}
     return {
         "server_ttft_mean_ms": check.get("server_mean_ms", math.nan),
         "client_ttft_mean_ms": check.get("client_mean_ms", math.nan),
-        "ok": s["requests"]["ok"],
-        "measured": s["requests"]["measured"],
-        "anomalies": s["requests"]["anomalies"],
+        "ok": s.requests.ok,
+        "measured": s.requests.measured,
+        "anomalies": s.requests.anomalies,
         "ttft_p50_ms": lat["ttft_ms"]["p50"],
         "tpot_p50_ms": lat["tpot_ms"]["p50"],
-        "one_read": s["timing"]["one_read_responses"],
-        "itl_measurable": s["timing"]["itl_measurable"],
+        "one_read": s.timing.one_read_responses,
+        "itl_measurable": s.timing.itl_measurable,
     }
 
 

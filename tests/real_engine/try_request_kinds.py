@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from adapters.launch.config import ParallelConfig  # noqa: E402
-from adapters.launch.launcher import LaunchSpec, launch  # noqa: E402
+from launch.config import ParallelConfig  # noqa: E402
+from launch.launcher import LaunchSpec, launch  # noqa: E402
 from tests.real_engine.vllm_env import VLLM_ARGS, VLLM_ENV, tiny_model, vllm_python  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
