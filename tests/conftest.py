@@ -37,3 +37,13 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, poll_
         if time.monotonic() > deadline:
             pytest.fail(f"{what}: not within {timeout_s:g} s")
         time.sleep(poll_s)
+
+
+def autogroup(pid: int | str) -> str | None:
+    """The scheduler autogroup's name of a process, or None where the kernel shows none (CI
+    containers give an empty file; a same-session check still holds there)."""
+    try:
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
+    except OSError:
+        return None
+    return fields[0] if fields else None

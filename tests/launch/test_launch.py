@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import autogroup
+
 from launch.config import Disagg, ParallelConfig
 from launch.engines import TGI_ADMISSION_LIMIT
 from launch.launcher import EngineStartError, LaunchSpec, UnsupportedConfigError, launch, unsupported_axes
@@ -291,14 +293,6 @@ def test_teardown_kills_the_whole_group(tmp_path: Path) -> None:
     assert time.monotonic() - t < 15
 
 
-def _autogroup(pid: int | str) -> str | None:
-    """The scheduler autogroup's name, or None where the kernel shows none (CI containers give an
-    empty file; the session check above still holds there)."""
-    try:
-        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
-    except OSError:
-        return None
-    return fields[0] if fields else None
 
 
 def test_engine_stays_in_bench_session_and_autogroup(tmp_path: Path) -> None:
@@ -314,7 +308,7 @@ def test_engine_stays_in_bench_session_and_autogroup(tmp_path: Path) -> None:
         for pid in (leader, worker):
             assert os.getsid(pid) == os.getsid(0)
             assert os.getpgid(pid) == leader != os.getpgid(0)  # group teardown still has its own group
-            assert _autogroup(pid) == _autogroup("self")
+            assert autogroup(pid) == autogroup("self")
 
 
 # -- killing bench mid-run ------------------------------------------------------------------

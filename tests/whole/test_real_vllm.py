@@ -14,6 +14,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from tests.conftest import autogroup
+
 from launch.config import ParallelConfig
 from launch.launcher import EngineHandle, LaunchSpec, launch
 from adapters.openai import OpenAIAdapter
@@ -119,7 +121,7 @@ def test_launched_engine_leaves_bench_timing_alone(engine: EngineHandle, tmp_pat
     assert len(members) >= 2  # the API server and its engine core (vLLM's own processes)
     for pid in members:  # none in a session (a scheduler autogroup) of its own
         assert os.getsid(pid) == os.getsid(0), f"engine process {pid} runs in a session of its own"
-        assert _autogroup(pid) == _autogroup("self")
+        assert autogroup(pid) == autogroup("self")
     run_dir = _run(engine, tmp_path / "c1", "completions", requests=40, concurrency=1, input_tokens=128)
     rows = read_requests(run_dir).to_pylist()
     assert len(rows) == 40 and all(r["ok"] for r in rows)
@@ -226,11 +228,3 @@ def _group_members(pgid: int) -> list[int]:
     return out
 
 
-def _autogroup(pid: int | str) -> str | None:
-    """The scheduler autogroup's name, or None where the kernel shows none (CI containers give an
-    empty file; the session check above still holds there)."""
-    try:
-        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
-    except OSError:
-        return None
-    return fields[0] if fields else None
