@@ -16,6 +16,10 @@ engine environment is the same for every cell, so both by-hand servers of the sw
 get it too. Every figure is read from the run folders through the Parquet reader
 (``analysis.summary.summarize_run``), never from printed text.
 
+Odd rounds start the by-hand server first, even rounds the launched one. A fresh engine's own speed
+varies from one start to the next (on 2 quiet cores its TTFT p50 ranged 55-70 ms for the same setup), so
+one round proves little: the report gives the median over rounds and the spread over starts.
+
 Example (about 6 engine starts per round, 30-80 s each on 2 quiet cores, minutes on a busy host):
   python benchmarks/launched_vs_by_hand.py --rounds 2 --requests 100
   python benchmarks/launched_vs_by_hand.py --rounds 3 --sweep-rounds 1   # the sweep once
@@ -216,8 +220,11 @@ def main() -> None:
     for rnd in range(args.rounds):
         d = root / f"round{rnd + 1}"
         print(f"round {rnd + 1}/{args.rounds} ({time.monotonic() - t0:.0f} s; {_load()})", flush=True)
-        measure("run tp1 by hand", lambda: by_hand(args.model, 1, {}, d / "hand-tp1", run_args(args.requests), args.ready_timeout))
-        measure("run tp1 launched", lambda: launched(args.model, {}, d / "launched-tp1", run_args(args.requests)))
+        pair = [("run tp1 by hand", lambda: by_hand(args.model, 1, {}, d / "hand-tp1", run_args(args.requests), args.ready_timeout)),
+                ("run tp1 launched", lambda: launched(args.model, {}, d / "launched-tp1", run_args(args.requests)))]
+        # every other round the launched engine goes first, so neither setup is always the later one
+        for name, make in pair if rnd % 2 == 0 else pair[::-1]:
+            measure(name, make)
         if rnd >= sweep_rounds:
             continue
         for tp in tps:
@@ -280,6 +287,15 @@ def report(results: dict[str, list[dict[str, Any]]], tps: list[int], with_sweep:
         ok = abs(ratio - 1) <= TOLERANCE and anomalies == 0 and tpot > 0
         print(f"  {other:18s} TTFT p50 {ob:7.2f} ms vs by hand {ha:7.2f} ms: ratio {ratio:.3f}; "
               f"TPOT p50 {tpot:.2f} ms; anomalies {anomalies}  {'PASS' if ok else 'MISS'}")  # fmt: skip
+        # Each round starts a fresh engine; on these CPUs one engine instance's own speed differs from the
+        # next one's by more than the tolerance, so the spread over starts says how far one round can be trusted.
+        print(f"  {'':18s} spread over {len(b)} / {len(a)} engine starts: {_spread(b)} vs by hand {_spread(a)}")
+
+
+def _spread(rows: list[dict[str, Any]]) -> str:
+    ttft = [f["ttft_p50_ms"] for f in rows]
+    engine = [f["server_ttft_mean_ms"] for f in rows]
+    return f"TTFT p50 {min(ttft):.1f}-{max(ttft):.1f} ms (engine's own mean {min(engine):.1f}-{max(engine):.1f})"
 
 
 def _load() -> str:
