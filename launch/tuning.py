@@ -59,6 +59,11 @@ def flag_name(arg: str) -> str | None:
     return arg[2:].split("=", 1)[0].replace("_", "-")
 
 
+def flag_present(args: Sequence[str], flag: str) -> bool:
+    """Whether ``args`` set ``--flag`` (as ``--flag V`` or ``--flag=V``)."""
+    return any(flag_name(a) == flag for a in args)
+
+
 def _concept(flag: str) -> tuple[str, dict[str, str | None]] | None:
     for concept, names in TUNING_FLAGS.items():
         if flag in names.values():
