@@ -177,7 +177,7 @@ def plan_sim(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> 
     if p.disagg is not None:
         argv += ["--disagg", str(p.disagg)]
     user = [*p.extra_args, *spec.extra_args]
-    if spec.flavor == "tgi" and "--max-concurrent-requests" not in user:
+    if spec.flavor == "tgi" and not flag_present(user, "max-concurrent-requests"):
         argv += ["--max-concurrent-requests", str(TGI_ADMISSION_LIMIT)]
     argv += user
     plan = ProcessPlan("engine", argv, port, gpus=0)
@@ -379,11 +379,11 @@ def plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> 
     if p.tp > 1:
         argv += ["--sharded", "true"]
     user = [*p.extra_args, *spec.extra_args]
-    if "--max-concurrent-requests" not in user:
+    if not flag_present(user, "max-concurrent-requests"):  # also as --max-concurrent-requests=N (an axis)
         argv += ["--max-concurrent-requests", str(TGI_ADMISSION_LIMIT)]
     # the version the user gave, else the launcher's own answer (not asked through a container)
     version = spec.engine_version or (None if spec.container_template else tgi_launcher_version(exe))
-    if version_at_least(version, TGI_PROMETHEUS_PORT_SINCE) and "--prometheus-port" not in user:
+    if version_at_least(version, TGI_PROMETHEUS_PORT_SINCE) and not flag_present(user, "prometheus-port"):
         # 3.3.0+ also serves /metrics on this port (default 9000): a free one lets instances coexist
         argv += ["--prometheus-port", str(free_port(spec.host))]
     argv += user
