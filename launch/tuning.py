@@ -83,7 +83,8 @@ def _concept(flag: str, engine: str) -> tuple[str, dict[str, str | None]] | None
     different things to two engines: ``--max-total-tokens`` is SGLang's KV pool, TGI's request length)."""
     rows = [(concept, names) for concept, names in TUNING_FLAGS.items() if flag in names.values()]
     own = [row for row in rows if row[1].get(engine) == flag]
-    return (own or rows or [None])[0]
+    found = own or rows
+    return found[0] if found else None
 
 
 def _label(engine: str) -> str:

@@ -28,7 +28,6 @@ It binds 127.0.0.1 unless ``--host`` says otherwise.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import sys
@@ -130,7 +129,7 @@ class PDProxy:
                 if resp.status != 200:
                     return web.Response(status=resp.status, body=raw, headers=_copy_headers(resp.headers))
             answer = json.loads(raw)
-        except (ClientError, asyncio.TimeoutError) as exc:
+        except (ClientError, TimeoutError) as exc:
             return _error(502, f"prefill instance {prefill_url}: {exc!r}")
         except json.JSONDecodeError:
             return _error(502, f"prefill instance {prefill_url}: the answer is not JSON")
@@ -150,7 +149,7 @@ class PDProxy:
                     await out.write(chunk)
                 await out.write_eof()
                 return out
-        except (ClientError, asyncio.TimeoutError) as exc:
+        except (ClientError, TimeoutError) as exc:
             if out is None or not out.prepared:
                 return _error(502, f"decode instance {decode_url}: {exc!r}")
             raise  # the client's stream was already started: it ends early, as the engine's would
@@ -161,7 +160,7 @@ class PDProxy:
                 async with self.session.get(base + "/health", timeout=ClientTimeout(total=10)) as resp:
                     if resp.status != 200:
                         return _error(503, f"{base}/health answered {resp.status}")
-            except (ClientError, asyncio.TimeoutError) as exc:
+            except (ClientError, TimeoutError) as exc:
                 return _error(503, f"{base}/health: {exc!r}")
         return web.Response(status=200)
 
@@ -171,7 +170,7 @@ class PDProxy:
             try:
                 async with self.session.post(base + "/reset_prefix_cache" + _query(request)) as resp:
                     statuses.append(resp.status)
-            except (ClientError, asyncio.TimeoutError):
+            except (ClientError, TimeoutError):
                 statuses.append(502)
         worst = max(statuses)
         return web.Response(status=worst if worst >= 400 else 200)
@@ -182,7 +181,7 @@ class PDProxy:
             async with self.session.request(request.method, url, data=await request.read(),
                                             headers={"Content-Type": request.content_type}) as resp:  # fmt: skip
                 return web.Response(status=resp.status, body=await resp.read(), headers=_copy_headers(resp.headers))
-        except (ClientError, asyncio.TimeoutError) as exc:
+        except (ClientError, TimeoutError) as exc:
             return _error(502, f"decode instance {url}: {exc!r}")
 
 
