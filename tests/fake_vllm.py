@@ -4,8 +4,9 @@ It speaks the NixlConnector's hand-off as vLLM 0.32 does (nixl/pull_scheduler.py
 ``request_finished``): a request with ``kv_transfer_params.do_remote_decode`` is a prefill
 and answers one non-streamed completion whose ``kv_transfer_params`` name this instance
 (``remote_port`` = its ``VLLM_NIXL_SIDE_CHANNEL_PORT``); any other request is a decode and
-streams ``max_tokens`` chunks whose text says which prefill instance's KV it was given
-(``kv<remote_port>``, or ``nokv``). Every body it receives is kept in ``received``.
+streams ``max_tokens`` chunks (with vLLM's cumulative ``usage``) whose text says which
+prefill instance's KV it was given (``kv<remote_port>``, or ``nokv``; also printed, one line per
+decode). Every body it receives is kept in ``received``.
 
 In-process: ``FakeVllm(side_port).app()``. As a program it takes vLLM's argv
 (``serve MODEL --host H --port P ...``) and ignores the flags it does not know.
@@ -32,6 +33,8 @@ class FakeVllm:
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/reset_prefix_cache", self.health)
+        app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.completions)
         return app
@@ -44,6 +47,10 @@ class FakeVllm:
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": self.model}]})
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        text = f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{side=\"{self.side_port}\"}} 0\n"
+        return web.Response(text=text, content_type="text/plain")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -63,10 +70,14 @@ class FakeVllm:
                 },
             })  # fmt: skip
         tag = f"kv{params['remote_port']}" if params.get("do_remote_prefill") else "nokv"
+        print(f"decode {tag}", flush=True)  # the launched instance's log shows each hand-off
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
-        for i in range(int(body.get("max_tokens", 1))):
-            chunk = {"id": "cmpl-decode", "choices": [{"index": 0, "text": f"{tag}.{i} ", "finish_reason": None}]}
+        n = int(body.get("max_tokens", 1))
+        for i in range(n):
+            chunk = {"id": "cmpl-decode", "choices": [{"index": 0, "text": f"{tag}.{i} ",
+                                                       "finish_reason": "length" if i == n - 1 else None}],
+                     "usage": {"prompt_tokens": 4, "completion_tokens": i + 1, "total_tokens": 5 + i}}  # fmt: skip
             await out.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await out.write(b"data: [DONE]\n\n")
         await out.write_eof()
