@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.conftest import REPO
 
@@ -43,3 +44,25 @@ def test_sweep_measures_a_vllm_pd_cell_through_the_proxy(tmp_path: Path) -> None
     # every request was decoded from the prefill instance's KV (the hand-off), none prefilled on decode
     decode_log = (out / "cell=tp1-disagg1x1" / "engine.decode1.log").read_text()
     assert decode_log.count("decode kv") == len(rows) and "nokv" not in decode_log
+
+
+def test_dry_run_of_a_vllm_pd_cell_prints_each_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.sweep.dryrun import dry_run_lines
+    from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("BENCH_VLLM_PYTHON", "/opt/vllm/bin/python")
+    spec = SweepSpec(model="org/m", engine="vllm", gpus=3, matrix=MatrixSpec(tp=(1,), disagg=("1:2",)),
+                     loads=LoadSpec(rates=(1.0,)))  # fmt: skip
+    spec.validate()
+    lines = dry_run_lines(spec)
+    assert lines == dry_run_lines(spec)  # stable: two dry runs diff clean
+    assert lines[1] == "cell tp1-disagg1x2: 3 GPUs"
+    roles = [line.split(":", 1)[0].strip() for line in lines[2::2]]
+    assert roles == ["prefill", "decode", "decode", "proxy"]
+    envs, argvs = lines[2::2], lines[3::2]
+    assert [e.split(";")[0].split()[-1] for e in envs] == ["0", "1", "2", "-"]
+    sides = [e.split("VLLM_NIXL_SIDE_CHANNEL_PORT=")[1].split()[0] for e in envs[:3]]
+    assert len(set(sides)) == 3
+    assert all("--kv-transfer-config" in a and " serve org/m " in a for a in argvs[:3])
+    assert "launch.vllm_pd_proxy --host 127.0.0.1 --port 8000 --prefill" in argvs[3]
