@@ -49,6 +49,8 @@ PREFILL_KV_PARAMS: dict[str, Any] = {
 #: ``min_tokens`` above ``max_tokens`` and ``stream_options`` without ``stream``).
 _DROPPED_FOR_PREFILL = ("stream", "stream_options", "min_tokens")
 GENERATE_ROUTES = ("/v1/completions", "/v1/chat/completions")
+#: client headers passed on to both instances (``vllm serve --api-key`` wants the bearer token)
+_PASSED_HEADERS = ("Authorization", "X-Request-Id")
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"})
 
 
@@ -122,9 +124,10 @@ class PDProxy:
         if not isinstance(body, dict):
             return _error(400, "the request body is not a JSON object")
         route = request.path
+        headers = {h: request.headers[h] for h in _PASSED_HEADERS if h in request.headers}
         prefill_url = next(self._next_prefill) + route
         try:
-            async with self.session.post(prefill_url, json=prefill_body(body, route)) as resp:
+            async with self.session.post(prefill_url, json=prefill_body(body, route), headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     return web.Response(status=resp.status, body=raw, headers=_copy_headers(resp.headers))
@@ -142,7 +145,7 @@ class PDProxy:
         decode_url = next(self._next_decode) + route
         out: web.StreamResponse | None = None
         try:
-            async with self.session.post(decode_url, json=decode_body(body, kv)) as resp:
+            async with self.session.post(decode_url, json=decode_body(body, kv), headers=headers) as resp:
                 out = web.StreamResponse(status=resp.status, headers=_copy_headers(resp.headers))
                 await out.prepare(request)
                 async for chunk in resp.content.iter_any():
@@ -197,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--decode", action="append", required=True, help="a decode instance's base URL")
     args = parser.parse_args(argv)
     proxy = PDProxy(args.prefill, args.decode)
-    web.run_app(proxy.app(), host=args.host, port=args.port, print=None, access_log=None)
+    # a stopped cell stops at once: open keep-alive connections do not hold the shutdown
+    web.run_app(proxy.app(), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=1.0)
 
 
 if __name__ == "__main__":

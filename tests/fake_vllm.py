@@ -27,6 +27,7 @@ class FakeVllm:
         self.side_port = side_port
         self.model = model
         self.received: list[dict[str, Any]] = []
+        self.authorization: list[str | None] = []
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -55,6 +56,7 @@ class FakeVllm:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append(body)
+        self.authorization.append(request.headers.get("Authorization"))
         params = body.get("kv_transfer_params") or {}
         if params.get("do_remote_decode"):
             if body.get("stream") or body.get("max_tokens") != 1 or "min_tokens" in body:

@@ -142,12 +142,13 @@ async def _through_proxy(body: dict[str, Any], route: str = "/v1/completions") -
     async with _serve(prefill.app()) as p_url, _serve(decode.app()) as d_url:
         proxy = PDProxy([p_url], [d_url])
         async with _serve(proxy.app()) as url, ClientSession() as client:
-            async with client.post(url + route, json=body) as resp:
+            async with client.post(url + route, json=body, headers={"Authorization": "Bearer k"}) as resp:
                 status, stream = resp.status, await resp.read()
             async with client.get(url + "/health") as resp:
                 health = resp.status
             async with client.get(url + "/version") as resp:
                 version = await resp.json()
+    assert prefill.authorization == decode.authorization == ["Bearer k"]  # vllm serve --api-key
     return {"status": status, "stream": stream, "prefill": prefill.received, "decode": decode.received,
             "health": health, "version": version}  # fmt: skip
 
