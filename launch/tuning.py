@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 #: concept -> engine -> flag name (without ``--``); None: the engine has no such flag.
 TUNING_FLAGS: dict[str, dict[str, str | None]] = {
-    # TGI's running batch is bounded by --max-batch-total-tokens; --max-batch-size caps it outright
+    # TGI bounds its batch by --max-batch-total-tokens; --max-batch-size (launcher/src/main.rs) caps the
+    # number of requests per batch, documented for hardware without unpadded inference
     "max running requests": {
         "vllm": "max-num-seqs", "sglang": "max-running-requests", "tgi": "max-batch-size", "sim": "max-num-seqs",
     },
