@@ -11,6 +11,7 @@ disaggregation, TGI ``text-generation-launcher`` (launcher/src/main.rs).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 from adapters.versions import version_at_least
 from launch.config import ParallelConfig
 from launch.process import EngineStartError, python_module
-from launch.tuning import flag_name
+from launch.tuning import flag_name, flag_present
 
 if TYPE_CHECKING:
     from launch.launcher import LaunchSpec
@@ -47,7 +48,7 @@ VLLM_CPU_VENV = Path(os.environ.get("BENCH_CACHE_DIR", str(Path.home() / ".cache
 
 @dataclass(frozen=True)
 class ProcessPlan:
-    role: str  # "engine" | "prefill" | "decode" | "router"
+    role: str  # "engine" | "prefill" | "decode" | "router" (SGLang) | "proxy" (vLLM P/D) | "replica"
     argv: list[str]
     port: int
     gpus: int
@@ -77,15 +78,13 @@ def sim_refusals(p: ParallelConfig) -> list[str]:
 
 def vllm_refusals(p: ParallelConfig) -> list[str]:
     out: list[str] = []
-    if p.ep > 1 and p.ep != p.tp * p.dp:
-        out.append(
-            f"vLLM's expert parallelism is a switch whose width is dp×tp ({p.dp * p.tp}), not {p.ep}"
-        )
-    if p.disagg is not None:
-        out.append(
-            "bench does not launch vLLM prefill/decode disaggregation (it needs a KV connector and a "
-            "proxy): start it yourself and give bench its url"
-        )
+    # vLLM 0.32: the MoE group spans TP x PCP x DP (fused_moe/config.py flatten_tp_across_dp_and_pcp)
+    width = p.tp * p.pcp * p.dp
+    if p.ep > 1 and p.ep != width:
+        out.append(f"vLLM's expert parallelism is a switch whose width is tp×pcp×dp ({width}), not {p.ep}")
+    # vLLM 0.32 config/parallel.py: with PCP, DCP is off, spans PCP, or spans TP x PCP
+    if p.pcp > 1 and p.dcp not in (1, p.pcp, p.tp * p.pcp):
+        out.append(f"vLLM takes dcp 1, pcp or tp×pcp when pcp>1 ({sorted({1, p.pcp, p.tp * p.pcp})}), not {p.dcp}")
     return out
 
 
@@ -178,14 +177,15 @@ def plan_sim(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> 
     if p.disagg is not None:
         argv += ["--disagg", str(p.disagg)]
     user = [*p.extra_args, *spec.extra_args]
-    if spec.flavor == "tgi" and "--max-concurrent-requests" not in user:
+    if spec.flavor == "tgi" and not flag_present(user, "max-concurrent-requests"):
         argv += ["--max-concurrent-requests", str(TGI_ADMISSION_LIMIT)]
     argv += user
     plan = ProcessPlan("engine", argv, port, gpus=0)
     return EngineLayout([plan], 0, port, assign_gpus=False, version=f"bench-sim {__version__}")
 
 
-def plan_vllm(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
+def _vllm_serve(spec: "LaunchSpec", port: int, extra: Sequence[str] = ()) -> list[str]:
+    """One ``vllm serve`` instance of ``spec``'s configuration (a whole cell, or one P/D instance)."""
     p = spec.parallel
     cmd = ["vllm"] if spec.container_template else _vllm_command_for(spec)
     argv = [*cmd, "serve", spec.model, "--host", _bind_host(spec), "--port", str(port)]
@@ -198,12 +198,82 @@ def plan_vllm(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) ->
         argv += ["--decode-context-parallel-size", str(p.dcp)]
     if p.pcp > 1:
         argv += ["--prefill-context-parallel-size", str(p.pcp)]
-    argv += [*p.extra_args, *spec.extra_args]
+    return [*argv, *extra, *p.extra_args, *spec.extra_args]
+
+
+def _vllm_env(spec: "LaunchSpec") -> dict[str, str]:
     env = {"VLLM_NO_USAGE_STATS": "1"}
     if spec.host in ("127.0.0.1", "localhost", "::1"):
         env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between sweep loads; loopback only
-    plan = ProcessPlan("engine", argv, port, gpus=p.gpus, env=env, extra_ready_paths=("/v1/models",))
+    return env
+
+
+def plan_vllm(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
+    if spec.parallel.disagg is not None:
+        return _plan_vllm_pd(spec, port, free_port)
+    plan = ProcessPlan("engine", _vllm_serve(spec, port), port, gpus=spec.parallel.gpus, env=_vllm_env(spec),
+                       extra_ready_paths=("/v1/models",))  # fmt: skip
     return EngineLayout([plan], 0, port)
+
+
+#: The KV connector of a vLLM P/D cell unless the engine args give ``--kv-transfer-config``:
+#: vLLM 0.32's documented path (docs/features/nixl_connector_usage.md; ``NixlConnector`` is the
+#: pull connector, vllm/distributed/kv_transfer/kv_connector/factory.py). NixlConnector ignores ``kv_role``
+#: (the proxy decides who prefills), so every instance is ``kv_both``, as vLLM's guide writes.
+VLLM_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+
+
+def _free_port_block(free_port: Callable[[str], int], host: str, n: int, plan_only: bool) -> int:
+    """The first of ``n`` consecutive free ports: vLLM's NIXL side channel listens on
+    ``VLLM_NIXL_SIDE_CHANNEL_PORT + dp_rank`` (nixl/base_scheduler.py), one port per DP rank."""
+    import socket
+
+    first = free_port(host)
+    if plan_only:  # a dry run's ports are counted, hence consecutive
+        for _ in range(n - 1):
+            free_port(host)
+        return first
+    for _ in range(100):
+        try:
+            for k in range(1, n):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind((host, first + k))
+            return first
+        except OSError:
+            first = free_port(host)
+    raise EngineStartError(f"no {n} consecutive free ports for vLLM's NIXL side channel on {host}")
+
+
+def _plan_vllm_pd(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
+    """P prefill and D decode ``vllm serve`` instances, each with a KV connector and its own NIXL
+    side-channel ports, behind bench's proxy (launch/vllm_pd_proxy.py), which clients talk to."""
+    p = spec.parallel
+    assert p.disagg is not None
+    if spec.container_template:
+        raise EngineStartError(
+            "vLLM prefill/decode disaggregation is launched without a container template (bench's proxy "
+            "runs on the host): start the instances in containers yourself and give bench the proxy's url"
+        )
+    user = [*p.extra_args, *spec.extra_args]
+    connector = [] if flag_present(user, "kv-transfer-config") else [
+        "--kv-transfer-config", json.dumps(VLLM_KV_TRANSFER_CONFIG, separators=(",", ":"))]  # fmt: skip
+    side_host = "127.0.0.1" if spec.host in ("0.0.0.0", "", "::") else spec.host
+    plans: list[ProcessPlan] = []
+    proxy = [*python_module("launch.vllm_pd_proxy"), "--host", spec.host, "--port", str(port)]
+    for role, count in (("prefill", p.disagg.prefill), ("decode", p.disagg.decode)):
+        for _ in range(count):
+            iport = free_port(spec.host)
+            extra = list(connector)
+            if p.dp > 1:  # two DP instances on one host must not share vLLM's fixed default (29550)
+                extra += ["--data-parallel-rpc-port", str(free_port(spec.host))]
+            side = _free_port_block(free_port, spec.host, p.dp, spec.plan_only)
+            env = {**_vllm_env(spec), "VLLM_NIXL_SIDE_CHANNEL_HOST": side_host,
+                   "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)}  # fmt: skip
+            plans.append(ProcessPlan(role, _vllm_serve(spec, iport, extra), iport, gpus=p.gpus_per_instance * p.dp,
+                                     env=env, extra_ready_paths=("/v1/models",)))  # fmt: skip
+            proxy += [f"--{role}", f"http://{side_host}:{iport}"]
+    plans.append(ProcessPlan("proxy", proxy, port, gpus=0, ready_path="/health"))
+    return EngineLayout(plans, len(plans) - 1, port)
 
 
 #: Flags of ``sglang_router.launch_router`` (sgl-router/py_src/sglang_router/router_args.py) that
@@ -309,11 +379,11 @@ def plan_tgi(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> 
     if p.tp > 1:
         argv += ["--sharded", "true"]
     user = [*p.extra_args, *spec.extra_args]
-    if "--max-concurrent-requests" not in user:
+    if not flag_present(user, "max-concurrent-requests"):  # also as --max-concurrent-requests=N (an axis)
         argv += ["--max-concurrent-requests", str(TGI_ADMISSION_LIMIT)]
     # the version the user gave, else the launcher's own answer (not asked through a container)
     version = spec.engine_version or (None if spec.container_template else tgi_launcher_version(exe))
-    if version_at_least(version, TGI_PROMETHEUS_PORT_SINCE) and "--prometheus-port" not in user:
+    if version_at_least(version, TGI_PROMETHEUS_PORT_SINCE) and not flag_present(user, "prometheus-port"):
         # 3.3.0+ also serves /metrics on this port (default 9000): a free one lets instances coexist
         argv += ["--prometheus-port", str(free_port(spec.host))]
     argv += user

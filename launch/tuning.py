@@ -16,10 +16,17 @@ from collections.abc import Sequence
 
 #: concept -> engine -> flag name (without ``--``); None: the engine has no such flag.
 TUNING_FLAGS: dict[str, dict[str, str | None]] = {
+    # TGI bounds its batch by --max-batch-total-tokens; --max-batch-size (launcher/src/main.rs) caps the
+    # number of requests per batch, documented for hardware without unpadded inference
     "max running requests": {
-        "vllm": "max-num-seqs", "sglang": "max-running-requests", "tgi": "max-concurrent-requests",
-        "sim": "max-num-seqs",
+        "vllm": "max-num-seqs", "sglang": "max-running-requests", "tgi": "max-batch-size", "sim": "max-num-seqs",
     },
+    # admission: beyond it a request is refused (vLLM 0.32: HTTP 503; TGI: an in-stream "overloaded")
+    "requests in flight (admission limit)": {
+        "vllm": "max-num-queued-reqs", "sglang": None, "tgi": "max-concurrent-requests", "sim": None,
+    },
+    # SGLang 0.5.23 arg_groups/fields/schedule.py: the waiting queue only (ignored in P/D mode)
+    "queued requests (admission limit)": {"vllm": None, "sglang": "max-queued-requests", "tgi": None, "sim": None},
     "batched-token budget per step": {
         "vllm": "max-num-batched-tokens", "sglang": "chunked-prefill-size", "tgi": "max-batch-prefill-tokens",
         "sim": "max-num-batched-tokens",
@@ -27,6 +34,14 @@ TUNING_FLAGS: dict[str, dict[str, str | None]] = {
     "KV memory fraction": {
         "vllm": "gpu-memory-utilization", "sglang": "mem-fraction-static", "tgi": "cuda-memory-fraction",
         "sim": "gpu-memory-utilization",
+    },
+    # the KV pool's absolute size; units differ: bytes per GPU (vLLM), tokens (SGLang, TGI)
+    "KV cache size": {
+        "vllm": "kv-cache-memory-bytes", "sglang": "max-total-tokens", "tgi": "max-batch-total-tokens", "sim": None,
+    },
+    # the longest request served (prompt + output): what each request may reserve
+    "longest request (context length)": {
+        "vllm": "max-model-len", "sglang": "context-length", "tgi": "max-total-tokens", "sim": None,
     },
     "KV cache dtype": {"vllm": "kv-cache-dtype", "sglang": "kv-cache-dtype", "tgi": "kv-cache-dtype", "sim": None},
     "scheduling conservativeness": {
@@ -59,11 +74,18 @@ def flag_name(arg: str) -> str | None:
     return arg[2:].split("=", 1)[0].replace("_", "-")
 
 
-def _concept(flag: str) -> tuple[str, dict[str, str | None]] | None:
-    for concept, names in TUNING_FLAGS.items():
-        if flag in names.values():
-            return concept, names
-    return None
+def flag_present(args: Sequence[str], flag: str) -> bool:
+    """Whether ``args`` set ``--flag`` (as ``--flag V`` or ``--flag=V``)."""
+    return any(flag_name(a) == flag for a in args)
+
+
+def _concept(flag: str, engine: str) -> tuple[str, dict[str, str | None]] | None:
+    """The row ``flag`` names a concept in: ``engine``'s own row first (the same name can mean
+    different things to two engines: ``--max-total-tokens`` is SGLang's KV pool, TGI's request length)."""
+    rows = [(concept, names) for concept, names in TUNING_FLAGS.items() if flag in names.values()]
+    own = [row for row in rows if row[1].get(engine) == flag]
+    found = own or rows
+    return found[0] if found else None
 
 
 def _label(engine: str) -> str:
@@ -77,7 +99,7 @@ def unsupported_args(engine: str, args: Sequence[str]) -> list[str]:
         flag = flag_name(arg)
         if flag is None:
             continue
-        found = _concept(flag)
+        found = _concept(flag, engine)
         own = found[1].get(engine) if found else None
         if engine == "sim" and flag in SIM_TUNING_FLAGS:
             continue
