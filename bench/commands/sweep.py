@@ -71,18 +71,25 @@ def _workload_axes(axes: dict[str, tuple[str | int | float, ...]]) -> dict[str, 
 
 
 def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
-    """``--url a=http://h:8000@2`` (repeatable) -> endpoints; ``@GPUS`` is optional (1)."""
+    """``--url a=http://h:8000@2`` (repeatable) -> endpoints; ``@GPUS`` is optional (1), and so
+    is an ``ENGINE:`` before the URL (``a=tgi:http://h:8080``; default: the sweep's --engine)."""
     from bench.sweep.spec import EndpointSpec
 
     out = []
     for text in texts:
         name, sep, rest = text.partition("=")
+        engine, colon, after = rest.partition(":")
+        if colon and after.startswith("http") and engine.strip() and engine.strip().lower() not in ("http", "https"):
+            rest = after
+        else:
+            engine = ""
         url, at, gpus = rest.rpartition("@")
         if not (at and gpus.isdigit()):  # no GPU count (an @ in the URL's user part is kept)
             url, gpus = rest, "1"
         if not sep or not name.strip() or not url.strip():
-            raise BenchError(f"--url {text!r}: expected NAME=URL or NAME=URL@GPUS, e.g. a=http://10.0.0.5:8000@2")
-        out.append(EndpointSpec(name.strip(), url.strip(), int(gpus)))
+            raise BenchError(f"--url {text!r}: expected NAME=URL, NAME=URL@GPUS or NAME=ENGINE:URL@GPUS, e.g. "
+                             "a=http://10.0.0.5:8000@2 or b=tgi:http://10.0.0.6:8080@2")  # fmt: skip
+        out.append(EndpointSpec(name.strip(), url.strip(), int(gpus), engine.strip() or None))
     return tuple(out) or None
 
 
@@ -104,9 +111,10 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
               help="A matrix axis (repeatable): an engine flag, e.g. max-num-seqs=8,32 (each value runs as "
                    "--FLAG=VALUE in its own cells), or a workload axis, input-tokens=128,1024, output-tokens=64,256 "
                    "or workload=chat,long (every cell runs its loads at each value; no new launch).")
-@click.option("--url", "urls", multiple=True, metavar="NAME=URL[@GPUS]",
+@click.option("--url", "urls", multiple=True, metavar="NAME=[ENGINE:]URL[@GPUS]",
               help="A running deployment to measure instead of launching a matrix: one configuration named NAME "
-                   "occupying GPUS (default 1); repeat to compare deployments (docs/sweeps.md).")
+                   "occupying GPUS (default 1), speaking ENGINE's API (default: --engine); repeat to compare "
+                   "deployments (docs/sweeps.md).")
 @click.option("--rate", "rates", help="Open-loop loads in requests/s, e.g. 1,2,4,8.")
 @click.option("--concurrency", "concs", help="Closed-loop loads (requests in flight), e.g. 1,8,32.")
 @click.option("--capacity", is_flag=True, default=None, help="Search each cell's capacity under --slo instead.")

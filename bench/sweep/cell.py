@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -69,7 +70,7 @@ class CellOutcome:
 def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> dict[str, Any]:
     return {
         "cell_id": cell_id,
-        "engine": spec.engine,
+        "engine": spec.for_cell(cfg).engine,
         "model": spec.model,
         "gpu": spec.gpu,
         "tp": cfg.tp,
@@ -100,7 +101,7 @@ def cell_engine(spec: SweepSpec, cfg: ParallelConfig) -> CellEngine:
     """What the launcher gets for one cell (a tuning cell's flags travel in ``cfg.extra_args``)."""
     env = tuple((name, value) for name, _, value in (item.partition("=") for item in spec.engine_env))
     return CellEngine(
-        engine=spec.engine,
+        engine=spec.for_cell(cfg).engine,
         model=spec.model,
         gpu=spec.gpu,
         parallel=cfg,
@@ -137,7 +138,7 @@ class CellRunner:
         """Measure the cell. ``prior``: a complete cell's points, re-judged at the sweep's
         (changed) SLOs (orchestrate.rejudged_points): its capacity searches continue from them, and
         only the loads the new verdicts need are measured, the engine started only for them."""
-        spec = self.spec
+        spec = self.spec.for_cell(cfg)
         cdir = store.cell_dir(self.sweep_dir, cell_id)
         cdir.mkdir(parents=True, exist_ok=True)
         priors: dict[str, list[dict[str, Any]]] = {}
@@ -243,9 +244,9 @@ class _WorkloadLoads:
     def __post_init__(self) -> None:
         self.seq = len(self.prior or ())  # a later load never reuses an earlier one's prompts (Load.seq)
 
-    @property
+    @cached_property
     def spec(self) -> SweepSpec:
-        return self.runner.spec
+        return self.runner.spec.for_cell(self.cfg)  # a deployment's own engine (EndpointSpec.engine)
 
     @property
     def virtual(self) -> VirtualEngine | None:

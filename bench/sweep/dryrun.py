@@ -40,7 +40,9 @@ def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> l
             lines.append(f"{head}, skipped: {c.skip_reason}")
             continue
         if c.config.deployment is not None:
-            lines.append(f"{head}, running deployment at {urls[c.config.deployment]} (bench starts nothing)")
+            engine = spec.for_cell(c.config).engine
+            named = f"{engine} " if engine != spec.engine else ""
+            lines.append(f"{head}, running {named}deployment at {urls[c.config.deployment]} (bench starts nothing)")
             continue
         try:
             procs = launcher.plan(cell_engine(spec, c.config))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from launch.config import AXES, DEPLOYMENT_NAME, Disagg
+from launch.config import AXES, DEPLOYMENT_NAME, Disagg, ParallelConfig
 from launch.profiles import PROFILES, launchable_engines
 from loadgen.transport import CLOCKS
 
@@ -244,10 +244,15 @@ class EndpointSpec:
     name: str
     url: str
     gpus: int = 1
+    #: The API and routes this deployment speaks (``--url NAME=ENGINE:URL``); None: the sweep's
+    #: ``engine``. Lets a vLLM and a TGI deployment be compared in one sweep.
+    engine: str | None = None
 
     def validate(self) -> None:
         if not DEPLOYMENT_NAME.fullmatch(self.name):
             raise SweepSpecError(f"endpoint {self.name!r}: a name is letters, digits, '.', '_' and '-'")
+        if self.engine is not None and self.engine not in PROFILES:
+            raise SweepSpecError(f"endpoint {self.name}: engine {self.engine!r}: use one of {', '.join(PROFILES)}")
         if not self.url.startswith(("http://", "https://")):
             raise SweepSpecError(f"endpoint {self.name}: {self.url!r} is not an http(s) URL")
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
@@ -401,6 +406,14 @@ class SweepSpec:
         if (m.input_tokens or m.output_tokens) and any(named):
             raise SweepSpecError("matrix: input_tokens and output_tokens axes vary a synthetic workload; "
                                  "a named workload sets its own lengths")  # fmt: skip
+
+    def for_cell(self, cfg: ParallelConfig) -> "SweepSpec":
+        """The spec one cell runs under: a running deployment that names its engine speaks
+        that engine's API and routes (``EndpointSpec.engine``), every other cell the sweep's."""
+        if cfg.deployment is None:
+            return self
+        engine = next((e.engine for e in self.endpoints if e.name == cfg.deployment and e.engine), None)
+        return replace(self, engine=engine) if engine and engine != self.engine else self
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
