@@ -66,7 +66,8 @@ def _workload_axes(axes: dict[str, tuple[str | int | float, ...]]) -> dict[str, 
     out: dict[str, tuple[Any, ...]] = {}
     for name in [n for n in axes if n.replace("_", "-") in WORKLOAD_AXES]:
         field, values = WORKLOAD_AXES[name.replace("_", "-")], axes.pop(name)
-        out[field] = tuple(str(v) for v in values) if field == "workload" else _ints(",".join(map(str, values)), f"--axis {name}")
+        text = ",".join(map(str, values))
+        out[field] = tuple(values) if field == "workload" else _ints(text, f"--axis {name}") or ()
     return out
 
 

@@ -18,7 +18,14 @@ from bench.commands.sweep import _apply_flags, _axes, _workload_axes
 from bench.sweep.dryrun import dry_run_lines
 from bench.sweep.matrix import expand
 from bench.sweep.orchestrate import run_sweep
-from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec, load_spec
+from bench.sweep.spec import (
+    LoadSpec,
+    MatrixSpec,
+    SweepSpec,
+    SweepSpecError,
+    WorkloadSpec,
+    load_spec,
+)
 from bench.sweep.store import read_cells
 from core.errors import BenchError
 from tests.conftest import REPO
@@ -33,14 +40,14 @@ SWEEP = [
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True, timeout=240)
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
 
 
 def _spec(**kw: object) -> SweepSpec:
-    base: dict[str, object] = dict(
-        model="llama-3.1-8b", gpu="h100", matrix=MatrixSpec(tp=(1, 2), input_tokens=(128, 1024)),
-        loads=LoadSpec(rates=(2.0,), requests=40, warmup=0), slo={"ttft_ms": 300.0},
-    )  # fmt: skip
+    base: dict[str, object] = {
+        "model": "llama-3.1-8b", "gpu": "h100", "matrix": MatrixSpec(tp=(1, 2), input_tokens=(128, 1024)),
+        "loads": LoadSpec(rates=(2.0,), requests=40, warmup=0), "slo": {"ttft_ms": 300.0},
+    }  # fmt: skip
     base.update(kw)
     return SweepSpec(**base)  # type: ignore[arg-type]
 
@@ -85,11 +92,11 @@ def test_workload_axes_from_the_cli_and_toml_and_their_refusals(tmp_path: Path) 
     assert [w.tag for w in spec.cell_workloads] == ["in128-out32", "in1024-out32"]
     assert len(expand(spec)) == 4  # tp x max-num-seqs: the workload axis adds no cell
     for bad, why in (
-        (dict(matrix=MatrixSpec(workload=("chat",), input_tokens=(128,))), "a named workload sets its own lengths"),
-        (dict(workloads=(WorkloadSpec(name="chat"),)), "a named workload sets its own lengths"),
-        (dict(workloads=(WorkloadSpec(label="a"), WorkloadSpec(label="b"))), "several"),
-        (dict(matrix=MatrixSpec(input_tokens=(0,))), "matrix.input_tokens: 0"),
-        (dict(matrix=MatrixSpec(output_tokens=(8, 8))), "matrix.output_tokens: values repeat"),
+        ({"matrix": MatrixSpec(workload=("chat",), input_tokens=(128,))}, "a named workload sets its own lengths"),
+        ({"workloads": (WorkloadSpec(name="chat"),)}, "a named workload sets its own lengths"),
+        ({"workloads": (WorkloadSpec(label="a"), WorkloadSpec(label="b"))}, "several"),
+        ({"matrix": MatrixSpec(input_tokens=(0,))}, "matrix.input_tokens: 0"),
+        ({"matrix": MatrixSpec(output_tokens=(8, 8))}, "matrix.output_tokens: values repeat"),
     ):
         with pytest.raises(SweepSpecError, match=why):
             _spec(**bad).validate()
