@@ -857,7 +857,10 @@ def format_recommendation(rec: dict[str, Any]) -> str:
         f"SLO: {slo}; attainment target {rec['attainment_pct']:g}% of requests"
         + (f"; target load {tgt:g} req/s" if tgt else "")
     )
-    lines += headline_lines(build_headline(rec), str(rec.get("message") or ""))
+    head = headline_lines(build_headline(rec), str(rec.get("message") or ""))
+    if len(rec.get("workloads") or {}) > 1:  # the headline is the first workload's; each has its own pick
+        head.insert(1, f"  for workload {next(iter(rec['workloads']))}; each workload's own pick is below")
+    lines += head
     if not rec.get("workloads"):
         lines.append(_table([], rec.get("cells", [])))
         lines.append(f"RECOMMENDATION: none: {rec.get('message')}")

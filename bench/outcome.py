@@ -53,7 +53,10 @@ def sweep_outcome(sweep: Path, rec: dict[str, Any]) -> Outcome | None:
     if rec.get("untrustworthy"):
         return Outcome(ExitCode.UNTRUSTWORTHY, f"UNTRUSTWORTHY: {len(rec['untrustworthy'])} load(s) could not be measured truthfully")
     if rec.get("slo") and not _recommended(rec):
-        return Outcome(ExitCode.NO_CONFIGURATION, f"no configuration meets the SLOs: {rec.get('message')}")
+        unmet = [f"workload {w}: {wr.get('message')}" for w, wr in (rec.get("workloads") or {}).items()
+                 if wr.get("recommendation") is None]  # fmt: skip
+        why = "; ".join(unmet) if len(rec.get("workloads") or {}) > 1 else rec.get("message")
+        return Outcome(ExitCode.NO_CONFIGURATION, f"no configuration meets the SLOs: {why}")
     return None
 
 

@@ -56,19 +56,41 @@ def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
     return out
 
 
+#: ``--axis`` names that vary the workload (MatrixSpec fields), not an engine flag.
+WORKLOAD_AXES = {"input-tokens": "input_tokens", "output-tokens": "output_tokens", "workload": "workload"}
+
+
+def _workload_axes(axes: dict[str, tuple[str | int | float, ...]]) -> dict[str, tuple[Any, ...]]:
+    """Take the workload axes (``input-tokens``, ``output-tokens``, ``workload``) out of ``axes``
+    (the rest are engine flags), as MatrixSpec field values."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for name in [n for n in axes if n.replace("_", "-") in WORKLOAD_AXES]:
+        field, values = WORKLOAD_AXES[name.replace("_", "-")], axes.pop(name)
+        text = ",".join(map(str, values))
+        out[field] = tuple(values) if field == "workload" else _ints(text, f"--axis {name}") or ()
+    return out
+
+
 def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
-    """``--url a=http://h:8000@2`` (repeatable) -> endpoints; ``@GPUS`` is optional (1)."""
+    """``--url a=http://h:8000@2`` (repeatable) -> endpoints; ``@GPUS`` is optional (1), and so
+    is an ``ENGINE:`` before the URL (``a=tgi:http://h:8080``; default: the sweep's --engine)."""
     from bench.sweep.spec import EndpointSpec
 
     out = []
     for text in texts:
         name, sep, rest = text.partition("=")
+        engine, colon, after = rest.partition(":")
+        if colon and after.startswith("http") and engine.strip() and engine.strip().lower() not in ("http", "https"):
+            rest = after
+        else:
+            engine = ""
         url, at, gpus = rest.rpartition("@")
         if not (at and gpus.isdigit()):  # no GPU count (an @ in the URL's user part is kept)
             url, gpus = rest, "1"
         if not sep or not name.strip() or not url.strip():
-            raise BenchError(f"--url {text!r}: expected NAME=URL or NAME=URL@GPUS, e.g. a=http://10.0.0.5:8000@2")
-        out.append(EndpointSpec(name.strip(), url.strip(), int(gpus)))
+            raise BenchError(f"--url {text!r}: expected NAME=URL, NAME=URL@GPUS or NAME=ENGINE:URL@GPUS, e.g. "
+                             "a=http://10.0.0.5:8000@2 or b=tgi:http://10.0.0.6:8080@2")  # fmt: skip
+        out.append(EndpointSpec(name.strip(), url.strip(), int(gpus), engine.strip() or None))
     return tuple(out) or None
 
 
@@ -86,12 +108,14 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--dcp", help="Decode context-parallel sizes (must divide tp).")
 @click.option("--pcp", help="Prefill context-parallel sizes.")
 @click.option("--disagg", help="Prefill:decode instance counts, e.g. 1:1,2:1 (none = colocated).")
-@click.option("--axis", "axes", multiple=True, metavar="FLAG=V1,V2",
-              help="An engine flag as a matrix axis, e.g. max-num-seqs=8,32: each value runs as --FLAG=VALUE "
-                   "in its own cells (repeatable).")
-@click.option("--url", "urls", multiple=True, metavar="NAME=URL[@GPUS]",
+@click.option("--axis", "axes", multiple=True, metavar="NAME=V1,V2",
+              help="A matrix axis (repeatable): an engine flag, e.g. max-num-seqs=8,32 (each value runs as "
+                   "--FLAG=VALUE in its own cells), or a workload axis, input-tokens=128,1024, output-tokens=64,256 "
+                   "or workload=chat,long (every cell runs its loads at each value; no new launch).")
+@click.option("--url", "urls", multiple=True, metavar="NAME=[ENGINE:]URL[@GPUS]",
               help="A running deployment to measure instead of launching a matrix: one configuration named NAME "
-                   "occupying GPUS (default 1); repeat to compare deployments (docs/sweeps.md).")
+                   "occupying GPUS (default 1), speaking ENGINE's API (default: --engine); repeat to compare "
+                   "deployments (docs/sweeps.md).")
 @click.option("--rate", "rates", help="Open-loop loads in requests/s, e.g. 1,2,4,8.")
 @click.option("--concurrency", "concs", help="Closed-loop loads (requests in flight), e.g. 1,8,32.")
 @click.option("--capacity", is_flag=True, default=None, help="Search each cell's capacity under --slo instead.")
@@ -249,6 +273,7 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
     if disagg is not None:
         matrix_changes["disagg"] = tuple(v.strip() for v in str(disagg).split(",") if v.strip())
     axes = _axes(flags.get("axes") or ())
+    matrix_changes.update(_workload_axes(axes))
     if axes:
         matrix_changes["flags"] = {**base.matrix.flags, **axes}
     matrix = dataclasses.replace(base.matrix, **{k: v for k, v in matrix_changes.items() if v is not None})

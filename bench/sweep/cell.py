@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -69,7 +70,7 @@ class CellOutcome:
 def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> dict[str, Any]:
     return {
         "cell_id": cell_id,
-        "engine": spec.engine,
+        "engine": spec.for_cell(cfg).engine,
         "model": spec.model,
         "gpu": spec.gpu,
         "tp": cfg.tp,
@@ -85,11 +86,22 @@ def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> dict[s
     }
 
 
+def workload_columns(w: WorkloadSpec) -> dict[str, Any]:
+    """The workload values a point ran with: its tag, and the named workload or the synthetic
+    lengths (each a workload axis of the sweep, ``MatrixSpec``)."""
+    return {
+        "workload": w.tag,
+        "workload_name": w.name,
+        "input_tokens": None if w.name else w.input_tokens,
+        "output_tokens": None if w.name else w.output_tokens,
+    }
+
+
 def cell_engine(spec: SweepSpec, cfg: ParallelConfig) -> CellEngine:
     """What the launcher gets for one cell (a tuning cell's flags travel in ``cfg.extra_args``)."""
     env = tuple((name, value) for name, _, value in (item.partition("=") for item in spec.engine_env))
     return CellEngine(
-        engine=spec.engine,
+        engine=spec.for_cell(cfg).engine,
         model=spec.model,
         gpu=spec.gpu,
         parallel=cfg,
@@ -126,12 +138,12 @@ class CellRunner:
         """Measure the cell. ``prior``: a complete cell's points, re-judged at the sweep's
         (changed) SLOs (orchestrate.rejudged_points): its capacity searches continue from them, and
         only the loads the new verdicts need are measured, the engine started only for them."""
-        spec = self.spec
+        spec = self.spec.for_cell(cfg)
         cdir = store.cell_dir(self.sweep_dir, cell_id)
         cdir.mkdir(parents=True, exist_ok=True)
         priors: dict[str, list[dict[str, Any]]] = {}
         if prior is not None:
-            priors = {w.tag: [p for p in prior if p.get("workload") == w.tag] for w in spec.workloads}
+            priors = {w.tag: [p for p in prior if p.get("workload") == w.tag] for w in spec.cell_workloads}
             wanted = missing_loads(spec, priors)
             self.echo(
                 f"{index} {cell_id}: measured loads re-judged at {SLO.from_dict(spec.slo)}: "
@@ -139,7 +151,7 @@ class CellRunner:
             )
             if not wanted:
                 out = CellOutcome("complete", points=list(prior))
-                for w in spec.workloads:
+                for w in spec.cell_workloads:
                     _WorkloadLoads(self, cfg, cell_id, index, w, "", "", out, False, priors[w.tag]).run()
                 store.write_points(self.sweep_dir, cell_id, out.points)
                 return out
@@ -168,7 +180,7 @@ class CellRunner:
             self.echo(f"{index} {cell_id}: ready after {time.monotonic() - t0:.1f} s at {handle.url}")
             served = _served_model(spec)
             first_run = True
-            for w in spec.workloads:
+            for w in spec.cell_workloads:
                 # all loads of one workload; False when the cell must stop (engine died)
                 rows = None if prior is None else priors[w.tag]
                 ok = _WorkloadLoads(self, cfg, cell_id, index, w, handle.url, served, out, first_run, rows).run()
@@ -232,9 +244,9 @@ class _WorkloadLoads:
     def __post_init__(self) -> None:
         self.seq = len(self.prior or ())  # a later load never reuses an earlier one's prompts (Load.seq)
 
-    @property
+    @cached_property
     def spec(self) -> SweepSpec:
-        return self.runner.spec
+        return self.runner.spec.for_cell(self.cfg)  # a deployment's own engine (EndpointSpec.engine)
 
     @property
     def virtual(self) -> VirtualEngine | None:
@@ -249,7 +261,7 @@ class _WorkloadLoads:
         ``workers``: client processes for this run (None: the sweep's)."""
         spec, runner, out = self.spec, self.runner, self.out
         # re-measurements of a load come after its repeats, and are labelled as further repeats
-        label = load.label(len(spec.workloads) > 1, max(spec.repeats, load.repeat + 1))
+        label = load.label(len(spec.cell_workloads) > 1, max(spec.repeats, load.repeat + 1))
         run_dir = store.load_dir(runner.sweep_dir, self.cell_id, label)
         out.prefix_cache_reset = "fresh engine (virtual time)" if self.virtual else reset_prefix_cache(spec.engine, self.url)
         warmup = spec.loads.warmup if self.first else 0
@@ -327,7 +339,7 @@ class _WorkloadLoads:
         row = {
             **config_columns(spec, self.cfg, self.cell_id),
             "sweep_id": runner.sweep_id,
-            "workload": self.w.tag,
+            **workload_columns(self.w),
             "load_label": label,
             "load_kind": load.kind,
             "load_value": float(load.value),
@@ -518,12 +530,12 @@ class _WorkloadLoads:
         skipped = ", ".join(f"{v:g}" for _, v in rest)
         self.runner.echo(f"{self.index} {self.cell_id}: saturated at {kind} {value:g}; skipping higher loads ({skipped})")
         for k2, v2 in rest:
-            label = Load(k2, v2, self.w).label(len(spec.workloads) > 1, 1)
+            label = Load(k2, v2, self.w).label(len(spec.cell_workloads) > 1, 1)
             out.points.append(
                 {
                     **config_columns(spec, self.cfg, self.cell_id),
                     "sweep_id": self.runner.sweep_id,
-                    "workload": self.w.tag,
+                    **workload_columns(self.w),
                     "load_label": label,
                     "load_kind": k2,
                     "load_value": float(v2),
@@ -629,7 +641,7 @@ def missing_loads(spec: SweepSpec, priors: dict[str, list[dict[str, Any]]]) -> l
     """The next load each workload's re-judged search would probe (empty: the measured loads
     decide every verdict, nothing to measure)."""
     out = []
-    for w in spec.workloads:
+    for w in spec.cell_workloads:
         judged = prior_loads(spec, priors.get(w.tag) or [])
         search: CapacitySearch | None
         if spec.loads.capacity:
@@ -642,7 +654,7 @@ def missing_loads(spec: SweepSpec, priors: dict[str, list[dict[str, Any]]]) -> l
             search = gap_search(spec, list(judged.probes))
         rate = search.next_rate() if search is not None else None
         if rate is not None:
-            out.append(f"{w.tag} at {rate:g} req/s" if len(spec.workloads) > 1 else f"{rate:g} req/s")
+            out.append(f"{w.tag} at {rate:g} req/s" if len(spec.cell_workloads) > 1 else f"{rate:g} req/s")
     return out
 
 

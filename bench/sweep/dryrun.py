@@ -14,7 +14,7 @@ from launch.process import EngineStartError
 from bench.sweep.cell import cell_engine
 from bench.sweep.engines import DefaultLauncher
 from bench.sweep.matrix import expand
-from bench.sweep.spec import SweepSpec
+from bench.sweep.spec import SweepSpec, WorkloadSpec
 
 #: Environment names whose values a dry run does not print.
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
@@ -29,6 +29,10 @@ def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> l
         f"# bench sweep --dry-run: engine {spec.engine}, model {spec.model}, {len(planned)} cells"
         f" ({len(planned) - skipped} to run, {skipped} skipped); nothing was started"
     ]
+    workloads = spec.cell_workloads
+    if len(workloads) > 1:  # workload axes (or several workloads): loads inside each cell, no launch of their own
+        lines.append(f"# {len(workloads)} workloads, each measured in every cell (no launch of its own): "
+                     + "; ".join(f"{w.tag} ({_values(w)})" for w in workloads))  # fmt: skip
     urls = {e.name: e.url for e in spec.endpoints}
     for c in planned:
         head = f"cell {c.cell_id}: {c.config.gpus} GPU{'s' if c.config.gpus != 1 else ''}"
@@ -36,7 +40,9 @@ def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> l
             lines.append(f"{head}, skipped: {c.skip_reason}")
             continue
         if c.config.deployment is not None:
-            lines.append(f"{head}, running deployment at {urls[c.config.deployment]} (bench starts nothing)")
+            engine = spec.for_cell(c.config).engine
+            named = f"{engine} " if engine != spec.engine else ""
+            lines.append(f"{head}, running {named}deployment at {urls[c.config.deployment]} (bench starts nothing)")
             continue
         try:
             procs = launcher.plan(cell_engine(spec, c.config))
@@ -49,6 +55,11 @@ def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> l
             lines.append(f"  {p.role}: gpus {p.devices or '-'}; env {env}")
             lines.append(f"    {shlex.join(p.argv)}")
     return lines
+
+
+def _values(w: WorkloadSpec) -> str:
+    lengths = f"input {w.input_tokens}, output {w.output_tokens} tokens"
+    return f"workload {w.name}" if w.name else lengths
 
 
 def _shown(name: str, value: str) -> str:

@@ -30,6 +30,9 @@ RESUMABLE_CHANGES = {"matrix", "gpus", "target_rate", "target_concurrency", "rea
 
 FINISHED = ("complete", "skipped")
 
+#: The matrix's workload axes (MatrixSpec): unlike its other axes they may not change on resume.
+WORKLOAD_AXES = ("input_tokens", "output_tokens", "workload")
+
 
 @dataclass(frozen=True)
 class SweepResult:
@@ -45,6 +48,8 @@ def _check_resume(stored: dict[str, Any], spec: SweepSpec) -> None:
     old = {**LEGACY_DEFAULTS, **(stored.get("spec") or {})}
     new = spec.as_dict()
     differ = sorted(k for k in new if k not in RESUMABLE_CHANGES and _norm(old.get(k)) != _norm(new[k]))
+    # a workload axis is measured inside every cell: a finished cell would lack a new value
+    differ += [f"matrix.{k}" for k in WORKLOAD_AXES if _norm((old.get("matrix") or {}).get(k) or []) != _norm(new["matrix"][k])]
     if differ:
         raise BenchError(
             f"--resume: this sweep was defined differently ({', '.join(differ)} changed); "
@@ -259,7 +264,7 @@ def _set_capacity(row: dict[str, Any], capacity: dict[str, dict[str, Any]], spec
         return
     for record in capacity.values():  # the settings its verdicts were made under
         record["judged"] = judging(spec.as_dict())
-    first = capacity.get(spec.workloads[0].tag) or next(iter(capacity.values()))
+    first = capacity.get(spec.cell_workloads[0].tag) or next(iter(capacity.values()))
     cap = first.get("capacity_rps")
     row["capacity_rps"] = cap
     row["capacity_rps_per_gpu"] = cap / cfg.gpus if cap is not None else None
@@ -312,7 +317,7 @@ def _set_limiting(row: dict[str, Any], sweep_dir: Path, spec: SweepSpec) -> None
         pts = load_points(sweep_dir, cell_id=row["cell_id"])
         if pts.empty:
             return
-        pts = pts[pts["workload"] == spec.workloads[0].tag]
+        pts = pts[pts["workload"] == spec.cell_workloads[0].tag]
         diag = diagnose_cell(pts, spec.slo, spec.attainment_pct, spec.confidence)
         row["limiting_factor"] = diag.limiting_factor
     except Exception as exc:  # a diagnosis problem must never lose a measured cell

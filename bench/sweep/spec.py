@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from launch.config import AXES, DEPLOYMENT_NAME, Disagg
+from launch.config import AXES, DEPLOYMENT_NAME, Disagg, ParallelConfig
 from launch.profiles import PROFILES, launchable_engines
 from loadgen.transport import CLOCKS
 
@@ -78,8 +78,30 @@ class MatrixSpec:
     #: Tuning axes: engine flag name (without ``--``) -> values; each value runs as
     #: ``--NAME=VALUE`` (``bench sweep --axis NAME=v1,v2``, TOML ``[matrix.flags]``).
     flags: dict[str, tuple[str | int | float, ...]] = field(default_factory=dict)
+    #: Workload axes (``--axis input-tokens=128,1024``, ``output-tokens``, ``workload``; TOML
+    #: ``input_tokens``, ``output_tokens``, ``workload``): they launch nothing, every cell runs
+    #: its loads at each combination of their values (``SweepSpec.cell_workloads``). Empty: the
+    #: sweep's workload as given.
+    input_tokens: tuple[int, ...] = ()
+    output_tokens: tuple[int, ...] = ()
+    #: Named workloads or TOML files (``bench workload show``).
+    workload: tuple[str, ...] = ()
+
+    @property
+    def workload_axes(self) -> bool:
+        return bool(self.input_tokens or self.output_tokens or self.workload)
 
     def validate(self) -> None:
+        for axis in ("input_tokens", "output_tokens"):
+            for v in getattr(self, axis):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise SweepSpecError(f"matrix.{axis}: {v!r} is not a positive integer")
+        for axis in ("input_tokens", "output_tokens", "workload"):
+            values = getattr(self, axis)
+            if len(set(values)) != len(values):
+                raise SweepSpecError(f"matrix.{axis}: values repeat")
+        if any(not str(n).strip() for n in self.workload):
+            raise SweepSpecError("matrix.workload: a workload name is empty")
         for axis in AXES:
             values = getattr(self, axis)
             if not values:
@@ -222,10 +244,15 @@ class EndpointSpec:
     name: str
     url: str
     gpus: int = 1
+    #: The API and routes this deployment speaks (``--url NAME=ENGINE:URL``); None: the sweep's
+    #: ``engine``. Lets a vLLM and a TGI deployment be compared in one sweep.
+    engine: str | None = None
 
     def validate(self) -> None:
         if not DEPLOYMENT_NAME.fullmatch(self.name):
             raise SweepSpecError(f"endpoint {self.name!r}: a name is letters, digits, '.', '_' and '-'")
+        if self.engine is not None and self.engine not in PROFILES:
+            raise SweepSpecError(f"endpoint {self.name}: engine {self.engine!r}: use one of {', '.join(PROFILES)}")
         if not self.url.startswith(("http://", "https://")):
             raise SweepSpecError(f"endpoint {self.name}: {self.url!r} is not an http(s) URL")
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
@@ -290,9 +317,10 @@ class SweepSpec:
         self.loads.validate()
         if not self.workloads:
             raise SweepSpecError("workloads: give at least one")
-        for w in self.workloads:
+        self._validate_workload_axes()
+        for w in self.cell_workloads:
             w.validate()
-        tags = [w.tag for w in self.workloads]
+        tags = [w.tag for w in self.cell_workloads]
         if len(set(tags)) != len(tags):
             raise SweepSpecError(f"workloads: labels must differ ({', '.join(tags)}); set label = ...")
         if self.repeats < 1:
@@ -347,6 +375,45 @@ class SweepSpec:
                                  "a running deployment was started by you")  # fmt: skip
         if self.clock == VIRTUAL:
             raise SweepSpecError("clock virtual: running deployments are measured live (--clock auto)")
+
+    @property
+    def cell_workloads(self) -> tuple[WorkloadSpec, ...]:
+        """The workloads every cell is measured at: ``workloads``, or with workload axes
+        (``matrix.input_tokens``, ``output_tokens``, ``workload``) each combination of their
+        values on the one workload given, labelled by the values (``in128-out64``, ``chat``)."""
+        m = self.matrix
+        if not m.workload_axes or len(self.workloads) != 1:
+            return self.workloads
+        base = self.workloads[0]
+        out = []
+        for name, i, o in itertools.product(
+            m.workload or (base.name,), m.input_tokens or (base.input_tokens,), m.output_tokens or (base.output_tokens,)
+        ):
+            parts = [re.sub(r"[^A-Za-z0-9.-]", "-", Path(name).stem)] if m.workload and name else []
+            parts += [f"in{i}"] if m.input_tokens else []
+            parts += [f"out{o}"] if m.output_tokens else []
+            out.append(replace(base, name=name, input_tokens=i, output_tokens=o, label="-".join(parts)))
+        return tuple(out)
+
+    def _validate_workload_axes(self) -> None:
+        m = self.matrix
+        if not m.workload_axes:
+            return
+        if len(self.workloads) != 1:
+            raise SweepSpecError("matrix: workload axes vary the sweep's one workload; with several "
+                                 "[[workloads]], list every combination there instead")  # fmt: skip
+        named = m.workload or (self.workloads[0].name,)
+        if (m.input_tokens or m.output_tokens) and any(named):
+            raise SweepSpecError("matrix: input_tokens and output_tokens axes vary a synthetic workload; "
+                                 "a named workload sets its own lengths")  # fmt: skip
+
+    def for_cell(self, cfg: ParallelConfig) -> "SweepSpec":
+        """The spec one cell runs under: a running deployment that names its engine speaks
+        that engine's API and routes (``EndpointSpec.engine``), every other cell the sweep's."""
+        if cfg.deployment is None:
+            return self
+        engine = next((e.engine for e in self.endpoints if e.name == cfg.deployment and e.engine), None)
+        return replace(self, engine=engine) if engine and engine != self.engine else self
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

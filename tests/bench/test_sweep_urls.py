@@ -11,21 +11,22 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analysis.recommend import recommend
+from analysis.recommend import load_points, recommend
 from bench.cli import cli
 from bench.commands.sweep import _endpoints
 from bench.sweep.orchestrate import run_sweep
 from bench.sweep.spec import EndpointSpec, LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec
 from bench.sweep.store import read_cells
 from core.errors import BenchError
+from launch.config import ParallelConfig
 from launch.process import ManagedProcess, free_port
 from results.reader import read_run_meta
 
 
-def _serve(tmp: Path, name: str, ttft_ms: float) -> Iterator[tuple[str, ManagedProcess]]:
+def _serve(tmp: Path, name: str, ttft_ms: float, flavor: str = "vllm") -> Iterator[tuple[str, ManagedProcess]]:
     port = free_port()
     argv = [sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--model", "m", "--ttft-ms", str(ttft_ms), "--itl-ms", "2"]  # fmt: skip
+            "--model", "m", "--ttft-ms", str(ttft_ms), "--itl-ms", "2", "--flavor", flavor]  # fmt: skip
     proc = ManagedProcess(argv, tmp / f"{name}.log")
     proc.start()
     try:
@@ -111,6 +112,12 @@ def test_url_flags_parse_and_bad_definitions_are_refused() -> None:
     )
     with pytest.raises(BenchError, match="NAME=URL"):
         _endpoints(("http://h:8000",))
+    # each endpoint may name the engine it speaks; without one it speaks the sweep's --engine
+    assert _endpoints(("a=vllm:http://h:1@2", "b=tgi:https://u:p@h:2", "c=http://h:3")) == (
+        EndpointSpec("a", "http://h:1", 2, "vllm"),
+        EndpointSpec("b", "https://u:p@h:2", 1, "tgi"),
+        EndpointSpec("c", "http://h:3", 1, None),
+    )
     one = (EndpointSpec("a", "http://h:1"),)
 
     def spec(**kw: object) -> SweepSpec:
@@ -127,6 +134,7 @@ def test_url_flags_parse_and_bad_definitions_are_refused() -> None:
         (spec(engine_args=("--x",)), "engine_args"),
         (spec(clock="virtual"), "live"),
         (spec(engine="nope"), "use one of"),
+        (spec(endpoints=(EndpointSpec("a", "http://h:1", 1, "nope"),)), "endpoint a: engine 'nope': use one of"),
         (spec(endpoints=(), engine="generic"), "use one of"),  # launching needs a launch plan
     ):
         with pytest.raises(SweepSpecError, match=match):
@@ -142,6 +150,48 @@ def test_dry_run_lists_the_deployments_and_starts_nothing() -> None:
     assert lines[2] == "cell b: 4 GPUs, skipped: needs 4 GPUs, 2 available"
 
 
+@pytest.fixture
+def vllm_and_tgi(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Two simulated engines speaking different APIs: vLLM's (OpenAI + /version) and TGI's
+    (/generate_stream + /info)."""
+    a = _serve(tmp_path, "vllm", 20.0, "vllm")
+    b = _serve(tmp_path, "tgi", 20.0, "tgi")
+    (a_url, _), (b_url, _) = next(a), next(b)
+    yield {"vllm": a_url, "tgi": b_url}
+    for gen in (a, b):
+        next(gen, None)
+
+
+def test_each_deployment_is_measured_through_its_own_engine(tmp_path: Path, vllm_and_tgi: dict[str, str]) -> None:
+    out = tmp_path / "mixed"
+    res = CliRunner().invoke(cli, [
+        "sweep", "--engine", "vllm", "--model", "m", "--url", f"v=vllm:{vllm_and_tgi['vllm']}@1",
+        "--url", f"t=tgi:{vllm_and_tgi['tgi']}@1", "--rate", "4", "--requests", "8", "--warmup", "0",
+        "--input-tokens", "32", "--output-tokens", "8", "--slo", "ttft_ms=2000", "--attainment", "50",
+        "--confidence", "0", "--out", str(out), "--no-progress",
+    ])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    cells = {r["cell_id"]: r for r in read_cells(out)}
+    assert {c: (r["status"], r["engine"]) for c, r in cells.items()} == {
+        "v": ("complete", "vllm"), "t": ("complete", "tgi"),
+    }  # fmt: skip
+    # the info routes follow each endpoint's engine: vLLM's /version, TGI's /info
+    v_info, t_info = json.loads(cells["v"]["engine_info"]), json.loads(cells["t"]["engine_info"])
+    assert "/version" in v_info and "/info" not in v_info
+    assert "/info" in t_info and "/version" not in t_info
+    # and so does the adapter: every request of both succeeded, each recorded under its engine
+    for cid, engine in (("v", "vllm"), ("t", "tgi")):
+        meta = read_run_meta(out / f"cell={cid}" / "load=rate-4")
+        assert meta["engine"] == engine and meta["extra"]["cell"]["engine"] == engine, meta
+    points = load_points(out)
+    assert sorted(points["cell_id"]) == ["t", "v"] and (points["ok"] == points["requests"]).all(), points
+    assert {r["cell_id"] for r in recommend(out)["workloads"]["in32-out8"]["configurations"]} == {"v", "t"}
+    dry = CliRunner().invoke(cli, ["sweep", "--engine", "vllm", "--model", "m", "--url", "t=tgi:http://h:1",
+                                   "--url", "v=http://h:2", "--rate", "1", "--dry-run"])  # fmt: skip
+    assert "cell t: 1 GPU, running tgi deployment at http://h:1" in dry.output
+    assert "cell v: 1 GPU, running deployment at http://h:2" in dry.output
+
+
 def test_a_toml_sweep_names_its_deployments(tmp_path: Path) -> None:
     from bench.sweep.spec import load_spec
 
@@ -149,8 +199,11 @@ def test_a_toml_sweep_names_its_deployments(tmp_path: Path) -> None:
     path.write_text(
         'engine = "tgi"\nmodel = "m"\nslo = { ttft_ms = 500 }\n[loads]\ncapacity = true\n'
         '[[endpoints]]\nname = "a"\nurl = "http://h:1"\ngpus = 2\n[[endpoints]]\nname = "b"\nurl = "http://h:2"\n'
+        'engine = "vllm"\n'
     )
     spec = load_spec(path).with_clock()
     spec.validate()
-    assert spec.endpoints == (EndpointSpec("a", "http://h:1", 2), EndpointSpec("b", "http://h:2", 1))
+    assert spec.endpoints == (EndpointSpec("a", "http://h:1", 2), EndpointSpec("b", "http://h:2", 1, "vllm"))
+    assert spec.for_cell(ParallelConfig(deployment="b", deployment_gpus=1)).engine == "vllm"
+    assert spec.for_cell(ParallelConfig(deployment="a", deployment_gpus=2)).engine == "tgi"  # the sweep's engine
     assert spec.effective_clock == "auto"
