@@ -56,16 +56,14 @@ def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
     return out
 
 
-#: ``--axis`` names that vary the workload (MatrixSpec fields), not an engine flag.
-WORKLOAD_AXES = {"input-tokens": "input_tokens", "output-tokens": "output_tokens", "workload": "workload"}
-
-
 def _workload_axes(axes: dict[str, tuple[str | int | float, ...]]) -> dict[str, tuple[Any, ...]]:
     """Take the workload axes (``input-tokens``, ``output-tokens``, ``workload``) out of ``axes``
     (the rest are engine flags), as MatrixSpec field values."""
+    from bench.sweep.spec import WORKLOAD_AXES  # the MatrixSpec fields; ``--axis`` spells them with "-"
+
     out: dict[str, tuple[Any, ...]] = {}
-    for name in [n for n in axes if n.replace("_", "-") in WORKLOAD_AXES]:
-        field, values = WORKLOAD_AXES[name.replace("_", "-")], axes.pop(name)
+    for name in [n for n in axes if n.replace("-", "_") in WORKLOAD_AXES]:
+        field, values = name.replace("-", "_"), axes.pop(name)
         text = ",".join(map(str, values))
         out[field] = tuple(values) if field == "workload" else _ints(text, f"--axis {name}") or ()
     return out

@@ -16,7 +16,7 @@ from bench.sweep.cell import CellOutcome, CellRunner, SweepInterrupted, config_c
 from bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
 from bench.sweep.fingerprint import cell_fingerprint
 from bench.sweep.matrix import PlannedCell, expand
-from bench.sweep.spec import LEGACY_DEFAULTS, SweepSpec, spec_from_dict
+from bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
 from analysis.recommend import JUDGING
 from core import __version__
 from core.errors import BenchError
@@ -31,7 +31,6 @@ RESUMABLE_CHANGES = {"matrix", "gpus", "target_rate", "target_concurrency", "rea
 FINISHED = ("complete", "skipped")
 
 #: The matrix's workload axes (MatrixSpec): unlike its other axes they may not change on resume.
-WORKLOAD_AXES = ("input_tokens", "output_tokens", "workload")
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,10 @@ class SweepSpecError(ValueError):
     """A sweep definition that cannot run; one line."""
 
 
+#: The matrix fields that vary the workload, not the engine (their CLI names use "-").
+WORKLOAD_AXES = ("input_tokens", "output_tokens", "workload")
+
+
 @dataclass(frozen=True)
 class MatrixSpec:
     """Lists of values per parallel axis; the matrix is their Cartesian product."""
@@ -89,14 +93,14 @@ class MatrixSpec:
 
     @property
     def workload_axes(self) -> bool:
-        return bool(self.input_tokens or self.output_tokens or self.workload)
+        return any(getattr(self, axis) for axis in WORKLOAD_AXES)
 
     def validate(self) -> None:
         for axis in ("input_tokens", "output_tokens"):
             for v in getattr(self, axis):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise SweepSpecError(f"matrix.{axis}: {v!r} is not a positive integer")
-        for axis in ("input_tokens", "output_tokens", "workload"):
+        for axis in WORKLOAD_AXES:
             values = getattr(self, axis)
             if len(set(values)) != len(values):
                 raise SweepSpecError(f"matrix.{axis}: values repeat")
