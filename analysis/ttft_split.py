@@ -53,7 +53,9 @@ def span_index(spans: pa.Table | None) -> dict[str, dict[str, float]]:
     """The engine's spans by request id: each span under its own id and, for an id with a
     per-choice suffix (vLLM: ``<response id>-0``), under the id without it, which is what the
     client recorded (``server_request_id``). A client id matching several spans (n > 1
-    choices) keeps the first."""
+    choices) keeps the first. Spans without any TTFT timing (SGLang's request root span, which
+    names the request by ``rid`` but keeps its queue and prefill in child spans that carry no
+    id) are left out: the response's own timings, if any, split that request."""
     if spans is None or not spans.num_rows:
         return {}
     out: dict[str, dict[str, float]] = {}
@@ -61,6 +63,8 @@ def span_index(spans: pa.Table | None) -> dict[str, dict[str, float]]:
     for row in spans.select(cols).to_pylist():
         rid = row.pop("span_request_id")
         timing = {k: float(v) for k, v in row.items() if v is not None}
+        if not timing:  # a span that names the request but times none of it (SGLang's root span)
+            continue
         out.setdefault(rid, timing)
         if "-" in rid:
             out.setdefault(rid.rsplit("-", 1)[0], timing)

@@ -282,13 +282,14 @@ def _report(result: RunResult, output: OutputOptions) -> None:
 
 def _otlp_receiver(stack: contextlib.ExitStack, port: int, engine: str, launch: bool) -> OtlpReceiver:
     """A started OTLP receiver, stopped when the run's stack closes."""
+    from bench.launch_engine import otlp_note
     from loadgen.otlp import OtlpReceiver
 
     try:
         receiver = stack.enter_context(OtlpReceiver("127.0.0.1", port))
     except OSError as exc:
         raise BenchError(f"--otlp-port {port}: {exc}") from None
-    how = "vLLM is launched with it" if launch and engine == "vllm" else "point the engine's OTLP/HTTP protobuf trace exporter at it"
+    how = otlp_note(engine, launch)
     sys.stderr.write(f"OTLP receiver at {receiver.endpoint} ({how})\n")
     return receiver
 
