@@ -12,7 +12,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from analysis.ttft_split import SOURCE_REQUEST, SOURCE_SPANS, request_parts, split_summary
+from analysis.ttft_split import (
+    SOURCE_REQUEST,
+    SOURCE_SPANS,
+    request_parts,
+    split_summary,
+)
 from tests.conftest import REPO
 
 
@@ -22,7 +27,7 @@ def test_a_live_sim_sweep_keeps_each_loads_spans_and_splits_ttft(tmp_path: Path)
         [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--tp", "1,2",
          "--rate", "3", "--requests", "10", "--warmup", "2", "--input-tokens", "512", "--output-tokens", "4",
          "--clock", "auto", "--otlp-receiver", "--no-progress", "--out", str(out)],
-        capture_output=True, text=True, timeout=240, cwd=REPO,
+        check=False, capture_output=True, text=True, timeout=240, cwd=REPO,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     assert "OTLP receiver at http://127.0.0.1:" in p.stderr
@@ -49,7 +54,7 @@ def test_a_virtual_time_sweep_refuses_the_receiver(tmp_path: Path) -> None:
     p = subprocess.run(
         [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--tp", "1",
          "--rate", "3", "--requests", "10", "--otlp-receiver", "--out", str(tmp_path / "s")],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        check=False, capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip
     assert p.returncode == 2 and "virtual time has no engine to send spans" in p.stderr
 
