@@ -34,6 +34,8 @@ import pandas as pd
 import pyarrow as pa
 
 from results.reader import read_requests, read_server_metrics, read_server_spans
+from results.schema import SERVER_SPANS_FILE
+from results.sweep_layout import CELL_PREFIX, LOAD_PREFIX
 
 #: The engine's timing fields -> the part of TTFT they measure.
 TIMING_PARTS = {
@@ -185,3 +187,43 @@ def format_split(split: dict[str, Any]) -> list[str]:
         detail = f", p50 {s['p50']:,.2f}, p90 {s['p90']:,.2f}" if "p50" in s else ""
         lines.append(f"  {LABELS.get(part, part):<38} mean {s['mean']:>9,.2f} ms {share}{detail}")
     return lines
+
+
+def sweep_splits(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The per-request TTFT split of every load of every cell that kept the engine's spans
+    (``bench sweep --otlp-receiver``): ``cell_id``, ``load`` and the split (``split_summary``),
+    by cell then load. Loads without spans are not read (a sweep has many)."""
+    rows = []
+    for path in sorted(Path(sweep_dir).glob(f"{CELL_PREFIX}*/{LOAD_PREFIX}*/{SERVER_SPANS_FILE}")):
+        run = path.parent
+        split = split_summary(run)
+        if split is None or split["source"] == SOURCE_HISTOGRAM:
+            continue
+        rows.append({"cell_id": run.parent.name.removeprefix(CELL_PREFIX), "load": run.name.removeprefix(LOAD_PREFIX),
+                     **split})  # fmt: skip
+    return rows
+
+
+def _load_weight(label: str) -> float:
+    """A load label's offered load, for picking a cell's heaviest (``rate-12.5`` -> 12.5;
+    a one-at-a-time baseline is the lightest)."""
+    if label.startswith("baseline-"):
+        return -1.0
+    try:
+        return float(label.split("-")[1])
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def format_sweep_splits(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per cell: the split of its heaviest load with spans (each part's mean)."""
+    heaviest: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["cell_id"] not in heaviest or _load_weight(r["load"]) >= _load_weight(heaviest[r["cell_id"]]["load"]):
+            heaviest[r["cell_id"]] = r
+    lines = []
+    for cell, r in heaviest.items():
+        parts = ", ".join(f"{p} {s['mean']:,.1f}" for p, s in r["parts_ms"].items())
+        lines.append(f"  {cell} at {r['load']}: mean TTFT {r['ttft_ms'].get('mean', math.nan):,.1f} ms = {parts} ms "
+                     f"({r['requests']} requests)")  # fmt: skip
+    return ["TTFT split per cell (engine spans, heaviest load with spans):", *lines] if lines else []

@@ -216,6 +216,11 @@ def command(config_path: Path | None, **flags: Any) -> None:
             "so the same sweep gives the same figures (--clock auto measures it live, in real time)"
         )
     click.echo(format_recommendation(rec))
+    if otlp_receiver:
+        from analysis.ttft_split import format_sweep_splits, sweep_splits
+
+        for line in format_sweep_splits(sweep_splits(out)):
+            click.echo(line)
     outcome = sweep_outcome(out, rec)
     if outcome is not None:
         raise outcome

@@ -48,6 +48,15 @@ def test_a_live_sim_sweep_keeps_each_loads_spans_and_splits_ttft(tmp_path: Path)
     notes = read_run_meta(loads[0])["notes_json"]
     otlp = (json.loads(notes) if isinstance(notes, str) else notes)["otlp"]
     assert otlp["request_spans"] >= 10 and not otlp["errors"] and otlp["endpoint"] in endpoints
+    # the summary and the report show the split per cell
+    assert "TTFT split per cell" in p.stdout and "tp1 at rate-3: mean TTFT" in p.stdout and "tp2 at rate-3" in p.stdout
+    from analysis.report import _sweep_split_section
+    from analysis.ttft_split import sweep_splits
+
+    assert [r["cell_id"] for r in sweep_splits(out)] == ["tp1", "tp2"]
+    sec = _sweep_split_section(out)
+    assert sec is not None and sec.html.count("<tr>") == 3 and "ttft-split-cells" in sec.html
+    assert _sweep_split_section(tmp_path) is None  # no spans: no section
 
 
 def test_a_virtual_time_sweep_refuses_the_receiver(tmp_path: Path) -> None:
