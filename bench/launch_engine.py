@@ -51,7 +51,7 @@ def otlp_note(engine: str, launched: bool) -> str:
         return ("TGI exports its spans over OTLP/gRPC only, which this OTLP/HTTP receiver cannot take, and names "
                 "no request on them: its TTFT split falls back to the histograms")
     if launched and engine in ("vllm", "sglang", "sim"):
-        return f"the launched {engine} exports its request spans to it"
+        return f"the {'simulated engine' if engine == 'sim' else 'launched ' + engine} exports its request spans to it"
     return "point the engine's OTLP/HTTP protobuf trace exporter at it"
 
 

@@ -214,7 +214,9 @@ def command(
     virtual = _virtual_engine(clock, launch, engine, model, workers, output.save_text)
     run_dir = prepare_run_dir(output.out, output.overwrite)
     with contextlib.ExitStack() as stack:
-        receiver = _otlp_receiver(stack, otlp_port, engine, launch.launch) if otlp_receiver else None
+        embedded_sim = not url and not launch.launch  # the embedded engine: told the endpoint too
+        receiver = (_otlp_receiver(stack, otlp_port, "sim" if embedded_sim else engine, launch.launch or embedded_sim)
+                    if otlp_receiver else None)  # fmt: skip
         if receiver is not None and virtual is not None:
             raise BenchError("--otlp-receiver: a run in virtual time has no engine to send spans; use --clock auto")
         where, engine_label, engine_info, launched_version = _start_target(
@@ -323,7 +325,12 @@ def _start_target(
         return handle.url, engine, handle.describe(), handle.version  # SGLang's stream shape depends on the version
     from bench.embedded import embedded_engine, sim_flavor
 
-    where = stack.enter_context(embedded_engine(run_dir / "engine.log", embedded.argv(model, sim_flavor(engine), lora_adapters)))
+    argv = embedded.argv(model, sim_flavor(engine), lora_adapters)
+    if otlp_endpoint is not None:  # the embedded engine exports its request spans too (sim/otlp.py)
+        from launch.engines import sim_otlp_args
+
+        argv = [*argv, *sim_otlp_args(otlp_endpoint)]
+    where = stack.enter_context(embedded_engine(run_dir / "engine.log", argv))
     return where, "sim", None, None
 
 

@@ -116,3 +116,17 @@ def test_sglang_root_spans_join_by_rid_but_time_nothing_so_its_response_timings_
     assert list(parts["source"]) == ["response"] and parts["queue_ms"].iloc[0] == pytest.approx(5.0)
     assert parts["other_ms"].iloc[0] == pytest.approx(15.0)
     assert SOURCE_REQUEST.startswith("per request")
+
+
+def test_bench_run_points_the_embedded_engine_at_its_receiver(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    p = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "--requests", "12", "--concurrency", "3", "--output-tokens", "4",
+         "--otlp-receiver", "--no-progress", "--out", str(out)],
+        check=False, capture_output=True, text=True, timeout=180, cwd=REPO,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "the simulated engine exports its request spans to it" in p.stderr
+    split = split_summary(out)
+    assert split is not None and split["source"] == SOURCE_SPANS and split["requests"] == 12
+    assert split["max_sum_error_ms"] < 1.0
