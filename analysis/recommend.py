@@ -540,7 +540,9 @@ def _recommend_workload(
         f"{c['cell_id']} at {p['load']}: {p['verdict_reason']}"
         for c in configs
         for p in c["loads"]
-        if p.get("verdict") == "undecided" and not p.get("untrustworthy")
+        # the one-at-a-time baseline is no capacity probe: its few requests cannot pass, and its
+        # verdict stays in the configuration's loads (the evidence table), not in this list
+        if p.get("verdict") == "undecided" and not p.get("untrustworthy") and not p.get("baseline")
     ]
     result["unknown"] = [
         f"{c['cell_id']} ({_gpus(c)}): not probed below {c['unknown_below_rps']:g} req/s"

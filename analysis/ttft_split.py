@@ -34,6 +34,8 @@ import pandas as pd
 import pyarrow as pa
 
 from results.reader import read_requests, read_server_metrics, read_server_spans
+from results.schema import SERVER_SPANS_FILE
+from results.sweep_layout import CELL_PREFIX, LOAD_PREFIX
 
 #: The engine's timing fields -> the part of TTFT they measure.
 TIMING_PARTS = {
@@ -53,7 +55,9 @@ def span_index(spans: pa.Table | None) -> dict[str, dict[str, float]]:
     """The engine's spans by request id: each span under its own id and, for an id with a
     per-choice suffix (vLLM: ``<response id>-0``), under the id without it, which is what the
     client recorded (``server_request_id``). A client id matching several spans (n > 1
-    choices) keeps the first."""
+    choices) keeps the first. Spans without any TTFT timing (SGLang's request root span, which
+    names the request by ``rid`` but keeps its queue and prefill in child spans that carry no
+    id) are left out: the response's own timings, if any, split that request."""
     if spans is None or not spans.num_rows:
         return {}
     out: dict[str, dict[str, float]] = {}
@@ -61,6 +65,8 @@ def span_index(spans: pa.Table | None) -> dict[str, dict[str, float]]:
     for row in spans.select(cols).to_pylist():
         rid = row.pop("span_request_id")
         timing = {k: float(v) for k, v in row.items() if v is not None}
+        if not timing:  # a span that names the request but times none of it (SGLang's root span)
+            continue
         out.setdefault(rid, timing)
         if "-" in rid:
             out.setdefault(rid.rsplit("-", 1)[0], timing)
@@ -181,3 +187,43 @@ def format_split(split: dict[str, Any]) -> list[str]:
         detail = f", p50 {s['p50']:,.2f}, p90 {s['p90']:,.2f}" if "p50" in s else ""
         lines.append(f"  {LABELS.get(part, part):<38} mean {s['mean']:>9,.2f} ms {share}{detail}")
     return lines
+
+
+def sweep_splits(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The per-request TTFT split of every load of every cell that kept the engine's spans
+    (``bench sweep --otlp-receiver``): ``cell_id``, ``load`` and the split (``split_summary``),
+    by cell then load. Loads without spans are not read (a sweep has many)."""
+    rows = []
+    for path in sorted(Path(sweep_dir).glob(f"{CELL_PREFIX}*/{LOAD_PREFIX}*/{SERVER_SPANS_FILE}")):
+        run = path.parent
+        split = split_summary(run)
+        if split is None or split["source"] == SOURCE_HISTOGRAM:
+            continue
+        rows.append({"cell_id": run.parent.name.removeprefix(CELL_PREFIX), "load": run.name.removeprefix(LOAD_PREFIX),
+                     **split})  # fmt: skip
+    return rows
+
+
+def _load_weight(label: str) -> float:
+    """A load label's offered load, for picking a cell's heaviest (``rate-12.5`` -> 12.5;
+    a one-at-a-time baseline is the lightest)."""
+    if label.startswith("baseline-"):
+        return -1.0
+    try:
+        return float(label.split("-")[1])
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def format_sweep_splits(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per cell: the split of its heaviest load with spans (each part's mean)."""
+    heaviest: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["cell_id"] not in heaviest or _load_weight(r["load"]) >= _load_weight(heaviest[r["cell_id"]]["load"]):
+            heaviest[r["cell_id"]] = r
+    lines = []
+    for cell, r in heaviest.items():
+        parts = ", ".join(f"{p} {s['mean']:,.1f}" for p, s in r["parts_ms"].items())
+        lines.append(f"  {cell} at {r['load']}: mean TTFT {r['ttft_ms'].get('mean', math.nan):,.1f} ms = {parts} ms "
+                     f"({r['requests']} requests)")  # fmt: skip
+    return ["TTFT split per cell (engine spans, heaviest load with spans):", *lines] if lines else []

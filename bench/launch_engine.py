@@ -29,6 +29,32 @@ VLLM_OTLP_ENV: tuple[tuple[str, str], ...] = (
 )
 
 
+def otlp_launch(engine: str, endpoint: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The arguments and environment that point ``engine`` at bench's OTLP receiver (docs/engines.md,
+    "Request spans"); nothing for an engine without span export."""
+    from launch import engines
+
+    if engine == "vllm":
+        return ("--otlp-traces-endpoint", endpoint), VLLM_OTLP_ENV
+    if engine == "sglang":
+        return engines.sglang_otlp_args(endpoint), engines.SGLANG_OTLP_ENV
+    if engine == "tgi":
+        return engines.tgi_otlp_args(endpoint), ()
+    if engine == "sim":
+        return engines.sim_otlp_args(endpoint), ()
+    return (), ()
+
+
+def otlp_note(engine: str, launched: bool) -> str:
+    """What the user is told about an engine and bench's OTLP receiver."""
+    if engine == "tgi":
+        return ("TGI exports its spans over OTLP/gRPC only, which this OTLP/HTTP receiver cannot take, and names "
+                "no request on them: its TTFT split falls back to the histograms")
+    if launched and engine in ("vllm", "sglang", "sim"):
+        return f"the {'simulated engine' if engine == 'sim' else 'launched ' + engine} exports its request spans to it"
+    return "point the engine's OTLP/HTTP protobuf trace exporter at it"
+
+
 @contextlib.contextmanager
 def launch_engine(
     engine: str,
@@ -41,13 +67,13 @@ def launch_engine(
     engine_version: str | None = None,
     otlp_endpoint: str | None = None,
 ) -> Iterator[EngineHandle]:
-    """With ``otlp_endpoint`` (bench's OTLP receiver), vLLM is told to export its request spans
-    there (``--otlp-traces-endpoint``, OTLP/HTTP protobuf, batches every 0.5 s); other engines
-    are launched as they are."""
+    """With ``otlp_endpoint`` (bench's OTLP receiver), the engine is told to export its request
+    spans there (``otlp_launch``: vLLM and SGLang over OTLP/HTTP protobuf, batches every 0.5 s;
+    TGI's flags, though its gRPC export cannot reach bench's receiver; the simulated engine)."""
     env: tuple[tuple[str, str], ...] = ()
-    if otlp_endpoint is not None and engine == "vllm":
-        engine_args = (*engine_args, "--otlp-traces-endpoint", otlp_endpoint)
-        env = VLLM_OTLP_ENV
+    if otlp_endpoint is not None:
+        args, env = otlp_launch(engine, otlp_endpoint)
+        engine_args = (*engine_args, *args)
     parallel = parse_parallel(parallel_text, engine_args)
     spec = LaunchSpec(engine=engine, model=model, parallel=parallel, gpu=gpu, ready_timeout_s=ready_timeout_s,
                       engine_version=engine_version, env=env)

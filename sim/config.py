@@ -44,6 +44,9 @@ class ServerConfig:
     max_loras: int = 1
     #: time to load an adapter that is not resident: the request waits it before it can be scheduled
     lora_swap_ms: float = 0.0
+    #: bench's OTLP/HTTP receiver (``http://host:port/v1/traces``): each finished request's span
+    #: is exported there in the flavour's naming (sim/otlp.py); None: no spans
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang", "tgi"):

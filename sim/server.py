@@ -32,6 +32,7 @@ from sim.emission import EmissionLog
 from sim.faults import FaultPlanner, RequestFaults
 from sim.loop import EngineLoop
 from sim.options import describe
+from sim.otlp import SpanExporter, request_span
 from sim.prom import FlavorMetrics
 from sim.request import SimRequest
 from sim.sampling import openai_problem, sglang_problem, tgi_problem
@@ -317,6 +318,7 @@ class SimServer:
         #: resident LoRA adapters, least recently used first, and the loads so far
         self.loras: list[str] = []
         self.lora_swaps = 0
+        self.otlp = SpanExporter(config.otlp_traces_endpoint, f"bench-sim-{self.flavor}") if config.otlp_traces_endpoint else None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
@@ -324,6 +326,8 @@ class SimServer:
         if isinstance(self.backend, FixedBackend):
             self.backend.origin = self.started_ns
         self.engine.start()
+        if self.otlp is not None:
+            self.otlp.start()
         if self.emission_log is not None:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_loop())
 
@@ -337,6 +341,8 @@ class SimServer:
 
     async def on_cleanup(self, app: web.Application) -> None:
         await self.engine.stop()
+        if self.otlp is not None:  # the spans still pending are posted before the engine goes
+            await asyncio.get_running_loop().run_in_executor(None, self.otlp.stop)
         if self._flush_task is not None:
             self._flush_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -421,6 +427,20 @@ class SimServer:
         if sink.first_ns is not None and sink.last_ns is not None:
             decode = (sink.last_ns - sink.first_ns) / 1e9
         self.metrics.finished(e2e, sink.sent, req.cached_tokens, queue, prefill, decode, sink.finish_reason)
+        if self.otlp is not None:
+            self._export_span(sink, req, now)
+
+    def _export_span(self, sink: HttpStream, req: SimRequest, end_ns: int) -> None:
+        """The request's span (sim/otlp.py): queue and prefill as the SGLang timings count them
+        (``request_timing``), the engine's TTFT from the HTTP arrival to the first token written."""
+        assert self.otlp is not None
+        timing = self.request_timing(req, sink.first_ns or end_ns) if sink.first_ns is not None else {}
+        ttft = (sink.first_ns - sink.arrival_ns) / 1e9 if sink.first_ns is not None else None
+        off = self.otlp.offset_ns
+        span = request_span(self.flavor, sink.rid, sink.arrival_ns + off, end_ns + off, timing.get("queue_time"),
+                            timing.get("prefill_launch_latency"), ttft)  # fmt: skip
+        if span is not None:
+            self.otlp.add(span)
 
     # -- common routes -------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:

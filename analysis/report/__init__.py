@@ -71,6 +71,9 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
         cells, rec, notes = read_sweep_tables(results)
         top_notes += notes
         sections.append(_sweep_section(cells, rec))
+        split = _sweep_split_section(results)
+        if split is not None:
+            sections.append(split)
     sections.append(_runs_table_section(views))
 
     overview = Section("Across runs")
@@ -216,6 +219,25 @@ def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
     else:
         sec.notes.append(f"no {CELLS_FILE}: cell table omitted")
     sec.html = "".join(parts)
+    return sec
+
+
+def _sweep_split_section(sweep: Path) -> Section | None:
+    """Each cell's TTFT split per load, where the loads kept the engine's spans (None: none did)."""
+    from analysis.ttft_split import LABELS, PARTS, sweep_splits
+
+    rows = sweep_splits(sweep)
+    if not rows:
+        return None
+    sec = Section("TTFT split per cell")
+    headers = ["cell", "load", "requests", "TTFT mean ms", *(f"{LABELS[p]} ms" for p in PARTS)]
+    body = []
+    for r in rows:
+        cells = [F.esc(r["cell_id"]), F.esc(r["load"]), str(r["requests"]), _fmt(r["ttft_ms"].get("mean"))]
+        cells += [_fmt((r["parts_ms"].get(p) or {}).get("mean")) for p in PARTS]
+        body.append(cells)
+    sec.html = (f"<p>{F.esc(rows[0]['source'].capitalize())}; each part's mean (docs/metrics.md, \"TTFT split\").</p>"
+                + _table([F.esc(h) for h in headers], body, "ttft-split-cells"))  # fmt: skip
     return sec
 
 

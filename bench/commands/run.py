@@ -214,7 +214,9 @@ def command(
     virtual = _virtual_engine(clock, launch, engine, model, workers, output.save_text)
     run_dir = prepare_run_dir(output.out, output.overwrite)
     with contextlib.ExitStack() as stack:
-        receiver = _otlp_receiver(stack, otlp_port, engine, launch.launch) if otlp_receiver else None
+        embedded_sim = not url and not launch.launch  # the embedded engine: told the endpoint too
+        receiver = (_otlp_receiver(stack, otlp_port, "sim" if embedded_sim else engine, launch.launch or embedded_sim)
+                    if otlp_receiver else None)  # fmt: skip
         if receiver is not None and virtual is not None:
             raise BenchError("--otlp-receiver: a run in virtual time has no engine to send spans; use --clock auto")
         where, engine_label, engine_info, launched_version = _start_target(
@@ -282,13 +284,14 @@ def _report(result: RunResult, output: OutputOptions) -> None:
 
 def _otlp_receiver(stack: contextlib.ExitStack, port: int, engine: str, launch: bool) -> OtlpReceiver:
     """A started OTLP receiver, stopped when the run's stack closes."""
+    from bench.launch_engine import otlp_note
     from loadgen.otlp import OtlpReceiver
 
     try:
         receiver = stack.enter_context(OtlpReceiver("127.0.0.1", port))
     except OSError as exc:
         raise BenchError(f"--otlp-port {port}: {exc}") from None
-    how = "vLLM is launched with it" if launch and engine == "vllm" else "point the engine's OTLP/HTTP protobuf trace exporter at it"
+    how = otlp_note(engine, launch)
     sys.stderr.write(f"OTLP receiver at {receiver.endpoint} ({how})\n")
     return receiver
 
@@ -322,7 +325,12 @@ def _start_target(
         return handle.url, engine, handle.describe(), handle.version  # SGLang's stream shape depends on the version
     from bench.embedded import embedded_engine, sim_flavor
 
-    where = stack.enter_context(embedded_engine(run_dir / "engine.log", embedded.argv(model, sim_flavor(engine), lora_adapters)))
+    argv = embedded.argv(model, sim_flavor(engine), lora_adapters)
+    if otlp_endpoint is not None:  # the embedded engine exports its request spans too (sim/otlp.py)
+        from launch.engines import sim_otlp_args
+
+        argv = [*argv, *sim_otlp_args(otlp_endpoint)]
+    where = stack.enter_context(embedded_engine(run_dir / "engine.log", argv))
     return where, "sim", None, None
 
 

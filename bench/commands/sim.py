@@ -81,6 +81,9 @@ def command() -> None:
               help="Time to load an adapter that is not resident, waited by the request that needs it.")
 @click.option("--mlock", is_flag=True,
               help="Lock the engine's memory (mlockall; needs root) so host memory reclaim cannot stall emission.")
+@click.option("--otlp-traces-endpoint", default=None, metavar="URL",
+              help="Export each finished request's span over OTLP/HTTP to URL (http://HOST:PORT/v1/traces), "
+                   "in the flavour's naming (vLLM llm_request, SGLang rid; TGI none): bench run/sweep --otlp-receiver.")
 @click.option("--emission-log", type=click.Path(path_type=Path), default=None,
               help="Parquet of every token's intended and actual send time (written at shutdown).")
 def serve(**kw: Any) -> None:
@@ -183,6 +186,7 @@ def build_config(kw: dict[str, Any]) -> Any:
         reasoning_tokens=int(kw.get("reasoning_tokens") or 0),
         lora_adapters=tuple(a.strip() for a in str(kw.get("lora_adapters") or "").split(",") if a.strip()),
         max_loras=int(kw.get("max_loras") or 1), lora_swap_ms=float(kw.get("lora_swap_ms") or 0.0),
+        otlp_traces_endpoint=kw.get("otlp_traces_endpoint"),
     )
 
 

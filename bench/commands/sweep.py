@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -157,6 +158,10 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
               "With another --slo/--attainment/--confidence: re-judge its loads and probe the ones the new verdicts need.")
 @click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
 @click.option("--progress/--no-progress", default=None, help="Per-request progress bar (default: on a terminal).")
+@click.option("--otlp-receiver", is_flag=True,
+              help="Receive the engines' per-request OpenTelemetry spans (one OTLP/HTTP receiver on 127.0.0.1 for the "
+                   "sweep; each launched engine is pointed at it) and keep each load's in its run folder for the "
+                   "TTFT split (docs/metrics.md). Not in virtual time.")
 def command(config_path: Path | None, **flags: Any) -> None:
     """Measure every parallel configuration under the workload and recommend the smallest
     one that meets the SLOs.
@@ -182,6 +187,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
     resume = bool(flags.pop("resume"))
     retry_failed = bool(flags.pop("retry_failed"))
     progress = flags.pop("progress")
+    otlp_receiver = bool(flags.pop("otlp_receiver"))
     base: SweepSpec | None
     try:
         if config_path is not None:
@@ -203,15 +209,24 @@ def command(config_path: Path | None, **flags: Any) -> None:
     if out is None:
         raise BenchError("--out is required (the sweep folder), unless --dry-run")
     t0 = time.monotonic()
-    result = run_sweep(
-        spec,
-        out,
-        resume=resume,
-        retry_failed=retry_failed,
-        echo=lambda line: click.echo(line, err=True),
-        progress=progress,
-        command=("bench", *sys.argv[1:]),
-    )
+    with contextlib.ExitStack() as stack:
+        receiver = None
+        if otlp_receiver:
+            from bench.launch_engine import otlp_note
+            from loadgen.otlp import OtlpReceiver
+
+            receiver = stack.enter_context(OtlpReceiver("127.0.0.1", 0))
+            click.echo(f"OTLP receiver at {receiver.endpoint} ({otlp_note(str(spec.engine), not spec.endpoints)})", err=True)
+        result = run_sweep(
+            spec,
+            out,
+            resume=resume,
+            retry_failed=retry_failed,
+            echo=lambda line: click.echo(line, err=True),
+            progress=progress,
+            command=("bench", *sys.argv[1:]),
+            otlp=receiver,
+        )
     if result.interrupted:
         raise Outcome(ExitCode.INTERRUPTED, f"sweep interrupted; finish it with: bench sweep --resume --out {out}")
     rec = recommend(out)
@@ -223,6 +238,11 @@ def command(config_path: Path | None, **flags: Any) -> None:
             "so the same sweep gives the same figures (--clock auto measures it live, in real time)"
         )
     click.echo(format_recommendation(rec))
+    if otlp_receiver:
+        from analysis.ttft_split import format_sweep_splits, sweep_splits
+
+        for line in format_sweep_splits(sweep_splits(out)):
+            click.echo(line)
     outcome = sweep_outcome(out, rec)
     if outcome is not None:
         raise outcome

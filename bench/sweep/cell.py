@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pandas as pd
 
@@ -37,6 +37,9 @@ from bench.sweep.loads import Load, fmt, run_load
 from bench.sweep.matrix import tuning_json
 from bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench.virtual import VirtualEngine
+
+if TYPE_CHECKING:
+    from loadgen.otlp import OtlpReceiver
 
 Echo = Callable[[str], None]
 
@@ -123,6 +126,7 @@ class CellRunner:
         echo: Echo,
         progress: bool | None = None,
         capacity_hint: Callable[[ParallelConfig, str], float | None] | None = None,
+        otlp: OtlpReceiver | None = None,
     ) -> None:
         self.spec = spec
         self.sweep_dir = sweep_dir
@@ -131,6 +135,9 @@ class CellRunner:
         self.echo = echo
         self.progress = progress
         self.capacity_hint = capacity_hint
+        #: the sweep's OTLP receiver (``bench sweep --otlp-receiver``): each launched engine
+        #: exports its request spans to it, each load's run folder keeps its own
+        self.otlp = otlp
         #: the cell's engine when it runs in virtual time
         self.virtual: VirtualEngine | None = None
 
@@ -159,6 +166,11 @@ class CellRunner:
         if prior is not None and log_path.exists():
             log_path = cdir / f"engine-resumed-{time.time_ns()}.log"
         engine = cell_engine(spec, cfg)
+        if self.otlp is not None:
+            from bench.launch_engine import otlp_launch
+
+            args, env = otlp_launch(spec.engine, self.otlp.endpoint)
+            engine = replace(engine, extra_args=(*engine.extra_args, *args), env=(*engine.env, *env))
         self.echo(f"{index} {cell_id} ({cfg.gpus} GPU{'s' if cfg.gpus != 1 else ''}): starting {spec.engine}...")
         t0 = time.monotonic()
         try:
@@ -311,6 +323,7 @@ class _WorkloadLoads:
                 progress=runner.progress,
                 engine_version=self.out.engine_version,
                 virtual=self.virtual,
+                otlp=runner.otlp,
             )
             if not metrics.get("missing_rows") or interrupted or attempt == 1:
                 break

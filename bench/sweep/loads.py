@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launch.profiles import adapter_for_engine
 from analysis.capacity import Saturation, admission_saturation, open_loop_saturation, point_metrics, server_signals
@@ -22,6 +22,9 @@ from results.writer import write_run_meta
 from workloads.errors import WorkloadError
 from workloads.prompts import make_synth
 from workloads.spec import Schedule
+
+if TYPE_CHECKING:
+    from loadgen.otlp import OtlpReceiver
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,11 @@ def run_load(
     progress: bool | None,
     engine_version: str | None = None,
     virtual: VirtualEngine | None = None,
+    otlp: OtlpReceiver | None = None,
 ) -> tuple[dict[str, Any], Saturation, bool]:
     """Run one load into ``run_dir`` (on ``virtual``'s model in virtual time when given);
-    returns (metrics, saturation, interrupted)."""
+    returns (metrics, saturation, interrupted). ``otlp``: the receiver the cell's engine exports
+    its spans to; the load's own go to its run folder (``server_spans.parquet``)."""
     from bench.execute import RunConfig, execute_run
     from bench.virtual import execute_virtual
     from core.eventloop import run_async
@@ -167,7 +172,7 @@ def run_load(
         result = execute_virtual(cfg, virtual)
     else:
         # execute_run scrapes the engine's /metrics into the run folder throughout the load
-        result = run_async(lambda: execute_run(cfg, adapter))
+        result = run_async(lambda: execute_run(cfg, adapter, otlp=otlp))
     run = load_run(run_dir)
     signals = server_signals(read_server_metrics(run_dir))
     metrics = point_metrics(run, slo, signals).as_row()

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launch.config import ParallelConfig
 from bench.sweep import store
@@ -20,6 +20,9 @@ from bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_fro
 from analysis.recommend import JUDGING
 from core import __version__
 from core.errors import BenchError
+
+if TYPE_CHECKING:
+    from loadgen.otlp import OtlpReceiver
 
 Echo = Callable[[str], None]
 
@@ -81,8 +84,14 @@ def run_sweep(
     echo: Echo = print,
     progress: bool | None = None,
     command: tuple[str, ...] = (),
+    otlp: OtlpReceiver | None = None,
 ) -> SweepResult:
+    """``otlp``: one started receiver for the whole sweep (``bench sweep --otlp-receiver``); each
+    launched cell's engine exports its request spans to it (cells run one at a time, and each
+    load takes only the spans that arrive during it, joined by request id)."""
     spec, launcher = _with_launcher(spec, launcher)
+    if otlp is not None and spec.virtual:
+        raise BenchError("--otlp-receiver: a sweep in virtual time has no engine to send spans; use --clock auto")
     sweep_dir = Path(sweep_dir)
     stored, sweep_id = _open_sweep(spec, sweep_dir, resume)
     planned = expand(spec, launcher.unsupported)
@@ -98,7 +107,7 @@ def run_sweep(
         store.write_cells(sweep_dir, [r for r in rows.values() if r["status"] != "pending"])
 
     save()
-    runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, _capacity_hint(rows))
+    runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, _capacity_hint(rows), otlp)
     ran: list[str] = []
     todo = [
         c

@@ -243,3 +243,18 @@ def test_a_target_answer_is_too_close_to_call_when_a_smaller_bracket_holds_the_t
     assert sep is not None and not sep["separated"] and sep["text"].startswith("no configuration and tp4")
     # a larger configuration is never the runner-up of a target answer; no smaller one: no line
     assert _target_separation([_bracket("tp2", 2, 40.0, 44.0), _bracket("tp4", 4, 35.0, 39.0)], {"cell_id": "tp2", "gpus": 2}, 38.0) is None
+
+
+def test_an_undecided_baseline_stays_in_the_evidence_not_in_the_headlines_undecided_list(tmp_path: Path,
+                                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # 6 one-at-a-time requests, all met: too few for a 90 % pass at 95 % confidence (undecided)
+    base = {**_point("tp1", 1.0, 1.0, kind="concurrency", role="baseline"), "requests": 6, "ok": 6,
+            "load_label": "baseline-conc-1"}  # fmt: skip
+    undecided = {**_point("tp1", 8.0, 0.9), "requests": 40, "ok": 40}  # a probe the sample cannot decide
+    sweep = _sweep(tmp_path, [base, _point("tp1", 2.0, 1.0), _point("tp1", 4.0, 1.0), undecided])
+    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    wr = recommend(sweep)["workloads"]["w"]
+    loads = wr["configurations"][0]["loads"]
+    assert [p["verdict"] for p in loads if p["baseline"]] == ["undecided"]  # kept in the configuration's loads
+    assert wr["undecided"] and all("one request at a time" not in u for u in wr["undecided"])
+    assert any("8 req/s" in u for u in wr["undecided"])  # a probe the sample cannot decide still is listed
