@@ -533,6 +533,17 @@ static int classify_tgi(const char *p, Py_ssize_t n, regular_t *r) {
     return REGULAR;
 }
 
+/* The value of a top-level "object" member: SPECIAL for a second one, or for "error" (the
+ * parsers' ``obj.get("object") == "error"``). */
+static int object_member(scan_t *sc, int *seen) {
+    Py_ssize_t st, ln;
+    int esc;
+    if ((*seen)++) return SPECIAL;
+    if (!at(sc, '"')) return scan_value(sc, 1) < 0 ? SPECIAL : REGULAR;
+    if (scan_string(sc, &st, &ln, &esc) < 0 || esc) return SPECIAL;
+    return (ln == 5 && memcmp(sc->s + st, "error", 5) == 0) ? SPECIAL : REGULAR;
+}
+
 /* A JSON number as a double, as float(orjson.loads(literal)) gives it; -1 when the scan
  * should not decide (not a number, or an integer too long to be sure of orjson's type). */
 static int number_value(scan_t *sc, double *out) {
@@ -639,15 +650,7 @@ static int classify_sglang(const char *p, Py_ssize_t n, regular_t *r) {
             }
             r->n_ids = count;
         } else if (key_is(&sc, kst, kln, "object", 6)) {
-            Py_ssize_t st, ln;
-            int esc;
-            if (seen_object++) return SPECIAL;
-            if (at(&sc, '"')) {
-                if (scan_string(&sc, &st, &ln, &esc) < 0 || esc) return SPECIAL;
-                if (ln == 5 && memcmp(sc.s + st, "error", 5) == 0) return SPECIAL;
-            } else {
-                GENERIC_VALUE(&sc, 1)
-            }
+            if (object_member(&sc, &seen_object) != REGULAR) return SPECIAL;
         } else if (key_is(&sc, kst, kln, "error", 5)) {
             return SPECIAL;
         } else {
@@ -699,15 +702,7 @@ static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
                 if (!at(&sc, '"') || scan_string(&sc, &r->id_start, &r->id_len, &esc) < 0 || esc) return SPECIAL;
             }
         } else if (key_is(&sc, kst, kln, "object", 6)) {
-            Py_ssize_t st, ln;
-            int esc;
-            if (seen_object++) return SPECIAL;
-            if (at(&sc, '"')) {
-                if (scan_string(&sc, &st, &ln, &esc) < 0 || esc) return SPECIAL;
-                if (ln == 5 && memcmp(sc.s + st, "error", 5) == 0) return SPECIAL;
-            } else {
-                GENERIC_VALUE(&sc, 1)
-            }
+            if (object_member(&sc, &seen_object) != REGULAR) return SPECIAL;
         } else if (key_is(&sc, kst, kln, "error", 5)) {
             return SPECIAL;
         } else {
