@@ -5,14 +5,21 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from click.testing import CliRunner
 
+from analysis.slo import SLO
 from bench.cli import cli
 from bench.distributed.measure import worker_options
 from bench.distributed.wire import ClientSettings
-from bench.run_options import EngineTarget, LoadOptions, OutputOptions, ClientOptions, PhaseOptions
-from analysis.slo import SLO
+from bench.run_options import (
+    ClientOptions,
+    EngineTarget,
+    LoadOptions,
+    OutputOptions,
+    PhaseOptions,
+)
 
 
 def test_both_commands_offer_the_phases() -> None:
@@ -21,7 +28,7 @@ def test_both_commands_offer_the_phases() -> None:
         assert out.exit_code == 0 and "--warmup-s" in out.output and "--cooldown-s" in out.output, out.output
 
 
-def test_the_master_checks_the_phases_as_bench_run_does(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_master_checks_the_phases_as_bench_run_does(tmp_path: Path) -> None:
     base = ["--url", "http://127.0.0.1:9", "--out", str(tmp_path / "r")]
     cases = [
         (["--cooldown-s", "2"], "cooldown_s needs duration_s"),

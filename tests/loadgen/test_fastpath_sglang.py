@@ -136,7 +136,7 @@ def test_random_and_mutated_sglang_payloads_agree_with_the_parser() -> None:
 
 
 # -- whole streams ----------------------------------------------------------------------
-MODES = {  # (what the server sends, the parser's settings)
+MODES: dict[str, dict[str, Any]] = {  # (what the server sends, the parser's settings)
     "cumulative": {"incremental": None, "text_follows_ids": True},
     "cumulative_no_ids": {"incremental": None, "text_follows_ids": True},
     "incremental": {"incremental": None, "text_follows_ids": True},
