@@ -609,6 +609,34 @@ static int scan_sglang_meta(scan_t *sc, regular_t *r) {
     return REGULAR;
 }
 
+/* The common output_ids array after its '[': integers without sign, fraction, exponent or
+ * spaces ("1,22,0]"), counted in one tight pass; -1 for anything else (the general scan
+ * then decides). SGLang repeats every id so far on every event: this is most of its bytes. */
+static int ids_count(scan_t *sc, int64_t *count) {
+    const unsigned char *s = sc->s;
+    Py_ssize_t i = sc->i, n = sc->n;
+    int64_t c = 0;
+    if (i < n && s[i] == ']') {
+        sc->i = i + 1;
+        *count = 0;
+        return 0;
+    }
+    for (;;) {
+        Py_ssize_t d = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == d || i - d > 18 || (s[d] == '0' && i - d > 1) || i >= n) return -1;
+        c++;
+        if (s[i] == ',') {
+            i++;
+            continue;
+        }
+        if (s[i] != ']') return -1;
+        sc->i = i + 1;
+        *count = c;
+        return 0;
+    }
+}
+
 /* SGLang's /generate event (adapters/sglang.py): an object with ``text`` (a string or null),
  * ``meta_info`` with an integer ``completion_tokens`` and no finish reason, optionally
  * ``output_ids`` (numbers only, the very array the parser's _drop_output_ids counts), no error.
@@ -632,20 +660,25 @@ static int classify_sglang(const char *p, Py_ssize_t n, regular_t *r) {
             if (sc.s[kst + kln + 1] != ':') return SPECIAL; /* the parser finds the key only as "output_ids": */
             sc.i++;
             int64_t count = 0;
-            if (at(&sc, ']')) {
-                sc.i++;
-            } else {
-                for (;;) {
-                    int plain;
-                    int64_t v;
-                    ws(&sc);
-                    if (!(sc.i < sc.n && (sc.s[sc.i] == '-' || (sc.s[sc.i] >= '0' && sc.s[sc.i] <= '9'))) ||
-                        scan_number(&sc, &plain, &v) < 0)
-                        return SPECIAL;
-                    count++;
-                    int more = next_item(&sc, ']');
-                    if (more < 0) return SPECIAL;
-                    if (!more) break;
+            Py_ssize_t ids_at = sc.i;
+            if (ids_count(&sc, &count) < 0) { /* not the compact shape: the general scan */
+                sc.i = ids_at;
+                count = 0;
+                if (at(&sc, ']')) {
+                    sc.i++;
+                } else {
+                    for (;;) {
+                        int plain;
+                        int64_t v;
+                        ws(&sc);
+                        if (!(sc.i < sc.n && (sc.s[sc.i] == '-' || (sc.s[sc.i] >= '0' && sc.s[sc.i] <= '9'))) ||
+                            scan_number(&sc, &plain, &v) < 0)
+                            return SPECIAL;
+                        count++;
+                        int more = next_item(&sc, ']');
+                        if (more < 0) return SPECIAL;
+                        if (!more) break;
+                    }
                 }
             }
             r->n_ids = count;

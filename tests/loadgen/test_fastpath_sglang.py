@@ -89,6 +89,13 @@ TRICKY = [
     b'{"text":"a","output_ids":null,"meta_info":{"completion_tokens":3}}',
     b'{"text":"a","output_ids":[1,[2]],"meta_info":{"completion_tokens":3}}',
     b'{"text":"a","output_ids":["1,2"],"meta_info":{"completion_tokens":3}}',
+    b'{"text":"a","output_ids":[01],"meta_info":{"completion_tokens":3}}',
+    b'{"text":"a","output_ids":[1,],"meta_info":{"completion_tokens":3}}',
+    b'{"text":"a","output_ids":[,1],"meta_info":{"completion_tokens":3}}',
+    b'{"text":"a","output_ids":[-1,2],"meta_info":{"completion_tokens":3}}',
+    b'{"text":"a","output_ids":[1.5,2e3,0],"meta_info":{"completion_tokens":3}}',
+    b'{"text":"a","output_ids":[0,1234567890123456789012],"meta_info":{"completion_tokens":3}}',
+    b'{"text":"a","output_ids":[1,2',
     b'{"text":"a","meta_info":{"completion_tokens":3,"output_ids":[1]},"output_ids":[1,2]}',
     b'{"text":"a","output_ids":[1,2],"meta_info":{"completion_tokens":3,"output_ids":[1]}}',
     b'{"text":"a","meta_info":{"completion_tokens":1,"queue_time":1,"kv_transfer_time":2.5e-1}}',
@@ -114,7 +121,22 @@ def test_tricky_sglang_payloads(payload: bytes) -> None:
 
 
 def test_the_regular_sglang_event_is_recognised() -> None:
-    for payload in TRICKY[:3] + TRICKY[11:15] + TRICKY[21:24]:
+    regular = [
+        b'{"text":"a","meta_info":{"completion_tokens":1}}',
+        b'{"text":null,"meta_info":{"completion_tokens":1,"finish_reason":null}}',
+        b'{"meta_info":{"completion_tokens":0}}',
+        b'{"text":"a\\u00e9\\ud83d\\ude00\\n","meta_info":{"completion_tokens":1}}',
+        b'{"text":"a","output_ids":[1,2,3],"meta_info":{"completion_tokens":3}}',
+        b'{"text":"a","output_ids":[],"meta_info":{"completion_tokens":3}}',
+        b'{"text":"a","output_ids": [ 1 , 2 ],"meta_info":{"completion_tokens":3}}',
+        b'{"text":"a","output_ids":[-1,2],"meta_info":{"completion_tokens":3}}',
+        b'{"text":"a","output_ids":[1.5,2e3,0],"meta_info":{"completion_tokens":3}}',
+        b'{"text":"a","meta_info":{"completion_tokens":1,"queue_time":1,"kv_transfer_time":2.5e-1}}',
+        b'{"text":"a","meta_info":{"completion_tokens":1,"queue_time":null}}',
+        b'{"text":"a","meta_info":{"completion_tokens":1,"queue_time":null,"prefill_launch_delay":0.5}}',
+    ]
+    assert set(regular) <= set(TRICKY)
+    for payload in regular:
         assert _check_payload(payload), payload
 
 
