@@ -52,6 +52,26 @@ class SGLangStreamParser:
         #: False up to SGLang 0.5.9, where delta output_ids came with cumulative text
         self._text_follows_ids = text_follows_ids
 
+    #: The compiled read path's scan for this stream (loadgen/_fastpath.c, API_SGLANG): it takes
+    #: the content events without a finish reason itself, keeping this parser's state (mode, text,
+    #: tokens so far) while it does, and hands it back (``fast_sync``) before this parser reads
+    #: any other payload; it reads the state again (``fast_state``) after.
+    fast_api = 4
+    fast_ok = True
+
+    def fast_state(self) -> tuple[int, bool, int, bytes]:
+        """(mode: -1 undecided, 0 cumulative text, 1 text deltas; whether the text follows
+        ``output_ids``; the tokens so far; the text so far as UTF-8, empty in mode 1)."""
+        mode = -1 if self._incremental is None else int(self._incremental)
+        return mode, self._text_follows_ids, self._last_tokens, b"" if mode == 1 else self._text.encode()
+
+    def fast_sync(self, mode: int, tokens: int, text: bytes | None) -> None:
+        """The state after the events the compiled scan took (``text`` None: deltas, not kept)."""
+        self._incremental = None if mode < 0 else bool(mode)
+        self._last_tokens = tokens
+        if text is not None:
+            self._text = text.decode()
+
     def parse_unary(self, body: bytes) -> StreamEvent:
         """A whole non-streaming ``/generate`` response: the one event a stream would end with."""
         event = self.parse(body)

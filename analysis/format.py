@@ -51,7 +51,9 @@ def format_summary(s: RunSummary, title: str = "") -> str:
     errs = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())) or "none"
     lines.append(
         f"requests: {r.measured} measured, {r.ok} ok, {r.failed} failed ({errs}); "
-        f"{r.warmup_excluded} warm-up excluded; {r.cancelled_at_end} cancelled at end"
+        f"{r.warmup_excluded} warm-up excluded; "
+        + (f"{r.cooldown_excluded} cool-down excluded; " if r.cooldown_excluded else "")
+        + f"{r.cancelled_at_end} cancelled at end"
     )
     if r.anomalies:
         lines.append(f"ANOMALIES: {anomaly_text(r)}: excluded from every figure below (docs/metrics.md, Record invariants)")

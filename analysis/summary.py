@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis.failures import top_errors
 from analysis.kinds import kinds_summary
@@ -260,7 +261,8 @@ def summarize_batches(
 class _Pooled(NamedTuple):
     """What ``_pool_batches`` gathered from every batch."""
 
-    rows: int  # rows streamed, warm-up included
+    rows: int  # rows streamed, warm-up and cool-down included
+    cooldown: int  # rows of the cool-down (phase "cooldown")
     parts: list[pa.Table]  # the measured rows' per-request columns (when no ``scalars`` were given)
     per_row: list[_PerRow]
     itl: PooledDistribution
@@ -293,7 +295,7 @@ def _pool_batches(
     chunk_gap = PooledDistribution(exact_limit)
     parts: list[pa.Table] = []
     per_row: list[_PerRow] = []
-    rows = 0
+    rows = cooldown = 0
     workers = max(1, os.cpu_count() or 1)
     pending: deque[Future[_Prepared]] = deque()
     with ThreadPoolExecutor(workers, thread_name_prefix="bench-summary") as pool:
@@ -301,6 +303,7 @@ def _pool_batches(
             for batch in _joined(batches, scalars):
                 # whether to count a batch into bins in its thread is decided now, by the pooled state
                 rows += batch.num_rows
+                cooldown += _cooldown_rows(batch)
                 pending.append(pool.submit(
                     _prepare, batch, deadlines, scalars is None,
                     itl.method == "histogram", chunk_gap.method == "histogram",
@@ -312,7 +315,11 @@ def _pool_batches(
         finally:
             for future in pending:
                 future.cancel()
-    return _Pooled(rows, parts, per_row, itl, chunk_gap)
+    return _Pooled(rows, cooldown, parts, per_row, itl, chunk_gap)
+
+
+def _cooldown_rows(batch: pa.Table | pa.RecordBatch) -> int:
+    return int(pc.sum(pc.equal(batch.column("phase"), "cooldown")).as_py() or 0)
 
 
 def _take(
@@ -366,7 +373,7 @@ def _summary_of(
             goodput_rps=totals.goodput_rps,
         )
     return RunSummary(
-        requests=_request_counts(df, judged, totals, pooled.rows, table.num_rows),
+        requests=_request_counts(df, judged, totals, pooled.rows, table.num_rows, pooled.cooldown),
         window_s=totals.window_s,
         throughput=Throughput(totals.requests_per_s, totals.output_tokens_per_s, totals.total_tokens_per_s),
         latency=latency,
@@ -391,7 +398,9 @@ def _counted(df: pd.DataFrame, judged: np.ndarray) -> pd.DataFrame:
     return df[judged & ~df["error_type"].eq("cancelled").to_numpy()]
 
 
-def _request_counts(df: pd.DataFrame, judged: np.ndarray, totals: RunTotals, all_rows: int, measured_rows: int) -> RequestCounts:
+def _request_counts(
+    df: pd.DataFrame, judged: np.ndarray, totals: RunTotals, all_rows: int, measured_rows: int, cooldown_rows: int
+) -> RequestCounts:
     counted = _counted(df, judged)
     ok_mask = counted["ok"].to_numpy(dtype=bool)
     errors = counted.loc[~ok_mask, "error_type"].value_counts().to_dict()
@@ -399,7 +408,8 @@ def _request_counts(df: pd.DataFrame, judged: np.ndarray, totals: RunTotals, all
     messages = failed_df["error_message"] if "error_message" in failed_df else [None] * len(failed_df)
     return RequestCounts(
         rows=all_rows,
-        warmup_excluded=all_rows - measured_rows,
+        warmup_excluded=all_rows - measured_rows - cooldown_rows,
+        cooldown_excluded=cooldown_rows,
         measured=len(counted),
         ok=totals.ok,
         failed=totals.failed,

@@ -63,6 +63,9 @@ class RequestCounts(_Json):
     top_errors: list[dict[str, Any]]  # analysis.failures.top_errors rows
     #: answered in one response: E2E only (no TTFT, TPOT, ITL)
     non_streaming: int
+    #: recorded in the time-based cool-down (phase "cooldown"), excluded; ``warmup_excluded``
+    #: counts the warm-up's alone (its request count and its time window)
+    cooldown_excluded: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,6 +107,8 @@ def stats_notes(stats: RunStats, notes: list[str]) -> dict[str, Any]:
         "end_ns": stats.end_ns,
         # which read path parsed the streams' payloads (bench/report_text.py says a fallback)
         "read_path_payloads": {"compiled": stats.payloads_compiled, "python": stats.payloads_python},
+        # recorded, excluded from every metric: the warm-up and the cool-down apart
+        "excluded": {"warmup": stats.warmup_excluded, "cooldown": stats.cooldown_excluded},
     }
 
 

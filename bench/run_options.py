@@ -161,6 +161,38 @@ def load_options(distributed: bool = False) -> Decorator:
 
 
 @dataclass(frozen=True)
+class PhaseOptions:
+    """The time-based warm-up and cool-down (``loadgen.options.RunOptions.phase_at``): requests
+    due in the first ``warmup_s`` after t0, or in the last ``cooldown_s`` of ``--duration``, are
+    recorded with their phase and excluded from every metric."""
+
+    warmup_s: float
+    cooldown_s: float
+
+    def check(self, duration: float | None) -> None:
+        """``BenchError`` when the phases do not fit the run (RunOptions' own rule)."""
+        from core.errors import BenchError
+        from loadgen.options import RunOptions
+
+        try:
+            RunOptions(duration_s=duration, warmup_s=self.warmup_s, cooldown_s=self.cooldown_s)
+        except ValueError as exc:
+            raise BenchError(f"--warmup-s/--cooldown-s/--duration: {exc}") from None
+
+
+def phase_options(distributed: bool = False) -> Decorator:
+    """``--warmup-s --cooldown-s``."""
+    t0 = "the shared t0 (every worker)" if distributed else "t0"
+    options = (
+        click.option("--warmup-s", type=float, default=0.0, show_default=True,
+                     help=f"Time-based warm-up: requests due in the first S seconds after {t0} are recorded, excluded."),
+        click.option("--cooldown-s", type=float, default=0.0, show_default=True,
+                     help="With --duration: requests due in the last S seconds are recorded, excluded."),
+    )
+    return option_group("phases", options, lambda values: PhaseOptions(**_pop_fields(PhaseOptions, values)))
+
+
+@dataclass(frozen=True)
 class ClientOptions:
     """How the client waits and authenticates (the key itself is read where the client runs)."""
 

@@ -106,9 +106,11 @@ def main() -> None:
     ap.add_argument("--client-cpus", default="0")
     ap.add_argument("--server-cpus", default="1")
     ap.add_argument("--keep", type=Path, help="keep the run folder here")
+    ap.add_argument("--shape", choices=instrument.SHAPES, default="every",
+                    help="where the lean engine puts usage (instrument.py --shape)")
     args = ap.parse_args()
     engine_args = argparse.Namespace(server="lean", server_cpus=args.server_cpus, ttft_ms=args.ttft_ms,
-                                     itl_ms=args.itl_ms, model="sim-model", no_log=True)
+                                     itl_ms=args.itl_ms, model="sim-model", no_log=True, shape=args.shape)
     tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     run_dir = args.keep or tmp / "run"
     port = free_port()

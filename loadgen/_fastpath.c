@@ -89,7 +89,11 @@ enum { KIND_SPECIAL = 0, KIND_CONTENT = 1, KIND_REASONING = 2, KIND_PENDING = 3,
  * verdict, the record is built, or this many wait: the final events of a response are
  * then parsed when its record is built, not in the read that freed its closed-loop slot. */
 #define MAX_PENDING 32
-enum { API_COMPLETIONS = 1, API_CHAT = 2, API_TGI = 3 };
+enum { API_COMPLETIONS = 1, API_CHAT = 2, API_TGI = 3, API_SGLANG = 4 };
+/* SGLang's per-request timings in meta_info (adapters/sglang.py TIMING_KEYS, in that order) */
+#define N_TIMING 4
+static const char *const TIMING_KEYS[N_TIMING] = {"queue_time", "prefill_launch_delay", "prefill_launch_latency",
+                                                  "kv_transfer_time"};
 #define MAX_DEPTH 128
 
 typedef struct {
@@ -98,9 +102,20 @@ typedef struct {
 } scan_t;
 
 typedef struct {
+    double v[N_TIMING];
+    int mask; /* which of TIMING_KEYS hold a number */
+} timing_t;
+
+typedef struct {
     int kind;
     int64_t cum, prompt, cached; /* -1: absent or null */
     Py_ssize_t id_start, id_len; /* id_len -1: absent or null */
+    /* SGLang only: the (cumulative or delta) text, the number of output_ids (-1: none the
+     * parser counts), the timings (has_timing: the parser's _timings gives a dict) */
+    Py_ssize_t text_start, text_len;
+    int text_esc, has_timing;
+    int64_t n_ids;
+    timing_t timing;
 } regular_t;
 
 static inline void ws(scan_t *sc) {
@@ -518,12 +533,192 @@ static int classify_tgi(const char *p, Py_ssize_t n, regular_t *r) {
     return REGULAR;
 }
 
+/* The value of a top-level "object" member: SPECIAL for a second one, or for "error" (the
+ * parsers' ``obj.get("object") == "error"``). */
+static int object_member(scan_t *sc, int *seen) {
+    Py_ssize_t st, ln;
+    int esc;
+    if ((*seen)++) return SPECIAL;
+    if (!at(sc, '"')) return scan_value(sc, 1) < 0 ? SPECIAL : REGULAR;
+    if (scan_string(sc, &st, &ln, &esc) < 0 || esc) return SPECIAL;
+    return (ln == 5 && memcmp(sc->s + st, "error", 5) == 0) ? SPECIAL : REGULAR;
+}
+
+/* A JSON number as a double, as float(orjson.loads(literal)) gives it; -1 when the scan
+ * should not decide (not a number, or an integer too long to be sure of orjson's type). */
+static int number_value(scan_t *sc, double *out) {
+    Py_ssize_t b = sc->i;
+    int plain = 0;
+    int64_t v = 0;
+    if (!(sc->i < sc->n && (sc->s[sc->i] == '-' || (sc->s[sc->i] >= '0' && sc->s[sc->i] <= '9')))) return -1;
+    if (scan_number(sc, &plain, &v) < 0) return -1;
+    Py_ssize_t len = sc->i - b;
+    char tmp[320];
+    int integer = 1;
+    for (Py_ssize_t k = b; k < sc->i; k++)
+        if (sc->s[k] == '.' || sc->s[k] == 'e' || sc->s[k] == 'E') integer = 0;
+    if (integer && len > 17) return -1;
+    if (integer && !plain && sc->s[b] == '-' && len == 2 && sc->s[b + 1] == '0') { /* -0 is the integer 0 */
+        *out = 0.0;
+        return 0;
+    }
+    memcpy(tmp, sc->s + b, len);
+    tmp[len] = 0;
+    double d = PyOS_string_to_double(tmp, NULL, NULL);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+static int scan_sglang_meta(scan_t *sc, regular_t *r) {
+    int seen_c = 0, seen_p = 0, seen_k = 0, seen_id = 0, seen_f = 0, seen_t[N_TIMING] = {0, 0, 0, 0};
+    OBJECT_MEMBERS(sc, kst, kln, {
+        int t = -1;
+        for (int k = 0; k < N_TIMING; k++)
+            if (key_is(sc, kst, kln, TIMING_KEYS[k], (Py_ssize_t)strlen(TIMING_KEYS[k]))) t = k;
+        if (t >= 0) {
+            if (seen_t[t]++) return SPECIAL;
+            if (t == 0 || t == 2) r->has_timing = 1; /* the parser's "queue_time"/"prefill_launch_latency" in meta */
+            if (!is_null(sc)) {
+                if (number_value(sc, &r->timing.v[t]) < 0) return SPECIAL; /* strings, booleans: the parser's */
+                r->timing.mask |= 1 << t;
+            }
+        } else if (key_is(sc, kst, kln, "completion_tokens", 17)) {
+            if (seen_c++ || is_null(sc) || opt_int(sc, &r->cum) < 0) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "prompt_tokens", 13)) {
+            if (seen_p++ || opt_int(sc, &r->prompt) < 0) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "cached_tokens", 13)) {
+            if (seen_k++ || opt_int(sc, &r->cached) < 0) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "finish_reason", 13)) {
+            if (seen_f++ || !is_null(sc)) return SPECIAL;
+        } else if (key_is(sc, kst, kln, "id", 2)) {
+            if (seen_id++) return SPECIAL;
+            if (!is_null(sc)) {
+                int esc;
+                if (!at(sc, '"') || scan_string(sc, &r->id_start, &r->id_len, &esc) < 0 || esc) return SPECIAL;
+            }
+        } else {
+            GENERIC_VALUE(sc, 2)
+        }
+    });
+    if (!seen_c) return SPECIAL;
+    if (!r->timing.mask) r->has_timing = 0; /* the parser's ``out or None`` */
+    return REGULAR;
+}
+
+/* The common output_ids array after its '[': integers without sign, fraction, exponent or
+ * spaces ("1,22,0]"), counted in one tight pass; -1 for anything else (the general scan
+ * then decides). SGLang repeats every id so far on every event: this is most of its bytes. */
+static int ids_count(scan_t *sc, int64_t *count) {
+    const unsigned char *s = sc->s;
+    Py_ssize_t i = sc->i, n = sc->n;
+    int64_t c = 0;
+    if (i < n && s[i] == ']') {
+        sc->i = i + 1;
+        *count = 0;
+        return 0;
+    }
+    for (;;) {
+        Py_ssize_t d = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == d || i - d > 18 || (s[d] == '0' && i - d > 1) || i >= n) return -1;
+        c++;
+        if (s[i] == ',') {
+            i++;
+            continue;
+        }
+        if (s[i] != ']') return -1;
+        sc->i = i + 1;
+        *count = c;
+        return 0;
+    }
+}
+
+/* SGLang's /generate event (adapters/sglang.py): an object with ``text`` (a string or null),
+ * ``meta_info`` with an integer ``completion_tokens`` and no finish reason, optionally
+ * ``output_ids`` (numbers only, the very array the parser's _drop_output_ids counts), no error.
+ * What the event means (its text delta, whether tokens grew) depends on the stream so far:
+ * FastStream decides that (sg_take); this only reads the payload. */
+static int classify_sglang(const char *p, Py_ssize_t n, regular_t *r) {
+    scan_t sc = {(const unsigned char *)p, 0, n};
+    int seen_text = 0, seen_meta = 0, seen_ids = 0, seen_object = 0;
+    Py_ssize_t ids_key = -1;
+    OBJECT_MEMBERS(&sc, kst, kln, {
+        if (key_is(&sc, kst, kln, "text", 4)) {
+            if (seen_text++) return SPECIAL;
+            if (!is_null(&sc)) {
+                if (!at(&sc, '"') || scan_string(&sc, &r->text_start, &r->text_len, &r->text_esc) < 0) return SPECIAL;
+            }
+        } else if (key_is(&sc, kst, kln, "meta_info", 9)) {
+            if (seen_meta++ || scan_sglang_meta(&sc, r) != REGULAR) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "output_ids", 10)) {
+            if (seen_ids++ || !at(&sc, '[')) return SPECIAL;
+            ids_key = kst - 1;
+            if (sc.s[kst + kln + 1] != ':') return SPECIAL; /* the parser finds the key only as "output_ids": */
+            sc.i++;
+            int64_t count = 0;
+            Py_ssize_t ids_at = sc.i;
+            if (ids_count(&sc, &count) < 0) { /* not the compact shape: the general scan */
+                sc.i = ids_at;
+                count = 0;
+                if (at(&sc, ']')) {
+                    sc.i++;
+                } else {
+                    for (;;) {
+                        int plain;
+                        int64_t v;
+                        ws(&sc);
+                        if (!(sc.i < sc.n && (sc.s[sc.i] == '-' || (sc.s[sc.i] >= '0' && sc.s[sc.i] <= '9'))) ||
+                            scan_number(&sc, &plain, &v) < 0)
+                            return SPECIAL;
+                        count++;
+                        int more = next_item(&sc, ']');
+                        if (more < 0) return SPECIAL;
+                        if (!more) break;
+                    }
+                }
+            }
+            r->n_ids = count;
+        } else if (key_is(&sc, kst, kln, "object", 6)) {
+            if (object_member(&sc, &seen_object) != REGULAR) return SPECIAL;
+        } else if (key_is(&sc, kst, kln, "error", 5)) {
+            return SPECIAL;
+        } else {
+            GENERIC_VALUE(&sc, 1)
+        }
+    });
+    ws(&sc);
+    if (sc.i != sc.n || !seen_meta) return SPECIAL;
+    /* the parser counts the first "output_ids": in the payload, wherever it is */
+    const char *found = NULL;
+    for (Py_ssize_t k = 0; k + 13 <= n; k++) {
+        const char *q = memchr(p + k, '"', n - k - 12);
+        if (!q) break;
+        if (memcmp(q, "\"output_ids\":", 13) == 0) {
+            found = q;
+            break;
+        }
+        k = q - p;
+    }
+    if (found ? found - p != ids_key : ids_key >= 0) return SPECIAL;
+    r->kind = KIND_CONTENT;
+    return REGULAR;
+}
+
 static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
     r->kind = KIND_SPECIAL;
     r->cum = r->prompt = r->cached = -1;
     r->id_start = 0;
     r->id_len = -1;
+    r->text_start = r->text_len = 0;
+    r->text_esc = r->has_timing = 0;
+    r->n_ids = -1;
+    r->timing.mask = 0;
     if (api == API_TGI) return classify_tgi(p, n, r);
+    if (api == API_SGLANG) return classify_sglang(p, n, r);
     scan_t sc = {(const unsigned char *)p, 0, n};
     int seen_choices = 0, seen_usage = 0, seen_id = 0, seen_object = 0;
     OBJECT_MEMBERS(&sc, kst, kln, {
@@ -540,15 +735,7 @@ static int classify(const char *p, Py_ssize_t n, int api, regular_t *r) {
                 if (!at(&sc, '"') || scan_string(&sc, &r->id_start, &r->id_len, &esc) < 0 || esc) return SPECIAL;
             }
         } else if (key_is(&sc, kst, kln, "object", 6)) {
-            Py_ssize_t st, ln;
-            int esc;
-            if (seen_object++) return SPECIAL;
-            if (at(&sc, '"')) {
-                if (scan_string(&sc, &st, &ln, &esc) < 0 || esc) return SPECIAL;
-                if (ln == 5 && memcmp(sc.s + st, "error", 5) == 0) return SPECIAL;
-            } else {
-                GENERIC_VALUE(&sc, 1)
-            }
+            if (object_member(&sc, &seen_object) != REGULAR) return SPECIAL;
         } else if (key_is(&sc, kst, kln, "error", 5)) {
             return SPECIAL;
         } else {
@@ -569,6 +756,7 @@ typedef struct {
     int64_t ts, cum, prompt, cached;
     PyObject *obj; /* special: the parser's event; pending: the payload (bytes); regular: its id (str) or NULL */
     int kind;
+    int timing; /* SGLang: index into FastStream.timings, -1: none */
 } ev_t;
 
 enum { H_SIZE, H_DATA, H_CRLF, H_TRAILER, H_DONE };
@@ -604,7 +792,187 @@ typedef struct {
     int ended;
     ev_t *ev;
     Py_ssize_t nev, cap;
+    /* SGLang: the parser's state as the scan keeps it while it takes events (sg_take) */
+    int sg_mode;       /* -1 undecided, 0 cumulative text, 1 text deltas, -2 the scan takes none */
+    int sg_follows;    /* the text follows output_ids (SGLang >= 0.5.10) */
+    int sg_stale;      /* the parser read a payload since: fetch its state before taking one */
+    int sg_dirty;      /* the scan took events since: give the parser its state before it reads one */
+    int64_t sg_tokens; /* the highest completion_tokens so far */
+    bbuf sg_text;      /* the text so far (UTF-8), in modes -1 and 0 */
+    bbuf sg_scratch;   /* an escaped text, decoded */
+    timing_t *timings; /* the distinct timings of the events taken, in order */
+    Py_ssize_t ntimings, tcap;
 } FastStream;
+
+
+/* ---------------------------------------------------------------------------------- */
+/* SGLang: the stream state the parser (adapters/sglang.py SGLangStreamParser) keeps     */
+
+static int put_utf8(bbuf *b, uint32_t cp) {
+    char u[4];
+    int k;
+    if (cp < 0x80) {
+        u[0] = (char)cp;
+        k = 1;
+    } else if (cp < 0x800) {
+        u[0] = (char)(0xC0 | (cp >> 6));
+        u[1] = (char)(0x80 | (cp & 0x3F));
+        k = 2;
+    } else if (cp < 0x10000) {
+        u[0] = (char)(0xE0 | (cp >> 12));
+        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[2] = (char)(0x80 | (cp & 0x3F));
+        k = 3;
+    } else {
+        u[0] = (char)(0xF0 | (cp >> 18));
+        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[3] = (char)(0x80 | (cp & 0x3F));
+        k = 4;
+    }
+    return bbuf_add(b, u, k);
+}
+
+static uint32_t hex4(const char *s) {
+    uint32_t v = 0;
+    for (int k = 0; k < 4; k++) v = v * 16 + (uint32_t)hexval((unsigned char)s[k]);
+    return v;
+}
+
+/* The UTF-8 of a JSON string's contents that scan_string validated. */
+static int json_unescape(const char *s, Py_ssize_t n, bbuf *out) {
+    out->len = 0;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        const char *bs = memchr(s + i, '\\', n - i);
+        Py_ssize_t e = bs ? bs - s : n;
+        if (bbuf_add(out, s + i, e - i) < 0) return -1;
+        if (!bs) break;
+        char d = s[e + 1], c;
+        i = e + 2;
+        switch (d) {
+        case 'b': c = '\b'; break;
+        case 'f': c = '\f'; break;
+        case 'n': c = '\n'; break;
+        case 'r': c = '\r'; break;
+        case 't': c = '\t'; break;
+        case 'u': {
+            uint32_t cp = hex4(s + i);
+            i += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF) { /* validated: a low surrogate follows */
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (hex4(s + i + 2) - 0xDC00);
+                i += 6;
+            }
+            if (put_utf8(out, cp) < 0) return -1;
+            continue;
+        }
+        default: c = d; /* " \ / */
+        }
+        if (bbuf_add(out, &c, 1) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The parser's state, fetched (sink.fast_state() -> (mode, follows, tokens, text)). */
+static int sg_fetch(FastStream *self) {
+    self->sg_stale = 0;
+    self->sg_mode = -2;
+    if (!self->sink) return 0;
+    PyObject *st = PyObject_CallMethod(self->sink, "fast_state", NULL);
+    if (!st) return -1;
+    long mode, follows;
+    long long tokens;
+    const char *text;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(st, "llLy#", &mode, &follows, &tokens, &text, &len)) {
+        Py_DECREF(st);
+        PyErr_Clear(); /* a state the scan cannot hold (a float count, say): the parser reads all */
+        return 0;
+    }
+    self->sg_text.len = 0;
+    int r = bbuf_add(&self->sg_text, text, len);
+    Py_DECREF(st);
+    if (r < 0) return -1;
+    if (mode < -1 || mode > 1 || tokens < 0) return 0;
+    self->sg_mode = (int)mode;
+    self->sg_follows = follows != 0;
+    self->sg_tokens = tokens;
+    return 0;
+}
+
+/* The scan's state, given to the parser before it reads a payload
+ * (sink.fast_sync(mode, tokens, text or None)). */
+static int sg_sync(FastStream *self, PyObject *sink) {
+    if (!self->sg_dirty) return 0;
+    self->sg_dirty = 0;
+    PyObject *text;
+    if (self->sg_mode == 1) {
+        text = Py_None;
+        Py_INCREF(text);
+    } else {
+        text = PyBytes_FromStringAndSize(self->sg_text.p ? self->sg_text.p : "", self->sg_text.len);
+        if (!text) return -1;
+    }
+    PyObject *r = PyObject_CallMethod(sink, "fast_sync", "iLN", self->sg_mode, (long long)self->sg_tokens, text);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Whether the scan takes this SGLang event (1), as the parser would read it: a content
+ * event (its tokens grew or its text delta is not empty). It then holds the parser's
+ * state after it. 0: the parser reads it (an empty event, or the state is unknown). */
+static int sg_take(FastStream *self, regular_t *r, const char *p) {
+    if (self->sg_stale && sg_fetch(self) < 0) return -1;
+    if (self->sg_mode == -2) return 0;
+    const char *t = p + r->text_start;
+    Py_ssize_t tl = r->text_len;
+    if (r->text_esc) {
+        if (json_unescape(t, tl, &self->sg_scratch) < 0) return -1;
+        t = self->sg_scratch.p ? self->sg_scratch.p : "";
+        tl = self->sg_scratch.len;
+    }
+    int mode = self->sg_mode;
+    if (mode == -1 && r->n_ids >= 0 && r->cum > 0) { /* _incremental_mode */
+        if (r->n_ids < r->cum)
+            mode = self->sg_follows;
+        else if (self->sg_tokens > 0)
+            mode = 0;
+    }
+    Py_ssize_t prev = self->sg_text.len;
+    int prefix = mode != 1 && tl >= prev && (prev == 0 || memcmp(t, self->sg_text.p, prev) == 0);
+    int delta = prefix ? tl > prev : tl > 0;
+    if (!(r->cum > self->sg_tokens || delta)) return 0;
+    if (mode != 1 && bbuf_add(&self->sg_text, prefix ? t + prev : t, prefix ? tl - prev : tl) < 0) return -1;
+    self->sg_mode = mode;
+    if (r->cum > self->sg_tokens) self->sg_tokens = r->cum;
+    self->sg_dirty = 1;
+    return 1;
+}
+
+/* The index of the event's timings in self->timings (the last one again when equal). */
+static int sg_timing(FastStream *self, regular_t *r) {
+    if (!r->has_timing) return -1;
+    timing_t *last = self->ntimings ? &self->timings[self->ntimings - 1] : NULL;
+    if (last && last->mask == r->timing.mask) {
+        int same = 1;
+        for (int k = 0; k < N_TIMING; k++)
+            if ((last->mask >> k & 1) && last->v[k] != r->timing.v[k]) same = 0;
+        if (same) return (int)(self->ntimings - 1);
+    }
+    if (self->ntimings == self->tcap) {
+        Py_ssize_t cap = self->tcap ? self->tcap * 2 : 4;
+        timing_t *q = PyMem_Realloc(self->timings, cap * sizeof(timing_t));
+        if (!q) {
+            PyErr_NoMemory();
+            return -2;
+        }
+        self->timings = q;
+        self->tcap = cap;
+    }
+    self->timings[self->ntimings] = r->timing;
+    return (int)self->ntimings++;
+}
 
 static int fs_push(FastStream *self, ev_t *e) {
     if (self->nev == self->cap) {
@@ -626,6 +994,10 @@ static int fs_push(FastStream *self, ev_t *e) {
 static int fs_parse(FastStream *self, PyObject *sink, ev_t *slot, const char *p, Py_ssize_t n) {
     slot->kind = KIND_DROPPED;
     slot->obj = NULL;
+    if (self->api == API_SGLANG) {
+        if (sg_sync(self, sink) < 0) return -1;
+        self->sg_stale = 1;
+    }
     PyObject *res = PyObject_CallMethod(sink, "fast_special", "Ly#", (long long)slot->ts, p, n);
     if (!res) return -1;
     if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
@@ -710,8 +1082,16 @@ static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n)
     /* A token event with usage is the scan's while usage is cumulative; one without
      * usage once the parser has seen one (the first goes to the parser, whose state it
      * changes: usage is then a final count, and the parser says so, fast_ok false). */
-    if (classify(p, n, self->api, &r) == REGULAR && (self->api == API_TGI || (r.cum >= 0) == (self->cumulative_ok != 0))) {
-        ev_t e = {ts, r.cum, r.prompt, r.cached, NULL, r.kind};
+    int take = classify(p, n, self->api, &r) == REGULAR;
+    if (take && self->api == API_SGLANG) {
+        take = sg_take(self, &r, p);
+        if (take < 0) return -1;
+    } else if (take && self->api != API_TGI) {
+        take = (r.cum >= 0) == (self->cumulative_ok != 0);
+    }
+    if (take) {
+        ev_t e = {ts, r.cum, r.prompt, r.cached, NULL, r.kind, -1};
+        if (self->api == API_SGLANG && (e.timing = sg_timing(self, &r)) == -2) return -1;
         if (!self->id_found && r.id_len >= 0) {
             e.obj = PyUnicode_DecodeUTF8(p + r.id_start, r.id_len, "strict");
             if (!e.obj) return -1;
@@ -725,7 +1105,7 @@ static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n)
         return 0;
     }
     /* not a token event the scan may take: the parser reads it later, off the read path */
-    ev_t e = {ts, -1, -1, -1, PyBytes_FromStringAndSize(p, n), KIND_PENDING};
+    ev_t e = {ts, -1, -1, -1, PyBytes_FromStringAndSize(p, n), KIND_PENDING, -1};
     if (!e.obj) return -1;
     if (fs_push(self, &e) < 0) {
         Py_DECREF(e.obj);
@@ -1100,6 +1480,23 @@ static PyObject *int_or_none(int64_t v) {
     return PyLong_FromLongLong(v);
 }
 
+/* SGLang timings as the parser's _timings builds them ({key: float}, in TIMING_KEYS order) */
+static PyObject *timing_dict(const timing_t *t) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int k = 0; k < N_TIMING; k++) {
+        if (!(t->mask >> k & 1)) continue;
+        PyObject *f = PyFloat_FromDouble(t->v[k]);
+        if (!f || PyDict_SetItemString(d, TIMING_KEYS[k], f) < 0) {
+            Py_XDECREF(f);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(f);
+    }
+    return d;
+}
+
 /* (stamps, columns): the events in order, one list per StreamEvent field. */
 static PyObject *FS_columns(FastStream *self, PyObject *args) {
     PyObject *kinds;
@@ -1110,7 +1507,22 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
         return NULL;
     }
     /* the StreamEvent field order this relies on (adapters/base.py, checked by tests) */
-    enum { F_KIND, F_TEXT, F_TOKENS, F_CUM, F_FINISH, F_PROMPT, F_COMPLETION, F_CACHED, F_ID };
+    enum { F_KIND, F_TEXT, F_TOKENS, F_CUM, F_FINISH, F_PROMPT, F_COMPLETION, F_CACHED, F_ID, F_ETYPE, F_EMSG, F_TIMING };
+    if (self->ntimings && nfields <= F_TIMING) {
+        PyErr_SetString(PyExc_ValueError, "columns: SGLang timings need nfields > 11");
+        return NULL;
+    }
+    /* one dict per distinct timing, shared by the events that carried it */
+    PyObject *tdicts = PyList_New(self->ntimings);
+    if (!tdicts) return NULL;
+    for (Py_ssize_t k = 0; k < self->ntimings; k++) {
+        PyObject *d = timing_dict(&self->timings[k]);
+        if (!d) {
+            Py_DECREF(tdicts);
+            return NULL;
+        }
+        PyList_SET_ITEM(tdicts, k, d);
+    }
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < self->nev; i++) n += self->ev[i].kind != KIND_DROPPED && self->ev[i].kind != KIND_PENDING;
     PyObject *stamps = PyList_New(n);
@@ -1166,6 +1578,10 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
                     v = e->obj ? e->obj : Py_None;
                     Py_INCREF(v);
                     break;
+                case F_TIMING:
+                    v = e->timing >= 0 ? PyList_GET_ITEM(tdicts, e->timing) : Py_None;
+                    Py_INCREF(v);
+                    break;
                 default:
                     v = Py_None;
                     Py_INCREF(v);
@@ -1180,8 +1596,10 @@ static PyObject *FS_columns(FastStream *self, PyObject *args) {
         i++;
     }
     Py_DECREF(stand_in);
+    Py_DECREF(tdicts);
     return Py_BuildValue("(NN)", stamps, cols);
 fail:
+    Py_DECREF(tdicts);
     Py_XDECREF(stamps);
     Py_XDECREF(cols);
     return NULL;
@@ -1200,8 +1618,8 @@ static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "ipLiOO|n", kwlist, &fd, &kernel_clock, &offset, &api, &sink, &on_end,
                                      &max_event))
         return -1;
-    if (api != API_COMPLETIONS && api != API_CHAT && api != API_TGI) {
-        PyErr_SetString(PyExc_ValueError, "api must be 1 (completions), 2 (chat) or 3 (TGI)");
+    if (api != API_COMPLETIONS && api != API_CHAT && api != API_TGI && api != API_SGLANG) {
+        PyErr_SetString(PyExc_ValueError, "api must be 1 (completions), 2 (chat), 3 (TGI) or 4 (SGLang)");
         return -1;
     }
     self->fd = fd;
@@ -1214,6 +1632,7 @@ static int FS_init(FastStream *self, PyObject *args, PyObject *kwds) {
     self->last_payload_ns = -1;
     self->hstate = H_SIZE;
     self->cumulative_ok = 1;
+    self->sg_stale = 1;
     Py_INCREF(sink);
     Py_XSETREF(self->sink, sink);
     Py_INCREF(on_end);
@@ -1243,6 +1662,9 @@ static void FS_dealloc(FastStream *self) {
     bbuf_free(&self->pending);
     bbuf_free(&self->pyout);
     bbuf_free(&self->joined);
+    bbuf_free(&self->sg_text);
+    bbuf_free(&self->sg_scratch);
+    PyMem_Free(self->timings);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1310,7 +1732,39 @@ static PyObject *py_classify(PyObject *mod, PyObject *args) {
         } else {
             Py_INCREF(id);
         }
-        out = Py_BuildValue("(iNNNN)", r.kind, int_or_none(r.cum), int_or_none(r.prompt), int_or_none(r.cached), id);
+        if (api == API_SGLANG) {
+            /* (cumulative, prompt, cached, id, text, n_ids, timing): the payload's reading */
+            bbuf tb = {NULL, 0, 0};
+            PyObject *text = NULL, *timing = NULL;
+            const char *t = (const char *)buf.buf + r.text_start;
+            Py_ssize_t tl = r.text_len;
+            if (r.text_esc) {
+                if (json_unescape(t, tl, &tb) < 0) {
+                    Py_DECREF(id);
+                    PyBuffer_Release(&buf);
+                    return NULL;
+                }
+                t = tb.p ? tb.p : "";
+                tl = tb.len;
+            }
+            text = PyUnicode_DecodeUTF8(t, tl, "strict");
+            bbuf_free(&tb);
+            if (r.has_timing) {
+                timing = timing_dict(&r.timing);
+            } else {
+                timing = Py_None;
+                Py_INCREF(timing);
+            }
+            out = (text && timing) ? Py_BuildValue("(NNNNNNN)", int_or_none(r.cum), int_or_none(r.prompt), int_or_none(r.cached), id,
+                                                   text, int_or_none(r.n_ids), timing)
+                                   : NULL;
+            if (!out) {
+                Py_XDECREF(text);
+                Py_XDECREF(timing);
+            }
+        } else {
+            out = Py_BuildValue("(iNNNN)", r.kind, int_or_none(r.cum), int_or_none(r.prompt), int_or_none(r.cached), id);
+        }
     }
     PyBuffer_Release(&buf);
     return out;
@@ -1339,6 +1793,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
     PyModule_AddIntConstant(m, "API_COMPLETIONS", API_COMPLETIONS);
     PyModule_AddIntConstant(m, "API_CHAT", API_CHAT);
     PyModule_AddIntConstant(m, "API_TGI", API_TGI);
+    PyModule_AddIntConstant(m, "API_SGLANG", API_SGLANG);
     PyModule_AddIntConstant(m, "KIND_CONTENT", KIND_CONTENT);
     PyModule_AddIntConstant(m, "KIND_REASONING", KIND_REASONING);
     return m;

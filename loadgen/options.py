@@ -73,4 +73,8 @@ class RunStats:
     #: parser read (on the Python read path, or handed over by the scan): the read-path share.
     payloads_compiled: int = 0
     payloads_python: int = 0
+    #: Requests recorded and excluded: in the warm-up (its request count or its time window)
+    #: and in the cool-down, counted apart (phase "warmup", "cooldown").
+    warmup_excluded: int = 0
+    cooldown_excluded: int = 0
     error_types: dict[str, int] = field(default_factory=lambda: defaultdict(int))

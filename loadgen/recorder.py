@@ -224,6 +224,14 @@ class RequestRecorder:
             return 2, event
         return (0 if getattr(self._parser, "fast_ok", False) else 1), event
 
+    def fast_state(self) -> Any:
+        """The parser's stream state, for a scan that keeps it while taking events (SGLang)."""
+        return self._parser.fast_state()  # type: ignore[attr-defined]
+
+    def fast_sync(self, *state: Any) -> None:
+        """The scan's stream state, given back to the parser before it reads a payload."""
+        self._parser.fast_sync(*state)  # type: ignore[attr-defined]
+
     def _parse_one(self, payload: bytes) -> tuple[StreamEvent | None, bool]:
         """One payload through the adapter's parser: (the event to keep, whether the
         stream failed). A malformed payload or an error event fails it (``_error``); the

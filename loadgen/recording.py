@@ -99,6 +99,10 @@ class Recording:
         compiled, python = recorder.payloads_read
         stats.payloads_compiled += compiled
         stats.payloads_python += python
+        if record.phase == "warmup":
+            stats.warmup_excluded += 1
+        elif record.phase == "cooldown":
+            stats.cooldown_excluded += 1
         if record.ok:
             stats.completed += 1
         elif record.error_type == "cancelled":

@@ -50,6 +50,7 @@ def _require_locust() -> None:
 @opts.target_options(distributed=True)
 @opts.load_options(distributed=True)
 @opts.client_options(distributed=True)
+@opts.phase_options(distributed=True)
 @click.option("--wait-workers", type=float, default=120.0, show_default=True, help="Seconds to wait for the workers.")
 @click.option("--start-lead", type=float, default=1.0, show_default=True, help="Seconds between the start order and t0.")
 @click.option("--worker-timeout", type=float, default=10.0, show_default=True, help="Silence after which a worker is lost.")
@@ -61,6 +62,7 @@ def master(
     target: opts.EngineTarget,
     load: opts.LoadOptions,
     client: opts.ClientOptions,
+    phases: opts.PhaseOptions,
     wait_workers: float,
     start_lead: float,
     worker_timeout: float,
@@ -71,6 +73,7 @@ def master(
         raise BenchError("--workers must be at least 1")
     if start_lead <= 0 or worker_timeout <= 0 or wait_workers <= 0:
         raise BenchError("--start-lead, --worker-timeout and --wait-workers must be positive")
+    phases.check(load.duration)
     _require_locust()
     from bench.distributed.locust_master import MasterNode, MasterSettings  # locust (gevent) first
 
@@ -82,7 +85,7 @@ def master(
     from bench.outcome import run_outcome
     from bench.report_text import print_summary
 
-    schedule, description, settings = _master_plan(n_workers, target, load, client, output, secrets.randbits(32))
+    schedule, description, settings = _master_plan(n_workers, target, load, client, output, secrets.randbits(32), phases)
     run_dir = prepare_run_dir(output.out, output.overwrite)
     node = MasterNode(
         MasterSettings(workers=n_workers, bind_host=bind_host, port=port, wait_workers_s=wait_workers,
@@ -118,6 +121,7 @@ def _master_plan(
     client: opts.ClientOptions,
     output: opts.OutputOptions,
     salt: int,
+    phases: opts.PhaseOptions | None = None,
 ) -> tuple[Schedule, dict[str, Any], ClientSettings]:
     """The schedule (a new prompt salt, as ``bench run``: no prefix shared with earlier runs),
     the run's description (``bench.run_meta.describe_run``) and what each worker's client gets."""
@@ -153,6 +157,8 @@ def _master_plan(
         stall_timeout_s=client.stall_timeout,
         duration_s=load.duration,
         save_text=output.save_text,
+        warmup_s=phases.warmup_s if phases else 0.0,
+        cooldown_s=phases.cooldown_s if phases else 0.0,
     )
     description = describe_run(
         command=("bench", *sys.argv[1:]),
@@ -162,6 +168,7 @@ def _master_plan(
         adapter={**adapter.describe(), **AiohttpTransport(url, timeouts).describe(), "url": url},
         schedule=schedule,
         extra={},
+        phases={"warmup_s": settings.warmup_s, "cooldown_s": settings.cooldown_s},
     )
     return schedule, description, settings
 

@@ -21,10 +21,12 @@ from bench.run_options import (
     EngineTarget,
     LoadOptions,
     OutputOptions,
+    PhaseOptions,
     client_options,
     load_options,
     option_group,
     output_options,
+    phase_options,
     target_options,
 )
 from bench.secrets import load_api_key
@@ -107,14 +109,11 @@ _launch_options = option_group("launch", (
 
 @dataclass(frozen=True)
 class ClientLimits:
-    """The client's per-request limits and the run's excluded phases (``bench run`` only; the
-    locust workers use their defaults)."""
+    """The client's per-request limits (``bench run`` only; the locust workers use their defaults)."""
 
     request_timeout: float
     drain_timeout: float
     max_event_bytes: int
-    warmup_s: float
-    cooldown_s: float
 
 
 _limit_options = option_group("limits", (
@@ -124,12 +123,8 @@ _limit_options = option_group("limits", (
                  help="With --duration: seconds in-flight requests may still take (then recorded as cancelled)."),
     click.option("--max-event-bytes", type=int, default=MAX_EVENT_BYTES, show_default=True,
                  help="Longest SSE event or line of a response; longer fails the request (line_too_long)."),
-    click.option("--warmup-s", type=float, default=0.0, show_default=True,
-                 help="Time-based warm-up: requests due in the first S seconds after t0 are recorded, excluded."),
-    click.option("--cooldown-s", type=float, default=0.0, show_default=True,
-                 help="With --duration: requests due in the last S seconds are recorded, excluded."),
 ), lambda values: ClientLimits(**{k: values.pop(k) for k in (
-    "request_timeout", "drain_timeout", "max_event_bytes", "warmup_s", "cooldown_s")}))
+    "request_timeout", "drain_timeout", "max_event_bytes")}))
 
 
 @click.command("run")
@@ -141,6 +136,7 @@ _limit_options = option_group("limits", (
               help="Mixed into the prompt text so runs share no cached prefix. [default: new per run]")
 @client_options()
 @_limit_options
+@phase_options()
 @output_options()
 @_embedded_options
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
@@ -172,6 +168,7 @@ def command(
     prompt_salt: int | None,
     client: ClientOptions,
     limits: ClientLimits,
+    phases: PhaseOptions,
     output: OutputOptions,
     embedded: EmbeddedOptions,
     progress: bool | None,
@@ -203,6 +200,7 @@ def command(
 
     url, engine, model = target.url, target.engine, target.model
     _check_limits(load, client, limits, embedded if not url else None)
+    phases.check(load.duration)
     salt = secrets.randbits(32) if prompt_salt is None else prompt_salt
     plan = _SchedulePlan(load, request, output, tokenizer_dir, model, salt)
     # 'auto' asks the engine measured, so its schedule is built once that engine answers
@@ -228,7 +226,7 @@ def command(
             schedule = plan.build(where)
         adapter = _make_adapter(target, api_key, schedule, launched_version or launch.engine_version)
         cfg = _run_config(
-            target, load, client, limits, output, launch, run_dir, where, engine_label, schedule, progress,
+            target, load, client, limits, phases, output, launch, run_dir, where, engine_label, schedule, progress,
             transport_kind, clock, workers, None if no_scrape else scrape_interval, engine_info,
             None if (url or launch.launch) else embedded.describe(sim_flavor(engine)),
         )
@@ -344,10 +342,6 @@ def _check_limits(load: LoadOptions, client: ClientOptions, limits: ClientLimits
         raise BenchError("--request-timeout and --drain-timeout must be >= 0")
     if limits.max_event_bytes < 1024:
         raise BenchError("--max-event-bytes must be at least 1024")
-    try:
-        RunOptions(duration_s=load.duration, warmup_s=limits.warmup_s, cooldown_s=limits.cooldown_s)
-    except ValueError as exc:
-        raise BenchError(f"--warmup-s/--cooldown-s/--duration: {exc}") from None
     if embedded is not None and (embedded.sim_ttft_ms < 0 or embedded.sim_itl_ms < 0 or embedded.sim_natural_stop < 0):
         raise BenchError("--sim-ttft-ms, --sim-itl-ms and --sim-natural-stop must be >= 0")
 
@@ -396,6 +390,7 @@ def _run_config(
     load: LoadOptions,
     client: ClientOptions,
     limits: ClientLimits,
+    phases: PhaseOptions,
     output: OutputOptions,
     launch: LaunchOptions,
     run_dir: Path,
@@ -421,7 +416,7 @@ def _run_config(
         schedule=schedule,
         options=RunOptions(duration_s=load.duration, save_text=output.save_text, progress=progress,
                            drain_timeout_s=limits.drain_timeout, max_event_bytes=limits.max_event_bytes,
-                           warmup_s=limits.warmup_s, cooldown_s=limits.cooldown_s),
+                           warmup_s=phases.warmup_s, cooldown_s=phases.cooldown_s),
         timeouts=Timeouts(stall=client.stall_timeout, total=limits.request_timeout or None),
         command=("bench", *sys.argv[1:]),
         transport=transport_kind,

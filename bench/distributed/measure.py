@@ -125,6 +125,21 @@ def _prime_arrow() -> None:
         pa.Table.from_pydict({n: [] for n in schema.names}, schema=schema)
 
 
+def worker_options(client: ClientSettings, worker_id: int) -> RunOptions:
+    """What a worker's runner is told: the master's settings, its phases included (each worker
+    applies ``RunOptions.phase_at`` from the shared t0, so every share has the same windows)."""
+    return RunOptions(
+        worker_id=worker_id,
+        duration_s=client.duration_s,
+        drain_timeout_s=client.drain_timeout_s,
+        warmup_concurrency=client.warmup_concurrency,
+        save_text=client.save_text,
+        progress=False,
+        warmup_s=client.warmup_s,
+        cooldown_s=client.cooldown_s,
+    )
+
+
 async def run_job(job: dict[str, Any], spool: Path) -> dict[str, Any]:
     _prime_arrow()
     client = ClientSettings.from_wire(job["client"])
@@ -138,14 +153,7 @@ async def run_job(job: dict[str, Any], spool: Path) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     threading.Thread(target=_stdin_commands, args=(loop, commands), daemon=True).start()
-    base = RunOptions(
-        worker_id=worker_id,
-        duration_s=client.duration_s,
-        drain_timeout_s=client.drain_timeout_s,
-        warmup_concurrency=client.warmup_concurrency,
-        save_text=client.save_text,
-        progress=False,
-    )
+    base = worker_options(client, worker_id)
     try:
         if schedule.warmup:
             # Warm-up before "ready", so the shared t0 is not eaten by it.

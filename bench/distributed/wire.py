@@ -79,6 +79,9 @@ class ClientSettings:
     drain_timeout_s: float = 300.0
     warmup_concurrency: int = 4
     save_text: bool = False
+    #: the time-based warm-up and cool-down (RunOptions.phase_at, from the shared t0)
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
 
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -220,7 +220,8 @@ class _FakeLoop:
 
 
 def _run(
-    pieces: list[bytes], compiled: bool, chat: bool, close_at_end: bool, parser: Any = None
+    pieces: list[bytes], compiled: bool, chat: bool, close_at_end: bool, parser: Any = None,
+    requires_done: bool | None = None,
 ) -> tuple[RequestRecord, list[int], bool]:
     """Feeds ``pieces`` (one read each) through RawHttpTransport's exchange; returns the
     record, the read index of each chunk stamp, and whether the connection was kept
@@ -257,7 +258,8 @@ def _run(
             exc = fut.exception()
             assert isinstance(exc, StreamError), exc
             error = exc
-        record = rec.finish(rawhttp._now(), error, requires_done=parser is None)  # (TGI has no [DONE])
+        # (TGI has no [DONE])
+        record = rec.finish(rawhttp._now(), error, requires_done=parser is None if requires_done is None else requires_done)
         assert compiled == (ex.fast is not None) or not compiled
         # each chunk stamp -> the index of the read that stamped it (exact: one read per piece)
         index = {ts: i for i, ts in enumerate(stamps)}

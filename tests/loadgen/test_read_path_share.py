@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from adapters.openai import OpenAIAdapter
-from adapters.sglang import SGLangAdapter
+from adapters.sglang import SGLangAdapter, SGLangStreamParser
 from analysis.load import load_run
 from analysis.slo import SLO
 from bench.report_text import read_path_share, summary_of
@@ -54,10 +54,31 @@ def test_tgi_token_events_are_read_in_c(tmp_path: Path) -> None:
     assert not summary.run["read_path"]["fell_back"]
 
 
-def test_a_stream_shape_the_scan_does_not_know_is_said_to_fall_back(tmp_path: Path) -> None:
-    """SGLang's /generate events are not OpenAI payloads: every one goes to the Python
-    parser although the compiled path is on, and the summary says so."""
+def test_sglang_events_are_read_in_c(tmp_path: Path) -> None:
+    """SGLang's /generate stream (cumulative text and output_ids, timings in meta_info): the
+    scan takes the token events; the parser reads each stream's final event."""
     meta, summary = _run(tmp_path, "sglang", SGLangAdapter(model="sim-model"))
+    counts = meta["notes"]["read_path_payloads"]
+    assert counts["compiled"] >= 6 * 20 and counts["python"] <= 6 * 2, counts
+    share = read_path_share(meta)
+    assert share is not None and not share["fell_back"] and summary.run["read_path"] == share
+    assert not any("fell back" in w for w in summary.run["warnings"])
+
+
+class _UnknownShapeAdapter(SGLangAdapter):
+    """SGLang's events through a parser that offers the scan nothing (a shape it does not know)."""
+
+    def parser(self) -> Any:
+        class Unknown(SGLangStreamParser):
+            fast_api = 0
+
+        return Unknown()
+
+
+def test_a_stream_shape_the_scan_does_not_know_is_said_to_fall_back(tmp_path: Path) -> None:
+    """Payloads the compiled scan does not know all go to the Python parser although the
+    compiled path is on, and the summary says so."""
+    meta, summary = _run(tmp_path, "sglang", _UnknownShapeAdapter(model="sim-model"))
     counts = meta["notes"]["read_path_payloads"]
     assert counts["compiled"] == 0 and counts["python"] >= 6 * 24, counts
     share = read_path_share(meta)

@@ -65,4 +65,10 @@ def test_a_run_records_and_excludes_its_warm_up_and_cool_down(tmp_path: Path) ->
     assert [r["phase"] for r in sorted(rows, key=lambda r: r["request_id"])].count("measure") == 12
     assert (run.meta["workload"]["warmup_s"], run.meta["workload"]["cooldown_s"]) == (0.3, 0.3)
     summary = summarize(run.requests, monitor=run.monitor)
-    assert summary.requests.measured == 12 and summary.requests.warmup_excluded == 12
+    # the warm-up and the cool-down are counted apart (issue 20), in the summary and the notes
+    assert summary.requests.measured == 12 and summary.requests.warmup_excluded + summary.requests.cooldown_excluded == 12
+    assert (summary.requests.warmup_excluded, summary.requests.cooldown_excluded) == (6, 6)
+    assert run.meta["notes"]["excluded"] == {"warmup": 6, "cooldown": 6}
+    from analysis.format import format_summary
+
+    assert "6 warm-up excluded; 6 cool-down excluded;" in format_summary(summary)
