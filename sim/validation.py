@@ -425,18 +425,19 @@ def dcp_rows() -> list[Row]:
 GROUPS: tuple[Callable[[], list[Row]], ...] = (
     vllm_ci_rows, vllm_ci_serving_rows, nim_rows, splitwise_rows, load_rows, sglang_060_rows, deepseek_rows,
     trtllm_rows, pp_rows, pd_rows, dcp_rows)
-#: CPU seconds of each costly group (measured on this project's host, benchmarks aside): the pool starts
-#: the costliest first, so two workers finish together (dcp_rows ~24 s against the rest ~26 s)
+#: CPU seconds of each costly group on this project's host (per-group process_time at load ~12): a pool
+#: starts the costliest first, so two workers finish together (dcp_rows ~24 s against the rest ~26 s)
 _COST_S = {dcp_rows: 24.0, trtllm_rows: 7.6, pp_rows: 6.2, sglang_060_rows: 5.0, pd_rows: 3.4}
 
 
 def rows(workers: int | None = None) -> list[Row]:
     """Every validation row (fitted and held out), in table order.
 
-    The groups are independent and each is deterministic, so with ``workers`` > 1 (default: up
-    to 2, the CPUs there are) they run in that many processes and the table is the same row for
-    row; ``workers=1`` runs them in this process."""
-    n = min(2, os.cpu_count() or 1) if workers is None else workers
+    The groups are independent and each is deterministic, so with ``workers`` > 1 they run in
+    that many processes and the table is the same row for row. One by default: on this
+    project's shared 2-vCPU host two processes were slower (192 vs 170 s and 271 vs 224 s wall,
+    more CPU), as the host had no idle core to give; an idle machine was not measured."""
+    n = 1 if workers is None else min(workers, os.cpu_count() or 1)
     if n <= 1:
         return [r for group in GROUPS for r in group()]
     by_cost = sorted(GROUPS, key=lambda g: -_COST_S.get(g, 0.0))
@@ -564,7 +565,7 @@ def _cpu_s() -> float:
 
 
 def main(argv: list[str]) -> int:
-    """``[--fit | --update-docs | --markdown] [--workers N]`` (default: the table, on up to 2 processes)."""
+    """``[--fit | --update-docs | --markdown] [--workers N]`` (default: the table, in this process)."""
     start, wall = _cpu_s(), time.perf_counter()
     workers = int(argv[argv.index("--workers") + 1]) if "--workers" in argv else None
     if "--fit" in argv:

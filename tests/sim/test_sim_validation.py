@@ -1,6 +1,6 @@
 """The simulator against published figures (sim/validation.py): fitted rows reproduce their
 figure and held-out rows stay where they are. The whole table runs once per module in virtual
-time (about 55 s of CPU, on two processes: the issue asks for the table to validate, not a sample of it)."""
+time (about 55 s of CPU: the issue asks for the table to validate, not a sample of it)."""
 
 from __future__ import annotations
 
