@@ -79,6 +79,8 @@ class TimingCheck(_Json):
     one_read_responses: int
     multi_token_responses: int
     itl_measurable: bool
+    #: successful requests of several sequences (n > 1): TPOT per sequence, no ITL (docs/metrics.md)
+    several_sequences: int = 0
 
 
 @dataclass(frozen=True, slots=True)
