@@ -432,7 +432,7 @@ def _timing_measurable(ok_df: pd.DataFrame, one_read: np.ndarray) -> TimingCheck
     k = int(one_read.sum())
     several = int((sequences(ok_df) > 1).sum())
     return TimingCheck(one_read_responses=k, multi_token_responses=multi, itl_measurable=timing_measurable(k, multi),
-                       several_sequences=several)
+                       several_sequences=several or None)
 
 
 def _distribution_method(*dists: PooledDistribution) -> DistributionMethod:
