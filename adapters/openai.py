@@ -3,6 +3,12 @@
 Requests ask for ``stream_options: {include_usage, continuous_usage_stats}`` so every
 chunk carries the cumulative completion-token count (exact per-chunk deltas), and
 ``ignore_eos`` + ``min_tokens`` so the requested output length is honoured.
+
+With ``n`` > 1 (several sequences per request) a request asks ``include_usage`` only: vLLM
+then puts on each choice's chunk that choice's *own* cumulative count (the choices
+interleave) and the total only in the final usage chunk, a shape the compiled read path
+(loadgen/_fastpath.c, which does not read a choice's index) would take for one count. The
+final total is exact, spread over the text chunks (docs/metrics.md, token accounting).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ def unary_object(body: bytes) -> dict[str, Any]:
 class OpenAIStreamParser:
     """Parses one streamed OpenAI-style response (completions or chat)."""
 
-    __slots__ = ("_chat", "_continuous")
+    __slots__ = ("_chat", "_continuous", "_first", "_others")
 
     def __init__(self, chat: bool) -> None:
         self._chat = chat
@@ -65,6 +71,10 @@ class OpenAIStreamParser:
         # (vLLM continuous_usage_stats); servers that put usage only in their last text chunk
         # (transformers serve, llama.cpp) give the final count there, not a per-chunk one.
         self._continuous = True
+        # With n > 1 and continuous usage, vLLM counts each choice on its own chunks: the
+        # request's cumulative count is the sum over choices (choice 0's, then the others').
+        self._first = 0
+        self._others: dict[int, int] | None = None
 
     @property
     def fast_api(self) -> int:
@@ -98,6 +108,18 @@ class OpenAIStreamParser:
             usage.get("prompt_tokens"), usage.get("completion_tokens"), details.get("cached_tokens"), obj.get("id"),
             tool_calls=len(calls) if isinstance(calls, list) and calls else None,
         )
+
+    def _choices_total(self, index: Any, count: Any) -> Any:
+        """The request's cumulative count once a choice other than 0 carried its own count:
+        each choice's latest count, summed (``n`` > 1 with continuous usage, vLLM)."""
+        others = self._others if self._others is not None else {}
+        self._others = others
+        if isinstance(count, int):
+            if index == 0:
+                self._first = count
+            else:
+                others[index] = count
+        return self._first + sum(others.values())
 
     def parse(self, payload: bytes) -> StreamEvent | None:
         if payload == b"[DONE]":
@@ -155,6 +177,11 @@ class OpenAIStreamParser:
         cached = details.get("cached_tokens") if details else None
         final = usage.get("completion_tokens")
         if self._continuous:
+            index = choice.get("index")
+            if index or self._others is not None:
+                final = self._choices_total(index or 0, final)
+            elif final is not None:
+                self._first = final
             return StreamEvent(kind, text, None, final, choice.get("finish_reason"), usage.get("prompt_tokens"), None, cached,
                                rid, tool_calls=calls)
         return StreamEvent(kind, text, None, None, choice.get("finish_reason"), usage.get("prompt_tokens"), final, cached, rid,
@@ -231,7 +258,12 @@ class OpenAIAdapter:
             body["tools"] = tool_definitions(spec.tools)
             if spec.tool_choice is not None:
                 body["tool_choice"] = tool_choice_field(spec.tool_choice)
-        return merge_body(body, self.extra_body) if self.extra_body else body
+        if self.extra_body:
+            body = merge_body(body, self.extra_body)
+        n = body.get("n")
+        if isinstance(n, int) and n > 1 and spec.stream and "stream_options" not in self.extra_body:
+            body["stream_options"] = {"include_usage": True}  # n > 1: the final total only (module docstring)
+        return body
 
     def build(self, spec: RequestSpec, history: Sequence[Message] = ()) -> HttpCall:
         path = f"{self.base_path}/embeddings" if spec.kind == "embeddings" else self.path

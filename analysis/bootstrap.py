@@ -37,7 +37,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analysis.invariants import check_records
-from analysis.metrics import NS_PER_MS, measured, request_metrics
+from analysis.metrics import NS_PER_MS, measured, per_token_rows, request_metrics
 from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
 from analysis.summary import slo_mask
@@ -153,7 +153,7 @@ def prepare_run(table: pa.Table, slo: SLO = SLO(), deadlines: Deadlines | None =
     df["ok_count"] = ok.astype(float)
     df["ok_tokens"] = np.where(ok, df["output_tokens"].to_numpy(dtype=float), 0.0)
     df["slo_met"] = slo_mask(df, slo).astype(float) if slo else np.nan
-    offsets, values = _itl_per_request(table, ok)
+    offsets, values = _itl_per_request(table, ok & per_token_rows(table))
     starts = df["intended_send_ns"].to_numpy(dtype=float)
     ends = df["end_ns"].to_numpy(dtype=float)
     window_s, block = 0.0, 1

@@ -21,6 +21,8 @@ _LABELS = {
 
 #: Per-token timings, not measurable when most responses arrived in one read.
 _PER_TOKEN = ("tpot_ms", "itl_ms", "chunk_gap_ms")
+#: Gaps between a request's chunks: no sequence's with n > 1 (docs/metrics.md)
+_GAPS = ("itl_ms", "chunk_gap_ms")
 
 
 def anomaly_text(requests: RequestCounts) -> str:
@@ -83,6 +85,10 @@ def _latency_table(s: RunSummary) -> list[str]:
     rows: list[str] = []
     for key, label in _LABELS.items():
         m = s.latency.get(key)
+        if key in _GAPS and s.timing.several_sequences and (not m or not m["n"]):
+            rows.append(f"{label:<32}not measured: {s.timing.several_sequences} responses of n > 1 sequences "
+                        "(their chunks interleave)")
+            continue
         if not m or not m["n"]:
             continue
         if key in _PER_TOKEN and not s.timing.itl_measurable:

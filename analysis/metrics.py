@@ -49,6 +49,7 @@ _SCALAR_COLUMNS = [
     "tool_calls",
     "first_tool_call_ns",
     "images",
+    "n",
 ]
 
 
@@ -64,10 +65,11 @@ def request_metrics(table: pa.Table) -> pd.DataFrame:
     """One row per request with its latency metrics in milliseconds.
 
     ttft: first token-carrying chunk − send. ttfo: first answer (non-reasoning) token −
-    send. e2e: end of response − send. tpot: (e2e − ttft) / (output_tokens − 1), for
-    requests with at least 2 output tokens. schedule_lag: send − intended send.
+    send. e2e: end of response − send. tpot: (e2e − ttft) / (output_tokens / n − 1), per
+    sequence (``n``: sequences per request, 1 unless sampling asked more), for requests with
+    at least 2 output tokens per sequence. schedule_lag: send − intended send.
     ttft_from_intended: first token − intended send (includes any client lag).
-    max_itl: the longest token-level gap inside the request (stall).
+    max_itl: the longest token-level gap inside the request (stall); NaN with n > 1.
     """
     df = scalar_metrics(table.select(scalar_columns(table.column_names)))
     df["max_itl_ms"] = _max_itl_per_request(table)
@@ -87,11 +89,34 @@ def scalar_metrics(scalars: pa.Table) -> pd.DataFrame:
     df["ttft_ms"] = (ft - send) / NS_PER_MS
     df["ttfo_ms"] = (df["first_content_ns"].astype("float64") - send) / NS_PER_MS
     df["e2e_ms"] = (df["end_ns"].astype("float64") - send) / NS_PER_MS
-    out = df["output_tokens"].astype("float64")
-    df["tpot_ms"] = np.where(out >= 2, (df["e2e_ms"] - df["ttft_ms"]) / (out - 1), np.nan)
+    per_sequence = df["output_tokens"].astype("float64") / sequences(df)
+    df["tpot_ms"] = np.where(per_sequence >= 2, (df["e2e_ms"] - df["ttft_ms"]) / (per_sequence - 1), np.nan)
     df["schedule_lag_ms"] = (send - df["intended_send_ns"].astype("float64")) / NS_PER_MS
     df["ttft_from_intended_ms"] = (ft - df["intended_send_ns"].astype("float64")) / NS_PER_MS
     return df
+
+
+def sequences(rows: pd.DataFrame | pa.Table | pa.RecordBatch) -> np.ndarray:
+    """Sequences generated per request (the ``n`` column; 1 where it is null or absent).
+
+    The one place TPOT and ITL learn of ``n`` > 1 (docs/metrics.md): TPOT is per sequence,
+    and the chunks of a request's sequences interleave, so their gaps are no sequence's
+    inter-token latency (``per_token_rows``)."""
+    if isinstance(rows, pd.DataFrame):
+        if "n" not in rows:
+            return np.ones(len(rows))
+        values = rows["n"].to_numpy(dtype="float64", na_value=np.nan)
+    else:
+        if "n" not in rows.schema.names:
+            return np.ones(rows.num_rows)
+        values = np.asarray(rows.column("n").to_numpy(zero_copy_only=False), dtype="float64")
+    return np.where(np.isnan(values) | (values < 1), 1.0, values)
+
+
+def per_token_rows(rows: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """The rows whose chunk gaps are inter-token latencies: one sequence per request. With
+    n > 1 the sequences' chunks interleave and ITL, chunk gap and max ITL are not measured."""
+    return sequences(rows) == 1
 
 
 class TokenChunks(NamedTuple):
@@ -175,9 +200,14 @@ def _gaps(table: pa.Table) -> ChunkGaps:
         return _GAPS_CACHE[0][1]
     parts: list[ChunkGaps] = []
     row0 = 0
-    for batch in table.select(["chunk_ns", "chunk_tokens"]).to_batches():
+    columns = ["chunk_ns", "chunk_tokens", *(["n"] if "n" in table.column_names else [])]
+    for batch in table.select(columns).to_batches():
         if batch.num_rows:
             g = chunk_gaps(token_chunks(batch))
+            single = per_token_rows(batch)
+            if not single.all():  # n > 1: no inter-token latency
+                keep = single[g.row]
+                g = ChunkGaps(g.gap_ns[keep], g.tokens[keep], g.row[keep])
             parts.append(ChunkGaps(g.gap_ns, g.tokens, g.row + row0))
         row0 += batch.num_rows
     if not parts:

@@ -31,9 +31,11 @@ from analysis.metrics import (
     one_token_chunks,
     one_token_gap_rows_ok,
     one_token_gaps,
+    per_token_rows,
     percentiles,
     scalar_columns,
     scalar_metrics,
+    sequences,
     token_chunks,
     token_range_gaps,
     token_ranges,
@@ -145,7 +147,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_SCALAR_COLUMNS, "chunk_ns", "chunk_
 #: What ``summarize_run`` streams batch by batch (the per-request columns are read at once).
 REQUEST_STREAMED_COLUMNS: tuple[str, ...] = ("chunk_ns", "chunk_tokens")
 #: The per-request columns joined onto each streamed batch (the record invariants need the stamps).
-_JOINED_COLUMNS: tuple[str, ...] = ("phase", *CHECK_COLUMNS)
+_JOINED_COLUMNS: tuple[str, ...] = ("phase", "n", *CHECK_COLUMNS)
 #: Per-row arrays of a prepared batch: max ITL, fluidity, missed deadlines, longest gap,
 #: anomaly code, one-read flag.
 _PerRow = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -199,8 +201,10 @@ def _prepare(
     if batch.num_rows == 0:
         return _Prepared(kept, None, None, None)
     checks = check_records(batch)
-    # an anomalous record feeds no metric: its tokens are left out like a failed request's
-    ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool) & (checks.anomaly == 0)
+    # an anomalous record feeds no metric: its tokens are left out like a failed request's;
+    # a request of several sequences (n > 1) feeds no ITL, chunk gap or max ITL
+    single = per_token_rows(batch)
+    ok = batch.column("ok").to_numpy(zero_copy_only=False).astype(bool) & (checks.anomaly == 0) & single
     flags = (checks.anomaly, checks.one_read)
     ranges = token_ranges(batch)
     if ranges is not None:  # fastest path, the same numbers: one token per chunk, lists used in place
@@ -208,7 +212,8 @@ def _prepare(
         longest = longest_ns / NS_PER_MS
         fluidity, misses = token_range_fluidity(ranges, send_ns_float(batch), deadlines, longest_ns)
         values = gaps_ns / NS_PER_MS
-        return _Prepared(kept, (longest, fluidity, misses, longest, *flags), _portion(values, None, excluded, bin_itl), None)
+        row = (_single(longest, single), fluidity, misses, longest, *flags)
+        return _Prepared(kept, row, _portion(values, None, excluded, bin_itl), None)
     one = one_token_chunks(batch)
     if one is not None:  # fast path, the same numbers: one token per chunk, no row index
         gap_ns, longest_ns = one_token_gaps(one)
@@ -217,17 +222,23 @@ def _prepare(
         if not ok.all():
             gap_ns = gap_ns[one_token_gap_rows_ok(one, ok)]
         values = gap_ns / NS_PER_MS
-        return _Prepared(kept, (longest, fluidity, misses, longest, *flags), _portion(values, binned=bin_itl), None)
+        return _Prepared(kept, (_single(longest, single), fluidity, misses, longest, *flags), _portion(values, binned=bin_itl),
+                         None)
     chunks = token_chunks(batch)
     gaps = chunk_gaps(chunks)
     fluidity, misses, longest = batch_smoothness(chunks, gaps, send_ns_float(batch), deadlines)
-    row = (max_itl_ms(gaps, batch.num_rows), fluidity, misses, longest, *flags)
+    row = (_single(max_itl_ms(gaps, batch.num_rows), single), fluidity, misses, longest, *flags)
     if not ok.all():
         sel = ok[gaps.row]
         gaps = ChunkGaps(gaps.gap_ns[sel], gaps.tokens[sel], gaps.row[sel])
     # the same values, element by element, as itl_ms()/chunk_gap_ms() of the ok rows
     itl = _portion(gaps.gap_ns / gaps.tokens / NS_PER_MS, gaps.tokens, binned=bin_itl)
     return _Prepared(kept, row, itl, _portion(gaps.gap_ns / NS_PER_MS, binned=bin_gap))
+
+
+def _single(max_itl: np.ndarray, single: np.ndarray) -> np.ndarray:
+    """Max ITL per row, NaN for the rows of several sequences (``per_token_rows``)."""
+    return max_itl if single.all() else np.where(single, max_itl, np.nan)
 
 
 def summarize_batches(
@@ -278,10 +289,11 @@ def _joined(batches: Iterable[pa.Table | pa.RecordBatch], scalars: pa.Table | No
                 continue
             if rows + batch.num_rows > scalars.num_rows:
                 raise _RowsChanged(f"more rows streamed than the {scalars.num_rows} given")
-            side = scalars.slice(rows, batch.num_rows).select(list(_JOINED_COLUMNS)).combine_chunks()
+            joined = [c for c in _JOINED_COLUMNS if c in scalars.column_names]
+            side = scalars.slice(rows, batch.num_rows).select(joined).combine_chunks()
             batch = pa.RecordBatch.from_arrays(
-                [*(side.column(c).chunk(0) for c in _JOINED_COLUMNS), *batch.columns],
-                names=[*_JOINED_COLUMNS, *batch.schema.names],
+                [*(side.column(c).chunk(0) for c in joined), *batch.columns],
+                names=[*joined, *batch.schema.names],
             )
         rows += batch.num_rows
         yield batch
@@ -428,7 +440,9 @@ def _timing_measurable(ok_df: pd.DataFrame, one_read: np.ndarray) -> TimingCheck
     most multi-token responses arrived in one read (the gaps are then the client's)."""
     multi = int((ok_df["output_tokens"].to_numpy() >= 2).sum())
     k = int(one_read.sum())
-    return TimingCheck(one_read_responses=k, multi_token_responses=multi, itl_measurable=timing_measurable(k, multi))
+    several = int((sequences(ok_df) > 1).sum())
+    return TimingCheck(one_read_responses=k, multi_token_responses=multi, itl_measurable=timing_measurable(k, multi),
+                       several_sequences=several or None)
 
 
 def _distribution_method(*dists: PooledDistribution) -> DistributionMethod:
@@ -447,9 +461,11 @@ def _token_accounting(ok_df: pd.DataFrame) -> TokenAccounting:
     comp = ok_df["completion_tokens"].astype("float64")
     has = ~comp.isna()
     mismatch = int((comp[has] != ok_df.loc[has, "output_tokens"].astype("float64")).sum())
-    short = int((ok_df["output_tokens"] < ok_df["max_output_tokens"]).sum())
+    asked = ok_df["max_output_tokens"].to_numpy(dtype="float64") * sequences(ok_df)  # n > 1: every sequence's
+    got = ok_df["output_tokens"].to_numpy(dtype="float64")
+    short = int((got < asked).sum())
     # TGI 3.x generates in 1024-token segments and can end past max_new_tokens (docs/engines.md)
-    long = int((ok_df["output_tokens"] > ok_df["max_output_tokens"]).sum())
+    long = int((got > asked).sum())
     finish = ok_df["finish_reason"] if "finish_reason" in ok_df else pd.Series([None] * len(ok_df), dtype=object)
     reasons = finish.fillna("none").value_counts().to_dict()
     return TokenAccounting(

@@ -82,6 +82,9 @@ class TimingCheck(_Json):
     one_read_responses: int
     multi_token_responses: int
     itl_measurable: bool
+    #: successful requests of several sequences (n > 1): TPOT per sequence, no ITL (docs/metrics.md);
+    #: None (left out of the JSON) where there was none
+    several_sequences: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,6 +255,8 @@ def _unmodelled_kinds(specs: Sequence[RequestSpec]) -> str:
         kinds.append("images")
     if any(s.model is not None for s in specs):
         kinds.append("a model mix (adapter swaps)")
+    if any(s.sampling is not None and (s.sampling.n or 1) > 1 for s in specs):
+        kinds.append("n > 1 (several sequences per request)")
     return ", ".join(kinds)
 
 
@@ -356,6 +358,7 @@ def _requests_table(
         "tool_calls": [None] * n,
         "first_tool_call_ns": [None] * n,
         "images": [None] * n,
+        "n": [None] * n,  # one sequence per request (execute_virtual refuses n > 1)
     }
     missing = sorted(set(REQUESTS_SCHEMA.names) - {"chunk_ns", "chunk_tokens"} - set(cols))
     assert not missing, f"requests columns left unfilled: {missing}"  # a schema column added without a value here

@@ -495,6 +495,7 @@ class RequestRecorder:
             tool_calls=tool_calls,
             first_tool_call_ns=first_tool_call,
             images=len(spec.images) or None,
+            n=spec.sampling.n if spec.sampling is not None and spec.sampling.n and spec.sampling.n > 1 else None,
         )
 
 

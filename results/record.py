@@ -71,3 +71,6 @@ class RequestRecord:
     first_tool_call_ns: int | None = None
     #: chat: the images sent with the prompt (their tokens are in the server's prompt_tokens)
     images: int | None = None
+    #: sequences generated for the request (sampling ``n``); None: one. With n > 1 the output
+    #: tokens are all the sequences' (docs/metrics.md: TPOT per sequence, no ITL)
+    n: int | None = None

@@ -1,13 +1,15 @@
 """Arrow schemas, declared once. Timestamps are integer nanoseconds.
 
 Bump ``SCHEMA_VERSION`` on any incompatible change; readers refuse newer major versions.
+A new nullable column bumps the minor version (older files read it as null):
+1.1 added ``requests.n`` (sequences per request).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 REQUESTS_SCHEMA = pa.schema(
     [
@@ -51,6 +53,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("tool_calls", pa.int32()),
         pa.field("first_tool_call_ns", pa.int64()),
         pa.field("images", pa.int32()),
+        pa.field("n", pa.int32()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )

@@ -20,7 +20,7 @@ class SimRequest:
         "num_computed", "generated", "cached_tokens", "shared_blocks", "private_blocks", "admitted_ns",
         "first_token_ns", "last_token_ns", "finished", "aborted", "replica", "prefill_done_ns", "in_flight",
         "prefilled_remote", "preemptions", "finish_reason", "cache_checked", "tag", "prefill_target",
-        "token_times",
+        "token_times", "seqs",
     )
 
     def __init__(
@@ -65,6 +65,10 @@ class SimRequest:
         #: each token's time to it and calls the sink for the last token only (once per token
         #: in virtual time, so the call is worth saving)
         self.token_times: list[int] | None = None
+        #: sequences generated (sampling ``n``): they share the prefill and are decoded in the same
+        #: steps, each step charging ``seqs`` decode tokens (scheduler ``_launch``); ``generated``
+        #: counts one sequence's tokens
+        self.seqs = 1
 
     @property
     def total_len(self) -> int:

@@ -29,8 +29,6 @@ def openai_problem(body: dict[str, Any], chat: bool) -> str | None:
         return f"top_k must be 0 (disable), or at least 1, got {k}."
     if not isinstance(n, int) or n < 1:
         return f"n must be at least 1, got {n}."
-    if n > 1:
-        return "n > 1 is not modelled by the simulated engine"
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, (str, list)):
         return "stop must be a string or a list of strings"

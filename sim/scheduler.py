@@ -108,10 +108,13 @@ class Instance:
         self._watermark_blocks = int(limits.num_blocks * limits.watermark)
         self.policy = cost.prof.scheduling_policy()
         self.decode_steps = 0  # decode steps since the last prefill step (prefill-first policies)
+        self.several = False  # a request of several sequences (n > 1) was added: ``_launch`` counts them
 
     # -- queue -------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
         req.replica = self.index
+        if req.seqs > 1:
+            self.several = True
         self._seq += 1
         heapq.heappush(self.pending, (req.ready_ns, self._seq, req))
         self.blocked = False
@@ -378,7 +381,13 @@ class Instance:
             plan.add_prefill(req, chunk)
 
     def _launch(self, plan: "_Plan", t: int) -> Batch:
-        latency_s, occupancy_s, _ = self.cost.times(plan.prefill, plan.n_dec, plan.dec_ctx)
+        n_dec, dec_ctx = plan.n_dec, plan.dec_ctx
+        if self.several:  # n > 1: each decode of such a request is a token of each of its sequences
+            for req, k in plan.work:
+                if req.seqs > 1 and k == 1 and req.num_computed >= req.prefill_target:
+                    n_dec += req.seqs - 1
+                    dec_ctx += (req.seqs - 1) * (req.num_computed + 1)
+        latency_s, occupancy_s, _ = self.cost.times(plan.prefill, n_dec, dec_ctx)
         factor = self.slowdown
         if self.jitter > 0:
             factor *= min(1.5, max(0.5, self.rng.gauss(1.0, self.jitter)))
@@ -388,11 +397,11 @@ class Instance:
         pf = 0
         for chunk, _ctx in plan.prefill:
             pf += chunk
-        b = Batch(t, end, plan.work, pf, plan.n_dec)
+        b = Batch(t, end, plan.work, pf, n_dec)
         self.inflight.append(b)
         self.steps += 1
         self.busy_ns += busy
-        self.last_batch_tokens = pf + plan.n_dec
+        self.last_batch_tokens = pf + n_dec
         return b
 
     def finish_step(self, b: Batch) -> list[SimRequest]:

@@ -170,6 +170,8 @@ class HttpStream:
             data = self.wire.malformed("".join(pieces))
         elif self.kind == "tgi":
             data = self.wire.token_list(pieces, done, finish, suppress_final=finished and f.no_done)
+        elif req.seqs > 1:  # n sequences: this step's token of each, one chunk per choice
+            data = self.wire.choices_tokens(["".join(pieces), *self.other_choices(first, n, req.seqs)], done, finish)
         else:
             data = self.wire.tokens("".join(pieces), done, finish)
         if f.split_at >= 0 and first <= f.split_at < done and self.held is None:
@@ -194,6 +196,11 @@ class HttpStream:
         if finished:
             self._send(self.wire.closing(done, f.no_done), -1, ())
             self._finish(req)
+
+    def other_choices(self, first: int, n: int, seqs: int) -> list[str]:
+        """The text of tokens ``first`` .. ``first + n`` of sequences 1 .. ``seqs`` − 1 (sequence 0's
+        are the request's own tokens; each other sequence is seeded apart)."""
+        return ["".join(output_token(self.seed + c, first + j) for j in range(n)) for c in range(1, seqs)]
 
     def _next_segment(self, done: SimRequest) -> None:
         """Re-queue a TGI request for its next segment: prompt plus output so far, prefilled again."""
@@ -426,7 +433,7 @@ class SimServer:
                 prefill = max(0, req.prefill_done_ns - req.admitted_ns) / 1e9
         if sink.first_ns is not None and sink.last_ns is not None:
             decode = (sink.last_ns - sink.first_ns) / 1e9
-        self.metrics.finished(e2e, sink.sent, req.cached_tokens, queue, prefill, decode, sink.finish_reason)
+        self.metrics.finished(e2e, sink.sent * req.seqs, req.cached_tokens, queue, prefill, decode, sink.finish_reason)
         if self.otlp is not None:
             self._export_span(sink, req, now)
 
@@ -600,13 +607,14 @@ class SimServer:
         if segment:
             sink.planned, sink.segment = max_tokens, segment
         req = self._make_request(rid, prompt_ids, min(max_tokens, segment) if segment else max_tokens, arrival, sink)
+        req.seqs = getattr(wire, "n", 1)  # n sequences: one prefill, decoded in the same steps
         if adapter is not None:
             self._load_adapter(req, adapter)
         self.metrics.request(len(prompt_ids))
         headers = {"x-request-id": rid}
         if not stream:
             return await self._respond_unary(sink, req, wire, len(prompt_ids), headers)
-        fast = faults.clean and kind != "tgi" and request.transport is not None and script is None
+        fast = faults.clean and kind != "tgi" and request.transport is not None and script is None and req.seqs == 1
         return await self._respond_stream(request, sink, req, wire, len(prompt_ids), headers, fast)
 
     async def _respond_unary(
@@ -623,7 +631,10 @@ class SimServer:
         if hasattr(wire, "cached"):
             wire.cached = req.cached_tokens
         self._record_finish(sink, prompt_len)
-        if getattr(wire, "reasoning", 0):
+        if req.seqs > 1:
+            texts = ["".join(sink.unary_text), *sink.other_choices(0, sink.sent, req.seqs)]
+            body = wire.unary_choices(texts, sink.sent, sink.finish_reason)
+        elif getattr(wire, "reasoning", 0):
             r = wire.reasoning
             body = wire.unary("".join(sink.unary_text[r:]), sink.sent, sink.finish_reason,
                               "".join(sink.unary_text[:r]))
@@ -840,6 +851,11 @@ class OpenAIRoutes:
             return _openai_error(400, str(exc))
         if call is not None:  # the answer is a call of one of the tools, its arguments fitting its parameters
             wire.tool, constraint = call[0], call[1]
+        wire.n = body.get("n") or 1
+        if wire.n > 1 and (constraint is not None or srv.flavor != "vllm"):
+            # vLLM's stream of several sequences is modelled (HttpStream, OpenAIWire.choices_tokens); not
+            # structured or tool answers of several, nor SGLang's OpenAI routes' own shape
+            return _openai_error(400, "n > 1 is modelled by the simulated engine for vLLM text answers only")
         if chat and constraint is None:
             wire.reasoning = min(srv.config.reasoning_tokens, max_tokens - 1)
         return await srv._run(request, "openai", wire, rid, prompt, max_tokens, stream, arrival, _openai_error,

@@ -24,7 +24,7 @@ class OpenAIWire:
     """vLLM's /v1/completions and /v1/chat/completions streams."""
 
     __slots__ = ("rid", "chat", "model", "created", "prompt_tokens", "cached", "include_usage", "continuous",
-                 "details", "_opened", "_head", "_mid", "_usage_head", "reasoning", "_reasoning_head", "tool")
+                 "details", "_opened", "_head", "_mid", "_usage_head", "reasoning", "_reasoning_head", "tool", "n")
 
     def __init__(self, rid: str, chat: bool, model: str, prompt_tokens: int, include_usage: bool, continuous: bool,
                  cached_details: bool = False) -> None:
@@ -50,6 +50,9 @@ class OpenAIWire:
         #: chat with tools: (call id, function name) when the answer is a tool call, its arguments
         #: streamed as ``delta.tool_calls`` deltas (vLLM's tool parsers' shape)
         self.tool: tuple[str, str] | None = None
+        #: sequences per request (sampling ``n``): with n > 1 each step's tokens go out as one
+        #: chunk per choice (``choices_tokens``)
+        self.n = 1
 
     def usage(self, done: int) -> dict[str, Any]:
         u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + done,
@@ -85,6 +88,31 @@ class OpenAIWire:
         head = self._reasoning_head if done <= self.reasoning else self._head
         return out + head + _dumps(text) + self._mid + fin + tail + usage
 
+    def choices_tokens(self, texts: list[str], done: int, finish: str | None) -> bytes:
+        """One step's tokens of ``n`` > 1 sequences, as vLLM 0.32 streams them: one chunk per
+        choice, in index order, each with (continuous usage) that choice's own cumulative count
+        ``done``; in chat, first a role delta per choice with count 0. The total of all choices
+        goes in the final usage chunk (``closing``, ``usage(done)`` times ``n``)."""
+        out = b""
+        if self.chat and not self._opened:
+            self._opened = True
+            for index in range(len(texts)):
+                role = self._base([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}])
+                if self.continuous:
+                    role["usage"] = self.usage(0)
+                out += sse(role)
+        key = "reasoning_content" if done <= self.reasoning else "content"
+        for index, text in enumerate(texts):
+            choice: dict[str, Any] = (
+                {"index": index, "delta": {key: text}, "logprobs": None, "finish_reason": finish} if self.chat
+                else {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None})
+            chunk = self._base([choice])
+            if self.continuous:
+                chunk["usage"] = self.usage(done)
+            out += sse(chunk)
+        return out
+
     def _tool_tokens(self, text: str, done: int, finish: str | None) -> bytes:
         """A piece of the tool call's arguments; the first delta names the call and its function."""
         assert self.tool is not None
@@ -103,7 +131,7 @@ class OpenAIWire:
             _dumps(text)[:-1] + b"\n\n"
 
     def closing(self, done: int, no_done: bool) -> bytes:
-        out = sse(self._base([]) | {"usage": self.usage(done)}) if self.include_usage else b""
+        out = sse(self._base([]) | {"usage": self.usage(done * self.n)}) if self.include_usage else b""
         return out if no_done else out + b"data: [DONE]\n\n"
 
     def error(self, message: str, etype: str = "InternalServerError", code: int = 500) -> bytes:
@@ -113,6 +141,14 @@ class OpenAIWire:
     def aborted(self, done: int) -> bytes:
         """vLLM (and SGLang's OpenAI routes): the last chunk's finish_reason is "abort"."""
         return self.tokens("", done, "abort") + b"data: [DONE]\n\n"
+
+    def unary_choices(self, texts: list[str], done: int, finish: str) -> dict[str, Any]:
+        """A whole answer of ``n`` > 1 sequences: a choice per sequence, the usage their total."""
+        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": finish}
+                   if self.chat else {"index": i, "text": t, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+                   for i, t in enumerate(texts)]
+        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": self.usage(done * len(texts))}
 
     def unary(self, text: str, done: int, finish: str, reasoning_text: str | None = None) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": text}
