@@ -69,8 +69,9 @@ def request_metrics(table: pa.Table) -> pd.DataFrame:
     ttft_from_intended: first token − intended send (includes any client lag).
     max_itl: the longest token-level gap inside the request (stall).
     """
-    if _METRICS_CACHE and _METRICS_CACHE[0][0] is table:
-        return _METRICS_CACHE[0][1].copy()
+    for cached, frame in list(_METRICS_CACHE):  # (one read of the list: another thread may replace it)
+        if cached is table:
+            return frame.copy()
     df = scalar_metrics(table.select(scalar_columns(table.column_names)))
     df["max_itl_ms"] = _max_itl_per_request(table)
     if table.num_rows <= _METRICS_CACHE_ROWS:
