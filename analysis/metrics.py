@@ -71,9 +71,21 @@ def request_metrics(table: pa.Table) -> pd.DataFrame:
     ttft_from_intended: first token − intended send (includes any client lag).
     max_itl: the longest token-level gap inside the request (stall); NaN with n > 1.
     """
+    for cached, frame in list(_METRICS_CACHE):  # (one read of the list: another thread may replace it)
+        if cached is table:
+            return frame.copy()
     df = scalar_metrics(table.select(scalar_columns(table.column_names)))
     df["max_itl_ms"] = _max_itl_per_request(table)
+    if table.num_rows <= _METRICS_CACHE_ROWS:
+        _METRICS_CACHE[:] = [(table, df.copy())]
     return df
+
+
+#: The last table's ``request_metrics`` (identity-keyed; callers get a copy they may change):
+#: a sweep judges each load twice (``point_metrics``, then ``open_loop_saturation``), and
+#: pandas costs more than the copy. Only for tables up to this many rows (memory).
+_METRICS_CACHE: list[tuple[pa.Table, pd.DataFrame]] = []
+_METRICS_CACHE_ROWS = 100_000
 
 
 def scalar_columns(names: list[str]) -> list[str]:
@@ -192,6 +204,7 @@ _GAPS_CACHE: list[tuple[pa.Table, ChunkGaps]] = []
 
 def clear_cache() -> None:
     _GAPS_CACHE.clear()
+    _METRICS_CACHE.clear()
 
 
 def _gaps(table: pa.Table) -> ChunkGaps:

@@ -62,6 +62,17 @@ class PromptSynth:
         """``prefix`` followed by new text, ``n_tokens`` in total after the prefix."""
         return synth_prompt(n_tokens, rng, prefix)
 
+    def texts(self, count: int, n_tokens: int, rng: np.random.Generator) -> list[str]:
+        """``count`` prompts of ``text(n_tokens, rng)``, the very strings ``count`` calls in a
+        row would give. The word approximation draws every word in one call: a Generator's
+        integers come as one stream however the draws are split (tests/workloads pin it), and
+        one draw of 128,000 costs what a handful of draws of 128 do."""
+        if type(self).text is not PromptSynth.text or n_tokens <= 0:
+            return [self.text(n_tokens, rng) for _ in range(count)]
+        vocab = VOCAB
+        words = [vocab[i] for i in rng.integers(0, len(vocab), size=count * n_tokens).tolist()]
+        return ["".join(words[k : k + n_tokens]).lstrip() for k in range(0, count * n_tokens, n_tokens)]
+
     def describe(self) -> dict[str, object]:
         return {"method": self.source}
 

@@ -60,13 +60,15 @@ class SyntheticWorkload:
             offsets = np.round(seconds * 1e9).astype(np.int64)
         text_rng = rng if self.salt is None else np.random.default_rng([self.seed, self.salt])
         specs: list[RequestSpec] = []
+        # every prompt in one call (warm-up first, as the loops below take them)
+        prompts = iter(synth.texts(self.warmup + self.requests, self.input_tokens, text_rng))
         for i in range(self.warmup):
             specs.append(
                 RequestSpec(
                     request_id=f"w{i:06d}",
                     input_tokens=self.input_tokens,
                     max_output_tokens=self.output_tokens,
-                    prompt=synth.text(self.input_tokens, text_rng),
+                    prompt=next(prompts),
                     phase="warmup",
                     input_tokens_source=synth.source,
                 )
@@ -77,7 +79,7 @@ class SyntheticWorkload:
                     request_id=f"r{i:06d}",
                     input_tokens=self.input_tokens,
                     max_output_tokens=self.output_tokens,
-                    prompt=synth.text(self.input_tokens, text_rng),
+                    prompt=next(prompts),
                     send_offset_ns=int(offsets[i]) if offsets is not None else None,
                     input_tokens_source=synth.source,
                 )

@@ -86,3 +86,18 @@ def test_token_mismatch_and_short_output_are_counted(tmp_path: Path) -> None:
     assert s.tokens.chunk_vs_server_mismatches == 1
     assert s.tokens.shorter_than_requested == 1
     assert s.tokens.longer_than_requested == 1
+
+
+def test_request_metrics_of_the_same_table_twice_is_a_fresh_copy(run) -> None:  # type: ignore[no-untyped-def]
+    from analysis.metrics import clear_cache
+
+    table = measured(run.requests)
+    first = request_metrics(table)
+    expected = first.copy()
+    first["ttft_ms"] = -1.0  # a caller changing its frame (point_metrics adds columns)
+    first["anomaly"] = True
+    again = request_metrics(table)  # the kept frame, copied
+    assert again is not first and "anomaly" not in again
+    assert again.equals(expected)
+    clear_cache()
+    assert request_metrics(table).equals(expected)  # recomputed: the same figures
