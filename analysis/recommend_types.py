@@ -8,7 +8,7 @@ headline and every other consumer. The shape is the file's (docs/sweeps.md): key
 field names; a few keys are written only in some cases, and each such field says when in
 its ``omit`` metadata (a predicate of the object and the value), so that a file read and
 written again is the same file. A configuration's capacity (``CellCapacity``) is written
-flat into the configuration, with the keys of its kind (``CAPACITY_KEYS``).
+flat into the configuration, with the keys of its kind only.
 
 Evidence of a diagnosis stays a dict: its ``miss_share_*``/``server_*`` keys are data.
 """
@@ -24,45 +24,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from analysis.confidence import CONFIDENCE
+from analysis.summary_types import OMIT_NONE, Omit, ToJson, omit_if
 
-#: Field metadata: leave the key out of ``to_json()`` while the value is None.
-OMIT_NONE: dict[str, Callable[[Any, Any], bool]] = {"omit": lambda obj, v: v is None}
 #: Field metadata: never written (state the reader recovers from the file's shape).
-NOT_WRITTEN: dict[str, Callable[[Any, Any], bool]] = {"omit": lambda obj, v: True}
+NOT_WRITTEN = omit_if(lambda obj, v: True)
 
 T = TypeVar("T")
 
 
-def _to_json(value: Any) -> Any:
-    """Dataclasses as dicts (``omit`` fields left out, ``flatten`` fields merged into their
-    parent), tuples and lists as lists, dicts value by value."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        own = getattr(type(value), "to_json", None)
-        if own is not None and own is not _Json.to_json:  # a class that writes itself
-            return own(value)
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(value):
-            v = getattr(value, f.name)
-            omit = f.metadata.get("omit")
-            if omit is not None and omit(value, v):
-                continue
-            if f.metadata.get("flatten"):
-                out.update(_to_json(v))
-            else:
-                out[f.name] = _to_json(v)
-        return out
-    if isinstance(value, dict):
-        return {k: _to_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_json(v) for v in value]
-    return value
-
-
-class _Json:
-    __slots__ = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)  # type: ignore[no-any-return]
+def _of_kinds(*kinds: str) -> dict[str, Omit]:
+    """Field metadata: a capacity key written only for capacities of these kinds."""
+    return omit_if(lambda obj, v: obj.kind not in kinds)
 
 
 def _opt(d: dict[str, Any], key: str, read: Callable[[dict[str, Any]], T]) -> T | None:
@@ -75,7 +47,7 @@ def _dicts(v: Any) -> list[dict[str, Any]]:
 
 
 @dataclass(frozen=True, slots=True)
-class LoadVerdict(_Json):
+class LoadVerdict(ToJson):
     """One load of a configuration, its repeats pooled and judged (``pooled_loads``)."""
 
     load: str
@@ -109,41 +81,26 @@ class LoadVerdict(_Json):
         return cls(**{f.name: d.get(f.name, required.get(f.name)) for f in dataclasses.fields(cls)})
 
 
-#: The keys a configuration's capacity writes, by its kind (None: no measured loads).
-CAPACITY_KEYS: dict[str | None, tuple[str, ...]] = {
-    None: ("capacity_rps", "note"),
-    "rate": ("kind", "capacity_rps", "upper_rps", "precision", "achieved_precision", "converged", "undecided",
-             "level", "note", "unknown_below_rps"),
-    "concurrency": ("kind", "capacity_rps", "max_concurrency", "throughput_rps_at_max", "note"),
-}  # fmt: skip
-
-
 @dataclass(frozen=True, slots=True)
-class CellCapacity:
+class CellCapacity(ToJson):
     """Capacity of one cell and workload (``cell_capacity``): for rate loads the bracket
     [capacity_rps, upper_rps) of the capacity search; for concurrency loads the highest
     passing concurrency. ``unknown_below_rps``: nothing below this rate was probed and no
-    probed rate passed (a gap, not a verdict)."""
+    probed rate passed (a gap, not a verdict). A configuration writes these keys flat, only
+    those of its kind."""
 
-    kind: str | None = None  # "rate" | "concurrency"; None: no measured loads
+    kind: str | None = field(default=None, metadata=_of_kinds("rate", "concurrency"))  # None: no measured loads
     capacity_rps: float | None = None
-    upper_rps: float | None = None
-    precision: float | None = None
-    achieved_precision: float | None = None
-    converged: bool | None = None
-    undecided: list[float] = field(default_factory=list)
-    level: float | None = None
+    upper_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
+    precision: float | None = field(default=None, metadata=_of_kinds("rate"))
+    achieved_precision: float | None = field(default=None, metadata=_of_kinds("rate"))
+    converged: bool | None = field(default=None, metadata=_of_kinds("rate"))
+    undecided: list[float] = field(default_factory=list, metadata=_of_kinds("rate"))
+    level: float | None = field(default=None, metadata=_of_kinds("rate"))
     note: str = ""
-    unknown_below_rps: float | None = None
-    max_concurrency: int | None = None
-    throughput_rps_at_max: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        keys = CAPACITY_KEYS.get(self.kind, CAPACITY_KEYS[None])
-        out = {k: _to_json(getattr(self, k)) for k in keys}
-        if out.get("unknown_below_rps", 0) is None:
-            out.pop("unknown_below_rps")
-        return out
+    unknown_below_rps: float | None = field(default=None, metadata=OMIT_NONE)
+    max_concurrency: int | None = field(default=None, metadata=_of_kinds("concurrency"))
+    throughput_rps_at_max: float | None = field(default=None, metadata=_of_kinds("concurrency"))
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CellCapacity:
@@ -155,7 +112,7 @@ class CellCapacity:
 
 
 @dataclass(frozen=True, slots=True)
-class Lightest(_Json):
+class Lightest(ToJson):
     """A configuration's lightest load (the baseline when there is one)."""
 
     load: str | None
@@ -168,7 +125,7 @@ class Lightest(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class Configuration(_Json):
+class Configuration(ToJson):
     """One configuration (cell) of one workload: its capacity, diagnosis, lightest load and
     every load's pooled verdict."""
 
@@ -225,7 +182,7 @@ class Configuration(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class Pick(_Json):
+class Pick(ToJson):
     """The recommended configuration and the load that shows it meets the SLOs."""
 
     cell_id: str
@@ -242,7 +199,7 @@ class Pick(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class Separation(_Json):
+class Separation(ToJson):
     """Is the pick separated from its runner-up, or too close to call (analysis.confidence)?"""
 
     runner_up: str
@@ -259,7 +216,7 @@ def _separation_omit(obj: Any, v: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkloadRecommendation(_Json):
+class WorkloadRecommendation(ToJson):
     """The answer for one workload: every configuration, the pick and why, and what the
     sample could not decide."""
 
@@ -272,10 +229,10 @@ class WorkloadRecommendation(_Json):
     message: str
     #: None with ``separation_judged``: judged, no runner-up (the file has ``null``);
     #: None without: not judged (the file has no key)
-    separation: Separation | None = field(default=None, metadata={"omit": _separation_omit})
+    separation: Separation | None = field(default=None, metadata=omit_if(_separation_omit))
     separation_judged: bool = field(default=False, metadata=NOT_WRITTEN)
     #: a configuration that could change the answer was not probed where it could
-    provisional: bool = field(default=False, metadata={"omit": lambda obj, v: not v})
+    provisional: bool = field(default=False, metadata=omit_if(lambda obj, v: not v))
     resume_command: str | None = field(default=None, metadata=OMIT_NONE)
     #: with a target rate: the configurations short of it and why (None: no target)
     short_of_target: list[str] | None = field(default=None, metadata=OMIT_NONE)
@@ -308,7 +265,7 @@ class WorkloadRecommendation(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class CellStatus(_Json):
+class CellStatus(ToJson):
     """A cell of the sweep as cells.parquet has it: ran, failed or skipped, and its layout."""
 
     cell_id: str
@@ -332,7 +289,7 @@ class CellStatus(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class Definitions(_Json):
+class Definitions(ToJson):
     """What the recommendation's figures mean, with the settings it was judged at."""
 
     capacity_rps: str
@@ -346,7 +303,7 @@ class Definitions(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class Recommendation(_Json):
+class Recommendation(ToJson):
     """A sweep's recommendation: the settings it was judged at, every cell, and per workload
     the configurations and the pick; ``recommendation`` and ``message`` are the first
     workload's (the headline's)."""
