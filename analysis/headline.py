@@ -1,7 +1,7 @@
 """The answer of a sweep in a few lines: what to deploy, how much it serves, by what margin,
 what limits it and what to verify next.
 
-Read from ``recommendation.json`` (analysis/recommend.py) alone, so the HTML report's first
+Read from the recommendation (``recommendation.json``, analysis/recommend_types.py) alone, so the HTML report's first
 screen and the terminal text say the same thing. The *what to verify next* column follows the
 decision table problem → configuration → what to check (docs/sweeps.md): the limiting resource
 names the problem, the recommendation's advice the configuration lever, and the check is the
@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from analysis.recommend_types import Configuration, LoadVerdict, Pick, Recommendation
 
 #: limiting factor -> what to measure next to confirm the diagnosis (the "what to check" column).
 VERIFY_NEXT = {
@@ -50,7 +52,7 @@ class Headline:
     diagnosis: str
     verify_next: str
     message: str
-    evidence: dict[str, Any]
+    evidence: LoadVerdict | None  # the load the pick was measured at
     slo: dict[str, float]
     attainment_pct: float | None
 
@@ -59,23 +61,12 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _workload(rec: dict[str, Any]) -> dict[str, Any]:
-    """The workload whose recommendation is the headline (the first, as in recommend())."""
-    for w in (rec.get("workloads") or {}).values():
-        if isinstance(w, dict):
-            return w
-    return {}
-
-
-def _interval(cfg: dict[str, Any], gpus: int) -> tuple[tuple[float | None, float | None], str]:
-    """The capacity interval per GPU: a measured interval when the recommendation carries one,
-    else the probe bracket [highest passing rate, lowest failing rate)."""
-    for key in ("capacity_interval_rps", "capacity_ci_rps"):
-        iv = cfg.get(key)
-        if isinstance(iv, (list, tuple)) and len(iv) == 2:
-            lo, hi = _num(iv[0]), _num(iv[1])
-            return ((lo / gpus if lo is not None else None), (hi / gpus if hi is not None else None)), "confidence interval"
-    lo, hi = _num(cfg.get("capacity_rps")), _num(cfg.get("upper_rps"))
+def _interval(cfg: Configuration | None, pick: Pick) -> tuple[tuple[float | None, float | None], str]:
+    """The capacity interval per GPU: the probe bracket [highest passing rate, lowest failing
+    rate) of the picked configuration (the pick alone when its configuration is not listed)."""
+    gpus = _gpus(pick, cfg)
+    lo = _num(cfg.capacity_rps if cfg is not None else pick.capacity_rps)
+    hi = _num(cfg.upper_rps) if cfg is not None else None
     if lo is None:
         return (None, None), "no capacity under the SLOs"
     if hi is None:
@@ -83,40 +74,46 @@ def _interval(cfg: dict[str, Any], gpus: int) -> tuple[tuple[float | None, float
     return (lo / gpus, hi / gpus), "bracket: highest passing to lowest failing load tried"
 
 
-def build_headline(rec: dict[str, Any] | None) -> Headline | None:
+def _gpus(pick: Pick, cfg: Configuration | None) -> int:
+    return int(pick.gpus or (cfg.gpus if cfg is not None else 0) or 1)
+
+
+def build_headline(rec: Recommendation | None) -> Headline | None:
     """The headline of a recommendation, or None when nothing is recommended."""
-    if not rec or not isinstance(rec.get("recommendation"), dict):
+    if rec is None or rec.recommendation is None:
         return None
-    pick = rec["recommendation"]
-    name = str(pick.get("cell_id"))
-    configs = [c for c in _workload(rec).get("configurations", []) if isinstance(c, dict)]
-    cfg = next((c for c in configs if c.get("cell_id") == name), dict(pick))
-    gpus = int(pick.get("gpus") or cfg.get("gpus") or 1)
-    per_gpu = _num(pick.get("capacity_rps_per_gpu"))
-    others = [c for c in configs if c.get("cell_id") != name and _num(c.get("capacity_rps_per_gpu")) is not None]
-    runner = max(others, key=lambda c: float(c["capacity_rps_per_gpu"]), default=None)
-    runner_pg = _num(runner.get("capacity_rps_per_gpu")) if runner else None
+    pick = rec.recommendation
+    name = str(pick.cell_id)
+    workload = rec.first_workload()
+    configs = workload.configurations if workload is not None else []
+    cfg = next((c for c in configs if c.cell_id == name), None)
+    gpus = _gpus(pick, cfg)
+    per_gpu = _num(pick.capacity_rps_per_gpu)
+    others = [c for c in configs if c.cell_id != name and _num(c.capacity_rps_per_gpu) is not None]
+    runner = max(others, key=lambda c: float(c.capacity_rps_per_gpu or 0.0), default=None)
+    runner_pg = _num(runner.capacity_rps_per_gpu) if runner else None
     margin = 100 * (per_gpu / runner_pg - 1) if per_gpu is not None and runner_pg else None
-    interval, note = _interval(cfg, gpus)
-    factor = str(cfg.get("limiting_factor") or "unknown")
+    interval, note = _interval(cfg, pick)
+    factor = str((cfg.limiting_factor if cfg is not None else None) or "unknown")
+    sep = workload.separation if workload is not None else None
     return Headline(
         name=name,
         gpus=gpus,
-        capacity_rps=_num(pick.get("capacity_rps")),
+        capacity_rps=_num(pick.capacity_rps),
         capacity_per_gpu=per_gpu,
         interval_per_gpu=interval,
         interval_note=note,
-        runner_up=str(runner["cell_id"]) if runner else None,
+        runner_up=str(runner.cell_id) if runner else None,
         runner_up_per_gpu=runner_pg,
         margin_pct=margin,
-        separation=str((_workload(rec).get("separation") or {}).get("text") or ""),
+        separation=sep.text if sep is not None else "",
         limiting_factor=factor,
-        diagnosis=str(cfg.get("diagnosis") or ""),
+        diagnosis=cfg.diagnosis if cfg is not None else "",
         verify_next=VERIFY_NEXT.get(factor, VERIFY_NEXT["unknown"]),
-        message=str(rec.get("message") or ""),
-        evidence=pick.get("evidence") if isinstance(pick.get("evidence"), dict) else {},
-        slo={k: float(v) for k, v in (rec.get("slo") or {}).items() if _num(v) is not None},
-        attainment_pct=_num(rec.get("attainment_pct")),
+        message=rec.message,
+        evidence=pick.evidence,
+        slo={k: float(v) for k, v in rec.slo.items() if _num(v) is not None},
+        attainment_pct=_num(rec.attainment_pct),
     )
 
 

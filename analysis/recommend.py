@@ -16,18 +16,19 @@ tables). Rules (docs/sweeps.md):
   time (server histogram when scraped, otherwise TTFT growth over the lightest load), and
   KV-cache usage / preemptions when the server reported them.
 
-The recommendation stays a JSON document (``dict``): it is written to
-``recommendation.json`` and read back from it by the report and the headline
-(analysis/headline.py), so one shape serves both; a configuration's evidence carries the
-``miss_share_*``/``server_*`` columns its points have. What is computed on the way is
-typed: ``Diagnosis``, ``analysis.capacity.PointMetrics``, ``CapacityResult``.
+The recommendation is a ``Recommendation`` (analysis/recommend_types.py): its
+``to_json()`` is ``recommendation.json``, and the report, the headline
+(analysis/headline.py), ``bench recommend`` and the sweep read it back with
+``read_recommendation``/``Recommendation.from_json``, so one shape serves all; a
+configuration's evidence carries the ``miss_share_*``/``server_*`` columns its points have.
+What is computed on the way is typed too: ``Diagnosis``, ``CellCapacity``,
+``analysis.capacity.PointMetrics``, ``CapacityResult``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,18 @@ from analysis.capacity import CapacityResult, Probe, capacity_from_probes, judge
 from analysis.confidence import CONFIDENCE, separation
 from analysis.headline import build_headline, headline_lines
 from analysis.load import load_run
+from analysis.recommend_types import (
+    CellCapacity,
+    CellStatus,
+    Configuration,
+    Definitions,
+    Lightest,
+    LoadVerdict,
+    Pick,
+    Recommendation,
+    Separation,
+    WorkloadRecommendation,
+)
 from analysis.slo import SLO
 from results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
 from results.sweep_layout import CELLS_FILE, points_files, read_cells_table, read_sweep_json
@@ -250,39 +263,38 @@ def cell_capacity(
     precision: float | None,
     level: float = CONFIDENCE,
     pooled: pd.DataFrame | None = None,
-) -> dict[str, Any]:
+) -> CellCapacity:
     """Capacity of one cell and workload (rate loads), or the best passing concurrency.
     ``pooled``: ``pooled_loads(points, attainment_pct, level)`` when the caller has it already."""
     if pooled is None:
         pooled = pooled_loads(points, attainment_pct, level)
     if pooled.empty:
-        return {"capacity_rps": None, "note": "no measured loads"}
+        return CellCapacity(note="no measured loads")
     rates = pooled[(pooled["load_kind"] == "rate") & ~pooled["_base"]]
     if len(rates):
         res = capacity_from_probes(rate_probes(pooled), precision if precision else float("nan"))
-        out = {
-            "kind": "rate",
-            "capacity_rps": res.capacity_rps,
-            "upper_rps": res.upper_rps,
-            "precision": precision,
-            "achieved_precision": res.achieved_precision,
-            "converged": res.converged if precision else res.upper_rps is not None,
-            "undecided": list(res.undecided),
-            "level": res.level,
-            "note": res.note,
-        }
-        out.update(_unprobed(pooled, rates, res))
-        return out
+        unknown_below, note = _unprobed(pooled, rates, res)
+        return CellCapacity(
+            kind="rate",
+            capacity_rps=res.capacity_rps,
+            upper_rps=res.upper_rps,
+            precision=precision,
+            achieved_precision=res.achieved_precision,
+            converged=res.converged if precision else res.upper_rps is not None,
+            undecided=list(res.undecided),
+            level=res.level,
+            note=note,
+            unknown_below_rps=unknown_below,
+        )
     conc = pooled[(pooled["load_kind"] == "concurrency") & ~pooled["_base"]]
     good = conc[conc["passed"]]
     best = good.iloc[-1] if len(good) else None
-    return {
-        "kind": "concurrency",
-        "capacity_rps": None,
-        "max_concurrency": int(best["load_value"]) if best is not None else None,
-        "throughput_rps_at_max": float(best["throughput_rps"]) if best is not None else None,
-        "note": "" if best is not None else "no tested concurrency met the SLOs",
-    }
+    return CellCapacity(
+        kind="concurrency",
+        max_concurrency=int(best["load_value"]) if best is not None else None,
+        throughput_rps_at_max=float(best["throughput_rps"]) if best is not None else None,
+        note="" if best is not None else "no tested concurrency met the SLOs",
+    )
 
 
 def rate_probes(pooled: pd.DataFrame) -> list[Probe]:
@@ -297,23 +309,21 @@ def rate_probes(pooled: pd.DataFrame) -> list[Probe]:
     ]  # fmt: skip
 
 
-def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) -> dict[str, Any]:
+def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) -> tuple[float | None, str]:
     """When no probed rate passed: is that a verdict (the configuration fails even one
     request at a time) or a gap (nothing below the lowest probed rate was measured, as after
-    re-judging with tighter SLOs)? A gap is said, never turned into "no capacity"."""
+    re-judging with tighter SLOs)? A gap is said, never turned into "no capacity".
+    Returns the rate below which capacity is unknown (None: no gap) and the capacity's note."""
     if res.capacity_rps is not None or rates.empty:
-        return {}
+        return None, res.note
     base = pooled[pooled["_base"]]
     if len(base) and base.iloc[0].get("verdict") == "fail":
-        return {"note": "fails the SLOs even one request at a time" + (f"; {res.note}" if res.note else "")}
+        return None, "fails the SLOs even one request at a time" + (f"; {res.note}" if res.note else "")
     lowest = float(rates["load_value"].min())
-    return {
-        "unknown_below_rps": lowest,
-        "note": (
-            f"not probed below {lowest:g} req/s: capacity unknown there "
-            f"({PROBE_HINT}); {res.note}"
-        ),
-    }
+    return lowest, (
+        f"not probed below {lowest:g} req/s: capacity unknown there "
+        f"({PROBE_HINT}); {res.note}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,7 +448,7 @@ def recommend(
     target_rate: float | None = None,
     target_concurrency: int | None = None,
     confidence: float | None = None,
-) -> dict[str, Any]:
+) -> Recommendation:
     sweep = Path(sweep)
     cells = read_cells(sweep)
     stored = load_points(sweep)
@@ -458,57 +468,54 @@ def recommend(
     precision = loads.get("capacity_precision") if loads.get("capacity") else None
     # a sweep stored before verdicts had intervals was judged on the point estimate
     level = float(confidence if confidence is not None else spec.get("confidence", 0.0 if spec else CONFIDENCE))
-    out: dict[str, Any] = {
-        "sweep": str(sweep),
-        "slo": slo_used,
-        "attainment_pct": att,
-        "confidence": level,
-        "target_rate": target,
-        "target_concurrency": target_c,
-        "definitions": {
-            "capacity_rps": (
-                f"highest offered rate that passed (>= {att:g}% of requests met every SLO, decided "
-                f"{_decided(level)}, and the load was not saturated; DistServe goodput); "
-                + (
-                    f"searched by bracketing and bisection to {100 * precision:g}% precision"
-                    if precision
-                    else "here the highest listed rate that passed below the lowest that failed"
-                )
-            ),
-            "goodput_rps": "single run: requests meeting every SLO per second of the run window",
-            "attainment": (
-                "share of judged requests (failures and drain-deadline cancellations count as misses; anomalous "
-                f"records are left out) meeting every SLO, with its {100 * level:g}% Wilson interval"
-            ),
-            "verdict": (
-                f"a load passes when its whole attainment interval is at or above {att:g}%, fails when it is wholly "
-                "below (or the load saturated), and is undecided otherwise, when under-sampled, or when the client "
-                "could not measure it truthfully"
-            ),
-        },
-        "cells": [],
-        "workloads": {},
-    }
+    definitions = Definitions(
+        capacity_rps=(
+            f"highest offered rate that passed (>= {att:g}% of requests met every SLO, decided "
+            f"{_decided(level)}, and the load was not saturated; DistServe goodput); "
+            + (
+                f"searched by bracketing and bisection to {100 * precision:g}% precision"
+                if precision
+                else "here the highest listed rate that passed below the lowest that failed"
+            )
+        ),
+        goodput_rps="single run: requests meeting every SLO per second of the run window",
+        attainment=(
+            "share of judged requests (failures and drain-deadline cancellations count as misses; anomalous "
+            f"records are left out) meeting every SLO, with its {100 * level:g}% Wilson interval"
+        ),
+        verdict=(
+            f"a load passes when its whole attainment interval is at or above {att:g}%, fails when it is wholly "
+            "below (or the load saturated), and is undecided otherwise, when under-sampled, or when the client "
+            "could not measure it truthfully"
+        ),
+    )
     cell_rows = cells.to_dict("records")
-    for c in cell_rows:
-        out["cells"].append(
-            {k: _clean(c.get(k)) for k in ("cell_id", "status", "reason", "gpus", "axes", "tp", "pp", "dp", "ep", "dcp", "pcp", "disagg", "tuning")}
-        )
+    cell_list = [CellStatus(**{f: _clean(c.get(f)) for f in _CELL_FIELDS}) for c in cell_rows]
+
+    def result(workloads: dict[str, WorkloadRecommendation], untrustworthy: list[str] | None) -> Recommendation:
+        first = next(iter(workloads.values()), None)
+        return Recommendation(
+            sweep=str(sweep), slo=slo_used, attainment_pct=att, confidence=level, target_rate=target,
+            target_concurrency=target_c, definitions=definitions, cells=cell_list, workloads=workloads,
+            recommendation=first.recommendation if first else None,
+            message=first.message if first else "no load was measured in this sweep (see each cell's reason)",
+            untrustworthy=untrustworthy,
+        )  # fmt: skip
+
     if points.empty:
-        out["recommendation"] = None
-        out["message"] = "no load was measured in this sweep (see each cell's reason)"
-        return out
-    workloads = list(dict.fromkeys(points["workload"].dropna()))
-    for w in workloads:
-        out["workloads"][w] = _recommend_workload(
+        return result({}, None)
+    workloads = {
+        w: _recommend_workload(
             points[points["workload"] == w], cell_rows, slo_used, att, target, target_c, precision, level,
             resume_command(sweep, slo_used) if slo_used else "",
-        )  # fmt: skip
-    first = out["workloads"][workloads[0]]
-    out["recommendation"] = first.get("recommendation")
-    out["message"] = first.get("message")
-    out["untrustworthy"] = [u for wr in out["workloads"].values() for u in wr.get("untrustworthy") or []]
-    return out
+        )
+        for w in dict.fromkeys(points["workload"].dropna())
+    }  # fmt: skip
+    return result(workloads, [u for wr in workloads.values() for u in wr.untrustworthy])
+
+
+#: The columns of cells.parquet a recommendation carries (``CellStatus``).
+_CELL_FIELDS = tuple(f.name for f in fields(CellStatus))
 
 
 def _recommend_workload(
@@ -521,143 +528,134 @@ def _recommend_workload(
     precision: float | None,
     level: float = CONFIDENCE,
     resume: str = "",
-) -> dict[str, Any]:
+) -> WorkloadRecommendation:
     status = {c["cell_id"]: c for c in cells}
     configs = [
         _configuration(str(cell_id), g, slo, att, precision, level)
         for cell_id, g in points.groupby("cell_id", sort=False)
         if status.get(cell_id, {}).get("status") in (None, "complete")
     ]
-    configs.sort(key=lambda c: (c["gpus"], c["axes"], c["cell_id"]))
-    result: dict[str, Any] = {"configurations": configs}
-    result["untrustworthy"] = [
-        f"{c['cell_id']} at {p['load']}: {p['untrustworthy']}" for c in configs for p in c["loads"] if p.get("untrustworthy")
-    ]
-    result["under_sampled"] = [
-        f"{c['cell_id']} at {p['load']}: {p['under_sampled']}" for c in configs for p in c["loads"] if p.get("under_sampled")
-    ]
-    result["undecided"] = [
-        f"{c['cell_id']} at {p['load']}: {p['verdict_reason']}"
-        for c in configs
-        for p in c["loads"]
-        # the one-at-a-time baseline is no capacity probe: its few requests cannot pass, and its
-        # verdict stays in the configuration's loads (the evidence table), not in this list
-        if p.get("verdict") == "undecided" and not p.get("untrustworthy") and not p.get("baseline")
-    ]
-    result["unknown"] = [
-        f"{c['cell_id']} ({_gpus(c)}): not probed below {c['unknown_below_rps']:g} req/s"
-        for c in configs
-        if c.get("unknown_below_rps") is not None
-    ]
+    configs.sort(key=lambda c: (c.gpus, c.axes, c.cell_id))
+    lists = (
+        [f"{c.cell_id} at {p.load}: {p.untrustworthy}" for c in configs for p in c.loads if p.untrustworthy],
+        [f"{c.cell_id} at {p.load}: {p.under_sampled}" for c in configs for p in c.loads if p.under_sampled],
+        [
+            f"{c.cell_id} at {p.load}: {p.verdict_reason}"
+            for c in configs
+            for p in c.loads
+            # the one-at-a-time baseline is no capacity probe: its few requests cannot pass, and its
+            # verdict stays in the configuration's loads (the evidence table), not in this list
+            if p.verdict == "undecided" and not p.untrustworthy and not p.baseline
+        ],
+        [
+            f"{c.cell_id} ({c.gpus_text}): not probed below {c.unknown_below_rps:g} req/s"
+            for c in configs
+            if c.unknown_below_rps is not None
+        ],
+    )  # untrustworthy, under-sampled, undecided, unknown
     if not slo:
-        result["recommendation"] = None
-        result["message"] = "no SLO given: nothing to recommend against (pass --slo)"
-        return result
+        return WorkloadRecommendation(
+            configs, *lists, recommendation=None, message="no SLO given: nothing to recommend against (pass --slo)"
+        )
     rec, message = _choose(configs, target, target_c)
-    result["recommendation"] = rec
-    result["message"] = message
+    separation: Separation | None = None
+    judged = False
+    maybe: list[Configuration] = []
+    short: list[str] | None = None
     if rec is not None and target is None and target_c is None:
-        result["separation"] = _separation(configs, rec)
+        separation, judged = _separation(configs, rec), True
     if target is None and target_c is None:
         # without a target the pick is the most load per GPU: a configuration whose capacity is
         # unknown below a rate that would beat it per GPU might be the answer
-        best = (rec or {}).get("capacity_rps_per_gpu") or 0.0
-        maybe = [c for c in configs if c.get("unknown_below_rps") is not None and c["unknown_below_rps"] / c["gpus"] > best]
-        _provisional(result, maybe, rec, message, resume)
+        best = (rec.capacity_rps_per_gpu if rec else None) or 0.0
+        maybe = [c for c in configs if c.unknown_below_rps is not None and c.unknown_below_rps / c.gpus > best]
     elif target is not None and (sep := _target_separation(configs, rec, target)) is not None:
-        result["separation"] = sep
+        separation = sep
     if target is not None:
-        result["short_of_target"] = [
-            f"{c['cell_id']} ({_gpus(c)}): "
+        short = [
+            f"{c.cell_id} ({c.gpus_text}): "
             + (
-                f"capacity {c['capacity_rps']:g} req/s"
-                if c.get("capacity_rps")
-                else f"unknown: not probed below {c['unknown_below_rps']:g} req/s"
-                if c.get("unknown_below_rps") is not None
+                f"capacity {c.capacity_rps:g} req/s"
+                if c.capacity_rps
+                else f"unknown: not probed below {c.unknown_below_rps:g} req/s"
+                if c.unknown_below_rps is not None
                 else "no capacity under the SLOs"
             )
             for c in configs
-            if (c.get("capacity_rps") or 0.0) < target - 1e-9
+            if (c.capacity_rps or 0.0) < target - 1e-9
         ]
         # a configuration not probed down to the target might meet it: the answer waits on it
-        maybe = [c for c in configs if c.get("unknown_below_rps") is not None and c["unknown_below_rps"] > target + 1e-9]
-        maybe = [c for c in maybe if rec is None or (c["gpus"], c["axes"]) < (rec["gpus"], _axes(configs, rec))]
-        _provisional(result, maybe, rec, message, resume)
-    result["same_gpus_tradeoffs"] = _tradeoffs(configs)
-    return result
+        maybe = [c for c in configs if c.unknown_below_rps is not None and c.unknown_below_rps > target + 1e-9]
+        maybe = [c for c in maybe if rec is None or (c.gpus, c.axes) < (rec.gpus, _axes(configs, rec))]
+    if maybe:
+        message = _provisional_message(maybe, rec, message, resume)
+    return WorkloadRecommendation(
+        configs, *lists, recommendation=rec, message=message, separation=separation, separation_judged=judged,
+        provisional=bool(maybe), resume_command=resume if maybe else None, short_of_target=short,
+        same_gpus_tradeoffs=_tradeoffs(configs),
+    )  # fmt: skip
 
 
 def _configuration(
     cell_id: str, g: pd.DataFrame, slo: dict[str, float], att: float, precision: float | None, level: float
-) -> dict[str, Any]:
-    """One configuration of the recommendation (a JSON payload): its capacity, diagnosis,
-    lightest load and every load's pooled verdict."""
+) -> Configuration:
+    """One configuration of the recommendation: its capacity, diagnosis, lightest load and
+    every load's pooled verdict."""
     gpus = int(g["gpus"].iloc[0])
     axes = int(g["axes"].iloc[0]) if "axes" in g else 0
     pooled = pooled_loads(g, att, level)  # once per cell: the capacity and the diagnosis read it too
     cap = cell_capacity(g, att, precision, level, pooled)
     diag = diagnose_cell(g, slo, att, level, pooled) if slo else Diagnosis("unknown", "no SLO given", {})
     base = pooled.iloc[0] if len(pooled) else None
-    return {
-        "cell_id": cell_id,
-        "gpus": gpus,
-        "axes": axes,
-        "tuning": _clean(g["tuning"].iloc[0]) if "tuning" in g else None,
-        **{k: _clean(v) for k, v in cap.items()},
-        "capacity_rps_per_gpu": (cap["capacity_rps"] / gpus) if cap.get("capacity_rps") else None,
-        "limiting_factor": diag.limiting_factor,
-        "diagnosis": diag.explanation,
-        "evidence": _clean_dict(diag.evidence),
-        "lightest": _clean_dict(
-            {
-                "load": _load_text(base) if base is not None else None,
-                "ttft_p50_ms": _f(base.get("ttft_p50_ms")) if base is not None else None,
-                "tpot_p50_ms": _f(base.get("tpot_p50_ms")) if base is not None else None,
-            }
+    return Configuration(
+        cell_id=cell_id,
+        gpus=gpus,
+        axes=axes,
+        tuning=_clean(g["tuning"].iloc[0]) if "tuning" in g else None,
+        capacity=CellCapacity(**{f: _clean(getattr(cap, f)) for f in _CAPACITY_FIELDS}),
+        capacity_rps_per_gpu=(cap.capacity_rps / gpus) if cap.capacity_rps else None,
+        limiting_factor=diag.limiting_factor,
+        diagnosis=diag.explanation,
+        evidence=_clean_dict(diag.evidence),
+        lightest=Lightest(
+            _load_text(base) if base is not None else None,
+            _clean(_f(base.get("ttft_p50_ms"))) if base is not None else None,
+            _clean(_f(base.get("tpot_p50_ms"))) if base is not None else None,
         ),
-        "loads": [_clean_dict(_point_summary(r)) for _, r in pooled.iterrows()],
-    }
+        loads=[_point_summary(r) for _, r in pooled.iterrows()],
+    )
 
 
-def _provisional(
-    result: dict[str, Any], maybe: list[dict[str, Any]], rec: dict[str, Any] | None, message: str, resume: str
-) -> None:
+_CAPACITY_FIELDS = tuple(f.name for f in fields(CellCapacity))
+
+
+def _provisional_message(maybe: list[Configuration], rec: Pick | None, message: str, resume: str) -> str:
     """Configurations not probed where they could change the answer: the answer waits on them
     (PROVISIONAL), and the message says which loads are missing and the command that probes them."""
-    if not maybe:
-        return
-    result["message"] = (message + "; " if rec else "") + (
+    return (message + "; " if rec else "") + (
         "not known for "
-        + ", ".join(f"{c['cell_id']} ({_gpus(c)}, not probed below {c['unknown_below_rps']:g} req/s)" for c in maybe)
+        + ", ".join(f"{c.cell_id} ({c.gpus_text}, not probed below {c.unknown_below_rps:g} req/s)" for c in maybe)
         + f": probe the missing loads with `{resume}`"
     )
-    result["provisional"] = True
-    result["resume_command"] = resume
 
 
-def _gpus(c: dict[str, Any]) -> str:
-    return f"{c['gpus']} GPU{'s' if c['gpus'] != 1 else ''}"
+def _axes(configs: list[Configuration], rec: Pick) -> int:
+    return next((int(c.axes) for c in configs if c.cell_id == rec.cell_id), 0)
 
 
-def _axes(configs: list[dict[str, Any]], rec: dict[str, Any]) -> int:
-    return next((int(c["axes"]) for c in configs if c["cell_id"] == rec["cell_id"]), 0)
-
-
-def _separation(configs: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any] | None:
+def _separation(configs: list[Configuration], rec: Pick) -> Separation | None:
     """Is the recommended configuration's capacity per GPU separated from the runner-up's?
     (analysis.confidence.separation on the brackets: lower = highest pass, upper = lowest fail.)"""
-    pick = next(c for c in configs if c["cell_id"] == rec["cell_id"])
-    others = [c for c in configs if c["cell_id"] != pick["cell_id"] and c.get("capacity_rps")]
+    pick = next(c for c in configs if c.cell_id == rec.cell_id)
+    others = [c for c in configs if c.cell_id != pick.cell_id and c.capacity_rps]
     if not others:
         return None
-    runner = max(others, key=lambda c: c["capacity_rps"] / c["gpus"])
-    sep = separation(
-        pick["cell_id"], _per_gpu_bracket(pick), runner["cell_id"], _per_gpu_bracket(runner)
-    )
-    return {"runner_up": runner["cell_id"], "separated": sep.separated, "text": sep.text + " (per GPU)"}
+    runner = max(others, key=lambda c: c.capacity_rps / c.gpus)  # type: ignore[operator]
+    sep = separation(pick.cell_id, _per_gpu_bracket(pick), runner.cell_id, _per_gpu_bracket(runner))
+    return Separation(runner.cell_id, sep.separated, sep.text + " (per GPU)")
 
 
-def _target_separation(configs: list[dict[str, Any]], rec: dict[str, Any] | None, target: float) -> dict[str, Any] | None:
+def _target_separation(configs: list[Configuration], rec: Pick | None, target: float) -> Separation | None:
     """With a target load the answer is the smallest configuration meeting it: is that decided?
 
     Every configuration the choice would prefer (fewer GPUs, fewer parallel axes; any, when
@@ -665,52 +663,52 @@ def _target_separation(configs: list[dict[str, Any]], rec: dict[str, Any] | None
     One that passed below the target and never failed at or below it has a bracket that holds
     the target: a repeat may find it meeting the target, so the answer is too close to call.
     """
-    def rank(c: dict[str, Any]) -> tuple[int, int]:
-        return int(c["gpus"]), int(c["axes"])
+    def rank(c: Configuration) -> tuple[int, int]:
+        return int(c.gpus), int(c.axes)
 
-    picked = None if rec is None else next((c for c in configs if c["cell_id"] == rec["cell_id"]), None)
+    picked = None if rec is None else next((c for c in configs if c.cell_id == rec.cell_id), None)
     short = [
         c for c in configs
-        if c.get("capacity_rps") and c["capacity_rps"] < target - 1e-9 and (picked is None or rank(c) < rank(picked))
+        if c.capacity_rps and c.capacity_rps < target - 1e-9 and (picked is None or rank(c) < rank(picked))
     ]  # fmt: skip
     if not short:
         return None
-    runner = max(short, key=lambda c: c["capacity_rps"])
-    open_ = [c for c in short if c.get("upper_rps") is None or c["upper_rps"] > target + 1e-9]
-    name = rec["cell_id"] if rec is not None else "no configuration"
+    runner = max(short, key=lambda c: c.capacity_rps or 0.0)
+    open_ = [c for c in short if c.upper_rps is None or c.upper_rps > target + 1e-9]
+    name = rec.cell_id if rec is not None else "no configuration"
     if not open_:
-        return {
-            "runner_up": runner["cell_id"],
-            "separated": True,
-            "text": f"{name} is separated from {runner['cell_id']}: {runner['cell_id']} failed at "
-            f"{runner['upper_rps']:.4g} req/s, at or below the target {target:g}",
-        }
-    c = max(open_, key=lambda c: c["capacity_rps"])
-    fails = f"failed only at {c['upper_rps']:.4g} req/s" if c.get("upper_rps") else "no load failed"
-    return {
-        "runner_up": c["cell_id"],
-        "separated": False,
-        "text": f"{name} and {c['cell_id']} are too close to call at {target:g} req/s ({c['cell_id']} passed "
-        f"{c['capacity_rps']:.4g} req/s and {fails}: it may meet the target too)",
-    }
+        return Separation(
+            runner.cell_id,
+            True,
+            f"{name} is separated from {runner.cell_id}: {runner.cell_id} failed at "
+            f"{runner.upper_rps:.4g} req/s, at or below the target {target:g}",
+        )
+    c = max(open_, key=lambda c: c.capacity_rps or 0.0)
+    fails = f"failed only at {c.upper_rps:.4g} req/s" if c.upper_rps else "no load failed"
+    return Separation(
+        c.cell_id,
+        False,
+        f"{name} and {c.cell_id} are too close to call at {target:g} req/s ({c.cell_id} passed "
+        f"{c.capacity_rps:.4g} req/s and {fails}: it may meet the target too)",
+    )
 
 
-def _per_gpu_bracket(c: dict[str, Any]) -> tuple[float | None, float | None]:
-    lo, hi = c.get("capacity_rps"), c.get("upper_rps")
-    return (lo / c["gpus"] if lo else None), (hi / c["gpus"] if hi else None)
+def _per_gpu_bracket(c: Configuration) -> tuple[float | None, float | None]:
+    lo, hi = c.capacity_rps, c.upper_rps
+    return (lo / c.gpus if lo else None), (hi / c.gpus if hi else None)
 
 
-def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int | None) -> tuple[dict[str, Any] | None, str]:
-    def order(c: dict[str, Any]) -> tuple[Any, ...]:
-        return (c["gpus"], c["axes"], -(c.get("capacity_rps") or 0.0), c["cell_id"])
+def _choose(configs: list[Configuration], target: float | None, target_c: int | None) -> tuple[Pick | None, str]:
+    def order(c: Configuration) -> tuple[Any, ...]:
+        return (c.gpus, c.axes, -(c.capacity_rps or 0.0), c.cell_id)
 
     if target is not None:
-        ok = [c for c in configs if c.get("capacity_rps") is not None and c["capacity_rps"] >= target - 1e-9]
+        ok = [c for c in configs if c.capacity_rps is not None and c.capacity_rps >= target - 1e-9]
         if not ok:
-            best = max(configs, key=lambda c: c.get("capacity_rps") or 0.0, default=None)
+            best = max(configs, key=lambda c: c.capacity_rps or 0.0, default=None)
             hint = (
-                f"; the highest capacity measured is {best['cell_id']} at {best['capacity_rps']:g} req/s"
-                if best and best.get("capacity_rps")
+                f"; the highest capacity measured is {best.cell_id} at {best.capacity_rps:g} req/s"
+                if best and best.capacity_rps
                 else ""
             )
             return None, f"no configuration meets the SLOs at {target:g} req/s{hint}"
@@ -718,119 +716,115 @@ def _choose(configs: list[dict[str, Any]], target: float | None, target_c: int |
         ev = _evidence_at(pick, target)
         return _rec(pick, ev), f"the smallest configuration meeting the SLOs at {target:g} req/s"
     if target_c is not None:
-        ok = [c for c in configs if (c.get("max_concurrency") or 0) >= target_c]
+        ok = [c for c in configs if (c.max_concurrency or 0) >= target_c]
         if not ok:
             return None, f"no configuration meets the SLOs at concurrency {target_c}"
         pick = min(ok, key=order)
         return _rec(pick, _evidence_at(pick, float(target_c), "concurrency")), (
             f"the smallest configuration meeting the SLOs at concurrency {target_c}"
         )
-    with_cap = [c for c in configs if c.get("capacity_rps")]
+    with_cap = [c for c in configs if c.capacity_rps]
     if with_cap:
-        top = max(with_cap, key=lambda c: (c["capacity_rps_per_gpu"], -c["gpus"]))
+        top = max(with_cap, key=lambda c: (c.capacity_rps_per_gpu, -c.gpus))
         # within noise of the best: its bracket is not separated from the best's (or within
         # TIE_FRACTION): then GPU count decides
         tied = [
             c
             for c in with_cap
             if c is top
-            or c["capacity_rps_per_gpu"] >= (1 - TIE_FRACTION) * top["capacity_rps_per_gpu"]
-            or not separation(top["cell_id"], _per_gpu_bracket(top), c["cell_id"], _per_gpu_bracket(c)).separated
+            or c.capacity_rps_per_gpu >= (1 - TIE_FRACTION) * top.capacity_rps_per_gpu  # type: ignore[operator]
+            or not separation(top.cell_id, _per_gpu_bracket(top), c.cell_id, _per_gpu_bracket(c)).separated
         ]
         pick = min(tied, key=order)
-        close = [c["cell_id"] for c in tied if c is not pick]
+        close = [c.cell_id for c in tied if c is not pick]
         why = (
             f"; too close to call with {', '.join(close)}: the choice falls to GPU count" if close else ""
         )
-        return _rec(pick, _evidence_at(pick, pick["capacity_rps"])), (
-            f"the most load per GPU within the SLOs ({pick['capacity_rps_per_gpu']:.3g} req/s per GPU; "
+        return _rec(pick, _evidence_at(pick, pick.capacity_rps)), (  # type: ignore[arg-type]
+            f"the most load per GPU within the SLOs ({pick.capacity_rps_per_gpu:.3g} req/s per GPU; "
             f"no --target-rate given, so no smaller configuration is preferred for meeting one){why}"
         )
-    with_c = [c for c in configs if c.get("max_concurrency")]
+    with_c = [c for c in configs if c.max_concurrency]
     if with_c:
-        pick = max(with_c, key=lambda c: ((c.get("throughput_rps_at_max") or 0) / c["gpus"], -c["gpus"], -c["axes"]))
-        return _rec(pick, _evidence_at(pick, float(pick["max_concurrency"]), "concurrency")), (
+        pick = max(with_c, key=lambda c: ((c.capacity.throughput_rps_at_max or 0) / c.gpus, -c.gpus, -c.axes))
+        return _rec(pick, _evidence_at(pick, float(pick.max_concurrency or 0), "concurrency")), (
             "the highest SLO-meeting throughput per GPU (no --target-concurrency given)"
         )
     return None, "no configuration met the SLOs at any tested load"
 
 
-def _rec(pick: dict[str, Any], evidence: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        "cell_id": pick["cell_id"],
-        "gpus": pick["gpus"],
-        "capacity_rps": pick.get("capacity_rps"),
-        "capacity_rps_per_gpu": pick.get("capacity_rps_per_gpu"),
-        "evidence": evidence,
-    }
+def _rec(pick: Configuration, evidence: LoadVerdict | None) -> Pick:
+    return Pick(pick.cell_id, pick.gpus, pick.capacity_rps, pick.capacity_rps_per_gpu, evidence)
 
 
-def _evidence_at(cfg: dict[str, Any], value: float, kind: str = "rate") -> dict[str, Any] | None:
+def _evidence_at(cfg: Configuration, value: float, kind: str = "rate") -> LoadVerdict | None:
     """The passing load closest above ``value`` (else the highest passing one)."""
-    passing = [p for p in cfg["loads"] if p["passed"] and not p["baseline"] and p["load_kind"] == kind]
-    above = [p for p in passing if p["load_value"] >= value - 1e-9]
+    passing = [p for p in cfg.loads if p.passed and not p.baseline and p.load_kind == kind]
+    above = [p for p in passing if p.load_value >= value - 1e-9]
     if above:
-        return min(above, key=lambda p: p["load_value"])
-    return max(passing, key=lambda p: p["load_value"]) if passing else None
+        return min(above, key=lambda p: p.load_value)
+    return max(passing, key=lambda p: p.load_value) if passing else None
 
 
-def _point_summary(r: pd.Series) -> dict[str, Any]:
-    d: dict[str, Any] = {
-        "load": _load_text(r),
-        "load_kind": r["load_kind"],
-        "load_value": float(r["load_value"]),
-        "baseline": bool(r.get("_base", False)),
-        "passed": bool(r["passed"]),
-        "attainment": _f(r.get("attainment")),
-        "goodput_rps": _f(r.get("goodput_rps")),
-        "throughput_rps": _f(r.get("throughput_rps")),
-        "requests": int(r.get("requests", 0)),
-        "saturated": bool(r["saturated"]),
-        "saturation_reason": r.get("saturation_reason"),
-        "runs": r.get("runs"),
-        "verdict": r.get("verdict"),
-        "verdict_reason": r.get("verdict_reason"),
-        "attainment_low": _f(r.get("attainment_low")),
-        "attainment_high": _f(r.get("attainment_high")),
-        "untrustworthy": r.get("untrustworthy"),
-        "under_sampled": r.get("under_sampled"),
-    }
-    for k in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms", "e2e_p90_ms"):
-        d[k] = _f(r.get(k))
-    return d
+def _point_summary(r: pd.Series) -> LoadVerdict:
+    return LoadVerdict(
+        load=_load_text(r),
+        load_kind=_clean(r["load_kind"]),
+        load_value=float(r["load_value"]),
+        baseline=bool(r.get("_base", False)),
+        passed=bool(r["passed"]),
+        attainment=_clean(_f(r.get("attainment"))),
+        goodput_rps=_clean(_f(r.get("goodput_rps"))),
+        throughput_rps=_clean(_f(r.get("throughput_rps"))),
+        requests=int(r.get("requests", 0)),
+        saturated=bool(r["saturated"]),
+        saturation_reason=_clean(r.get("saturation_reason")),
+        runs=_clean(r.get("runs")),
+        verdict=_clean(r.get("verdict")),
+        verdict_reason=_clean(r.get("verdict_reason")),
+        attainment_low=_clean(_f(r.get("attainment_low"))),
+        attainment_high=_clean(_f(r.get("attainment_high"))),
+        untrustworthy=_clean(r.get("untrustworthy")),
+        under_sampled=_clean(r.get("under_sampled")),
+        ttft_p50_ms=_clean(_f(r.get("ttft_p50_ms"))),
+        ttft_p90_ms=_clean(_f(r.get("ttft_p90_ms"))),
+        tpot_p50_ms=_clean(_f(r.get("tpot_p50_ms"))),
+        tpot_p90_ms=_clean(_f(r.get("tpot_p90_ms"))),
+        e2e_p90_ms=_clean(_f(r.get("e2e_p90_ms"))),
+    )
 
 
-def _tradeoffs(configs: list[dict[str, Any]]) -> list[str]:
+def _tradeoffs(configs: list[Configuration]) -> list[str]:
     """Same GPUs, spent on one fast request (lowest unloaded latency) or on more concurrent ones
     (highest capacity)."""
     lines = []
-    by_gpus: dict[int, list[dict[str, Any]]] = {}
+    by_gpus: dict[int, list[Configuration]] = {}
     for c in configs:
-        by_gpus.setdefault(c["gpus"], []).append(c)
+        by_gpus.setdefault(c.gpus, []).append(c)
     for gpus, group in sorted(by_gpus.items()):
         if len(group) < 2:
             continue
-        lat = [c for c in group if c["lightest"].get("ttft_p50_ms") is not None]
+        lat = [c for c in group if c.lightest.ttft_p50_ms is not None]
         if not lat:
             continue
-        fastest = min(lat, key=lambda c: (c["lightest"]["ttft_p50_ms"] or math.inf) + 100 * (c["lightest"].get("tpot_p50_ms") or 0))
-        caps = {c["cell_id"]: (c.get("capacity_rps") or c.get("throughput_rps_at_max") or 0.0) for c in group}
+        fastest = min(lat, key=lambda c: (c.lightest.ttft_p50_ms or math.inf) + 100 * (c.lightest.tpot_p50_ms or 0))
+        caps = {c.cell_id: (c.capacity_rps or c.capacity.throughput_rps_at_max or 0.0) for c in group}
         best = max(caps.values())
         leaders = [cid for cid, v in caps.items() if best > 0 and v >= (1 - TIE_FRACTION) * best]
-        fl = fastest["lightest"]
+        fl = fastest.lightest
         fast_text = (
-            f"{fastest['cell_id']} gives the fastest single request "
-            f"(TTFT p50 {fl['ttft_p50_ms']:,.0f} ms, TPOT p50 {fl.get('tpot_p50_ms') or float('nan'):.1f} ms at {fl['load']})"
+            f"{fastest.cell_id} gives the fastest single request "
+            f"(TTFT p50 {fl.ttft_p50_ms:,.0f} ms, TPOT p50 {fl.tpot_p50_ms or float('nan'):.1f} ms at {fl.load})"
         )
         if len(leaders) != 1:
             lines.append(f"{gpus} GPUs: {fast_text}; capacities tie within the loads tried")
-        elif leaders[0] == fastest["cell_id"]:
-            lines.append(f"{gpus} GPUs: {fastest['cell_id']} is both the fastest single request and the highest capacity")
+        elif leaders[0] == fastest.cell_id:
+            lines.append(f"{gpus} GPUs: {fastest.cell_id} is both the fastest single request and the highest capacity")
         else:
-            most = next(c for c in group if c["cell_id"] == leaders[0])
-            cap = most.get("capacity_rps")
+            most = next(c for c in group if c.cell_id == leaders[0])
+            cap = most.capacity_rps
             lines.append(
-                f"{gpus} GPUs: {fast_text}; {most['cell_id']} serves the most concurrent load"
+                f"{gpus} GPUs: {fast_text}; {most.cell_id} serves the most concurrent load"
                 + (f" ({cap:g} req/s within the SLOs)" if cap else "")
             )
     return lines
@@ -851,70 +845,74 @@ def _clean_dict(d: dict[str, Any]) -> dict[str, Any]:
 # -- text ------------------------------------------------------------------------------
 
 
-def format_recommendation(rec: dict[str, Any]) -> str:
+def format_recommendation(rec: Recommendation) -> str:
     lines: list[str] = []
-    slo = ", ".join(f"{k}<={v:g}" for k, v in (rec.get("slo") or {}).items()) or "none"
-    tgt = rec.get("target_rate")
+    slo = ", ".join(f"{k}<={v:g}" for k, v in rec.slo.items()) or "none"
+    tgt = rec.target_rate
     lines.append(
-        f"SLO: {slo}; attainment target {rec['attainment_pct']:g}% of requests"
+        f"SLO: {slo}; attainment target {_pct(rec.attainment_pct):g}% of requests"
         + (f"; target load {tgt:g} req/s" if tgt else "")
     )
-    head = headline_lines(build_headline(rec), str(rec.get("message") or ""))
-    if len(rec.get("workloads") or {}) > 1:  # the headline is the first workload's; each has its own pick
-        head.insert(1, f"  for workload {next(iter(rec['workloads']))}; each workload's own pick is below")
+    head = headline_lines(build_headline(rec), rec.message)
+    if len(rec.workloads) > 1:  # the headline is the first workload's; each has its own pick
+        head.insert(1, f"  for workload {next(iter(rec.workloads))}; each workload's own pick is below")
     lines += head
-    if not rec.get("workloads"):
-        lines.append(_table([], rec.get("cells", [])))
-        lines.append(f"RECOMMENDATION: none: {rec.get('message')}")
-    for w, wr in rec.get("workloads", {}).items():
-        if len(rec["workloads"]) > 1:
+    if not rec.workloads:
+        lines.append(_table([], rec.cells))
+        lines.append(f"RECOMMENDATION: none: {rec.message}")
+    for w, wr in rec.workloads.items():
+        if len(rec.workloads) > 1:
             lines.append(f"\nworkload {w}:")
-        lines.append(_table(wr.get("configurations", []), rec.get("cells", [])))
-        r = wr.get("recommendation")
+        lines.append(_table(wr.configurations, rec.cells))
+        r = wr.recommendation
         if r:
-            plural = "s" if r["gpus"] != 1 else ""
-            lines.append(f"RECOMMENDATION: {r['cell_id']} ({r['gpus']} GPU{plural}): {wr.get('message')}")
-            if wr.get("untrustworthy"):
-                lines.append(f"  UNTRUSTWORTHY: {len(wr['untrustworthy'])} load(s) could not be measured truthfully (listed below)")
-            if wr.get("provisional"):
+            plural = "s" if r.gpus != 1 else ""
+            lines.append(f"RECOMMENDATION: {r.cell_id} ({r.gpus} GPU{plural}): {wr.message}")
+            if wr.untrustworthy:
+                lines.append(f"  UNTRUSTWORTHY: {len(wr.untrustworthy)} load(s) could not be measured truthfully (listed below)")
+            if wr.provisional:
                 lines.append(
                     "  PROVISIONAL: a configuration that could change the answer was not probed at these loads; "
-                    f"probe them with: {wr.get('resume_command')}"
+                    f"probe them with: {wr.resume_command}"
                 )
-            ev = r.get("evidence")
+            ev = r.evidence
             if ev:
                 lines.append(
-                    f"  evidence: at {ev['load']}, {100 * (ev['attainment'] or 0):.1f}% of {ev['requests']} requests met every SLO; "
-                    f"TTFT p90 {_ms(ev.get('ttft_p90_ms'))}, TPOT p90 {_ms(ev.get('tpot_p90_ms'), 1)}, "
-                    f"{ev['throughput_rps'] or 0:.2f} req/s served"
-                    + (f" ({', '.join(ev['runs'])})" if ev.get("runs") else "")
+                    f"  evidence: at {ev.load}, {100 * (ev.attainment or 0):.1f}% of {ev.requests} requests met every SLO; "
+                    f"TTFT p90 {_ms(ev.ttft_p90_ms)}, TPOT p90 {_ms(ev.tpot_p90_ms, 1)}, "
+                    f"{ev.throughput_rps or 0:.2f} req/s served"
+                    + (f" ({', '.join(ev.runs)})" if ev.runs else "")
                 )
         else:
-            lines.append(f"RECOMMENDATION: none: {wr.get('message')}")
-        sep = wr.get("separation")
+            lines.append(f"RECOMMENDATION: none: {wr.message}")
+        sep = wr.separation
         if sep:
-            lines.append(f"  {'separated' if sep['separated'] else 'TOO CLOSE TO CALL'}: {sep['text']}")
-        if wr.get("short_of_target"):
-            lines.append(f"  short of {rec['target_rate']:g} req/s: " + "; ".join(wr["short_of_target"]))
-        for key, title in (
-            ("untrustworthy", "UNTRUSTWORTHY (the client could not measure it truthfully; it decides nothing)"),
-            ("under_sampled", "under-sampled (cannot pass)"),
-            ("undecided", "undecided (the sample cannot decide)"),
-            ("unknown", "unknown"),
+            lines.append(f"  {'separated' if sep.separated else 'TOO CLOSE TO CALL'}: {sep.text}")
+        if wr.short_of_target:
+            lines.append(f"  short of {rec.target_rate:g} req/s: " + "; ".join(wr.short_of_target))
+        for items, title in (
+            (wr.untrustworthy, "UNTRUSTWORTHY (the client could not measure it truthfully; it decides nothing)"),
+            (wr.under_sampled, "under-sampled (cannot pass)"),
+            (wr.undecided, "undecided (the sample cannot decide)"),
+            (wr.unknown, "unknown"),
         ):
-            for item in wr.get(key) or []:
+            for item in items:
                 lines.append(f"  {title}: {item}")
-        for c in wr.get("configurations", []):
-            lines.append(f"  {c['cell_id']}: {c['diagnosis']}")
-        for t in wr.get("same_gpus_tradeoffs", []):
+        for c in wr.configurations:
+            lines.append(f"  {c.cell_id}: {c.diagnosis}")
+        for t in wr.same_gpus_tradeoffs or []:
             lines.append(f"  {t}")
-    lines.append("capacity_rps: " + rec["definitions"]["capacity_rps"] + ".")
+    lines.append("capacity_rps: " + rec.definitions.capacity_rps + ".")
     lines.append(
-        f"capacity req/s column: L-U = passed at L, failed at U (each decided {_decided(rec.get('confidence', CONFIDENCE))}); "
+        f"capacity req/s column: L-U = passed at L, failed at U (each decided {_decided(rec.confidence)}); "
         "L+ = nothing failed above L; <U? = not probed below U."
     )
-    lines.append("goodput (per load): " + rec["definitions"]["goodput_rps"] + ".")
+    lines.append("goodput (per load): " + rec.definitions.goodput_rps + ".")
     return "\n".join(lines)
+
+
+def _pct(v: float | None) -> float:
+    return math.nan if v is None else v
 
 
 def _decided(level: float) -> str:
@@ -925,33 +923,29 @@ def _ms(v: Any, digits: int = 0) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.{digits}f} ms"
 
 
-def _table(configs: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str:
-    w = max([20] + [len(str(c["cell_id"])) + 2 for c in cells])
+def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
+    w = max([20] + [len(str(c.cell_id)) + 2 for c in cells])
     header = f"{'cell':<{w}}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'max goodput':>12}  {'limited by':<18}"
     lines = [header, "-" * len(header)]
-    by_id = {c["cell_id"]: c for c in configs}
+    by_id = {c.cell_id: c for c in configs}
     for cell in cells:
-        cid = cell["cell_id"]
+        cid = cell.cell_id
         c = by_id.get(cid)
         if c is None:
-            reason = (cell.get("reason") or "").splitlines()[0] if cell.get("reason") else ""
+            reason = cell.reason.splitlines()[0] if cell.reason else ""
             reason = reason if len(reason) <= 100 else reason[:97] + "..."
-            lines.append(f"{cid:<{w}}{cell.get('gpus') or 0:>5}  {cell['status']:<9}{'':>15}{'':>9}  {'':>12}  {reason}")
+            lines.append(f"{cid:<{w}}{cell.gpus or 0:>5}  {cell.status:<9}{'':>15}{'':>9}  {'':>12}  {reason}")
             continue
-        cap = c.get("capacity_rps")
+        cap = c.capacity_rps
         if cap is not None:
-            capt = f"{cap:g}" + (f"-{c['upper_rps']:g}" if c.get("upper_rps") is not None else "+")
-            pg = f"{c['capacity_rps_per_gpu']:.3g}"
-        elif c.get("max_concurrency"):
-            capt, pg = f"c={c['max_concurrency']}", ""
-        elif c.get("unknown_below_rps") is not None:
-            capt, pg = f"<{c['unknown_below_rps']:g}?", ""
+            capt = f"{cap:g}" + (f"-{c.upper_rps:g}" if c.upper_rps is not None else "+")
+            pg = f"{c.capacity_rps_per_gpu:.3g}"
+        elif c.max_concurrency:
+            capt, pg = f"c={c.max_concurrency}", ""
+        elif c.unknown_below_rps is not None:
+            capt, pg = f"<{c.unknown_below_rps:g}?", ""
         else:
             capt, pg = "none", ""
-        good = max((p["goodput_rps"] or 0.0 for p in c["loads"] if not p["baseline"]), default=0.0)
-        lines.append(f"{cid:<{w}}{c['gpus']:>5}  {'complete':<9}{capt:>15}{pg:>9}  {good:>12.2f}  {c['limiting_factor']:<18}")
+        good = max((p.goodput_rps or 0.0 for p in c.loads if not p.baseline), default=0.0)
+        lines.append(f"{cid:<{w}}{c.gpus:>5}  {'complete':<9}{capt:>15}{pg:>9}  {good:>12.2f}  {c.limiting_factor:<18}")
     return "\n".join(lines)
-
-
-def recommendation_json(rec: dict[str, Any]) -> str:
-    return json.dumps(rec, indent=2, sort_keys=True, default=str)

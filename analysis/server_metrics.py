@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.summary_types import ToJson
 from results.reader import read_server_metrics
 
 NS_PER_MS = 1_000_000
@@ -114,7 +115,34 @@ def window_histogram(
     return WindowHistogram(bounds, counts, total, float(s_last - s_first))
 
 
-def ttft_cross_check(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class TtftCrossCheck(ToJson):
+    """The client's TTFT beside the server's TTFT histogram over the same window
+    (``ttft_cross_check``); ``*_rel_diff`` are (client - server) / server."""
+
+    metric: str  # "ttft"
+    server_count: float
+    server_mean_ms: float
+    server_p50_ms: float
+    server_p90_ms: float
+    server_p50_bucket_ms: tuple[float, float]  # the histogram bucket holding the server's p50
+    client_count: int
+    client_mean_ms: float
+    client_p50_ms: float
+    client_p90_ms: float
+    p50_rel_diff: float
+    mean_rel_diff: float
+    #: the client's TTFTs put into the server's buckets and interpolated the same way
+    client_p50_bucketed_ms: float
+    p50_rel_diff_bucketed: float
+    client_p50_in_server_bucket: bool | None  # None: the server's p50 bucket is unknown
+
+
+def _rel_diff(client: float, server: float) -> float:
+    return (client - server) / server if server and not math.isnan(server) else math.nan
+
+
+def ttft_cross_check(run_dir: Path, requests: pa.Table) -> TtftCrossCheck | None:
     """The client's TTFT beside the server's TTFT histogram for the same window.
 
     The window runs from the first to the last scrape (bench scrapes right before the first
@@ -133,39 +161,33 @@ def ttft_cross_check(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None
     client_ms = (first[mask].astype(float) - send[mask].astype(float)) / NS_PER_MS
     if not client_ms.size:  # no request has a client TTFT (a non-streaming run): nothing to compare
         return None
-    client_p50 = float(np.percentile(client_ms, 50)) if client_ms.size else math.nan
-    client_p90 = float(np.percentile(client_ms, 90)) if client_ms.size else math.nan
+    client_p50 = float(np.percentile(client_ms, 50))
     server_p50 = hist.quantile(0.5) * 1000
+    server_mean = hist.mean * 1000
+    client_mean = float(client_ms.mean())
     lo, hi = hist.bucket_of(0.5)
-    out: dict[str, Any] = {
-        "metric": "ttft",
-        "server_count": hist.total,
-        "server_mean_ms": hist.mean * 1000,
-        "server_p50_ms": server_p50,
-        "server_p90_ms": hist.quantile(0.9) * 1000,
-        "server_p50_bucket_ms": [lo * 1000, hi * 1000],
-        "client_count": int(client_ms.size),
-        "client_mean_ms": float(client_ms.mean()) if client_ms.size else math.nan,
-        "client_p50_ms": client_p50,
-        "client_p90_ms": client_p90,
-        "p50_rel_diff": (client_p50 - server_p50) / server_p50 if server_p50 and not math.isnan(server_p50) else math.nan,
-    }
-    out["mean_rel_diff"] = (
-        (out["client_mean_ms"] - out["server_mean_ms"]) / out["server_mean_ms"]
-        if out["server_mean_ms"] and not math.isnan(out["server_mean_ms"])
-        else math.nan
-    )
     # Like with like: the client's TTFTs put into the server's buckets and interpolated the same
     # way, so the buckets' coarseness cancels out of the comparison.
-    if client_ms.size:
-        idx = np.searchsorted(hist.bounds, client_ms / 1000, side="left")
-        binned = np.cumsum(np.bincount(np.minimum(idx, len(hist.bounds) - 1), minlength=len(hist.bounds)))
-        out["client_p50_bucketed_ms"] = bucket_quantile(hist.bounds, binned.astype(float), 0.5) * 1000
-        out["p50_rel_diff_bucketed"] = (
-            (out["client_p50_bucketed_ms"] - server_p50) / server_p50 if server_p50 and not math.isnan(server_p50) else math.nan
-        )
-    out["client_p50_in_server_bucket"] = bool(lo * 1000 <= client_p50 <= hi * 1000) if not math.isnan(lo) else None
-    return out
+    idx = np.searchsorted(hist.bounds, client_ms / 1000, side="left")
+    binned = np.cumsum(np.bincount(np.minimum(idx, len(hist.bounds) - 1), minlength=len(hist.bounds)))
+    bucketed = bucket_quantile(hist.bounds, binned.astype(float), 0.5) * 1000
+    return TtftCrossCheck(
+        metric="ttft",
+        server_count=hist.total,
+        server_mean_ms=server_mean,
+        server_p50_ms=server_p50,
+        server_p90_ms=hist.quantile(0.9) * 1000,
+        server_p50_bucket_ms=(lo * 1000, hi * 1000),
+        client_count=int(client_ms.size),
+        client_mean_ms=client_mean,
+        client_p50_ms=client_p50,
+        client_p90_ms=float(np.percentile(client_ms, 90)),
+        p50_rel_diff=_rel_diff(client_p50, server_p50),
+        mean_rel_diff=_rel_diff(client_mean, server_mean),
+        client_p50_bucketed_ms=bucketed,
+        p50_rel_diff_bucketed=_rel_diff(bucketed, server_p50),
+        client_p50_in_server_bucket=bool(lo * 1000 <= client_p50 <= hi * 1000) if not math.isnan(lo) else None,
+    )
 
 
 def gauge_series(table: pa.Table, common: str) -> Any:

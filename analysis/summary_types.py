@@ -2,7 +2,8 @@
 
 ``to_json()`` gives the JSON payload ``bench summary --json`` prints: the fields in their
 declared order, a field marked ``OMIT_NONE`` left out while it is None (the payload has no
-key for it then), nested summaries as objects. The per-metric percentile maps
+key for it then), nested summaries as objects. ``json_of`` also writes the recommendation
+(analysis/recommend_types.py). The per-metric percentile maps
 (``{"n": .., "mean": .., "p50": ..}``, analysis.metrics.percentiles) and the count maps
 (error type, token source, finish reason → count) stay dicts: their keys are data.
 """
@@ -12,23 +13,39 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
+#: Field metadata ``{"omit": predicate}``: leave the key out of ``to_json()`` when
+#: ``predicate(the object, the value)`` holds. ``{"flatten": True}``: write a nested
+#: dataclass's keys into its parent's object.
+Omit = Callable[[Any, Any], bool]
+
+
+def omit_if(predicate: Omit) -> dict[str, Omit]:
+    return {"omit": predicate}
+
+
 #: Field metadata: leave the key out of ``to_json()`` while the value is None.
-OMIT_NONE = {"omit_none": True}
+OMIT_NONE = omit_if(lambda obj, v: v is None)
 
 
 def json_of(value: Any, finite: bool = False) -> Any:
-    """``value`` as JSON-ready data: dataclasses as dicts in field order (``OMIT_NONE``
-    fields left out while None), tuples as lists, dicts and lists element by element;
-    with ``finite``, NaN and infinities as None (strict JSON)."""
+    """``value`` as JSON-ready data: dataclasses as dicts in field order (``omit`` fields
+    left out when their predicate holds, ``flatten`` fields merged into the parent), tuples
+    as lists, dicts and lists element by element; with ``finite``, NaN and infinities as
+    None (strict JSON)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(value):
             v = getattr(value, f.name)
-            if v is None and f.metadata.get("omit_none"):
+            omit = f.metadata.get("omit")
+            if omit is not None and omit(value, v):
                 continue
-            out[f.name] = json_of(v, finite)
+            if f.metadata.get("flatten"):
+                out.update(json_of(v, finite))
+            else:
+                out[f.name] = json_of(v, finite)
         return out
     if isinstance(value, dict):
         return {k: json_of(v, finite) for k, v in value.items()}
@@ -39,8 +56,8 @@ def json_of(value: Any, finite: bool = False) -> Any:
     return value
 
 
-class _Json:
-    """``to_json()`` for the summary's dataclasses."""
+class ToJson:
+    """``to_json()`` for the summary's and the recommendation's dataclasses."""
 
     __slots__ = ()
 
@@ -49,7 +66,7 @@ class _Json:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestCounts(_Json):
+class RequestCounts(ToJson):
     rows: int
     warmup_excluded: int
     measured: int
@@ -69,14 +86,14 @@ class RequestCounts(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class Throughput(_Json):
+class Throughput(ToJson):
     requests_per_s: float
     output_tokens_per_s: float
     total_tokens_per_s: float
 
 
 @dataclass(frozen=True, slots=True)
-class TimingCheck(_Json):
+class TimingCheck(ToJson):
     """Whether the per-token timings stand for the engine's (analysis.invariants.timing_measurable)."""
 
     one_read_responses: int
@@ -88,7 +105,7 @@ class TimingCheck(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class DistributionMethod(_Json):
+class DistributionMethod(ToJson):
     """How the pooled token-level percentiles (ITL, chunk gap) were computed."""
 
     method: str  # "exact" | "histogram"
@@ -98,7 +115,7 @@ class DistributionMethod(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class PromptLengths(_Json):
+class PromptLengths(ToJson):
     """Requested against server-reported prompt lengths (``prompt_length_accounting``)."""
 
     compared: int
@@ -109,7 +126,7 @@ class PromptLengths(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class Reasoning(_Json):
+class Reasoning(ToJson):
     requests: int
     reasoning_tokens: int
     answer_tokens: int
@@ -118,7 +135,7 @@ class Reasoning(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class TokenAccounting(_Json):
+class TokenAccounting(ToJson):
     sources: dict[str, int]
     chunk_vs_server_mismatches: int
     shorter_than_requested: int
@@ -130,7 +147,7 @@ class TokenAccounting(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class SloAttainment(_Json):
+class SloAttainment(ToJson):
     objectives: dict[str, float]
     met: int
     judged: int
@@ -140,7 +157,7 @@ class SloAttainment(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class ClientWindow(_Json):
+class ClientWindow(ToJson):
     """One time window's client signals (``analysis.summary.client_health``)."""
 
     start_s: float
@@ -155,7 +172,7 @@ class ClientWindow(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class ClientHealth(_Json):
+class ClientHealth(ToJson):
     """Was the client itself the bottleneck? (``analysis.summary.client_health``)"""
 
     schedule_lag_p99_ms: float
@@ -172,14 +189,14 @@ class ClientHealth(_Json):
 
 
 @dataclass(frozen=True, slots=True)
-class Smoothness(_Json):
+class Smoothness(ToJson):
     deadlines_ms: dict[str, float]  # "ttft", "token_interval"
     fluidity: dict[str, float]  # percentile map
     longest_gap_ms: dict[str, float]  # percentile map
 
 
 @dataclass(frozen=True, slots=True)
-class RunSummary(_Json):
+class RunSummary(ToJson):
     """A run's summary: counts, latency percentiles, throughput, goodput, client health."""
 
     requests: RequestCounts

@@ -6,9 +6,9 @@ The verbs print their results first, then raise the ``Outcome`` these return.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from analysis.failures import error_line
+from analysis.recommend_types import Recommendation
 from analysis.summary_types import RunSummary
 from bench.errors import ExitCode, Outcome, too_few_succeeded
 
@@ -36,7 +36,7 @@ def run_outcome(summary: RunSummary) -> Outcome | None:
     )
 
 
-def sweep_outcome(sweep: Path, rec: dict[str, Any]) -> Outcome | None:
+def sweep_outcome(sweep: Path, rec: Recommendation) -> Outcome | None:
     """``NO_DATA`` when no load of the sweep measured anything (every cell failed, or every
     request of every load did), ``UNTRUSTWORTHY`` when the answer rests on a load the client
     could not measure truthfully, ``NO_CONFIGURATION`` when SLOs were given and no
@@ -50,19 +50,17 @@ def sweep_outcome(sweep: Path, rec: dict[str, Any]) -> Outcome | None:
         counted -= int(points["cancelled"].fillna(0).sum())
     if too_few_succeeded(ok, counted):
         return Outcome(ExitCode.NO_DATA, f"error: {ok} of {counted} requests of the sweep succeeded: nothing to judge")
-    if rec.get("untrustworthy"):
-        return Outcome(ExitCode.UNTRUSTWORTHY, f"UNTRUSTWORTHY: {len(rec['untrustworthy'])} load(s) could not be measured truthfully")
-    if rec.get("slo") and not _recommended(rec):
-        unmet = [f"workload {w}: {wr.get('message')}" for w, wr in (rec.get("workloads") or {}).items()
-                 if wr.get("recommendation") is None]  # fmt: skip
-        why = "; ".join(unmet) if len(rec.get("workloads") or {}) > 1 else rec.get("message")
+    if rec.untrustworthy:
+        return Outcome(ExitCode.UNTRUSTWORTHY, f"UNTRUSTWORTHY: {len(rec.untrustworthy)} load(s) could not be measured truthfully")
+    if rec.slo and not _recommended(rec):
+        unmet = [f"workload {w}: {wr.message}" for w, wr in rec.workloads.items() if wr.recommendation is None]
+        why = "; ".join(unmet) if len(rec.workloads) > 1 else rec.message
         return Outcome(ExitCode.NO_CONFIGURATION, f"no configuration meets the SLOs: {why}")
     return None
 
 
-def _recommended(rec: dict[str, Any]) -> bool:
+def _recommended(rec: Recommendation) -> bool:
     """Every workload of the sweep has a recommendation (a sweep over several must serve each)."""
-    workloads = rec.get("workloads") or {}
-    if not workloads:
-        return rec.get("recommendation") is not None
-    return all(w.get("recommendation") is not None for w in workloads.values())
+    if not rec.workloads:
+        return rec.recommendation is not None
+    return all(w.recommendation is not None for w in rec.workloads.values())

@@ -13,6 +13,7 @@ import click
 from analysis.format import format_summary
 from analysis.load import load_run
 from analysis.slo import SLO
+from analysis.server_metrics import TtftCrossCheck
 from analysis.summary import REQUEST_SCALAR_COLUMNS, SummaryOptions, summarize_run
 from analysis.summary_types import RunSummary, json_of
 
@@ -21,7 +22,7 @@ from analysis.summary_types import RunSummary, json_of
 class PrintedSummary:
     """A run's summary with what ``bench summary`` shows beside it. ``run``, ``server``,
     ``ttft_split`` and ``classes`` are JSON payloads (run.parquet's fields, the server's
-    metrics, analysis.ttft_split, analysis.classes), kept as such."""
+    metrics with its typed ``ttft_check``, analysis.ttft_split, analysis.classes), kept as such."""
 
     summary: RunSummary
     run: dict[str, Any]
@@ -113,20 +114,19 @@ def _finite(v: float) -> bool:
 def _server_lines(server: dict[str, Any]) -> list[str]:
     """The engine's own view: the TTFT cross-check and its queue/KV gauges."""
     lines = []
-    c = server.get("ttft_check")
-    if c and c.get("client_count") and all(_finite(v) for v in c.values() if isinstance(v, float)):
-        lo, hi = c["server_p50_bucket_ms"]
+    c: TtftCrossCheck | None = server.get("ttft_check")
+    if c is not None and c.client_count and all(_finite(v) for v in json_of(c).values() if isinstance(v, float)):
+        lo, hi = c.server_p50_bucket_ms
         lines.append(
-            f"TTFT cross-check (same window): client p50 {c['client_p50_ms']:.2f} ms, mean {c['client_mean_ms']:.2f} ms "
-            f"(n={c['client_count']}) | server histogram p50 {c['server_p50_ms']:.2f} ms (bucket {lo:g}-{hi:g} ms), "
-            f"mean {c['server_mean_ms']:.2f} ms (n={c['server_count']:.0f}); p50 diff {100 * c['p50_rel_diff']:+.1f}%, "
-            f"mean diff {100 * c['mean_rel_diff']:+.1f}%"
+            f"TTFT cross-check (same window): client p50 {c.client_p50_ms:.2f} ms, mean {c.client_mean_ms:.2f} ms "
+            f"(n={c.client_count}) | server histogram p50 {c.server_p50_ms:.2f} ms (bucket {lo:g}-{hi:g} ms), "
+            f"mean {c.server_mean_ms:.2f} ms (n={c.server_count:.0f}); p50 diff {100 * c.p50_rel_diff:+.1f}%, "
+            f"mean diff {100 * c.mean_rel_diff:+.1f}%"
         )
-        if "client_p50_bucketed_ms" in c:
-            lines.append(
-                f"  client p50 in the server's buckets {c['client_p50_bucketed_ms']:.2f} ms vs server "
-                f"{c['server_p50_ms']:.2f} ms: {100 * c['p50_rel_diff_bucketed']:+.1f}%"
-            )
+        lines.append(
+            f"  client p50 in the server's buckets {c.client_p50_bucketed_ms:.2f} ms vs server "
+            f"{c.server_p50_ms:.2f} ms: {100 * c.p50_rel_diff_bucketed:+.1f}%"
+        )
     gauges = [f"{k[:-4]} max {server[k]:.3g}" for k in ("waiting_max", "running_max", "kv_cache_usage_max") if k in server]
     if "prefix_cache_hit_rate" in server:
         hit = server["prefix_cache_hit_rate"]

@@ -117,10 +117,10 @@ def figures(run_dir: Path) -> dict[str, Any]:
     s = summarize_run(run_dir)
     lat = s.latency
     # the engine's own TTFT over the same window: slower on both sides means the host, not the client
-    check = ttft_cross_check(run_dir, read_requests(run_dir)) or {}
+    check = ttft_cross_check(run_dir, read_requests(run_dir))
     return {
-        "server_ttft_mean_ms": check.get("server_mean_ms", math.nan),
-        "client_ttft_mean_ms": check.get("client_mean_ms", math.nan),
+        "server_ttft_mean_ms": check.server_mean_ms if check else math.nan,
+        "client_ttft_mean_ms": check.client_mean_ms if check else math.nan,
         "ok": s.requests.ok,
         "measured": s.requests.measured,
         "anomalies": s.requests.anomalies,

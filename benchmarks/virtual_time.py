@@ -64,14 +64,15 @@ def _bench(
 
 
 def main_job_once(tmp: Path, k: int) -> tuple[float, float, str, dict[str, float | None]]:
-    from bench.sweep.store import RECOMMENDATION_FILE, read_cells
+    from analysis.recommend_types import read_recommendation
+    from bench.sweep.store import read_cells
 
     out = tmp / f"sweep{k}"
     r, wall, cpu = _bench(*MAIN_JOB, "--out", str(out))
-    rec = json.loads((out / RECOMMENDATION_FILE).read_text()).get("recommendation") or {}
+    pick = read_recommendation(out).recommendation
     caps = {c["cell_id"]: c["capacity_rps"] for c in read_cells(out)}
     assert "ran in virtual time" in r.stdout
-    return wall, cpu, str(rec.get("cell_id")), caps
+    return wall, cpu, str(pick.cell_id if pick else None), caps
 
 
 def main_job(repeats: int, busy: int) -> bool:
@@ -98,7 +99,7 @@ def main_job(repeats: int, busy: int) -> bool:
 def realtime_repeats(repeats: int) -> bool:
     """The main job in real time, ``repeats`` times; True when every run recommended the same
     configuration or said that the leading ones are too close to call."""
-    from results.sweep_layout import RECOMMENDATION_FILE
+    from analysis.recommend_types import read_recommendation
 
     tally: dict[str, int] = {}
     close_runs = 0
@@ -107,8 +108,8 @@ def realtime_repeats(repeats: int) -> bool:
             out = Path(d) / f"rt{k}"
             load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
             r, wall, cpu = _bench(*MAIN_JOB, "--clock", "auto", "--out", str(out), ok_codes=(0, 4, 5))
-            rec = json.loads((out / RECOMMENDATION_FILE).read_text())
-            pick = str((rec.get("recommendation") or {}).get("cell_id"))
+            rec = read_recommendation(out).recommendation
+            pick = str(rec.cell_id if rec else None)
             close = "too close to call" in r.stdout.lower()
             untrusted = r.returncode == 5  # the answer rests on loads the client could not measure truthfully
             close_runs += close

@@ -9,7 +9,7 @@ import numpy as np
 from workloads.arrivals import offsets_s, parse_arrival
 from workloads.errors import WorkloadError
 from workloads.prompts import PromptSynth
-from workloads.spec import MAX_REQUEST_TOKENS, LoadMode, RequestSpec, Schedule
+from workloads.spec import MAX_REQUEST_TOKENS, LoadMode, Phase, RequestSpec, Schedule
 
 __all__ = ["SyntheticWorkload", "WorkloadError"]
 
@@ -59,31 +59,24 @@ class SyntheticWorkload:
             seconds = offsets_s(parse_arrival(self.arrival), self.requests, self.rate, rng)
             offsets = np.round(seconds * 1e9).astype(np.int64)
         text_rng = rng if self.salt is None else np.random.default_rng([self.seed, self.salt])
-        specs: list[RequestSpec] = []
-        # every prompt in one call (warm-up first, as the loops below take them)
+        # every prompt in one call, warm-up first (the order the requests below take them)
         prompts = iter(synth.texts(self.warmup + self.requests, self.input_tokens, text_rng))
-        for i in range(self.warmup):
-            specs.append(
-                RequestSpec(
-                    request_id=f"w{i:06d}",
-                    input_tokens=self.input_tokens,
-                    max_output_tokens=self.output_tokens,
-                    prompt=next(prompts),
-                    phase="warmup",
-                    input_tokens_source=synth.source,
-                )
+
+        def spec(request_id: str, phase: Phase, offset_ns: int | None) -> RequestSpec:
+            return RequestSpec(
+                request_id=request_id,
+                input_tokens=self.input_tokens,
+                max_output_tokens=self.output_tokens,
+                prompt=next(prompts),
+                send_offset_ns=offset_ns,
+                phase=phase,
+                input_tokens_source=synth.source,
             )
-        for i in range(self.requests):
-            specs.append(
-                RequestSpec(
-                    request_id=f"r{i:06d}",
-                    input_tokens=self.input_tokens,
-                    max_output_tokens=self.output_tokens,
-                    prompt=next(prompts),
-                    send_offset_ns=int(offsets[i]) if offsets is not None else None,
-                    input_tokens_source=synth.source,
-                )
-            )
+
+        specs = [spec(f"w{i:06d}", "warmup", None) for i in range(self.warmup)]
+        specs += [
+            spec(f"r{i:06d}", "measure", int(offsets[i]) if offsets is not None else None) for i in range(self.requests)
+        ]
         mode: LoadMode = "open" if self.rate is not None else "closed"
         return Schedule(
             name="synthetic",

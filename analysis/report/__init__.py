@@ -19,6 +19,7 @@ from analysis.format import anomaly_text, one_read_text
 from analysis.headline import build_headline, capacity_text, margin_text
 from analysis.kinds import kinds_lines
 from analysis.load import load_runs
+from analysis.recommend_types import Recommendation
 from analysis.report import figures as F
 from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
 from analysis.report.page import render_page
@@ -130,14 +131,14 @@ def _table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _headline_html(rec: dict[str, Any]) -> str:
+def _headline_html(rec: Recommendation) -> str:
     """The first screen: what to deploy, its capacity per GPU with its interval, the margin over
     the runner-up, the limit and what to verify next (analysis/headline.py, also in the text)."""
     h = build_headline(rec)
     if h is None:
         return (
             '<div class="headline none" id="headline"><h3>No configuration is recommended</h3>'
-            f"<p>{F.esc(rec.get('message') or '')}</p></div>"
+            f"<p>{F.esc(rec.message)}</p></div>"
         )
     plural = "s" if h.gpus != 1 else ""
     cap = f"{h.capacity_per_gpu:.3g}" if h.capacity_per_gpu is not None else "–"
@@ -158,20 +159,20 @@ def _headline_html(rec: dict[str, Any]) -> str:
     )
 
 
-def _evidence_html(rec: dict[str, Any]) -> str:
+def _evidence_html(rec: Recommendation) -> str:
     """The evidence (the load the pick was measured at) and the SLOs, as tables."""
     h = build_headline(rec)
     parts = []
-    slo = rec.get("slo") or {}
+    slo = rec.slo
     if slo:
-        att = rec.get("attainment_pct")
+        att = rec.attainment_pct
         rows = [[F.esc(k), F.esc(f"≤ {v:g}")] for k, v in slo.items()]
         if att is not None:
             rows.append(["attainment target", F.esc(f"≥ {att:g}% of requests meet every SLO")])
-        if rec.get("target_rate"):
-            rows.append(["target load", F.esc(f"{rec['target_rate']:g} req/s")])
+        if rec.target_rate:
+            rows.append(["target load", F.esc(f"{rec.target_rate:g} req/s")])
         parts.append("<div class='box'><h3>SLOs</h3>" + _table(["objective", "bound"], rows, "kv") + "</div>")
-    ev = h.evidence if h else {}
+    ev = h.evidence.to_json() if h and h.evidence else {}
     if ev:
         labels = [
             ("load", "load"), ("requests", "requests"), ("attainment", "SLO attainment"), ("throughput_rps", "served req/s"),
@@ -190,17 +191,17 @@ def _evidence_html(rec: dict[str, Any]) -> str:
     return "<div class='row'>" + "".join(parts) + "</div>" if parts else ""
 
 
-def _sweep_section(cells: Any, rec: dict[str, Any] | None) -> Section:
+def _sweep_section(cells: Any, rec: Recommendation | None) -> Section:
     sec = Section("Sweep summary")
     parts = []
     if rec is not None:
         parts.append(_headline_html(rec))
-        for wr in (rec.get("workloads") or {}).values():
-            sep = wr.get("separation")
+        for wr in rec.workloads.values():
+            sep = wr.separation
             if sep:
-                parts.append(f"<p>{'Separated' if sep.get('separated') else 'Too close to call'}: {F.esc(sep.get('text'))}</p>")
+                parts.append(f"<p>{'Separated' if sep.separated else 'Too close to call'}: {F.esc(sep.text)}</p>")
         for key, title in (("untrustworthy", "UNTRUSTWORTHY (the client could not measure it truthfully)"), ("undecided", "Undecided"), ("unknown", "Unknown")):
-            items = [i for wr in (rec.get("workloads") or {}).values() for i in wr.get(key) or []]
+            items = [i for wr in rec.workloads.values() for i in getattr(wr, key)]
             if items:
                 parts.append(f"<p><b>{F.esc(title)}</b>: " + "; ".join(F.esc(i) for i in items) + "</p>")
         parts.append(_evidence_html(rec))

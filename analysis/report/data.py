@@ -10,7 +10,6 @@ series (CDFs, server gauges, the TTFT split) are dicts of lists, handed to plotl
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import pyarrow.compute as pc
 
 from analysis.load import Run
 from analysis.metrics import itl_ms, measured, request_metrics
+from analysis.recommend_types import Recommendation, read_recommendation
 from analysis.slo import SLO
 from analysis.smoothness import Deadlines, smoothness_metrics
 from analysis.summary import SummaryOptions, summarize
@@ -324,7 +324,7 @@ def _ttft_split(table: pa.Table, df: pd.DataFrame, t0: float) -> dict[str, Any] 
     }
 
 
-def read_sweep_tables(path: Path) -> tuple[pd.DataFrame | None, dict[str, Any] | None, list[str]]:
+def read_sweep_tables(path: Path) -> tuple[pd.DataFrame | None, Recommendation | None, list[str]]:
     """cells.parquet and recommendation.json of a sweep folder, with notes on what is missing."""
     notes: list[str] = []
     cells = None
@@ -337,8 +337,8 @@ def read_sweep_tables(path: Path) -> tuple[pd.DataFrame | None, dict[str, Any] |
     rec_path = path / RECOMMENDATION_FILE
     if rec_path.exists():
         try:
-            rec = json.loads(rec_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            rec = read_recommendation(rec_path)
+        except (OSError, ValueError, TypeError) as exc:
             notes.append(f"{RECOMMENDATION_FILE} unreadable ({exc})")
     elif cells is not None:
         notes.append(f"no {RECOMMENDATION_FILE} in this sweep (run `bench recommend` to add one)")

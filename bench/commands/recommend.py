@@ -34,7 +34,8 @@ def command(
     Exit code: 0 a configuration meets the SLOs, 3 nothing was measured, 4 none meets them,
     5 the answer rests on a load that could not be measured truthfully (marked UNTRUSTWORTHY).
     """
-    from analysis.recommend import format_recommendation, recommend, recommendation_json
+    from analysis.recommend import format_recommendation, recommend
+    from analysis.recommend_types import recommendation_json
     from analysis.slo import SLO, SLOError
     from bench.outcome import sweep_outcome
     from results.reader import ResultsError

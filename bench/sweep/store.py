@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from analysis.recommend_types import Recommendation, recommendation_json
 from results.sweep_layout import (
     CELL_PREFIX,
     CELLS_FILE,
@@ -77,18 +78,8 @@ def set_aside_partial(sweep: Path, cell_id: str, folder: Path | None = None) -> 
     return dest
 
 
-def write_recommendation(sweep: Path, data: dict[str, Any]) -> None:
+def write_recommendation(sweep: Path, rec: Recommendation) -> None:
+    """``recommendation.json``, written atomically (the text is ``recommendation_json``'s)."""
     tmp = Path(sweep) / f".{RECOMMENDATION_FILE}.tmp"
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default))
+    tmp.write_text(recommendation_json(rec))
     os.replace(tmp, Path(sweep) / RECOMMENDATION_FILE)
-
-
-def _json_default(o: Any) -> Any:
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-    except ImportError:
-        pass
-    return str(o)

@@ -122,6 +122,7 @@ def test_a_sweep_load_with_too_few_requests_stays_undecided_and_is_no_capacity(t
     import json
 
     from analysis.recommend import format_recommendation, load_points, recommend
+    from analysis.recommend_types import Recommendation
     from bench.sweep.orchestrate import run_sweep
     from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
     from bench.sweep.store import read_cells
@@ -146,10 +147,10 @@ def test_a_sweep_load_with_too_few_requests_stays_undecided_and_is_no_capacity(t
     assert len(pts) >= 2 and int(pts["requests"].sum()) <= 20 + 12  # measured more, within the limit
     assert pts.iloc[0]["verdict"] == "undecided" and "fewer than the 35 requests" in pts.iloc[0]["verdict_reason"]
     assert any("undecided" in ln and "more requests" in ln for ln in lines)
-    rec = recommend(out)
+    rec = recommend(out).to_json()
     assert rec["recommendation"] is None
     assert any(u.startswith("tp1 at 10 req/s") for u in rec["workloads"]["in32-out8"]["undecided"] + rec["untrustworthy"])
-    assert "undecided" in format_recommendation(rec).lower()
+    assert "undecided" in format_recommendation(Recommendation.from_json(rec)).lower()
 
 
 def test_a_client_delay_makes_a_load_untrustworthy_only_where_it_matters() -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from analysis.headline import build_headline, headline_lines
 from analysis.recommend import format_recommendation
+from analysis.recommend_types import Recommendation
 
 
-def _rec(tp1_per_gpu: float = 3.5, upper: float | None = 8.5) -> dict[str, Any]:
+def _rec(tp1_per_gpu: float = 3.5, upper: float | None = 8.5) -> Recommendation:
     pick = {"cell_id": "tp2", "gpus": 2, "capacity_rps": 7.9, "capacity_rps_per_gpu": 3.95, "evidence": {}}
     configs = [
         {"cell_id": "tp1", "gpus": 1, "axes": 0, "capacity_rps": tp1_per_gpu, "capacity_rps_per_gpu": tp1_per_gpu, "upper_rps": 4.0,
@@ -16,11 +15,11 @@ def _rec(tp1_per_gpu: float = 3.5, upper: float | None = 8.5) -> dict[str, Any]:
         {"cell_id": "tp2", "gpus": 2, "axes": 1, "capacity_rps": 7.9, "capacity_rps_per_gpu": 3.95, "upper_rps": upper,
          "limiting_factor": "kv_cache", "diagnosis": "KV cache full", "loads": []},
     ]  # fmt: skip
-    return {
+    return Recommendation.from_json({
         "slo": {"ttft_ms": 80.0}, "attainment_pct": 90.0, "target_rate": None, "message": "why", "cells": [],
         "recommendation": pick, "definitions": {"capacity_rps": "c", "goodput_rps": "g"},
         "workloads": {"w": {"configurations": configs, "recommendation": pick, "message": "why"}},
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def test_headline_has_interval_margin_limit_and_next_check() -> None:

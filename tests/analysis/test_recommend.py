@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis.recommend import _target_separation, diagnose_cell, format_recommendation, recommend
+from analysis.recommend_types import Configuration, Pick, Recommendation, Separation
 from bench.sweep.store import write_cells, write_points
 
 SLO = {"ttft_ms": 500.0, "tpot_ms": 50.0}
@@ -81,7 +82,7 @@ def _two_plus_one(tmp: Path) -> Path:
 
 def test_without_an_slo_there_is_nothing_to_recommend(tmp_path: Path) -> None:
     sweep = _two_plus_one(tmp_path)  # its load folders hold no run metadata, so no stored SLO
-    rec = recommend(sweep, target_rate=3.0)
+    rec = recommend(sweep, target_rate=3.0).to_json()
     assert rec["recommendation"] is None and rec["message"].startswith("no SLO")
 
 
@@ -92,7 +93,7 @@ def test_without_an_slo_there_is_nothing_to_recommend(tmp_path: Path) -> None:
 def test_choice_by_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: float | None, expected: str | None) -> None:
     sweep = _two_plus_one(tmp_path)
     monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
-    rec = recommend(sweep, target_rate=target)
+    rec = recommend(sweep, target_rate=target).to_json()
     if expected is None:
         assert rec["recommendation"] is None and "no configuration meets" in rec["message"]
         assert "tp2-dp2 at 8 req/s" in rec["message"]
@@ -100,7 +101,7 @@ def test_choice_by_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, targe
     assert rec["recommendation"]["cell_id"] == expected
     ev = rec["recommendation"]["evidence"]
     assert ev["passed"] and (target is None or ev["load_value"] >= target)
-    text = format_recommendation(rec)
+    text = format_recommendation(Recommendation.from_json(rec))
     assert f"RECOMMENDATION: {expected}" in text and "needs 8 GPUs" in text
 
 
@@ -109,7 +110,7 @@ def test_fewer_axes_breaks_a_tie_in_gpus(tmp_path: Path, monkeypatch: pytest.Mon
     pts = [_point(c, r, 1.0) for c in ("tp4", "tp2-dp2") for r in (2.0, 4.0)]
     sweep = _sweep(tmp_path, pts)
     monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
-    assert recommend(sweep, target_rate=4.0)["recommendation"]["cell_id"] == "tp4"
+    assert recommend(sweep, target_rate=4.0).to_json()["recommendation"]["cell_id"] == "tp4"
 
 
 def _diag(points: list[dict[str, Any]]) -> str:
@@ -156,11 +157,11 @@ def test_an_untrustworthy_load_marks_the_answer_and_the_exit_status(tmp_path: Pa
     pts += [_point("tp2", 2.0, 1.0), _point("tp2", 4.0, 1.0), _point("tp2", 8.0, 0.2)]
     sweep = _sweep(tmp_path, pts)
     monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
-    rec = recommend(sweep)
+    rec = recommend(sweep).to_json()
     tp1 = next(c for c in rec["workloads"]["w"]["configurations"] if c["cell_id"] == "tp1")
     assert tp1["upper_rps"] is None and tp1["undecided"] == [4.0]  # not a failure: undecided
     assert rec["untrustworthy"] == [f"tp1 at 4 req/s: {why}"]
-    text = format_recommendation(rec)
+    text = format_recommendation(Recommendation.from_json(rec))
     assert "UNTRUSTWORTHY" in text and why in text
     result = CliRunner().invoke(command, [str(sweep)])
     assert result.exit_code == ExitCode.UNTRUSTWORTHY and "UNTRUSTWORTHY" in result.output
@@ -176,14 +177,14 @@ def test_rejudging_says_what_it_does_not_know_instead_of_no_capacity(tmp_path: P
     pts += [_point("tp2", r, 1.0 if r <= 24 else 0.3) for r in (12.0, 24.0, 48.0)]
     sweep = _sweep(tmp_path, pts)
     monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
-    rec = recommend(sweep, target_rate=10.0)
+    rec = recommend(sweep, target_rate=10.0).to_json()
     wr = rec["workloads"]["w"]
     tp1 = next(c for c in wr["configurations"] if c["cell_id"] == "tp1")
     assert tp1["capacity_rps"] is None and tp1["unknown_below_rps"] == 24.0
     assert "not probed below 24 req/s" in tp1["note"]
     assert rec["recommendation"]["cell_id"] == "tp2" and wr["provisional"]
     assert "not known for tp1 (1 GPU, not probed below 24 req/s)" in rec["message"]
-    text = format_recommendation(rec)
+    text = format_recommendation(Recommendation.from_json(rec))
     assert "no capacity under the SLOs" not in text and "unknown: not probed below 24 req/s" in text
     assert "<24?" in text
     # the message names the command that probes the gap (bench sweep --resume, tests/bench/test_sweep_rejudge.py)
@@ -192,13 +193,13 @@ def test_rejudging_says_what_it_does_not_know_instead_of_no_capacity(tmp_path: P
     assert "PROVISIONAL" in text and command in text
     # without a target the pick is the most load per GPU: tp1 (1 GPU), unknown below 24 req/s,
     # might beat tp2's 12 req/s per GPU, so that answer is provisional too
-    free = recommend(sweep)
+    free = recommend(sweep).to_json()
     assert free["recommendation"]["cell_id"] == "tp2" and free["workloads"]["w"]["provisional"]
     assert "not known for tp1 (1 GPU, not probed below 24 req/s)" in free["message"]
     # a configuration that fails even one request at a time is a verdict, not a gap
     fail_base = _point("tp1", 1.0, 0.0, kind="concurrency", role="baseline", miss_ttft=1.0)
     pts2 = [fail_base, *(_point("tp1", r, 0.3) for r in (24.0, 48.0))]
-    rec2 = recommend(_sweep(tmp_path / "b", pts2), target_rate=10.0)
+    rec2 = recommend(_sweep(tmp_path / "b", pts2), target_rate=10.0).to_json()
     c2 = rec2["workloads"]["w"]["configurations"][0]
     assert c2.get("unknown_below_rps") is None and "one request at a time" in c2["note"]
 
@@ -208,20 +209,28 @@ def test_the_winner_is_separated_or_too_close_to_call(tmp_path: Path, monkeypatc
     # tp1 passes 4 (4/GPU); tp2 passes 6 and fails 7 (3.5/GPU at most): separated
     far = [_point("tp1", r, 1.0 if r <= 4 else 0.2) for r in (2.0, 4.0, 5.0)]
     far += [_point("tp2", r, 1.0 if r <= 6 else 0.2) for r in (2.0, 6.0, 7.0)]
-    rec = recommend(_sweep(tmp_path / "far", far))
+    rec = recommend(_sweep(tmp_path / "far", far)).to_json()
     sep = rec["workloads"]["w"]["separation"]
     assert rec["recommendation"]["cell_id"] == "tp1" and sep["separated"] and sep["runner_up"] == "tp2"
     # tp2 passes 7.6 (3.8/GPU, > 5 % below tp1's 4) but fails only at 10 (5/GPU): within noise
     close = [_point("tp1", r, 1.0 if r <= 4 else 0.2) for r in (2.0, 4.0, 5.0)]
     close += [_point("tp2", r, 1.0 if r <= 7.6 else 0.2) for r in (2.0, 7.6, 10.0)]
-    rec = recommend(_sweep(tmp_path / "close", close))
+    rec = recommend(_sweep(tmp_path / "close", close)).to_json()
     assert rec["recommendation"]["cell_id"] == "tp1"  # fewer GPUs decide
     assert not rec["workloads"]["w"]["separation"]["separated"]
-    assert "TOO CLOSE TO CALL" in format_recommendation(rec)
+    assert "TOO CLOSE TO CALL" in format_recommendation(Recommendation.from_json(rec))
 
 
 def _bracket(cell: str, gpus: int, lo: float | None, hi: float | None, axes: int = 1) -> dict[str, Any]:
     return {"cell_id": cell, "gpus": gpus, "axes": axes, "capacity_rps": lo, "upper_rps": hi}
+
+
+def _tsep(configs: list[dict[str, Any]], rec: dict[str, Any] | None, target: float) -> dict[str, Any] | None:
+    """``_target_separation`` on configurations and a pick written as the file has them."""
+    sep: Separation | None = _target_separation(
+        [Configuration.from_json(c) for c in configs], Pick.from_json(rec) if rec else None, target
+    )
+    return sep.to_json() if sep else None
 
 
 def test_a_target_answer_is_too_close_to_call_when_a_smaller_bracket_holds_the_target() -> None:
@@ -230,19 +239,20 @@ def test_a_target_answer_is_too_close_to_call_when_a_smaller_bracket_holds_the_t
     big = _bracket("tp2-dp2", 4, 46.1, 46.8, axes=2)
     rec = {"cell_id": "tp2-dp2", "gpus": 4}
     decided = [_bracket("tp2", 2, 21.1, 21.3), _bracket("tp4", 4, 30.3, 30.6), big]
-    sep = _target_separation(decided, rec, 38.0)
+    sep = _tsep(decided, rec, 38.0)
     assert sep is not None and sep["separated"] and sep["runner_up"] == "tp4"
     straddles = [_bracket("tp2", 2, 21.1, 21.3), _bracket("tp4", 4, 35.0, 39.0), big]  # 38 lies inside tp4's bracket
-    sep = _target_separation(straddles, rec, 38.0)
+    sep = _tsep(straddles, rec, 38.0)
     assert sep is not None and not sep["separated"] and sep["runner_up"] == "tp4"
     assert "too close to call at 38 req/s" in sep["text"]
     never_failed = [_bracket("tp4", 4, 30.0, None), big]  # passed 30, nothing failed: 38 is open
-    assert not _target_separation(never_failed, rec, 38.0)["separated"]  # type: ignore[index]
+    assert not _tsep(never_failed, rec, 38.0)["separated"]  # type: ignore[index]
     # nothing met the target: a bracket holding it makes "none" too close to call as well
-    sep = _target_separation([_bracket("tp2", 2, 21.1, 21.3), _bracket("tp4", 4, 35.0, 39.0)], None, 38.0)
+    sep = _tsep([_bracket("tp2", 2, 21.1, 21.3), _bracket("tp4", 4, 35.0, 39.0)], None, 38.0)
     assert sep is not None and not sep["separated"] and sep["text"].startswith("no configuration and tp4")
     # a larger configuration is never the runner-up of a target answer; no smaller one: no line
-    assert _target_separation([_bracket("tp2", 2, 40.0, 44.0), _bracket("tp4", 4, 35.0, 39.0)], {"cell_id": "tp2", "gpus": 2}, 38.0) is None
+    assert _tsep([_bracket("tp2", 2, 40.0, 44.0), _bracket("tp4", 4, 35.0, 39.0)], {"cell_id": "tp2", "gpus": 2}, 38.0) is None
+
 
 
 def test_an_undecided_baseline_stays_in_the_evidence_not_in_the_headlines_undecided_list(tmp_path: Path,
@@ -253,7 +263,7 @@ def test_an_undecided_baseline_stays_in_the_evidence_not_in_the_headlines_undeci
     undecided = {**_point("tp1", 8.0, 0.9), "requests": 40, "ok": 40}  # a probe the sample cannot decide
     sweep = _sweep(tmp_path, [base, _point("tp1", 2.0, 1.0), _point("tp1", 4.0, 1.0), undecided])
     monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
-    wr = recommend(sweep)["workloads"]["w"]
+    wr = recommend(sweep).to_json()["workloads"]["w"]
     loads = wr["configurations"][0]["loads"]
     assert [p["verdict"] for p in loads if p["baseline"]] == ["undecided"]  # kept in the configuration's loads
     assert wr["undecided"] and all("one request at a time" not in u for u in wr["undecided"])

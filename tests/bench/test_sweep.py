@@ -98,11 +98,11 @@ def test_cells_run_skip_and_fail_with_the_engine_log(tmp_path: Path) -> None:
 def test_recommendation_file_and_rescoring(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     run_sweep(_spec(matrix=MatrixSpec(tp=(1, 2))), out, launcher=FixedSimLauncher(), echo=lambda s: None, progress=False)
-    rec = recommend(out)
+    rec = recommend(out).to_json()
     assert rec["recommendation"]["cell_id"] == "tp1"  # both meet the SLOs; tp1 uses fewer GPUs
     assert rec["recommendation"]["evidence"]["attainment"] == 1.0
     # re-judged from the request tables with an SLO no request can meet (fixed TTFT is 20 ms)
-    strict = recommend(out, slo={"ttft_ms": 5.0})
+    strict = recommend(out, slo={"ttft_ms": 5.0}).to_json()
     assert strict["recommendation"] is None
     assert all(c["capacity_rps"] is None for c in strict["workloads"]["in32-out8"]["configurations"])
 
@@ -242,7 +242,7 @@ def test_concurrency_loads_with_repeats_are_pooled(tmp_path: Path) -> None:
     # repeats use different prompts (seeds), the same lengths
     a = pq.read_table(out / "cell=tp1" / "load=conc-1-r1" / "schedule.parquet")
     assert a.num_rows == 8
-    rec = recommend(out)
+    rec = recommend(out).to_json()
     cfg = {c["cell_id"]: c for c in rec["workloads"]["in32-out8"]["configurations"]}
     assert cfg["tp1"]["max_concurrency"] == 4
     assert [p["requests"] for p in cfg["tp1"]["loads"]] == [16, 16]  # two repeats pooled per load

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from analysis.recommend import format_recommendation, load_points, recommend
+from analysis.recommend_types import Recommendation
 from bench.sweep.store import read_cells
 from tests.conftest import REPO
 
@@ -54,14 +55,14 @@ def test_resume_with_tighter_slos_probes_the_gap_and_settles_the_answer(tmp_path
 
     # re-judged at the tight SLOs: every probed rate fails, nothing below was measured
     tight = {"ttft_ms": 40.0, "tpot_ms": 40.0}
-    rec = recommend(out, slo=tight)
+    rec = recommend(out, slo=tight).to_json()
     wr = rec["workloads"]["in128-out16"]
     for c in wr["configurations"]:
         assert c["capacity_rps"] is None and c["unknown_below_rps"] == min(before[c["cell_id"]])
     assert wr["provisional"] and rec["recommendation"] is None
     command = f"bench sweep --resume --out {out} --slo {TIGHT}"
     assert "not probed below" in rec["message"] and command in rec["message"]
-    assert "no capacity under the SLOs" not in format_recommendation(rec)
+    assert "no capacity under the SLOs" not in format_recommendation(Recommendation.from_json(rec))
 
     r = _bench("sweep", "--resume", "--out", str(out), "--slo", TIGHT)
     assert "re-judged at ttft_ms=40,tpot_ms=40" in r.stderr
@@ -77,13 +78,13 @@ def test_resume_with_tighter_slos_probes_the_gap_and_settles_the_answer(tmp_path
         assert c["status"] == "complete" and c["capacity_rps"] is not None
         assert json.loads(c["capacity_json"])["in128-out16"]["judged"]["slo"] == tight
 
-    resumed = recommend(out)  # the sweep's own SLOs are now the tight ones
+    resumed = recommend(out).to_json()  # the sweep's own SLOs are now the tight ones
     assert resumed["slo"] == tight and not resumed["workloads"]["in128-out16"].get("provisional")
     assert resumed["recommendation"] is not None
 
     fresh = tmp_path / "fresh"
     _bench(*SWEEP, "--slo", TIGHT, "--out", str(fresh))
-    answer = recommend(fresh)
+    answer = recommend(fresh).to_json()
     assert answer["recommendation"]["cell_id"] == resumed["recommendation"]["cell_id"]
     # the same verdict per configuration: each meets the 3 req/s target in both or in neither
     for c in answer["workloads"]["in128-out16"]["configurations"]:

@@ -76,7 +76,7 @@ def test_two_running_deployments_are_measured_and_the_one_meeting_the_slos_is_re
     cells = {r["cell_id"]: r for r in read_cells(out)}
     assert cells["big"]["gpus"] == 2 and cells["small"]["gpus"] == 1
     assert cells["small"]["capacity_rps"] is None and cells["big"]["capacity_rps"] == 8.0
-    assert recommend(out)["recommendation"]["cell_id"] == "big"
+    assert recommend(out).to_json()["recommendation"]["cell_id"] == "big"
     # what each server says about itself, read through the engine profile's routes
     info = json.loads(cells["big"]["engine_info"])
     assert info["url"] == two_deployments["fast"] and info["started_by_bench"] is False

@@ -14,6 +14,7 @@ import pytest
 
 from adapters.metrics_map import common_name, metric_names
 from analysis.server_metrics import bucket_quantile, server_summary, ttft_cross_check, window_histogram
+from analysis.summary_types import json_of
 from loadgen.scrape import DeltaTracker, MetricsScraper, parse_metrics
 from results.reader import read_server_metrics
 from tests.conftest import shared_path, wait_until
@@ -250,7 +251,7 @@ def test_cross_check_and_summary(tmp_path: Path) -> None:
     w.flush()
     send = np.arange(10, dtype=np.int64) * 10**9
     reqs = pa.table({"send_ns": send, "first_token_ns": send + 31_000_000})
-    c = ttft_cross_check(tmp_path, reqs)
+    c = json_of(ttft_cross_check(tmp_path, reqs))  # the check as its JSON payload
     assert c is not None and c["server_count"] == 10 and c["client_count"] == 10
     assert c["server_mean_ms"] == pytest.approx(30.0) and c["client_p50_ms"] == pytest.approx(31.0)
     assert c["client_p50_in_server_bucket"] is True

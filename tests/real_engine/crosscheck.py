@@ -27,13 +27,13 @@ def main(run_dir: Path) -> None:
     if c is None:
         print("no server TTFT histogram in this run")
         return
-    lo, hi = c["server_p50_bucket_ms"]
-    print(f"client TTFT p50 {c['client_p50_ms']:.2f} ms, mean {c['client_mean_ms']:.2f} ms (n={c['client_count']})")
-    print(f"vLLM histogram p50 {c['server_p50_ms']:.2f} ms (interpolated in its {lo:g}-{hi:g} ms bucket), "
-          f"mean {c['server_mean_ms']:.2f} ms (exact, n={c['server_count']:.0f})")  # fmt: skip
-    print(f"p50: client {100 * c['p50_rel_diff']:+.1f}% raw; through the same buckets "
-          f"{c.get('client_p50_bucketed_ms', float('nan')):.2f} ms = {100 * c.get('p50_rel_diff_bucketed', float('nan')):+.1f}%; "
-          f"mean {100 * c['mean_rel_diff']:+.1f}%")  # fmt: skip
+    lo, hi = c.server_p50_bucket_ms
+    print(f"client TTFT p50 {c.client_p50_ms:.2f} ms, mean {c.client_mean_ms:.2f} ms (n={c.client_count})")
+    print(f"vLLM histogram p50 {c.server_p50_ms:.2f} ms (interpolated in its {lo:g}-{hi:g} ms bucket), "
+          f"mean {c.server_mean_ms:.2f} ms (exact, n={c.server_count:.0f})")  # fmt: skip
+    print(f"p50: client {100 * c.p50_rel_diff:+.1f}% raw; through the same buckets "
+          f"{c.client_p50_bucketed_ms:.2f} ms = {100 * c.p50_rel_diff_bucketed:+.1f}%; "
+          f"mean {100 * c.mean_rel_diff:+.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from launch.config import ParallelConfig
 from launch.launcher import EngineHandle, LaunchSpec, launch
 from adapters.openai import OpenAIAdapter
 from analysis.server_metrics import ttft_cross_check, window_histogram
+from analysis.summary_types import json_of
 from analysis.ttft_split import SOURCE_SPANS, request_parts, split_summary
 from analysis.summary import summarize_run
 from bench.execute import RunConfig, execute_run
@@ -107,7 +108,7 @@ def test_metrics_scraped_and_ttft_cross_check(engine: EngineHandle, tmp_path: Pa
     assert {"waiting", "running", "kv_cache_usage", "ttft_seconds", "queue_seconds", "prefill_seconds"} <= commons
     h = window_histogram(table, "ttft_seconds")
     assert h is not None and h.total == 16  # exactly this run's requests in the window
-    check = ttft_cross_check(run_dir, read_requests(run_dir))
+    check = json_of(ttft_cross_check(run_dir, read_requests(run_dir)))  # the check as its JSON payload
     assert check is not None and check["client_count"] == 16
     # the client's TTFT includes HTTP and the API server; it cannot be below the engine's
     assert check["client_mean_ms"] >= 0.9 * check["server_mean_ms"]
@@ -132,7 +133,7 @@ def test_launched_engine_leaves_bench_timing_alone(engine: EngineHandle, tmp_pat
     assert one_read < len(rows) / 2, f"{one_read} of {len(rows)} responses arrived in a single read"
     tpot = sorted((r["end_ns"] - r["first_token_ns"]) / (r["output_tokens"] - 1) for r in rows)
     assert tpot[len(tpot) // 2] > 0
-    check = ttft_cross_check(run_dir, read_requests(run_dir))
+    check = json_of(ttft_cross_check(run_dir, read_requests(run_dir)))  # the check as its JSON payload
     assert check is not None and check["client_count"] == 40
     # like with like (the client's TTFTs in the engine's buckets): by hand +7 %, launched in a
     # new session +47 % on the same host
@@ -210,7 +211,7 @@ def test_two_cell_sweep_measures_cleanly(tmp_path: Path) -> None:
         assert tpot[len(tpot) // 2] > 0, cell
         summary = summarize_run(run_dir)
         assert summary.requests.anomalies == 0, (cell, summary.requests.anomaly_kinds)
-        check = ttft_cross_check(run_dir, read_requests(run_dir))
+        check = json_of(ttft_cross_check(run_dir, read_requests(run_dir)))  # the check as its JSON payload
         assert check is not None and check["p50_rel_diff_bucketed"] < 0.25, (cell, check)
 
 
