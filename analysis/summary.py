@@ -25,6 +25,7 @@ from analysis.metrics import (
     ChunkGaps,
     PooledDistribution,
     chunk_gaps,
+    final_summaries,
     keep_freed_memory,
     max_itl_ms,
     measured,
@@ -360,8 +361,8 @@ def _summary_of(
     latency: dict[str, dict[str, float]] = {}
     for name in ("ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms", "schedule_lag_ms", "ttft_from_intended_ms", "max_itl_ms"):
         latency[name] = percentiles(ok_df[name].to_numpy(dtype=float), ps)
-    latency["itl_ms"] = pooled.itl.summary(ps)
-    latency["chunk_gap_ms"] = pooled.chunk_gap.summary(ps)
+    # the exact distributions' values are consumed here (held once, percentiles in place)
+    latency["itl_ms"], latency["chunk_gap_ms"] = final_summaries([pooled.itl, pooled.chunk_gap], ps)
     slo = None
     if options.slo:
         slo = SloAttainment(
