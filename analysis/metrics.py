@@ -520,13 +520,15 @@ def _gather(dist: PooledDistribution, sharing: list[PooledDistribution]) -> np.n
             d._parts[k] = _EMPTY
             d._last = None  # it may hold the last part
         if k % 4 == 3:
-            _return_freed_memory()  # the freed parts' pages, kept by keep_freed_memory()
-    _return_freed_memory()
+            return_freed_memory()  # the freed parts' pages, kept by keep_freed_memory()
+    return_freed_memory()
     return values
 
 
-def _return_freed_memory() -> None:
-    """Give the pages of freed heap blocks back to the OS (glibc ``malloc_trim``)."""
+def return_freed_memory() -> None:
+    """Give the pages of freed heap blocks back to the OS (glibc ``malloc_trim``, every
+    arena: the summary's worker threads allocate in their own), which ``keep_freed_memory``
+    otherwise keeps: called between batches, so the peak stays near what is live."""
     if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
         _LIBC.malloc_trim(0)
 
@@ -541,7 +543,7 @@ def percentiles_in_place(values: np.ndarray, ps: tuple[float, ...]) -> dict[str,
         return percentiles(values, ps)
     mean = float(values.mean())  # before the partition reorders the values
     qs = np.percentile(values, ps, overwrite_input=True)
-    return {"n": int(len(values)), "mean": mean, **{f"p{_pname(p)}": float(q) for p, q in zip(ps, qs)}}
+    return {"n": len(values), "mean": mean, **{f"p{_pname(p)}": float(q) for p, q in zip(ps, qs)}}
 
 
 class OneTokenChunks(NamedTuple):

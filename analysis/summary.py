@@ -27,6 +27,7 @@ from analysis.metrics import (
     chunk_gaps,
     final_summaries,
     keep_freed_memory,
+    return_freed_memory,
     max_itl_ms,
     measured,
     one_token_chunks,
@@ -125,11 +126,17 @@ def summarize_run(
     keep_freed_memory()
     if requests is None or any(c not in requests.column_names for c in REQUEST_SCALAR_COLUMNS):
         requests = read_requests(run_dir, list(REQUEST_SCALAR_COLUMNS))
-    batches = iter_request_batches(run_dir, list(REQUEST_STREAMED_COLUMNS))
+    batches = iter_request_batches(run_dir, list(REQUEST_STREAMED_COLUMNS), batch_rows=SUMMARY_BATCH_ROWS)
     try:
         return summarize_batches(batches, options, monitor, scalars=requests.select(list(REQUEST_SCALAR_COLUMNS)))
     except _RowsChanged:  # parts added since ``requests`` was read (a run still recording): one pass
         return summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS)), options, monitor)
+
+
+#: Rows per streamed batch: a few batches are in flight (``_pool_batches``), each with its
+#: chunk lists and their per-token arrays, so this bounds the summary's working memory
+#: (about 12 MB per 1024 rows of 256 tokens, ``docs/metrics.md``, Memory).
+SUMMARY_BATCH_ROWS = 1024
 
 
 class _RowsChanged(Exception):
@@ -311,8 +318,10 @@ def _pool_batches(
                 ))
                 if len(pending) > workers:
                     _take(pending.popleft().result(), parts, per_row, itl, chunk_gap)
+                    return_freed_memory()  # the batch's temporaries, freed in the threads' arenas
             while pending:
                 _take(pending.popleft().result(), parts, per_row, itl, chunk_gap)
+            return_freed_memory()
         finally:
             for future in pending:
                 future.cancel()
