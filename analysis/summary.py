@@ -123,6 +123,7 @@ def summarize_run(
     from analysis.load import iter_request_batches
     from results.reader import read_requests
 
+    return_freed_memory()  # what the caller freed (a run's own heap) is not kept beside the summary's
     keep_freed_memory()
     if requests is None or any(c not in requests.column_names for c in REQUEST_SCALAR_COLUMNS):
         requests = read_requests(run_dir, list(REQUEST_SCALAR_COLUMNS))
