@@ -6,7 +6,7 @@ counts from ``chunk_tokens`` (whose source each row names in ``token_source``).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -260,6 +260,18 @@ def _pname(p: float) -> str:
     return f"{p:g}".replace(".", "_")
 
 
+def _libc() -> Any:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
 def keep_freed_memory() -> None:
     """Let glibc keep freed large blocks for reuse instead of returning them to the OS.
 
@@ -479,12 +491,17 @@ class PooledDistribution:
         """The pooled values (exact method only)."""
         if self._pos is not None:
             raise ValueError("values are not kept past the exact limit")
+        if self._parts is _CONSUMED:
+            raise ValueError("values were consumed by final_summaries")
         return np.concatenate(self._parts) if self._parts else np.empty(0)
 
     def summary(self, ps: tuple[float, ...]) -> dict[str, float]:
         """Like ``percentiles`` on the pooled values (exact, or within the stated bound)."""
         if self._pos is None:
             return percentiles(self.values(), ps)
+        return self._histogram_summary(ps)
+
+    def _histogram_summary(self, ps: tuple[float, ...]) -> dict[str, float]:
         assert self._neg is not None
         if self.n == 0:
             return percentiles(np.empty(0), ps)
@@ -496,6 +513,80 @@ class PooledDistribution:
         at = lambda rank: value[np.searchsorted(cum, rank, side="right")]  # noqa: E731
         qs = at(lo) + (h - lo) * (at(np.minimum(lo + 1, self.n - 1)) - at(lo))
         return {"n": int(self.n), "mean": self.total / self.n, **{f"p{_pname(p)}": float(q) for p, q in zip(ps, qs)}}
+
+
+def final_summaries(dists: list[PooledDistribution], ps: tuple[float, ...]) -> list[dict[str, float]]:
+    """``summary(ps)`` of each distribution, the very same figures, in at most the memory of
+    the values held: an exact distribution's values are moved into one array part by part
+    (each part freed as it is copied, not concatenated beside them), its percentiles taken in
+    place, and a distribution pooled from the very same arrays as an earlier one (``same_as``)
+    gets that one's figures. Consumes the exact distributions: their ``values()`` are gone."""
+    out: list[dict[str, float]] = []
+    for i, dist in enumerate(dists):
+        same = next((j for j in range(i) if _same_parts(dists[j], dist)), None)
+        if same is not None:
+            out.append(dict(out[same]))
+        elif dist._pos is not None:
+            out.append(dist._histogram_summary(ps))
+        else:
+            sharing = [d for d in dists[i + 1 :] if _same_parts(dist, d)]
+            out.append(percentiles_in_place(_gather(dist, sharing), ps))
+    for dist in dists:
+        if dist._pos is None:
+            dist._parts = _CONSUMED
+    return out
+
+
+#: What ``final_summaries`` leaves of an exact distribution's values.
+_CONSUMED: list[np.ndarray] = []
+
+
+def _same_parts(a: PooledDistribution, b: PooledDistribution) -> bool:
+    """Whether both are exact and hold the very same arrays (``add(..., same_as=)``)."""
+    return (
+        a._pos is None and b._pos is None and a._parts is not _CONSUMED and len(a._parts) == len(b._parts)
+        and all(x is y for x, y in zip(a._parts, b._parts))
+    )  # fmt: skip
+
+
+def _gather(dist: PooledDistribution, sharing: list[PooledDistribution]) -> np.ndarray:
+    """``dist``'s values as one array (``values()``), each part dropped from ``dist`` and from
+    the distributions ``sharing`` it as soon as it is copied, so it can be freed."""
+    parts = dist._parts
+    values = np.empty(sum(len(p) for p in parts), np.float64 if not parts else np.result_type(*parts))
+    at = 0
+    for k in range(len(parts)):
+        n = len(parts[k])
+        values[at : at + n] = parts[k]
+        at += n
+        for d in (dist, *sharing):
+            d._parts[k] = _EMPTY
+            d._last = None  # it may hold the last part
+        if k % 4 == 3:
+            return_freed_memory()  # the freed parts' pages, kept by keep_freed_memory()
+    return_freed_memory()
+    return values
+
+
+def return_freed_memory() -> None:
+    """Give the pages of freed heap blocks back to the OS (glibc ``malloc_trim``, every
+    arena: the summary's worker threads allocate in their own), which ``keep_freed_memory``
+    otherwise keeps: called between batches, so the peak stays near what is live."""
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
+_EMPTY = np.empty(0)
+
+
+def percentiles_in_place(values: np.ndarray, ps: tuple[float, ...]) -> dict[str, float]:
+    """``percentiles(values, ps)``, the same figures, for values without NaNs that may be
+    reordered (numpy partitions them in place instead of partitioning a copy)."""
+    if len(values) == 0:
+        return percentiles(values, ps)
+    mean = float(values.mean())  # before the partition reorders the values
+    qs = np.percentile(values, ps, overwrite_input=True)
+    return {"n": len(values), "mean": mean, **{f"p{_pname(p)}": float(q) for p, q in zip(ps, qs)}}
 
 
 class OneTokenChunks(NamedTuple):

@@ -25,7 +25,9 @@ from analysis.metrics import (
     ChunkGaps,
     PooledDistribution,
     chunk_gaps,
+    final_summaries,
     keep_freed_memory,
+    return_freed_memory,
     max_itl_ms,
     measured,
     one_token_chunks,
@@ -123,14 +125,21 @@ def summarize_run(
     from analysis.load import iter_request_batches
     from results.reader import read_requests
 
+    return_freed_memory()  # what the caller freed (a run's own heap) is not kept beside the summary's
     keep_freed_memory()
     if requests is None or any(c not in requests.column_names for c in REQUEST_SCALAR_COLUMNS):
         requests = read_requests(run_dir, list(REQUEST_SCALAR_COLUMNS))
-    batches = iter_request_batches(run_dir, list(REQUEST_STREAMED_COLUMNS))
+    batches = iter_request_batches(run_dir, list(REQUEST_STREAMED_COLUMNS), batch_rows=SUMMARY_BATCH_ROWS)
     try:
         return summarize_batches(batches, options, monitor, scalars=requests.select(list(REQUEST_SCALAR_COLUMNS)))
     except _RowsChanged:  # parts added since ``requests`` was read (a run still recording): one pass
         return summarize_batches(iter_request_batches(run_dir, list(REQUEST_COLUMNS)), options, monitor)
+
+
+#: Rows per streamed batch: a few batches are in flight (``_pool_batches``), each with its
+#: chunk lists and their per-token arrays, so this bounds the summary's working memory
+#: (about 12 MB per 1024 rows of 256 tokens, ``docs/metrics.md``, Memory).
+SUMMARY_BATCH_ROWS = 1024
 
 
 class _RowsChanged(Exception):
@@ -322,8 +331,10 @@ def _pool_batches(
                 ))
                 if len(pending) > workers:
                     _take(pending.popleft().result(), parts, per_row, itl, chunk_gap)
+                    return_freed_memory()  # the batch's temporaries, freed in the threads' arenas
             while pending:
                 _take(pending.popleft().result(), parts, per_row, itl, chunk_gap)
+            return_freed_memory()
         finally:
             for future in pending:
                 future.cancel()
@@ -372,8 +383,8 @@ def _summary_of(
     latency: dict[str, dict[str, float]] = {}
     for name in ("ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms", "schedule_lag_ms", "ttft_from_intended_ms", "max_itl_ms"):
         latency[name] = percentiles(ok_df[name].to_numpy(dtype=float), ps)
-    latency["itl_ms"] = pooled.itl.summary(ps)
-    latency["chunk_gap_ms"] = pooled.chunk_gap.summary(ps)
+    # the exact distributions' values are consumed here (held once, percentiles in place)
+    latency["itl_ms"], latency["chunk_gap_ms"] = final_summaries([pooled.itl, pooled.chunk_gap], ps)
     slo = None
     if options.slo:
         slo = SloAttainment(
