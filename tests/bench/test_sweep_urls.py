@@ -185,7 +185,7 @@ def test_each_deployment_is_measured_through_its_own_engine(tmp_path: Path, vllm
         assert meta["engine"] == engine and meta["extra"]["cell"]["engine"] == engine, meta
     points = load_points(out)
     assert sorted(points["cell_id"]) == ["t", "v"] and (points["ok"] == points["requests"]).all(), points
-    assert {r["cell_id"] for r in recommend(out)["workloads"]["in32-out8"]["configurations"]} == {"v", "t"}
+    assert {r["cell_id"] for r in recommend(out).to_json()["workloads"]["in32-out8"]["configurations"]} == {"v", "t"}
     dry = CliRunner().invoke(cli, ["sweep", "--engine", "vllm", "--model", "m", "--url", "t=tgi:http://h:1",
                                    "--url", "v=http://h:2", "--rate", "1", "--dry-run"])  # fmt: skip
     assert "cell t: 1 GPU, running tgi deployment at http://h:1" in dry.output
