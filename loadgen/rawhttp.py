@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 from adapters.base import HttpCall
 from loadgen.transport import (
-    CLOCKS, KEEPALIVE_IDLE_S, Clock, FastSink, Sink, StreamError, Timeouts, overdue, progress_ns,
+    CLOCKS, KEEPALIVE_IDLE_S, Clock, FastSink, Sink, StreamError, Timeouts, fast_sink, overdue, progress_ns,
 )
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
@@ -348,8 +348,8 @@ class _Exchange:
         else:
             self.state = _UNTIL_CLOSE
             self.keep_alive = False
-        sink = self.sink
-        if self.state == _CHUNK_SIZE and 200 <= status < 300 and self.transport.use_fast and isinstance(sink, FastSink):
+        sink = fast_sink(self.sink) if self.state == _CHUNK_SIZE and 200 <= status < 300 and self.transport.use_fast else None
+        if sink is not None:
             api = sink.fast_api
             if api:
                 self._start_fast(sink, api, ts_ns, rest)

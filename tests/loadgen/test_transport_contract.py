@@ -40,3 +40,31 @@ def test_the_runner_uses_the_contract_only(module: str) -> None:
             assert "sink" not in ast.unparse(node.args[0]), ast.unparse(node)
     for line in source.splitlines():
         assert not (("transport" in line or "sink" in line) and "type: ignore" in line), line
+
+
+def test_the_compiled_path_asks_each_sink_class_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime Protocol isinstance probes every member (tens of µs): once per response it
+    delayed 1024 simultaneous first tokens by 10-20 ms, so the raw transport decides per class."""
+    import loadgen.transport as transport
+    from adapters.base import RequestSpec
+    from adapters.openai import OpenAIAdapter
+    from loadgen.recorder import RequestRecorder
+
+    class PlainSink:
+        def data(self, ts_ns: int, data: bytes) -> None: ...
+
+    calls: list[type] = []
+    real = isinstance
+
+    def counting(obj: object, cls: object) -> bool:
+        if cls is transport.FastSink:
+            calls.append(type(obj))
+        return real(obj, cls)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(transport, "_FAST_SINK_CLASSES", {})
+    monkeypatch.setitem(transport.fast_sink.__globals__, "isinstance", counting)
+    spec = RequestSpec(request_id="r", input_tokens=1, max_output_tokens=1, prompt="x")
+    recorders = [RequestRecorder(spec, OpenAIAdapter().parser(), 0, 0) for _ in range(3)]
+    assert all(transport.fast_sink(r) is r for r in recorders)
+    assert transport.fast_sink(PlainSink()) is None  # type: ignore[arg-type]
+    assert calls == [RequestRecorder, PlainSink]  # one check per class, not per response
