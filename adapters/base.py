@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 from workloads.spec import Constraint, Message, RequestSpec, Sampling
 
@@ -72,6 +72,27 @@ class StreamParser(Protocol):
     def parse(self, payload: bytes) -> StreamEvent | None:
         """Parse one SSE ``data`` payload; ``None`` for payloads that carry nothing."""
         ...
+
+
+#: The state a compiled scan keeps for a stateful parser while it takes events itself:
+#: (mode: -1 undecided, 0 cumulative text, 1 text deltas; whether the text follows the
+#: token ids; the tokens so far; the text so far as UTF-8).
+ScanState = tuple[int, bool, int, bytes]
+
+
+class ScanStateParser(StreamParser, Protocol):
+    """A parser whose per-stream state the compiled read path keeps while it takes the
+    regular events (SGLang's cumulative text): it hands the state over before the scan takes
+    events and takes it back before it parses any other payload itself."""
+
+    def fast_state(self) -> ScanState: ...
+    def fast_sync(self, mode: int, tokens: int, text: bytes | None) -> None: ...
+
+
+def keeps_scan_state(parser: StreamParser) -> TypeGuard[ScanStateParser]:
+    """Whether ``parser`` hands its stream state to the compiled scan (a plain attribute
+    check: a runtime Protocol isinstance costs tens of µs, too much on the read path)."""
+    return callable(getattr(parser, "fast_state", None)) and callable(getattr(parser, "fast_sync", None))
 
 
 class Adapter(Protocol):

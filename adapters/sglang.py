@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from adapters.base import EventKind, HttpCall, StreamEvent, register
+from adapters.base import EventKind, HttpCall, ScanState, StreamEvent, register
 from adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
 from adapters.sampling import image_urls, refuse_embeddings, refuse_tools, sglang_fields, sglang_structured
 from adapters.versions import version_at_least
@@ -59,7 +59,7 @@ class SGLangStreamParser:
     fast_api = 4
     fast_ok = True
 
-    def fast_state(self) -> tuple[int, bool, int, bytes]:
+    def fast_state(self) -> ScanState:
         """(mode: -1 undecided, 0 cumulative text, 1 text deltas; whether the text follows
         ``output_ids``; the tokens so far; the text so far as UTF-8, empty in mode 1)."""
         mode = -1 if self._incremental is None else int(self._incremental)

@@ -182,9 +182,9 @@ def sweep_settings(sweep: Path, points: pd.DataFrame) -> dict[str, Any]:
             meta = read_run_meta(Path(sweep) / rd)
         except (ResultsError, OSError):
             continue
-        cfg = meta.get("config") or {}
+        cfg: dict[str, Any] = meta.get("config") or {}
         if "slo" in cfg:
-            return cfg  # type: ignore[no-any-return]
+            return cfg
     return {}
 
 
@@ -650,7 +650,7 @@ def _separation(configs: list[Configuration], rec: Pick) -> Separation | None:
     others = [c for c in configs if c.cell_id != pick.cell_id and c.capacity_rps]
     if not others:
         return None
-    runner = max(others, key=lambda c: c.capacity_rps / c.gpus)  # type: ignore[operator]
+    runner = max(others, key=lambda c: (c.capacity_rps or 0.0) / c.gpus)  # every one has a capacity
     sep = separation(pick.cell_id, _per_gpu_bracket(pick), runner.cell_id, _per_gpu_bracket(runner))
     return Separation(runner.cell_id, sep.separated, sep.text + " (per GPU)")
 
@@ -732,7 +732,7 @@ def _choose(configs: list[Configuration], target: float | None, target_c: int | 
             c
             for c in with_cap
             if c is top
-            or c.capacity_rps_per_gpu >= (1 - TIE_FRACTION) * top.capacity_rps_per_gpu  # type: ignore[operator]
+            or (c.capacity_rps_per_gpu or 0.0) >= (1 - TIE_FRACTION) * (top.capacity_rps_per_gpu or 0.0)
             or not separation(top.cell_id, _per_gpu_bracket(top), c.cell_id, _per_gpu_bracket(c)).separated
         ]
         pick = min(tied, key=order)
@@ -740,7 +740,7 @@ def _choose(configs: list[Configuration], target: float | None, target_c: int | 
         why = (
             f"; too close to call with {', '.join(close)}: the choice falls to GPU count" if close else ""
         )
-        return _rec(pick, _evidence_at(pick, pick.capacity_rps)), (  # type: ignore[arg-type]
+        return _rec(pick, _evidence_at(pick, pick.capacity_rps or 0.0)), (
             f"the most load per GPU within the SLOs ({pick.capacity_rps_per_gpu:.3g} req/s per GPU; "
             f"no --target-rate given, so no smaller configuration is preferred for meeting one){why}"
         )

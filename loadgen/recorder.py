@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from adapters.base import EventKind, StreamEvent, StreamParser
+from adapters.base import EventKind, ScanState, ScanStateParser, StreamEvent, StreamParser, keeps_scan_state
 from adapters.sse import SSEFramer
 from loadgen.transport import StreamError
 from results.record import SOURCE_NON_STREAMING, RequestRecord
@@ -224,13 +224,19 @@ class RequestRecorder:
             return 2, event
         return (0 if getattr(self._parser, "fast_ok", False) else 1), event
 
-    def fast_state(self) -> Any:
+    def fast_state(self) -> ScanState:
         """The parser's stream state, for a scan that keeps it while taking events (SGLang)."""
-        return self._parser.fast_state()  # type: ignore[attr-defined]
+        return self._stateful_parser().fast_state()
 
-    def fast_sync(self, *state: Any) -> None:
+    def fast_sync(self, mode: int, tokens: int, text: bytes | None) -> None:
         """The scan's stream state, given back to the parser before it reads a payload."""
-        self._parser.fast_sync(*state)  # type: ignore[attr-defined]
+        self._stateful_parser().fast_sync(mode, tokens, text)
+
+    def _stateful_parser(self) -> ScanStateParser:
+        parser = self._parser
+        if not keeps_scan_state(parser):  # only a scan whose parser keeps state calls these
+            raise TypeError(f"{type(parser).__name__} keeps no scan state")
+        return parser
 
     def _parse_one(self, payload: bytes) -> tuple[StreamEvent | None, bool]:
         """One payload through the adapter's parser: (the event to keep, whether the
