@@ -56,6 +56,9 @@ SOURCES: dict[str, str] = {
     "vllm-25049": "vllm-project/vllm#25049 (Sep 2025, vLLM V1): DeepSeek-R1-0528 FP8 TP8 with and without decode "
                   "context parallel, output tok/s of 4096 requests at concurrency 4096 (no MTP rows used); GPU not "
                   "named (FA3 MLA backend: Hopper; FP8 weights at TP8 need > 80 GB per GPU: H200 assumed)",
+    "sglang-3602": "sgl-project/sglang#3602 (Feb 2025, SGLang 0.4.3-era): DeepSeek-V3 FP8 on 8xH200, TP8 vs TP8 with "
+                   "--enable-ep-moe (experts over 8 GPUs), bench_serving random 180 in / 400 out (range ratio 0: "
+                   "uniform lengths), 600 prompts at 40 req/s, output tok/s",
 }
 
 
@@ -421,10 +424,39 @@ def dcp_rows() -> list[Row]:
     return out
 
 
+#: sglang-3602: output tok/s of DeepSeek-V3 on 8xH200 by MoE layout (attention TP8 in both)
+_EP_TOK_S = {"TP8": 1403.02, "EP8": 1468.48}
+
+
+def ep_rows() -> list[Row]:
+    """Expert parallelism against tensor-parallel experts, DeepSeek-V3 FP8 on 8xH200 (sglang#3602), held out.
+
+    Fixed before the first simulation, from the PR's command lines: ``--tp 8`` with and without
+    ``--enable-ep-moe`` (attention TP8 both times; the experts sharded by TP, or whole experts over 8
+    GPUs), ``bench_serving --dataset-name random --random-input 180 --random-output 400 --num-prompts 600
+    --request-rate 40``: that era's random dataset draws each length uniformly from 1 to the given
+    length (range ratio 0; the same command in sglang#3812 printed 55 787 input and 120 861 output tokens,
+    means 93 and 201), arrivals Poisson. Our lengths are seeded uniform draws, random prompts (no prefix
+    hits). Profile ``sglang-2024`` (SGLang 0.4.1, the one profile calibrated on DeepSeek-V3; the PR's
+    SGLang is two months newer, when DeepSeek serving was getting faster, so the simulated tok/s is, if
+    anything, low); EP's expert imbalance is the simulator's default (1.3)."""
+    rng = random.Random(3602)
+    lengths = tuple((rng.randint(1, 180), rng.randint(1, 400)) for _ in range(600))
+    tok_s = {}
+    for name, ep in (("TP8", 1), ("EP8", 8)):
+        t = ModelTiming("deepseek-v3", "h200", "fp8", tp=8, ep=ep, profile="sglang-2024", enable_prefix_caching=False)
+        outs = _poisson(t, 40.0, lengths)
+        tok_s[name] = sum(len(o.token_ns) for o in outs) / (max(o.token_ns[-1] for o in outs) / 1e9)
+    cfg = "DeepSeek-V3 FP8 H200 random 180/400 x600 at 40 req/s"
+    return [Row("sglang-3602", f"{cfg}, TP8 (sglang-2024)", "output tok/s", _EP_TOK_S["TP8"], tok_s["TP8"]),
+            Row("sglang-3602", f"{cfg}, MoE over 8 GPUs (EP8) over TP8", "speed-up x",
+                _EP_TOK_S["EP8"] / _EP_TOK_S["TP8"], tok_s["EP8"] / tok_s["TP8"])]
+
+
 #: The row groups in table order.
 GROUPS: tuple[Callable[[], list[Row]], ...] = (
     vllm_ci_rows, vllm_ci_serving_rows, nim_rows, splitwise_rows, load_rows, sglang_060_rows, deepseek_rows,
-    trtllm_rows, pp_rows, pd_rows, dcp_rows)
+    trtllm_rows, pp_rows, pd_rows, dcp_rows, ep_rows)
 #: CPU seconds of each costly group on this project's host (per-group process_time at load ~12): a pool
 #: starts the costliest first, so two workers finish together (dcp_rows ~24 s against the rest ~26 s)
 _COST_S = {dcp_rows: 24.0, trtllm_rows: 7.6, pp_rows: 6.2, sglang_060_rows: 5.0, pd_rows: 3.4}
