@@ -351,6 +351,33 @@ LLAMA_405B = ModelSpec("llama-3.1-405b", 405.8, 405.8, 126, 16384, 128, 8, 128, 
 LLAMA_13B = ModelSpec("llama-2-13b", 13.0, 13.0, 40, 5120, 40, 40, 128, max_model_len=4096)
 
 
+#: TRT-LLM perf overview, Llama 3.1 405B FP8 at TP8 (the same page as ``_TRTLLM_PERF``; these figures joined the
+#: table later): gpu: {(in, out): output tok/s}. 128/128 is left out (the page ran it with 30 000 requests).
+_TRTLLM_405B: dict[str, dict[tuple[int, int], float]] = {
+    "h200": {(1000, 1000): 3330, (2048, 128): 456, (5000, 500): 650},
+    "h100": {(1000, 1000): 2919, (2048, 128): 453, (5000, 500): 610},
+}
+#: requests per (in, out) as the perf overview's "Preparing a Dataset" table gives them
+_TRTLLM_REQUESTS = {(1000, 1000): 3000, (2048, 128): 3000, (5000, 500): 1500}
+
+
+def trtllm_405b_rows() -> list[Row]:
+    """Llama 3.1 405B FP8 TP8 offline throughput on TRT-LLM, held out: TP8 on a third model size.
+
+    Fixed before the first simulation: the page's request counts (``_TRTLLM_REQUESTS``), all at
+    once, profile ``trtllm`` with FP8 weights and KV and its default memory share, as the other
+    ``trtllm-perf`` rows."""
+    out = []
+    for gpu, cases in _TRTLLM_405B.items():
+        t = ModelTiming("llama-3.1-405b", gpu, "fp8", kv_dtype="fp8", tp=8, model_spec=LLAMA_405B, profile="trtllm",
+                        enable_prefix_caching=False)
+        for (isl, osl), published in cases.items():
+            _, tok_s = _offline(t, tuple((isl, osl) for _ in range(_TRTLLM_REQUESTS[(isl, osl)])))
+            out.append(Row("trtllm-perf", f"llama-3.1-405b FP8 TP8 {gpu.upper()} {isl}/{osl} offline", "output tok/s",
+                           published, tok_s))
+    return out
+
+
 def pp_rows() -> list[Row]:
     """TP8 vs PP8 for 405B FP8 on 8xH200: TP wins minimum latency, PP maximum throughput.
 
@@ -456,7 +483,7 @@ def ep_rows() -> list[Row]:
 #: The row groups in table order.
 GROUPS: tuple[Callable[[], list[Row]], ...] = (
     vllm_ci_rows, vllm_ci_serving_rows, nim_rows, splitwise_rows, load_rows, sglang_060_rows, deepseek_rows,
-    trtllm_rows, pp_rows, pd_rows, dcp_rows, ep_rows)
+    trtllm_rows, trtllm_405b_rows, pp_rows, pd_rows, dcp_rows, ep_rows)
 #: CPU seconds of each costly group on this project's host (per-group process_time at load ~12): a pool
 #: starts the costliest first, so two workers finish together (dcp_rows ~24 s against the rest ~26 s)
 _COST_S = {dcp_rows: 24.0, trtllm_rows: 7.6, pp_rows: 6.2, sglang_060_rows: 5.0, pd_rows: 3.4}
