@@ -185,7 +185,8 @@ PROFILES: dict[str, EngineProfile] = {
     "sglang-2024": EngineProfile(
         "sglang-2024", policy="sglang-prefill-first", era="SGLang 0.4.1 (Dec 2024)",
         calibration="DeepSeek-V3 TP8 H200 batch 1 (sgl-project/sglang#2643, fitted); held out: batch 8/32 "
-                    "and ShareGPT 5k with DP attention",
+                    "within 12 %, but at batches of hundreds 2x too fast (ShareGPT 5k with DP attention 2.17x, "
+                    "sglang#3602 TP8 at 40 req/s 2.01x)",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
         mla_layer_us=MLA_LAYER_US,
     ),
@@ -226,7 +227,8 @@ BACKED: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama-3.1-70b": ("vLLM CI, NIM 70B FP8 TP2, SGLang's vLLM 0.6 comparison, Splitwise, TRT-LLM PP/TP ratios",
                       ("vllm", "vllm-v0", "sglang", "legacy-2023")),
     "mixtral-8x7b": ("vLLM CI Mixtral-8x7B TP2 rows (H200 fitted, A100 held out)", ("vllm",)),
-    "deepseek-v3": ("sgl-project/sglang#2643 DeepSeek-V3 TP8 H200 (batch 1 fitted; batch 8/32, ShareGPT held out)",
+    "deepseek-v3": (("sgl-project/sglang#2643 DeepSeek-V3 TP8 H200 (batch 1 fitted; batch 8/32 within 12 %; ShareGPT "
+                     "5k with DP attention and sglang#3602's TP8 run, batches of hundreds, 2.0-2.2x too fast)"),
                     ("sglang-2024",)),
 }
 
