@@ -40,7 +40,8 @@ class StepCost:
 
 
 #: The terms of a step's time, as ``StepCost.parts`` names them (``CostModel.times`` order).
-STEP_PARTS = ("linear", "attn_prefill", "attn_decode", "tp", "dcp", "pcp", "ep", "moe_mla_layers", "pp_send", "fixed")
+STEP_PARTS = ("linear", "attn_prefill", "attn_decode", "tp", "dcp", "pcp", "ep", "moe_mla_layers", "eager", "pp_send",
+              "fixed")
 
 #: Entries of a cost model's per-token-count cache before it starts afresh (bounds its memory).
 _BY_TOKENS_CACHE = 1 << 16
@@ -101,6 +102,8 @@ class CostModel:
         self._kv_read_bw = self.bw * gpu.mbu_kv
         self._fixed_s = profile.t_fixed_ms * 1e-3
         self._per_seq_s = profile.per_seq_us * 1e-6
+        self._eager_s = self.layers_stage * profile.eager_layer_us * 1e-6
+        self._graph_max_bs = profile.cuda_graph_max_bs
 
     # -- memory ------------------------------------------------------------------------
     @property
@@ -173,11 +176,18 @@ class CostModel:
         t_attn_pf = self._two_layers * attn_pf_flops * 2.0 * m.heads * m.head_dim / self._attn_split / self.attn_flops
         t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / self._kv_read_bw
         stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers
+        # an eager step (a prefill, or more decodes than the engine has CUDA graphs for) lasts at least
+        # the CPU time of launching its layers' kernels; the GPU's work overlaps it
+        eager = 0.0
+        if self._eager_s > stage and (prefill or n_decode > self._graph_max_bs):
+            eager = self._eager_s - stage
+            stage = self._eager_s
         # engine CPU time: per step, plus per sequence in the step (scheduling, sampling, output)
         fixed = self._fixed_s + self._per_seq_s * (len(prefill) + n_decode)
         latency = p * stage + (p - 1) * send + fixed
         occupancy = stage + send + fixed if p > 1 else latency
-        return latency, occupancy, (t_lin, t_attn_pf, t_attn_dec, t_tp, t_dcp, t_pcp, t_ep, t_layers, (p - 1) * send, fixed)
+        return latency, occupancy, (t_lin, t_attn_pf, t_attn_dec, t_tp, t_dcp, t_pcp, t_ep, t_layers, eager,
+                                    (p - 1) * send, fixed)
 
     def _token_parts(self, pf_tokens: int, n_decode: int) -> tuple[float, float, float, float, float, float, float]:
         """The step's costs that depend on its token counts alone (linear layers, collectives,
