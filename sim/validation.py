@@ -494,15 +494,15 @@ GROUPS: tuple[Callable[[], list[Row]], ...] = (
     vllm_ci_rows, vllm_ci_serving_rows, nim_rows, splitwise_rows, load_rows, sglang_060_rows, deepseek_rows,
     trtllm_rows, trtllm_405b_rows, pp_rows, pd_rows, dcp_rows, ep_rows)
 #: CPU seconds of each costly group on this project's host (per-group process_time at load ~5, issue 21's
-#: follow-up): a pool starts the costliest first, so two workers finish close together (~50 s each)
-_COST_S = {dcp_rows: 31.9, trtllm_405b_rows: 18.4, trtllm_rows: 13.7, sglang_060_rows: 13.0, pp_rows: 6.2,
-           deepseek_rows: 5.0, pd_rows: 4.0}
+#: follow-up): a pool starts the costliest first, so two workers finish close together (~35 s each)
+_COST_S = {dcp_rows: 18.8, trtllm_405b_rows: 13.0, sglang_060_rows: 10.9, trtllm_rows: 9.1, pp_rows: 6.3,
+           deepseek_rows: 4.0, pd_rows: 3.3}
 
 
 def default_workers() -> int:
     """Two processes where the host has a core to spare (1-minute load average at most its CPUs - 1), else one.
 
-    The table needs about 95 s of CPU; two processes halve its wall time on an idle 2-core machine,
+    The table needs 70-90 s of CPU; two processes halve its wall time on an idle 2-core machine,
     but on this project's shared 2-vCPU host, with no idle core, they were slower than one (192 vs
     170 s and 271 vs 224 s wall, and more CPU), so a busy host keeps one."""
     cpus = os.cpu_count() or 1
