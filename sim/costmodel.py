@@ -215,7 +215,17 @@ class CostModel:
         # collectives
         act_bytes = T_rank * m.hidden * 2.0
         t_tp = self.layers_stage * 2.0 * (self.all_reduce_s(t, act_bytes) + self.skew_s) if t > 1 and T else 0.0
-        t_dcp = 2.0 * self.layers_stage * _pick(g.ar_alpha_us, par.dcp) * 1e-6 if par.dcp > 1 and n_decode else 0.0
+        t_dcp = 0.0
+        if par.dcp > 1 and n_decode:
+            # per layer: the DCP group's decode queries all-gathered (each rank attends its KV shard with the
+            # group's heads), then the partial outputs and their log-sum-exp exchanged back (bytes: ours, from
+            # the query/output widths; MLA: 576-wide latent queries, 512-wide latent outputs)
+            heads = m.heads / t * par.dcp
+            q_width = m.mla_kv_dim or m.head_dim
+            out_width = (m.mla_kv_dim - 64) if m.mla_kv_dim else m.head_dim
+            q_bytes = n_decode * heads * q_width * 2.0
+            out_bytes = n_decode * heads * (out_width * 2.0 + 4.0)
+            t_dcp = self.layers_stage * (self.all_gather_s(par.dcp, q_bytes) + self.all_gather_s(par.dcp, out_bytes))
         t_pcp = 0.0
         if par.pcp > 1 and pf_tokens:
             t_pcp = self.layers_stage * self.all_gather_s(par.pcp, pf_tokens * self.kv_bytes_token_layer_total)
