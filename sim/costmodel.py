@@ -40,7 +40,8 @@ class StepCost:
 
 
 #: The terms of a step's time, as ``StepCost.parts`` names them (``CostModel.times`` order).
-STEP_PARTS = ("linear", "attn_prefill", "attn_decode", "tp", "dcp", "pcp", "ep", "moe_mla_layers", "pp_send", "fixed")
+STEP_PARTS = ("linear", "attn_prefill", "attn_decode", "tp", "dcp", "pcp", "ep", "moe_mla_layers", "eager", "pp_send",
+              "fixed")
 
 #: Entries of a cost model's per-token-count cache before it starts afresh (bounds its memory).
 _BY_TOKENS_CACHE = 1 << 16
@@ -101,6 +102,8 @@ class CostModel:
         self._kv_read_bw = self.bw * gpu.mbu_kv
         self._fixed_s = profile.t_fixed_ms * 1e-3
         self._per_seq_s = profile.per_seq_us * 1e-6
+        self._eager_s = self.layers_stage * profile.eager_layer_us * 1e-6
+        self._graph_max_bs = profile.cuda_graph_max_bs
 
     # -- memory ------------------------------------------------------------------------
     @property
@@ -173,11 +176,18 @@ class CostModel:
         t_attn_pf = self._two_layers * attn_pf_flops * 2.0 * m.heads * m.head_dim / self._attn_split / self.attn_flops
         t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / self._kv_read_bw
         stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers
+        # an eager step (a prefill, or more decodes than the engine has CUDA graphs for) lasts at least
+        # the CPU time of launching its layers' kernels; the GPU's work overlaps it
+        eager = 0.0
+        if self._eager_s > stage and (prefill or n_decode > self._graph_max_bs):
+            eager = self._eager_s - stage
+            stage = self._eager_s
         # engine CPU time: per step, plus per sequence in the step (scheduling, sampling, output)
         fixed = self._fixed_s + self._per_seq_s * (len(prefill) + n_decode)
         latency = p * stage + (p - 1) * send + fixed
         occupancy = stage + send + fixed if p > 1 else latency
-        return latency, occupancy, (t_lin, t_attn_pf, t_attn_dec, t_tp, t_dcp, t_pcp, t_ep, t_layers, (p - 1) * send, fixed)
+        return latency, occupancy, (t_lin, t_attn_pf, t_attn_dec, t_tp, t_dcp, t_pcp, t_ep, t_layers, eager,
+                                    (p - 1) * send, fixed)
 
     def _token_parts(self, pf_tokens: int, n_decode: int) -> tuple[float, float, float, float, float, float, float]:
         """The step's costs that depend on its token counts alone (linear layers, collectives,
@@ -205,7 +215,17 @@ class CostModel:
         # collectives
         act_bytes = T_rank * m.hidden * 2.0
         t_tp = self.layers_stage * 2.0 * (self.all_reduce_s(t, act_bytes) + self.skew_s) if t > 1 and T else 0.0
-        t_dcp = 2.0 * self.layers_stage * _pick(g.ar_alpha_us, par.dcp) * 1e-6 if par.dcp > 1 and n_decode else 0.0
+        t_dcp = 0.0
+        if par.dcp > 1 and n_decode:
+            # per layer: the DCP group's decode queries all-gathered (each rank attends its KV shard with the
+            # group's heads), then the partial outputs and their log-sum-exp exchanged back (bytes: ours, from
+            # the query/output widths; MLA: 576-wide latent queries, 512-wide latent outputs)
+            heads = m.heads / t * par.dcp
+            q_width = m.mla_kv_dim or m.head_dim
+            out_width = (m.mla_kv_dim - 64) if m.mla_kv_dim else m.head_dim
+            q_bytes = n_decode * heads * q_width * 2.0
+            out_bytes = n_decode * heads * (out_width * 2.0 + 4.0)
+            t_dcp = self.layers_stage * (self.all_gather_s(par.dcp, q_bytes) + self.all_gather_s(par.dcp, out_bytes))
         t_pcp = 0.0
         if par.pcp > 1 and pf_tokens:
             t_pcp = self.layers_stage * self.all_gather_s(par.pcp, pf_tokens * self.kv_bytes_token_layer_total)

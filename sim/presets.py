@@ -126,6 +126,11 @@ class EngineProfile:
     moe_gemm_tflops: float = 0.0
     #: fixed time per MLA attention layer per step (latent projections, rope split, extra kernels)
     mla_layer_us: float = 0.0
+    #: decode batches above this size run without CUDA graphs (0: every step is graphed, or not modelled);
+    #: such eager steps, and every step carrying a prefill, take at least ``eager_layer_us`` per layer:
+    #: the CPU time to launch the layer's kernels one by one (the GPU waits for them)
+    cuda_graph_max_bs: int = 0
+    eager_layer_us: float = 0.0
     #: multi-step scheduling: decode steps in a row before a prefill may start (prefill-first policies)
     scheduler_steps: int = 1
     #: TGI router: a new batch joins when waiting >= ratio x running, or after max_waiting_steps
@@ -152,6 +157,9 @@ class EngineProfile:
 MOE_LAYER_US = 15.0  # vLLM CI Mixtral-8x7B TP2 H200 bs8 32/128 latency, 1921.1 ms
 MOE_GEMM_TFLOPS = 90.0  # vLLM CI Mixtral-8x7B TP2 H200 offline ShareGPT, 8.05 req/s
 MLA_LAYER_US = 356.0  # sglang#2643 DeepSeek-V3 TP8 H200 batch 1 128/256, 30.29 tok/s
+#: sglang#3602 DeepSeek-V3 TP8 H200 at 40 req/s, 1403 output tok/s: decode batches above SGLang's default
+#: CUDA-graph limit of 160 (its server_args at the time) and prefills run eagerly
+SGLANG_2024_EAGER_LAYER_US = 3600.0
 V0_PER_SEQ_US = 70.0  # vLLM 0.6.0 70B TP4 H100 ShareGPT 4 req/s median TPOT 23.58 ms (sglang-060)
 V0_REQUEST_OVERHEAD_MS = 40.0  # same row, median TTFT 179.15 ms
 PROFILES: dict[str, EngineProfile] = {
@@ -184,10 +192,11 @@ PROFILES: dict[str, EngineProfile] = {
     # kernels, many small kernels per layer; MLA term fitted to the batch-1 row of sgl-project/sglang#2643.
     "sglang-2024": EngineProfile(
         "sglang-2024", policy="sglang-prefill-first", era="SGLang 0.4.1 (Dec 2024)",
-        calibration="DeepSeek-V3 TP8 H200 batch 1 (sgl-project/sglang#2643, fitted); held out: batch 8/32 "
-                    "and ShareGPT 5k with DP attention",
+        calibration="DeepSeek-V3 TP8 H200 batch 1 (sgl-project/sglang#2643, fitted: mla_layer_us) and TP8 at 40 "
+                    "req/s (sglang#3602, fitted: eager steps above 160); held out: batch 8/32 within 12 %, EP8 over "
+                    "TP8 0.95, but ShareGPT 5k with DP attention 1.66x too fast",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
-        mla_layer_us=MLA_LAYER_US,
+        mla_layer_us=MLA_LAYER_US, cuda_graph_max_bs=160, eager_layer_us=SGLANG_2024_EAGER_LAYER_US,
     ),
     # TensorRT-LLM: in-flight batching with chunked context (mixed steps), C++ runtime: no
     # engine skew on the all-reduces (the 15 us skew is a vLLM fit, reference §3.4). Nothing fitted.
@@ -226,7 +235,8 @@ BACKED: dict[str, tuple[str, tuple[str, ...]]] = {
     "llama-3.1-70b": ("vLLM CI, NIM 70B FP8 TP2, SGLang's vLLM 0.6 comparison, Splitwise, TRT-LLM PP/TP ratios",
                       ("vllm", "vllm-v0", "sglang", "legacy-2023")),
     "mixtral-8x7b": ("vLLM CI Mixtral-8x7B TP2 rows (H200 fitted, A100 held out)", ("vllm",)),
-    "deepseek-v3": ("sgl-project/sglang#2643 DeepSeek-V3 TP8 H200 (batch 1 fitted; batch 8/32, ShareGPT held out)",
+    "deepseek-v3": (("sgl-project/sglang#2643 and #3602 DeepSeek-V3 TP8 H200 (batch 1 and TP8 at 40 req/s fitted; "
+                     "batch 8/32 within 12 %, EP8 over TP8 0.95; ShareGPT 5k with DP attention 1.66x too fast)"),
                     ("sglang-2024",)),
 }
 

@@ -111,6 +111,32 @@ def test_a_slow_expert_gemm_ceiling_slows_large_moe_steps_only() -> None:
     assert step_s(1, 97.0) == pytest.approx(step_s(1, 0.0), rel=0.01)
 
 
+def test_eager_steps_above_the_cuda_graph_limit_take_the_launch_floor() -> None:
+    # sglang-2024: decode batches above 160 (SGLang's default CUDA-graph limit) and prefills run eagerly,
+    # at least eager_layer_us per layer; a graphed decode batch of 160 does not
+    prof = PROFILES["sglang-2024"]
+    cm = CostModel(MODELS["deepseek-v3"], GPUS["h200"], prof, Parallel(tp=8), "fp8")
+    floor = 61 * prof.eager_layer_us * 1e-6
+    assert prof.cuda_graph_max_bs == 160 and floor > 0.1
+    graphed, eager, prefill = cm.step([], 160, 160 * 300), cm.step([], 161, 161 * 300), cm.step([(128, 0)], 0, 0)
+    assert graphed.parts["eager"] == 0.0 and graphed.latency_s < floor
+    assert eager.latency_s >= floor and eager.parts["eager"] > 0.0 and prefill.latency_s >= floor
+    assert sum(eager.parts.values()) == pytest.approx(eager.latency_s)
+    # every other profile leaves the term out
+    vllm = CostModel(MODELS["deepseek-v3"], GPUS["h200"], PROFILES["vllm"], Parallel(tp=8), "fp8")
+    assert vllm.step([], 600, 600 * 300).parts["eager"] == 0.0
+
+
+def test_the_dcp_exchange_grows_with_the_decode_batch() -> None:
+    cm = CostModel(MODELS["deepseek-v3"], GPUS["h200"], PROFILES["vllm"], Parallel(tp=8, dcp=8), "fp8")
+    one, many = cm.step([], 1, 1000).parts["dcp"], cm.step([], 1024, 1024 * 1000).parts["dcp"]
+    # one sequence: two latency-bound collectives per layer (alpha at 8 GPUs: 15 us on H200)
+    assert one == pytest.approx(2 * 61 * 15e-6, rel=0.05)
+    # 1024 sequences: the query all-gather and the output/LSE exchange move ~150 MB per layer each
+    assert many > 10 * one
+    assert cm.step([(512, 0)], 0, 0).parts["dcp"] == 0.0
+
+
 def test_every_result_names_its_profile_policy_and_calibration() -> None:
     info = describe(ModelTiming("llama-3.1-70b", "h100", tp=4, profile="vllm-v0"))
     assert (info["profile"], info["policy"]) == ("vllm-v0", "v0-prefill-first")
