@@ -138,6 +138,14 @@ class Instance:
     def next_event_ns(self) -> int | None:
         """The next step end or step start (the backend asks every instance before each event)."""
         inflight = self.inflight
+        if self.pp == 1:  # one step in flight at most; none running is in one when none is in flight
+            if inflight:
+                return inflight[0].end_ns
+            if not self.blocked and (self.waiting or self.running):
+                return self.stage_free_ns if self.stage_free_ns > self.clock else self.clock
+            if self.pending:
+                return max(self.stage_free_ns, self.clock, self.pending[0][0])
+            return None
         ev: int | None = None
         if inflight:
             ev = inflight[0].end_ns if len(inflight) == 1 else min(b.end_ns for b in inflight)
