@@ -85,9 +85,6 @@ class FixedBackend:
         return None
 
     def advance(self, now: int) -> None:
-        if len(self.instances) == 1 and self.instances[0].pp == 1 and not self.lockstep:
-            self._advance_one(self.instances[0], now)
-            return
         while True:
             t = self.next_event_ns()
             if t is None or t > now:
