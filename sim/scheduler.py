@@ -403,8 +403,9 @@ class Instance:
         busy = int(occupancy_s * factor * 1e9)
         self.stage_free_ns = t + busy
         pf = 0
-        for chunk, _ctx in plan.prefill:
-            pf += chunk
+        if plan.prefill:
+            for chunk, _ctx in plan.prefill:
+                pf += chunk
         b = Batch(t, end, plan.work, pf, n_dec)
         self.inflight.append(b)
         self.steps += 1
@@ -418,11 +419,14 @@ class Instance:
         out: list[SimRequest] = []
         append = out.append
         end = b.end_ns
+        running = self.running
+        pool = self.pool
+        prefill_role = self.role == "prefill"
         for req, n in b.work:
             req.in_flight = False
             if req.aborted:
-                if req in self.running:
-                    self.running.remove(req)
+                if req in running:
+                    running.remove(req)
                 self.free(req)
                 continue
             target = req.prefill_target
@@ -432,9 +436,9 @@ class Instance:
                 self._register_full_blocks(req)
                 if req.num_computed < target:
                     continue  # more chunks to go
-                if self.role == "prefill":
+                if prefill_role:
                     req.prefill_done_ns = end
-                    self.running.remove(req)
+                    running.remove(req)
                     self.free(req)
                     append(req)
                     continue
@@ -443,8 +447,13 @@ class Instance:
                 req.prefill_done_ns = end
             if req.generated >= req.max_tokens:
                 req.finished = True
-                self.running.remove(req)
-                self.free(req)
+                running.remove(req)
+                # ``free``, inlined (once per finished request)
+                if req.shared_blocks:
+                    pool.release_all(req.shared_blocks)
+                    req.shared_blocks = []
+                pool.free += req.private_blocks
+                req.private_blocks = 0
             append(req)
         return out
 
