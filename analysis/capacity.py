@@ -82,11 +82,6 @@ def slo_outcomes(df: pd.DataFrame, slo: SLO) -> dict[str, np.ndarray]:
     return out
 
 
-def _pct(values: np.ndarray, q: float) -> float:
-    v = values[~np.isnan(values)]
-    return float(np.percentile(v, q)) if len(v) else float("nan")
-
-
 @dataclass(frozen=True)
 class Saturation:
     saturated: bool
@@ -222,7 +217,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
         output_tokens_per_s=totals.output_tokens_per_s,
         max_in_flight=_max_in_flight(kept),
         rejected_at_admission=admission_rejections(kept),
-        top_error=_top_error(df[keep & ~ok]),
+        top_error=_top_error(df[keep & ~ok]) if (keep & ~ok).any() else None,
         **latency,
         input_tokens_mean=float(prompt.mean()) if len(okdf) else _NAN,
         output_tokens_mean=float(okdf["output_tokens"].mean()) if len(okdf) else _NAN,
@@ -251,8 +246,11 @@ def _latency_percentiles(okdf: pd.DataFrame) -> dict[str, float]:
     out: dict[str, float] = {}
     for name in ("ttft_ms", "tpot_ms", "e2e_ms", "ttft_from_intended_ms"):
         vals = okdf[name].to_numpy(dtype=float)
-        for q in (50, 90, 99):
-            out[f"{name[:-3]}_p{q}_ms"] = _pct(vals, q)
+        v = vals[~np.isnan(vals)]
+        # (one call for the three: each percentile is computed as its own call computes it)
+        qs = [float(x) for x in np.percentile(v, (50, 90, 99))] if len(v) else [float("nan")] * 3
+        for q, x in zip((50, 90, 99), qs):
+            out[f"{name[:-3]}_p{q}_ms"] = x
     return out
 
 
