@@ -109,6 +109,8 @@ class Instance:
         self.policy = cost.prof.scheduling_policy()
         self.decode_steps = 0  # decode steps since the last prefill step (prefill-first policies)
         self.several = False  # a request of several sequences (n > 1) was added: ``_launch`` counts them
+        #: mixed steps, both roles, no PP: a step may be planned by ``_decodes_only``
+        self._mixed_alone = self.policy.mixed and role == "both" and pp == 1
 
     # -- queue -------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -257,6 +259,10 @@ class Instance:
         """Plan and cost one step (micro-batch) starting at virtual time ``t``."""
         self.clock = max(self.clock, t)
         self._release_pending(t)
+        if self._mixed_alone:
+            decodes = self._decodes_only()
+            if decodes is not None:
+                return self._launch(decodes, t)
         plan = _Plan(self.limits.max_num_batched_tokens)
         pol = self.policy
         if pol.mixed or self.role != "both":
@@ -274,6 +280,38 @@ class Instance:
             self.blocked = True
             return None
         return self._launch(plan, t)
+
+    def _decodes_only(self) -> _Plan | None:
+        """The step ``_plan_decodes`` and ``_plan_prefills`` plan when it can only be the next
+        decode of every running request (none in prefill, aborted or in flight, each next token
+        inside its blocks, within the token budget, and no admission possible: nothing waiting
+        or ``max_num_seqs`` running), found in one pass; None otherwise. Most steps of a loaded
+        engine are these (mixed policy, one role, no PP: ``_mixed_alone``)."""
+        running = self.running
+        n = len(running)
+        lim = self.limits
+        if not n or n > lim.max_num_batched_tokens or (self.waiting and n < lim.max_num_seqs):
+            return None
+        bs = lim.block_size
+        dec_ctx = 0
+        for req in running:
+            nc = req.num_computed
+            if (
+                nc < req.prefill_target
+                or req.aborted
+                or req.in_flight
+                or -(-(nc + 1) // bs) > len(req.shared_blocks) + req.private_blocks
+            ):
+                return None
+            dec_ctx += nc + 1
+        plan = _Plan(lim.max_num_batched_tokens - n)
+        work = plan.work
+        for req in running:
+            work.append((req, 1))
+            req.in_flight = True
+        plan.n_dec = n
+        plan.dec_ctx = dec_ctx
+        return plan
 
     def _plan_decodes(self, plan: "_Plan") -> None:
         """One token for every running request in decode (preempting the newest when KV runs out).
