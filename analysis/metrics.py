@@ -74,8 +74,7 @@ def request_metrics(table: pa.Table) -> pd.DataFrame:
     for cached, frame in list(_METRICS_CACHE):  # (one read of the list: another thread may replace it)
         if cached is table:
             return frame.copy()
-    df = scalar_metrics(table.select(scalar_columns(table.column_names)))
-    df["max_itl_ms"] = _max_itl_per_request(table)
+    df = _metrics_frame(table.select(scalar_columns(table.column_names)), _max_itl_per_request(table))
     if table.num_rows <= _METRICS_CACHE_ROWS:
         _METRICS_CACHE[:] = [(table, df.copy())]
     return df
@@ -95,17 +94,44 @@ def scalar_columns(names: list[str]) -> list[str]:
 
 def scalar_metrics(scalars: pa.Table) -> pd.DataFrame:
     """``request_metrics`` without ``max_itl_ms`` (which needs the chunk lists)."""
-    df = scalars.to_pandas()
-    send = df["send_ns"].astype("float64")
-    ft = df["first_token_ns"].astype("float64")
-    df["ttft_ms"] = (ft - send) / NS_PER_MS
-    df["ttfo_ms"] = (df["first_content_ns"].astype("float64") - send) / NS_PER_MS
-    df["e2e_ms"] = (df["end_ns"].astype("float64") - send) / NS_PER_MS
-    per_sequence = df["output_tokens"].astype("float64") / sequences(df)
-    df["tpot_ms"] = np.where(per_sequence >= 2, (df["e2e_ms"] - df["ttft_ms"]) / (per_sequence - 1), np.nan)
-    df["schedule_lag_ms"] = (send - df["intended_send_ns"].astype("float64")) / NS_PER_MS
-    df["ttft_from_intended_ms"] = (ft - df["intended_send_ns"].astype("float64")) / NS_PER_MS
-    return df
+    return _metrics_frame(scalars, None)
+
+
+def _metrics_frame(scalars: pa.Table, max_itl: np.ndarray | None) -> pd.DataFrame:
+    """``scalars`` as a DataFrame with the metric columns after its own (``max_itl_ms`` last,
+    when given). The metrics are computed on the columns as pandas would hold them (an integer
+    column with nulls as float64 with NaN) and added in Arrow, so the frame is built once
+    (inserting columns into a DataFrame one by one cost more than the arithmetic)."""
+
+    def col(name: str) -> np.ndarray:
+        return np.asarray(scalars.column(name).to_numpy(zero_copy_only=False)).astype("float64")
+
+    send = col("send_ns")
+    ft = col("first_token_ns")
+    intended = col("intended_send_ns")
+    ttft = (ft - send) / NS_PER_MS
+    e2e = (col("end_ns") - send) / NS_PER_MS
+    per_sequence = col("output_tokens") / sequences(scalars)
+    with np.errstate(invalid="ignore", divide="ignore"):  # (np.where evaluates both branches)
+        tpot = np.where(per_sequence >= 2, (e2e - ttft) / (per_sequence - 1), np.nan)
+    metrics = {
+        "ttft_ms": ttft,
+        "ttfo_ms": (col("first_content_ns") - send) / NS_PER_MS,
+        "e2e_ms": e2e,
+        "tpot_ms": tpot,
+        "schedule_lag_ms": (send - intended) / NS_PER_MS,
+        "ttft_from_intended_ms": (ft - intended) / NS_PER_MS,
+    }
+    if max_itl is not None:
+        metrics["max_itl_ms"] = max_itl
+    table = scalars
+    for name, values in metrics.items():
+        array = pa.array(np.asarray(values, dtype="float64"))
+        if name in table.column_names:  # (replaced in place, as pandas would)
+            table = table.set_column(table.column_names.index(name), name, array)
+        else:
+            table = table.append_column(name, array)
+    return table.to_pandas()
 
 
 def sequences(rows: pd.DataFrame | pa.Table | pa.RecordBatch) -> np.ndarray:

@@ -200,41 +200,58 @@ def pooled_loads(points: pd.DataFrame, attainment_pct: float, level: float = CON
     done["_w"] = done["requests"].astype(float)
     role = done["role"] if "role" in done else pd.Series("load", index=done.index)
     done["_base"] = role.fillna("load").eq("baseline")
+    done = done.reset_index(drop=True)  # positions = index labels (the groups below are read by position)
+    # every column read once, as a whole (a pandas column access per group and column cost
+    # more than the rest of the sweep's judging); the groups then slice these
+    columns = list(done.columns)
+    values = {c: done[c].tolist() for c in columns}
+    pooled_cols = [
+        c
+        for c in columns
+        if c.startswith(("ttft_", "tpot_", "e2e_", "miss_share_", "server_"))
+        or c in ("attainment", "throughput_rps", "goodput_rps", "admitted_rps")
+    ]
+    numeric = {c: pd.to_numeric(done[c], errors="coerce").to_numpy(dtype=float) for c in pooled_cols}
+    weights = done["_w"].to_numpy()
+    saturated = done["saturated"].fillna(False).to_numpy()
+    reasons_all = done["saturation_reason"].tolist() if "saturation_reason" in done else None
+    run_dirs = done["run_dir"].tolist()
     out = []
-    for (_, kind, value), g in done.groupby(["_base", "load_kind", "load_value"], sort=True):
-        w = g["_w"].to_numpy()
-        row = g.iloc[0].to_dict()
-        for col in g.columns:
-            if col.startswith(("ttft_", "tpot_", "e2e_", "miss_share_", "server_")) or col in (
-                "attainment",
-                "throughput_rps",
-                "goodput_rps",
-                "admitted_rps",
-            ):
-                vals = pd.to_numeric(g[col], errors="coerce").to_numpy(dtype=float)
-                ok = ~np.isnan(vals)
-                row[col] = float(np.average(vals[ok], weights=w[ok])) if ok.any() and w[ok].sum() > 0 else float("nan")
+    for pos in _group_positions(values["_base"], values["load_kind"], values["load_value"]):
+        w = weights[pos]
+        row = {c: values[c][pos[0]] for c in columns}
+        for col in pooled_cols:
+            vals = numeric[col][pos]
+            ok = ~np.isnan(vals)
+            row[col] = float(np.average(vals[ok], weights=w[ok])) if ok.any() and w[ok].sum() > 0 else float("nan")
         row["requests"] = int(w.sum())
-        row["saturated"] = bool(g["saturated"].fillna(False).any())
-        reasons = [r for r in g.get("saturation_reason", pd.Series(dtype=object)).dropna()]
+        row["saturated"] = bool(saturated[pos].any())
+        reasons = [] if reasons_all is None else [r for r in (reasons_all[i] for i in pos) if not pd.isna(r)]
         row["saturation_reason"] = reasons[0] if reasons else None
-        row["runs"] = list(g["run_dir"].dropna())
-        _judge(row, g, attainment_pct, level)
+        row["runs"] = [r for r in (run_dirs[i] for i in pos) if not pd.isna(r)]
+        records = [{k: (None if _missing(v) else v) for k, v in ((c, values[c][i]) for c in columns)} for i in pos]
+        _judge(row, records, attainment_pct, level)
         out.append(row)
     df = pd.DataFrame(out)
     # the one-at-a-time baseline first (the lightest load), then by load
     return df.sort_values(["_base", "load_value"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
-def _judge(row: dict[str, Any], runs: pd.DataFrame, attainment_pct: float, level: float) -> None:
+def _group_positions(*keys: list[Any]) -> list[np.ndarray]:
+    """Row positions of each distinct key (``DataFrame.groupby(keys, sort=True)``'s groups, in
+    its order: keys sorted, rows in table order, rows with a missing key left out)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, key in enumerate(zip(*keys)):
+        if not any(_missing(k) for k in key):
+            groups.setdefault(key, []).append(i)
+    return [np.array(groups[k], dtype=np.intp) for k in sorted(groups)]
+
+
+def _judge(row: dict[str, Any], records: list[dict[str, Any]], attainment_pct: float, level: float) -> None:
     """The load's pooled verdict (analysis.capacity.judge_load) into ``row``; the pooled
-    figures are those of the runs the client measured truthfully."""
-    # column by column (DataFrame.to_dict goes row by row through iloc: twice the time here)
-    cols = list(runs.columns)
-    records = [
-        {k: (None if _missing(v) else v) for k, v in zip(cols, row)} for row in zip(*(runs[c].tolist() for c in cols))
-    ]
-    if "attainment" not in runs or runs["attainment"].isna().all():  # no SLO: saturation alone
+    figures are those of the runs the client measured truthfully. ``records``: the load's
+    runs, one dict each (missing values as None)."""
+    if all(r.get("attainment") is None for r in records):  # no SLO: saturation alone
         row.update(passed=not row["saturated"], verdict="pass" if not row["saturated"] else "fail", verdict_reason=None)
         row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan)
         return

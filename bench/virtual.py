@@ -169,24 +169,30 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
         for a, b in zip(turns, turns[1:]):
             prev[b] = a
     sends: list[Send] = []
+    append = sends.append
     bs = backend.block_size
-    for i, spec in enumerate(schedule.requests):
-        before = history.get(prev[i], []) if i in prev else []
-        text = _prompt_text(spec, before)
+    prefix_caching = backend.prefix_caching
+    open_loop = schedule.mode == "open"
+    max_len = backend.max_model_len
+    no_history: list[str] = []
+    for i, spec in enumerate(schedule.requests):  # (once per request of every load: locals only)
+        before = history.get(prev[i], no_history) if prev and i in prev else no_history
+        text = spec.prompt if spec.prompt is not None and not before else _prompt_text(spec, before)
         if spec.session_id is not None:
             history[i] = [*before, *_contents(spec), _answer(spec.request_id, spec.max_output_tokens)]
         words = text.split()  # the engine's tokens, without the whitespace its token ids ignore
-        n = max(1, len(words))
-        sends.append(
+        n = len(words) or 1
+        out_tokens = spec.max_output_tokens
+        append(
             Send(
-                prompt_len=n,
-                max_tokens=spec.max_output_tokens,
-                block_hashes=_block_hashes(words, bs) if backend.prefix_caching else (),
-                warmup=spec.phase == "warmup",
-                at_ns=spec.send_offset_ns if schedule.mode == "open" else None,
-                after=prev.get(i),
-                think_ns=spec.think_time_ns,
-                reject=n + spec.max_output_tokens > backend.max_model_len,
+                n,  # prompt_len
+                out_tokens,  # max_tokens
+                _block_hashes(words, bs) if prefix_caching else (),  # block_hashes
+                spec.phase == "warmup",  # warmup
+                spec.send_offset_ns if open_loop else None,  # at_ns
+                prev.get(i),  # after
+                spec.think_time_ns,  # think_ns
+                n + out_tokens > max_len,  # reject
             )
         )
     return sends

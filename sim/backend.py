@@ -278,6 +278,9 @@ class ModelBackend:
         return best
 
     def advance(self, now: int) -> None:
+        if len(self.instances) == 1 and self.instances[0].pp == 1 and not self.lockstep:
+            self._advance_one(self.instances[0], now)
+            return
         while True:
             best: int | None = None
             which: Instance | None = None
@@ -304,6 +307,46 @@ class ModelBackend:
                     self._hand_off(req, b.end_ns)
             else:
                 self._emit_tokens(done, b.end_ns)
+
+    def _advance_one(self, inst: Instance, now: int) -> None:
+        """``advance`` for one instance without pipeline parallelism (one step in flight at
+        most): the same events in the same order, with ``next_event_ns`` and ``pop_completion``
+        inlined (this loop runs twice per engine step)."""
+        inflight = inst.inflight
+        iteration_tokens = self.stats.iteration_tokens
+        prefill_role = inst.role == "prefill"
+        while True:
+            if inflight:
+                b = inflight[0]
+                end = b.end_ns
+                if end > now:
+                    return
+                inflight.clear()
+                if inst.clock < end:
+                    inst.clock = end
+                inst.blocked = False
+                tokens = b.prefill_tokens + b.decode_tokens
+                if tokens:
+                    iteration_tokens.append(tokens)
+                    if len(iteration_tokens) > 4096:
+                        del iteration_tokens[:2048]
+                done = inst.finish_step(b)
+                if prefill_role:
+                    for req in done:
+                        self._hand_off(req, end)
+                else:
+                    self._emit_tokens(done, end)
+                continue
+            # no step in flight: no running request is in one either (``finish_step`` cleared them)
+            if not inst.blocked and (inst.waiting or inst.running):
+                t = inst.stage_free_ns if inst.stage_free_ns > inst.clock else inst.clock
+            elif inst.pending:
+                t = max(inst.stage_free_ns, inst.clock, inst.pending[0][0])
+            else:
+                return
+            if t > now:
+                return
+            inst.start_step(t)
 
     def _emit_tokens(self, reqs: list[SimRequest], end: int) -> None:
         """A finished step's tokens (one per request, at ``end``) to their sinks; runs once per

@@ -109,6 +109,8 @@ class Instance:
         self.policy = cost.prof.scheduling_policy()
         self.decode_steps = 0  # decode steps since the last prefill step (prefill-first policies)
         self.several = False  # a request of several sequences (n > 1) was added: ``_launch`` counts them
+        #: mixed steps, both roles, no PP: a step may be planned by ``_decodes_only``
+        self._mixed_alone = self.policy.mixed and role == "both" and pp == 1
 
     # -- queue -------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -138,6 +140,14 @@ class Instance:
     def next_event_ns(self) -> int | None:
         """The next step end or step start (the backend asks every instance before each event)."""
         inflight = self.inflight
+        if self.pp == 1:  # one step in flight at most; none running is in one when none is in flight
+            if inflight:
+                return inflight[0].end_ns
+            if not self.blocked and (self.waiting or self.running):
+                return self.stage_free_ns if self.stage_free_ns > self.clock else self.clock
+            if self.pending:
+                return max(self.stage_free_ns, self.clock, self.pending[0][0])
+            return None
         ev: int | None = None
         if inflight:
             ev = inflight[0].end_ns if len(inflight) == 1 else min(b.end_ns for b in inflight)
@@ -249,6 +259,10 @@ class Instance:
         """Plan and cost one step (micro-batch) starting at virtual time ``t``."""
         self.clock = max(self.clock, t)
         self._release_pending(t)
+        if self._mixed_alone:
+            decodes = self._decodes_only()
+            if decodes is not None:
+                return self._launch(decodes, t)
         plan = _Plan(self.limits.max_num_batched_tokens)
         pol = self.policy
         if pol.mixed or self.role != "both":
@@ -266,6 +280,38 @@ class Instance:
             self.blocked = True
             return None
         return self._launch(plan, t)
+
+    def _decodes_only(self) -> _Plan | None:
+        """The step ``_plan_decodes`` and ``_plan_prefills`` plan when it can only be the next
+        decode of every running request (none in prefill, aborted or in flight, each next token
+        inside its blocks, within the token budget, and no admission possible: nothing waiting
+        or ``max_num_seqs`` running), found in one pass; None otherwise. Most steps of a loaded
+        engine are these (mixed policy, one role, no PP: ``_mixed_alone``)."""
+        running = self.running
+        n = len(running)
+        lim = self.limits
+        if not n or n > lim.max_num_batched_tokens or (self.waiting and n < lim.max_num_seqs):
+            return None
+        bs = lim.block_size
+        dec_ctx = 0
+        for req in running:
+            nc = req.num_computed
+            if (
+                nc < req.prefill_target
+                or req.aborted
+                or req.in_flight
+                or -(-(nc + 1) // bs) > len(req.shared_blocks) + req.private_blocks
+            ):
+                return None
+            dec_ctx += nc + 1
+        plan = _Plan(lim.max_num_batched_tokens - n)
+        work = plan.work
+        for req in running:
+            work.append((req, 1))
+            req.in_flight = True
+        plan.n_dec = n
+        plan.dec_ctx = dec_ctx
+        return plan
 
     def _plan_decodes(self, plan: "_Plan") -> None:
         """One token for every running request in decode (preempting the newest when KV runs out).
@@ -395,8 +441,9 @@ class Instance:
         busy = int(occupancy_s * factor * 1e9)
         self.stage_free_ns = t + busy
         pf = 0
-        for chunk, _ctx in plan.prefill:
-            pf += chunk
+        if plan.prefill:
+            for chunk, _ctx in plan.prefill:
+                pf += chunk
         b = Batch(t, end, plan.work, pf, n_dec)
         self.inflight.append(b)
         self.steps += 1
@@ -410,11 +457,14 @@ class Instance:
         out: list[SimRequest] = []
         append = out.append
         end = b.end_ns
+        running = self.running
+        pool = self.pool
+        prefill_role = self.role == "prefill"
         for req, n in b.work:
             req.in_flight = False
             if req.aborted:
-                if req in self.running:
-                    self.running.remove(req)
+                if req in running:
+                    running.remove(req)
                 self.free(req)
                 continue
             target = req.prefill_target
@@ -424,9 +474,9 @@ class Instance:
                 self._register_full_blocks(req)
                 if req.num_computed < target:
                     continue  # more chunks to go
-                if self.role == "prefill":
+                if prefill_role:
                     req.prefill_done_ns = end
-                    self.running.remove(req)
+                    running.remove(req)
                     self.free(req)
                     append(req)
                     continue
@@ -435,8 +485,13 @@ class Instance:
                 req.prefill_done_ns = end
             if req.generated >= req.max_tokens:
                 req.finished = True
-                self.running.remove(req)
-                self.free(req)
+                running.remove(req)
+                # ``free``, inlined (once per finished request)
+                if req.shared_blocks:
+                    pool.release_all(req.shared_blocks)
+                    req.shared_blocks = []
+                pool.free += req.private_blocks
+                req.private_blocks = 0
             append(req)
         return out
 

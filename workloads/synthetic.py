@@ -61,22 +61,23 @@ class SyntheticWorkload:
         text_rng = rng if self.salt is None else np.random.default_rng([self.seed, self.salt])
         # every prompt in one call, warm-up first (the order the requests below take them)
         prompts = iter(synth.texts(self.warmup + self.requests, self.input_tokens, text_rng))
+        input_tokens, output_tokens, source = self.input_tokens, self.output_tokens, synth.source
 
         def spec(request_id: str, phase: Phase, offset_ns: int | None) -> RequestSpec:
             return RequestSpec(
                 request_id=request_id,
-                input_tokens=self.input_tokens,
-                max_output_tokens=self.output_tokens,
+                input_tokens=input_tokens,
+                max_output_tokens=output_tokens,
                 prompt=next(prompts),
                 send_offset_ns=offset_ns,
                 phase=phase,
-                input_tokens_source=synth.source,
+                input_tokens_source=source,
             )
 
         specs = [spec(f"w{i:06d}", "warmup", None) for i in range(self.warmup)]
-        specs += [
-            spec(f"r{i:06d}", "measure", int(offsets[i]) if offsets is not None else None) for i in range(self.requests)
-        ]
+        # (``tolist``: the offsets as Python ints at once, not one numpy scalar per request)
+        sends_ns = offsets.tolist() if offsets is not None else [None] * self.requests
+        specs += [spec(f"r{i:06d}", "measure", sends_ns[i]) for i in range(self.requests)]
         mode: LoadMode = "open" if self.rate is not None else "closed"
         return Schedule(
             name="synthetic",
