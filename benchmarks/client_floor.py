@@ -25,8 +25,11 @@ waking from ``epoll_wait``; see docs/instrument.md ("Where a client's kernel tim
 client over its steady window and prints syscalls per token; ``--c-variants`` runs the C
 client once more per flag set (the socket-option experiments, e.g. ``--c-variants="-q;-r 4194304"``).
 
+``delayed-ack`` shows why bench does not delay its ACKs (docs/instrument.md).
+
 Example:
   python benchmarks/client_floor.py --concurrency 256
+  python benchmarks/client_floor.py delayed-ack
   python benchmarks/client_floor.py --concurrency 1024 --shape end --syscalls
 """
 
@@ -44,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -301,15 +305,65 @@ def _row(name: str, tok_s: float, user: float, kern: float, extra: str = "") -> 
     print(f"{name:14} {tok_s:8.0f} {user:7.1f} {kern:7.1f} {user + kern:7.1f}  {extra}")
 
 
-def _syscall_note(r: dict[str, float | str]) -> str:
+def _syscall_note(r: Mapping[str, float | str]) -> str:
     keys = [k for k in r if k.startswith("pt_") and float(r[k]) >= 0.0005]
     return " ".join(f"{k[3:]}={float(r[k]):.3f}" for k in keys)
+
+
+def delayed_ack_main(frames: int = 300, gap_ms: float = 10.0) -> None:
+    """Why bench does not delay its ACKs (TCP_QUICKACK 0 halves the client's ACKs and
+    their kernel time): a server that leaves Nagle's algorithm on holds each small write
+    until the previous one is acknowledged, so delayed ACKs delay the tokens themselves.
+    One stream of ``frames`` 280-byte writes ``gap_ms`` apart; prints write-to-read delay."""
+    import threading
+
+    def one(server_nodelay: bool, delayed_acks: bool) -> None:
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        sent: list[int] = []
+
+        def serve() -> None:
+            conn, _ = srv.accept()
+            if server_nodelay:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.recv(16)
+            t0 = time.perf_counter_ns()
+            for i in range(frames):
+                while time.perf_counter_ns() < t0 + i * int(gap_ms * 1e6):
+                    time.sleep(0.0005)
+                sent.append(time.perf_counter_ns())
+                conn.send(b"x" * 280)
+            conn.close()
+
+        th = threading.Thread(target=serve)
+        th.start()
+        sock = socket.create_connection(srv.getsockname())
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.send(b"go")
+        got: list[int] = []
+        while data := sock.recv(65536):
+            now = time.perf_counter_ns()
+            if delayed_acks:  # Linux leaves this mode by itself: set again after every read
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+            got += [now] * (len(data) // 280)
+        th.join()
+        sock.close()
+        srv.close()
+        lat = sorted((g - w) / 1e6 for g, w in zip(got, sent))
+        print(f"server TCP_NODELAY {'on ' if server_nodelay else 'off'}, client {'delayed' if delayed_acks else 'default'} "
+              f"ACKs: write->read p50 {lat[len(lat) // 2]:.3f} ms, p99 {lat[int(len(lat) * 0.99)]:.3f} ms, max {lat[-1]:.3f} ms")
+
+    for server_nodelay in (True, False):
+        for delayed in (False, True):
+            one(server_nodelay, delayed)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
     cl = sub.add_parser("client", help="(internal) one stripped-down client")
+    sub.add_parser("delayed-ack", help="what delayed ACKs (TCP_QUICKACK 0) do to a Nagle server's tokens")
     cl.add_argument("--mode", choices=["bare", "parse"], required=True)
     cl.add_argument("--port", type=int, required=True)
     for p in (ap, cl):
@@ -330,6 +384,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.cmd == "client":
         client_main(args)
+        return
+    if args.cmd == "delayed-ack":
+        delayed_ack_main()
         return
 
     from launch.process import free_port
