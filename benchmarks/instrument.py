@@ -378,8 +378,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _client(args: argparse.Namespace, url: str, concurrency: int, out: Path) -> tuple[int, str]:
-    """Run ``bench run``; returns (peak RSS in KiB of its largest process, stderr tail)."""
+def _bench_argv(args: argparse.Namespace, url: str, concurrency: int, out: Path) -> list[str]:
+    """The ``bench run`` command line of one measurement."""
     argv = [sys.executable, "-m", "bench", "run", "--url", url, "--model", args.model, "--concurrency", str(concurrency),
             "--requests", str(concurrency * args.rounds), "--input-tokens", "32", "--output-tokens", str(args.tokens),
             "--out", str(out), "--no-progress", "--json", "--stall-timeout", "60"]
@@ -389,6 +389,12 @@ def _client(args: argparse.Namespace, url: str, concurrency: int, out: Path) -> 
         argv += ["--transport", args.transport]
     if args.clock:
         argv += ["--clock", args.clock]
+    return argv
+
+
+def _client(args: argparse.Namespace, url: str, concurrency: int, out: Path) -> tuple[int, str]:
+    """Run ``bench run``; returns (peak RSS in KiB of its largest process, stderr tail)."""
+    argv = _bench_argv(args, url, concurrency, out)
     cpus = _cpuset(args.client_cpus)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO,
