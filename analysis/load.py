@@ -104,13 +104,13 @@ def iter_request_batches(
     """The requests table of one run folder, record batch by record batch (only ``columns``),
     in file order.
 
-    The table is decoded by ``threads`` worker threads (default: one per core), a task of
-    about ``GROUP_BYTES`` per thread (``_read_tasks``: part files, or row groups of a
-    compacted file), each made contiguous there (off the caller's thread) and cut into
-    batches of ``batch_rows`` rows. A few tasks are decoded ahead, so memory stays bounded by
-    the task size whatever the run's length; a single row group much larger than a task (a
-    file compacted by other tools) is streamed batch by batch instead. Yields one empty batch
-    when there are no rows.
+    The table is decoded by ``threads`` worker threads (default: one per core), a task of at
+    most ``GROUP_BYTES`` per thread (``_read_tasks``: part files, made contiguous there, off
+    the caller's thread; or row groups of a compacted file, decoded one at a time and kept as
+    they are), cut into batches of ``batch_rows`` rows. A few tasks are decoded ahead, so
+    memory stays bounded by the task size whatever the run's length; a single row group much
+    larger than a task (a file compacted by other tools) is streamed batch by batch instead.
+    Yields one empty batch when there are no rows.
     """
     folder = Path(run_dir) / REQUESTS_DIR
     files = sorted(str(p) for p in folder.glob("*.parquet") if not p.name.startswith(".")) if folder.is_dir() else []

@@ -193,7 +193,7 @@ def write_schedule(run_dir: Path, specs: Iterable[Any]) -> None:
 #: take a file per thread still find several files in a long run).
 COMPACT_BYTES = 12 << 20
 #: Rows per row group of a compacted requests file. The merge holds at most one row group
-#: of rows beside the part being read (about 3 MB of Arrow data at 256 tokens per request),
+#: of rows beside the part being read (about 6 MB of Arrow data at 256 tokens per request),
 #: so its memory does not grow with the run; a reader streaming row group by row group
 #: (``analysis.load.iter_request_batches``, DuckDB, ``pyarrow.parquet.ParquetFile.iter_batches``)
 #: holds as little. A multiple of the summary's batch (``analysis.summary.SUMMARY_BATCH_ROWS``),
