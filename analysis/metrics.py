@@ -6,12 +6,14 @@ counts from ``chunk_tokens`` (whose source each row names in ``token_source``).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from core.memory import return_freed_memory
 
 NS_PER_MS = 1e6
 
@@ -284,18 +286,6 @@ def percentiles(values: np.ndarray, ps: tuple[float, ...]) -> dict[str, float]:
 
 def _pname(p: float) -> str:
     return f"{p:g}".replace(".", "_")
-
-
-def _libc() -> Any:
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
 
 
 def keep_freed_memory() -> None:
@@ -592,14 +582,6 @@ def _gather(dist: PooledDistribution, sharing: list[PooledDistribution]) -> np.n
             return_freed_memory()  # the freed parts' pages, kept by keep_freed_memory()
     return_freed_memory()
     return values
-
-
-def return_freed_memory() -> None:
-    """Give the pages of freed heap blocks back to the OS (glibc ``malloc_trim``, every
-    arena: the summary's worker threads allocate in their own), which ``keep_freed_memory``
-    otherwise keeps: called between batches, so the peak stays near what is live."""
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
 
 
 _EMPTY = np.empty(0)

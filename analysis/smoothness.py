@@ -150,10 +150,15 @@ _STEPS: list[tuple[int, np.ndarray]] = []
 
 
 def _steps(dd: int, n: int) -> np.ndarray:
-    """``dd * [1, 2, …, n]`` (int64), kept for the next batch of the same deadline."""
-    if not (_STEPS and _STEPS[0][0] == dd and len(_STEPS[0][1]) >= n):
-        _STEPS[:] = [(dd, dd * np.arange(1, max(n, 1 << 21) + 1, dtype=np.int64))]
-    return _STEPS[0][1][:n]
+    """``dd * [1, 2, …, n]`` (int64), kept for the next batch of the same deadline: sized to
+    the next power of two, so batches of about the same number of tokens (the summary's)
+    share one array of at most twice a batch's (1024 rows x 257 tokens: 4 MB), not a fixed
+    16 MB that would stay beside every summary."""
+    entry = _STEPS[0] if _STEPS else None  # read once: another thread may replace it
+    if entry is None or entry[0] != dd or len(entry[1]) < n:
+        entry = (dd, dd * np.arange(1, (1 << max(n - 1, 0).bit_length()) + 1, dtype=np.int64))
+        _STEPS[:] = [entry]
+    return entry[1][:n]
 
 
 def _missed_float(

@@ -138,8 +138,10 @@ def summarize_run(
 
 #: Rows per streamed batch: a few batches are in flight (``_pool_batches``), each with its
 #: chunk lists and their per-token arrays, so this bounds the summary's working memory
-#: (about 12 MB per 1024 rows of 256 tokens, ``docs/metrics.md``, Memory).
-SUMMARY_BATCH_ROWS = 1024
+#: (about 12 MB per 1024 rows of 256 tokens, ``docs/metrics.md``, Memory). 512: against
+#: 1024, about 15 MB less at the peak of ``bench summary`` on 24,576 requests x 256 tokens,
+#: the same CPU time (benchmarks/instrument.py scale data, side by side).
+SUMMARY_BATCH_ROWS = 512
 
 
 class _RowsChanged(Exception):

@@ -16,6 +16,9 @@ import click
 from bench.errors import ExitCode, as_cli_error
 from core import __version__
 from core.errors import BenchError, SettingError
+from core.memory import use_system_allocator
+
+use_system_allocator()  # before pyarrow's first allocation (core/memory.py: why)
 
 #: verb -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

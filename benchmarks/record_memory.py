@@ -8,14 +8,20 @@ already written to the run folder. A recording of 1M requests at 25k tokens/s wo
 hours; what matters is the slope: memory that grows with the requests done would, over 1M
 requests, grow 25x further than over 40k.
 
+With ``--seconds S`` the run is time-bound instead (``bench run --duration S``, requests
+enough for S seconds at the engine's nominal pace), and the percentages below refer to the
+rows the run wrote in the end.
+
 Printed: RSS when 10 %, 50 % and 100 % of the requests were written (100 %: all but the
 last part file, so the sample precedes the closing summary), the least-squares
 slope of RSS against requests written between 10 % and 100 % (MB per 10k requests), the
-peak (which includes the closing summary), wall time, and the load average before/after
-(the machine may be shared).
+peak of the samples and the client's own high-water mark (``ru_maxrss`` of the reaped
+``bench run`` process, i.e. its VmHWM: both include the closing part-file merge and
+summary), wall time, and the load average before/after (the machine may be shared).
 
 Example:
   python benchmarks/record_memory.py --requests 40000 --concurrency 512
+  python benchmarks/record_memory.py --seconds 60 --concurrency 1024 --shape end   # issue 20's target
 """
 
 from __future__ import annotations
@@ -98,6 +104,8 @@ def sample(proc: subprocess.Popen[bytes], run_dir: Path, interval: float, out: l
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=40_000)
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="time-bound run (bench run --duration) instead of --requests")
     ap.add_argument("--concurrency", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--ttft-ms", type=float, default=50.0)
@@ -106,6 +114,7 @@ def main() -> None:
     ap.add_argument("--client-cpus", default="0")
     ap.add_argument("--server-cpus", default="1")
     ap.add_argument("--keep", type=Path, help="keep the run folder here")
+    ap.add_argument("--trace", type=Path, help="write the samples here (CSV: seconds, RSS KiB, rows written)")
     ap.add_argument("--shape", choices=instrument.SHAPES, default="every",
                     help="where the lean engine puts usage (instrument.py --shape)")
     args = ap.parse_args()
@@ -117,12 +126,19 @@ def main() -> None:
     load0 = os.getloadavg()
     engine, _ = instrument._start_engine(engine_args, port, tmp / "emission.parquet", tmp / "engine.log")
     samples: list[tuple[float, int, int]] = []
+    hwm_kib = 0
     t = time.perf_counter()
+    requests = args.requests
+    duration: list[str] = []
+    if args.seconds is not None:  # enough requests for the nominal pace; --duration ends the run
+        per_request_s = (args.ttft_ms + args.tokens * args.itl_ms) / 1000
+        requests = args.concurrency * (int(args.seconds / per_request_s) + 2)
+        duration = ["--duration", f"{args.seconds:g}"]
     try:
         argv = [sys.executable, "-m", "bench", "run", "--url", f"http://127.0.0.1:{port}", "--model", "sim-model",
-                "--concurrency", str(args.concurrency), "--requests", str(args.requests), "--input-tokens", "32",
+                "--concurrency", str(args.concurrency), "--requests", str(requests), "--input-tokens", "32",
                 "--output-tokens", str(args.tokens), "--out", str(run_dir), "--no-progress", "--json",
-                "--stall-timeout", "60"]
+                "--stall-timeout", "60", *duration]
         cpus = instrument._cpuset(args.client_cpus)
         client = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
                                   env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -130,24 +146,35 @@ def main() -> None:
         sampler = threading.Thread(target=sample, args=(client, run_dir, args.interval, samples), daemon=True)
         sampler.start()
         _, stderr = client.communicate()
+        # communicate() reaped it: the engine is still running (not reaped), so the largest
+        # reaped child is the client
+        import resource
+
+        hwm_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         sampler.join()
         if client.returncode != 0:
             raise SystemExit(f"bench run failed ({client.returncode}): {stderr.decode()[-2000:]}")
     finally:
         instrument._stop(engine)
     wall = time.perf_counter() - t
-    report(samples, args, wall, load0)
+    if args.trace:
+        args.trace.write_text("".join(f"{ts:.3f},{rss},{rows}\n" for ts, rss, rows in samples))
+    report(samples, args, wall, load0, hwm_kib, RowsWritten(run_dir).count())
     if args.keep is None:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(samples: list[tuple[float, int, int]], args: argparse.Namespace, wall: float, load0: tuple[float, ...]) -> None:
+def report(
+    samples: list[tuple[float, int, int]], args: argparse.Namespace, wall: float, load0: tuple[float, ...], hwm_kib: int,
+    rows_final: int,
+) -> None:
     a = np.array(samples, dtype=np.float64).reshape(-1, 3)
     ts, rss_mb, rows = a[:, 0], a[:, 1] / 1024, a[:, 2]
-    n = args.requests
-    print(f"# bench run: {n} requests x {args.tokens} tokens, closed loop {args.concurrency} in flight, lean engine "
+    n = args.requests if args.seconds is None else rows_final
+    bound = f"{n} requests" if args.seconds is None else f"{args.seconds:g} s ({n} requests)"
+    print(f"# bench run: {bound} x {args.tokens} tokens, usage shape {args.shape}, closed loop {args.concurrency} in flight, lean engine "
           f"(TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms); client cpus {args.client_cpus or 'any'}, engine cpus "
           f"{args.server_cpus or 'any'}; {len(a)} samples every {args.interval:g} s")
     for frac in (0.1, 0.5, 1.0):
@@ -165,6 +192,7 @@ def report(samples: list[tuple[float, int, int]], args: argparse.Namespace, wall
         print(f"slope 10-100 %: {slope:+.2f} MB per 10k requests (x100 for 1M requests: {100 * slope:+.0f} MB)")
     if len(a):
         print(f"peak RSS {rss_mb.max():.1f} MB (includes the closing summary); rows written {int(rows[-1])}")
+    print(f"client VmHWM {hwm_kib / 1024:.1f} MB (ru_maxrss of bench run: recording, part-file merge, summary)")
     print(f"wall {wall:.1f} s; loadavg before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}")
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.memory import return_freed_memory
 from results.record import RequestRecord
 from results.schema import (
     MONITOR_DIR,
@@ -188,9 +189,20 @@ def write_schedule(run_dir: Path, specs: Iterable[Any]) -> None:
     write_table_atomic(pa.Table.from_pydict(cols, schema=SCHEDULE_SCHEMA), run_dir / SCHEDULE_FILE)
 
 
-#: ``compact_requests`` writes files of about this many bytes (as many rows as the parts it
-#: merges hold in that much), one row group each: the size ``analysis.load`` reads in one task.
+#: ``compact_parts`` writes files of about this many bytes of parts each (so readers that
+#: take a file per thread still find several files in a long run).
 COMPACT_BYTES = 12 << 20
+#: Rows per row group of a compacted requests file. The merge holds at most one row group
+#: of rows beside the part being read (about 6 MB of Arrow data at 256 tokens per request),
+#: so its memory does not grow with the run; a reader streaming row group by row group
+#: (``analysis.load.iter_request_batches``, DuckDB, ``pyarrow.parquet.ParquetFile.iter_batches``)
+#: holds as little. A multiple of the summary's batch (``analysis.summary.SUMMARY_BATCH_ROWS``),
+#: large enough that the fixed cost per row group (its footer entry, page headers, a
+#: dictionary page per string column) stays small beside the rows (docs/results.md, Row groups).
+ROW_GROUP_ROWS = 2048
+#: Rows per row group of the compacted client-monitor and server-metrics files: their rows
+#: are a few dozen bytes each.
+NARROW_ROW_GROUP_ROWS = 65536
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -217,30 +229,104 @@ def compact_finished_run(run_dir: Path) -> None:
     client-monitor and server-metrics parts (a part a second or two each: a long run leaves
     thousands, which cost ``bench summary`` most of a second to open). Must never fail the
     run: on an OSError (a full disk) the parts stay as they are, with a one-line note on
-    stderr; the run is complete either way."""
-    for folder, schema in ((REQUESTS_DIR, REQUESTS_SCHEMA), (MONITOR_DIR, MONITOR_SCHEMA), (SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA)):
+    stderr; the run is complete either way. What the recording freed, and then what the
+    merge freed, is handed back to the OS first (``core.memory``)."""
+    return_freed_memory()
+    for folder, schema, group_rows in (
+        (REQUESTS_DIR, REQUESTS_SCHEMA, ROW_GROUP_ROWS),
+        (MONITOR_DIR, MONITOR_SCHEMA, NARROW_ROW_GROUP_ROWS),
+        (SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA, NARROW_ROW_GROUP_ROWS),
+    ):
         try:
-            compact_parts(Path(run_dir) / folder, schema, min_parts=COMPACT_MIN_PARTS)
+            compact_parts(Path(run_dir) / folder, schema, min_parts=COMPACT_MIN_PARTS, row_group_rows=group_rows)
         except OSError as exc:
             sys.stderr.write(f"note: the {folder} part files were left unmerged ({exc})\n")
+    return_freed_memory()
 
 
-def compact_requests(run_dir: Path, file_bytes: int = COMPACT_BYTES, min_parts: int = COMPACT_MIN_PARTS) -> bool:
+def compact_requests(
+    run_dir: Path, file_bytes: int = COMPACT_BYTES, min_parts: int = COMPACT_MIN_PARTS, row_group_rows: int = ROW_GROUP_ROWS
+) -> bool:
     """``compact_parts`` of a finished run's requests table."""
-    return compact_parts(Path(run_dir) / REQUESTS_DIR, REQUESTS_SCHEMA, file_bytes, min_parts)
+    return compact_parts(Path(run_dir) / REQUESTS_DIR, REQUESTS_SCHEMA, file_bytes, min_parts, row_group_rows)
+
+
+class _RowGroupFiles:
+    """Tables appended in order, written as row groups of exactly ``group_rows`` rows (the
+    last one may hold fewer) through one ``ParquetWriter`` per file; a file is closed after
+    the row group that brings the input it took to ``file_bytes`` bytes. Holds fewer than
+    ``group_rows`` rows between calls, and writes a group from the parts' own buffers (a
+    chunked table; Arrow's writer takes it as it is, never made contiguous)."""
+
+    def __init__(self, folder: Path, schema: pa.Schema, file_bytes: int, group_rows: int) -> None:
+        self.folder, self.schema, self.file_bytes, self.group_rows = folder, schema, file_bytes, max(1, group_rows)
+        self._options = _parquet_options(schema)
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._file_bytes_in = 0
+        self._files = 0
+        self.rows_out = 0
+
+    def add(self, table: pa.Table, size: int) -> None:
+        """Append ``table`` (whose part file held ``size`` bytes)."""
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        self._file_bytes_in += size
+        while self._pending_rows >= self.group_rows:
+            rows = pa.concat_tables(self._pending)  # zero-copy: the chunks stay the parts' arrays
+            rest = rows.slice(self.group_rows)
+            self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+            self._write_group(rows.slice(0, self.group_rows))
+
+    def finish(self) -> None:
+        if self._pending_rows:
+            self._write_group(pa.concat_tables(self._pending))
+            self._pending, self._pending_rows = [], 0
+        self._close_file()
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _write_group(self, rows: pa.Table) -> None:
+        if self._writer is None:
+            path = self.folder / f"part-000-{self._files:06d}.parquet"
+            self._writer = pq.ParquetWriter(path, self.schema, **self._options)
+            self._files += 1
+        self._writer.write_table(rows, row_group_size=rows.num_rows)
+        self.rows_out += rows.num_rows
+        if self._file_bytes_in >= self.file_bytes:
+            self._close_file()  # the rows still pending go to the next file
+
+    def _close_file(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._file_bytes_in = 0
 
 
 def compact_parts(
-    folder: Path, schema: pa.Schema, file_bytes: int = COMPACT_BYTES, min_parts: int = COMPACT_MIN_PARTS
+    folder: Path,
+    schema: pa.Schema,
+    file_bytes: int = COMPACT_BYTES,
+    min_parts: int = COMPACT_MIN_PARTS,
+    row_group_rows: int = ROW_GROUP_ROWS,
 ) -> bool:
     """Rewrite the part files of one table of a finished run (``folder``, e.g. ``requests/``)
-    as fewer, larger ones (about ``file_bytes`` each): the same rows in the same order (file
-    names keep sorting in that order), the same schema and encodings.
+    as fewer, larger ones (about ``file_bytes`` of parts each) made of row groups of
+    ``row_group_rows`` rows: the same rows in the same order (file names keep sorting in
+    that order), the same schema and encodings.
 
     A recorded run has a part per second or per 256 requests (the crash-loss bound), so a
     long one has thousands, and every reader then pays a file's fixed costs thousands of
     times (1M requests x 256 tokens: 3907 parts; ``bench summary`` about 1.8x slower than
     on files of 16k rows). Call it once every writer of the run is closed.
+
+    Memory: parts are read one at a time and written a row group at a time
+    (``_RowGroupFiles``), so the merge holds about one row group and one part whatever the
+    run's length.
 
     Crash-safe: the new files go to a hidden sibling folder, which is swapped with
     ``folder`` in one atomic step (a reader of ``folder/*.parquet`` sees either the old
@@ -248,7 +334,7 @@ def compact_parts(
     crash leaves at most a hidden folder behind. Returns False, changing nothing, with fewer
     than ``min_parts`` parts or where the atomic swap is not available (non-Linux).
     """
-    from results.reader import _read_file
+    from results.reader import read_part
 
     folder = Path(folder)
     files = sorted(str(p) for p in folder.glob("*.parquet") if not p.name.startswith(".")) if folder.is_dir() else []
@@ -257,25 +343,20 @@ def compact_parts(
     staging = folder.parent / f".{folder.name}.compact"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    options = _parquet_options(schema)
-    rows_in = rows_out = 0
-    pending: list[pa.Table] = []
-    pending_bytes = 0
+    out = _RowGroupFiles(staging, schema, file_bytes, row_group_rows)
+    rows_in = 0
     try:
-        for i, f in enumerate(files):
-            table = _read_file(f, schema)
+        for f in files:
+            table = read_part(f, schema)
             rows_in += table.num_rows
-            pending.append(table)
-            pending_bytes += os.path.getsize(f)
-            if pending_bytes >= file_bytes or i == len(files) - 1:
-                merged = pa.concat_tables(pending).combine_chunks()
-                pq.write_table(merged, staging / f"part-000-{i:06d}.parquet", row_group_size=max(1, merged.num_rows), **options)
-                rows_out += merged.num_rows
-                pending, pending_bytes = [], 0
-        if rows_out != rows_in or not _exchange(staging, folder):
+            out.add(table, os.path.getsize(f))
+            del table
+        out.finish()
+        if out.rows_out != rows_in or not _exchange(staging, folder):
             shutil.rmtree(staging, ignore_errors=True)
             return False
     except BaseException:
+        out.abort()
         shutil.rmtree(staging, ignore_errors=True)
         raise
     shutil.rmtree(staging, ignore_errors=True)  # now the old parts
