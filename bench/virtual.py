@@ -154,6 +154,13 @@ def _block_hashes(words: list[str], block_size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+#: A prompt's (length, block hashes) by (block size, prefix caching) and text: a sweep's cells
+#: send the same prompts at their n-th loads (``workloads.prompts.PromptSynth.texts``). Hashes
+#: are of this process (``_block_hashes``), so they are kept in it only; cleared when full.
+_PROMPTS: dict[tuple[int, bool], dict[str, tuple[int, tuple[int, ...]]]] = {}
+_PROMPTS_KEPT = 1 << 15
+
+
 def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
     """One ``Send`` per request of ``schedule`` (same order): lengths as the engine's tokenizer
     counts the prompt, block hashes for its prefix cache, session turns after their
@@ -175,19 +182,26 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
     open_loop = schedule.mode == "open"
     max_len = backend.max_model_len
     no_history: list[str] = []
+    known = _PROMPTS.setdefault((bs, prefix_caching), {})
     for i, spec in enumerate(schedule.requests):  # (once per request of every load: locals only)
         before = history.get(prev[i], no_history) if prev and i in prev else no_history
         text = spec.prompt if spec.prompt is not None and not before else _prompt_text(spec, before)
         if spec.session_id is not None:
             history[i] = [*before, *_contents(spec), _answer(spec.request_id, spec.max_output_tokens)]
-        words = text.split()  # the engine's tokens, without the whitespace its token ids ignore
-        n = len(words) or 1
+        seen = known.get(text)
+        if seen is None:
+            words = text.split()  # the engine's tokens, without the whitespace its token ids ignore
+            seen = (len(words) or 1, _block_hashes(words, bs) if prefix_caching else ())
+            if len(known) >= _PROMPTS_KEPT:
+                known.clear()
+            known[text] = seen
+        n, hashes = seen
         out_tokens = spec.max_output_tokens
         append(
             Send(
                 n,  # prompt_len
                 out_tokens,  # max_tokens
-                _block_hashes(words, bs) if prefix_caching else (),  # block_hashes
+                hashes,  # block_hashes
                 spec.phase == "warmup",  # warmup
                 spec.send_offset_ns if open_loop else None,  # at_ns
                 prev.get(i),  # after
