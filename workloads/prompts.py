@@ -78,8 +78,8 @@ class PromptSynth:
         words = [vocab[i] for i in rng.integers(0, len(vocab), size=count * n_tokens).tolist()]
         out = ["".join(words[k : k + n_tokens]).lstrip() for k in range(0, count * n_tokens, n_tokens)]
         if key is not None:
-            if len(_TEXTS) >= _TEXTS_KEPT:
-                del _TEXTS[next(iter(_TEXTS))]
+            while _TEXTS and sum(k[0] * k[1] for k in _TEXTS) + count * n_tokens > _TEXTS_MAX_WORDS:
+                del _TEXTS[next(iter(_TEXTS))]  # the oldest
             _TEXTS[key] = (tuple(out), rng.bit_generator.state)
         return out
 
@@ -89,10 +89,9 @@ class PromptSynth:
 
 #: ``PromptSynth.texts`` answers by (count, tokens, generator state before the draw): the
 #: prompts and the generator's state after it. The cells of a sweep draw the same prompts for
-#: their n-th loads; the oldest of ``_TEXTS_KEPT`` is dropped, and large draws are not kept.
+#: their n-th loads. At most ``_TEXTS_MAX_WORDS`` words are kept (~12 MB): the oldest draws go first.
 _TEXTS: dict[tuple[int, int, int, int, int, int], tuple[tuple[str, ...], dict[str, object]]] = {}
-_TEXTS_KEPT = 16
-_TEXTS_MAX_WORDS = 1 << 20
+_TEXTS_MAX_WORDS = 1 << 21
 
 
 def _texts_key(count: int, n_tokens: int, rng: np.random.Generator) -> tuple[int, int, int, int, int, int] | None:
