@@ -257,8 +257,11 @@ class Instance:
     # -- one step --------------------------------------------------------------------------
     def start_step(self, t: int) -> Batch | None:
         """Plan and cost one step (micro-batch) starting at virtual time ``t``."""
-        self.clock = max(self.clock, t)
-        self._release_pending(t)
+        if self.clock < t:
+            self.clock = t
+        pending = self.pending
+        if pending and pending[0][0] <= t:
+            self._release_pending(t)
         if self._mixed_alone:
             decodes = self._decodes_only()
             if decodes is not None:
@@ -316,10 +319,9 @@ class Instance:
                 pool.alloc(need)
                 req.private_blocks += need
         plan = _Plan(lim.max_num_batched_tokens - n)
-        work = plan.work
         for req in running:
-            work.append((req, 1))
             req.in_flight = True
+        plan.work = [(req, 1) for req in running]
         plan.n_dec = n
         plan.dec_ctx = dec_ctx
         return plan
