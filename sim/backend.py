@@ -321,8 +321,8 @@ class ModelBackend:
 
     def _advance_flat(self, now: int) -> None:
         """``advance`` for several instances without pipeline parallelism or lock-step: the
-        same events in the same order, with each instance's ``next_event_ns`` and
-        ``pop_completion`` inlined (one step in flight at most per instance)."""
+        same events in the same order, with a busy instance's ``next_event_ns`` (its step's
+        end) and ``pop_completion`` inlined (one step in flight at most per instance)."""
         instances = self.instances
         while True:
             best = -1
@@ -331,12 +331,11 @@ class ModelBackend:
                 inflight = inst.inflight
                 if inflight:
                     t = inflight[0].end_ns
-                elif not inst.blocked and (inst.waiting or inst.running):
-                    t = inst.stage_free_ns if inst.stage_free_ns > inst.clock else inst.clock
-                elif inst.pending:
-                    t = max(inst.stage_free_ns, inst.clock, inst.pending[0][0])
                 else:
-                    continue
+                    start = inst.next_event_ns()
+                    if start is None:
+                        continue
+                    t = start
                 if which is None or t < best:
                     best, which = t, inst
             if which is None or best > now:
