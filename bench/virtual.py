@@ -160,7 +160,7 @@ class _KnownPrompts:
     Hashes are of this process (``_block_hashes``), so they are kept in it only; forgotten
     when another block size comes, or when the texts kept would pass ``MAX_CHARS``."""
 
-    __slots__ = ("key", "by_text", "chars")
+    __slots__ = ("by_text", "chars", "key")
     MAX_CHARS = 1 << 24
 
     def __init__(self) -> None:
