@@ -16,6 +16,7 @@ def _schedule(rate: float):  # type: ignore[no-untyped-def]
 
 def test_known_prompts_give_the_sends_computed_afresh() -> None:
     be = ModelBackend(ModelTiming(preset="llama-3.1-8b"))
+    virtual._KNOWN.table((-1, False))  # forget what earlier tests sent
     first = schedule_sends(_schedule(5.0), be)
     assert virtual._KNOWN.key == (be.block_size, be.prefix_caching) and len(virtual._KNOWN.by_text) == 50
     again = schedule_sends(_schedule(9.0), be)  # same prompts, other arrival times
