@@ -23,8 +23,9 @@ part of the target (they are in the engine-reported ``prompt_tokens``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +91,7 @@ class PromptSynth:
 #: ``PromptSynth.texts`` answers by (count, tokens, generator state before the draw): the
 #: prompts and the generator's state after it. The cells of a sweep draw the same prompts for
 #: their n-th loads. At most ``_TEXTS_MAX_WORDS`` words are kept (~12 MB): the oldest draws go first.
-_TEXTS: dict[tuple[int, int, int, int, int, int], tuple[tuple[str, ...], dict[str, object]]] = {}
+_TEXTS: dict[tuple[int, int, int, int, int, int], tuple[tuple[str, ...], Mapping[str, Any]]] = {}
 _TEXTS_MAX_WORDS = 1 << 21
 
 
