@@ -154,6 +154,29 @@ def _block_hashes(words: list[str], block_size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+class _KnownPrompts:
+    """Prompts' (length, block hashes) by text, for one (block size, prefix caching): a sweep's
+    cells send the same prompts at their n-th loads (``workloads.prompts.PromptSynth.texts``).
+    Hashes are of this process (``_block_hashes``), so they are kept in it only; forgotten
+    when another block size comes, or when the texts kept would pass ``MAX_CHARS``."""
+
+    __slots__ = ("by_text", "chars", "key")
+    MAX_CHARS = 1 << 24
+
+    def __init__(self) -> None:
+        self.key: tuple[int, bool] | None = None
+        self.by_text: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self.chars = 0
+
+    def table(self, key: tuple[int, bool]) -> dict[str, tuple[int, tuple[int, ...]]]:
+        if key != self.key:
+            self.key, self.by_text, self.chars = key, {}, 0
+        return self.by_text
+
+
+_KNOWN = _KnownPrompts()
+
+
 def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
     """One ``Send`` per request of ``schedule`` (same order): lengths as the engine's tokenizer
     counts the prompt, block hashes for its prefix cache, session turns after their
@@ -175,19 +198,29 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
     open_loop = schedule.mode == "open"
     max_len = backend.max_model_len
     no_history: list[str] = []
+    known = _KNOWN.table((bs, prefix_caching))
+    chars = _KNOWN.chars
     for i, spec in enumerate(schedule.requests):  # (once per request of every load: locals only)
         before = history.get(prev[i], no_history) if prev and i in prev else no_history
         text = spec.prompt if spec.prompt is not None and not before else _prompt_text(spec, before)
         if spec.session_id is not None:
             history[i] = [*before, *_contents(spec), _answer(spec.request_id, spec.max_output_tokens)]
-        words = text.split()  # the engine's tokens, without the whitespace its token ids ignore
-        n = len(words) or 1
+        seen = known.get(text)
+        if seen is None:
+            words = text.split()  # the engine's tokens, without the whitespace its token ids ignore
+            seen = (len(words) or 1, _block_hashes(words, bs) if prefix_caching else ())
+            chars += len(text)
+            if chars > _KNOWN.MAX_CHARS:
+                known.clear()
+                chars = len(text)
+            known[text] = seen
+        n, hashes = seen
         out_tokens = spec.max_output_tokens
         append(
             Send(
                 n,  # prompt_len
                 out_tokens,  # max_tokens
-                _block_hashes(words, bs) if prefix_caching else (),  # block_hashes
+                hashes,  # block_hashes
                 spec.phase == "warmup",  # warmup
                 spec.send_offset_ns if open_loop else None,  # at_ns
                 prev.get(i),  # after
@@ -195,6 +228,7 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
                 n + out_tokens > max_len,  # reject
             )
         )
+    _KNOWN.chars = chars
     return sends
 
 

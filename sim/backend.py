@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from sim.options import ModelTiming
 from sim.request import SimRequest, prefix_block_hashes
-from sim.scheduler import Instance, Limits
+from sim.scheduler import Batch, Instance, Limits
 from sim.timing import FixedTiming
 
 
@@ -278,9 +278,16 @@ class ModelBackend:
         return best
 
     def advance(self, now: int) -> None:
-        if len(self.instances) == 1 and self.instances[0].pp == 1 and not self.lockstep:
-            self._advance_one(self.instances[0], now)
+        if self.timing.pp == 1 and not self.lockstep:
+            if len(self.instances) == 1:
+                self._advance_one(self.instances[0], now)
+            else:
+                self._advance_flat(now)
             return
+        self._advance_events(now)
+
+    def _advance_events(self, now: int) -> None:
+        """``advance``, event by event through every instance's ``next_event_ns``."""
         while True:
             best: int | None = None
             which: Instance | None = None
@@ -297,16 +304,52 @@ class ModelBackend:
                 else:
                     which.start_step(best)
                 continue
-            if b.prefill_tokens + b.decode_tokens:
-                self.stats.iteration_tokens.append(b.prefill_tokens + b.decode_tokens)
-                if len(self.stats.iteration_tokens) > 4096:
-                    del self.stats.iteration_tokens[:2048]
-            done = which.finish_step(b)
-            if which.role == "prefill":
-                for req in done:
-                    self._hand_off(req, b.end_ns)
-            else:
-                self._emit_tokens(done, b.end_ns)
+            self._complete(which, b)
+
+    def _complete(self, inst: Instance, b: Batch) -> None:
+        """A step ``inst`` has finished (popped from its in-flight list): applied, its tokens out."""
+        if b.prefill_tokens + b.decode_tokens:
+            self.stats.iteration_tokens.append(b.prefill_tokens + b.decode_tokens)
+            if len(self.stats.iteration_tokens) > 4096:
+                del self.stats.iteration_tokens[:2048]
+        done = inst.finish_step(b)
+        if inst.role == "prefill":
+            for req in done:
+                self._hand_off(req, b.end_ns)
+        else:
+            self._emit_tokens(done, b.end_ns)
+
+    def _advance_flat(self, now: int) -> None:
+        """``advance`` for several instances without pipeline parallelism or lock-step: the
+        same events in the same order, with a busy instance's ``next_event_ns`` (its step's
+        end) and ``pop_completion`` inlined (one step in flight at most per instance)."""
+        instances = self.instances
+        while True:
+            best = -1
+            which: Instance | None = None
+            for inst in instances:
+                inflight = inst.inflight
+                if inflight:
+                    t = inflight[0].end_ns
+                else:
+                    start = inst.next_event_ns()
+                    if start is None:
+                        continue
+                    t = start
+                if which is None or t < best:
+                    best, which = t, inst
+            if which is None or best > now:
+                return
+            inflight = which.inflight
+            if not inflight:
+                which.start_step(best)
+                continue
+            b = inflight[0]  # (its end is ``best``: due)
+            inflight.clear()
+            if which.clock < best:
+                which.clock = best
+            which.blocked = False
+            self._complete(which, b)
 
     def _advance_one(self, inst: Instance, now: int) -> None:
         """``advance`` for one instance without pipeline parallelism (one step in flight at

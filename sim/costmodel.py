@@ -96,6 +96,8 @@ class CostModel:
         self.moe_flops_factor = self.flops / moe_rate if 0 < moe_rate < self.flops else 1.0
         self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t / 4.0) ** 1.25 if t > 1 else 0.0
         self._by_tokens: dict[tuple[int, int], tuple[float, float, float, float, float, float, float]] = {}
+        #: ``times`` of decode-only steps by (decodes, context sum): a loaded engine's steps repeat them
+        self._decode_times: dict[tuple[int, int], tuple[float, float, tuple[float, ...]]] = {}
         # constants of ``times`` (one step's attention and fixed costs)
         self._two_layers = 2.0 * self.layers_stage
         self._attn_split = t * parallel.pcp
@@ -156,7 +158,22 @@ class CostModel:
         self, prefill: list[tuple[int, int]], n_decode: int, decode_ctx_sum: int
     ) -> tuple[float, float, tuple[float, ...]]:
         """``step`` as (latency, occupancy, the terms of ``STEP_PARTS``): the scheduler calls
-        this once per step, so it builds no dict or dataclass."""
+        this once per step, so it builds no dict or dataclass. A decode-only step's answer is
+        kept per (decodes, context sum) and returned as is the next time (the same tuple)."""
+        if not prefill:
+            key = (n_decode, decode_ctx_sum)
+            done = self._decode_times.get(key)
+            if done is None:
+                if len(self._decode_times) >= _BY_TOKENS_CACHE:
+                    self._decode_times.clear()
+                done = self._decode_times[key] = self._times(prefill, n_decode, decode_ctx_sum)
+            return done
+        return self._times(prefill, n_decode, decode_ctx_sum)
+
+    def _times(
+        self, prefill: list[tuple[int, int]], n_decode: int, decode_ctx_sum: int
+    ) -> tuple[float, float, tuple[float, ...]]:
+        """``times``, computed."""
         m = self.m
         p = self.par.pp
         pf_tokens = 0

@@ -257,8 +257,11 @@ class Instance:
     # -- one step --------------------------------------------------------------------------
     def start_step(self, t: int) -> Batch | None:
         """Plan and cost one step (micro-batch) starting at virtual time ``t``."""
-        self.clock = max(self.clock, t)
-        self._release_pending(t)
+        if self.clock < t:
+            self.clock = t
+        pending = self.pending
+        if pending and pending[0][0] <= t:
+            self._release_pending(t)
         if self._mixed_alone:
             decodes = self._decodes_only()
             if decodes is not None:
@@ -283,10 +286,12 @@ class Instance:
 
     def _decodes_only(self) -> _Plan | None:
         """The step ``_plan_decodes`` and ``_plan_prefills`` plan when it can only be the next
-        decode of every running request (none in prefill, aborted or in flight, each next token
-        inside its blocks, within the token budget, and no admission possible: nothing waiting
-        or ``max_num_seqs`` running), found in one pass; None otherwise. Most steps of a loaded
-        engine are these (mixed policy, one role, no PP: ``_mixed_alone``)."""
+        decode of every running request (none in prefill, aborted or in flight, the new blocks
+        their next tokens need all free or evictable, within the token budget, and no admission
+        possible: nothing waiting or ``max_num_seqs`` running), found in one pass; None
+        otherwise. Most steps of a loaded engine are these (mixed policy, one role, no PP:
+        ``_mixed_alone``). The blocks are allocated request by request in ``running`` order,
+        as ``_plan_decodes`` allocates them (none can fail: their sum is available)."""
         running = self.running
         n = len(running)
         lim = self.limits
@@ -294,21 +299,29 @@ class Instance:
             return None
         bs = lim.block_size
         dec_ctx = 0
+        growing: list[tuple[SimRequest, int]] | None = None
         for req in running:
             nc = req.num_computed
-            if (
-                nc < req.prefill_target
-                or req.aborted
-                or req.in_flight
-                or -(-(nc + 1) // bs) > len(req.shared_blocks) + req.private_blocks
-            ):
+            if nc < req.prefill_target or req.aborted or req.in_flight:
                 return None
+            need = -(-(nc + 1) // bs) - len(req.shared_blocks) - req.private_blocks
+            if need > 0:
+                if growing is None:
+                    growing = [(req, need)]
+                else:
+                    growing.append((req, need))
             dec_ctx += nc + 1
+        if growing is not None:
+            pool = self.pool
+            if sum(k for _, k in growing) > pool.available:
+                return None  # (the general path preempts)
+            for req, need in growing:
+                pool.alloc(need)
+                req.private_blocks += need
         plan = _Plan(lim.max_num_batched_tokens - n)
-        work = plan.work
         for req in running:
-            work.append((req, 1))
             req.in_flight = True
+        plan.work = [(req, 1) for req in running]
         plan.n_dec = n
         plan.dec_ctx = dec_ctx
         return plan

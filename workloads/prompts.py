@@ -23,8 +23,9 @@ part of the target (they are in the engine-reported ``prompt_tokens``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,12 +70,40 @@ class PromptSynth:
         one draw of 128,000 costs what a handful of draws of 128 do."""
         if type(self).text is not PromptSynth.text or n_tokens <= 0:
             return [self.text(n_tokens, rng) for _ in range(count)]
+        key = _texts_key(count, n_tokens, rng)
+        hit = _TEXTS.get(key) if key is not None else None
+        if hit is not None:  # the same draw as before (a sweep's cells share their loads' prompts)
+            rng.bit_generator.state = hit[1]
+            return list(hit[0])
         vocab = VOCAB
         words = [vocab[i] for i in rng.integers(0, len(vocab), size=count * n_tokens).tolist()]
-        return ["".join(words[k : k + n_tokens]).lstrip() for k in range(0, count * n_tokens, n_tokens)]
+        out = ["".join(words[k : k + n_tokens]).lstrip() for k in range(0, count * n_tokens, n_tokens)]
+        if key is not None:
+            while _TEXTS and sum(k[0] * k[1] for k in _TEXTS) + count * n_tokens > _TEXTS_MAX_WORDS:
+                del _TEXTS[next(iter(_TEXTS))]  # the oldest
+            _TEXTS[key] = (tuple(out), rng.bit_generator.state)
+        return out
 
     def describe(self) -> dict[str, object]:
         return {"method": self.source}
+
+
+#: ``PromptSynth.texts`` answers by (count, tokens, generator state before the draw): the
+#: prompts and the generator's state after it. The cells of a sweep draw the same prompts for
+#: their n-th loads. At most ``_TEXTS_MAX_WORDS`` words are kept (~12 MB): the oldest draws go first.
+_TEXTS: dict[tuple[int, int, int, int, int, int], tuple[tuple[str, ...], Mapping[str, Any]]] = {}
+_TEXTS_MAX_WORDS = 1 << 21
+
+
+def _texts_key(count: int, n_tokens: int, rng: np.random.Generator) -> tuple[int, int, int, int, int, int] | None:
+    """``_TEXTS``'s key for a draw from ``rng`` (PCG64, numpy's default; None otherwise or too large)."""
+    if count * n_tokens > _TEXTS_MAX_WORDS:
+        return None
+    st = rng.bit_generator.state
+    if st.get("bit_generator") != "PCG64":
+        return None
+    inner = st["state"]
+    return (count, n_tokens, int(inner["state"]), int(inner["inc"]), int(st["has_uint32"]), int(st["uinteger"]))
 
 
 class _CountingSynth(PromptSynth):

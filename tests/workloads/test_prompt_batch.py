@@ -42,3 +42,33 @@ def test_synthetic_schedule_prompts_as_drawn_one_by_one() -> None:
         assert [r.prompt for r in batched.requests] == [r.prompt for r in single.requests]
         assert [r.send_offset_ns for r in batched.requests] == [r.send_offset_ns for r in single.requests]
         assert len({r.prompt for r in batched.requests}) == 32
+
+
+def test_a_repeated_draw_is_kept_and_leaves_the_generator_where_a_fresh_draw_does() -> None:
+    from workloads import prompts
+
+    synth = PromptSynth()
+    first = synth.texts(20, 16, np.random.default_rng([3, 5]))
+    key = prompts._texts_key(20, 16, np.random.default_rng([3, 5]))
+    assert key in prompts._TEXTS  # kept
+    again = np.random.default_rng([3, 5])
+    assert synth.texts(20, 16, again) == first
+    fresh = np.random.default_rng([3, 5])
+    fresh.integers(0, 10, size=20 * 16)  # the draw, uncached
+    assert again.integers(0, 1 << 30, 4).tolist() == fresh.integers(0, 1 << 30, 4).tolist()
+    # another state is another draw
+    assert synth.texts(20, 16, np.random.default_rng([3, 6])) != first
+
+
+def test_kept_draws_stay_within_their_word_bound(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from workloads import prompts
+
+    monkeypatch.setattr(prompts, "_TEXTS", {})
+    monkeypatch.setattr(prompts, "_TEXTS_MAX_WORDS", 100)
+    synth = PromptSynth()
+    for seed in range(5):
+        synth.texts(4, 10, np.random.default_rng(seed))  # 40 words each
+    assert sum(k[0] * k[1] for k in prompts._TEXTS) <= 100
+    assert len(prompts._TEXTS) == 2  # the two newest
+    synth.texts(20, 10, np.random.default_rng(9))  # 200 words: beyond the bound, not kept
+    assert len(prompts._TEXTS) == 2
