@@ -14,7 +14,7 @@ import pytest
 
 from results.reader import read_requests
 from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA
-from results.writer import ROW_GROUP_ROWS, compact_parts, write_table_atomic
+from results.writer import compact_parts, write_table_atomic
 
 ROWS_PER_PART = 128
 TOKENS = 64
