@@ -132,6 +132,11 @@ class TtftCrossCheck(ToJson):
     client_p90_ms: float
     p50_rel_diff: float
     mean_rel_diff: float
+    #: client mean - server mean: the mean of what the client saw beyond the engine's own TTFT,
+    #: exact (the server's side is _sum/_count) when both count the same requests; unlike the
+    #: p50s it has no bucket to jump across, and unlike mean_rel_diff one slow warm-up request
+    #: does not dilute it
+    mean_gap_ms: float
     #: the client's TTFTs put into the server's buckets and interpolated the same way
     client_p50_bucketed_ms: float
     p50_rel_diff_bucketed: float
@@ -184,6 +189,7 @@ def ttft_cross_check(run_dir: Path, requests: pa.Table) -> TtftCrossCheck | None
         client_p90_ms=float(np.percentile(client_ms, 90)),
         p50_rel_diff=_rel_diff(client_p50, server_p50),
         mean_rel_diff=_rel_diff(client_mean, server_mean),
+        mean_gap_ms=client_mean - server_mean,
         client_p50_bucketed_ms=bucketed,
         p50_rel_diff_bucketed=_rel_diff(bucketed, server_p50),
         client_p50_in_server_bucket=bool(lo * 1000 <= client_p50 <= hi * 1000) if not math.isnan(lo) else None,

@@ -121,7 +121,7 @@ def _server_lines(server: dict[str, Any]) -> list[str]:
             f"TTFT cross-check (same window): client p50 {c.client_p50_ms:.2f} ms, mean {c.client_mean_ms:.2f} ms "
             f"(n={c.client_count}) | server histogram p50 {c.server_p50_ms:.2f} ms (bucket {lo:g}-{hi:g} ms), "
             f"mean {c.server_mean_ms:.2f} ms (n={c.server_count:.0f}); p50 diff {100 * c.p50_rel_diff:+.1f}%, "
-            f"mean diff {100 * c.mean_rel_diff:+.1f}%"
+            f"mean diff {100 * c.mean_rel_diff:+.1f}% ({c.mean_gap_ms:+.2f} ms)"
         )
         lines.append(
             f"  client p50 in the server's buckets {c.client_p50_bucketed_ms:.2f} ms vs server "

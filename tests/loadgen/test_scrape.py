@@ -15,6 +15,7 @@ import pytest
 from adapters.metrics_map import common_name, metric_names
 from analysis.server_metrics import bucket_quantile, server_summary, ttft_cross_check, window_histogram
 from analysis.summary_types import json_of
+from bench.report_text import _server_lines as server_lines
 from loadgen.scrape import DeltaTracker, MetricsScraper, parse_metrics
 from results.reader import read_server_metrics
 from tests.conftest import shared_path, wait_until
@@ -257,6 +258,40 @@ def test_cross_check_and_summary(tmp_path: Path) -> None:
     assert c["client_p50_in_server_bucket"] is True
     s = server_summary(tmp_path, reqs)
     assert s is not None and s["waiting_max"] == 4 and s["preemptions"] == 5 and s["scrapes"] == 2
+
+
+def _ttft_page(values_s: list[float], bounds: tuple[float, ...]) -> str:
+    """A vLLM-like page whose TTFT histogram holds exactly ``values_s``."""
+    lines = ["# TYPE vllm:time_to_first_token_seconds histogram"]
+    for le in (*bounds, math.inf):
+        n = sum(v <= le for v in values_s)
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{le="{"+Inf" if le == math.inf else le}"}} {n}')
+    lines.append(f"vllm:time_to_first_token_seconds_sum {sum(values_s)}")
+    lines.append(f"vllm:time_to_first_token_seconds_count {len(values_s)}")
+    return "\n".join(lines) + "\n"
+
+
+def test_cross_check_mean_gap_is_exact_where_the_p50s_jump_a_bucket(tmp_path: Path) -> None:
+    """vLLM's TTFT buckets are 20 ms wide at 20-100 ms: an engine at 39 ms and a client 2 ms
+    later sit in neighbouring buckets, and the p50s interpolated in them differ by half a bucket
+    or more (CI saw +28 % there). The mean gap is the 2 ms that is there."""
+    from results.writer import PartWriter
+    from results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+
+    server_s = [0.039 + 0.0001 * i for i in range(10)]  # 39.0-39.9 ms
+    bounds = (0.02, 0.04, 0.06, 0.08)
+    table = _rows_table([(100, _ttft_page([], bounds)), (200, _ttft_page(server_s, bounds))])
+    w = PartWriter(tmp_path / SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA)
+    for row in table.to_pylist():
+        w.add(row)
+    w.flush()
+    send = np.arange(10, dtype=np.int64) * 10**9
+    reqs = pa.table({"send_ns": send, "first_token_ns": send + np.array([round(v * 1e9) + 2_000_000 for v in server_s])})
+    c = ttft_cross_check(tmp_path, reqs)
+    assert c is not None and c.client_count == 10 and c.server_count == 10
+    assert c.mean_gap_ms == pytest.approx(2.0, abs=1e-6)
+    assert c.p50_rel_diff_bucketed > 0.5  # 30 ms vs 50 ms: the buckets' jump, not the client
+    assert "(+2.00 ms)" in "\n".join(server_lines({"ttft_check": c}))
 
 
 def test_a_run_reads_the_metric_names_of_the_engine_version_given(tmp_path: Path) -> None:

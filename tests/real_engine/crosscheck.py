@@ -33,7 +33,7 @@ def main(run_dir: Path) -> None:
           f"mean {c.server_mean_ms:.2f} ms (exact, n={c.server_count:.0f})")  # fmt: skip
     print(f"p50: client {100 * c.p50_rel_diff:+.1f}% raw; through the same buckets "
           f"{c.client_p50_bucketed_ms:.2f} ms = {100 * c.p50_rel_diff_bucketed:+.1f}%; "
-          f"mean {100 * c.mean_rel_diff:+.1f}%")  # fmt: skip
+          f"mean {100 * c.mean_rel_diff:+.1f}% ({c.mean_gap_ms:+.2f} ms)")  # fmt: skip
 
 
 if __name__ == "__main__":

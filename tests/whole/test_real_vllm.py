@@ -134,10 +134,12 @@ def test_launched_engine_leaves_bench_timing_alone(engine: EngineHandle, tmp_pat
     tpot = sorted((r["end_ns"] - r["first_token_ns"]) / (r["output_tokens"] - 1) for r in rows)
     assert tpot[len(tpot) // 2] > 0
     check = json_of(ttft_cross_check(run_dir, read_requests(run_dir)))  # the check as its JSON payload
-    assert check is not None and check["client_count"] == 40
-    # like with like (the client's TTFTs in the engine's buckets): by hand +7 %, launched in a
-    # new session +47 % on the same host
-    assert check["p50_rel_diff_bucketed"] < 0.25, check
+    assert check is not None and check["client_count"] == 40 == check["server_count"]
+    # like with like: the mean of what the client saw beyond the engine's own TTFT, exact over
+    # the same 40 requests. Read late (launched in a new session) it was +47 % of the engine's
+    # p50; read on time 2.4-3.8 ms of ~35-47 ms (5-8 %). Not the p50s put through the engine's
+    # 20 ms-wide buckets: near a bucket bound they jump by half a bucket (+28 % in CI for a few ms)
+    assert check["mean_gap_ms"] < 0.25 * check["server_p50_ms"], check
 
 
 def test_request_spans_over_otlp_split_ttft(engine: EngineHandle, otlp: OtlpReceiver, tmp_path: Path) -> None:
@@ -212,7 +214,8 @@ def test_two_cell_sweep_measures_cleanly(tmp_path: Path) -> None:
         summary = summarize_run(run_dir)
         assert summary.requests.anomalies == 0, (cell, summary.requests.anomaly_kinds)
         check = json_of(ttft_cross_check(run_dir, read_requests(run_dir)))  # the check as its JSON payload
-        assert check is not None and check["p50_rel_diff_bucketed"] < 0.25, (cell, check)
+        assert check is not None and check["client_count"] == check["server_count"], (cell, check)
+        assert check["mean_gap_ms"] < 0.25 * check["server_p50_ms"], (cell, check)  # as the test above
 
 
 def _group_members(pgid: int) -> list[int]:
