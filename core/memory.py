@@ -18,11 +18,28 @@ from typing import Any
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 
 
+#: Whether this process set the variable itself (the user did not): engines it launches
+#: must not inherit a setting bench made for its own memory.
+_SET_HERE = False
+
+
 def use_system_allocator() -> None:
-    """Make Arrow allocate from the system allocator in this process (and the processes it
-    starts), unless ``ARROW_DEFAULT_MEMORY_POOL`` is set already. Takes effect only before
+    """Make Arrow allocate from the system allocator in this process (and bench's own child
+    processes), unless ``ARROW_DEFAULT_MEMORY_POOL`` is set already. Takes effect only before
     Arrow's first allocation: call it before pyarrow is imported."""
-    os.environ.setdefault(ARROW_POOL_VARIABLE, "system")
+    global _SET_HERE
+    if ARROW_POOL_VARIABLE not in os.environ:
+        os.environ[ARROW_POOL_VARIABLE] = "system"
+        _SET_HERE = True
+
+
+def user_environment() -> dict[str, str]:
+    """This process's environment as the user gave it: without what bench set for its own
+    memory. An engine bench launches is measured, so it gets the user's environment."""
+    env = dict(os.environ)
+    if _SET_HERE:
+        env.pop(ARROW_POOL_VARIABLE, None)
+    return env
 
 
 def _libc() -> Any:

@@ -21,6 +21,7 @@ from launch.engines import EngineLayout, ProcessPlan
 from launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
 from launch.profiles import plan_engine, profile, unsupported_axes
 from core.control import EngineClient
+from core.memory import user_environment
 
 __all__ = [
     "EngineHandle",
@@ -208,6 +209,19 @@ def _log_path_for(log_path: Path, index: int, role: str) -> Path:
     return log_path.with_name(f"{log_path.stem}.{role}{index}{log_path.suffix or '.log'}")
 
 
+def engine_environment(
+    engine_defaults: Mapping[str, str], user_env: Mapping[str, str], devices: str | None
+) -> dict[str, str]:
+    """One engine process's environment: the user's (not what bench set for itself), the
+    engine's defaults, the user's ``--env`` over those, then its GPUs."""
+    env = user_environment()
+    env.update(engine_defaults)
+    env.update(user_env)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    return env
+
+
 def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
     """Start the engine described by ``spec``; return when it answers its readiness probe."""
     _refuse_unsupported(spec)
@@ -220,11 +234,7 @@ def launch(spec: LaunchSpec, log_path: Path) -> EngineHandle:
     deadline = time.monotonic() + spec.ready_timeout_s
     try:
         for i, (plan, dev) in enumerate(zip(layout.processes, devices)):
-            env = dict(os.environ)
-            env.update(plan.env)  # the engine's defaults; the user's env wins
-            env.update(dict(spec.env))
-            if dev is not None:
-                env["CUDA_VISIBLE_DEVICES"] = dev
+            env = engine_environment(plan.env, dict(spec.env), dev)
             argv = _containerise(spec.container_template, plan.argv, plan.port)
             proc = ManagedProcess(argv, _log_path_for(log_path, i, plan.role), env=env)
             procs.append(proc)
