@@ -75,8 +75,7 @@ class PromptSynth:
         if hit is not None:  # the same draw as before (a sweep's cells share their loads' prompts)
             rng.bit_generator.state = hit[1]
             return list(hit[0])
-        vocab = VOCAB
-        words = [vocab[i] for i in rng.integers(0, len(vocab), size=count * n_tokens).tolist()]
+        words = _VOCAB_ARRAY[rng.integers(0, len(VOCAB), size=count * n_tokens)].tolist()  # (indexed in C)
         out = ["".join(words[k : k + n_tokens]).lstrip() for k in range(0, count * n_tokens, n_tokens)]
         if key is not None:
             _TEXTS.keep(key, (tuple(out), rng.bit_generator.state), _TEXTS_MAX_WORDS)
