@@ -29,14 +29,16 @@ import pyarrow as pa
 from launch.config import ParallelConfig
 from launch.process import EngineStartError
 from analysis.capacity import max_in_flight
+from analysis.load import Run
 from bench.execute import RunConfig, RunResult, prepare_run_dir, stats_notes
 from bench.run_meta import describe_run, run_meta, workload_meta
 from core import __version__
 from core.errors import BenchError
 from core.tokenizer import output_token
 from loadgen.runner import RunStats
-from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
-from results.writer import write_run_meta, write_schedule, write_table_atomic
+from results.reader import run_meta_of
+from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, RUN_FILE, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+from results.writer import run_meta_table, write_run_meta, write_schedule, write_table_atomic
 from sim.backend import ModelBackend
 from sim.options import ModelTiming, describe
 from sim.virtual import CANCELLED, OK, REJECTED, UNSENT, Outcome, Plan, Send, run
@@ -251,6 +253,30 @@ def run_id_for(cfg: RunConfig, engine: VirtualEngine) -> str:
 
 def execute_virtual(cfg: RunConfig, engine: VirtualEngine) -> RunResult:
     """Run ``cfg.schedule`` on ``engine`` in virtual time into ``cfg.out``."""
+    done = simulate_run(cfg, engine)
+    write_run_meta(done.result.run_dir, done.meta)
+    return done.result
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    """A run simulated into its folder but for its run table (``run.parquet``, which makes the
+    folder a run): a caller that adds to the metadata first writes it once (``write_run_meta``).
+    The tables written are also kept here, so they need not be read back."""
+
+    result: RunResult
+    meta: dict[str, Any]  # as ``write_run_meta`` takes it
+    requests: pa.Table
+    server_metrics: pa.Table | None
+
+    def run(self) -> Run:
+        """The run as ``analysis.load.load_run`` would read it once its run table is written."""
+        path = self.result.run_dir
+        return Run(path, run_meta_of(run_meta_table(self.meta), path / RUN_FILE), self.requests, None)
+
+
+def simulate_run(cfg: RunConfig, engine: VirtualEngine) -> SimulatedRun:
+    """``execute_virtual`` without writing the run table."""
     unmodelled = _unmodelled_kinds(cfg.schedule.requests)
     if unmodelled:
         raise BenchError(f"virtual time models plain text generation; {unmodelled}: measure in real time (--clock auto)")
@@ -274,12 +300,13 @@ def execute_virtual(cfg: RunConfig, engine: VirtualEngine) -> RunResult:
     table = _requests_table(run_id, cfg.schedule.requests, sends, result.outcomes, backend.max_model_len)
     for k, start in enumerate(range(0, max(1, table.num_rows), PART_ROWS)):
         write_table_atomic(table.slice(start, PART_ROWS), run_dir / REQUESTS_DIR / f"part-000-{k:06d}.parquet")
-    if plan.tick_ns:
-        write_table_atomic(samples.table(result.outcomes), run_dir / SERVER_METRICS_DIR / "part-000-000000.parquet")
+    server_metrics = samples.table(result.outcomes) if plan.tick_ns else None
+    if server_metrics is not None:
+        write_table_atomic(server_metrics, run_dir / SERVER_METRICS_DIR / "part-000-000000.parquet")
     write_schedule(run_dir, cfg.schedule.requests)
     stats = _stats(result.outcomes, sends, result.t0_ns, result.end_ns)
-    write_run_meta(run_dir, _meta(cfg, engine, run_id, stats, time.perf_counter() - wall0))
-    return RunResult(run_dir, run_id, stats)
+    meta = _meta(cfg, engine, run_id, stats, time.perf_counter() - wall0)
+    return SimulatedRun(RunResult(run_dir, run_id, stats), meta, table, server_metrics)
 
 
 def _unmodelled_kinds(specs: Sequence[RequestSpec]) -> str:

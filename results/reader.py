@@ -69,7 +69,13 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
         table = read_parquet_file(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise ResultsError(f"{path}: unreadable run metadata ({exc})") from None
-    meta = table.to_pylist()[0]
+    return run_meta_of(table, path)
+
+
+def run_meta_of(table: pa.Table, path: Path) -> dict[str, Any]:
+    """The run metadata in a run table (``path``: where it is, or will be, for messages): its
+    row, and each ``*_json`` text also parsed under the name without the suffix."""
+    meta: dict[str, Any] = table.to_pylist()[0]
     _check_version(meta.get("schema_version"), path)
     for key in list(meta):
         if key.endswith("_json") and isinstance(meta[key], str):

@@ -162,13 +162,18 @@ class MonitorWriter(PartWriter):
 
 def write_run_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
     """Write (or rewrite) the one-row run table. Dict/list values become JSON text."""
+    write_table_atomic(run_meta_table(meta), run_dir / RUN_FILE)
+
+
+def run_meta_table(meta: Mapping[str, Any]) -> pa.Table:
+    """The one-row run table ``write_run_meta`` writes (dict/list values as JSON text)."""
     row: dict[str, list[Any]] = {}
     for name in RUN_SCHEMA.names:
         value = meta.get(name)
         if name.endswith("_json") and value is not None and not isinstance(value, str):
             value = json.dumps(value, sort_keys=True, default=str)
         row[name] = [value]
-    write_table_atomic(pa.Table.from_pydict(row, schema=RUN_SCHEMA), run_dir / RUN_FILE)
+    return pa.Table.from_pydict(row, schema=RUN_SCHEMA)
 
 
 def write_schedule(run_dir: Path, specs: Iterable[Any]) -> None:

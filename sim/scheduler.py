@@ -44,6 +44,11 @@ class Batch:
     decode_tokens: int
 
 
+def _blocks_short(req: SimRequest, tokens: int, block_size: int) -> int:
+    """KV blocks ``req`` must add to hold ``tokens`` tokens (0 or less: it holds them)."""
+    return -(-tokens // block_size) - len(req.shared_blocks) - req.private_blocks
+
+
 class _Plan:
     """The step being planned (a mutable accumulator, local to ``Instance.start_step``)."""
 
@@ -180,12 +185,8 @@ class Instance:
         return best
 
     # -- KV helpers ----------------------------------------------------------------------
-    def _blocks_held(self, req: SimRequest) -> int:
-        return len(req.shared_blocks) + req.private_blocks
-
     def _grow(self, req: SimRequest, tokens: int, watermark: int = 0) -> bool:
-        bs = self.limits.block_size
-        need = -(-tokens // bs) - self._blocks_held(req)
+        need = _blocks_short(req, tokens, self.limits.block_size)
         if need <= 0:
             return True
         if self.pool.available - need < watermark:
@@ -304,7 +305,7 @@ class Instance:
             nc = req.num_computed
             if nc < req.prefill_target or req.aborted or req.in_flight:
                 return None
-            need = -(-(nc + 1) // bs) - len(req.shared_blocks) - req.private_blocks
+            need = _blocks_short(req, nc + 1, bs)
             if need > 0:
                 if growing is None:
                     growing = [(req, need)]
@@ -349,7 +350,7 @@ class Instance:
             nc = req.num_computed
             if req.in_flight or nc < req.prefill_target or req.aborted:
                 continue
-            if -(-(nc + 1) // bs) > len(req.shared_blocks) + req.private_blocks:
+            if _blocks_short(req, nc + 1, bs) > 0:
                 # a new block is needed: the general path (may preempt)
                 plan.budget, plan.n_dec, plan.dec_ctx = budget, n_dec, dec_ctx
                 i = self._decode_growing(plan, req, i)
@@ -454,9 +455,8 @@ class Instance:
         busy = int(occupancy_s * factor * 1e9)
         self.stage_free_ns = t + busy
         pf = 0
-        if plan.prefill:
-            for chunk, _ctx in plan.prefill:
-                pf += chunk
+        for chunk, _ctx in plan.prefill:
+            pf += chunk
         b = Batch(t, end, plan.work, pf, n_dec)
         self.inflight.append(b)
         self.steps += 1
@@ -471,7 +471,6 @@ class Instance:
         append = out.append
         end = b.end_ns
         running = self.running
-        pool = self.pool
         prefill_role = self.role == "prefill"
         for req, n in b.work:
             req.in_flight = False
@@ -499,12 +498,7 @@ class Instance:
             if req.generated >= req.max_tokens:
                 req.finished = True
                 running.remove(req)
-                # ``free``, inlined (once per finished request)
-                if req.shared_blocks:
-                    pool.release_all(req.shared_blocks)
-                    req.shared_blocks = []
-                pool.free += req.private_blocks
-                req.private_blocks = 0
+                self.free(req)
             append(req)
         return out
 

@@ -75,27 +75,45 @@ class PromptSynth:
         if hit is not None:  # the same draw as before (a sweep's cells share their loads' prompts)
             rng.bit_generator.state = hit[1]
             return list(hit[0])
-        vocab = VOCAB
-        words = [vocab[i] for i in rng.integers(0, len(vocab), size=count * n_tokens).tolist()]
+        words = _VOCAB_ARRAY[rng.integers(0, len(VOCAB), size=count * n_tokens)].tolist()  # (indexed in C)
         out = ["".join(words[k : k + n_tokens]).lstrip() for k in range(0, count * n_tokens, n_tokens)]
         if key is not None:
-            while _TEXTS and sum(k[0] * k[1] for k in _TEXTS) + count * n_tokens > _TEXTS_MAX_WORDS:
-                del _TEXTS[next(iter(_TEXTS))]  # the oldest
-            _TEXTS[key] = (tuple(out), rng.bit_generator.state)
+            _TEXTS.keep(key, (tuple(out), rng.bit_generator.state), _TEXTS_MAX_WORDS)
         return out
 
     def describe(self) -> dict[str, object]:
         return {"method": self.source}
 
 
+_DrawKey = tuple[int, int, int, int, int, int]
+
+
+class _KeptDraws(dict[_DrawKey, tuple[tuple[str, ...], Mapping[str, Any]]]):
+    """Draws by key (count, tokens, ...), oldest first, with the number of words they hold
+    (counted as draws come and go, not summed again for each new one)."""
+
+    words = 0
+
+    def keep(self, key: _DrawKey, value: tuple[tuple[str, ...], Mapping[str, Any]], max_words: int) -> None:
+        """Keep ``value`` under ``key`` (a draw not kept yet), the oldest draws dropped first
+        so that at most ``max_words`` words are kept."""
+        size = key[0] * key[1]
+        while self and self.words + size > max_words:
+            oldest = next(iter(self))
+            del self[oldest]
+            self.words -= oldest[0] * oldest[1]
+        self[key] = value
+        self.words += size
+
+
 #: ``PromptSynth.texts`` answers by (count, tokens, generator state before the draw): the
 #: prompts and the generator's state after it. The cells of a sweep draw the same prompts for
 #: their n-th loads. At most ``_TEXTS_MAX_WORDS`` words are kept (~12 MB): the oldest draws go first.
-_TEXTS: dict[tuple[int, int, int, int, int, int], tuple[tuple[str, ...], Mapping[str, Any]]] = {}
+_TEXTS = _KeptDraws()
 _TEXTS_MAX_WORDS = 1 << 21
 
 
-def _texts_key(count: int, n_tokens: int, rng: np.random.Generator) -> tuple[int, int, int, int, int, int] | None:
+def _texts_key(count: int, n_tokens: int, rng: np.random.Generator) -> _DrawKey | None:
     """``_TEXTS``'s key for a draw from ``rng`` (PCG64, numpy's default; None otherwise or too large)."""
     if count * n_tokens > _TEXTS_MAX_WORDS:
         return None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from launch.profiles import adapter_for_engine
 from analysis.capacity import Saturation, admission_saturation, open_loop_saturation, point_metrics, server_signals
-from analysis.load import load_run
+from analysis.load import Run, load_run
 from analysis.slo import SLO
 from bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench.virtual import VirtualEngine
@@ -24,6 +24,8 @@ from workloads.prompts import make_synth
 from workloads.spec import Schedule
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from loadgen.otlp import OtlpReceiver
 
 
@@ -139,7 +141,7 @@ def run_load(
     returns (metrics, saturation, interrupted). ``otlp``: the receiver the cell's engine exports
     its spans to; the load's own go to its run folder (``server_spans.parquet``)."""
     from bench.execute import RunConfig, execute_run
-    from bench.virtual import execute_virtual
+    from bench.virtual import simulate_run
     from core.eventloop import run_async
 
     schedule = build_schedule(load, spec, warmup, url, sweep_salt(extra.get("sweep_id")))
@@ -168,29 +170,46 @@ def run_load(
         extra=extra,
         engine_version=engine_version,  # the cell's engine: its /metrics names (docs/engines.md)
     )
-    if virtual is not None:
-        result = execute_virtual(cfg, virtual)
-    else:
+    if virtual is None:
         # execute_run scrapes the engine's /metrics into the run folder throughout the load
         result = run_async(lambda: execute_run(cfg, adapter, otlp=otlp))
-    run = load_run(run_dir)
-    signals = server_signals(read_server_metrics(run_dir))
+        run = load_run(run_dir)
+        return _judge(run, read_server_metrics(run_dir), slo, load, len(schedule.measured), bool(result.stats.interrupted))
+    # the simulated run's tables as written, not read back; its run table is written once, with
+    # the saturation verdict (or without it, should judging the load fail)
+    simulated = simulate_run(cfg, virtual)
+    try:
+        interrupted = bool(simulated.result.stats.interrupted)
+        return _judge(simulated.run(), simulated.server_metrics, slo, load, len(schedule.measured), interrupted)
+    except BaseException:
+        write_run_meta(simulated.result.run_dir, simulated.meta)
+        raise
+
+
+def _judge(
+    run: Run, server_metrics: pa.Table | None, slo: SLO, load: Load, expected: int, interrupted: bool
+) -> tuple[dict[str, Any], Saturation, bool]:
+    """``run_load``'s answer for a run: its metrics and saturation verdict (also recorded in
+    its run table, ``_mark_saturation``)."""
+    signals = server_signals(server_metrics)
     metrics = point_metrics(run, slo, signals).as_row()
-    expected = len(schedule.measured)
     metrics["missing_rows"] = 0
-    if metrics["requests"] < expected and not result.stats.interrupted:
+    if metrics["requests"] < expected and not interrupted:
         metrics["missing_rows"] = expected - metrics["requests"]
     sat = open_loop_saturation(run, signals) if load.kind == "rate" else admission_saturation(run)
-    _mark_saturation(run_dir, sat, run.meta)
-    return metrics, sat, bool(result.stats.interrupted)
+    _mark_saturation(run.path, sat, run.meta)
+    return metrics, sat, interrupted
 
 
 def _mark_saturation(run_dir: Path, sat: Saturation, meta: dict[str, Any] | None = None) -> None:
     """Record the verdict in the run's own metadata (extra_json.saturated); ``meta``: that
-    metadata as already read (``load_run``), so it is not read a second time."""
-    if not (run_dir / RUN_FILE).exists():
-        return
-    meta = dict(meta) if meta is not None else read_run_meta(run_dir)
+    metadata as already read (``load_run``, or a simulated run's not written yet), so it is
+    not read a second time."""
+    if meta is None:
+        if not (run_dir / RUN_FILE).exists():
+            return
+        meta = read_run_meta(run_dir)
+    meta = dict(meta)
     extra = dict(meta.get("extra") or {})
     extra["saturated"] = sat.saturated
     extra["saturation_reasons"] = list(sat.reasons)

@@ -157,3 +157,22 @@ def test_bench_run_on_the_modelled_engine_is_virtual_by_default_and_real_time_st
     bad = subprocess.run([*base, *launch, "--engine-arg=--faults=reset=0.1", "--out", str(tmp_path / "y")],
                          cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode != 0 and "--faults" in bad.stderr and "--clock auto" in bad.stderr
+
+
+def test_a_simulated_run_kept_in_memory_is_the_run_its_folder_holds(tmp_path: Path) -> None:
+    """``simulate_run`` (the sweep judges a load on its tables without reading them back, and
+    writes the run table once) gives what ``load_run`` reads once the run table is written."""
+    from bench.virtual import simulate_run
+    from results.reader import read_server_metrics
+    from results.writer import write_run_meta
+
+    cfg = RunConfig(out=tmp_path / "r", url="virtual:", engine="sim", model="m", schedule=_open_schedule(30),
+                    scrape_interval_s=0.5)  # fmt: skip
+    done = simulate_run(cfg, _engine(tp=1))
+    assert not (done.result.run_dir / "run.parquet").exists()  # not a run folder until the caller writes it
+    kept = done.run()
+    write_run_meta(done.result.run_dir, done.meta)
+    read = load_run(done.result.run_dir)
+    assert kept.path == read.path and kept.meta == read.meta and kept.meta["clock"] == CLOCK_LABEL
+    assert kept.requests.equals(read.requests) and kept.requests.num_rows == 30
+    assert done.server_metrics is not None and done.server_metrics.equals(read_server_metrics(done.result.run_dir))
