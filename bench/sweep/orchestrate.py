@@ -133,9 +133,10 @@ def run_sweep(
     progress: bool | None = None,
     command: tuple[str, ...] = (),
     otlp: OtlpReceiver | None = None,
-    jobs: int | None = None,
+    jobs: int | None = 1,
 ) -> SweepResult:
-    """``jobs``: cells run at once in virtual time (None: one per CPU; ``bench.sweep.parallel``);
+    """``jobs``: cells run at once in virtual time (None: one per CPU, ``bench sweep``'s
+    default; ``bench.sweep.parallel``);
     a sweep in real time runs one cell at a time (``SettingError`` when more are asked).
     ``otlp``: one started receiver for the whole sweep (``bench sweep --otlp-receiver``); each
     launched cell's engine exports its request spans to it (cells run one at a time, and each
