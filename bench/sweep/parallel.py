@@ -292,7 +292,7 @@ class _Pool:
         self.cut.append(r.task)
         if kind == "raised":
             self.raised.append((r.task, end[1]))
-        elif kind == "interrupted":
+        elif kind == "interrupted" and not stopping:  # Ctrl-C reached the cell first (not passed on by stop)
             self.interrupted = True
 
     def stop(self) -> None:
@@ -343,8 +343,10 @@ def run_cells(
         pool.interrupted = True
     if pool.running:
         pool.stop()
+    raisers = {t.position for t, _ in pool.raised}  # left as an error leaves a cell: running
     for task in sorted(pool.cut, key=lambda t: t.position):
-        stopped(task)
+        if task.position not in raisers:
+            stopped(task)
     order.flush()
     if pool.raised and not pool.interrupted:
         raise min(pool.raised, key=lambda x: x[0].position)[1]

@@ -25,7 +25,7 @@ from bench.sweep import parallel
 from bench.sweep.orchestrate import run_sweep
 from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
 from bench.sweep.store import read_cells
-from core.errors import SettingError
+from core.errors import BenchError, SettingError
 from tests.conftest import REPO
 
 #: Three cells (tp1, tp2, tp4 of 8B), each a capacity search: cells that take different times.
@@ -144,6 +144,29 @@ def test_a_dead_cell_process_is_a_failed_cell_and_resume_reruns_it(tmp_path: Pat
     run_sweep(_spec(), ref, echo=lambda _: None, jobs=1)
     for cell in ("cell=tp1", "cell=tp2"):
         assert (out / cell / "points.parquet").read_bytes() == (ref / cell / "points.parquet").read_bytes()
+
+
+def raises_in_tp2(conn, ctx, task) -> None:  # type: ignore[no-untyped-def]
+    """A cell process whose cell raises an input error in tp2, as a cell's code may."""
+    from bench.sweep.cell import CellRunner
+
+    def run(self, cfg, cell_id, index, prior=None):  # type: ignore[no-untyped-def]
+        raise BenchError(f"{cell_id} cannot be modelled")
+
+    if task.cell_id == "tp2":
+        CellRunner.run = run  # this process only
+    parallel.run_cell(conn, ctx, task)
+
+
+def test_an_error_raised_in_a_cell_process_stops_the_sweep_as_in_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parallel, "WORKER", raises_in_tp2)
+    with pytest.raises(BenchError, match="tp2 cannot be modelled"):
+        run_sweep(_spec(), tmp_path / "s", echo=lambda _: None, jobs=2)
+    cells = {c["cell_id"]: c for c in read_cells(tmp_path / "s")}
+    assert cells["tp2"]["status"] == "running" and cells["tp2"]["reason"] is None  # as one process leaves it
+    assert cells["tp1"]["status"] in ("running", "complete")  # stopped, or finished before
 
 
 def test_a_sweep_in_real_time_runs_one_cell_at_a_time(tmp_path: Path) -> None:
