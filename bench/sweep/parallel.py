@@ -325,11 +325,11 @@ def run_cells(
     finished: Callable[[CellTask, CellOutcome, Echo], None],
     stopped: Callable[[CellTask], None],
 ) -> bool:
-    """Run ``tasks`` in up to ``jobs`` processes; True when interrupted (Ctrl-C). ``started``
-    before a cell's process starts (returns the task to run); ``finished`` with its outcome (and an echo that prints in
-    plan order) as soon as it ends (a process that died: a failed cell); ``stopped`` for each
-    cell cut short by Ctrl-C or by another cell raising. Re-raises what a cell raised, as the
-    one-process sweep would, once the others stopped."""
+    """Run ``tasks`` in up to ``jobs`` processes; True when interrupted (Ctrl-C). ``started``:
+    before a cell's process starts (returns the task to run); ``finished``: with the cell's
+    outcome, and an echo that prints in plan order, as soon as it ends (a process that died: a
+    failed cell); ``stopped``: for each cell cut short by Ctrl-C or by another cell raising.
+    Re-raises what a cell raised, as the one-process sweep would, once the others stopped."""
     prestart()
     order = _PlanOrder(echo, [t.position for t in tasks])
     pool = _Pool(ctx, order, finished)
@@ -357,6 +357,11 @@ def _died(r: _Running) -> CellOutcome:
     from bench.sweep.cell import CellOutcome
 
     code = r.process.exitcode
-    how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+    how = f"exit code {code}"
+    if code is not None and code < 0:
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
     tail = "\n".join(r.lines[-8:]) or None
     return CellOutcome("failed", f"the cell's process died ({how}) before the cell finished", tail)
