@@ -1,4 +1,5 @@
-"""Running a whole sweep: plan the cells, run each in turn, resume, recommend."""
+"""Running a whole sweep: plan the cells, run each in turn (in virtual time several at once,
+``bench.sweep.parallel``), resume, recommend."""
 
 from __future__ import annotations
 

@@ -12,8 +12,11 @@ cell's lines wait until the cells before it have printed theirs).
 Processes come from a fork server that imported bench's modules once (``PRELOAD``): a cell's
 process is a fork of it, started in milliseconds, not a fresh interpreter paying ~1 s of
 imports. The fork server is forked before any Arrow thread pool exists in it; forking the
-sweep's own process instead would copy it after Arrow's I/O and CPU pools ran (a lock held by
-one of their threads stays held in the child forever).
+sweep's own process instead would copy it after Arrow's I/O and CPU pools ran (on --resume
+it has read Parquet; a lock held by one of their threads stays held in the child forever);
+Python 3.12 warns on forking a threaded process and 3.14 makes the fork server its default.
+Forking the sweep's process would save the fork server's imports (about 1 s of CPU on the
+README's sweep); that is the price paid for not depending on every library's fork handlers.
 
 Real-time sweeps never come here: each cell's engine shares the host's cores with bench's
 client, and two cells at once would measure each other.
