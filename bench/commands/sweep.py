@@ -119,7 +119,7 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--rate", "rates", help="Open-loop loads in requests/s, e.g. 1,2,4,8.")
 @click.option("--concurrency", "concs", help="Closed-loop loads (requests in flight), e.g. 1,8,32.")
 @click.option("--capacity", is_flag=True, default=None, help="Search each cell's capacity under --slo instead.")
-@click.option("--capacity-start", type=float, help="First rate the first cell's capacity search probes (later cells start from what earlier ones found; default: 2x the one-at-a-time rate).")
+@click.option("--capacity-start", type=float, help="First rate the first cell's capacity search probes (in real time later cells start from what earlier ones found; default: 2x the one-at-a-time rate).")
 @click.option("--precision", type=float, help="Capacity search: stop when the bracket is within this fraction. [default: 0.1]")
 @click.option("--max-probes", type=int, help="Capacity search: most loads per cell. [default: 8]")
 @click.option("--requests", "n_requests", type=int, help="Measured requests per load (at least). [default: 30]")
@@ -152,6 +152,9 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
                    "time, no server or client, the same answer every time; auto|user|kernel: measure "
                    "a live server in real time, chunk timestamps as in bench run. [default: virtual for "
                    "--engine sim, else auto]")
+@click.option("--jobs", type=click.IntRange(1, 256),
+              help="Cells computed at once, each in its own process (virtual time only; a real-time sweep runs one "
+                   "cell at a time). The files are the same for any value. [default: one per CPU in virtual time]")
 @click.option("--out", type=click.Path(path_type=Path), help="Sweep folder (required unless --dry-run).")
 @click.option("--dry-run", is_flag=True,
               help="Print every cell's argv, environment, GPU assignment and skip reason; start nothing.")
@@ -177,11 +180,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
       bench sweep --resume --out sweeps/70b        # after an interruption
       bench sweep --resume --out sweeps/70b --slo ttft_ms=150,tpot_ms=40   # tighter SLOs: probe the gaps
     """
-    from analysis.recommend import format_recommendation, recommend
-    from bench.outcome import sweep_outcome
-    from bench.sweep.orchestrate import run_sweep, stored_spec
     from bench.sweep.spec import SweepSpecError, load_spec
-    from bench.sweep.store import write_recommendation
 
     # the modules just imported (pandas, pyarrow, ...) live as long as the process: the
     # collector's full passes need not scan them again (about 0.1 s of a virtual-time sweep)
@@ -192,11 +191,14 @@ def command(config_path: Path | None, **flags: Any) -> None:
     retry_failed = bool(flags.pop("retry_failed"))
     progress = flags.pop("progress")
     otlp_receiver = bool(flags.pop("otlp_receiver"))
+    jobs: int | None = flags.pop("jobs")
     base: SweepSpec | None
     try:
         if config_path is not None:
             base = load_spec(config_path)
-        elif resume and out is not None and stored_spec(out) is not None:
+        elif resume and out is not None:
+            from bench.sweep.orchestrate import stored_spec
+
             base = stored_spec(out)
         else:
             base = None
@@ -212,6 +214,15 @@ def command(config_path: Path | None, **flags: Any) -> None:
         return
     if out is None:
         raise BenchError("--out is required (the sweep folder), unless --dry-run")
+    if not resume:
+        from bench.sweep.parallel import prestart_for
+
+        prestart_for(spec, jobs)  # the cells' processes get ready while this one imports the rest
+    from analysis.recommend import format_recommendation, recommend
+    from bench.outcome import sweep_outcome
+    from bench.sweep.orchestrate import run_sweep
+    from bench.sweep.store import write_recommendation
+
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
         receiver = None
@@ -230,6 +241,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
             progress=progress,
             command=("bench", *sys.argv[1:]),
             otlp=receiver,
+            jobs=jobs,
         )
     if result.interrupted:
         raise Outcome(ExitCode.INTERRUPTED, f"sweep interrupted; finish it with: bench sweep --resume --out {out}")

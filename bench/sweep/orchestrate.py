@@ -1,4 +1,5 @@
-"""Running a whole sweep: plan the cells, run each in turn, resume, recommend."""
+"""Running a whole sweep: plan the cells, run each in turn (in virtual time several at once,
+``bench.sweep.parallel``), resume, recommend."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from bench.sweep.cell import CellOutcome, CellRunner, SweepInterrupted, config_c
 from bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
 from bench.sweep.fingerprint import cell_fingerprint
 from bench.sweep.matrix import PlannedCell, expand
+from bench.sweep.parallel import CellTask, SweepContext, prestart, run_cells, worker_count
 from bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
 from analysis.recommend import JUDGING
 from core import __version__
@@ -44,6 +46,53 @@ class SweepResult:
     failed: tuple[str, ...]
     skipped: tuple[str, ...]
     interrupted: bool = False
+
+
+class _Book:
+    """A sweep's cell rows while its cells run (one process or several, ``bench.sweep.parallel``):
+    a cell's row is marked running when it starts and stored with its outcome when it ends."""
+
+    def __init__(self, spec: SweepSpec, sweep_dir: Path, rows: dict[str, dict[str, Any]], rejudge: set[str],
+                 save: Callable[[], None]) -> None:  # fmt: skip
+        self.spec, self.sweep_dir, self.rows, self.rejudge, self.save = spec, sweep_dir, rows, rejudge, save
+        self.ran: set[str] = set()
+        self.priors: dict[str, list[dict[str, Any]] | None] = {}
+
+    def started(self, task: CellTask) -> CellTask:
+        """The cell's row before it runs; the task with a re-judged cell's points."""
+        spec, sweep_dir, cid = self.spec, self.sweep_dir, task.cell_id
+        prior = rejudged_points(sweep_dir, cid, spec) if cid in self.rejudge else None
+        self.priors[cid] = prior
+        if prior is None:
+            store.set_aside_partial(sweep_dir, cid)
+            self.rows[cid].update(status="running", reason=None, log_tail=None, started_unix_s=time.time(),
+                                  ended_unix_s=None, fingerprint=json.dumps(cell_fingerprint(spec.model), sort_keys=True))
+            self.save()
+        return replace(task, prior=prior)
+
+    def stopped(self, task: CellTask) -> None:
+        """A cell cut short (Ctrl-C): --resume runs it again; a re-judged cell stays complete
+        (its earlier loads stand)."""
+        if self.priors.get(task.cell_id) is None:
+            self.rows[task.cell_id].update(status="running", reason="interrupted; rerun with --resume")
+            self.save()
+
+    def finished(self, task: CellTask, outcome: CellOutcome, echo: Echo) -> None:
+        """A cell's outcome into its row, stored at once."""
+        spec, row, i = self.spec, self.rows[task.cell_id], task.index
+        self.ran.add(task.cell_id)
+        if self.priors.get(task.cell_id) is not None and outcome.status == "failed":
+            # the cell's measured loads stand; its verdicts at these SLOs wait on the missing loads
+            echo(f"{i} {task.cell_id}: the missing loads were not measured: {outcome.reason}")
+            return
+        _record_outcome(row, outcome, rejudged=self.priors.get(task.cell_id) is not None)
+        _set_capacity(row, outcome.capacity, spec, task.config)
+        _set_limiting(row, self.sweep_dir, spec)
+        self.save()
+        if outcome.status == "failed":
+            echo(f"{i} {task.cell_id}: FAILED: {outcome.reason}")
+            for line in (outcome.log_tail or "").splitlines()[-8:]:
+                echo(f"    | {line}")
 
 
 def _check_resume(stored: dict[str, Any], spec: SweepSpec) -> None:
@@ -85,8 +134,12 @@ def run_sweep(
     progress: bool | None = None,
     command: tuple[str, ...] = (),
     otlp: OtlpReceiver | None = None,
+    jobs: int | None = 1,
 ) -> SweepResult:
-    """``otlp``: one started receiver for the whole sweep (``bench sweep --otlp-receiver``); each
+    """``jobs``: cells run at once in virtual time (None: one per CPU, ``bench sweep``'s
+    default; ``bench.sweep.parallel``);
+    a sweep in real time runs one cell at a time (``SettingError`` when more are asked).
+    ``otlp``: one started receiver for the whole sweep (``bench sweep --otlp-receiver``); each
     launched cell's engine exports its request spans to it (cells run one at a time, and each
     load takes only the spans that arrive during it, joined by request id)."""
     spec, launcher = _with_launcher(spec, launcher)
@@ -95,6 +148,7 @@ def run_sweep(
     sweep_dir = Path(sweep_dir)
     stored, sweep_id = _open_sweep(spec, sweep_dir, resume)
     planned = expand(spec, launcher.unsupported)
+    workers = worker_count(jobs, len(planned), spec.virtual)  # refused before anything is written
     _write_sweep_json(sweep_dir, sweep_id, spec, stored, command, planned)
     previous = {r["cell_id"]: r for r in store.read_cells(sweep_dir)}
     # complete cells judged under other SLOs than these: re-judged, their gaps probed
@@ -107,45 +161,37 @@ def run_sweep(
         store.write_cells(sweep_dir, [r for r in rows.values() if r["status"] != "pending"])
 
     save()
-    runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, _capacity_hint(rows), otlp)
-    ran: list[str] = []
     todo = [
         c
         for c in planned
         if not c.skip_reason and (rows[c.cell_id]["status"] not in ("complete", "failed") or c.cell_id in rejudge)
     ]
     total = len(todo)
+    workers = min(workers, total)
+    if workers > 1:
+        prestart()  # the cells' fork server imports bench while the sweep announces its plan
     reused = _announce(echo, sweep_id, sweep_dir, planned, todo, rows, resume)
-    interrupted = False
-    for i, c in enumerate(todo, 1):
-        row = rows[c.cell_id]
-        prior = rejudged_points(sweep_dir, c.cell_id, spec) if c.cell_id in rejudge else None
-        if prior is None:
-            store.set_aside_partial(sweep_dir, c.cell_id)
-            row.update(status="running", reason=None, log_tail=None, started_unix_s=time.time(), ended_unix_s=None,
-                       fingerprint=json.dumps(cell_fingerprint(spec.model), sort_keys=True))
-            save()
-        try:
-            outcome = runner.run(c.config, c.cell_id, f"[{i}/{total}]", prior)
-        except (SweepInterrupted, KeyboardInterrupt):
-            if prior is None:  # a re-judged cell stays complete: its earlier loads stand
-                row.update(status="running", reason="interrupted; rerun with --resume")
-                save()
-            interrupted = True
-            break
-        ran.append(c.cell_id)
-        if prior is not None and outcome.status == "failed":
-            # the cell's measured loads stand; its verdicts at these SLOs wait on the missing loads
-            echo(f"[{i}/{total}] {c.cell_id}: the missing loads were not measured: {outcome.reason}")
-            continue
-        _record_outcome(row, outcome, rejudged=prior is not None)
-        _set_capacity(row, outcome.capacity, spec, c.config)
-        _set_limiting(row, sweep_dir, spec)
-        save()
-        if outcome.status == "failed":
-            echo(f"[{i}/{total}] {c.cell_id}: FAILED: {outcome.reason}")
-            for line in (outcome.log_tail or "").splitlines()[-8:]:
-                echo(f"    | {line}")
+    # in virtual time a cell's answer is its own: its search does not start from what other
+    # cells found, so a cell gives the same figures alone, in any matrix, in any process
+    hint = None if spec.virtual else _capacity_hint(rows)
+    book = _Book(spec, sweep_dir, rows, rejudge, save)
+    tasks = [CellTask(i, c.cell_id, c.config, f"[{i}/{total}]") for i, c in enumerate(todo, 1)]
+    if workers > 1:
+        ctx = SweepContext(spec, sweep_dir, sweep_id, progress)
+        interrupted = run_cells(tasks, ctx, workers, echo, book.started, book.finished, book.stopped)
+    else:
+        runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, hint, otlp)
+        interrupted = False
+        for task in tasks:
+            task = book.started(task)
+            try:
+                outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
+            except (SweepInterrupted, KeyboardInterrupt):
+                book.stopped(task)
+                interrupted = True
+                break
+            book.finished(task, outcome, echo)
+    ran = [c.cell_id for c in todo if c.cell_id in book.ran]
     final = list(rows.values())
     return SweepResult(
         sweep_dir,

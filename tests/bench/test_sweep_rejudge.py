@@ -25,7 +25,7 @@ from tests.conftest import REPO
 SWEEP = [
     "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "4", "--tp", "2,4",
     "--capacity", "--confidence", "0", "--input-tokens", "128", "--output-tokens", "16", "--requests", "20",
-    "--warmup", "2", "--capacity-start", "10", "--precision", "0.5", "--max-probes", "5",
+    "--warmup", "2", "--capacity-start", "20", "--precision", "0.5", "--max-probes", "5",
     "--target-rate", "3", "--engine-arg=--max-num-seqs=8",
 ]  # fmt: skip
 LOOSE = "ttft_ms=300,tpot_ms=40"

@@ -1,0 +1,370 @@
+"""A virtual-time sweep's cells in several processes (``bench sweep --jobs``).
+
+In virtual time a cell is pure computation on the simulated engine's model: no server, no
+client, no wall clock, nothing shared with the other cells but the sweep folder, where each
+cell writes only its own ``cell=...`` folder. So the cells can run side by side, one process
+each, and give byte-identical files: each process runs ``CellRunner.run`` exactly as the
+one-process sweep does. The parent keeps what must stay in one place: ``cells.parquet``
+(each cell's row is stored the moment its process reports, so a finished cell survives the
+death of another or of the sweep), and the printed lines, shown in the plan's order (a
+cell's lines wait until the cells before it have printed theirs).
+
+Processes come from a fork server that imported bench's modules once (``PRELOAD``): a cell's
+process is a fork of it, started in milliseconds, not a fresh interpreter paying ~1 s of
+imports. The fork server is forked before any Arrow thread pool exists in it; forking the
+sweep's own process instead would copy it after Arrow's I/O and CPU pools ran (on --resume
+it has read Parquet; a lock held by one of their threads stays held in the child forever);
+Python 3.12 warns on forking a threaded process and 3.14 makes the fork server its default.
+Forking the sweep's process would save the fork server's imports (about 1 s of CPU on the
+README's sweep); that is the price paid for not depending on every library's fork handlers.
+
+Real-time sweeps never come here: each cell's engine shares the host's cores with bench's
+client, and two cells at once would measure each other.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.errors import SettingError
+
+if TYPE_CHECKING:  # imported where used: the sweep command imports this module before the heavy ones
+    from bench.sweep.cell import CellOutcome
+    from bench.sweep.spec import SweepSpec
+    from launch.config import ParallelConfig
+
+Echo = Callable[[str], None]
+
+#: What the fork server imports once, so a cell's process starts with them loaded (the
+#: modules a virtual-time cell imports, including those its functions import when called).
+PRELOAD = [
+    "bench.sweep.cell",
+    "bench.sweep.engines",
+    "bench.execute",
+    "bench.virtual",
+    "bench.commands.sim",
+    "launch.launcher",
+    "adapters.openai",
+    "adapters.sglang",
+    "adapters.tgi",
+    "adapters.generic",
+    "core.eventloop",
+    "uvloop",  # core.eventloop's, when installed (a missing module is skipped)
+    "sim.backend",
+    "sim.config",
+    "analysis.load",
+    "analysis.recommend",
+    "workloads.synthetic",
+    "results.reader",
+]
+#: How the cells' processes start: "forkserver" (see the module's docstring); "spawn" and
+#: "fork" are there to measure against (benchmarks) and for platforms without a fork server.
+START_METHOD = "forkserver"
+#: After Ctrl-C, how long the cells' processes get to stop on their own before they are killed.
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class CellTask:
+    """One cell to run: its plan position (``index``, "[i/n]"), and for a re-judged cell its
+    points (``orchestrate.rejudged_points``)."""
+
+    position: int
+    cell_id: str
+    config: ParallelConfig
+    index: str
+    prior: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class SweepContext:
+    """What every cell's process needs to run a cell as the one-process sweep would."""
+
+    spec: SweepSpec
+    sweep_dir: Path
+    sweep_id: str
+    progress: bool | None
+
+
+def worker_count(jobs: int | None, cells: int, virtual: bool) -> int:
+    """How many cells run at once: ``jobs`` (None: as many as there are CPUs) in virtual
+    time, never more than ``cells``; 1 in real time (``SettingError`` when more were asked)."""
+    if not virtual:
+        if jobs is not None and jobs > 1:
+            raise SettingError(
+                f"$jobs {jobs}: a sweep in real time runs one cell at a time (each cell's engine shares "
+                "the host's cores with bench's client; cells side by side would measure each other)"
+            )
+        return 1
+    if jobs is not None and jobs < 1:
+        raise SettingError(f"$jobs {jobs}: give 1 or more")
+    want = jobs if jobs is not None else (os.cpu_count() or 1)
+    return max(1, min(want, cells))
+
+
+def prestart_for(spec: SweepSpec, jobs: int | None) -> None:
+    """``prestart`` as soon as a new sweep's definition is known (``bench sweep``), when its
+    cells will run in several processes; a resumed sweep starts it later (``run_sweep``),
+    once it knows how many cells are left."""
+    if not spec.virtual or (jobs is not None and jobs < 2):
+        return
+    from bench.sweep.matrix import expand
+
+    if worker_count(jobs, sum(1 for c in expand(spec) if not c.skip_reason), True) > 1:
+        prestart()
+
+
+def prestart() -> None:
+    """Start the fork server: it imports bench (``PRELOAD``) while the sweep does its own
+    imports and plans its cells, so the cells' processes start at once when asked."""
+    if _method() == "forkserver":
+        multiprocessing.set_forkserver_preload(PRELOAD)
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _method() -> str:
+    return START_METHOD if START_METHOD in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class _ParentGone(Exception):
+    pass
+
+
+def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
+    """A cell's process: run the cell, send its printed lines and its outcome to the sweep
+    (("line", text), then ("done", outcome) | ("interrupted",) | ("raised", exception))."""
+    from bench.sweep.cell import CellRunner, SweepInterrupted
+    from bench.sweep.engines import VirtualLauncher
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def send(msg: tuple[Any, ...]) -> None:
+        try:
+            conn.send(msg)
+        except OSError:  # the sweep is gone: stop at the next line instead of computing on
+            raise _ParentGone from None
+
+    runner = CellRunner(ctx.spec, ctx.sweep_dir, ctx.sweep_id, VirtualLauncher(), lambda line: send(("line", line)),
+                        ctx.progress)  # fmt: skip
+    try:
+        outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
+    except _ParentGone:
+        return
+    except (SweepInterrupted, KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (the sweep passes it on) is moot
+        _try_send(conn, ("interrupted",))
+        return
+    except BaseException as exc:  # noqa: BLE001  # the cell's code raised: the sweep raises it, as in one process
+        _try_send(conn, ("raised", _picklable(exc, traceback.format_exc())))
+        return
+    _try_send(conn, ("done", outcome))
+
+
+def _try_send(conn: Connection, msg: tuple[Any, ...]) -> None:
+    try:
+        conn.send(msg)
+    except OSError:
+        pass
+
+
+def _picklable(exc: BaseException, trace: str) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001  # whatever fails to pickle travels as its text
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{trace}")
+
+
+#: The function a cell's process runs (tests put one in that dies).
+WORKER: Callable[[Connection, SweepContext, CellTask], None] = run_cell
+
+
+@dataclass
+class _Running:
+    task: CellTask
+    process: Any  # multiprocessing's BaseProcess
+    conn: Connection
+    lines: list[str] = field(default_factory=list)
+    ended: tuple[Any, ...] | None = None
+
+
+class _PlanOrder:
+    """Printed lines in the plan's order: the first unfinished cell's lines go out as they
+    come, a later cell's wait until every cell before it has finished."""
+
+    def __init__(self, echo: Echo, positions: Sequence[int]) -> None:
+        self.echo = echo
+        self.order = list(positions)
+        self.head = 0
+        self.held: dict[int, list[str]] = {p: [] for p in positions}
+        self.closed: set[int] = set()
+
+    def line(self, position: int, text: str) -> None:
+        if self.head < len(self.order) and position == self.order[self.head]:
+            self.echo(text)
+        else:
+            self.held[position].append(text)
+
+    def close(self, position: int) -> None:
+        self.closed.add(position)
+        while self.head < len(self.order) and self.order[self.head] in self.closed:
+            self.head += 1
+            if self.head < len(self.order):
+                for text in self.held.pop(self.order[self.head], []):
+                    self.echo(text)
+
+    def flush(self) -> None:
+        """Everything still held, in order (the sweep stops)."""
+        for p in self.order[self.head :]:
+            for text in self.held.pop(p, []):
+                self.echo(text)
+
+
+class _Pool:
+    """The running cells' processes and what they reported."""
+
+    def __init__(self, ctx: SweepContext, order: _PlanOrder,
+                 finished: Callable[[CellTask, CellOutcome, Echo], None]) -> None:  # fmt: skip
+        self.mp: Any = multiprocessing.get_context(_method())  # its Process and Pipe (typeshed's context lacks them)
+        self.ctx = ctx
+        self.order = order
+        self.finished = finished
+        self.running: dict[int, _Running] = {}
+        #: cells cut short (interrupted, raised, or killed while the sweep stopped)
+        self.cut: list[CellTask] = []
+        self.raised: list[tuple[CellTask, BaseException]] = []
+        self.interrupted = False
+
+    def start(self, task: CellTask) -> None:
+        parent, child = self.mp.Pipe(duplex=False)
+        proc = self.mp.Process(target=WORKER, args=(child, self.ctx, task), name=f"bench-cell-{task.cell_id}", daemon=True)
+        proc.start()
+        child.close()
+        self.running[task.position] = _Running(task, proc, parent)
+
+    def poll(self, timeout: float | None, stopping: bool = False) -> None:
+        """Wait up to ``timeout`` for a report; settle every cell whose process ended."""
+        rs = list(self.running.values())
+        ready = set(wait([r.conn for r in rs] + [r.process.sentinel for r in rs], timeout))
+        for r in rs:
+            if r.conn not in ready and r.process.sentinel not in ready:
+                continue
+            self._read(r)
+            if r.ended is None and r.process.is_alive():
+                continue
+            r.process.join()
+            self._read(r)  # what it sent before it ended
+            self._settle(r, r.ended or ("died",), stopping)
+
+    def _read(self, r: _Running) -> None:
+        try:
+            while r.ended is None and r.conn.poll():
+                msg = r.conn.recv()
+                if msg[0] == "line":
+                    r.lines.append(msg[1])
+                    self.order.line(r.task.position, msg[1])
+                else:
+                    r.ended = msg
+        except (EOFError, OSError):
+            pass
+
+    def _settle(self, r: _Running, end: tuple[Any, ...], stopping: bool) -> None:
+        pos = r.task.position
+        del self.running[pos]
+        r.process.join()
+        r.conn.close()
+        kind = end[0]
+        if kind == "done" or (kind == "died" and not stopping):
+            outcome = end[1] if kind == "done" else _died(r)
+            self.finished(r.task, outcome, lambda text: self.order.line(pos, text))
+            self.order.close(pos)
+            return
+        self.cut.append(r.task)
+        if kind == "raised":
+            self.raised.append((r.task, end[1]))
+        elif kind == "interrupted" and not stopping:  # Ctrl-C reached the cell first (not passed on by stop)
+            self.interrupted = True
+
+    def stop(self) -> None:
+        """Ctrl-C passed on to the running cells, up to STOP_TIMEOUT_S for them to stop, then
+        killed; a cell that finishes meanwhile is kept, the rest are cut short."""
+        for r in self.running.values():
+            if r.process.is_alive() and r.process.pid is not None:
+                try:
+                    os.kill(r.process.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        try:
+            while self.running and time.monotonic() < deadline:
+                self.poll(max(0.0, deadline - time.monotonic()), stopping=True)
+        except KeyboardInterrupt:  # Ctrl-C again: stop waiting
+            pass
+        for r in list(self.running.values()):
+            if r.process.is_alive():
+                r.process.kill()
+            self._settle(r, ("killed",), stopping=True)
+
+
+def run_cells(
+    tasks: Sequence[CellTask],
+    ctx: SweepContext,
+    jobs: int,
+    echo: Echo,
+    started: Callable[[CellTask], CellTask],
+    finished: Callable[[CellTask, CellOutcome, Echo], None],
+    stopped: Callable[[CellTask], None],
+) -> bool:
+    """Run ``tasks`` in up to ``jobs`` processes; True when interrupted (Ctrl-C). ``started``:
+    before a cell's process starts (returns the task to run); ``finished``: with the cell's
+    outcome, and an echo that prints in plan order, as soon as it ends (a process that died: a
+    failed cell); ``stopped``: for each cell cut short by Ctrl-C or by another cell raising.
+    Re-raises what a cell raised, as the one-process sweep would, once the others stopped."""
+    prestart()
+    order = _PlanOrder(echo, [t.position for t in tasks])
+    pool = _Pool(ctx, order, finished)
+    waiting = list(tasks)
+    try:
+        while (waiting or pool.running) and not (pool.raised or pool.interrupted):
+            while waiting and len(pool.running) < jobs:
+                pool.start(started(waiting.pop(0)))
+            pool.poll(None)
+    except KeyboardInterrupt:
+        pool.interrupted = True
+    if pool.running:
+        pool.stop()
+    raisers = {t.position for t, _ in pool.raised}  # left as an error leaves a cell: running
+    for task in sorted(pool.cut, key=lambda t: t.position):
+        if task.position not in raisers:
+            stopped(task)
+    order.flush()
+    if pool.raised and not pool.interrupted:
+        raise min(pool.raised, key=lambda x: x[0].position)[1]
+    return pool.interrupted
+
+
+def _died(r: _Running) -> CellOutcome:
+    from bench.sweep.cell import CellOutcome
+
+    code = r.process.exitcode
+    how = f"exit code {code}"
+    if code is not None and code < 0:
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+    tail = "\n".join(r.lines[-8:]) or None
+    return CellOutcome("failed", f"the cell's process died ({how}) before the cell finished", tail)
