@@ -182,9 +182,6 @@ def command(config_path: Path | None, **flags: Any) -> None:
     """
     from bench.sweep.spec import SweepSpecError, load_spec
 
-    # the modules just imported (pandas, pyarrow, ...) live as long as the process: the
-    # collector's full passes need not scan them again (about 0.1 s of a virtual-time sweep)
-    gc.freeze()
     out: Path | None = flags.pop("out")
     dry_run = bool(flags.pop("dry_run"))
     resume = bool(flags.pop("resume"))
@@ -223,6 +220,9 @@ def command(config_path: Path | None, **flags: Any) -> None:
     from bench.sweep.orchestrate import run_sweep
     from bench.sweep.store import write_recommendation
 
+    # the modules just imported (pandas, pyarrow, ...) live as long as the process: the
+    # collector's full passes need not scan them again (about 0.1 s of a virtual-time sweep)
+    gc.freeze()
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
         receiver = None

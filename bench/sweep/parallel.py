@@ -24,6 +24,7 @@ client, and two cells at once would measure each other.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -147,6 +148,7 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
     from bench.sweep.cell import CellRunner, SweepInterrupted
     from bench.sweep.engines import VirtualLauncher
 
+    gc.freeze()  # as the sweep's own process does: the collector need not rescan bench's modules
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def send(msg: tuple[Any, ...]) -> None:
