@@ -11,7 +11,7 @@ import pytest
 
 from loadgen.aiohttp_transport import AiohttpTransport
 from loadgen.rawhttp import RawHttpTransport
-from loadgen.transport import EagerTransport, Preconnecting, StreamError, Transport
+from loadgen.transport import EagerTransport, Preconnecting, StreamError
 
 REPO = Path(__file__).resolve().parents[2]
 
