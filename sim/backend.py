@@ -353,11 +353,9 @@ class ModelBackend:
 
     def _advance_one(self, inst: Instance, now: int) -> None:
         """``advance`` for one instance without pipeline parallelism (one step in flight at
-        most): the same events in the same order, with ``next_event_ns`` and ``pop_completion``
-        inlined (this loop runs twice per engine step)."""
+        most): the same events in the same order, with ``pop_completion`` inlined (this loop
+        runs twice per engine step); an idle instance's next start is ``next_event_ns``."""
         inflight = inst.inflight
-        iteration_tokens = self.stats.iteration_tokens
-        prefill_role = inst.role == "prefill"
         while True:
             if inflight:
                 b = inflight[0]
@@ -368,26 +366,10 @@ class ModelBackend:
                 if inst.clock < end:
                     inst.clock = end
                 inst.blocked = False
-                tokens = b.prefill_tokens + b.decode_tokens
-                if tokens:
-                    iteration_tokens.append(tokens)
-                    if len(iteration_tokens) > 4096:
-                        del iteration_tokens[:2048]
-                done = inst.finish_step(b)
-                if prefill_role:
-                    for req in done:
-                        self._hand_off(req, end)
-                else:
-                    self._emit_tokens(done, end)
+                self._complete(inst, b)
                 continue
-            # no step in flight: no running request is in one either (``finish_step`` cleared them)
-            if not inst.blocked and (inst.waiting or inst.running):
-                t = inst.stage_free_ns if inst.stage_free_ns > inst.clock else inst.clock
-            elif inst.pending:
-                t = max(inst.stage_free_ns, inst.clock, inst.pending[0][0])
-            else:
-                return
-            if t > now:
+            t = inst.next_event_ns()
+            if t is None or t > now:
                 return
             inst.start_step(t)
 
