@@ -211,15 +211,15 @@ def command(config_path: Path | None, **flags: Any) -> None:
         return
     if out is None:
         raise BenchError("--out is required (the sweep folder), unless --dry-run")
-    if not resume:
-        from bench.sweep.parallel import prestart_for
-
-        prestart_for(spec, jobs)  # the cells' processes get ready while this one imports the rest
     from analysis.recommend import format_recommendation, recommend
     from bench.outcome import sweep_outcome
     from bench.sweep.orchestrate import run_sweep
     from bench.sweep.store import write_recommendation
 
+    if not resume:  # a resumed sweep reads Parquet first: its cells come from a fork server
+        from bench.sweep.parallel import fork_point
+
+        fork_point(spec, jobs)  # the cells' processes will be forks of this one, imports done
     # the modules just imported (pandas, pyarrow, ...) live as long as the process: the
     # collector's full passes need not scan them again (about 0.1 s of a virtual-time sweep)
     gc.freeze()

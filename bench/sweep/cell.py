@@ -22,7 +22,7 @@ from launch.config import ParallelConfig
 from analysis.capacity import CapacitySearch, LoadJudgement, Probe, Saturation, closed_loop_plateau, judge_load
 from bench.sweep import store
 from analysis.invariants import ONE_READ_SHARE_MAX
-from analysis.recommend import pooled_loads, rate_probes
+from analysis.recommend import diagnose_cell, load_points, pooled_loads, rate_probes
 from analysis.slo import SLO
 from bench.sweep.engines import (
     CellEngine,
@@ -68,6 +68,9 @@ class CellOutcome:
     #: what the cell's engine says about itself (version and server-info routes, launch/profiles.py)
     engine_info: dict[str, Any] | None = None
     prefix_cache_reset: str | None = None
+    #: what limits a complete cell, from its points (``limiting_factor``); computed where the
+    #: cell ran, so the sweep's own process reads no Parquet while cells run (bench/sweep/parallel.py)
+    limiting_factor: str | None = None
 
 
 def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> dict[str, Any]:
@@ -116,6 +119,18 @@ def cell_engine(spec: SweepSpec, cfg: ParallelConfig) -> CellEngine:
     )
 
 
+def limiting_factor(sweep_dir: Path, spec: SweepSpec, cell_id: str) -> str | None:
+    """A complete cell's limiting resource, read from its points (the first workload's)."""
+    try:
+        pts = load_points(sweep_dir, cell_id=cell_id)
+        if pts.empty:
+            return None
+        pts = pts[pts["workload"] == spec.cell_workloads[0].tag]
+        return diagnose_cell(pts, spec.slo, spec.attainment_pct, spec.confidence).limiting_factor
+    except Exception as exc:  # a diagnosis problem must never lose a measured cell
+        return f"unknown ({type(exc).__name__}: {exc})"
+
+
 class CellRunner:
     def __init__(
         self,
@@ -142,6 +157,14 @@ class CellRunner:
         self.virtual: VirtualEngine | None = None
 
     def run(self, cfg: ParallelConfig, cell_id: str, index: str, prior: list[dict[str, Any]] | None = None) -> CellOutcome:
+        """Measure the cell (``measure_cell``); a complete cell with what limits it."""
+        out = self.measure_cell(cfg, cell_id, index, prior)
+        if out.status == "complete" and self.spec.slo:
+            out.limiting_factor = limiting_factor(self.sweep_dir, self.spec, cell_id)
+        return out
+
+    def measure_cell(self, cfg: ParallelConfig, cell_id: str, index: str,
+                     prior: list[dict[str, Any]] | None = None) -> CellOutcome:  # fmt: skip
         """Measure the cell. ``prior``: a complete cell's points, re-judged at the sweep's
         (changed) SLOs (orchestrate.rejudged_points): its capacity searches continue from them, and
         only the loads the new verdicts need are measured, the engine started only for them."""

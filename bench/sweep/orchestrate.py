@@ -87,7 +87,8 @@ class _Book:
             return
         _record_outcome(row, outcome, rejudged=self.priors.get(task.cell_id) is not None)
         _set_capacity(row, outcome.capacity, spec, task.config)
-        _set_limiting(row, self.sweep_dir, spec)
+        if row["status"] == "complete" and spec.slo:
+            row["limiting_factor"] = outcome.limiting_factor
         self.save()
         if outcome.status == "failed":
             echo(f"{i} {task.cell_id}: FAILED: {outcome.reason}")
@@ -169,7 +170,7 @@ def run_sweep(
     total = len(todo)
     workers = min(workers, total)
     if workers > 1:
-        prestart()  # the cells' fork server imports bench while the sweep announces its plan
+        prestart()  # a fork server, when the cells come from one (resumed), imports bench meanwhile
     reused = _announce(echo, sweep_id, sweep_dir, planned, todo, rows, resume)
     # in virtual time a cell's answer is its own: its search does not start from what other
     # cells found, so a cell gives the same figures alone, in any matrix, in any process
@@ -359,23 +360,6 @@ def rejudged_points(sweep_dir: Path, cell_id: str, spec: SweepSpec) -> list[dict
             row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
         rows.append(row)
     return rows
-
-
-def _set_limiting(row: dict[str, Any], sweep_dir: Path, spec: SweepSpec) -> None:
-    """The cell's limiting resource, read from its points (first workload)."""
-    if row["status"] != "complete" or not spec.slo:
-        return
-    try:
-        from analysis.recommend import diagnose_cell, load_points
-
-        pts = load_points(sweep_dir, cell_id=row["cell_id"])
-        if pts.empty:
-            return
-        pts = pts[pts["workload"] == spec.cell_workloads[0].tag]
-        diag = diagnose_cell(pts, spec.slo, spec.attainment_pct, spec.confidence)
-        row["limiting_factor"] = diag.limiting_factor
-    except Exception as exc:  # a diagnosis problem must never lose a measured cell
-        row["limiting_factor"] = f"unknown ({type(exc).__name__}: {exc})"
 
 
 def _capacity_hint(rows: dict[str, dict[str, Any]]) -> Callable[[ParallelConfig, str], float | None]:

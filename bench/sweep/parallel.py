@@ -9,14 +9,16 @@ one-process sweep does. The parent keeps what must stay in one place: ``cells.pa
 death of another or of the sweep), and the printed lines, shown in the plan's order (a
 cell's lines wait until the cells before it have printed theirs).
 
-Processes come from a fork server that imported bench's modules once (``PRELOAD``): a cell's
-process is a fork of it, started in milliseconds, not a fresh interpreter paying ~1 s of
-imports. The fork server is forked before any Arrow thread pool exists in it; forking the
-sweep's own process instead would copy it after Arrow's I/O and CPU pools ran (on --resume
-it has read Parquet; a lock held by one of their threads stays held in the child forever);
-Python 3.12 warns on forking a threaded process and 3.14 makes the fork server its default.
-Forking the sweep's process would save the fork server's imports (about 1 s of CPU on the
-README's sweep); that is the price paid for not depending on every library's fork handlers.
+A cell's process is a fork of the sweep's own process when that is as safe as forking a fork
+server (``fork_point``): the sweep imported what its cells need (``PRELOAD``) before it read
+any Parquet, and has started no thread since. Such a fork starts in milliseconds with bench
+already imported, and costs no second copy of the imports (about 1 s of CPU on the README's
+sweep, which matters most when the host is busy). Otherwise (a resumed sweep has read Parquet,
+so Arrow's I/O and CPU pools run, and a lock held by one of their threads would stay held in
+the child forever) the processes are forks of a fork server that imported ``PRELOAD`` once,
+started before the sweep announces its plan. Either way the child holds the same threads
+(numpy's BLAS and jemalloc's, both with fork handlers) and nothing more. Linux only: elsewhere
+the fork server (or spawn, where there is none).
 
 Real-time sweeps never come here: each cell's engine shares the host's cores with bench's
 client, and two cells at once would measure each other.
@@ -25,9 +27,11 @@ client, and two cells at once would measure each other.
 from __future__ import annotations
 
 import gc
+import importlib
 import multiprocessing
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -67,9 +71,11 @@ PRELOAD = [
     "workloads.synthetic",
     "results.reader",
 ]
-#: How the cells' processes start: "forkserver" (see the module's docstring); "spawn" and
-#: "fork" are there to measure against (benchmarks) and for platforms without a fork server.
-START_METHOD = "forkserver"
+#: How the cells' processes start: "auto" (the module's docstring); "forkserver", "spawn" and
+#: "fork" force one (to measure against, and in tests).
+START_METHOD = "auto"
+#: The sweep's threads at ``fork_point`` (None: not called, or not on Linux).
+_threads_at_fork_point: frozenset[str] | None = None
 #: After Ctrl-C, how long the cells' processes get to stop on their own before they are killed.
 STOP_TIMEOUT_S = 10.0
 
@@ -112,21 +118,38 @@ def worker_count(jobs: int | None, cells: int, virtual: bool) -> int:
     return max(1, min(want, cells))
 
 
-def prestart_for(spec: SweepSpec, jobs: int | None) -> None:
-    """``prestart`` as soon as a new sweep's definition is known (``bench sweep``), when its
-    cells will run in several processes; a resumed sweep starts it later (``run_sweep``),
-    once it knows how many cells are left."""
-    if not spec.virtual or (jobs is not None and jobs < 2):
+def fork_point(spec: SweepSpec, jobs: int | None) -> None:
+    """Called by a new sweep once it has imported its own modules and before it reads or
+    starts anything, when its cells will run in several processes: imports ``PRELOAD`` here,
+    so that the cells' processes, forked from this one, start with them, and notes the threads
+    those imports left (``_method``)."""
+    global _threads_at_fork_point
+    if not sys.platform.startswith("linux") or not spec.virtual or (jobs is not None and jobs < 2):
         return
     from bench.sweep.matrix import expand
 
-    if worker_count(jobs, sum(1 for c in expand(spec) if not c.skip_reason), True) > 1:
-        prestart()
+    if worker_count(jobs, sum(1 for c in expand(spec) if not c.skip_reason), True) < 2:
+        return
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional one (uvloop)
+            pass
+    _threads_at_fork_point = _threads()
+
+
+def _threads() -> frozenset[str] | None:
+    """This process's threads as the kernel lists them (Python's ``threading`` does not see
+    those started by C libraries); None where /proc cannot tell."""
+    try:
+        return frozenset(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
 
 
 def prestart() -> None:
-    """Start the fork server: it imports bench (``PRELOAD``) while the sweep does its own
-    imports and plans its cells, so the cells' processes start at once when asked."""
+    """Start the fork server, when the cells' processes will come from it: it imports bench
+    (``PRELOAD``) while the sweep announces its plan, so the cells start at once when asked."""
     if _method() == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
         from multiprocessing import forkserver
@@ -135,7 +158,14 @@ def prestart() -> None:
 
 
 def _method() -> str:
-    return START_METHOD if START_METHOD in multiprocessing.get_all_start_methods() else "spawn"
+    if START_METHOD != "auto":
+        return START_METHOD if START_METHOD in multiprocessing.get_all_start_methods() else "spawn"
+    # fewer is fine (numpy's BLAS stops its threads at each fork and starts new ones when next
+    # used); any thread not there at the fork point (Arrow's pools, BLAS's restarted) is not
+    now = _threads()
+    if now is not None and _threads_at_fork_point is not None and now <= _threads_at_fork_point:
+        return "fork"
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 class _ParentGone(Exception):
@@ -161,6 +191,7 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
                         ctx.progress)  # fmt: skip
     try:
         outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
+
     except _ParentGone:
         return
     except (SweepInterrupted, KeyboardInterrupt):
@@ -240,7 +271,6 @@ class _Pool:
 
     def __init__(self, ctx: SweepContext, order: _PlanOrder,
                  finished: Callable[[CellTask, CellOutcome, Echo], None]) -> None:  # fmt: skip
-        self.mp: Any = multiprocessing.get_context(_method())  # its Process and Pipe (typeshed's context lacks them)
         self.ctx = ctx
         self.order = order
         self.finished = finished
@@ -251,8 +281,10 @@ class _Pool:
         self.interrupted = False
 
     def start(self, task: CellTask) -> None:
-        parent, child = self.mp.Pipe(duplex=False)
-        proc = self.mp.Process(target=WORKER, args=(child, self.ctx, task), name=f"bench-cell-{task.cell_id}", daemon=True)
+        # chosen at each start: a thread started since the last one makes forking this process unsafe
+        mp: Any = multiprocessing.get_context(_method())  # its Process and Pipe (typeshed's context lacks them)
+        parent, child = mp.Pipe(duplex=False)
+        proc = mp.Process(target=WORKER, args=(child, self.ctx, task), name=f"bench-cell-{task.cell_id}", daemon=True)
         proc.start()
         child.close()
         self.running[task.position] = _Running(task, proc, parent)
@@ -335,7 +367,6 @@ def run_cells(
     outcome, and an echo that prints in plan order, as soon as it ends (a process that died: a
     failed cell); ``stopped``: for each cell cut short by Ctrl-C or by another cell raising.
     Re-raises what a cell raised, as the one-process sweep would, once the others stopped."""
-    prestart()
     order = _PlanOrder(echo, [t.position for t in tasks])
     pool = _Pool(ctx, order, finished)
     waiting = list(tasks)

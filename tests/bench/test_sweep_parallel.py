@@ -114,6 +114,40 @@ def _spec(tp: tuple[int, ...] = (1, 2)) -> SweepSpec:
     )
 
 
+_METHOD_PROBE = """
+import multiprocessing, sys
+import pyarrow as pa, pyarrow.parquet as pq
+from bench.sweep import parallel
+from tests.bench.test_sweep_parallel import _spec
+seen = [parallel._method()]
+parallel.fork_point(_spec(), 1)
+seen.append(parallel._method())
+parallel.fork_point(_spec(), 2)
+seen.append(parallel._method())
+pq.write_table(pa.table({"a": list(range(1000))}), sys.argv[1])
+seen.append(parallel._method())
+child = multiprocessing.get_context("fork").Process(target=print, args=("",))
+child.start(), child.join()  # numpy's BLAS stops its thread at a fork: fewer threads is fine
+seen.append(parallel._method())
+pq.read_table(sys.argv[1])
+seen.append(parallel._method())
+print(" ".join(seen))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forking the sweep's process is Linux-only")
+def test_a_new_sweeps_cells_are_forks_of_it_until_it_starts_a_thread(tmp_path: Path) -> None:
+    """The cells' processes are forks of the sweep's own process only from ``fork_point`` on
+    (its imports done, more than one job), and only while it has started no thread since: a
+    Parquet write starts none, nor does a fork, a read starts Arrow's pools, and from then on the cells come
+    from the fork server. (The CLI test above runs the forked path; the tests below, calling
+    run_sweep in pytest's process, the fork server's.)"""
+    r = subprocess.run([sys.executable, "-c", _METHOD_PROBE, str(tmp_path / "t.parquet")], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["forkserver", "forkserver", "fork", "fork", "fork", "forkserver"]
+
+
 def dies_in_tp2(conn, ctx, task) -> None:  # type: ignore[no-untyped-def]
     """A cell process that dies, killed, in cell tp2 (after printing a line); tp1 runs as usual."""
     if task.cell_id == "tp2":
