@@ -50,6 +50,19 @@ def marginal_table(x: np.ndarray, probs: np.ndarray = MARGINAL_PROBS) -> dict[st
     return {"probs": [float(p) for p in probs], "values": [float(v) for v in values]}
 
 
+def rank_sums(x: np.ndarray) -> np.ndarray:
+    """Twice each value's rank, tied values at the mean of their ranks (0-based ranks plus
+    one half): the same whatever the input order, and whichever sort numpy picks (its unstable
+    argsort orders ties differently on CPUs with AVX-512)."""
+    s = np.sort(x)
+    return np.searchsorted(s, x, side="left") + np.searchsorted(s, x, side="right")
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation of ``a`` and ``b``, ties at their mid-ranks."""
+    return float(np.corrcoef(rank_sums(a), rank_sums(b))[0, 1])
+
+
 def joint_table(inputs: np.ndarray, outputs: np.ndarray) -> dict[str, object]:
     """Quantile tables of output ranks per input-quantile bin (see ``ConditionalPair``).
 
@@ -57,10 +70,7 @@ def joint_table(inputs: np.ndarray, outputs: np.ndarray) -> dict[str, object]:
     """
     n = len(inputs)
     order = np.argsort(inputs, kind="stable")
-    sorted_out = np.sort(outputs)
-    lo_rank = np.searchsorted(sorted_out, outputs, side="left")
-    hi_rank = np.searchsorted(sorted_out, outputs, side="right")
-    ranks = (lo_rank + hi_rank) / (2.0 * n)
+    ranks = rank_sums(outputs) / (2.0 * n)
     tables = []
     for lo, hi in zip(JOINT_BIN_EDGES[:-1], JOINT_BIN_EDGES[1:]):
         a = int(round(lo * n))
@@ -77,11 +87,10 @@ def joint_table(inputs: np.ndarray, outputs: np.ndarray) -> dict[str, object]:
 def fit_lengths(table: TraceTable, joint: bool) -> dict[str, object]:
     """The ``lengths`` section of a built-in workload file, fitted from ``table``."""
     i, o = table.input_tokens, table.output_tokens
-    spearman = float(np.corrcoef(np.argsort(np.argsort(i)), np.argsort(np.argsort(o)))[0, 1])
     out: dict[str, object] = {
         "kind": "joint" if joint else "independent",
         "input": marginal_table(i),
-        "summary": {"input": summarize(i), "output": summarize(o), "spearman": round(spearman, 3)},
+        "summary": {"input": summarize(i), "output": summarize(o), "spearman": round(spearman(i, o), 3)},
     }
     out["output"] = marginal_table(o)
     if joint:

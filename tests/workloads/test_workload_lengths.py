@@ -12,7 +12,7 @@ from workloads.builder import plan_workload
 from workloads.definition import FITTED, builtins, fitted_document
 from workloads.distributions import ConditionalPair, Empirical, Fixed, LogNormal, Normal, Uniform
 from workloads.errors import WorkloadError
-from workloads.fit import BUILTIN_SOURCES
+from workloads.fit import BUILTIN_SOURCES, spearman
 from workloads.readers import read_trace
 
 N = 100_000
@@ -61,9 +61,26 @@ def test_joint_table_keeps_negative_correlation() -> None:
     pair = builtins()["arxiv-summarization"].lengths
     assert isinstance(pair, ConditionalPair)
     i, o = pair.sample(N, np.random.default_rng(3))
-    rho = np.corrcoef(np.argsort(np.argsort(i)), np.argsort(np.argsort(o)))[0, 1]
+    rho = spearman(i, o)
     want = fitted_document("arxiv-summarization")["lengths"]["summary"]["spearman"]  # type: ignore[index]
     assert abs(rho - want) < 0.03, (rho, want)
+
+
+def test_spearman_ranks_ties_alike_in_any_order() -> None:
+    """Tied lengths take their mid-rank: the coefficient does not depend on the order the pairs
+    come in (ranks from an unstable argsort did, and moved the shipped tables on AVX-512 CPUs)."""
+    i = np.array([1, 2, 2, 2, 3, 4, 4, 5])
+    o = np.array([5, 3, 4, 1, 2, 2, 6, 1])
+    # by hand: mid-ranks of i (1, 3, 3, 3, 5, 6.5, 6.5, 8), of o (7, 5, 6, 1.5, 3.5, 3.5, 8, 1.5)
+    ri = np.array([1, 3, 3, 3, 5, 6.5, 6.5, 8])
+    ro = np.array([7, 5, 6, 1.5, 3.5, 3.5, 8, 1.5])
+    assert spearman(i, o) == pytest.approx(np.corrcoef(ri, ro)[0, 1], abs=1e-12)
+    rng = np.random.default_rng(1)
+    big_i, big_o = rng.integers(0, 20, 5000), rng.integers(0, 20, 5000)  # many ties
+    first = spearman(big_i, big_o)
+    for _ in range(3):
+        p = rng.permutation(len(big_i))
+        assert spearman(big_i[p], big_o[p]) == pytest.approx(first, abs=1e-12)
 
 
 def test_parametric_distributions() -> None:
