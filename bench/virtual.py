@@ -34,6 +34,7 @@ from bench.execute import RunConfig, RunResult, prepare_run_dir, stats_notes
 from bench.run_meta import describe_run, run_meta, workload_meta
 from core import __version__
 from core.errors import BenchError
+from core.memo import SizedMemo
 from core.tokenizer import output_token
 from loadgen.runner import RunStats
 from results.reader import run_meta_of
@@ -160,19 +161,18 @@ class _KnownPrompts:
     """Prompts' (length, block hashes) by text, for one (block size, prefix caching): a sweep's
     cells send the same prompts at their n-th loads (``workloads.prompts.PromptSynth.texts``).
     Hashes are of this process (``_block_hashes``), so they are kept in it only; forgotten
-    when another block size comes, or when the texts kept would pass ``MAX_CHARS``."""
+    when another block size comes, the oldest first when the texts kept would pass ``MAX_CHARS``."""
 
-    __slots__ = ("by_text", "chars", "key")
+    __slots__ = ("by_text", "key")
     MAX_CHARS = 1 << 24
 
     def __init__(self) -> None:
         self.key: tuple[int, bool] | None = None
-        self.by_text: dict[str, tuple[int, tuple[int, ...]]] = {}
-        self.chars = 0
+        self.by_text: SizedMemo[str, tuple[int, tuple[int, ...]]] = SizedMemo(self.MAX_CHARS)
 
-    def table(self, key: tuple[int, bool]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    def table(self, key: tuple[int, bool]) -> SizedMemo[str, tuple[int, tuple[int, ...]]]:
         if key != self.key:
-            self.key, self.by_text, self.chars = key, {}, 0
+            self.key, self.by_text = key, SizedMemo(self.MAX_CHARS)
         return self.by_text
 
 
@@ -201,7 +201,6 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
     max_len = backend.max_model_len
     no_history: list[str] = []
     known = _KNOWN.table((bs, prefix_caching))
-    chars = _KNOWN.chars
     for i, spec in enumerate(schedule.requests):  # (once per request of every load: locals only)
         before = history.get(prev[i], no_history) if prev and i in prev else no_history
         text = spec.prompt if spec.prompt is not None and not before else _prompt_text(spec, before)
@@ -211,11 +210,7 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
         if seen is None:
             words = text.split()  # the engine's tokens, without the whitespace its token ids ignore
             seen = (len(words) or 1, _block_hashes(words, bs) if prefix_caching else ())
-            chars += len(text)
-            if chars > _KNOWN.MAX_CHARS:
-                known.clear()
-                chars = len(text)
-            known[text] = seen
+            known.put(text, seen, len(text))
         n, hashes = seen
         out_tokens = spec.max_output_tokens
         append(
@@ -230,7 +225,6 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
                 n + out_tokens > max_len,  # reject
             )
         )
-    _KNOWN.chars = chars
     return sends
 
 

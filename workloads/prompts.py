@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from core.control import ControlError, EngineClient
+from core.memo import SizedMemo
 from core.tokenizer import VOCAB
 from workloads.errors import WorkloadError
 
@@ -78,7 +79,7 @@ class PromptSynth:
         words = _VOCAB_ARRAY[rng.integers(0, len(VOCAB), size=count * n_tokens)].tolist()  # (indexed in C)
         out = ["".join(words[k : k + n_tokens]).lstrip() for k in range(0, count * n_tokens, n_tokens)]
         if key is not None:
-            _TEXTS.keep(key, (tuple(out), rng.bit_generator.state), _TEXTS_MAX_WORDS)
+            _TEXTS.put(key, (tuple(out), rng.bit_generator.state), count * n_tokens)
         return out
 
     def describe(self) -> dict[str, object]:
@@ -88,34 +89,15 @@ class PromptSynth:
 _DrawKey = tuple[int, int, int, int, int, int]
 
 
-class _KeptDraws(dict[_DrawKey, tuple[tuple[str, ...], Mapping[str, Any]]]):
-    """Draws by key (count, tokens, ...), oldest first, with the number of words they hold
-    (counted as draws come and go, not summed again for each new one)."""
-
-    words = 0
-
-    def keep(self, key: _DrawKey, value: tuple[tuple[str, ...], Mapping[str, Any]], max_words: int) -> None:
-        """Keep ``value`` under ``key`` (a draw not kept yet), the oldest draws dropped first
-        so that at most ``max_words`` words are kept."""
-        size = key[0] * key[1]
-        while self and self.words + size > max_words:
-            oldest = next(iter(self))
-            del self[oldest]
-            self.words -= oldest[0] * oldest[1]
-        self[key] = value
-        self.words += size
-
-
 #: ``PromptSynth.texts`` answers by (count, tokens, generator state before the draw): the
 #: prompts and the generator's state after it. The cells of a sweep draw the same prompts for
-#: their n-th loads. At most ``_TEXTS_MAX_WORDS`` words are kept (~12 MB): the oldest draws go first.
-_TEXTS = _KeptDraws()
-_TEXTS_MAX_WORDS = 1 << 21
+#: their n-th loads. At most 2**21 words are kept (~12 MB): the oldest draws go first.
+_TEXTS: SizedMemo[_DrawKey, tuple[tuple[str, ...], Mapping[str, Any]]] = SizedMemo(1 << 21)
 
 
 def _texts_key(count: int, n_tokens: int, rng: np.random.Generator) -> _DrawKey | None:
     """``_TEXTS``'s key for a draw from ``rng`` (PCG64, numpy's default; None otherwise or too large)."""
-    if count * n_tokens > _TEXTS_MAX_WORDS:
+    if count * n_tokens > _TEXTS.limit:
         return None
     st = rng.bit_generator.state
     if st.get("bit_generator") != "PCG64":

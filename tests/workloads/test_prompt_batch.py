@@ -61,15 +61,15 @@ def test_a_repeated_draw_is_kept_and_leaves_the_generator_where_a_fresh_draw_doe
 
 
 def test_kept_draws_stay_within_their_word_bound(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from core.memo import SizedMemo
     from workloads import prompts
 
-    monkeypatch.setattr(prompts, "_TEXTS", prompts._KeptDraws())
-    monkeypatch.setattr(prompts, "_TEXTS_MAX_WORDS", 100)
+    monkeypatch.setattr(prompts, "_TEXTS", SizedMemo(100))
     synth = PromptSynth()
     for seed in range(5):
         synth.texts(4, 10, np.random.default_rng(seed))  # 40 words each
     assert sum(k[0] * k[1] for k in prompts._TEXTS) <= 100
     assert len(prompts._TEXTS) == 2  # the two newest
-    assert prompts._TEXTS.words == sum(k[0] * k[1] for k in prompts._TEXTS)  # the running count
+    assert prompts._TEXTS.size == sum(k[0] * k[1] for k in prompts._TEXTS)  # the running count
     synth.texts(20, 10, np.random.default_rng(9))  # 200 words: beyond the bound, not kept
     assert len(prompts._TEXTS) == 2
