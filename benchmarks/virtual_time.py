@@ -85,8 +85,8 @@ def main_job(repeats: int, busy: int) -> bool:
                     wall, cpu, rec, caps = main_job_once(Path(d), len(answers))
                     answers.append((rec, caps))
                     figures = ", ".join(f"{c} {v:g}" if v else f"{c} -" for c, v in sorted(caps.items()))
-                    print(f"main job, {label}, run {k + 1}: {wall:5.1f} s wall, {cpu:4.1f} s CPU of the sweep's own process "
-                          f"(its cells' processes, --jobs, are not counted); "
+                    print(f"main job, {label}, run {k + 1}: {wall:5.1f} s wall, {cpu:4.1f} s CPU (the sweep's process and "
+                          f"its cells' processes, forks of it); "
                           f"RECOMMENDATION {rec}; capacity req/s: {figures}", flush=True)
             finally:
                 for p in procs:

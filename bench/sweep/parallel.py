@@ -282,7 +282,10 @@ class _Pool:
 
     def start(self, task: CellTask) -> None:
         # chosen at each start: a thread started since the last one makes forking this process unsafe
-        mp: Any = multiprocessing.get_context(_method())  # its Process and Pipe (typeshed's context lacks them)
+        method = _method()
+        if method == "forkserver":
+            prestart()  # with PRELOAD, if nothing started it yet
+        mp: Any = multiprocessing.get_context(method)  # its Process and Pipe (typeshed's context lacks them)
         parent, child = mp.Pipe(duplex=False)
         proc = mp.Process(target=WORKER, args=(child, self.ctx, task), name=f"bench-cell-{task.cell_id}", daemon=True)
         proc.start()
