@@ -72,7 +72,7 @@ PRELOAD = [
     "results.reader",
 ]
 #: How the cells' processes start: "auto" (the module's docstring); "forkserver", "spawn" and
-#: "fork" force one (to measure against, and in tests).
+#: "fork" force one (to measure one against another).
 START_METHOD = "auto"
 #: The sweep's threads at ``fork_point`` (None: not called, or not on Linux).
 _threads_at_fork_point: frozenset[str] | None = None
@@ -191,7 +191,6 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
                         ctx.progress)  # fmt: skip
     try:
         outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
-
     except _ParentGone:
         return
     except (SweepInterrupted, KeyboardInterrupt):
