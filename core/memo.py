@@ -27,11 +27,11 @@ class SizedMemo(Generic[K, V]):
         return None if hit is None else hit[0]
 
     def put(self, key: K, value: V, size: int) -> None:
-        if size > self.limit:
-            return
-        old = self._items.pop(key, None)
+        old = self._items.pop(key, None)  # replaced, or forgotten when the new value is not kept
         if old is not None:
             self.size -= old[1]
+        if size > self.limit:
+            return
         items = self._items
         while items and self.size + size > self.limit:
             self.size -= items.pop(next(iter(items)))[1]

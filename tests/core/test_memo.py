@@ -27,5 +27,8 @@ def test_putting_a_kept_key_again_counts_its_size_once() -> None:
     memo.put("a", 1, 6)
     memo.put("a", 2, 6)
     assert len(memo) == 1 and memo.size == 6 and memo.get("a") == 2
+    memo.put("a", 3, 11)  # a new value too large to keep: the old one is not served for it
+    assert memo.get("a") is None and memo.size == 0
+    memo.put("b", 1, 4)
     memo.clear()
     assert len(memo) == 0 and memo.size == 0
