@@ -9,6 +9,6 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("loadgen._fastpath", ["loadgen/_fastpath.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension("bench_llm.loadgen._fastpath", ["loadgen/_fastpath.c"], optional=True, extra_compile_args=["-O2"]),
     ]
 )

@@ -4,6 +4,6 @@ Adapters do no I/O. Transport, timing and recording live in loadgen and are writ
 once for every engine.
 """
 
-from adapters.base import Adapter, EventKind, HttpCall, StreamEvent, StreamParser, get_adapter
+from bench_llm.adapters.base import Adapter, EventKind, HttpCall, StreamEvent, StreamParser, get_adapter
 
 __all__ = ["Adapter", "EventKind", "HttpCall", "StreamEvent", "StreamParser", "get_adapter"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple, Protocol, TypeGuard
 
-from workloads.spec import Constraint, Message, RequestSpec, Sampling
+from bench_llm.workloads.spec import Constraint, Message, RequestSpec, Sampling
 
 
 class EventKind(IntEnum):
@@ -117,8 +117,8 @@ class Adapter(Protocol):
 
 
 _REGISTRY: dict[str, str] = {
-    "openai": "adapters.openai:OpenAIAdapter",
-    "vllm": "adapters.openai:OpenAIAdapter",
+    "openai": "bench_llm.adapters.openai:OpenAIAdapter",
+    "vllm": "bench_llm.adapters.openai:OpenAIAdapter",
 }
 
 
@@ -134,7 +134,7 @@ def adapter_names() -> list[str]:
 
 def _load_plugins() -> None:
     # Adapters in their own modules register themselves on import.
-    for module in ("adapters.sglang", "adapters.tgi", "adapters.generic"):
+    for module in ("bench_llm.adapters.sglang", "bench_llm.adapters.tgi", "bench_llm.adapters.generic"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.base import register
-from adapters.openai import Api, OpenAIAdapter
+from bench_llm.adapters.base import register
+from bench_llm.adapters.openai import Api, OpenAIAdapter
 
 
 class GenericOpenAIAdapter(OpenAIAdapter):
@@ -55,6 +55,6 @@ class GenericOpenAIAdapter(OpenAIAdapter):
         }
 
 
-register("generic", "adapters.generic:GenericOpenAIAdapter")
+register("generic", "bench_llm.adapters.generic:GenericOpenAIAdapter")
 for _alias in ("llamacpp", "llama.cpp", "ollama", "trtllm", "tensorrt-llm"):
-    register(_alias, "adapters.generic:GenericOpenAIAdapter")
+    register(_alias, "bench_llm.adapters.generic:GenericOpenAIAdapter")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from adapters.versions import in_range
+from bench_llm.adapters.versions import in_range
 
 #: common name → what it is (the unit is in the name).
 COMMON_NAMES: dict[str, str] = {

@@ -18,10 +18,16 @@ from typing import Any, Literal
 
 import orjson
 
-from adapters.base import EventKind, HttpCall, StreamEvent
-from adapters.sampling import StructuredStyle, UnsupportedRequest, image_urls, openai_fields, openai_structured
-from workloads.spec import Message, RequestSpec, embedding_inputs, merge_body
-from workloads.tools import tool_choice_field, tool_definitions
+from bench_llm.adapters.base import EventKind, HttpCall, StreamEvent
+from bench_llm.adapters.sampling import (
+    StructuredStyle,
+    UnsupportedRequest,
+    image_urls,
+    openai_fields,
+    openai_structured,
+)
+from bench_llm.workloads.spec import Message, RequestSpec, embedding_inputs, merge_body
+from bench_llm.workloads.tools import tool_choice_field, tool_definitions
 
 Api = Literal["completions", "chat"]
 

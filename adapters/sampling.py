@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.errors import SettingError
-from workloads.images import data_url
-from workloads.spec import Constraint, RequestSpec, Sampling
+from bench_llm.core.errors import SettingError
+from bench_llm.workloads.images import data_url
+from bench_llm.workloads.spec import Constraint, RequestSpec, Sampling
 
 
 class UnsupportedRequest(SettingError):

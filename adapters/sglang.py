@@ -19,12 +19,11 @@ from typing import Any
 
 import orjson
 
-from adapters.base import EventKind, HttpCall, ScanState, StreamEvent, register
-from adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
-from adapters.sampling import image_urls, refuse_embeddings, refuse_tools, sglang_fields, sglang_structured
-from adapters.versions import version_at_least
-from workloads.spec import Message, RequestSpec, merge_body
-
+from bench_llm.adapters.base import EventKind, HttpCall, ScanState, StreamEvent, register
+from bench_llm.adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
+from bench_llm.adapters.sampling import image_urls, refuse_embeddings, refuse_tools, sglang_fields, sglang_structured
+from bench_llm.adapters.versions import version_at_least
+from bench_llm.workloads.spec import Message, RequestSpec, merge_body
 
 #: Per-request timings SGLang puts in ``meta_info`` when launched with ``--enable-metrics``
 #: (tokenizer_manager, since late 2025), in seconds; ``kv_transfer_time`` is bench's simulated
@@ -248,5 +247,5 @@ class SGLangOpenAIAdapter(OpenAIAdapter):
         return {**super().describe(), "adapter": self.name}
 
 
-register("sglang", "adapters.sglang:SGLangAdapter")
-register("sglang-openai", "adapters.sglang:SGLangOpenAIAdapter")
+register("sglang", "bench_llm.adapters.sglang:SGLangAdapter")
+register("sglang-openai", "bench_llm.adapters.sglang:SGLangOpenAIAdapter")

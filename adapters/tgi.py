@@ -19,10 +19,10 @@ from typing import Any
 
 import orjson
 
-from adapters.base import EventKind, HttpCall, StreamEvent, register
-from adapters.openai import StreamPayloadError, _as_prompt, error_event, loads, unary_object
-from adapters.sampling import refuse_embeddings, refuse_tools, tgi_fields, tgi_structured
-from workloads.spec import Message, RequestSpec, merge_body
+from bench_llm.adapters.base import EventKind, HttpCall, StreamEvent, register
+from bench_llm.adapters.openai import StreamPayloadError, _as_prompt, error_event, loads, unary_object
+from bench_llm.adapters.sampling import refuse_embeddings, refuse_tools, tgi_fields, tgi_structured
+from bench_llm.workloads.spec import Message, RequestSpec, merge_body
 
 _EMPTY = StreamEvent(EventKind.EMPTY)
 
@@ -135,4 +135,4 @@ class TGIAdapter:
         }
 
 
-register("tgi", "adapters.tgi:TGIAdapter")
+register("tgi", "bench_llm.adapters.tgi:TGIAdapter")

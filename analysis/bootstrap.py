@@ -36,11 +36,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analysis.invariants import check_records
-from analysis.metrics import NS_PER_MS, measured, per_token_rows, request_metrics
-from analysis.slo import SLO
-from analysis.smoothness import Deadlines, smoothness_metrics
-from analysis.summary import slo_mask
+from bench_llm.analysis.invariants import check_records
+from bench_llm.analysis.metrics import NS_PER_MS, measured, per_token_rows, request_metrics
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.smoothness import Deadlines, smoothness_metrics
+from bench_llm.analysis.summary import slo_mask
 
 HIERARCHICAL_MIN_RUNS = 3
 #: Upper bound on the block length as a fraction of the run (keeps at least ~5 blocks).

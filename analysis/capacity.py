@@ -28,9 +28,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analysis.failures import error_line, top_errors
-from analysis.load import Run
-from analysis.confidence import (
+from bench_llm.analysis.confidence import (
     CONFIDENCE,
     Verdict,
     attainment_verdict,
@@ -38,12 +36,14 @@ from analysis.confidence import (
     under_sampled,
     wilson_interval,
 )
-from analysis.invariants import check_records, timing_measurable
-from analysis.metrics import measured, request_metrics
-from analysis.slo import SLO, SLO_METRICS
-from analysis.summary import client_health
-from analysis.summary_types import ClientHealth
-from analysis.totals import judged_mask, run_totals
+from bench_llm.analysis.failures import error_line, top_errors
+from bench_llm.analysis.invariants import check_records, timing_measurable
+from bench_llm.analysis.load import Run
+from bench_llm.analysis.metrics import measured, request_metrics
+from bench_llm.analysis.slo import SLO, SLO_METRICS
+from bench_llm.analysis.summary import client_health
+from bench_llm.analysis.summary_types import ClientHealth
+from bench_llm.analysis.totals import judged_mask, run_totals
 
 #: Open loop: first tokens must keep up with at least this share of the offered rate.
 ADMISSION_RATIO_MIN = 0.85

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.summary import SummaryOptions, summarize
+from bench_llm.analysis.summary import SummaryOptions, summarize
 
 
 def classes_of(table: pa.Table) -> list[str]:

@@ -15,10 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.bootstrap import DEFAULT_COMPARE_METRICS, BootstrapOptions, Change, Side, compare_sides, hierarchical_for, make_side
-from analysis.load import Run, load_runs
-from analysis.slo import SLO
-from analysis.smoothness import Deadlines
+from bench_llm.analysis.bootstrap import (
+    DEFAULT_COMPARE_METRICS,
+    BootstrapOptions,
+    Change,
+    Side,
+    compare_sides,
+    hierarchical_for,
+    make_side,
+)
+from bench_llm.analysis.load import Run, load_runs
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.smoothness import Deadlines
 
 
 def config_key(meta: dict[str, Any]) -> str:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import math
 
-from analysis.failures import error_line
-from analysis.summary_types import PromptLengths, RequestCounts, RunSummary, SloAttainment, TimingCheck, TokenAccounting
-from analysis.kinds import kinds_lines
+from bench_llm.analysis.failures import error_line
+from bench_llm.analysis.kinds import kinds_lines
+from bench_llm.analysis.summary_types import (
+    PromptLengths,
+    RequestCounts,
+    RunSummary,
+    SloAttainment,
+    TimingCheck,
+    TokenAccounting,
+)
 
 _LABELS = {
     "ttft_ms": "TTFT (ms)",

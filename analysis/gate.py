@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Literal
 from xml.sax.saxutils import escape, quoteattr
 
-from analysis.bootstrap import METRICS, BootstrapOptions, Change
-from analysis.compare import Comparison, compare_paths
-from analysis.slo import SLO
+from bench_llm.analysis.bootstrap import METRICS, BootstrapOptions, Change
+from bench_llm.analysis.compare import Comparison, compare_paths
+from bench_llm.analysis.slo import SLO
 
 Verdict = Literal["pass", "fail", "inconclusive", "observe", "n/a"]
 
@@ -76,7 +76,7 @@ class GateConfig:
 
 
 def load_gate_config(path: Path) -> GateConfig:
-    from core.config import load
+    from bench_llm.core.config import load
 
     return load(GateConfig, path)
 
@@ -148,8 +148,8 @@ def run_gate(baseline: Path, current: Path, config: GateConfig) -> GateResult:
     s = config.gate
     options = BootstrapOptions(level=s.level, resamples=s.resamples, seed=s.seed, resampling=s.resampling)
     cmp = compare_paths(baseline, current, list(config.metrics), SLO.from_dict(s.slo) if s.slo else SLO(), options)
-    from analysis.compare import group_runs
-    from analysis.load import load_runs
+    from bench_llm.analysis.compare import group_runs
+    from bench_llm.analysis.load import load_runs
 
     return _judge_comparison(cmp, set(group_runs(load_runs(baseline))), config)
 
@@ -158,9 +158,9 @@ def run_gate_history(store: Path, current: Path, config: GateConfig, window: int
     """Judge CURRENT against a rolling baseline: for each of its configurations, the stored
     runs of that configuration's last ``window`` entries in the results store (the current
     runs themselves left out, should they already be stored)."""
-    from analysis.compare import compare_groups, group_runs
-    from analysis.history import rolling_baseline
-    from analysis.load import load_runs
+    from bench_llm.analysis.compare import compare_groups, group_runs
+    from bench_llm.analysis.history import rolling_baseline
+    from bench_llm.analysis.load import load_runs
 
     if window < 1:
         raise ValueError("the rolling window must be >= 1 entry")

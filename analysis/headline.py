@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.recommend_types import Configuration, LoadVerdict, Pick, Recommendation
+from bench_llm.analysis.recommend_types import Configuration, LoadVerdict, Pick, Recommendation
 
 #: limiting factor -> what to measure next to confirm the diagnosis (the "what to check" column).
 VERIFY_NEXT = {

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from analysis.bootstrap import METRICS, make_side, point_estimates
-from analysis.compare import group_runs
-from analysis.load import Run, load_runs
-from analysis.slo import SLO
-from results.history import Partition, read_history, run_folders
-from results.schema import HISTORY_SCHEMA
+from bench_llm.analysis.bootstrap import METRICS, make_side, point_estimates
+from bench_llm.analysis.compare import group_runs
+from bench_llm.analysis.load import Run, load_runs
+from bench_llm.analysis.slo import SLO
+from bench_llm.results.history import Partition, read_history, run_folders
+from bench_llm.results.schema import HISTORY_SCHEMA
 
 #: Metrics stored when no gate configuration names them.
 DEFAULT_HISTORY_METRICS: tuple[str, ...] = (

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from results.reader import (
+from bench_llm.results.reader import (
     find_runs,
     iter_part_batches,
     read_monitor,
@@ -21,7 +21,7 @@ from results.reader import (
     read_run_meta,
     row_group_bytes,
 )
-from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA
+from bench_llm.results.schema import REQUESTS_DIR, REQUESTS_SCHEMA
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.memory import return_freed_memory
+from bench_llm.core.memory import return_freed_memory
 
 NS_PER_MS = 1e6
 

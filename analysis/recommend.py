@@ -38,11 +38,18 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from analysis.capacity import CapacityResult, Probe, capacity_from_probes, judge_load, point_metrics, server_signals
-from analysis.confidence import CONFIDENCE, separation
-from analysis.headline import build_headline, headline_lines
-from analysis.load import load_run
-from analysis.recommend_types import (
+from bench_llm.analysis.capacity import (
+    CapacityResult,
+    Probe,
+    capacity_from_probes,
+    judge_load,
+    point_metrics,
+    server_signals,
+)
+from bench_llm.analysis.confidence import CONFIDENCE, separation
+from bench_llm.analysis.headline import build_headline, headline_lines
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.recommend_types import (
     CellCapacity,
     CellStatus,
     Configuration,
@@ -54,9 +61,9 @@ from analysis.recommend_types import (
     Separation,
     WorkloadRecommendation,
 )
-from analysis.slo import SLO
-from results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
-from results.sweep_layout import CELLS_FILE, points_files, read_cells_table, read_sweep_json
+from bench_llm.analysis.slo import SLO
+from bench_llm.results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
+from bench_llm.results.sweep_layout import CELLS_FILE, points_files, read_cells_table, read_sweep_json
 
 #: Capacities per GPU within this fraction of the best count as tied (no target rate).
 TIE_FRACTION = 0.05

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from analysis.confidence import CONFIDENCE
-from analysis.summary_types import OMIT_NONE, Omit, ToJson, omit_if
+from bench_llm.analysis.confidence import CONFIDENCE
+from bench_llm.analysis.summary_types import OMIT_NONE, Omit, ToJson, omit_if
 
 #: Field metadata: never written (state the reader recovers from the file's shape).
 NOT_WRITTEN = omit_if(lambda obj, v: True)
@@ -359,7 +359,7 @@ def _json_default(o: Any) -> Any:
 def read_recommendation(path: Path) -> Recommendation:
     """``recommendation.json`` (a file, or the sweep folder holding it) as a ``Recommendation``.
     Raises OSError or ValueError when it cannot be read."""
-    from results.sweep_layout import RECOMMENDATION_FILE
+    from bench_llm.results.sweep_layout import RECOMMENDATION_FILE
 
     path = Path(path)
     if path.is_dir():

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.summary_types import ToJson
-from results.reader import read_server_metrics
+from bench_llm.analysis.summary_types import ToJson
+from bench_llm.results.reader import read_server_metrics
 
 NS_PER_MS = 1_000_000
 

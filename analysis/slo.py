@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.pairs import split_pairs
+from bench_llm.core.pairs import split_pairs
 
 #: SLO name -> per-request metric column (milliseconds).
 SLO_METRICS = {

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.metrics import (
+from bench_llm.analysis.metrics import (
     ChunkGaps,
     OneTokenChunks,
     TokenChunks,

@@ -15,9 +15,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.failures import top_errors
-from analysis.kinds import kinds_summary
-from analysis.metrics import (
+from bench_llm.analysis.failures import top_errors
+from bench_llm.analysis.invariants import CHECK_COLUMNS, anomaly_counts, check_records, timing_measurable
+from bench_llm.analysis.kinds import kinds_summary
+from bench_llm.analysis.metrics import (
     EXACT_LIMIT,
     HISTOGRAM_RELATIVE_ERROR,
     NS_PER_MS,
@@ -27,7 +28,6 @@ from analysis.metrics import (
     chunk_gaps,
     final_summaries,
     keep_freed_memory,
-    return_freed_memory,
     max_itl_ms,
     measured,
     one_token_chunks,
@@ -35,6 +35,7 @@ from analysis.metrics import (
     one_token_gaps,
     per_token_rows,
     percentiles,
+    return_freed_memory,
     scalar_columns,
     scalar_metrics,
     sequences,
@@ -42,10 +43,15 @@ from analysis.metrics import (
     token_range_gaps,
     token_ranges,
 )
-from analysis.invariants import CHECK_COLUMNS, anomaly_counts, check_records, timing_measurable
-from analysis.smoothness import Deadlines, batch_smoothness, one_token_fluidity, send_ns_float, token_range_fluidity
-from analysis.slo import SLO, SLO_METRICS
-from analysis.summary_types import (
+from bench_llm.analysis.slo import SLO, SLO_METRICS
+from bench_llm.analysis.smoothness import (
+    Deadlines,
+    batch_smoothness,
+    one_token_fluidity,
+    send_ns_float,
+    token_range_fluidity,
+)
+from bench_llm.analysis.summary_types import (
     ClientHealth,
     ClientWindow,
     DistributionMethod,
@@ -59,9 +65,9 @@ from analysis.summary_types import (
     TimingCheck,
     TokenAccounting,
 )
-from analysis.totals import RunTotals, judged_mask, run_totals
-from results.record import SOURCE_NON_STREAMING
-from results.schema import REQUESTS_SCHEMA
+from bench_llm.analysis.totals import RunTotals, judged_mask, run_totals
+from bench_llm.results.record import SOURCE_NON_STREAMING
+from bench_llm.results.schema import REQUESTS_SCHEMA
 
 REQUESTS_COLUMN_NAMES = tuple(REQUESTS_SCHEMA.names)
 
@@ -122,8 +128,8 @@ def summarize_run(
     ``analysis.load.load_run`` reads them); the chunk lists of one batch at a time are in
     memory, and the token-level distributions are pooled as they go (PooledDistribution).
     """
-    from analysis.load import iter_request_batches
-    from results.reader import read_requests
+    from bench_llm.analysis.load import iter_request_batches
+    from bench_llm.results.reader import read_requests
 
     return_freed_memory()  # what the caller freed (a run's own heap) is not kept beside the summary's
     keep_freed_memory()

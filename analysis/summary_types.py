@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Field metadata ``{"omit": predicate}``: leave the key out of ``to_json()`` when

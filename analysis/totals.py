@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.confidence import CONFIDENCE, wilson_interval
+from bench_llm.analysis.confidence import CONFIDENCE, wilson_interval
 
 
 @dataclass(frozen=True)

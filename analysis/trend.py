@@ -35,10 +35,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.bootstrap import METRICS
-from analysis.changepoint import MIN_SIZE, P_MAX, PERMUTATIONS, ChangePoint, e_divisive
-from analysis.gate import MetricGate
-from analysis.history import HOST_LAG_METRIC, Series, read_series
+from bench_llm.analysis.bootstrap import METRICS
+from bench_llm.analysis.changepoint import MIN_SIZE, P_MAX, PERMUTATIONS, ChangePoint, e_divisive
+from bench_llm.analysis.gate import MetricGate
+from bench_llm.analysis.history import HOST_LAG_METRIC, Series, read_series
 
 Verdict = Literal["regression", "improvement", "within allowance", "host change"]
 
@@ -257,8 +257,8 @@ def _figure(key: str, series: list[Series], findings: list[Finding]) -> go.Figur
 
 
 def html_page(result: TrendResult) -> str:
-    from analysis.report import Section
-    from analysis.report.page import render_page
+    from bench_llm.analysis.report import Section
+    from bench_llm.analysis.report.page import render_page
 
     flagged = Section("Flagged change points")
     rows = "".join(

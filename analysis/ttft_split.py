@@ -33,9 +33,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from results.reader import read_requests, read_server_metrics, read_server_spans
-from results.schema import SERVER_SPANS_FILE
-from results.sweep_layout import CELL_PREFIX, LOAD_PREFIX
+from bench_llm.results.reader import read_requests, read_server_metrics, read_server_spans
+from bench_llm.results.schema import SERVER_SPANS_FILE
+from bench_llm.results.sweep_layout import CELL_PREFIX, LOAD_PREFIX
 
 #: The engine's timing fields -> the part of TTFT they measure.
 TIMING_PARTS = {
@@ -154,7 +154,7 @@ def split_summary(run_dir: Path, requests: pa.Table | None = None) -> dict[str, 
 
 
 def _histogram_split(run_dir: Path, table: pa.Table) -> dict[str, Any] | None:
-    from analysis.report.data import PREFILL_HIST, QUEUE_HIST, hist_interval_means
+    from bench_llm.analysis.report.data import PREFILL_HIST, QUEUE_HIST, hist_interval_means
 
     server = read_server_metrics(run_dir)
     if server is None or "common" not in server.column_names:

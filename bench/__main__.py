@@ -1,4 +1,4 @@
-from bench.cli import main
+from bench_llm.bench.cli import main
 
 if __name__ == "__main__":
     main()

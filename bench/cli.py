@@ -13,27 +13,27 @@ import sys
 
 import click
 
-from bench.errors import ExitCode, as_cli_error
-from core import __version__
-from core.errors import BenchError, SettingError
-from core.memory import use_system_allocator
+from bench_llm.bench.errors import ExitCode, as_cli_error
+from bench_llm.core import __version__
+from bench_llm.core.errors import BenchError, SettingError
+from bench_llm.core.memory import use_system_allocator
 
 use_system_allocator()  # before pyarrow's first allocation (core/memory.py: why)
 
 #: verb -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("bench.commands.run", "Measure one workload against an engine (the embedded one by default)."),
-    "summary": ("bench.commands.summary", "Print the metric table of a run folder (or --json)."),
-    "sweep": ("bench.commands.sweep", "Launch an engine at each parallel configuration, measure, recommend."),
-    "recommend": ("bench.commands.recommend", "Recommend the smallest configuration that meets the SLOs."),
-    "report": ("bench.commands.report", "Write a self-contained HTML report of runs or a sweep."),
-    "compare": ("bench.commands.compare", "Compare two runs with bootstrap confidence intervals."),
-    "gate": ("bench.commands.gate", "CI performance gate: fail on a real regression, not on noise."),
-    "history": ("bench.commands.history", "Add a run or sweep to a results store (partitioned Parquet history)."),
-    "trend": ("bench.commands.trend", "Change points in each gated metric across commits of a results store."),
-    "workload": ("bench.commands.workload", "Inspect workloads (bench workload show NAME|FILE)."),
-    "sim": ("bench.commands.sim", "The embedded simulated engine (bench sim serve)."),
-    "locust": ("bench.commands.locust", "Distributed load generation on locust (master/worker)."),
+    "run": ("bench_llm.bench.commands.run", "Measure one workload against an engine (the embedded one by default)."),
+    "summary": ("bench_llm.bench.commands.summary", "Print the metric table of a run folder (or --json)."),
+    "sweep": ("bench_llm.bench.commands.sweep", "Launch an engine at each parallel configuration, measure, recommend."),
+    "recommend": ("bench_llm.bench.commands.recommend", "Recommend the smallest configuration that meets the SLOs."),
+    "report": ("bench_llm.bench.commands.report", "Write a self-contained HTML report of runs or a sweep."),
+    "compare": ("bench_llm.bench.commands.compare", "Compare two runs with bootstrap confidence intervals."),
+    "gate": ("bench_llm.bench.commands.gate", "CI performance gate: fail on a real regression, not on noise."),
+    "history": ("bench_llm.bench.commands.history", "Add a run or sweep to a results store (partitioned Parquet history)."),
+    "trend": ("bench_llm.bench.commands.trend", "Change points in each gated metric across commits of a results store."),
+    "workload": ("bench_llm.bench.commands.workload", "Inspect workloads (bench workload show NAME|FILE)."),
+    "sim": ("bench_llm.bench.commands.sim", "The embedded simulated engine (bench sim serve)."),
+    "locust": ("bench_llm.bench.commands.locust", "Distributed load generation on locust (master/worker)."),
 }
 
 

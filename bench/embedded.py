@@ -6,9 +6,9 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from launch.engines import SIM_FLAVORS
-from launch.process import EngineStartError, ManagedProcess, free_port, python_module
-from core.errors import BenchError
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.engines import SIM_FLAVORS
+from bench_llm.launch.process import EngineStartError, ManagedProcess, free_port, python_module
 
 
 def sim_flavor(engine: str) -> str:
@@ -21,7 +21,7 @@ def sim_flavor(engine: str) -> str:
 def embedded_engine(log_path: Path, sim_args: Sequence[str] = (), ready_timeout_s: float = 30.0) -> Iterator[str]:
     """Yield the base URL of a fresh simulated engine on 127.0.0.1; stop it on exit."""
     port = free_port()
-    argv = python_module("bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port), *sim_args)
+    argv = python_module("bench_llm.bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port), *sim_args)
     proc = ManagedProcess(argv, log_path)
     proc.start()
     try:

@@ -12,7 +12,7 @@ import enum
 
 import click
 
-from core.errors import BenchError, SettingError
+from bench_llm.core.errors import BenchError, SettingError
 
 
 class ExitCode(enum.IntEnum):

@@ -15,23 +15,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import Adapter
-from bench.errors import ExitCode, setting_message
-from bench.run_meta import describe_run, run_meta, utc_now
-from core.control import EngineClient
-from core.errors import BenchError
-from launch.profiles import profile
-from loadgen.runner import RunOptions, Runner, RunStats
-from loadgen.transport import Timeouts, Transport
-from results.schema import RUN_FILE
-from results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
-from workloads.context import fit_to_context
-from workloads.spec import Schedule
+from bench_llm.adapters.base import Adapter
+from bench_llm.bench.errors import ExitCode, setting_message
+from bench_llm.bench.run_meta import describe_run, run_meta, utc_now
+from bench_llm.core.control import EngineClient
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.profiles import profile
+from bench_llm.loadgen.runner import Runner, RunOptions, RunStats
+from bench_llm.loadgen.transport import Timeouts, Transport
+from bench_llm.results.schema import RUN_FILE
+from bench_llm.results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
+from bench_llm.workloads.context import fit_to_context
+from bench_llm.workloads.spec import Schedule
 
 if TYPE_CHECKING:  # imported where a live run needs them (a virtual-time run never loads aiohttp)
-    from loadgen.otlp import OtlpReceiver
-    from loadgen.scrape import MetricsScraper
-    from loadgen.workers import WorkerPool
+    from bench_llm.loadgen.otlp import OtlpReceiver
+    from bench_llm.loadgen.scrape import MetricsScraper
+    from bench_llm.loadgen.workers import WorkerPool
 
 #: Longest wait, after the last response, for the engine's spans (engines export in batches:
 #: vLLM every 5 s by default, every 0.5 s when bench launches it with a receiver).
@@ -126,7 +126,7 @@ async def execute_run(
     run_id = uuid.uuid4().hex[:16]
     own_transport = transport is None
     if transport is None:
-        from loadgen.transports import make_transport
+        from bench_llm.loadgen.transports import make_transport
 
         try:
             transport = make_transport(cfg.transport, cfg.url, cfg.timeouts, cfg.clock)
@@ -197,7 +197,7 @@ def _make_runner(
     """The in-process runner, or with ``cfg.workers > 1`` a pool of worker processes (then
     ``meta`` gains the worker count and CPUs and is written again)."""
     if cfg.workers > 1:
-        from loadgen.workers import WorkerPool
+        from bench_llm.loadgen.workers import WorkerPool
 
         pool = WorkerPool(run_dir, run_id, schedule, adapter, cfg.url, cfg.timeouts, cfg.workers,
                           cfg.transport, cfg.clock, cfg.options)
@@ -251,7 +251,7 @@ def _scraper(cfg: RunConfig, run_dir: Path) -> MetricsScraper | None:
     """The engine's /metrics scraper of this run (not started); None when not scraping."""
     if not cfg.scrape_interval_s:
         return None
-    from loadgen.scrape import MetricsScraper
+    from bench_llm.loadgen.scrape import MetricsScraper
 
     # the launched engine's version picks the families it emits (docs/engines.md)
     names = profile(cfg.engine).metric_names((cfg.engine_info or {}).get("version") or cfg.engine_version)

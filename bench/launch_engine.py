@@ -7,10 +7,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from launch.config import ParallelConfig
-from launch.launcher import EngineHandle, LaunchSpec, launch
-from launch.process import EngineStartError
-from core.errors import BenchError
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.launcher import EngineHandle, LaunchSpec, launch
+from bench_llm.launch.process import EngineStartError
 
 
 def parse_parallel(text: str, extra_args: Sequence[str] = ()) -> ParallelConfig:
@@ -32,7 +32,7 @@ VLLM_OTLP_ENV: tuple[tuple[str, str], ...] = (
 def otlp_launch(engine: str, endpoint: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The arguments and environment that point ``engine`` at bench's OTLP receiver (docs/engines.md,
     "Request spans"); nothing for an engine without span export."""
-    from launch import engines
+    from bench_llm.launch import engines
 
     if engine == "vllm":
         return ("--otlp-traces-endpoint", endpoint), VLLM_OTLP_ENV

@@ -6,8 +6,8 @@ load generator just to parse them.
 
 from __future__ import annotations
 
-from analysis.slo import SLO, SLOError
-from core.errors import BenchError
+from bench_llm.analysis.slo import SLO, SLOError
+from bench_llm.core.errors import BenchError
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.failures import error_line
-from analysis.recommend_types import Recommendation
-from analysis.summary_types import RunSummary
-from bench.errors import ExitCode, Outcome, too_few_succeeded
+from bench_llm.analysis.failures import error_line
+from bench_llm.analysis.recommend_types import Recommendation
+from bench_llm.analysis.summary_types import RunSummary
+from bench_llm.bench.errors import ExitCode, Outcome, too_few_succeeded
 
 
 def run_outcome(summary: RunSummary) -> Outcome | None:
@@ -41,7 +41,7 @@ def sweep_outcome(sweep: Path, rec: Recommendation) -> Outcome | None:
     request of every load did), ``UNTRUSTWORTHY`` when the answer rests on a load the client
     could not measure truthfully, ``NO_CONFIGURATION`` when SLOs were given and no
     configuration meets them, else None."""
-    from analysis.recommend import load_points
+    from bench_llm.analysis.recommend import load_points
 
     points = load_points(sweep)
     ok = int(points["ok"].fillna(0).sum()) if "ok" in points else 0

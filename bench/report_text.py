@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 
-from analysis.format import format_summary
-from analysis.load import load_run
-from analysis.slo import SLO
-from analysis.server_metrics import TtftCrossCheck
-from analysis.summary import REQUEST_SCALAR_COLUMNS, SummaryOptions, summarize_run
-from analysis.summary_types import RunSummary, json_of
+from bench_llm.analysis.format import format_summary
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.server_metrics import TtftCrossCheck
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.summary import REQUEST_SCALAR_COLUMNS, SummaryOptions, summarize_run
+from bench_llm.analysis.summary_types import RunSummary, json_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +65,10 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
                 f"of {read_path['compiled'] + read_path['python']:,} stream payloads, the compiled scan "
                 f"{100 * (1 - read_path['python_share']):.0f}% (client CPU per token is higher; docs/instrument.md)"
             )
-    from analysis.classes import class_breakdown, classes_of
-    from analysis.server_metrics import server_summary
-    from analysis.ttft_split import split_summary
-    from results.reader import read_requests
+    from bench_llm.analysis.classes import class_breakdown, classes_of
+    from bench_llm.analysis.server_metrics import server_summary
+    from bench_llm.analysis.ttft_split import split_summary
+    from bench_llm.results.reader import read_requests
 
     server = server_summary(run.path, run.requests)
     split = split_summary(run.path)
@@ -146,12 +146,12 @@ def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_js
     for line in _server_lines(p.server or {}):
         click.echo(line)
     if p.classes:
-        from analysis.classes import format_breakdown
+        from bench_llm.analysis.classes import format_breakdown
 
         for line in format_breakdown(p.classes):
             click.echo(line)
     if p.ttft_split:
-        from analysis.ttft_split import format_split
+        from bench_llm.analysis.ttft_split import format_split
 
         for line in format_split(p.ttft_split):
             click.echo(line)

@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from bench.run_options import option_group
-from core.errors import BenchError
-from core.pairs import split_pairs
-from workloads.spec import RequestOptions
+from bench_llm.bench.run_options import option_group
+from bench_llm.core.errors import BenchError
+from bench_llm.core.pairs import split_pairs
+from bench_llm.workloads.spec import RequestOptions
 
 _OPTIONS = (
     click.option("--temperature", type=float, help="Sampling temperature sent with every request (0: greedy)."),

@@ -12,13 +12,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bench.host import host_fingerprint
-from core import __version__
-from results.schema import SCHEMA_VERSION
-from workloads.spec import Schedule
+from bench_llm.bench.host import host_fingerprint
+from bench_llm.core import __version__
+from bench_llm.results.schema import SCHEMA_VERSION
+from bench_llm.workloads.spec import Schedule
 
 if TYPE_CHECKING:
-    from analysis.slo import SLO
+    from bench_llm.analysis.slo import SLO
 
 
 def utc_now() -> dt.datetime:

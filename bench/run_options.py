@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from analysis.slo import SLO
-    from workloads.spec import Schedule
+    from bench_llm.analysis.slo import SLO
+    from bench_llm.workloads.spec import Schedule
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -101,11 +101,11 @@ class LoadOptions:
         model: str | None = None,
     ) -> Schedule:
         """The schedule these options describe; ``WorkloadError`` (a ``ValueError``) for bad ones."""
-        from workloads.errors import WorkloadError
+        from bench_llm.workloads.errors import WorkloadError
 
         arrival = self.arrival or "poisson"
         if self.workload:
-            from workloads.catalog import build_named_schedule
+            from bench_llm.workloads.catalog import build_named_schedule
 
             extra: dict[str, Any] = {}
             if tokenizer_dir is not None:
@@ -119,8 +119,8 @@ class LoadOptions:
                 self.workload, requests=self.requests, rate=self.rate, arrival=arrival,
                 concurrency=self.concurrency, warmup=self.warmup, seed=self.seed, salt=salt, **extra,
             )
-        from workloads.prompts import make_synth
-        from workloads.synthetic import SyntheticWorkload
+        from bench_llm.workloads.prompts import make_synth
+        from bench_llm.workloads.synthetic import SyntheticWorkload
 
         if arrival not in ("poisson", "constant"):
             raise WorkloadError(
@@ -171,8 +171,8 @@ class PhaseOptions:
 
     def check(self, duration: float | None) -> None:
         """``BenchError`` when the phases do not fit the run (RunOptions' own rule)."""
-        from core.errors import BenchError
-        from loadgen.options import RunOptions
+        from bench_llm.core.errors import BenchError
+        from bench_llm.loadgen.options import RunOptions
 
         try:
             RunOptions(duration_s=duration, warmup_s=self.warmup_s, cooldown_s=self.cooldown_s)
@@ -228,13 +228,13 @@ class OutputOptions:
 
     def config(self, engine: str, api: str, **more: Any) -> dict[str, Any]:
         """``run.parquet`` ``config_json`` for a run with these options (``bench.run_meta.run_config``)."""
-        from bench.run_meta import run_config
+        from bench_llm.bench.run_meta import run_config
 
         return run_config(engine, api, self.slo, self.percentiles, **more)
 
 
 def _output(values: dict[str, Any]) -> OutputOptions:
-    from bench.options import parse_percentiles, parse_slo
+    from bench_llm.bench.options import parse_percentiles, parse_slo
 
     return OutputOptions(
         out=values.pop("out"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from core.errors import BenchError
+from bench_llm.core.errors import BenchError
 
 
 def load_api_key(env_var: str | None, key_file: Path | None) -> str | None:

@@ -19,31 +19,31 @@ import json
 import time
 import zlib
 from collections.abc import Sequence
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from launch.config import ParallelConfig
-from launch.process import EngineStartError
-from analysis.capacity import max_in_flight
-from analysis.load import Run
-from bench.execute import RunConfig, RunResult, prepare_run_dir, stats_notes
-from bench.run_meta import describe_run, run_meta, workload_meta
-from core import __version__
-from core.errors import BenchError
-from core.memo import SizedMemo
-from core.tokenizer import output_token
-from loadgen.runner import RunStats
-from results.reader import run_meta_of
-from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, RUN_FILE, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
-from results.writer import run_meta_table, write_run_meta, write_schedule, write_table_atomic
-from sim.backend import ModelBackend
-from sim.options import ModelTiming, describe
-from sim.virtual import CANCELLED, OK, REJECTED, UNSENT, Outcome, Plan, Send, run
-from workloads.spec import RequestSpec, Schedule
+from bench_llm.analysis.capacity import max_in_flight
+from bench_llm.analysis.load import Run
+from bench_llm.bench.execute import RunConfig, RunResult, prepare_run_dir, stats_notes
+from bench_llm.bench.run_meta import describe_run, run_meta, workload_meta
+from bench_llm.core import __version__
+from bench_llm.core.errors import BenchError
+from bench_llm.core.memo import SizedMemo
+from bench_llm.core.tokenizer import output_token
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.process import EngineStartError
+from bench_llm.loadgen.runner import RunStats
+from bench_llm.results.reader import run_meta_of
+from bench_llm.results.schema import REQUESTS_DIR, REQUESTS_SCHEMA, RUN_FILE, SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+from bench_llm.results.writer import run_meta_table, write_run_meta, write_schedule, write_table_atomic
+from bench_llm.sim.backend import ModelBackend
+from bench_llm.sim.options import ModelTiming, describe
+from bench_llm.sim.virtual import CANCELLED, OK, REJECTED, UNSENT, Outcome, Plan, Send, run
+from bench_llm.workloads.spec import RequestSpec, Schedule
 
 #: ``run.parquet`` ``clock`` of a virtual-time run.
 CLOCK_LABEL = "virtual: the simulated engine's scheduler and cost model in virtual time (no server, no client)"
@@ -77,11 +77,11 @@ def virtual_engine(
     checked to fit in memory. Raises EngineStartError with the engine's own message."""
     import click
 
-    from launch.profiles import plan_engine
-    from launch.launcher import LaunchSpec
-    from bench.commands.sim import build_config, serve
-    from sim.costmodel import OutOfMemory
-    from sim.faults import FaultSpec
+    from bench_llm.bench.commands.sim import build_config, serve
+    from bench_llm.launch.launcher import LaunchSpec
+    from bench_llm.launch.profiles import plan_engine
+    from bench_llm.sim.costmodel import OutOfMemory
+    from bench_llm.sim.faults import FaultSpec
 
     spec = LaunchSpec(engine="sim", model=model, parallel=parallel, gpu=gpu, extra_args=tuple(extra_args), flavor=flavor)
     argv = plan_engine(spec, 0, lambda host: 0).processes[0].argv

@@ -255,8 +255,8 @@ def _bench(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, float | str],
     window (user/kernel split, syscalls per token) over ``--seconds`` of its steady part."""
     import numpy as np
 
-    from launch.process import free_port
-    from results.reader import read_requests
+    from bench_llm.launch.process import free_port
+    from bench_llm.results.reader import read_requests
 
     # enough closed-loop rounds that the window ends well before the last wave winds down
     per_request = (args.ttft_ms + args.tokens * args.itl_ms) / 1e3
@@ -389,7 +389,7 @@ def main() -> None:
         delayed_ack_main()
         return
 
-    from launch.process import free_port
+    from bench_llm.launch.process import free_port
 
     # the instrument's engine and analysis read these
     args.server, args.ttft_ms, args.itl_ms = "lean", 50.0, 10.0

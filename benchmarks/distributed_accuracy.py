@@ -15,11 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from analysis.load import load_run
-from analysis.summary import summarize
-from bench.distributed.loopback import run_loopback
-from bench.embedded import embedded_engine
-from results.reader import read_run_meta
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.summary import summarize
+from bench_llm.bench.distributed.loopback import run_loopback
+from bench_llm.bench.embedded import embedded_engine
+from bench_llm.results.reader import read_run_meta
 
 ROWS = [
     ("requests ok", lambda s: s.requests.ok),
@@ -45,7 +45,7 @@ def main() -> None:
 
         def single(name: str) -> Path:
             out = base / name
-            argv = [sys.executable, "-m", "bench", "run", "--url", url, "--out", str(out), "--no-progress", *workload]
+            argv = [sys.executable, "-m", "bench_llm.bench", "run", "--url", url, "--out", str(out), "--no-progress", *workload]
             subprocess.run(argv, check=True, capture_output=True)
             return out
 

@@ -18,17 +18,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from analysis.bootstrap import BootstrapOptions, compare_sides, make_side  # noqa: E402
-from analysis.compare import compare_paths  # noqa: E402
-from analysis.gate import judge_change, load_gate_config  # noqa: E402
-from analysis.load import load_run  # noqa: E402
-from analysis.slo import SLO  # noqa: E402
+from bench_llm.analysis.bootstrap import BootstrapOptions, compare_sides, make_side  # noqa: E402
+from bench_llm.analysis.compare import compare_paths  # noqa: E402
+from bench_llm.analysis.gate import judge_change, load_gate_config  # noqa: E402
+from bench_llm.analysis.load import load_run  # noqa: E402
+from bench_llm.analysis.slo import SLO  # noqa: E402
 
 METRICS = ["ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "e2e_p50_ms"]
 
 
 def run(out: Path, itl: str, ttft: str, seed: int) -> Path:
-    argv = [sys.executable, "-m", "bench", "run", "--requests", "150", "--concurrency", "32", "--input-tokens", "128",
+    argv = [sys.executable, "-m", "bench_llm.bench", "run", "--requests", "150", "--concurrency", "32", "--input-tokens", "128",
             "--output-tokens", "32", "--seed", str(seed), "--sim-itl-ms", itl, "--sim-ttft-ms", ttft, "--out", str(out),
             "--no-progress", "--json"]  # fmt: skip
     subprocess.run(argv, check=True, capture_output=True, cwd=REPO, timeout=300)

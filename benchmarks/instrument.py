@@ -341,9 +341,9 @@ def _start_engine(args: argparse.Namespace, port: int, log: Path, engine_log: Pa
         if not has_log:
             argv.append("--no-log")
     else:
-        help_text = subprocess.run([sys.executable, "-m", "bench", "sim", "serve", "--help"], capture_output=True,
+        help_text = subprocess.run([sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--help"], capture_output=True,
                                    text=True, env=env, cwd=REPO).stdout
-        argv = [sys.executable, "-m", "bench", "sim", "serve", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
+        argv = [sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
                 "--itl-ms", str(args.itl_ms), "--model", args.model]
         has_log = "--emission-log" in help_text
         if has_log:
@@ -357,7 +357,7 @@ def _start_engine(args: argparse.Namespace, port: int, log: Path, engine_log: Pa
     with open(engine_log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                 preexec_fn=(lambda: _pin(cpus)) if cpus else None)
-    from core.control import EngineClient
+    from bench_llm.core.control import EngineClient
 
     engine = EngineClient(f"http://127.0.0.1:{port}", timeout_s=1)
     deadline = time.monotonic() + 30
@@ -380,7 +380,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _bench_argv(args: argparse.Namespace, url: str, concurrency: int, out: Path) -> list[str]:
     """The ``bench run`` command line of one measurement."""
-    argv = [sys.executable, "-m", "bench", "run", "--url", url, "--model", args.model, "--concurrency", str(concurrency),
+    argv = [sys.executable, "-m", "bench_llm.bench", "run", "--url", url, "--model", args.model, "--concurrency", str(concurrency),
             "--requests", str(concurrency * args.rounds), "--input-tokens", "32", "--output-tokens", str(args.tokens),
             "--out", str(out), "--no-progress", "--json", "--stall-timeout", "60"]
     if args.workers > 1:
@@ -416,8 +416,8 @@ def _pct(v: np.ndarray, p: float) -> float:
 def analyse(run_dir: Path, log: Path | None, args: argparse.Namespace, concurrency: int) -> dict[str, float | str]:
     import pyarrow.compute as pc
 
-    from analysis.summary import summarize
-    from results.reader import read_monitor, read_requests, read_run_meta
+    from bench_llm.analysis.summary import summarize
+    from bench_llm.results.reader import read_monitor, read_requests, read_run_meta
 
     req = read_requests(run_dir)
     req = req.filter(pc.equal(req["phase"], "measure"))
@@ -536,8 +536,8 @@ def synthesize_run(out: Path, requests: int, tokens: int, rows_per_part: int | N
 
     import pyarrow as pa
 
-    from results.schema import REQUESTS_SCHEMA, SCHEMA_VERSION
-    from results.writer import FLUSH_ROWS, write_run_meta, write_table_atomic
+    from bench_llm.results.schema import REQUESTS_SCHEMA, SCHEMA_VERSION
+    from bench_llm.results.writer import FLUSH_ROWS, write_run_meta, write_table_atomic
 
     rows_per_part = rows_per_part or FLUSH_ROWS
     rng = np.random.default_rng(seed)
@@ -597,13 +597,13 @@ def scale_main(args: argparse.Namespace) -> None:
         print(f"synthesised {args.requests} requests x {args.tokens} tokens in {time.perf_counter() - t:.1f} s "
               f"({sum(p.stat().st_size for p in (out / 'requests').glob('*.parquet')) / 1e9:.2f} GB)")
     if args.compact:
-        from results.writer import compact_requests
+        from bench_llm.results.writer import compact_requests
 
         t = time.perf_counter()
         done = compact_requests(out)
         print(f"compact_requests: {'done' if done else 'nothing to do / unsupported'} in {time.perf_counter() - t:.1f} s, "
               f"{len(list((out / 'requests').glob('*.parquet')))} part files")
-    argv = [sys.executable, "-m", "bench", "summary", str(out)]
+    argv = [sys.executable, "-m", "bench_llm.bench", "summary", str(out)]
     t = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     wall = time.perf_counter() - t
@@ -642,7 +642,7 @@ def main() -> None:
                     help="lean engine: usage on every token event, only in a final usage event, or none")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--transport", choices=["raw", "aiohttp"], default=None)
-    from loadgen.transport import CLOCKS
+    from bench_llm.loadgen.transport import CLOCKS
 
     ap.add_argument("--clock", choices=CLOCKS, default=None)
     ap.add_argument("--client-cpus", default="0", help="cores for the client (comma-separated; '' = no pinning)")
@@ -656,7 +656,7 @@ def main() -> None:
     if args.cmd == "scale":
         scale_main(args)
         return
-    from launch.process import free_port
+    from bench_llm.launch.process import free_port
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="bench-instrument-")) if args.keep is None else args.keep

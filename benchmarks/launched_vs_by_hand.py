@@ -41,14 +41,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launch.config import ParallelConfig
-from launch.engines import VLLM_CPU_VENV
-from launch.launcher import LaunchSpec, plan_launch
-from launch.process import free_port
-from analysis.server_metrics import ttft_cross_check
-from analysis.summary import summarize_run
-from bench.sweep import store
-from results.reader import read_requests
+from bench_llm.analysis.server_metrics import ttft_cross_check
+from bench_llm.analysis.summary import summarize_run
+from bench_llm.bench.sweep import store
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.engines import VLLM_CPU_VENV
+from bench_llm.launch.launcher import LaunchSpec, plan_launch
+from bench_llm.launch.process import free_port
+from bench_llm.results.reader import read_requests
 
 #: What vLLM on CPU needs here (docs/engines.md): no hub, no telemetry, 1 GiB of KV cache.
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -59,7 +59,7 @@ TOLERANCE = 0.10
 
 
 def bench_cmd() -> list[str]:
-    return [sys.executable, "-m", "bench"]
+    return [sys.executable, "-m", "bench_llm.bench"]
 
 
 def by_hand(model: str, tp: int, env: Mapping[str, str], out: Path, bench_args: Sequence[str], ready_s: float) -> Path:
@@ -108,7 +108,7 @@ def sweep(model: str, tps: str, env: Mapping[str, str], out: Path, requests: int
 
 
 def _points(sweep_dir: Path, cell_id: str) -> list[dict[str, Any]]:
-    from results.reader import read_parquet_file
+    from bench_llm.results.reader import read_parquet_file
 
     return read_parquet_file(store.cell_dir(sweep_dir, cell_id) / store.POINTS_FILE).to_pylist()  # type: ignore[no-any-return]
 

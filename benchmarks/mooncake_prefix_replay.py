@@ -23,8 +23,8 @@ TRACE = REPO.parent / "shared" / "traces" / "mooncake-fast25" / "conversation_tr
 
 sys.path.insert(0, str(REPO))
 
-from launch.process import free_port  # noqa: E402
-from core.control import EngineClient  # noqa: E402
+from bench_llm.core.control import EngineClient  # noqa: E402
+from bench_llm.launch.process import free_port  # noqa: E402
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
@@ -50,12 +50,12 @@ def replay(
     """Run the slice; return the engine's hit rate and the slice's reusable fraction."""
     import pyarrow.parquet as pq
 
-    from workloads.stats import prefix_reuse
+    from bench_llm.workloads.stats import prefix_reuse
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
-    argv = [sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port), *sim_args, flag]
+    argv = [sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port), *sim_args, flag]
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "engine.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -63,7 +63,7 @@ def replay(
         wait_ready(url, proc)
         model = sim_args[sim_args.index("--model-preset") + 1] if "--model-preset" in sim_args else "sim-model"
         run = subprocess.run(
-            [sys.executable, "-m", "bench", "run", "--url", url, "--model", model, "--workload", str(trace),
+            [sys.executable, "-m", "bench_llm.bench", "run", "--url", url, "--model", model, "--workload", str(trace),
              "--requests", str(requests), "--arrival", f"trace:time_scale={time_scale}", "--out", str(out / "run"),
              "--overwrite", "--no-progress", "--json"],
             capture_output=True, text=True, timeout=timeout_s,

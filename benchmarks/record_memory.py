@@ -43,7 +43,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import instrument  # noqa: E402  (the lean engine and its launcher)
-from launch.process import free_port  # noqa: E402
+
+from bench_llm.launch.process import free_port  # noqa: E402
 
 
 def _tree(pid: int) -> list[int]:
@@ -135,7 +136,7 @@ def main() -> None:
         requests = args.concurrency * (int(args.seconds / per_request_s) + 2)
         duration = ["--duration", f"{args.seconds:g}"]
     try:
-        argv = [sys.executable, "-m", "bench", "run", "--url", f"http://127.0.0.1:{port}", "--model", "sim-model",
+        argv = [sys.executable, "-m", "bench_llm.bench", "run", "--url", f"http://127.0.0.1:{port}", "--model", "sim-model",
                 "--concurrency", str(args.concurrency), "--requests", str(requests), "--input-tokens", "32",
                 "--output-tokens", str(args.tokens), "--out", str(run_dir), "--no-progress", "--json",
                 "--stall-timeout", "60", *duration]

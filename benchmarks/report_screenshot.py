@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.browser import load_page  # noqa: E402
+from bench_llm.bench.browser import load_page  # noqa: E402
 from benchmarks.virtual_time import MAIN_JOB  # noqa: E402  (the README's main job)
 
 CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
@@ -37,7 +37,7 @@ CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
 
 
 def _bench(*args: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    r = subprocess.run([sys.executable, "-m", "bench_llm.bench", *args], cwd=REPO, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise SystemExit(f"bench {' '.join(args[:2])} failed ({r.returncode}): {r.stderr[-2000:]}")
 

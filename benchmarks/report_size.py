@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from plotly.offline import get_plotlyjs  # noqa: E402
 
-from analysis.report import build_report  # noqa: E402
-from results.synthetic import synthetic_run  # noqa: E402
+from bench_llm.analysis.report import build_report  # noqa: E402
+from bench_llm.results.synthetic import synthetic_run  # noqa: E402
 
 
 def main() -> None:

@@ -21,9 +21,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.sglang import SGLangStreamParser  # noqa: E402
-from loadgen.recorder import _FAST_KINDS, _NFIELDS, RequestRecorder  # noqa: E402
-from sim.wire import SGLangWire  # noqa: E402
+from bench_llm.adapters.sglang import SGLangStreamParser  # noqa: E402
+from bench_llm.loadgen.recorder import _FAST_KINDS, _NFIELDS, RequestRecorder  # noqa: E402
+from bench_llm.sim.wire import SGLangWire  # noqa: E402
 
 
 def events(n: int) -> list[bytes]:
@@ -40,8 +40,8 @@ def events(n: int) -> list[bytes]:
 
 def compiled(chunks: list[bytes]) -> None:
     """The stream through ``FastStream.feed`` (one HTTP chunk per read), then its columns."""
-    from loadgen import _fastpath
-    from workloads.spec import RequestSpec
+    from bench_llm.loadgen import _fastpath
+    from bench_llm.workloads.spec import RequestSpec
 
     rec = RequestRecorder(RequestSpec("r", 128, len(chunks), prompt="p"), SGLangStreamParser(), 0, 0)
     fast = _fastpath.FastStream(-1, False, 0, _fastpath.API_SGLANG, rec, lambda *a: None)
@@ -64,7 +64,7 @@ def best(fn: Callable[[], object], repeats: int = 5) -> float:
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [256, 1024, 4096]
     try:
-        from loadgen import _fastpath  # noqa: F401
+        from bench_llm.loadgen import _fastpath  # noqa: F401
     except ImportError:
         built = False
     else:

@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launch.process import ManagedProcess, free_port  # noqa: E402
-from adapters.openai import OpenAIAdapter  # noqa: E402
-from bench.execute import RunConfig, execute_run  # noqa: E402
-from loadgen.runner import RunOptions  # noqa: E402
-from loadgen.transport import Timeouts  # noqa: E402
-from workloads.synthetic import SyntheticWorkload  # noqa: E402
+from bench_llm.adapters.openai import OpenAIAdapter  # noqa: E402
+from bench_llm.bench.execute import RunConfig, execute_run  # noqa: E402
+from bench_llm.launch.process import ManagedProcess, free_port  # noqa: E402
+from bench_llm.loadgen.runner import RunOptions  # noqa: E402
+from bench_llm.loadgen.transport import Timeouts  # noqa: E402
+from bench_llm.workloads.synthetic import SyntheticWorkload  # noqa: E402
 
 
 async def drain_clients(port: int, streams: int, duration: float, input_tokens: int, output_tokens: int) -> int:
@@ -99,7 +99,7 @@ def main() -> None:
     port = free_port()
     # each stream spends TTFT (50 ms) + output·ITL per request: pick ITL so the streams deliver the target
     itl_ms = (args.streams * args.output_tokens / args.tokens_per_s - 0.050) / args.output_tokens * 1000
-    argv = [sys.executable, "-m", "bench", "sim", "serve", "--port", str(port), "--emission-log", str(log)]
+    argv = [sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--port", str(port), "--emission-log", str(log)]
     if args.spin_us:
         argv += ["--spin-us", str(args.spin_us)]
     if args.realtime:

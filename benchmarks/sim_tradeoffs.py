@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.backend import Arrival, ModelBackend, simulate  # noqa: E402
-from sim.options import ModelTiming  # noqa: E402
+from bench_llm.sim.backend import Arrival, ModelBackend, simulate  # noqa: E402
+from bench_llm.sim.options import ModelTiming  # noqa: E402
 
 
 def attainment(t: ModelTiming, rate: float, prompt: int, output: int, ttft_s: float, tpot_s: float,

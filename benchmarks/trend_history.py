@@ -40,13 +40,13 @@ sys.path.insert(0, str(REPO))
 
 from click.testing import CliRunner  # noqa: E402
 
-from analysis.gate import load_gate_config  # noqa: E402
-from analysis.history import entries  # noqa: E402
-from analysis.slo import SLO  # noqa: E402
-from analysis.trend import TrendOptions, run_trend  # noqa: E402
-from bench.cli import cli  # noqa: E402
-from core.control import EngineClient  # noqa: E402
-from results.history import Partition, add_entry, config_slug  # noqa: E402
+from bench_llm.analysis.gate import load_gate_config  # noqa: E402
+from bench_llm.analysis.history import entries  # noqa: E402
+from bench_llm.analysis.slo import SLO  # noqa: E402
+from bench_llm.analysis.trend import TrendOptions, run_trend  # noqa: E402
+from bench_llm.bench.cli import cli  # noqa: E402
+from bench_llm.core.control import EngineClient  # noqa: E402
+from bench_llm.results.history import Partition, add_entry, config_slug  # noqa: E402
 
 GATES = REPO / "ci" / "gates-sim.toml"
 MODEL = "llama-3.1-8b"
@@ -60,7 +60,7 @@ def _free_port() -> int:
 
 def start_sim(slowdown: float, seed: int) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    argv = [sys.executable, "-m", "bench", "sim", "serve", "--port", str(port), "--timing", "model", "--model-preset", MODEL,
+    argv = [sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--port", str(port), "--timing", "model", "--model-preset", MODEL,
             "--gpu", "h100", "--jitter", "0.03", "--seed", str(seed), "--slowdown", str(slowdown)]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -54,7 +54,7 @@ def _bench(
     used: user + system). ``ok_codes``: exit codes that are answers, not failures."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "bench_llm.bench", *args], cwd=REPO, capture_output=True, text=True,
                        timeout=timeout)  # fmt: skip
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -64,8 +64,8 @@ def _bench(
 
 
 def main_job_once(tmp: Path, k: int) -> tuple[float, float, str, dict[str, float | None]]:
-    from analysis.recommend_types import read_recommendation
-    from bench.sweep.store import read_cells
+    from bench_llm.analysis.recommend_types import read_recommendation
+    from bench_llm.bench.sweep.store import read_cells
 
     out = tmp / f"sweep{k}"
     r, wall, cpu = _bench(*MAIN_JOB, "--out", str(out))
@@ -100,7 +100,7 @@ def main_job(repeats: int, busy: int) -> bool:
 def realtime_repeats(repeats: int) -> bool:
     """The main job in real time, ``repeats`` times; True when every run recommended the same
     configuration or said that the leading ones are too close to call."""
-    from analysis.recommend_types import read_recommendation
+    from bench_llm.analysis.recommend_types import read_recommendation
 
     tally: dict[str, int] = {}
     close_runs = 0
@@ -137,12 +137,12 @@ def _exact_seconds(ns: int) -> float:
 
 
 def big_run(requests: int, rate: float, input_tokens: int, output_tokens: int) -> bool:
-    from analysis.load import load_run
-    from bench.virtual import virtual_engine
-    from launch.config import ParallelConfig
-    from results.reader import read_parquet_file
-    from results.schema import SCHEDULE_FILE
-    from sim.backend import Arrival, ModelBackend, simulate
+    from bench_llm.analysis.load import load_run
+    from bench_llm.bench.virtual import virtual_engine
+    from bench_llm.launch.config import ParallelConfig
+    from bench_llm.results.reader import read_parquet_file
+    from bench_llm.results.schema import SCHEDULE_FILE
+    from bench_llm.sim.backend import Arrival, ModelBackend, simulate
 
     with tempfile.TemporaryDirectory(prefix="bench-vt-") as d:
         out = Path(d) / "run"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from core.pairs import split_pairs
+from bench_llm.core.pairs import split_pairs
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from adapters.versions import version_at_least
-from launch.config import ParallelConfig
-from launch.process import EngineStartError, python_module
-from launch.tuning import flag_name, flag_present
+from bench_llm.adapters.versions import version_at_least
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.process import EngineStartError, python_module
+from bench_llm.launch.tuning import flag_name, flag_present
 
 if TYPE_CHECKING:
-    from launch.launcher import LaunchSpec
+    from bench_llm.launch.launcher import LaunchSpec
 
 SIM_FLAVORS = ("vllm", "sglang", "tgi")
 
@@ -192,13 +192,13 @@ def _python_for(var: str) -> str:
 
 
 def plan_sim(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
-    from core import __version__
+    from bench_llm.core import __version__
 
     if spec.flavor not in SIM_FLAVORS:
         raise EngineStartError(f"sim flavour {spec.flavor!r}: expected one of {', '.join(SIM_FLAVORS)}")
     p = spec.parallel
     argv = [
-        *python_module("bench", "sim", "serve"),
+        *python_module("bench_llm.bench", "sim", "serve"),
         "--host", spec.host, "--port", str(port),
         "--timing", "model", "--flavor", spec.flavor,
         "--model-preset", spec.model, "--gpu", spec.gpu or "h100",
@@ -290,7 +290,7 @@ def _plan_vllm_pd(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]
         "--kv-transfer-config", json.dumps(VLLM_KV_TRANSFER_CONFIG, separators=(",", ":"))]  # fmt: skip
     side_host = "127.0.0.1" if spec.host in ("0.0.0.0", "", "::") else spec.host
     plans: list[ProcessPlan] = []
-    proxy = [*python_module("launch.vllm_pd_proxy"), "--host", spec.host, "--port", str(port)]
+    proxy = [*python_module("bench_llm.launch.vllm_pd_proxy"), "--host", spec.host, "--port", str(port)]
     for role, count in (("prefill", p.disagg.prefill), ("decode", p.disagg.decode)):
         for _ in range(count):
             iport = free_port(spec.host)

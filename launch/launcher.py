@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from launch.config import ParallelConfig
-from launch.engines import EngineLayout, ProcessPlan
-from launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
-from launch.profiles import plan_engine, profile, unsupported_axes
-from core.control import EngineClient
-from core.memory import user_environment
+from bench_llm.core.control import EngineClient
+from bench_llm.core.memory import user_environment
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.engines import EngineLayout, ProcessPlan
+from bench_llm.launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
+from bench_llm.launch.profiles import plan_engine, profile, unsupported_axes
 
 __all__ = [
     "EngineHandle",
@@ -309,7 +309,7 @@ def _containerise(template: tuple[str, ...] | None, argv: list[str], port: int) 
 
 def sim_command() -> list[str]:
     """How the simulated engine is started (this interpreter, ``-m bench``)."""
-    return python_module("bench", "sim", "serve")
+    return python_module("bench_llm.bench", "sim", "serve")
 
 
 def describe_failure(proc: ManagedProcess) -> str:

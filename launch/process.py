@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from core.control import call
+from bench_llm.core.control import call
 
 
 class EngineStartError(RuntimeError):

@@ -19,22 +19,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import Adapter, get_adapter
-from adapters.context import (
+from bench_llm.adapters.base import Adapter, get_adapter
+from bench_llm.adapters.context import (
     ContextRoute,
     openai_models_max_model_len,
     sglang_server_info_context_length,
     tgi_info_max_total_tokens,
 )
-from adapters.metrics_map import MetricNames, metric_names
-from launch import engines
-from launch.config import ParallelConfig
-from launch.engines import EngineLayout
-from launch.process import EngineStartError
-from launch.tuning import unsupported_args
+from bench_llm.adapters.metrics_map import MetricNames, metric_names
+from bench_llm.launch import engines
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.engines import EngineLayout
+from bench_llm.launch.process import EngineStartError
+from bench_llm.launch.tuning import unsupported_args
 
 if TYPE_CHECKING:
-    from launch.launcher import LaunchSpec
+    from bench_llm.launch.launcher import LaunchSpec
 
 #: (spec, front port, free-port picker) -> the processes to start.
 Plan = Callable[["LaunchSpec", int, Callable[[str], int]], EngineLayout]

@@ -1695,7 +1695,7 @@ static PyGetSetDef FS_getset[] = {
     {NULL}};
 
 static PyTypeObject FastStreamType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "loadgen._fastpath.FastStream",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bench_llm.loadgen._fastpath.FastStream",
     .tp_basicsize = sizeof(FastStream),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "One streamed response read, framed and scanned in C (see loadgen/_fastpath.c).",
@@ -1777,7 +1777,7 @@ static PyMethodDef module_methods[] = {
     {"monotonic_ns", py_monotonic_ns, METH_NOARGS, "The clock the reads are stamped with."},
     {NULL}};
 
-static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "loadgen._fastpath",
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "bench_llm.loadgen._fastpath",
                                        "bench's compiled per-chunk read path (optional).", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__fastpath(void) {

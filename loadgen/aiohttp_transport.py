@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import aiohttp
 
-from adapters.base import HttpCall
-from loadgen.transport import KEEPALIVE_IDLE_S, Sink, StreamError, Timeouts, overdue, progress_ns
+from bench_llm.adapters.base import HttpCall
+from bench_llm.loadgen.transport import KEEPALIVE_IDLE_S, Sink, StreamError, Timeouts, overdue, progress_ns
 
 _now = time.perf_counter_ns
 

@@ -16,13 +16,13 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
-from adapters.base import Adapter, HttpCall
-from loadgen.options import RunOptions, RunStats
-from loadgen.recorder import DigestQueue, RequestRecorder
-from loadgen.recording import Recording
-from loadgen.transport import EagerTransport, StreamError, Transport
-from results.record import RequestRecord
-from workloads.spec import Message, RequestSpec, Schedule
+from bench_llm.adapters.base import Adapter, HttpCall
+from bench_llm.loadgen.options import RunOptions, RunStats
+from bench_llm.loadgen.recorder import DigestQueue, RequestRecorder
+from bench_llm.loadgen.recording import Recording
+from bench_llm.loadgen.transport import EagerTransport, StreamError, Transport
+from bench_llm.results.record import RequestRecord
+from bench_llm.workloads.spec import Message, RequestSpec, Schedule
 
 _now = time.perf_counter_ns
 

@@ -12,9 +12,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from loadgen.options import RunStats
-from loadgen.progress import Progress
-from results.writer import MonitorWriter
+from bench_llm.loadgen.options import RunStats
+from bench_llm.loadgen.progress import Progress
+from bench_llm.results.writer import MonitorWriter
 
 _now = time.perf_counter_ns
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from loadgen.recorder import MAX_EVENT_BYTES
+from bench_llm.loadgen.recorder import MAX_EVENT_BYTES
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from results.schema import SERVER_SPANS_FILE, SERVER_SPANS_SCHEMA, SPAN_LATENCY_ATTRIBUTES
-from results.writer import write_table_atomic
+from bench_llm.results.schema import SERVER_SPANS_FILE, SERVER_SPANS_SCHEMA, SPAN_LATENCY_ATTRIBUTES
+from bench_llm.results.writer import write_table_atomic
 
 #: The span attribute that names the engine's request.
 REQUEST_ID_ATTRIBUTE = "gen_ai.request.id"

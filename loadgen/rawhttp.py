@@ -38,13 +38,22 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from adapters.base import HttpCall
-from loadgen.transport import (
-    CLOCKS, KEEPALIVE_IDLE_S, Clock, FastSink, Sink, StreamError, Timeouts, fast_sink, overdue, progress_ns,
+from bench_llm.adapters.base import HttpCall
+from bench_llm.loadgen.transport import (
+    CLOCKS,
+    KEEPALIVE_IDLE_S,
+    Clock,
+    FastSink,
+    Sink,
+    StreamError,
+    Timeouts,
+    fast_sink,
+    overdue,
+    progress_ns,
 )
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
-    from loadgen import _fastpath
+    from bench_llm.loadgen import _fastpath
 except ImportError:  # pragma: no cover - exercised where the extension is not built
     _fastpath = None  # type: ignore[assignment]
 

@@ -16,12 +16,12 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from adapters.base import EventKind, ScanState, ScanStateParser, StreamEvent, StreamParser, keeps_scan_state
-from adapters.sse import SSEFramer
-from loadgen.transport import StreamError
-from results.record import SOURCE_NON_STREAMING, RequestRecord
-from workloads.spec import RequestSpec
-from workloads.structured import conforms
+from bench_llm.adapters.base import EventKind, ScanState, ScanStateParser, StreamEvent, StreamParser, keeps_scan_state
+from bench_llm.adapters.sse import SSEFramer
+from bench_llm.loadgen.transport import StreamError
+from bench_llm.results.record import SOURCE_NON_STREAMING, RequestRecord
+from bench_llm.workloads.spec import RequestSpec
+from bench_llm.workloads.structured import conforms
 
 #: Token-count sources, most trusted first (see docs/metrics.md).
 SOURCE_CUMULATIVE = "server_cumulative"

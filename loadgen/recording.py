@@ -24,11 +24,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from loadgen.options import RunOptions, RunStats
-from loadgen.recorder import RequestRecorder
-from loadgen.transport import StreamError
-from results.record import RequestRecord
-from results.writer import _RECORD_FIELDS, MonitorWriter, PartWriter, RequestsWriter
+from bench_llm.loadgen.options import RunOptions, RunStats
+from bench_llm.loadgen.recorder import RequestRecorder
+from bench_llm.loadgen.transport import StreamError
+from bench_llm.results.record import RequestRecord
+from bench_llm.results.writer import _RECORD_FIELDS, MonitorWriter, PartWriter, RequestsWriter
 
 _now = time.perf_counter_ns
 
@@ -240,6 +240,6 @@ def warm_up_writer() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from results.schema import REQUESTS_SCHEMA
+    from bench_llm.results.schema import REQUESTS_SCHEMA
 
     pq.write_table(REQUESTS_SCHEMA.empty_table(), pa.BufferOutputStream(), compression="zstd")

@@ -15,16 +15,16 @@ import asyncio
 import sys
 import time
 
-from adapters.base import Adapter
-from loadgen.dispatch import Dispatcher, _sleep_until, _turn_messages
-from loadgen.monitoring import Monitor
-from loadgen.options import RunOptions, RunStats
-from loadgen.progress import Progress
-from loadgen.recorder import DigestQueue
-from loadgen.recording import Recording, paused_gc, warm_up_writer
-from loadgen.transport import Preconnecting, Transport
-from results.writer import MonitorWriter, RequestsWriter
-from workloads.spec import Schedule
+from bench_llm.adapters.base import Adapter
+from bench_llm.loadgen.dispatch import Dispatcher, _sleep_until, _turn_messages
+from bench_llm.loadgen.monitoring import Monitor
+from bench_llm.loadgen.options import RunOptions, RunStats
+from bench_llm.loadgen.progress import Progress
+from bench_llm.loadgen.recorder import DigestQueue
+from bench_llm.loadgen.recording import Recording, paused_gc, warm_up_writer
+from bench_llm.loadgen.transport import Preconnecting, Transport
+from bench_llm.results.writer import MonitorWriter, RequestsWriter
+from bench_llm.workloads.spec import Schedule
 
 __all__ = ["RunOptions", "RunStats", "Runner", "_sleep_until", "_turn_messages", "_warm_up_writer"]
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.metrics_map import CUMULATIVE_GAUGES, MetricNames, metric_names
-from core.control import EngineClient
-from results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
-from results.writer import PartWriter
+from bench_llm.adapters.metrics_map import CUMULATIVE_GAUGES, MetricNames, metric_names
+from bench_llm.core.control import EngineClient
+from bench_llm.results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+from bench_llm.results.writer import PartWriter
 
 _DELTA_TYPES = frozenset({"counter", "histogram_bucket", "histogram_sum", "histogram_count", "summary_sum",
                           "summary_count"})  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from workloads.spec import RequestSpec, Schedule
+from bench_llm.workloads.spec import RequestSpec, Schedule
 
 
 def _units(measured: tuple[RequestSpec, ...]) -> list[list[RequestSpec]]:

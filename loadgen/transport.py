@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, cast, get_args, runtime_checkable
 
-from adapters.base import HttpCall
+from bench_llm.adapters.base import HttpCall
 
 
 class StreamError(Exception):
@@ -150,7 +150,7 @@ def check_base_url(url: str) -> str:
     ``SettingError`` (a ValueError naming the ``url`` setting) that says how to write it."""
     from urllib.parse import urlsplit
 
-    from core.errors import SettingError
+    from bench_llm.core.errors import SettingError
 
     parts = urlsplit(url)
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:

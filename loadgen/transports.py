@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from loadgen.aiohttp_transport import AiohttpTransport
-from loadgen.rawhttp import RawHttpTransport
-from loadgen.transport import CLOCKS, Clock, Timeouts, Transport
+from bench_llm.loadgen.aiohttp_transport import AiohttpTransport
+from bench_llm.loadgen.rawhttp import RawHttpTransport
+from bench_llm.loadgen.transport import CLOCKS, Clock, Timeouts, Transport
 
 
 def make_transport(kind: str, base_url: str, timeouts: Timeouts = Timeouts(), clock: str = "auto") -> Transport:

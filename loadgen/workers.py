@@ -30,15 +30,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from adapters.base import Adapter
-from loadgen.options import RunOptions, RunStats
-from loadgen.recording import warm_up_writer
-from loadgen.runner import Runner
-from loadgen.split import split_schedule
-from loadgen.transport import Preconnecting, Timeouts
-from loadgen.transports import make_transport
-from results.writer import MonitorWriter, RequestsWriter
-from workloads.spec import Schedule
+from bench_llm.adapters.base import Adapter
+from bench_llm.loadgen.options import RunOptions, RunStats
+from bench_llm.loadgen.recording import warm_up_writer
+from bench_llm.loadgen.runner import Runner
+from bench_llm.loadgen.split import split_schedule
+from bench_llm.loadgen.transport import Preconnecting, Timeouts
+from bench_llm.loadgen.transports import make_transport
+from bench_llm.results.writer import MonitorWriter, RequestsWriter
+from bench_llm.workloads.spec import Schedule
 
 #: Time between "all workers ready" and t0, so no worker starts late.
 START_LEAD_NS = 200_000_000
@@ -81,7 +81,7 @@ def _worker_main(job: WorkerJob, conn: Connection) -> None:
         except OSError:
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sends SIGTERM
-    from core.eventloop import run_async
+    from bench_llm.core.eventloop import run_async
 
     try:
         stats = run_async(lambda: _worker_async(job, conn))
@@ -209,7 +209,7 @@ class WorkerPool:
                 if p.is_alive():
                     p.kill()
         if errors:
-            from core.errors import BenchError
+            from bench_llm.core.errors import BenchError
 
             raise BenchError(f"load worker failed: {errors[0]}")
         return merge_stats(results, self.stop.is_set())

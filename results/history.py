@@ -23,9 +23,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from results.reader import ResultsError
-from results.schema import HISTORY_METRICS_DIR, HISTORY_RUNS_DIR, HISTORY_SCHEMA
-from results.writer import write_table_atomic
+from bench_llm.results.reader import ResultsError
+from bench_llm.results.schema import HISTORY_METRICS_DIR, HISTORY_RUNS_DIR, HISTORY_SCHEMA
+from bench_llm.results.writer import write_table_atomic
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.,+-]+")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")

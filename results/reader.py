@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from results.schema import (
+from bench_llm.results.schema import (
     MONITOR_DIR,
     REQUESTS_DIR,
     REQUESTS_SCHEMA,

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from results.reader import read_parquet_file
+from bench_llm.results.reader import read_parquet_file
 
 SWEEP_FILE = "sweep.json"
 CELLS_FILE = "cells.parquet"

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from results.schema import REQUESTS_SCHEMA
-from results.writer import write_run_meta, write_table_atomic
+from bench_llm.results.schema import REQUESTS_SCHEMA
+from bench_llm.results.writer import write_run_meta, write_table_atomic
 
 
 def synthetic_run(run_dir: Path, n: int, tokens: int, seed: int = 0, scale: float = 1.0, extra: dict[str, Any] | None = None) -> Path:

@@ -23,9 +23,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.memory import return_freed_memory
-from results.record import RequestRecord
-from results.schema import (
+from bench_llm.core.memory import return_freed_memory
+from bench_llm.results.record import RequestRecord
+from bench_llm.results.schema import (
     MONITOR_DIR,
     MONITOR_SCHEMA,
     REQUESTS_DIR,
@@ -339,7 +339,7 @@ def compact_parts(
     crash leaves at most a hidden folder behind. Returns False, changing nothing, with fewer
     than ``min_parts`` parts or where the atomic swap is not available (non-Linux).
     """
-    from results.reader import read_part
+    from bench_llm.results.reader import read_part
 
     folder = Path(folder)
     files = sorted(str(p) for p in folder.glob("*.parquet") if not p.name.startswith(".")) if folder.is_dir() else []

@@ -25,10 +25,10 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from sim.options import ModelTiming
-from sim.request import SimRequest, prefix_block_hashes
-from sim.scheduler import Batch, Instance, Limits
-from sim.timing import FixedTiming
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.request import SimRequest, prefix_block_hashes
+from bench_llm.sim.scheduler import Batch, Instance, Limits
+from bench_llm.sim.timing import FixedTiming
 
 
 class FixedBackend:
@@ -483,7 +483,7 @@ def simulate(
     backend: ModelBackend | FixedBackend, arrivals: Iterable[Arrival], horizon_s: float | None = None
 ) -> list[Outcome]:
     """Run ``arrivals`` through ``backend`` in virtual time; one Outcome per request."""
-    from core.tokenizer import prompt_token_ids
+    from bench_llm.core.tokenizer import prompt_token_ids
 
     items = sorted(arrivals, key=lambda a: a.t_s)
     outs: list[Outcome] = []

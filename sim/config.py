@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.faults import FaultSpec
-from sim.options import ModelTiming
-from sim.timing import FixedTiming
+from bench_llm.sim.faults import FaultSpec
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.timing import FixedTiming
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.presets import Dtype, EngineProfile, GpuSpec, ModelSpec
+from bench_llm.sim.presets import Dtype, EngineProfile, GpuSpec, ModelSpec
 
 GB = 1e9
 

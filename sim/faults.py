@@ -29,8 +29,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from core.errors import SettingError
-from core.pairs import split_pairs
+from bench_llm.core.errors import SettingError
+from bench_llm.core.pairs import split_pairs
 
 RATE_MODES = ("reset", "http500", "http503", "http429", "stall", "malformed", "split_utf8", "multi_token", "no_done",
               "stream_error", "abort")

@@ -22,10 +22,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from sim.request import SimRequest
+from bench_llm.sim.request import SimRequest
 
 if TYPE_CHECKING:
-    from sim.timerfd import DeadlineTimer
+    from bench_llm.sim.timerfd import DeadlineTimer
 
 _now = time.perf_counter_ns
 
@@ -101,7 +101,7 @@ class EngineLoop:
                 handle.cancel()
 
     async def _run(self) -> None:
-        from sim.timerfd import DeadlineTimer
+        from bench_llm.sim.timerfd import DeadlineTimer
 
         self._timer = DeadlineTimer.create(self._kick) if self.precise else None
         try:

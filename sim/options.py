@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from core.config import ConfigError, from_mapping, load_toml
-from sim.costmodel import CostModel, Parallel
-from sim.presets import GPUS, MODELS, PROFILES, Dtype, EngineProfile, GpuSpec, ModelSpec, calibration
+from bench_llm.core.config import ConfigError, from_mapping, load_toml
+from bench_llm.sim.costmodel import CostModel, Parallel
+from bench_llm.sim.presets import GPUS, MODELS, PROFILES, Dtype, EngineProfile, GpuSpec, ModelSpec, calibration
 
 Router = Literal["round-robin", "least-queue", "kv-aware", "prefix-aware"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from sim.policy import SchedulingPolicy, make_policy
+from bench_llm.sim.policy import SchedulingPolicy, make_policy
 
 Dtype = Literal["bf16", "fp8"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sim.metrics import Histogram, Registry
+from bench_llm.sim.metrics import Histogram, Registry
 
 TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0)
 

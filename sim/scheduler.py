@@ -18,9 +18,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from sim.costmodel import CostModel
-from sim.kvcache import BlockPool
-from sim.request import SimRequest
+from bench_llm.sim.costmodel import CostModel
+from bench_llm.sim.kvcache import BlockPool
+from bench_llm.sim.request import SimRequest
 
 Role = Literal["both", "prefill", "decode"]
 

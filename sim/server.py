@@ -24,20 +24,20 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from core import __version__
-from core.tokenizer import count_tokens, output_token, tokenize
-from sim.backend import FixedBackend, ModelBackend
-from sim.config import ServerConfig
-from sim.emission import EmissionLog
-from sim.faults import FaultPlanner, RequestFaults
-from sim.loop import EngineLoop
-from sim.options import describe
-from sim.otlp import SpanExporter, request_span
-from sim.prom import FlavorMetrics
-from sim.request import SimRequest
-from sim.sampling import openai_problem, sglang_problem, tgi_problem
-from sim.structured import Unsupported, answer, openai_constraint, pieces, sglang_constraint, tgi_constraint
-from sim.wire import EmbeddingWire, OpenAIWire, SGLangWire, TGIWire
+from bench_llm.core import __version__
+from bench_llm.core.tokenizer import count_tokens, output_token, tokenize
+from bench_llm.sim.backend import FixedBackend, ModelBackend
+from bench_llm.sim.config import ServerConfig
+from bench_llm.sim.emission import EmissionLog
+from bench_llm.sim.faults import FaultPlanner, RequestFaults
+from bench_llm.sim.loop import EngineLoop
+from bench_llm.sim.options import describe
+from bench_llm.sim.otlp import SpanExporter, request_span
+from bench_llm.sim.prom import FlavorMetrics
+from bench_llm.sim.request import SimRequest
+from bench_llm.sim.sampling import openai_problem, sglang_problem, tgi_problem
+from bench_llm.sim.structured import Unsupported, answer, openai_constraint, pieces, sglang_constraint, tgi_constraint
+from bench_llm.sim.wire import EmbeddingWire, OpenAIWire, SGLangWire, TGIWire
 
 _now = time.perf_counter_ns
 VERSION = f"{__version__}-bench-sim"

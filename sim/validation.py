@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sim.backend import Arrival, ModelBackend, Outcome, _Collect, simulate
-from sim.options import ModelTiming
-from sim.presets import PROFILES, EngineProfile, ModelSpec
-from sim.request import SimRequest
+from bench_llm.sim.backend import Arrival, ModelBackend, Outcome, _Collect, simulate
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.presets import PROFILES, EngineProfile, ModelSpec
+from bench_llm.sim.request import SimRequest
 
 #: Where each row's published figure comes from (facts and figures only; see docs/simulator.md).
 SOURCES: dict[str, str] = {

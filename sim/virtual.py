@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sim.backend import ModelBackend
-from sim.request import SimRequest
+from bench_llm.sim.backend import ModelBackend
+from bench_llm.sim.request import SimRequest
 
 #: Outcome states.
 OK, CANCELLED, REJECTED, UNSENT = "ok", "cancelled", "rejected", "unsent"

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from core.tokenizer import tokenize
+from bench_llm.core.tokenizer import tokenize
 
 _dumps = orjson.dumps
 

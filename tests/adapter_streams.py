@@ -6,10 +6,10 @@ from collections.abc import Iterable
 
 import orjson
 
-from adapters.base import Adapter
-from loadgen.recorder import RequestRecorder
-from results.record import RequestRecord
-from workloads.spec import RequestSpec
+from bench_llm.adapters.base import Adapter
+from bench_llm.loadgen.recorder import RequestRecorder
+from bench_llm.results.record import RequestRecord
+from bench_llm.workloads.spec import RequestSpec
 
 SPEC = RequestSpec("r1", input_tokens=5, max_output_tokens=8, prompt="a b c d e")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -13,8 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 
-# Tests start `python -m bench ...` subprocesses: make sure they import this checkout.
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+# Subprocesses (`python -m bench_llm.bench ...`) import this checkout through its editable install
+# (pyproject.toml maps bench_llm's layers onto the top-level folders); the repository root on
+# PYTHONPATH would import nothing of ours and only expose its build metadata to pip.
 
 
 def shared_path(*parts: str) -> Path:
@@ -26,7 +26,7 @@ def shared_path(*parts: str) -> Path:
 
 
 def bench_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "bench", *args]
+    return [sys.executable, "-m", "bench_llm.bench", *args]
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.02) -> None:

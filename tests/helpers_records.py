@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from results.record import RequestRecord
-from results.writer import RequestsWriter, write_run_meta
+from bench_llm.results.record import RequestRecord
+from bench_llm.results.writer import RequestsWriter, write_run_meta
 
 MS = 1_000_000
 

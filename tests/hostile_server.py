@@ -10,12 +10,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from launch.profiles import adapter_for_engine
-from loadgen.recorder import MAX_EVENT_BYTES, RequestRecorder, StreamError
-from loadgen.aiohttp_transport import AiohttpTransport
-from loadgen.transport import Timeouts, Transport
-from results.record import RequestRecord
-from workloads.spec import RequestSpec
+from bench_llm.launch.profiles import adapter_for_engine
+from bench_llm.loadgen.aiohttp_transport import AiohttpTransport
+from bench_llm.loadgen.recorder import MAX_EVENT_BYTES, RequestRecorder, StreamError
+from bench_llm.loadgen.transport import Timeouts, Transport
+from bench_llm.results.record import RequestRecord
+from bench_llm.workloads.spec import RequestSpec
 
 _SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -115,7 +115,7 @@ def hostile(mode: str) -> Iterator[HostileServer]:
 
 def make(kind: str, url: str, timeouts: Timeouts) -> Transport:
     """``raw`` (compiled read path where built), ``python`` (raw, pure Python) or ``aiohttp``."""
-    from loadgen.rawhttp import RawHttpTransport
+    from bench_llm.loadgen.rawhttp import RawHttpTransport
 
     if kind == "aiohttp":
         return AiohttpTransport(url, timeouts)

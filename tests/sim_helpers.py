@@ -6,14 +6,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from adapters.openai import OpenAIAdapter
-from analysis.load import load_run
-from bench.execute import RunConfig, execute_run
-from loadgen.runner import RunOptions
-from loadgen.transport import Timeouts
-from sim.server import ServerConfig, create_app, serve_in_process
-from workloads.spec import RequestSpec, Schedule
-from workloads.synthetic import SyntheticWorkload
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.analysis.load import load_run
+from bench_llm.bench.execute import RunConfig, execute_run
+from bench_llm.loadgen.runner import RunOptions
+from bench_llm.loadgen.transport import Timeouts
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.workloads.spec import RequestSpec, Schedule
+from bench_llm.workloads.synthetic import SyntheticWorkload
 
 
 def schedule(n: int, input_tokens: int = 16, output_tokens: int = 8, concurrency: int | None = 4,

@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch.config import ParallelConfig
-from launch.process import EngineStartError, ManagedProcess, free_port
-from bench.sweep.engines import CellEngine
+from bench_llm.bench.sweep.engines import CellEngine
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.process import EngineStartError, ManagedProcess, free_port
 
 
 @dataclass
@@ -48,7 +48,7 @@ class FixedSimLauncher:
     def start(self, cell: CellEngine, log_path: Path) -> FixedSimHandle:
         port = free_port()
         argv = [
-            sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+            sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
             "--model", cell.model, "--ttft-ms", str(self.ttft_ms), "--itl-ms", str(self.itl_ms),
             *self.extra_argv,
         ]  # fmt: skip

@@ -1,5 +1,5 @@
 """Seeded, reproducible request streams: what to send and when."""
 
-from workloads.spec import Message, RequestSpec, Schedule
+from bench_llm.workloads.spec import Message, RequestSpec, Schedule
 
 __all__ = ["Message", "RequestSpec", "Schedule"]

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.pairs import split_pairs
-from workloads.errors import WorkloadError
+from bench_llm.core.pairs import split_pairs
+from bench_llm.workloads.errors import WorkloadError
 
 PROCESSES = ("poisson", "gamma", "constant", "onoff", "ramp", "steps", "trace")
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from workloads.arrivals import ArrivalSpec, offsets_s, parse_arrival, trace_offsets
-from workloads.definition import WorkloadDef
-from workloads.distributions import Mixture
-from workloads.errors import WorkloadError
-from workloads.prompts import BlockTexts, PromptSynth, make_synth
-from workloads.readers import TraceTable, read_trace
-from workloads.spec import MAX_REQUEST_TOKENS, RequestOptions, RequestSpec, Schedule
+from bench_llm.workloads.arrivals import ArrivalSpec, offsets_s, parse_arrival, trace_offsets
+from bench_llm.workloads.definition import WorkloadDef
+from bench_llm.workloads.distributions import Mixture
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.prompts import BlockTexts, PromptSynth, make_synth
+from bench_llm.workloads.readers import TraceTable, read_trace
+from bench_llm.workloads.spec import MAX_REQUEST_TOKENS, RequestOptions, RequestSpec, Schedule
 
 #: stream indices of SeedSequence(seed).spawn(N)
 _LENGTHS, _ARRIVALS, _STRUCTURE, _PROMPTS, _WARMUP = range(5)

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workloads.builder import Plan, materialize, plan_workload
-from workloads.definition import PromptConfig, TraceConfig, WorkloadDef, builtins, load_workload_file
-from workloads.errors import WorkloadError
-from workloads.prompts import PromptSynth
-from workloads.readers import detect_format
-from workloads.spec import Schedule
+from bench_llm.workloads.builder import Plan, materialize, plan_workload
+from bench_llm.workloads.definition import PromptConfig, TraceConfig, WorkloadDef, builtins, load_workload_file
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.prompts import PromptSynth
+from bench_llm.workloads.readers import detect_format
+from bench_llm.workloads.spec import Schedule
 
 TRACE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json", ".parquet")
 

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from workloads.spec import RequestSpec, Schedule
+from bench_llm.workloads.spec import RequestSpec, Schedule
 
 #: Tokens kept free for what the engine adds around a prompt (BOS, special tokens).
 MARGIN_TOKENS = 16

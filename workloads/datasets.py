@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from workloads.errors import WorkloadError
+from bench_llm.workloads.errors import WorkloadError
 
 PROMPT_FIELDS = ("prompt", "text", "instruction", "question")
 ANSWER_FIELDS = ("completion", "response", "output", "answer")
@@ -64,7 +64,7 @@ def dataset_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 raise WorkloadError(f"{path}: item {i}: expected a JSON object, got {type(item).__name__}")
             yield f"{path}: item {i}", item
         return
-    from workloads.readers import jsonl_rows
+    from bench_llm.workloads.readers import jsonl_rows
 
     yield from ((f"{path}:{line}", obj) for line, obj in jsonl_rows(path))
 
@@ -103,7 +103,7 @@ def _conversation(where: str, name: str, turns: Any) -> tuple[str, str | None]:
 
 def read_dataset(path: Path, output_tokens: int | None = None) -> tuple[list[str], list[int], list[int]]:
     """(prompts, input token counts, output token counts) of every row, in file order."""
-    from core.tokenizer import count_tokens
+    from bench_llm.core.tokenizer import count_tokens
 
     prompts: list[str] = []
     inputs: list[int] = []

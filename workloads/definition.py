@@ -56,7 +56,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from workloads.distributions import (
+from bench_llm.workloads.distributions import (
     ConditionalPair,
     Empirical,
     Fixed,
@@ -68,8 +68,8 @@ from workloads.distributions import (
     PairDist,
     Uniform,
 )
-from workloads.errors import WorkloadError
-from workloads.spec import RequestOptions
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.spec import RequestOptions
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ FITTED = ("chat", "code", "long-context", "sharegpt", "arxiv-summarization")
 def fitted_document(name: str) -> dict[str, object]:
     """The shipped JSON of a fitted built-in (tables, summary, source, licence)."""
     try:
-        text = resources.files("workloads.builtin").joinpath(f"{name}.json").read_text()
+        text = resources.files("bench_llm.workloads.builtin").joinpath(f"{name}.json").read_text()
     except FileNotFoundError:
         raise WorkloadError(f"built-in table {name!r} is missing from this install") from None
     return json.loads(text)  # type: ignore[no-any-return]
@@ -343,7 +343,7 @@ def resolve_lengths(cfg: LengthsConfig, where: str = "lengths") -> PairDist:
 
 
 def load_workload_file(path: Path) -> WorkloadDef:
-    from core.config import ConfigError, from_mapping, load_toml
+    from bench_llm.core.config import ConfigError, from_mapping, load_toml
 
     try:
         wf = from_mapping(WorkloadFile, load_toml(path), "", str(path))

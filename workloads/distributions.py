@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from workloads.errors import WorkloadError
+from bench_llm.workloads.errors import WorkloadError
 
 
 class LengthDist(Protocol):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import SettingError
+from bench_llm.core.errors import SettingError
 
 
 class WorkloadError(SettingError):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.readers import TraceTable, read_trace
+from bench_llm.workloads.readers import TraceTable, read_trace
 
 #: Marginal tables: 201 knots (every 0.5 %) so p5/p50/p95 are knots and tails are kept.
 MARGINAL_PROBS = np.round(np.linspace(0.0, 1.0, 201), 6)

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from core.control import ControlError, EngineClient
-from core.memo import SizedMemo
-from core.tokenizer import VOCAB
-from workloads.errors import WorkloadError
+from bench_llm.core.control import ControlError, EngineClient
+from bench_llm.core.memo import SizedMemo
+from bench_llm.core.tokenizer import VOCAB
+from bench_llm.workloads.errors import WorkloadError
 
 _VOCAB_ARRAY = np.asarray(VOCAB, dtype=object)
 
@@ -56,7 +56,7 @@ class PromptSynth:
     source = "approx"
 
     def count(self, text: str) -> int:
-        from core.tokenizer import count_tokens
+        from bench_llm.core.tokenizer import count_tokens
 
         return count_tokens(text)
 

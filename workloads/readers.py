@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from workloads.errors import WorkloadError
-from workloads.spec import MAX_REQUEST_TOKENS
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.spec import MAX_REQUEST_TOKENS
 
 FORMATS = ("azure", "burstgpt", "mooncake", "lengths", "bench", "dataset")
 
@@ -66,7 +66,7 @@ def detect_format(path: Path) -> str:
             raise WorkloadError(f"{path}:1: not valid JSON") from None
         if isinstance(obj, dict) and "input_length" in obj:
             return "mooncake"
-        from workloads.datasets import looks_like_dataset
+        from bench_llm.workloads.datasets import looks_like_dataset
 
         return "dataset" if isinstance(obj, dict) and looks_like_dataset(obj) else "bench"
     header = {h.strip().lower() for h in first.split(",")}
@@ -403,7 +403,7 @@ def read_bench_jsonl(path: Path) -> TraceTable:
         if "input_tokens" in obj or prompt is None:
             inputs.append(_int_field(path, line, "input_tokens", _need(path, line, obj, "input_tokens")))
         else:
-            from core.tokenizer import count_tokens
+            from bench_llm.core.tokenizer import count_tokens
 
             inputs.append(max(1, count_tokens(prompt)))
         outputs.append(_int_field(path, line, "output_tokens", _need(path, line, obj, "output_tokens")))
@@ -440,7 +440,7 @@ def read_bench_jsonl(path: Path) -> TraceTable:
 
 def read_dataset_table(path: Path, output_tokens: int | None = None) -> TraceTable:
     """A local prompt dataset (workloads/datasets.py) as a table without send times."""
-    from workloads.datasets import read_dataset
+    from bench_llm.workloads.datasets import read_dataset
 
     prompts, inputs, outputs = read_dataset(path, output_tokens)
     return _finish(path, "dataset", inputs, outputs, prompts=tuple(prompts))

@@ -173,7 +173,7 @@ class RequestOptions(Sampling):
         if self.images is not None and not 0 <= self.images <= 64:
             raise ValueError(f"images must be 0..64 per request, not {self.images}")
         if self.image_size is not None:
-            from workloads.images import parse_size
+            from bench_llm.workloads.images import parse_size
 
             parse_size(self.image_size)
 
@@ -227,7 +227,7 @@ class RequestOptions(Sampling):
 
     def image_sizes(self) -> tuple[tuple[int, int], ...]:
         """The sizes of the images each request carries."""
-        from workloads.images import parse_size
+        from bench_llm.workloads.images import parse_size
 
         return (parse_size(self.image_size or DEFAULT_IMAGE_SIZE),) * (self.images or 0)
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from workloads.builder import Plan
+from bench_llm.workloads.builder import Plan
 
 PCTS = (5, 25, 50, 75, 95, 99)
 

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from workloads.spec import Constraint
+from bench_llm.workloads.spec import Constraint
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,), "null": (type(None),),

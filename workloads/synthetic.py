@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workloads.arrivals import offsets_s, parse_arrival
-from workloads.errors import WorkloadError
-from workloads.prompts import PromptSynth
-from workloads.spec import MAX_REQUEST_TOKENS, LoadMode, Phase, RequestSpec, Schedule
+from bench_llm.workloads.arrivals import offsets_s, parse_arrival
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.prompts import PromptSynth
+from bench_llm.workloads.spec import MAX_REQUEST_TOKENS, LoadMode, Phase, RequestSpec, Schedule
 
 __all__ = ["SyntheticWorkload", "WorkloadError"]
 

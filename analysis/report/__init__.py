@@ -14,17 +14,17 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from analysis.compare import config_key
-from analysis.format import anomaly_text, one_read_text
-from analysis.headline import build_headline, capacity_text, margin_text
-from analysis.kinds import kinds_lines
-from analysis.load import load_runs
-from analysis.recommend_types import Recommendation
-from analysis.report import figures as F
-from analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
-from analysis.report.page import render_page
-from analysis.slo import SLO
-from results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, is_sweep
+from bench_llm.analysis.compare import config_key
+from bench_llm.analysis.format import anomaly_text, one_read_text
+from bench_llm.analysis.headline import build_headline, capacity_text, margin_text
+from bench_llm.analysis.kinds import kinds_lines
+from bench_llm.analysis.load import load_runs
+from bench_llm.analysis.recommend_types import Recommendation
+from bench_llm.analysis.report import figures as F
+from bench_llm.analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
+from bench_llm.analysis.report.page import render_page
+from bench_llm.analysis.slo import SLO
+from bench_llm.results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, is_sweep
 
 #: Runs that get their own detailed section; beyond this the page lists them in the table only.
 MAX_RUN_SECTIONS = 24
@@ -225,7 +225,7 @@ def _sweep_section(cells: Any, rec: Recommendation | None) -> Section:
 
 def _sweep_split_section(sweep: Path) -> Section | None:
     """Each cell's TTFT split per load, where the loads kept the engine's spans (None: none did)."""
-    from analysis.ttft_split import LABELS, PARTS, sweep_splits
+    from bench_llm.analysis.ttft_split import LABELS, PARTS, sweep_splits
 
     rows = sweep_splits(sweep)
     if not rows:

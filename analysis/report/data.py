@@ -20,15 +20,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.load import Run
-from analysis.metrics import itl_ms, measured, request_metrics
-from analysis.recommend_types import Recommendation, read_recommendation
-from analysis.slo import SLO
-from analysis.smoothness import Deadlines, smoothness_metrics
-from analysis.summary import SummaryOptions, summarize
-from analysis.summary_types import RunSummary
-from results.reader import read_server_metrics, read_server_spans
-from results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, read_cells_table
+from bench_llm.analysis.load import Run
+from bench_llm.analysis.metrics import itl_ms, measured, request_metrics
+from bench_llm.analysis.recommend_types import Recommendation, read_recommendation
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.smoothness import Deadlines, smoothness_metrics
+from bench_llm.analysis.summary import SummaryOptions, summarize
+from bench_llm.analysis.summary_types import RunSummary
+from bench_llm.results.reader import read_server_metrics, read_server_spans
+from bench_llm.results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, read_cells_table
 
 #: Quantile grid of a CDF: fine in the tail, where the interesting part is.
 CDF_GRID = np.unique(np.r_[np.linspace(0, 0.9, 91), 1 - np.logspace(-1, -4, 120), 1.0])
@@ -149,7 +149,7 @@ def build_run_view(run: Run, key: str, slo_override: SLO, seed: int = 0) -> RunV
     view.timeline = _timeline(table, df, seed)
     view.server = _server_views(Path(run.path), df)
     view.ttft_parts = _ttft_parts(table, read_server_spans(Path(run.path)))
-    from analysis.classes import class_breakdown
+    from bench_llm.analysis.classes import class_breakdown
 
     view.classes = class_breakdown(table, SummaryOptions(slo=slo))
     if not view.server:
@@ -227,7 +227,7 @@ def _timeline(table: pa.Table, df: pd.DataFrame, seed: int) -> list[dict[str, An
 
 def _ttft_parts(table: pa.Table, spans: pa.Table | None) -> dict[str, dict[str, float]]:
     """Each TTFT part's distribution over requests, reduced to a box (analysis/ttft_split.py)."""
-    from analysis.ttft_split import PARTS, request_parts
+    from bench_llm.analysis.ttft_split import PARTS, request_parts
 
     parts = request_parts(table, spans)
     out: dict[str, dict[str, float]] = {}
@@ -373,7 +373,7 @@ POINT_METRICS = ("tpot_p50_ms", "ttft_p95_ms", "output_tokens_per_s", "requests_
 
 def load_points(runs: list[Run], views: list[RunView], slo_override: SLO) -> list[LoadPoint]:
     """Pool the repeats of each configuration and load into one point."""
-    from analysis.bootstrap import make_side, point_estimates
+    from bench_llm.analysis.bootstrap import make_side, point_estimates
 
     groups: dict[str, list[int]] = {}
     for i, v in enumerate(views):

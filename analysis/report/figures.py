@@ -15,7 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.report.data import LoadPoint, RunView
+from bench_llm.analysis.report.data import LoadPoint, RunView
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 MARK_SYMBOLS = {"p50": "circle", "p95": "diamond", "p99": "x"}

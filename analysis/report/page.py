@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from plotly.offline import get_plotlyjs
 from plotly.utils import PlotlyJSONEncoder
 
-from core import __version__
+from bench_llm.core import __version__
 
 if TYPE_CHECKING:
-    from analysis.report import Section
+    from bench_llm.analysis.report import Section
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}

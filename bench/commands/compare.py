@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from core.errors import BenchError
+from bench_llm.core.errors import BenchError
 
 
 def parse_metrics(text: str | None) -> tuple[str, ...]:
-    from analysis.bootstrap import DEFAULT_COMPARE_METRICS, METRICS
+    from bench_llm.analysis.bootstrap import DEFAULT_COMPARE_METRICS, METRICS
 
     if not text:
         return DEFAULT_COMPARE_METRICS
@@ -54,10 +54,10 @@ def command(
     percentile bootstrap interval (requests resampled in blocks of concurrent requests) and
     is marked significant when the interval of the difference excludes zero.
     """
-    from analysis.bootstrap import BootstrapOptions
-    from analysis.compare import compare_paths, comparison_json, format_comparison
-    from bench.options import parse_slo
-    from results.reader import ResultsError
+    from bench_llm.analysis.bootstrap import BootstrapOptions
+    from bench_llm.analysis.compare import compare_paths, comparison_json, format_comparison
+    from bench_llm.bench.options import parse_slo
+    from bench_llm.results.reader import ResultsError
 
     try:
         options = BootstrapOptions(level=level, resamples=resamples, seed=seed, resampling=resampling)  # type: ignore[arg-type]

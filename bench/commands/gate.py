@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from core.errors import BenchError
-from bench.errors import ExitCode, Outcome
+from bench_llm.bench.errors import ExitCode, Outcome
+from bench_llm.core.errors import BenchError
 
 
 @click.command("gate")
@@ -31,11 +31,18 @@ def command(
     Exit code: 0 passed, 1 failed (a regression), 2 bad input (README, "Exit codes").
     The Markdown summary is also appended to $GITHUB_STEP_SUMMARY when that is set.
     """
-    from analysis.compare import comparison_json
-    from analysis.gate import junit_xml, load_gate_config, markdown_summary, run_gate, run_gate_history, text_summary
-    from bench.outputs import write_outputs
-    from core.config import ConfigError
-    from results.reader import ResultsError
+    from bench_llm.analysis.compare import comparison_json
+    from bench_llm.analysis.gate import (
+        junit_xml,
+        load_gate_config,
+        markdown_summary,
+        run_gate,
+        run_gate_history,
+        text_summary,
+    )
+    from bench_llm.bench.outputs import write_outputs
+    from bench_llm.core.config import ConfigError
+    from bench_llm.results.reader import ResultsError
 
     if (baseline is None) == (store is None):
         raise BenchError("give exactly one of --baseline and --history")

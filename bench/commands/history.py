@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from core.errors import BenchError
+from bench_llm.core.errors import BenchError
 
 
 def _git_commit() -> str | None:
@@ -37,13 +37,13 @@ def command(results: Path, store: Path, commit: str | None, date_text: str | Non
     (one Parquet dataset for DuckDB, pandas, Polars, Spark; docs/results.md) and a copy of its
     run folders under STORE/runs/ (for `bench gate --history`).
     """
-    from analysis.gate import load_gate_config
-    from analysis.history import DEFAULT_HISTORY_METRICS, entries, entry_date
-    from analysis.slo import SLO
-    from core.config import ConfigError
-    from bench.options import parse_slo
-    from results.history import Partition, add_entry, config_slug
-    from results.reader import ResultsError
+    from bench_llm.analysis.gate import load_gate_config
+    from bench_llm.analysis.history import DEFAULT_HISTORY_METRICS, entries, entry_date
+    from bench_llm.analysis.slo import SLO
+    from bench_llm.bench.options import parse_slo
+    from bench_llm.core.config import ConfigError
+    from bench_llm.results.history import Partition, add_entry, config_slug
+    from bench_llm.results.reader import ResultsError
 
     commit = commit or _git_commit()
     if not commit:

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bench.errors import ExitCode, Outcome, setting_message
-from bench import run_options as opts
-from core.errors import BenchError
+from bench_llm.bench import run_options as opts
+from bench_llm.bench.errors import ExitCode, Outcome, setting_message
+from bench_llm.core.errors import BenchError
 
 if TYPE_CHECKING:
-    from bench.distributed.wire import ClientSettings
-    from workloads.spec import Schedule
+    from bench_llm.bench.distributed.wire import ClientSettings
+    from bench_llm.workloads.spec import Schedule
 
 
 @click.group("locust")
@@ -75,15 +75,15 @@ def master(
         raise BenchError("--start-lead, --worker-timeout and --wait-workers must be positive")
     phases.check(load.duration)
     _require_locust()
-    from bench.distributed.locust_master import MasterNode, MasterSettings  # locust (gevent) first
-
-    import gevent
     import secrets
     import signal
 
-    from bench.execute import prepare_run_dir
-    from bench.outcome import run_outcome
-    from bench.report_text import print_summary
+    import gevent
+
+    from bench_llm.bench.distributed.locust_master import MasterNode, MasterSettings  # locust (gevent) first
+    from bench_llm.bench.execute import prepare_run_dir
+    from bench_llm.bench.outcome import run_outcome
+    from bench_llm.bench.report_text import print_summary
 
     schedule, description, settings = _master_plan(n_workers, target, load, client, output, secrets.randbits(32), phases)
     run_dir = prepare_run_dir(output.out, output.overwrite)
@@ -125,12 +125,12 @@ def _master_plan(
 ) -> tuple[Schedule, dict[str, Any], ClientSettings]:
     """The schedule (a new prompt salt, as ``bench run``: no prefix shared with earlier runs),
     the run's description (``bench.run_meta.describe_run``) and what each worker's client gets."""
-    from launch.profiles import adapter_for_engine
-    from bench.distributed.wire import ClientSettings
-    from bench.run_meta import describe_run
-    from loadgen.aiohttp_transport import AiohttpTransport
-    from loadgen.transport import Timeouts, check_base_url
-    from workloads.synthetic import WorkloadError
+    from bench_llm.bench.distributed.wire import ClientSettings
+    from bench_llm.bench.run_meta import describe_run
+    from bench_llm.launch.profiles import adapter_for_engine
+    from bench_llm.loadgen.aiohttp_transport import AiohttpTransport
+    from bench_llm.loadgen.transport import Timeouts, check_base_url
+    from bench_llm.workloads.synthetic import WorkloadError
 
     url = str(target.url)  # required by the option
     try:
@@ -181,7 +181,7 @@ def _master_plan(
 def worker(master_host: str, master_port: int, spool_dir: Path | None, keep_spool: bool) -> None:
     """Connect to a master, measure this worker's share, stream the rows back."""
     _require_locust()
-    from bench.distributed.locust_worker import WorkerNode  # locust (gevent) first
+    from bench_llm.bench.distributed.locust_worker import WorkerNode  # locust (gevent) first
 
     if spool_dir is not None:
         spool_dir.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from core.errors import BenchError
+from bench_llm.core.errors import BenchError
 
 
 @click.command("recommend")
@@ -34,11 +34,11 @@ def command(
     Exit code: 0 a configuration meets the SLOs, 3 nothing was measured, 4 none meets them,
     5 the answer rests on a load that could not be measured truthfully (marked UNTRUSTWORTHY).
     """
-    from analysis.recommend import format_recommendation, recommend
-    from analysis.recommend_types import recommendation_json
-    from analysis.slo import SLO, SLOError
-    from bench.outcome import sweep_outcome
-    from results.reader import ResultsError
+    from bench_llm.analysis.recommend import format_recommendation, recommend
+    from bench_llm.analysis.recommend_types import recommendation_json
+    from bench_llm.analysis.slo import SLO, SLOError
+    from bench_llm.bench.outcome import sweep_outcome
+    from bench_llm.results.reader import ResultsError
 
     slo = None
     if slo_text is not None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from core.errors import BenchError
+from bench_llm.core.errors import BenchError
 
 
 @click.command("report")
@@ -21,9 +21,9 @@ def command(results: Path, out: Path, slo_text: str | None, title: str | None, m
     Per-request views are sampled and distributions reduced to quantiles, so the file stays
     a few MB (mostly plotly.js) whatever the number of requests.
     """
-    from analysis.report import ReportOptions, build_report
-    from bench.options import parse_slo
-    from results.reader import ResultsError
+    from bench_llm.analysis.report import ReportOptions, build_report
+    from bench_llm.bench.options import parse_slo
+    from bench_llm.results.reader import ResultsError
 
     if max_run_sections < 0:
         raise BenchError("--max-run-sections must be >= 0")

@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from adapters.base import Adapter, adapter_names, check_requests
-from bench.errors import ExitCode, Outcome, setting_message
-from launch.profiles import adapter_for_engine
-from bench.request_options import request_options
-from bench.run_options import (
+from bench_llm.adapters.base import Adapter, adapter_names, check_requests
+from bench_llm.bench.errors import ExitCode, Outcome, setting_message
+from bench_llm.bench.request_options import request_options
+from bench_llm.bench.run_options import (
     ClientOptions,
     EngineTarget,
     LoadOptions,
@@ -29,18 +28,19 @@ from bench.run_options import (
     phase_options,
     target_options,
 )
-from bench.secrets import load_api_key
-from core.errors import BenchError
-from loadgen.runner import RunOptions
-from loadgen.recorder import MAX_EVENT_BYTES
-from loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
-from workloads.spec import RequestOptions, Schedule
-from workloads.synthetic import WorkloadError
+from bench_llm.bench.secrets import load_api_key
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.profiles import adapter_for_engine
+from bench_llm.loadgen.recorder import MAX_EVENT_BYTES
+from bench_llm.loadgen.runner import RunOptions
+from bench_llm.loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
+from bench_llm.workloads.spec import RequestOptions, Schedule
+from bench_llm.workloads.synthetic import WorkloadError
 
 if TYPE_CHECKING:
-    from bench.execute import RunConfig, RunResult
-    from bench.virtual import VirtualEngine
-    from loadgen.otlp import OtlpReceiver
+    from bench_llm.bench.execute import RunConfig, RunResult
+    from bench_llm.bench.virtual import VirtualEngine
+    from bench_llm.loadgen.otlp import OtlpReceiver
 
 
 @dataclass(frozen=True)
@@ -194,9 +194,9 @@ def command(
     """
     # The order of the checks is the order of the errors a user sees (cheap ones first, nothing
     # started before the input is known good); the steps are the functions below.
-    from bench.embedded import sim_flavor
-    from bench.execute import execute_run, prepare_run_dir
-    from core.eventloop import run_async
+    from bench_llm.bench.embedded import sim_flavor
+    from bench_llm.bench.execute import execute_run, prepare_run_dir
+    from bench_llm.core.eventloop import run_async
 
     url, engine, model = target.url, target.engine, target.model
     _check_limits(load, client, limits, embedded if not url else None)
@@ -231,7 +231,7 @@ def command(
             None if (url or launch.launch) else embedded.describe(sim_flavor(engine)),
         )
         if virtual is not None:
-            from bench.virtual import execute_virtual
+            from bench_llm.bench.virtual import execute_virtual
 
             result = execute_virtual(cfg, virtual)
         else:
@@ -269,8 +269,8 @@ def _check_engine(target: EngineTarget, api_key: str | None, schedule: Schedule 
 
 def _report(result: RunResult, output: OutputOptions) -> None:
     """Print the run's summary; the exit outcome when it was interrupted or mostly failed."""
-    from bench.outcome import run_outcome
-    from bench.report_text import print_summary
+    from bench_llm.bench.outcome import run_outcome
+    from bench_llm.bench.report_text import print_summary
 
     summary = print_summary(result.run_dir, output.slo, output.percentiles, output.as_json)
     if result.stats.interrupted:
@@ -282,8 +282,8 @@ def _report(result: RunResult, output: OutputOptions) -> None:
 
 def _otlp_receiver(stack: contextlib.ExitStack, port: int, engine: str, launch: bool) -> OtlpReceiver:
     """A started OTLP receiver, stopped when the run's stack closes."""
-    from bench.launch_engine import otlp_note
-    from loadgen.otlp import OtlpReceiver
+    from bench_llm.bench.launch_engine import otlp_note
+    from bench_llm.loadgen.otlp import OtlpReceiver
 
     try:
         receiver = stack.enter_context(OtlpReceiver("127.0.0.1", port))
@@ -313,7 +313,7 @@ def _start_target(
     if virtual:
         return "virtual:", "sim", None, None
     if launch.launch:
-        from bench.launch_engine import launch_engine
+        from bench_llm.bench.launch_engine import launch_engine
 
         handle = stack.enter_context(
             launch_engine(engine, model, launch.parallel_text, launch.engine_args, launch.gpu,
@@ -321,11 +321,11 @@ def _start_target(
                           otlp_endpoint=otlp_endpoint)
         )
         return handle.url, engine, handle.describe(), handle.version  # SGLang's stream shape depends on the version
-    from bench.embedded import embedded_engine, sim_flavor
+    from bench_llm.bench.embedded import embedded_engine, sim_flavor
 
     argv = embedded.argv(model, sim_flavor(engine), lora_adapters)
     if otlp_endpoint is not None:  # the embedded engine exports its request spans too (sim/otlp.py)
-        from launch.engines import sim_otlp_args
+        from bench_llm.launch.engines import sim_otlp_args
 
         argv = [*argv, *sim_otlp_args(otlp_endpoint)]
     where = stack.enter_context(embedded_engine(run_dir / "engine.log", argv))
@@ -406,7 +406,7 @@ def _run_config(
     sim: dict[str, Any] | None,
 ) -> RunConfig:
     """The ``RunConfig`` of this run (``config_json`` through ``OutputOptions.config``)."""
-    from bench.execute import RunConfig
+    from bench_llm.bench.execute import RunConfig
 
     return RunConfig(
         out=run_dir,
@@ -440,9 +440,9 @@ def _virtual_engine(
         raise BenchError("--clock virtual models the simulated engine: add --launch --engine sim --model PRESET")
     if workers != 1 or save_text:
         raise BenchError("--workers and --save-text concern a live run: measure in real time (--clock auto)")
-    from bench.launch_engine import parse_parallel
-    from launch.process import EngineStartError
-    from bench.virtual import virtual_engine
+    from bench_llm.bench.launch_engine import parse_parallel
+    from bench_llm.bench.virtual import virtual_engine
+    from bench_llm.launch.process import EngineStartError
 
     try:
         return virtual_engine(model, launch.gpu, parse_parallel(launch.parallel_text, launch.engine_args))

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from core.errors import BenchError
-from bench.errors import ExitCode, setting_message
+from bench_llm.bench.errors import ExitCode, setting_message
+from bench_llm.core.errors import BenchError
 
 _GPUS = ("a100", "h100", "h200", "l40s")
 _PRESETS = ("llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")
@@ -88,11 +88,11 @@ def command() -> None:
               help="Parquet of every token's intended and actual send time (written at shutdown).")
 def serve(**kw: Any) -> None:
     """Serve the simulated engine until interrupted."""
-    from sim.costmodel import OutOfMemory
+    from bench_llm.sim.costmodel import OutOfMemory
 
     try:
         cfg = build_config(kw)
-        from sim.server import create_app
+        from bench_llm.sim.server import create_app
 
         app = create_app(cfg)
     except OutOfMemory as exc:
@@ -103,7 +103,7 @@ def serve(**kw: Any) -> None:
         raise BenchError(str(exc)) from None
     from aiohttp import web
 
-    from sim.server import tune_process
+    from bench_llm.sim.server import tune_process
 
     tune_process(mlock=bool(kw.get("mlock")))
     try:
@@ -113,9 +113,9 @@ def serve(**kw: Any) -> None:
     except ImportError:
         pass
     if cfg.model_timing is not None:
-        from sim.options import describe
-
         import json
+
+        from bench_llm.sim.options import describe
 
         info = describe(cfg.model_timing)
         sys.stderr.write(f"bench sim: {json.dumps(info)}\n")
@@ -132,11 +132,11 @@ def serve(**kw: Any) -> None:
 
 def build_config(kw: dict[str, Any]) -> Any:
     """Turn the CLI options into a ``ServerConfig`` (also used by tests)."""
-    from core.config import ConfigError
-    from sim.faults import FaultSpec, FaultSpecError
-    from sim.options import ModelTiming, apply_toml
-    from sim.config import ServerConfig
-    from sim.timing import FixedTiming
+    from bench_llm.core.config import ConfigError
+    from bench_llm.sim.config import ServerConfig
+    from bench_llm.sim.faults import FaultSpec, FaultSpecError
+    from bench_llm.sim.options import ModelTiming, apply_toml
+    from bench_llm.sim.timing import FixedTiming
 
     try:
         faults = FaultSpec.parse(kw.get("faults"))
@@ -216,8 +216,8 @@ def describe_cmd(ctx: click.Context) -> None:
     ``bench sim describe --model-preset llama-3.1-70b --gpu h100 --tp 2 --dp 2``."""
     import json
 
-    from sim.costmodel import OutOfMemory
-    from sim.options import describe
+    from bench_llm.sim.costmodel import OutOfMemory
+    from bench_llm.sim.options import describe
 
     args = list(ctx.args)
     if "--timing" not in args:
@@ -241,6 +241,6 @@ def describe_cmd(ctx: click.Context) -> None:
 def validate_cmd(markdown: bool) -> None:
     """Print the simulator's figures next to the published ones: source, configuration, figure,
     published, simulated, ratio, and whether a constant was fitted to the row (virtual time)."""
-    from sim import validation
+    from bench_llm.sim import validation
 
     click.echo(validation.markdown() if markdown else validation.table())

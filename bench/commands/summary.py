@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from bench.options import parse_percentiles, parse_slo
-from core.errors import BenchError
+from bench_llm.bench.options import parse_percentiles, parse_slo
+from bench_llm.core.errors import BenchError
 
 
 @click.command("summary")
@@ -17,8 +17,8 @@ from core.errors import BenchError
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def command(run_dir: Path, slo_text: str | None, pct_text: str, as_json: bool) -> None:
     """Print the metric table of RUN_DIR (computed from its Parquet files alone)."""
-    from bench.report_text import print_summary
-    from results.reader import ResultsError
+    from bench_llm.bench.report_text import print_summary
+    from bench_llm.results.reader import ResultsError
 
     try:
         print_summary(run_dir, parse_slo(slo_text), parse_percentiles(pct_text), as_json)

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bench.errors import ExitCode, Outcome
-from core.errors import BenchError
+from bench_llm.bench.errors import ExitCode, Outcome
+from bench_llm.core.errors import BenchError
 
 if TYPE_CHECKING:
-    from bench.sweep.spec import EndpointSpec, SweepSpec
+    from bench_llm.bench.sweep.spec import EndpointSpec, SweepSpec
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
@@ -61,7 +61,7 @@ def _axes(texts: tuple[str, ...]) -> dict[str, tuple[str | int | float, ...]]:
 def _workload_axes(axes: dict[str, tuple[str | int | float, ...]]) -> dict[str, tuple[Any, ...]]:
     """Take the workload axes (``input-tokens``, ``output-tokens``, ``workload``) out of ``axes``
     (the rest are engine flags), as MatrixSpec field values."""
-    from bench.sweep.spec import WORKLOAD_AXES  # the MatrixSpec fields; ``--axis`` spells them with "-"
+    from bench_llm.bench.sweep.spec import WORKLOAD_AXES  # the MatrixSpec fields; ``--axis`` spells them with "-"
 
     out: dict[str, tuple[Any, ...]] = {}
     for name in [n for n in axes if n.replace("-", "_") in WORKLOAD_AXES]:
@@ -74,7 +74,7 @@ def _workload_axes(axes: dict[str, tuple[str | int | float, ...]]) -> dict[str, 
 def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
     """``--url a=http://h:8000@2`` (repeatable) -> endpoints; ``@GPUS`` is optional (1), and so
     is an ``ENGINE:`` before the URL (``a=tgi:http://h:8080``; default: the sweep's --engine)."""
-    from bench.sweep.spec import EndpointSpec
+    from bench_llm.bench.sweep.spec import EndpointSpec
 
     out = []
     for text in texts:
@@ -180,7 +180,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
       bench sweep --resume --out sweeps/70b        # after an interruption
       bench sweep --resume --out sweeps/70b --slo ttft_ms=150,tpot_ms=40   # tighter SLOs: probe the gaps
     """
-    from bench.sweep.spec import SweepSpecError, load_spec
+    from bench_llm.bench.sweep.spec import SweepSpecError, load_spec
 
     out: Path | None = flags.pop("out")
     dry_run = bool(flags.pop("dry_run"))
@@ -194,7 +194,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
         if config_path is not None:
             base = load_spec(config_path)
         elif resume and out is not None:
-            from bench.sweep.orchestrate import stored_spec
+            from bench_llm.bench.sweep.orchestrate import stored_spec
 
             base = stored_spec(out)
         else:
@@ -205,19 +205,19 @@ def command(config_path: Path | None, **flags: Any) -> None:
     except SweepSpecError as exc:
         raise BenchError(str(exc)) from None
     if dry_run:
-        from bench.sweep.dryrun import dry_run_lines
+        from bench_llm.bench.sweep.dryrun import dry_run_lines
 
         click.echo("\n".join(dry_run_lines(spec)))
         return
     if out is None:
         raise BenchError("--out is required (the sweep folder), unless --dry-run")
-    from analysis.recommend import format_recommendation, recommend
-    from bench.outcome import sweep_outcome
-    from bench.sweep.orchestrate import run_sweep
-    from bench.sweep.store import write_recommendation
+    from bench_llm.analysis.recommend import format_recommendation, recommend
+    from bench_llm.bench.outcome import sweep_outcome
+    from bench_llm.bench.sweep.orchestrate import run_sweep
+    from bench_llm.bench.sweep.store import write_recommendation
 
     if not resume:  # a resumed sweep reads Parquet first: its cells come from a fork server
-        from bench.sweep.parallel import fork_point
+        from bench_llm.bench.sweep.parallel import fork_point
 
         fork_point(spec, jobs)  # the cells' processes will be forks of this one, imports done
     # the modules just imported (pandas, pyarrow, ...) live as long as the process: the
@@ -227,8 +227,8 @@ def command(config_path: Path | None, **flags: Any) -> None:
     with contextlib.ExitStack() as stack:
         receiver = None
         if otlp_receiver:
-            from bench.launch_engine import otlp_note
-            from loadgen.otlp import OtlpReceiver
+            from bench_llm.bench.launch_engine import otlp_note
+            from bench_llm.loadgen.otlp import OtlpReceiver
 
             receiver = stack.enter_context(OtlpReceiver("127.0.0.1", 0))
             click.echo(f"OTLP receiver at {receiver.endpoint} ({otlp_note(str(spec.engine), not spec.endpoints)})", err=True)
@@ -255,7 +255,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
         )
     click.echo(format_recommendation(rec))
     if otlp_receiver:
-        from analysis.ttft_split import format_sweep_splits, sweep_splits
+        from bench_llm.analysis.ttft_split import format_sweep_splits, sweep_splits
 
         for line in format_sweep_splits(sweep_splits(out)):
             click.echo(line)
@@ -279,7 +279,7 @@ _LOAD_FLAGS = {
 def _explicit_loads(config_path: Path | None, flags: dict[str, Any], resumed: bool) -> set[str] | None:
     """The load settings this sweep sets itself (flags, its TOML file); None: all of them
     (a resumed sweep keeps what it ran with)."""
-    from bench.sweep.spec import toml_load_keys
+    from bench_llm.bench.sweep.spec import toml_load_keys
 
     if resumed:
         return None
@@ -290,8 +290,8 @@ def _explicit_loads(config_path: Path | None, flags: dict[str, Any], resumed: bo
 def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
     """``base`` (None: a spec from the flags alone) with the flags given (click's values, None
     where a flag was not given)."""
-    from analysis.slo import SLO, SLOError
-    from bench.sweep.spec import SweepSpec, WorkloadSpec
+    from bench_llm.analysis.slo import SLO, SLOError
+    from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 
     model = flags.get("model")
     if base is None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from core.errors import BenchError
+from bench_llm.core.errors import BenchError
 
 
 @click.command("trend")
@@ -32,11 +32,11 @@ def command(
     Flagged: significant and beyond the metric's allowance in --config. Exit code 0 (the gate
     decides a build; this explains it). The Markdown is appended to $GITHUB_STEP_SUMMARY when set.
     """
-    from analysis.gate import load_gate_config
-    from analysis.trend import TrendOptions, html_page, markdown, run_trend, text
-    from core.config import ConfigError
-    from bench.outputs import write_outputs
-    from results.reader import ResultsError
+    from bench_llm.analysis.gate import load_gate_config
+    from bench_llm.analysis.trend import TrendOptions, html_page, markdown, run_trend, text
+    from bench_llm.bench.outputs import write_outputs
+    from bench_llm.core.config import ConfigError
+    from bench_llm.results.reader import ResultsError
 
     if not 0 < p_max < 1 or permutations < 19 or min_size < 2 or min_change_pct < 0:
         raise BenchError("need 0 < --p-max < 1, --permutations >= 19, --min-size >= 2, --min-change-pct >= 0")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from bench.errors import setting_message
-from core.errors import BenchError
+from bench_llm.bench.errors import setting_message
+from bench_llm.core.errors import BenchError
 
 
 @click.group("workload")
@@ -20,7 +20,7 @@ def command() -> None:
 @command.command("list")
 def list_cmd() -> None:
     """The built-in workloads and what they are."""
-    from workloads.definition import builtins
+    from bench_llm.workloads.definition import builtins
 
     for name, wd in builtins().items():
         src = wd.source.get("licence")
@@ -62,10 +62,10 @@ def show_cmd(
       bench workload show ../traces/conversation_trace.jsonl --requests 2000
       bench workload show my-workload.toml --json
     """
-    from workloads.builder import MAX_REQUESTS, plan_workload
-    from workloads.catalog import resolve
-    from workloads.errors import WorkloadError
-    from workloads.stats import plan_summary
+    from bench_llm.workloads.builder import MAX_REQUESTS, plan_workload
+    from bench_llm.workloads.catalog import resolve
+    from bench_llm.workloads.errors import WorkloadError
+    from bench_llm.workloads.stats import plan_summary
 
     if html_path is not None and not no_html and not html_path.parent.is_dir():
         raise BenchError(f"--html {html_path}: folder {html_path.parent} does not exist")
@@ -158,7 +158,7 @@ def write_histogram(plan: object, path: Path) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from workloads.builder import Plan
+    from bench_llm.workloads.builder import Plan
 
     assert isinstance(plan, Plan)
     fig = make_subplots(

@@ -18,11 +18,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.run_meta import run_meta, utc_now
-from results.reader import read_requests
-from results.schema import MONITOR_DIR, REQUESTS_DIR
-from results.writer import compact_finished_run, write_run_meta, write_schedule
-from workloads.spec import Schedule
+from bench_llm.bench.run_meta import run_meta, utc_now
+from bench_llm.results.reader import read_requests
+from bench_llm.results.schema import MONITOR_DIR, REQUESTS_DIR
+from bench_llm.results.writer import compact_finished_run, write_run_meta, write_schedule
+from bench_llm.workloads.spec import Schedule
 
 _PART_NAME = re.compile(r"^part-\d{3,}-\d{6,}\.parquet$")
 _TABLES = {"requests": REQUESTS_DIR, "client_monitor": MONITOR_DIR}

@@ -11,6 +11,8 @@ bench_stop, bench_finish.
 
 from __future__ import annotations
 
+# ruff: noqa: I001  (locust is imported first: gevent monkey-patches the standard library)
+
 import locust  # noqa: F401  (monkey-patches the standard library first)
 
 import logging
@@ -25,14 +27,14 @@ import gevent
 from gevent.event import AsyncResult, Event
 from locust.env import Environment
 
-from bench.distributed.assemble import PartRejected, RunAssembly
-from bench.distributed.clock import ClockSample, OffsetEstimate, boot_id, estimate_offset
-from bench.distributed.wire import ClientSettings, schedule_to_wire
-from core.errors import BenchError
-from loadgen.split import split_schedule
-from workloads.spec import Schedule
+from bench_llm.bench.distributed.assemble import PartRejected, RunAssembly
+from bench_llm.bench.distributed.clock import ClockSample, OffsetEstimate, boot_id, estimate_offset
+from bench_llm.bench.distributed.wire import ClientSettings, schedule_to_wire
+from bench_llm.core.errors import BenchError
+from bench_llm.loadgen.split import split_schedule
+from bench_llm.workloads.spec import Schedule
 
-log = logging.getLogger("bench.distributed")
+log = logging.getLogger("bench_llm.bench.distributed")
 _now = time.perf_counter_ns
 
 #: A clock offset error bound or end-of-run drift above this is worth a note.

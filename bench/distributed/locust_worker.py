@@ -9,6 +9,8 @@ and stops; whatever was streamed before stays in the master's run folder.
 
 from __future__ import annotations
 
+# ruff: noqa: I001  (locust is imported first: gevent monkey-patches the standard library)
+
 import locust  # noqa: F401  (monkey-patches the standard library first)
 
 import json
@@ -26,9 +28,9 @@ from gevent import subprocess
 from gevent.event import Event
 from locust.env import Environment
 
-from launch.process import python_module
-from bench.distributed.clock import boot_id
-from results.schema import MONITOR_DIR, REQUESTS_DIR
+from bench_llm.launch.process import python_module
+from bench_llm.bench.distributed.clock import boot_id
+from bench_llm.results.schema import MONITOR_DIR, REQUESTS_DIR
 
 STATUS_INTERVAL_S = 0.25
 #: Without a locust heartbeat from the master for this long, stop measuring: nobody
@@ -107,7 +109,7 @@ class WorkerNode:
         job_file.write_text(json.dumps(self.job))
         self.echo(f"worker {self.worker_id}: {len(self.job['schedule']['requests'])} requests; starting the measuring process")
         self.proc = subprocess.Popen(
-            python_module("bench.distributed.measure", str(job_file), str(self.spool)),
+            python_module("bench_llm.bench.distributed.measure", str(job_file), str(self.spool)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.process import free_port, python_module
+from bench_llm.launch.process import free_port, python_module
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class LoopbackResult:
 
 
 def _bench(*args: str) -> list[str]:
-    return python_module("bench", *args)
+    return python_module("bench_llm.bench", *args)
 
 
 def run_loopback(

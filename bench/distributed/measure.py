@@ -28,17 +28,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from adapters.base import Adapter
-from launch.profiles import adapter_for_engine
-from bench.distributed.wire import ClientSettings, schedule_from_wire
-from bench.secrets import load_api_key
-from core.errors import BenchError
-from loadgen.runner import RunOptions, Runner, RunStats
-from loadgen.aiohttp_transport import AiohttpTransport
-from loadgen.transport import Timeouts
-from results.record import RequestRecord
-from results.writer import MonitorWriter, RequestsWriter
-from workloads.spec import Schedule
+from bench_llm.adapters.base import Adapter
+from bench_llm.bench.distributed.wire import ClientSettings, schedule_from_wire
+from bench_llm.bench.secrets import load_api_key
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.profiles import adapter_for_engine
+from bench_llm.loadgen.aiohttp_transport import AiohttpTransport
+from bench_llm.loadgen.runner import Runner, RunOptions, RunStats
+from bench_llm.loadgen.transport import Timeouts
+from bench_llm.results.record import RequestRecord
+from bench_llm.results.writer import MonitorWriter, RequestsWriter
+from bench_llm.workloads.spec import Schedule
 
 _SHIFTED_SCALARS = ("intended_send_ns", "send_ns", "first_byte_ns", "first_token_ns", "first_content_ns", "end_ns")
 
@@ -119,7 +119,7 @@ def _prime_arrow() -> None:
     GIL), not in the first flush mid-run where it would stall the event loop."""
     import pyarrow as pa
 
-    from results.schema import MONITOR_SCHEMA, REQUESTS_SCHEMA
+    from bench_llm.results.schema import MONITOR_SCHEMA, REQUESTS_SCHEMA
 
     for schema in (REQUESTS_SCHEMA, MONITOR_SCHEMA):
         pa.Table.from_pydict({n: [] for n in schema.names}, schema=schema)
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
         return 2
     job = json.loads(Path(argv[0]).read_text())
     spool = Path(argv[1])
-    from core.eventloop import run_async
+    from bench_llm.core.eventloop import run_async
 
     try:
         stats = run_async(lambda: run_job(job, spool))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from workloads.spec import Constraint, Message, RequestSpec, Sampling, Schedule
+from bench_llm.workloads.spec import Constraint, Message, RequestSpec, Sampling, Schedule
 
 _SPEC_FIELDS = tuple(f.name for f in fields(RequestSpec))
 

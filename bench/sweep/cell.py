@@ -18,13 +18,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pandas as pd
 
-from launch.config import ParallelConfig
-from analysis.capacity import CapacitySearch, LoadJudgement, Probe, Saturation, closed_loop_plateau, judge_load
-from bench.sweep import store
-from analysis.invariants import ONE_READ_SHARE_MAX
-from analysis.recommend import diagnose_cell, load_points, pooled_loads, rate_probes
-from analysis.slo import SLO
-from bench.sweep.engines import (
+from bench_llm.analysis.capacity import (
+    CapacitySearch,
+    LoadJudgement,
+    Probe,
+    Saturation,
+    closed_loop_plateau,
+    judge_load,
+)
+from bench_llm.analysis.invariants import ONE_READ_SHARE_MAX
+from bench_llm.analysis.recommend import diagnose_cell, load_points, pooled_loads, rate_probes
+from bench_llm.analysis.slo import SLO
+from bench_llm.bench.sweep import store
+from bench_llm.bench.sweep.engines import (
     CellEngine,
     EngineStartError,
     Launcher,
@@ -33,13 +39,14 @@ from bench.sweep.engines import (
     reset_prefix_cache,
     tail,
 )
-from bench.sweep.loads import Load, fmt, run_load
-from bench.sweep.matrix import tuning_json
-from bench.sweep.spec import SweepSpec, WorkloadSpec
-from bench.virtual import VirtualEngine
+from bench_llm.bench.sweep.loads import Load, fmt, run_load
+from bench_llm.bench.sweep.matrix import tuning_json
+from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench_llm.bench.virtual import VirtualEngine
+from bench_llm.launch.config import ParallelConfig
 
 if TYPE_CHECKING:
-    from loadgen.otlp import OtlpReceiver
+    from bench_llm.loadgen.otlp import OtlpReceiver
 
 Echo = Callable[[str], None]
 
@@ -190,7 +197,7 @@ class CellRunner:
             log_path = cdir / f"engine-resumed-{time.time_ns()}.log"
         engine = cell_engine(spec, cfg)
         if self.otlp is not None:
-            from bench.launch_engine import otlp_launch
+            from bench_llm.bench.launch_engine import otlp_launch
 
             args, env = otlp_launch(spec.engine, self.otlp.endpoint)
             engine = replace(engine, extra_args=(*engine.extra_args, *args), env=(*engine.env, *env))
@@ -586,7 +593,7 @@ class _WorkloadLoads:
         store.write_points(self.runner.sweep_dir, self.cell_id, out.points)
 
     def _rate_list_capacity(self, probes: list[Probe]) -> None:
-        from analysis.capacity import capacity_from_probes
+        from bench_llm.analysis.capacity import capacity_from_probes
 
         result = capacity_from_probes(probes, precision=float("nan"))
         self.out.capacity[self.w.tag] = {

@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 import shlex
 
-from launch.process import EngineStartError
-from bench.sweep.cell import cell_engine
-from bench.sweep.engines import DefaultLauncher
-from bench.sweep.matrix import expand
-from bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench_llm.bench.sweep.cell import cell_engine
+from bench_llm.bench.sweep.engines import DefaultLauncher
+from bench_llm.bench.sweep.matrix import expand
+from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench_llm.launch.process import EngineStartError
 
 #: Environment names whose values a dry run does not print.
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)

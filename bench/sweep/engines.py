@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from core.control import EngineClient, Reply
-from launch.config import ParallelConfig
-from launch.launcher import engine_info
-from launch.process import EngineStartError, log_tail
-from launch.profiles import FLUSH_WAIT_S, profile
+from bench_llm.core.control import EngineClient, Reply
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.launcher import engine_info
+from bench_llm.launch.process import EngineStartError, log_tail
+from bench_llm.launch.profiles import FLUSH_WAIT_S, profile
 
 if TYPE_CHECKING:
-    from bench.virtual import VirtualEngine
+    from bench_llm.bench.virtual import VirtualEngine
 
 __all__ = [
     "EngineStartError", "Handle", "Launcher", "DefaultLauncher", "VirtualLauncher", "VirtualHandle", "CellEngine",
@@ -62,9 +62,9 @@ class DefaultLauncher:
 
     def _module(self):  # type: ignore[no-untyped-def]
         try:
-            from launch import launcher
+            from bench_llm.launch import launcher
         except ImportError as exc:
-            from core.errors import BenchError
+            from bench_llm.core.errors import BenchError
 
             raise BenchError(f"engine launching is not available in this install ({exc})") from None
         return launcher
@@ -118,8 +118,8 @@ class VirtualLauncher:
     def start(self, cell: CellEngine, log_path: Path) -> VirtualHandle:
         import json
 
-        from bench.virtual import virtual_engine
-        from sim.options import describe
+        from bench_llm.bench.virtual import virtual_engine
+        from bench_llm.sim.options import describe
 
         engine = virtual_engine(cell.model, cell.gpu, cell.parallel, cell.extra_args)
         log_path.write_text(f"bench sim (virtual time): {json.dumps(describe(engine.timing), sort_keys=True)}\n")

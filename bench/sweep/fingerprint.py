@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from core import __version__
+from bench_llm.core import __version__
 
 #: The checkout bench runs from, when it runs from one.
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]

@@ -7,26 +7,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launch.profiles import adapter_for_engine
-from analysis.capacity import Saturation, admission_saturation, open_loop_saturation, point_metrics, server_signals
-from analysis.load import Run, load_run
-from analysis.slo import SLO
-from bench.sweep.spec import SweepSpec, WorkloadSpec
-from bench.virtual import VirtualEngine
-from core.errors import BenchError
-from loadgen.runner import RunOptions
-from loadgen.transport import Timeouts
-from results.reader import read_run_meta, read_server_metrics
-from results.schema import RUN_FILE
-from results.writer import write_run_meta
-from workloads.errors import WorkloadError
-from workloads.prompts import make_synth
-from workloads.spec import Schedule
+from bench_llm.analysis.capacity import (
+    Saturation,
+    admission_saturation,
+    open_loop_saturation,
+    point_metrics,
+    server_signals,
+)
+from bench_llm.analysis.load import Run, load_run
+from bench_llm.analysis.slo import SLO
+from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench_llm.bench.virtual import VirtualEngine
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.profiles import adapter_for_engine
+from bench_llm.loadgen.runner import RunOptions
+from bench_llm.loadgen.transport import Timeouts
+from bench_llm.results.reader import read_run_meta, read_server_metrics
+from bench_llm.results.schema import RUN_FILE
+from bench_llm.results.writer import write_run_meta
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.prompts import make_synth
+from bench_llm.workloads.spec import Schedule
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from loadgen.otlp import OtlpReceiver
+    from bench_llm.loadgen.otlp import OtlpReceiver
 
 
 @dataclass(frozen=True)
@@ -75,14 +81,14 @@ def build_schedule(load: Load, spec: SweepSpec, warmup: int, url: str | None = N
         raise BenchError(f"workload {w.tag}: {exc}") from None
     if w.name:
         try:
-            from workloads.catalog import build_named_schedule
+            from bench_llm.workloads.catalog import build_named_schedule
         except ImportError:
             raise BenchError("named workloads need the workload catalogue, which this install lacks") from None
         return build_named_schedule(  # type: ignore[no-any-return]
             w.name, requests=n, rate=rate, arrival=w.arrival, concurrency=conc, warmup=warmup, seed=seed,
             salt=salt, synth=synth if (w.tokenizer or tokenize_url) else None,
         )  # fmt: skip
-    from workloads.synthetic import SyntheticWorkload
+    from bench_llm.workloads.synthetic import SyntheticWorkload
 
     return SyntheticWorkload(
         requests=n,
@@ -140,9 +146,9 @@ def run_load(
     """Run one load into ``run_dir`` (on ``virtual``'s model in virtual time when given);
     returns (metrics, saturation, interrupted). ``otlp``: the receiver the cell's engine exports
     its spans to; the load's own go to its run folder (``server_spans.parquet``)."""
-    from bench.execute import RunConfig, execute_run
-    from bench.virtual import simulate_run
-    from core.eventloop import run_async
+    from bench_llm.bench.execute import RunConfig, execute_run
+    from bench_llm.bench.virtual import simulate_run
+    from bench_llm.core.eventloop import run_async
 
     schedule = build_schedule(load, spec, warmup, url, sweep_salt(extra.get("sweep_id")))
     # a workload file's [request] extra_body reaches the sweep's requests as it does bench run's

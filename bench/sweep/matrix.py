@@ -7,8 +7,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launch.config import Disagg, ParallelConfig
-from bench.sweep.spec import SweepSpec
+from bench_llm.bench.sweep.spec import SweepSpec
+from bench_llm.launch.config import Disagg, ParallelConfig
 
 #: (engine, config) -> reasons the engine cannot run it (empty when fine).
 UnsupportedFn = Callable[[str, ParallelConfig], list[str]]

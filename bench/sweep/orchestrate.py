@@ -11,20 +11,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launch.config import ParallelConfig
-from bench.sweep import store
-from bench.sweep.cell import CellOutcome, CellRunner, SweepInterrupted, config_columns
-from bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
-from bench.sweep.fingerprint import cell_fingerprint
-from bench.sweep.matrix import PlannedCell, expand
-from bench.sweep.parallel import CellTask, SweepContext, prestart, run_cells, worker_count
-from bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
-from analysis.recommend import JUDGING
-from core import __version__
-from core.errors import BenchError
+from bench_llm.analysis.recommend import JUDGING
+from bench_llm.bench.sweep import store
+from bench_llm.bench.sweep.cell import CellOutcome, CellRunner, SweepInterrupted, config_columns
+from bench_llm.bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
+from bench_llm.bench.sweep.fingerprint import cell_fingerprint
+from bench_llm.bench.sweep.matrix import PlannedCell, expand
+from bench_llm.bench.sweep.parallel import CellTask, SweepContext, prestart, run_cells, worker_count
+from bench_llm.bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
+from bench_llm.core import __version__
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.config import ParallelConfig
 
 if TYPE_CHECKING:
-    from loadgen.otlp import OtlpReceiver
+    from bench_llm.loadgen.otlp import OtlpReceiver
 
 Echo = Callable[[str], None]
 
@@ -343,10 +343,10 @@ def _judged_at(row: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
 def rejudged_points(sweep_dir: Path, cell_id: str, spec: SweepSpec) -> list[dict[str, Any]]:
     """A complete cell's points with attainment and verdicts recomputed from their run folders
     under the spec's SLOs (what ``bench recommend --slo`` does, kept in points.parquet)."""
-    from analysis.capacity import judge_load
-    from analysis.recommend import rescore_point
-    from analysis.slo import SLO
-    from results.reader import read_parquet_file
+    from bench_llm.analysis.capacity import judge_load
+    from bench_llm.analysis.recommend import rescore_point
+    from bench_llm.analysis.slo import SLO
+    from bench_llm.results.reader import read_parquet_file
 
     path = store.cell_dir(sweep_dir, cell_id) / store.POINTS_FILE
     if not path.exists():

@@ -40,36 +40,36 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.errors import SettingError
+from bench_llm.core.errors import SettingError
 
 if TYPE_CHECKING:  # imported where used: the sweep command imports this module before the heavy ones
-    from bench.sweep.cell import CellOutcome
-    from bench.sweep.spec import SweepSpec
-    from launch.config import ParallelConfig
+    from bench_llm.bench.sweep.cell import CellOutcome
+    from bench_llm.bench.sweep.spec import SweepSpec
+    from bench_llm.launch.config import ParallelConfig
 
 Echo = Callable[[str], None]
 
 #: What the fork server imports once, so a cell's process starts with them loaded (the
 #: modules a virtual-time cell imports, including those its functions import when called).
 PRELOAD = [
-    "bench.sweep.cell",
-    "bench.sweep.engines",
-    "bench.execute",
-    "bench.virtual",
-    "bench.commands.sim",
-    "launch.launcher",
-    "adapters.openai",
-    "adapters.sglang",
-    "adapters.tgi",
-    "adapters.generic",
-    "core.eventloop",
+    "bench_llm.bench.sweep.cell",
+    "bench_llm.bench.sweep.engines",
+    "bench_llm.bench.execute",
+    "bench_llm.bench.virtual",
+    "bench_llm.bench.commands.sim",
+    "bench_llm.launch.launcher",
+    "bench_llm.adapters.openai",
+    "bench_llm.adapters.sglang",
+    "bench_llm.adapters.tgi",
+    "bench_llm.adapters.generic",
+    "bench_llm.core.eventloop",
     "uvloop",  # core.eventloop's, when installed (a missing module is skipped)
-    "sim.backend",
-    "sim.config",
-    "analysis.load",
-    "analysis.recommend",
-    "workloads.synthetic",
-    "results.reader",
+    "bench_llm.sim.backend",
+    "bench_llm.sim.config",
+    "bench_llm.analysis.load",
+    "bench_llm.analysis.recommend",
+    "bench_llm.workloads.synthetic",
+    "bench_llm.results.reader",
 ]
 #: How the cells' processes start: "auto" (the module's docstring); "forkserver", "spawn" and
 #: "fork" force one (to measure one against another).
@@ -126,7 +126,7 @@ def fork_point(spec: SweepSpec, jobs: int | None) -> None:
     global _threads_at_fork_point
     if not sys.platform.startswith("linux") or not spec.virtual or (jobs is not None and jobs < 2):
         return
-    from bench.sweep.matrix import expand
+    from bench_llm.bench.sweep.matrix import expand
 
     if worker_count(jobs, sum(1 for c in expand(spec) if not c.skip_reason), True) < 2:
         return
@@ -175,8 +175,8 @@ class _ParentGone(Exception):
 def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
     """A cell's process: run the cell, send its printed lines and its outcome to the sweep
     (("line", text), then ("done", outcome) | ("interrupted",) | ("raised", exception))."""
-    from bench.sweep.cell import CellRunner, SweepInterrupted
-    from bench.sweep.engines import VirtualLauncher
+    from bench_llm.bench.sweep.cell import CellRunner, SweepInterrupted
+    from bench_llm.bench.sweep.engines import VirtualLauncher
 
     gc.freeze()  # as the sweep's own process does: the collector need not rescan bench's modules
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -392,7 +392,7 @@ def run_cells(
 
 
 def _died(r: _Running) -> CellOutcome:
-    from bench.sweep.cell import CellOutcome
+    from bench_llm.bench.sweep.cell import CellOutcome
 
     code = r.process.exitcode
     how = f"exit code {code}"

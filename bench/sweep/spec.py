@@ -32,9 +32,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from launch.config import AXES, DEPLOYMENT_NAME, Disagg, ParallelConfig
-from launch.profiles import PROFILES, launchable_engines
-from loadgen.transport import CLOCKS
+from bench_llm.launch.config import AXES, DEPLOYMENT_NAME, Disagg, ParallelConfig
+from bench_llm.launch.profiles import PROFILES, launchable_engines
+from bench_llm.loadgen.transport import CLOCKS
 
 #: An engine flag usable as a tuning axis (``max-num-seqs``, ``mem-fraction-static``).
 FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)*")
@@ -347,7 +347,7 @@ class SweepSpec:
             raise SweepSpecError("workers: virtual time has no load generator; measure in real time (--clock auto)")
         if self.ready_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise SweepSpecError("ready_timeout_s and stall_timeout_s must be positive")
-        from launch.tuning import flag_name
+        from bench_llm.launch.tuning import flag_name
 
         fixed = {flag_name(a) for a in self.engine_args}
         for name in self.matrix.flags:
@@ -356,7 +356,7 @@ class SweepSpec:
         for item in self.engine_env:
             if "=" not in item or item.startswith("="):
                 raise SweepSpecError(f"engine_env {item!r}: expected NAME=value")
-        from analysis.slo import SLO, SLOError
+        from bench_llm.analysis.slo import SLO, SLOError
 
         try:
             SLO.from_dict(self.slo)
@@ -449,7 +449,7 @@ class SweepSpec:
 
 def toml_load_keys(path: Path) -> set[str]:
     """The ``[loads]`` settings a TOML sweep file sets itself."""
-    from core.config import load_toml
+    from bench_llm.core.config import load_toml
 
     names = {f.name for f in fields(LoadSpec)}
     return {k for k in (load_toml(Path(path)).get("loads") or {}) if k in names}
@@ -457,7 +457,7 @@ def toml_load_keys(path: Path) -> set[str]:
 
 def load_spec(path: Path) -> SweepSpec:
     """Read a TOML sweep file (unknown keys rejected with their dotted path)."""
-    from core.config import ConfigError, from_mapping, load_toml
+    from bench_llm.core.config import ConfigError, from_mapping, load_toml
 
     data = load_toml(Path(path))
     if "model" not in data:
@@ -470,6 +470,6 @@ def load_spec(path: Path) -> SweepSpec:
 
 def spec_from_dict(data: dict[str, Any]) -> SweepSpec:
     """Rebuild a spec from ``as_dict`` output (sweep.json)."""
-    from core.config import from_mapping
+    from bench_llm.core.config import from_mapping
 
     return from_mapping(SweepSpec, {**LEGACY_DEFAULTS, **data})

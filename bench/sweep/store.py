@@ -14,8 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from analysis.recommend_types import Recommendation, recommendation_json
-from results.sweep_layout import (
+from bench_llm.analysis.recommend_types import Recommendation, recommendation_json
+from bench_llm.results.sweep_layout import (
     CELL_PREFIX,
     CELLS_FILE,
     CELLS_SCHEMA,
@@ -29,7 +29,7 @@ from results.sweep_layout import (
     read_cells_table,
     read_sweep_json,
 )
-from results.writer import write_table_atomic
+from bench_llm.results.writer import write_table_atomic
 
 __all__ = [
     "CELL_PREFIX", "CELLS_FILE", "CELLS_SCHEMA", "LOAD_PREFIX", "PARTIAL_DIR", "POINTS_FILE", "RECOMMENDATION_FILE",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from adapters.base import get_adapter
-from adapters.generic import GenericOpenAIAdapter
-from loadgen.recorder import SOURCE_CHUNKS, SOURCE_FINAL_SPREAD
+from bench_llm.adapters.base import get_adapter
+from bench_llm.adapters.generic import GenericOpenAIAdapter
+from bench_llm.loadgen.recorder import SOURCE_CHUNKS, SOURCE_FINAL_SPREAD
 from tests.adapter_streams import SPEC, record, sse
 from tests.conftest import shared_path
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from adapters.base import get_adapter
-from launch.launcher import EngineHandle, LaunchSpec, launch
-from bench.execute import RunConfig, execute_run
-from core.eventloop import run_async
-from loadgen.recorder import SOURCE_CUMULATIVE, SOURCE_FINAL_SPREAD, SOURCE_PROTOCOL
-from results.reader import read_requests, read_run_meta, read_server_metrics
-from workloads.synthetic import SyntheticWorkload
+from bench_llm.adapters.base import get_adapter
+from bench_llm.bench.execute import RunConfig, execute_run
+from bench_llm.core.eventloop import run_async
+from bench_llm.launch.launcher import EngineHandle, LaunchSpec, launch
+from bench_llm.loadgen.recorder import SOURCE_CUMULATIVE, SOURCE_FINAL_SPREAD, SOURCE_PROTOCOL
+from bench_llm.results.reader import read_requests, read_run_meta, read_server_metrics
+from bench_llm.workloads.synthetic import SyntheticWorkload
 
 CASES = {
     # adapter: (sim flavour, api, expected token source, a common metric the flavour must map)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from adapters.base import EventKind, get_adapter
-from adapters.sglang import SGLangAdapter
-from loadgen.recorder import SOURCE_CUMULATIVE
+from bench_llm.adapters.base import EventKind, get_adapter
+from bench_llm.adapters.sglang import SGLangAdapter
+from bench_llm.loadgen.recorder import SOURCE_CUMULATIVE
+from bench_llm.workloads.spec import Message, RequestSpec
 from tests.adapter_streams import SPEC, record, sse
-from workloads.spec import Message, RequestSpec
 
 
 def ev(text: str, n: int, finish: object = None, cached: int = 3, rid: str = "sg-1") -> dict[str, object]:
@@ -81,7 +81,7 @@ def test_incremental_mode_given_by_the_user_without_output_ids() -> None:
 
 
 def test_output_ids_are_counted_not_decoded() -> None:
-    from adapters.sglang import _drop_output_ids
+    from bench_llm.adapters.sglang import _drop_output_ids
 
     ev_bytes = orjson.dumps(ids_ev('say "output_ids":[9]', [4, 5, 6], 3))
     rest, n = _drop_output_ids(ev_bytes)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from adapters.base import get_adapter
-from adapters.tgi import TGIAdapter
-from loadgen.recorder import SOURCE_PROTOCOL
+from bench_llm.adapters.base import get_adapter
+from bench_llm.adapters.tgi import TGIAdapter
+from bench_llm.loadgen.recorder import SOURCE_PROTOCOL
 from tests.adapter_streams import SPEC, record, sse
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from adapters.openai import OpenAIAdapter
-from loadgen.recorder import SOURCE_CUMULATIVE, SOURCE_FINAL_SPREAD
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.loadgen.recorder import SOURCE_CUMULATIVE, SOURCE_FINAL_SPREAD
 from tests.adapter_streams import record, sse
 from tests.conftest import shared_path
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from adapters.openai import OpenAIAdapter, OpenAIStreamParser
-from loadgen.recorder import SOURCE_CUMULATIVE, SOURCE_FINAL_SPREAD, RequestRecorder
-from workloads.spec import RequestSpec, Sampling
+from bench_llm.adapters.openai import OpenAIAdapter, OpenAIStreamParser
+from bench_llm.loadgen.recorder import SOURCE_CUMULATIVE, SOURCE_FINAL_SPREAD, RequestRecorder
+from bench_llm.workloads.spec import RequestSpec, Sampling
 
 SPEC = RequestSpec("r1", input_tokens=4, max_output_tokens=4, prompt="a b c d")
 U = {"prompt_tokens": 4}
@@ -115,7 +115,7 @@ def _http(body: bytes) -> list[bytes]:
 def test_the_shape_bench_asks_for_n2_gives_the_total_on_both_read_paths(chat: bool) -> None:
     """include_usage only (what bench asks with n > 1): the final total, spread over the text
     chunks, on the Python path and on the compiled one (which does not read choice indexes)."""
-    pytest.importorskip("loadgen._fastpath", reason="the compiled read path is not built here")
+    pytest.importorskip("bench_llm.loadgen._fastpath", reason="the compiled read path is not built here")
     from tests.loadgen.test_fastpath import _run
 
     pieces = _http(_body(_chat(False) if chat else _completions(False)))

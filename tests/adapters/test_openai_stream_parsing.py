@@ -5,16 +5,16 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from adapters.openai import OpenAIAdapter, OpenAIStreamParser
-from adapters.sse import SSEFramer
-from loadgen.recorder import (
+from bench_llm.adapters.openai import OpenAIAdapter, OpenAIStreamParser
+from bench_llm.adapters.sse import SSEFramer
+from bench_llm.loadgen.recorder import (
     SOURCE_CHUNKS,
     SOURCE_CUMULATIVE,
     SOURCE_FINAL_SPREAD,
     RequestRecorder,
 )
+from bench_llm.workloads.spec import RequestSpec
 from tests.conftest import shared_path
-from workloads.spec import RequestSpec
 
 SPEC = RequestSpec("r1", input_tokens=5, max_output_tokens=4, prompt="a b c d e")
 

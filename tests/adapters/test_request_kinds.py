@@ -13,20 +13,20 @@ from typing import Any
 import orjson
 import pytest
 
-from adapters.base import check_requests
-from adapters.openai import OpenAIAdapter
-from adapters.sglang import SGLangAdapter
-from adapters.tgi import TGIAdapter
-from analysis.format import format_summary
-from analysis.load import load_run
-from analysis.summary import summarize
-from sim.options import ModelTiming
-from sim.server import ServerConfig
+from bench_llm.adapters.base import check_requests
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.adapters.sglang import SGLangAdapter
+from bench_llm.adapters.tgi import TGIAdapter
+from bench_llm.analysis.format import format_summary
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.summary import summarize
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.server import ServerConfig
+from bench_llm.workloads.catalog import build_named_schedule
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.spec import RequestOptions, RequestSpec, Sampling, Schedule
 from tests.conftest import bench_argv
 from tests.sim_helpers import run_against, schedule
-from workloads.catalog import build_named_schedule
-from workloads.errors import WorkloadError
-from workloads.spec import RequestOptions, RequestSpec, Sampling, Schedule
 
 SAMPLING = Sampling(temperature=0.7, top_p=0.9, top_k=40, seed=7, stop=("###",), logprobs=2)
 
@@ -245,7 +245,7 @@ def test_jsonl_of_prompts_and_hf_parquet_and_json(tmp_path: Path) -> None:
     jsonl.write_text('{"prompt": "one two three"}\n{"text": "four five"}\n')
     with pytest.raises(WorkloadError) as err:
         _schedule(jsonl)
-    from bench.errors import setting_message
+    from bench_llm.bench.errors import setting_message
 
     # the CLI names the flag; the library names the setting (a TOML workload sets it too)
     assert re.search(r"prompts\.jsonl:1: no output length .*--output-tokens", setting_message(err.value))
@@ -294,7 +294,7 @@ def test_bench_run_on_a_local_dataset_sends_its_prompts(tmp_path: Path) -> None:
 
 # -- reasoning models ------------------------------------------------------------------------
 def test_reasoning_tokens_come_first_and_are_counted_apart(tmp_path: Path) -> None:
-    from sim.timing import FixedTiming
+    from bench_llm.sim.timing import FixedTiming
 
     c = ServerConfig(model="m", flavor="vllm", timing=FixedTiming(0.005, 0.004), reasoning_tokens=6)
     rows = run_against(c, schedule(4, input_tokens=8, output_tokens=10, concurrency=2), tmp_path,

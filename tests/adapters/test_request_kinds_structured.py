@@ -12,22 +12,22 @@ from typing import Any
 import orjson
 import pytest
 
-from adapters.base import check_requests
-from adapters.generic import GenericOpenAIAdapter
-from adapters.openai import OpenAIAdapter
-from adapters.sglang import SGLangAdapter, SGLangOpenAIAdapter
-from adapters.tgi import TGIAdapter
-from analysis.format import format_summary
-from analysis.load import load_run
-from analysis.summary import summarize
-from sim.options import ModelTiming
-from sim.server import ServerConfig
-from sim.timing import FixedTiming
+from bench_llm.adapters.base import check_requests
+from bench_llm.adapters.generic import GenericOpenAIAdapter
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.adapters.sglang import SGLangAdapter, SGLangOpenAIAdapter
+from bench_llm.adapters.tgi import TGIAdapter
+from bench_llm.analysis.format import format_summary
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.summary import summarize
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.server import ServerConfig
+from bench_llm.sim.timing import FixedTiming
+from bench_llm.workloads.definition import load_workload_file
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.spec import Constraint, RequestOptions, RequestSpec
 from tests.conftest import bench_argv
 from tests.sim_helpers import run_against, schedule
-from workloads.definition import load_workload_file
-from workloads.errors import WorkloadError
-from workloads.spec import Constraint, RequestOptions, RequestSpec
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0},
                                            "tags": {"type": "array", "items": {"type": "string"}}},
@@ -114,7 +114,7 @@ def test_an_answer_cut_at_max_tokens_does_not_conform(tmp_path: Path) -> None:
     assert all(r["finish_reason"] == "length" for r in rows if r["request_id"] in short)
     s = summarize(load_run(tmp_path / "run").requests)
     assert s.kinds["structured"] == {"requests": 4, "conforming": 2, "share": 0.5}
-    from analysis.report import build_report
+    from bench_llm.analysis.report import build_report
 
     build_report(tmp_path / "run", tmp_path / "report.html")
     assert "structured output</td><td>2/4 answers conform" in (tmp_path / "report.html").read_text().replace("\n", "")
@@ -313,7 +313,7 @@ def test_images_end_to_end_charge_their_prefill(tmp_path: Path) -> None:
 def test_the_new_request_fields_survive_the_distributed_wire() -> None:
     import msgpack
 
-    from bench.distributed.wire import spec_from_wire, spec_to_wire
+    from bench_llm.bench.distributed.wire import spec_from_wire, spec_to_wire
 
     spec = _spec(constraint=Constraint(choice=("a", "b")), images=((8, 8),), model="lora-a", tools=2,
                  tool_choice="auto")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from analysis.capacity import (
+from bench_llm.analysis.capacity import (
     CapacitySearch,
     Probe,
     admission_saturation,
@@ -19,9 +19,9 @@ from analysis.capacity import (
     point_metrics,
     server_signals,
 )
-from analysis.load import load_run
-from analysis.slo import SLO
-from results.schema import SERVER_METRICS_SCHEMA
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.slo import SLO
+from bench_llm.results.schema import SERVER_METRICS_SCHEMA
 from tests.helpers_records import record, write_run
 
 

@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from analysis.classes import class_breakdown, format_breakdown
-from analysis.report import build_report
-from analysis.slo import SLO
-from analysis.summary import SummaryOptions
-from results.reader import read_parquet_file, read_requests
-from results.writer import write_schedule, write_table_atomic
-from results.synthetic import synthetic_run
-from workloads.catalog import build_named_schedule
-from workloads.definition import builtins
+from bench_llm.analysis.classes import class_breakdown, format_breakdown
+from bench_llm.analysis.report import build_report
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.summary import SummaryOptions
+from bench_llm.results.reader import read_parquet_file, read_requests
+from bench_llm.results.synthetic import synthetic_run
+from bench_llm.results.writer import write_schedule, write_table_atomic
+from bench_llm.workloads.catalog import build_named_schedule
+from bench_llm.workloads.definition import builtins
 
 
 def test_a_mix_labels_each_request_without_changing_its_draws(tmp_path: Path) -> None:

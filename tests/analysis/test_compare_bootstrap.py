@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis.bootstrap import BootstrapOptions, compare_sides, make_side, point_estimates
-from analysis.compare import compare_paths, format_comparison
-from analysis.load import load_run
-from analysis.slo import SLO
-from analysis.summary import summarize
-from results.synthetic import synthetic_run
+from bench_llm.analysis.bootstrap import BootstrapOptions, compare_sides, make_side, point_estimates
+from bench_llm.analysis.compare import compare_paths, format_comparison
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.summary import summarize
+from bench_llm.results.synthetic import synthetic_run
 from tests.conftest import REPO, bench_argv
 
 OPTS = BootstrapOptions(resamples=400, seed=1)
@@ -38,7 +38,7 @@ def test_repeats_are_pooled_not_averaged(tmp_path: Path) -> None:
 
 
 def summ_ttft(table: pa.Table) -> np.ndarray:
-    from analysis.metrics import request_metrics
+    from bench_llm.analysis.metrics import request_metrics
 
     return request_metrics(table)["ttft_ms"].to_numpy(dtype=float)
 
@@ -46,7 +46,7 @@ def summ_ttft(table: pa.Table) -> np.ndarray:
 def test_point_estimates_match_the_run_summary(tmp_path: Path) -> None:
     table = load_run(synthetic_run(tmp_path / "r", 500, 8)).requests
     slo = SLO.parse("ttft_ms=90,tpot_ms=13")
-    s = summarize(table, __import__("analysis.summary", fromlist=["SummaryOptions"]).SummaryOptions(slo=slo))
+    s = summarize(table, __import__("bench_llm.analysis.summary", fromlist=["SummaryOptions"]).SummaryOptions(slo=slo))
     got = point_estimates(make_side([table], slo), ["ttft_p95_ms", "tpot_p50_ms", "itl_p99_ms", "requests_per_s", "output_tokens_per_s", "goodput_rps", "slo_attainment"])
     assert got["ttft_p95_ms"] == pytest.approx(s.latency["ttft_ms"]["p95"])
     assert got["tpot_p50_ms"] == pytest.approx(s.latency["tpot_ms"]["p50"])

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from analysis.capacity import CapacitySearch, Probe, capacity_from_probes, judge_load
-from analysis.confidence import (
+from bench_llm.analysis.capacity import CapacitySearch, Probe, capacity_from_probes, judge_load
+from bench_llm.analysis.confidence import (
     attainment_verdict,
     requests_to_pass,
     separation,
@@ -121,11 +121,11 @@ def test_a_sweep_load_with_too_few_requests_stays_undecided_and_is_no_capacity(t
     sweep reports no capacity rather than 10 req/s."""
     import json
 
-    from analysis.recommend import format_recommendation, load_points, recommend
-    from analysis.recommend_types import Recommendation
-    from bench.sweep.orchestrate import run_sweep
-    from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
-    from bench.sweep.store import read_cells
+    from bench_llm.analysis.recommend import format_recommendation, load_points, recommend
+    from bench_llm.analysis.recommend_types import Recommendation
+    from bench_llm.bench.sweep.orchestrate import run_sweep
+    from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
+    from bench_llm.bench.sweep.store import read_cells
     from tests.sweep_fakes import FixedSimLauncher
 
     spec = SweepSpec(
@@ -154,10 +154,9 @@ def test_a_sweep_load_with_too_few_requests_stays_undecided_and_is_no_capacity(t
 
 
 def test_a_client_delay_makes_a_load_untrustworthy_only_where_it_matters() -> None:
-    from analysis.capacity import untrustworthy
-    from analysis.slo import SLO
-
-    from analysis.summary_types import ClientHealth
+    from bench_llm.analysis.capacity import untrustworthy
+    from bench_llm.analysis.slo import SLO
+    from bench_llm.analysis.summary_types import ClientHealth
 
     busy = ClientHealth(schedule_lag_p99_ms=30.0, loop_lag_p99_ms=400.0, warnings=["client saturated: x"], saturated=True)
     calm = ClientHealth(schedule_lag_p99_ms=float("nan"))
@@ -174,7 +173,7 @@ def test_a_client_delay_makes_a_load_untrustworthy_only_where_it_matters() -> No
 def test_confidence_zero_is_the_point_estimate_and_old_sweeps_keep_it() -> None:
     import json
 
-    from bench.sweep.spec import SweepSpec, spec_from_dict
+    from bench_llm.bench.sweep.spec import SweepSpec, spec_from_dict
 
     assert wilson_interval(9, 10, 0.0) == pytest.approx((0.9, 0.9))
     assert judge_load([_row(9, 10)], 90.0, 0.0).verdict == "pass"
@@ -188,9 +187,9 @@ def test_confidence_zero_is_the_point_estimate_and_old_sweeps_keep_it() -> None:
 def test_a_load_with_a_saturated_client_is_measured_again_with_more_client_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bench.sweep import cell
-    from bench.sweep.orchestrate import run_sweep
-    from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
+    from bench_llm.bench.sweep import cell
+    from bench_llm.bench.sweep.orchestrate import run_sweep
+    from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
     from tests.sweep_fakes import FixedSimLauncher
 
     real = cell.run_load

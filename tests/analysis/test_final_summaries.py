@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from analysis.metrics import PooledDistribution, final_summaries
+from bench_llm.analysis.metrics import PooledDistribution, final_summaries
 
 PS = (50, 90, 95, 99, 99.9)
 

@@ -8,10 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from analysis.bootstrap import Change
-from analysis.gate import GateConfig, GateResult, MetricGate, judge_change, junit_xml, load_gate_config, markdown_summary, run_gate
-from core.config import ConfigError
-from results.synthetic import synthetic_run
+from bench_llm.analysis.bootstrap import Change
+from bench_llm.analysis.gate import (
+    GateConfig,
+    GateResult,
+    MetricGate,
+    judge_change,
+    junit_xml,
+    load_gate_config,
+    markdown_summary,
+    run_gate,
+)
+from bench_llm.core.config import ConfigError
+from bench_llm.results.synthetic import synthetic_run
 from tests.conftest import REPO, bench_argv
 
 

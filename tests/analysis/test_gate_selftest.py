@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.bootstrap import BootstrapOptions, compare_sides, make_side
-from analysis.gate import GateConfig, GateSettings, judge_change
-from analysis.load import load_run
-from analysis.slo import SLO
+from bench_llm.analysis.bootstrap import BootstrapOptions, compare_sides, make_side
+from bench_llm.analysis.gate import GateConfig, GateSettings, judge_change
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.slo import SLO
 from tests.conftest import REPO, bench_argv
 
 N_RUNS = 5
@@ -53,7 +53,7 @@ def _gate_config() -> GateConfig:
     of one run's requests can see; TTFT therefore gets a wide allowance and its tail is
     observe-only, while the per-step metrics (what a slower engine changes) are gated tightly.
     """
-    from analysis.gate import load_gate_config
+    from bench_llm.analysis.gate import load_gate_config
 
     cfg = load_gate_config(REPO / "ci" / "gates-sim.toml")
     return GateConfig(GateSettings(resamples=500, slo=cfg.gate.slo), cfg.metrics)

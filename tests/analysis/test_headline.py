@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from analysis.headline import build_headline, headline_lines
-from analysis.recommend import format_recommendation
-from analysis.recommend_types import Recommendation
+from bench_llm.analysis.headline import build_headline, headline_lines
+from bench_llm.analysis.recommend import format_recommendation
+from bench_llm.analysis.recommend_types import Recommendation
 
 
 def _rec(tp1_per_gpu: float = 3.5, upper: float | None = 8.5) -> Recommendation:

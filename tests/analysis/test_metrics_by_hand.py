@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.load import load_run
-from analysis.metrics import chunk_gap_ms, itl_ms, measured, request_metrics
-from analysis.slo import SLO
-from analysis.summary import SummaryOptions, summarize
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.metrics import chunk_gap_ms, itl_ms, measured, request_metrics
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.summary import SummaryOptions, summarize
 from tests.helpers_records import record, write_run
 
 
@@ -89,7 +89,7 @@ def test_token_mismatch_and_short_output_are_counted(tmp_path: Path) -> None:
 
 
 def test_request_metrics_of_the_same_table_twice_is_a_fresh_copy(run) -> None:  # type: ignore[no-untyped-def]
-    from analysis.metrics import clear_cache
+    from bench_llm.analysis.metrics import clear_cache
 
     table = measured(run.requests)
     first = request_metrics(table)

@@ -8,9 +8,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.recommend import _target_separation, diagnose_cell, format_recommendation, recommend
-from analysis.recommend_types import Configuration, Pick, Recommendation, Separation
-from bench.sweep.store import write_cells, write_points
+from bench_llm.analysis.recommend import _target_separation, diagnose_cell, format_recommendation, recommend
+from bench_llm.analysis.recommend_types import Configuration, Pick, Recommendation, Separation
+from bench_llm.bench.sweep.store import write_cells, write_points
 
 SLO = {"ttft_ms": 500.0, "tpot_ms": 50.0}
 
@@ -92,7 +92,7 @@ def test_without_an_slo_there_is_nothing_to_recommend(tmp_path: Path) -> None:
 )
 def test_choice_by_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: float | None, expected: str | None) -> None:
     sweep = _two_plus_one(tmp_path)
-    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
     rec = recommend(sweep, target_rate=target).to_json()
     if expected is None:
         assert rec["recommendation"] is None and "no configuration meets" in rec["message"]
@@ -109,7 +109,7 @@ def test_fewer_axes_breaks_a_tie_in_gpus(tmp_path: Path, monkeypatch: pytest.Mon
     # every request met (0.95 of 50 would be undecided at 90 %: its interval reaches 86 %)
     pts = [_point(c, r, 1.0) for c in ("tp4", "tp2-dp2") for r in (2.0, 4.0)]
     sweep = _sweep(tmp_path, pts)
-    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
     assert recommend(sweep, target_rate=4.0).to_json()["recommendation"]["cell_id"] == "tp4"
 
 
@@ -149,14 +149,14 @@ def test_diagnosis_reads_the_limiting_resource() -> None:
 def test_an_untrustworthy_load_marks_the_answer_and_the_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from bench.commands.recommend import command
-    from bench.errors import ExitCode
+    from bench_llm.bench.commands.recommend import command
+    from bench_llm.bench.errors import ExitCode
 
     why = "client saturated (its lag p99 420.0 ms against an SLO bound of 500 ms)"
     pts = [_point("tp1", 2.0, 1.0), {**_point("tp1", 4.0, 0.2), "untrustworthy": why}]  # the "failure" is the client's
     pts += [_point("tp2", 2.0, 1.0), _point("tp2", 4.0, 1.0), _point("tp2", 8.0, 0.2)]
     sweep = _sweep(tmp_path, pts)
-    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
     rec = recommend(sweep).to_json()
     tp1 = next(c for c in rec["workloads"]["w"]["configurations"] if c["cell_id"] == "tp1")
     assert tp1["upper_rps"] is None and tp1["undecided"] == [4.0]  # not a failure: undecided
@@ -176,7 +176,7 @@ def test_rejudging_says_what_it_does_not_know_instead_of_no_capacity(tmp_path: P
     pts = [base, *(_point("tp1", r, 0.3, miss_ttft=0.7) for r in (24.0, 48.0))]
     pts += [_point("tp2", r, 1.0 if r <= 24 else 0.3) for r in (12.0, 24.0, 48.0)]
     sweep = _sweep(tmp_path, pts)
-    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
     rec = recommend(sweep, target_rate=10.0).to_json()
     wr = rec["workloads"]["w"]
     tp1 = next(c for c in wr["configurations"] if c["cell_id"] == "tp1")
@@ -205,7 +205,7 @@ def test_rejudging_says_what_it_does_not_know_instead_of_no_capacity(tmp_path: P
 
 
 def test_the_winner_is_separated_or_too_close_to_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
     # tp1 passes 4 (4/GPU); tp2 passes 6 and fails 7 (3.5/GPU at most): separated
     far = [_point("tp1", r, 1.0 if r <= 4 else 0.2) for r in (2.0, 4.0, 5.0)]
     far += [_point("tp2", r, 1.0 if r <= 6 else 0.2) for r in (2.0, 6.0, 7.0)]
@@ -262,7 +262,7 @@ def test_an_undecided_baseline_stays_in_the_evidence_not_in_the_headlines_undeci
             "load_label": "baseline-conc-1"}  # fmt: skip
     undecided = {**_point("tp1", 8.0, 0.9), "requests": 40, "ok": 40}  # a probe the sample cannot decide
     sweep = _sweep(tmp_path, [base, _point("tp1", 2.0, 1.0), _point("tp1", 4.0, 1.0), undecided])
-    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
     wr = recommend(sweep).to_json()["workloads"]["w"]
     loads = wr["configurations"][0]["loads"]
     assert [p["verdict"] for p in loads if p["baseline"]] == ["undecided"]  # kept in the configuration's loads

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from analysis.recommend import format_recommendation, recommend
-from analysis.recommend_types import Recommendation, read_recommendation, recommendation_json
-from bench.sweep.store import write_recommendation
+from bench_llm.analysis.recommend import format_recommendation, recommend
+from bench_llm.analysis.recommend_types import Recommendation, read_recommendation, recommendation_json
+from bench_llm.bench.sweep.store import write_recommendation
 from tests.analysis.test_recommend import SLO, _point, _sweep, _two_plus_one
 
 
 @pytest.fixture
 def judged(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
 
 
 @pytest.mark.parametrize("target", [None, 3.0, 9.0])

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from analysis.report import build_report
-from bench.browser import VIEWPORT, load_page
+from bench_llm.analysis.report import build_report
+from bench_llm.bench.browser import VIEWPORT, load_page
 from tests.analysis.test_report_fixtures import make_sweep, real_run
 
 CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")

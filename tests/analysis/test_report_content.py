@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from plotly.offline import get_plotlyjs
 
-from analysis.report import build_report
-from results.synthetic import synthetic_run
-from tests.conftest import REPO, bench_argv
+from bench_llm.analysis.report import build_report
+from bench_llm.results.synthetic import synthetic_run
 from tests.analysis.test_report_fixtures import NASTY_MODEL, make_sweep, real_run
+from tests.conftest import REPO, bench_argv
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_report_size_is_bounded_for_100k_requests(tmp_path: Path) -> None:
 
 
 def test_pareto_front_keeps_only_undominated_points() -> None:
-    from analysis.report.figures import _pareto
+    from bench_llm.analysis.report.figures import _pareto
 
     pts = [(1.0, 5.0), (2.0, 4.0), (3.0, 6.0), (2.5, 3.0), (0.5, 2.9)]
     assert _pareto(pts) == [(0.5, 2.9), (2.5, 3.0), (3.0, 6.0)]
@@ -108,8 +108,8 @@ def test_headline_evidence_and_slos_are_tables_not_json(sweep_dir: Path, tmp_pat
 
 
 def test_achieved_vs_offered_uses_the_asked_rate_and_marks_saturation() -> None:
-    from analysis.report.data import LoadPoint
-    from analysis.report.figures import achieved_vs_offered
+    from bench_llm.analysis.report.data import LoadPoint
+    from bench_llm.analysis.report.figures import achieved_vs_offered
 
     def point(asked: float, sent: float, achieved: float, saturated: bool = False) -> LoadPoint:
         return LoadPoint("c", f"c / rate={asked:g}", 1, asked, "rate", sent, 1, {"requests_per_s": achieved}, saturated)
@@ -125,8 +125,8 @@ def test_achieved_vs_offered_uses_the_asked_rate_and_marks_saturation() -> None:
 
 
 def test_plot_defects_single_run_pareto_and_axes(tmp_path: Path) -> None:
-    from analysis.report.data import LoadPoint, RunView
-    from analysis.report.figures import engine_state, latency_cdfs, latency_vs_throughput
+    from bench_llm.analysis.report.data import LoadPoint, RunView
+    from bench_llm.analysis.report.figures import engine_state, latency_cdfs, latency_vs_throughput
 
     one = LoadPoint("run", "r", 1, 4.0, "rate", 4.0, 1, {"output_tokens_per_s": 100.0, "tpot_p50_ms": 10.0, "ttft_p95_ms": 50.0})
     assert latency_vs_throughput([one]) is None  # no one-dot Pareto plot

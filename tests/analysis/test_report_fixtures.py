@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from results.reader import read_run_meta
-from results.schema import SERVER_METRICS_SCHEMA
-from results.synthetic import synthetic_run
-from results.writer import write_run_meta, write_table_atomic
+from bench_llm.results.reader import read_run_meta
+from bench_llm.results.schema import SERVER_METRICS_SCHEMA
+from bench_llm.results.synthetic import synthetic_run
+from bench_llm.results.writer import write_run_meta, write_table_atomic
 from tests.conftest import REPO, bench_argv
 
 NASTY_MODEL = '<img src=x onerror="window.__xss=1">&"model"</script>'
@@ -32,7 +32,7 @@ def real_run(out: Path, requests: int = 60, concurrency: int = 8, output_tokens:
 
 def add_server_metrics(run_dir: Path) -> None:
     """Synthetic scrapes: queue/running/KV gauges and queue/prefill histogram sums/counts."""
-    from results.reader import read_requests
+    from bench_llm.results.reader import read_requests
 
     reqs = read_requests(run_dir, ["intended_send_ns", "end_ns"])
     t0 = int(min(reqs["intended_send_ns"].to_pylist()))
@@ -103,8 +103,8 @@ def make_sweep(src_run: Path, sweep: Path) -> Path:
 
 
 def test_synthetic_run_reads_back(tmp_path: Path) -> None:
-    from analysis.load import load_run
-    from analysis.summary import summarize
+    from bench_llm.analysis.load import load_run
+    from bench_llm.analysis.summary import summarize
 
     run = load_run(synthetic_run(tmp_path / "syn", 200, 8))
     s = summarize(run.requests)

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis.smoothness import Deadlines, fluidity_reference, smoothness_metrics
+from bench_llm.analysis.smoothness import Deadlines, fluidity_reference, smoothness_metrics
 
 MS = 1_000_000
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-import analysis.load as load
-from analysis.load import iter_request_batches, load_run
-from analysis.summary import SUMMARY_BATCH_ROWS, summarize, summarize_run
-from results.reader import read_requests
-from results.schema import REQUESTS_DIR
-from results.writer import ROW_GROUP_ROWS, compact_requests
+import bench_llm.analysis.load as load
+from bench_llm.analysis.load import iter_request_batches, load_run
+from bench_llm.analysis.summary import SUMMARY_BATCH_ROWS, summarize, summarize_run
+from bench_llm.results.reader import read_requests
+from bench_llm.results.schema import REQUESTS_DIR
+from bench_llm.results.writer import ROW_GROUP_ROWS, compact_requests
 from tests.analysis.test_summary_fast_path import OPTIONS, _many_parts
 from tests.results.test_compaction_memory import _arrow_peak, _compact, _part, _parts
 

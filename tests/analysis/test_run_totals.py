@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from analysis.bootstrap import make_side, point_estimates
-from analysis.capacity import point_metrics
-from analysis.compare import compare_paths
-from analysis.gate import GateConfig, MetricGate, GateSettings, run_gate
-from analysis.load import load_run
-from analysis.report.data import build_run_view, load_points
-from analysis.slo import SLO
-from analysis.summary import SummaryOptions, summarize_run
-from analysis.totals import run_totals
+from bench_llm.analysis.bootstrap import make_side, point_estimates
+from bench_llm.analysis.capacity import point_metrics
+from bench_llm.analysis.compare import compare_paths
+from bench_llm.analysis.gate import GateConfig, GateSettings, MetricGate, run_gate
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.report.data import build_run_view, load_points
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.summary import SummaryOptions, summarize_run
+from bench_llm.analysis.totals import run_totals
 from tests.helpers_records import MS, record, write_run
 
 SLO_TEXT = "ttft_ms=50"
@@ -70,7 +70,7 @@ def test_summary_capacity_bootstrap_gate_and_report_agree_on_one_run(tmp_path: P
 
 
 def test_run_totals_without_an_slo_has_no_attainment(tmp_path: Path) -> None:
-    from analysis.metrics import measured, request_metrics
+    from bench_llm.analysis.metrics import measured, request_metrics
 
     df = request_metrics(measured(load_run(_run(tmp_path)).requests))
     t = run_totals(df)

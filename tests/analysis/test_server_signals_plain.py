@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from analysis.capacity import _frame_server_signals, _plain_server_signals, server_signals
-from results.schema import SERVER_METRICS_SCHEMA
+from bench_llm.analysis.capacity import _frame_server_signals, _plain_server_signals, server_signals
+from bench_llm.results.schema import SERVER_METRICS_SCHEMA
 
 
 def _same(a: dict[str, float], b: dict[str, float]) -> bool:

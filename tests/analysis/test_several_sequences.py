@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.load import load_run
-from analysis.metrics import itl_ms, request_metrics
-from analysis.summary import summarize
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.metrics import itl_ms, request_metrics
+from bench_llm.analysis.summary import summarize
 from tests.helpers_records import record, write_run
 
 

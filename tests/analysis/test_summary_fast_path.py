@@ -18,13 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import analysis.summary as summary_module
-from analysis.load import iter_request_batches, load_run
-from analysis.metrics import PooledDistribution, percentiles, token_range_gaps, token_ranges
-from analysis.slo import SLO
-from analysis.smoothness import Deadlines, fluidity_reference
-from analysis.summary import REQUEST_COLUMNS, SummaryOptions, summarize_batches, summarize_run
-from results.record import RequestRecord
+import bench_llm.analysis.summary as summary_module
+from bench_llm.analysis.load import iter_request_batches, load_run
+from bench_llm.analysis.metrics import PooledDistribution, percentiles, token_range_gaps, token_ranges
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.smoothness import Deadlines, fluidity_reference
+from bench_llm.analysis.summary import REQUEST_COLUMNS, SummaryOptions, summarize_batches, summarize_run
+from bench_llm.results.record import RequestRecord
 from tests.helpers_records import MS, record, write_run
 
 OPTIONS = SummaryOptions((1, 50, 90, 99, 99.9), SLO.parse("ttft_ms=120,tpot_ms=9"))
@@ -185,7 +185,7 @@ def test_placeholders_count_as_nothing_past_the_exact_limit(exact_limit: int) ->
 def test_fluidity_at_the_deadline_boundaries() -> None:
     """First token exactly at its deadline, gaps of exactly one interval, one nanosecond over
     with and without banked slack: the in-place fluidity equals the definition's loop."""
-    from analysis.smoothness import token_range_fluidity
+    from bench_llm.analysis.smoothness import token_range_fluidity
 
     dp, dd = 120 * MS, 9 * MS
     rows = [
@@ -217,8 +217,8 @@ def test_fluidity_at_the_deadline_boundaries() -> None:
 def test_request_batches_come_in_file_order_however_files_are_grouped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_bytes: int
 ) -> None:
-    import analysis.load as load
-    from results.writer import RequestsWriter, write_run_meta
+    import bench_llm.analysis.load as load
+    from bench_llm.results.writer import RequestsWriter, write_run_meta
 
     recs = _mixed_records(n=240)
     run_dir = tmp_path / "run"
@@ -238,8 +238,8 @@ def test_request_batches_come_in_file_order_however_files_are_grouped(
 def test_read_requests_fills_columns_an_older_part_lacks(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from results.reader import read_requests
-    from results.schema import REQUESTS_SCHEMA
+    from bench_llm.results.reader import read_requests
+    from bench_llm.results.schema import REQUESTS_SCHEMA
 
     run_dir = write_run(tmp_path / "run", _mixed_records(n=20))
     part = next((run_dir / "requests").glob("*.parquet"))
@@ -253,8 +253,8 @@ def test_read_requests_fills_columns_an_older_part_lacks(tmp_path: Path) -> None
 
 def test_parts_written_after_the_per_request_columns_were_read_are_not_mismatched(tmp_path: Path) -> None:
     """A run still recording: the per-request table handed in is older than the parts."""
-    from analysis.summary import REQUEST_SCALAR_COLUMNS
-    from results.writer import RequestsWriter
+    from bench_llm.analysis.summary import REQUEST_SCALAR_COLUMNS
+    from bench_llm.results.writer import RequestsWriter
 
     recs = _mixed_records(n=120)
     run_dir = write_run(tmp_path / "run", recs[:60])
@@ -268,7 +268,7 @@ def test_parts_written_after_the_per_request_columns_were_read_are_not_mismatche
 
 
 def _many_parts(run_dir: Path, parts: int = 20) -> list[RequestRecord]:
-    from results.writer import RequestsWriter, write_run_meta
+    from bench_llm.results.writer import RequestsWriter, write_run_meta
 
     recs = _mixed_records(n=200)
     write_run_meta(run_dir, {"run_id": "t", "schema_version": "1.0", "bench_version": "0", "status": "complete"})
@@ -279,8 +279,8 @@ def _many_parts(run_dir: Path, parts: int = 20) -> list[RequestRecord]:
 
 
 def test_compacting_keeps_every_row_in_order_and_the_summary(tmp_path: Path) -> None:
-    from results.reader import read_requests
-    from results.writer import compact_requests
+    from bench_llm.results.reader import read_requests
+    from bench_llm.results.writer import compact_requests
 
     run_dir = tmp_path / "run"
     _many_parts(run_dir)
@@ -294,7 +294,7 @@ def test_compacting_keeps_every_row_in_order_and_the_summary(tmp_path: Path) -> 
 
 
 def test_compacting_changes_nothing_where_the_swap_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import results.writer as writer
+    import bench_llm.results.writer as writer
 
     run_dir = tmp_path / "run"
     _many_parts(run_dir)

@@ -10,13 +10,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis.load import iter_request_batches, load_run
-from analysis.metrics import HISTOGRAM_RELATIVE_ERROR, PooledDistribution, itl_ms, chunk_gap_ms, percentiles
-from analysis.slo import SLO
-from analysis.smoothness import Deadlines, smoothness_metrics
-from analysis.summary import REQUEST_COLUMNS, SummaryOptions, summarize, summarize_batches, summarize_run
-from analysis.summary_types import RunSummary, json_of
-from results.writer import RequestsWriter, write_run_meta
+from bench_llm.analysis.load import iter_request_batches, load_run
+from bench_llm.analysis.metrics import HISTOGRAM_RELATIVE_ERROR, PooledDistribution, chunk_gap_ms, itl_ms, percentiles
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.smoothness import Deadlines, smoothness_metrics
+from bench_llm.analysis.summary import REQUEST_COLUMNS, SummaryOptions, summarize, summarize_batches, summarize_run
+from bench_llm.analysis.summary_types import RunSummary, json_of
+from bench_llm.results.writer import RequestsWriter, write_run_meta
 from tests.helpers_records import record
 
 OPTIONS = SummaryOptions((1, 50, 90, 99, 99.9), SLO.parse("ttft_ms=120,tpot_ms=9"))

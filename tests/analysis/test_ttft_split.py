@@ -11,11 +11,11 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from adapters.sglang import SGLangStreamParser
-from analysis.ttft_split import SOURCE_HISTOGRAM, SOURCE_REQUEST, request_parts, split_summary
-from tests.conftest import REPO, bench_argv
-from tests.bench.test_cli_run import _wait_for_port
+from bench_llm.adapters.sglang import SGLangStreamParser
+from bench_llm.analysis.ttft_split import SOURCE_HISTOGRAM, SOURCE_REQUEST, request_parts, split_summary
 from tests.analysis.test_report_fixtures import add_server_metrics, synthetic_run
+from tests.bench.test_cli_run import _wait_for_port
+from tests.conftest import REPO, bench_argv
 
 
 def test_sglang_meta_info_timings_are_parsed() -> None:
@@ -50,7 +50,7 @@ def test_without_per_request_timings_the_histograms_are_labelled_as_interval_mea
 
 
 def test_simulated_sglang_split_sums_to_the_client_ttft(tmp_path: Path) -> None:
-    from launch.process import free_port
+    from bench_llm.launch.process import free_port
 
     port, out = free_port(), tmp_path / "run"
     server = subprocess.Popen(
@@ -73,7 +73,7 @@ def test_simulated_sglang_split_sums_to_the_client_ttft(tmp_path: Path) -> None:
     split = split_summary(out)
     assert split is not None and split["source"] == SOURCE_REQUEST and split["requests"] == 40
     assert split["max_sum_error_ms"] < 1.0
-    from results.reader import read_requests
+    from bench_llm.results.reader import read_requests
 
     parts = request_parts(read_requests(out))
     # The engine's share stays within what the client saw. Not always: the client stamps
@@ -82,7 +82,7 @@ def test_simulated_sglang_split_sums_to_the_client_ttft(tmp_path: Path) -> None:
     engine = parts["queue_ms"] + parts["prefill_ms"]
     assert (engine <= parts["ttft_ms"] + 1.0).mean() >= 0.9 and (parts["queue_ms"] >= 0).all()
     assert (parts["prefill_ms"] > 1.0).all() and (parts["kv_transfer_ms"].isna()).all()
-    from analysis.report import build_report
+    from bench_llm.analysis.report import build_report
 
     info = build_report(out, tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
@@ -91,7 +91,7 @@ def test_simulated_sglang_split_sums_to_the_client_ttft(tmp_path: Path) -> None:
 
 
 def _spans(rows: list[tuple[str, float | None, float | None, float | None]]) -> pa.Table:
-    from results.schema import SERVER_SPANS_SCHEMA
+    from bench_llm.results.schema import SERVER_SPANS_SCHEMA
 
     n = len(rows)
     return pa.table({"span_request_id": [r[0] for r in rows], "name": ["llm_request"] * n, "start_unix_ns": [1] * n,
@@ -119,9 +119,9 @@ def test_engine_spans_join_by_request_id_and_split_into_queue_prefill_emission_t
 
 
 def test_split_summary_reads_the_runs_spans(tmp_path: Path) -> None:
-    from results.schema import SERVER_SPANS_FILE
-    from results.reader import read_requests
-    from results.writer import write_table_atomic
+    from bench_llm.results.reader import read_requests
+    from bench_llm.results.schema import SERVER_SPANS_FILE
+    from bench_llm.results.writer import write_table_atomic
 
     run = synthetic_run(tmp_path / "run", 40, 4)
     part = next((run / "requests").glob("*.parquet"))

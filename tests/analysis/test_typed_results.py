@@ -9,11 +9,11 @@ import json
 import math
 from pathlib import Path
 
-from analysis.capacity import point_metrics
-from analysis.load import load_run
-from analysis.slo import SLO
-from analysis.summary import SummaryOptions, summarize
-from analysis.summary_types import ClientHealth, Reasoning, json_of
+from bench_llm.analysis.capacity import point_metrics
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.summary import SummaryOptions, summarize
+from bench_llm.analysis.summary_types import ClientHealth, Reasoning, json_of
 from tests.helpers_records import record, write_run
 
 

@@ -7,11 +7,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from bench.errors import setting_message
-from bench.run_options import LoadOptions, load_options, output_options
-from core.errors import SettingError
-from workloads.errors import WorkloadError
-from workloads.synthetic import SyntheticWorkload
+from bench_llm.bench.errors import setting_message
+from bench_llm.bench.run_options import LoadOptions, load_options, output_options
+from bench_llm.core.errors import SettingError
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.synthetic import SyntheticWorkload
 
 
 def _option_names(cmd: click.Command) -> set[str]:
@@ -19,8 +19,8 @@ def _option_names(cmd: click.Command) -> set[str]:
 
 
 def test_run_and_master_declare_the_shared_options_once() -> None:
-    from bench.commands.locust import master
-    from bench.commands.run import command as run
+    from bench_llm.bench.commands.locust import master
+    from bench_llm.bench.commands.run import command as run
 
     shared = {
         "--url", "--engine", "--api", "--model", "--out", "--overwrite", "--workload", "--requests",
@@ -60,7 +60,7 @@ def test_library_errors_name_the_setting_and_the_cli_its_flag() -> None:
 
 
 def test_cli_output_keeps_the_flag(tmp_path: object) -> None:
-    from bench.cli import cli
+    from bench_llm.bench.cli import cli
 
     res = CliRunner().invoke(cli, ["run", "--requests", "0", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "error: --requests must be at least 1" in res.output, res.output

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.load import load_run
+from bench_llm.analysis.load import load_run
 from tests.conftest import bench_argv, wait_until
 
 
@@ -30,7 +30,7 @@ def test_embedded_engine_run_writes_a_complete_folder(tmp_path: Path) -> None:
     assert (out / "engine.log").exists()
     # the default clock: the kernel's receive stamps where the platform has them; the
     # summary names the clock its timings come from
-    from loadgen.rawhttp import kernel_timestamps_supported
+    from bench_llm.loadgen.rawhttp import kernel_timestamps_supported
 
     clock = load_run(out).meta["clock"].split(":")[0]
     assert clock == ("kernel" if kernel_timestamps_supported() else "user")
@@ -53,8 +53,8 @@ def test_client_stamps_match_the_engines_emission_log(tmp_path: Path) -> None:
     import numpy as np
     import pyarrow.compute as pc
 
-    from launch.process import free_port
-    from results.reader import read_requests
+    from bench_llm.launch.process import free_port
+    from bench_llm.results.reader import read_requests
 
     attempts = []
     for attempt in range(3):

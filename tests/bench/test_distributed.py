@@ -17,19 +17,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.load import load_run
-from analysis.summary import summarize
-from bench.distributed.assemble import PartRejected, RunAssembly
-from bench.distributed.clock import CLOCK_DOMAIN_ENV, ClockSample, estimate_offset
-from bench.distributed.loopback import run_loopback
-from bench.distributed.measure import ShiftedRequestsWriter
-from bench.distributed.wire import schedule_from_wire, schedule_to_wire
-from bench.embedded import embedded_engine
-from results.reader import read_requests, read_run_meta
-from results.record import RequestRecord
-from results.schema import REQUESTS_SCHEMA
-from workloads.spec import Message, RequestSpec, Schedule
-from workloads.synthetic import SyntheticWorkload
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.summary import summarize
+from bench_llm.bench.distributed.assemble import PartRejected, RunAssembly
+from bench_llm.bench.distributed.clock import CLOCK_DOMAIN_ENV, ClockSample, estimate_offset
+from bench_llm.bench.distributed.loopback import run_loopback
+from bench_llm.bench.distributed.measure import ShiftedRequestsWriter
+from bench_llm.bench.distributed.wire import schedule_from_wire, schedule_to_wire
+from bench_llm.bench.embedded import embedded_engine
+from bench_llm.results.reader import read_requests, read_run_meta
+from bench_llm.results.record import RequestRecord
+from bench_llm.results.schema import REQUESTS_SCHEMA
+from bench_llm.workloads.spec import Message, RequestSpec, Schedule
+from bench_llm.workloads.synthetic import SyntheticWorkload
 
 REQUESTS = 80
 WORKLOAD = ["--rate", "20", "--arrival", "poisson", "--requests", str(REQUESTS), "--input-tokens", "64",
@@ -98,7 +98,7 @@ def test_cli_help_never_imports_locust() -> None:
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
-        "from bench.cli import cli\n"
+        "from bench_llm.bench.cli import cli\n"
         "r1 = CliRunner().invoke(cli, ['--help']); r2 = CliRunner().invoke(cli, ['locust', 'master', '--help'])\n"
         "assert r1.exit_code == 0 and 'locust' in r1.output, r1.output\n"
         "assert r2.exit_code == 0 and '--workers' in r2.output, r2.output\n"
@@ -118,7 +118,7 @@ def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _single_run(url: str, out: Path) -> None:
-    argv = [sys.executable, "-m", "bench", "run", "--url", url, "--out", str(out), "--no-progress", *WORKLOAD]
+    argv = [sys.executable, "-m", "bench_llm.bench", "run", "--url", url, "--out", str(out), "--no-progress", *WORKLOAD]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
@@ -167,7 +167,7 @@ def _measure_processes(marker: str) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if "bench.distributed.measure" in cmd and marker in cmd:
+        if "bench_llm.bench.distributed.measure" in cmd and marker in cmd:
             pids.append(int(entry.name))
     return pids
 
@@ -197,7 +197,7 @@ def test_killed_worker_leaves_a_readable_run_and_a_warning(engine_url: str, tmp_
     table = read_requests(tmp_path / "dist")
     assert table.num_rows == survivor["recorded"] + lost["recorded"]
     summary = subprocess.run(
-        [sys.executable, "-m", "bench", "summary", str(tmp_path / "dist")], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench_llm.bench", "summary", str(tmp_path / "dist")], capture_output=True, text=True, timeout=60
     )
     assert summary.returncode == 0, summary.stderr
     assert "WARNING: offered load fell short" in summary.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.errors import ExitCode
+from bench_llm.bench.errors import ExitCode
 from tests.conftest import REPO, bench_argv
 from tests.hostile_server import hostile
 
@@ -86,7 +86,7 @@ def test_sim_serve_on_a_busy_port_is_one_line() -> None:
 
 def test_locust_master_without_locust_is_one_line(tmp_path: Path) -> None:
     code = (
-        "import sys; sys.modules['locust'] = None; from bench.cli import main; "
+        "import sys; sys.modules['locust'] = None; from bench_llm.bench.cli import main; "
         f"sys.argv = ['bench', 'locust', 'master', '--workers', '1', '--url', 'http://127.0.0.1:9', '--out', {str(tmp_path / 'r')!r}]; main()"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -100,13 +100,13 @@ def test_the_embedded_engine_speaks_the_flavour_of_engine_whatever_the_cwd(tmp_p
     answers of requests outside sessions."""
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "__init__.py").write_text("")
-    argv = [sys.executable, "-P", "-m", "bench", "run", "--engine", engine, "--concurrency", "2", "--requests", "4",
+    argv = [sys.executable, "-P", "-m", "bench_llm.bench", "run", "--engine", engine, "--concurrency", "2", "--requests", "4",
             "--input-tokens", "8", "--output-tokens", "4", "--sim-ttft-ms", "2", "--sim-itl-ms", "1",
             "--out", "r", "--no-progress", "--json", "--save-text"]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout)["requests"]["ok"] == 4
-    from results.reader import read_requests
+    from bench_llm.results.reader import read_requests
 
     texts = read_requests(tmp_path / "r").column("output_text").to_pylist()
     assert len(texts) == 4 and all(texts), texts
@@ -146,7 +146,7 @@ def test_the_drain_after_duration_is_bounded_and_ctrl_c_there_is_clean(tmp_path:
     import signal
     import time
 
-    from analysis.load import load_run
+    from bench_llm.analysis.load import load_run
 
     t0 = time.monotonic()
     p = _slow_run(tmp_path / "a", "1")
@@ -172,7 +172,7 @@ def test_the_drain_after_duration_is_bounded_and_ctrl_c_there_is_clean(tmp_path:
 
 
 def test_top_errors_count_messages_that_differ_only_in_numbers() -> None:
-    from analysis.failures import error_line, top_errors
+    from bench_llm.analysis.failures import error_line, top_errors
 
     types = ["http_error"] * 3 + ["timeout", None]
     messages = [
@@ -192,9 +192,9 @@ def test_top_errors_count_messages_that_differ_only_in_numbers() -> None:
 def test_a_sweep_load_names_its_most_frequent_error(tmp_path: Path) -> None:
     import dataclasses
 
-    from analysis.capacity import point_metrics
-    from analysis.load import load_run
-    from analysis.slo import SLO
+    from bench_llm.analysis.capacity import point_metrics
+    from bench_llm.analysis.load import load_run
+    from bench_llm.analysis.slo import SLO
     from tests.helpers_records import record, write_run
 
     recs = [record(f"r{i}", i * 100.0, [(i * 100.0 + 50, 1), (i * 100.0 + 60, 1)]) for i in range(4)]

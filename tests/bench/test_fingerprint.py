@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.sweep.fingerprint import cell_fingerprint, git_commit, model_config_hash, nvidia_smi
+from bench_llm.bench.sweep.fingerprint import cell_fingerprint, git_commit, model_config_hash, nvidia_smi
 
 
 def test_git_commit_of_a_checkout_and_of_a_plain_folder(tmp_path: Path) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from analysis.slo import SLO
-from bench.cli import cli
-from bench.distributed.measure import worker_options
-from bench.distributed.wire import ClientSettings
-from bench.run_options import (
+from bench_llm.analysis.slo import SLO
+from bench_llm.bench.cli import cli
+from bench_llm.bench.distributed.measure import worker_options
+from bench_llm.bench.distributed.wire import ClientSettings
+from bench_llm.bench.run_options import (
     ClientOptions,
     EngineTarget,
     LoadOptions,
@@ -43,7 +43,7 @@ def test_the_master_checks_the_phases_as_bench_run_does(tmp_path: Path) -> None:
 
 
 def test_the_phases_reach_every_worker_and_the_run_description() -> None:
-    from bench.commands.locust import _master_plan
+    from bench_llm.bench.commands.locust import _master_plan
 
     target = EngineTarget(url="http://127.0.0.1:9", engine="vllm", api="completions", model="m")
     load = LoadOptions(workload=None, requests=4, input_tokens=8, output_tokens=4, rate=None, arrival=None,

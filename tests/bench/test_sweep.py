@@ -17,12 +17,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.recommend import load_points, recommend, sweep_dataset
-from bench.sweep.orchestrate import run_sweep
-from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec, load_spec
-from bench.sweep.store import read_cells
-from core.errors import BenchError
-from results.reader import read_run_meta
+from bench_llm.analysis.recommend import load_points, recommend, sweep_dataset
+from bench_llm.bench.sweep.orchestrate import run_sweep
+from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec, load_spec
+from bench_llm.bench.sweep.store import read_cells
+from bench_llm.core.errors import BenchError
+from bench_llm.results.reader import read_run_meta
 from tests.conftest import REPO
 from tests.sweep_fakes import FixedSimLauncher
 
@@ -113,8 +113,8 @@ def test_resume_after_a_kill_runs_only_the_missing_cells(tmp_path: Path) -> None
         f"""
         import sys
         from pathlib import Path
-        from bench.sweep.orchestrate import run_sweep
-        from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
+        from bench_llm.bench.sweep.orchestrate import run_sweep
+        from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
         from tests.sweep_fakes import FixedSimLauncher
         spec = SweepSpec(model="m", matrix=MatrixSpec(tp=(1, 2, 4)),
                          loads=LoadSpec(rates=(10.0, 20.0), requests=20, warmup=0),
@@ -214,7 +214,7 @@ def test_cli_flags_override_the_file_and_bad_input_is_one_line(tmp_path: Path) -
     f = tmp_path / "s.toml"
     f.write_text('model = "m"\n[matrix]\ntp = [1]\n[loads]\nrates = [1]\n')
     r = subprocess.run(
-        [sys.executable, "-m", "bench", "sweep", "--config", str(f), "--tp", "x", "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "bench_llm.bench", "sweep", "--config", str(f), "--tp", "x", "--out", str(tmp_path / "o")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -222,7 +222,7 @@ def test_cli_flags_override_the_file_and_bad_input_is_one_line(tmp_path: Path) -
     )
     assert r.returncode == 2 and r.stderr.strip().startswith("error: --tp") and "Traceback" not in r.stderr
     r = subprocess.run(
-        [sys.executable, "-m", "bench", "recommend", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench_llm.bench", "recommend", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and "not a sweep folder" in r.stderr
 
@@ -299,7 +299,7 @@ def test_loads_run_with_the_sweeps_client_workers_and_clock(tmp_path: Path) -> N
     for key in ("workers", "clock"):
         del stored["spec"][key]
     (out / "sweep.json").write_text(json.dumps(stored))
-    from bench.sweep.orchestrate import stored_spec
+    from bench_llm.bench.sweep.orchestrate import stored_spec
 
     old = stored_spec(out)
     assert old is not None and (old.workers, old.clock) == (1, "user")
@@ -311,9 +311,9 @@ def test_loads_run_with_the_sweeps_client_workers_and_clock(tmp_path: Path) -> N
 
 def test_a_sweeps_engine_version_reaches_the_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the user's version picks version-gated flags (TGI --prometheus-port from 3.3.0)
-    from launch import launcher as launch_module
-    from launch.config import ParallelConfig
-    from bench.sweep.engines import CellEngine, DefaultLauncher
+    from bench_llm.bench.sweep.engines import CellEngine, DefaultLauncher
+    from bench_llm.launch import launcher as launch_module
+    from bench_llm.launch.config import ParallelConfig
 
     f = tmp_path / "sweep.toml"
     f.write_text('engine = "tgi"\nmodel = "m"\nengine_version = "3.2.3"\n')

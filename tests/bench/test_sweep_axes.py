@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from launch.config import ParallelConfig
-from launch.profiles import unsupported_axes
-from launch.tuning import SIM_TUNING_FLAGS, unsupported_args
-from bench.commands.sweep import _axes
-from core.errors import BenchError
-from bench.sweep.matrix import expand
-from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, load_spec
-from bench.sweep.store import read_cells
-from sim.options import ModelTiming, describe
+from bench_llm.bench.commands.sweep import _axes
+from bench_llm.bench.sweep.matrix import expand
+from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, load_spec
+from bench_llm.bench.sweep.store import read_cells
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.profiles import unsupported_axes
+from bench_llm.launch.tuning import SIM_TUNING_FLAGS, unsupported_args
+from bench_llm.sim.options import ModelTiming, describe
 from tests.conftest import REPO
 
 
@@ -107,7 +107,7 @@ def test_each_engine_refuses_flags_it_lacks_by_name() -> None:
 
 
 def test_the_simulated_engine_honours_the_flags_it_takes() -> None:
-    from bench.commands.sim import serve
+    from bench_llm.bench.commands.sim import serve
 
     options = {opt.lstrip("-") for p in serve.params for opt in p.opts}
     assert SIM_TUNING_FLAGS <= options, SIM_TUNING_FLAGS - options
@@ -123,7 +123,7 @@ def test_tp_by_max_num_seqs_on_the_simulated_engine_measures_four_cells_and_reco
     out = tmp_path / "axes"
     r = subprocess.run(
         [
-            sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+            sys.executable, "-m", "bench_llm.bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
             "--tp", "1,2", "--axis", "max-num-seqs=8,32", "--rate", "8,24", "--requests", "20", "--warmup", "1",
             "--input-tokens", "128", "--output-tokens", "64", "--slo", "ttft_ms=500,tpot_ms=40",
             "--target-rate", "20", "--out", str(out), "--no-progress",
@@ -147,7 +147,7 @@ def test_tp_by_max_num_seqs_on_the_simulated_engine_measures_four_cells_and_reco
     assert "RECOMMENDATION: tp1-max-num-seqs_32" in r.stdout
     assert cells["tp1-max-num-seqs_8"]["capacity_rps"] < 20 <= cells["tp1-max-num-seqs_32"]["capacity_rps"]
     # the report's cell table shows the values each cell ran with
-    from analysis.report import ReportOptions, build_report
+    from bench_llm.analysis.report import ReportOptions, build_report
 
     build_report(out, tmp_path / "r.html", ReportOptions())
     html = (tmp_path / "r.html").read_text()

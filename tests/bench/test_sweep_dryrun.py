@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sweep.dryrun import dry_run_lines
-from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec
+from bench_llm.bench.sweep.dryrun import dry_run_lines
+from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec
 from tests.conftest import REPO
 
 #: Long flags each engine documents, for the versions in docs/engines.md: vLLM 0.32
@@ -121,7 +121,7 @@ def test_tgi_argv_and_refusals() -> None:
 
 def test_cli_dry_run_is_stable_and_starts_nothing(tmp_path: Path) -> None:
     cmd = [
-        sys.executable, "-m", "bench", "sweep", "--dry-run", "--engine", "sim", "--model", "llama-3.1-8b",
+        sys.executable, "-m", "bench_llm.bench", "sweep", "--dry-run", "--engine", "sim", "--model", "llama-3.1-8b",
         "--tp", "1,2", "--axis", "max-num-seqs=8,32", "--axis", "kv-cache-dtype=fp8", "--rate", "1",
     ]  # fmt: skip
     runs = [subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60) for _ in range(2)]

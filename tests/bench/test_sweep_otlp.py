@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from analysis.ttft_split import (
+from bench_llm.analysis.ttft_split import (
     SOURCE_REQUEST,
     SOURCE_SPANS,
     request_parts,
@@ -24,7 +24,7 @@ from tests.conftest import REPO
 def test_a_live_sim_sweep_keeps_each_loads_spans_and_splits_ttft(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     p = subprocess.run(
-        [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--tp", "1,2",
+        [sys.executable, "-m", "bench_llm.bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--tp", "1,2",
          "--rate", "3", "--requests", "10", "--warmup", "2", "--input-tokens", "512", "--output-tokens", "4",
          "--clock", "auto", "--otlp-receiver", "--no-progress", "--out", str(out)],
         check=False, capture_output=True, text=True, timeout=240, cwd=REPO,
@@ -38,8 +38,8 @@ def test_a_live_sim_sweep_keeps_each_loads_spans_and_splits_ttft(tmp_path: Path)
         assert split is not None and split["source"] == SOURCE_SPANS and split["requests"] == 10
         assert split["max_sum_error_ms"] < 1.0  # the parts sum to the client's TTFT
         assert split["parts_ms"]["prefill"]["mean"] > 0 and "transit" in split["parts_ms"]
-    from bench.sweep.store import read_cells
-    from results.reader import read_run_meta
+    from bench_llm.bench.sweep.store import read_cells
+    from bench_llm.results.reader import read_run_meta
 
     # each cell's engine was told the sweep's one endpoint
     argvs = [json.loads(c["engine_argv"]) for c in read_cells(out)]
@@ -50,8 +50,8 @@ def test_a_live_sim_sweep_keeps_each_loads_spans_and_splits_ttft(tmp_path: Path)
     assert otlp["request_spans"] >= 10 and not otlp["errors"] and otlp["endpoint"] in endpoints
     # the summary and the report show the split per cell
     assert "TTFT split per cell" in p.stdout and "tp1 at rate-3: mean TTFT" in p.stdout and "tp2 at rate-3" in p.stdout
-    from analysis.report import _sweep_split_section
-    from analysis.ttft_split import sweep_splits
+    from bench_llm.analysis.report import _sweep_split_section
+    from bench_llm.analysis.ttft_split import sweep_splits
 
     assert [r["cell_id"] for r in sweep_splits(out)] == ["tp1", "tp2"]
     sec = _sweep_split_section(out)
@@ -61,7 +61,7 @@ def test_a_live_sim_sweep_keeps_each_loads_spans_and_splits_ttft(tmp_path: Path)
 
 def test_a_virtual_time_sweep_refuses_the_receiver(tmp_path: Path) -> None:
     p = subprocess.run(
-        [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--tp", "1",
+        [sys.executable, "-m", "bench_llm.bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--tp", "1",
          "--rate", "3", "--requests", "10", "--otlp-receiver", "--out", str(tmp_path / "s")],
         check=False, capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip
@@ -75,9 +75,9 @@ def test_a_virtual_time_sweep_refuses_the_receiver(tmp_path: Path) -> None:
     ("sim", ["--otlp-traces-endpoint", "E"], {}),
 ])  # fmt: skip
 def test_each_engines_launch_plan_points_it_at_the_receiver(engine: str, args: list[str], env: dict[str, str]) -> None:
-    from bench.launch_engine import otlp_launch
-    from launch.config import Disagg, ParallelConfig
-    from launch.launcher import LaunchSpec, plan_launch
+    from bench_llm.bench.launch_engine import otlp_launch
+    from bench_llm.launch.config import Disagg, ParallelConfig
+    from bench_llm.launch.launcher import LaunchSpec, plan_launch
 
     extra, extra_env = otlp_launch(engine, "E")
     parallel = ParallelConfig(disagg=Disagg(1, 1)) if engine == "sglang" else ParallelConfig()
@@ -98,14 +98,14 @@ def test_sglang_root_spans_join_by_rid_but_time_nothing_so_its_response_timings_
     """SGLang's request root span (``Req <rid[:8]>``, attribute ``rid``) joins by the id the
     client reads from ``meta_info.id``, but carries no timing: the split comes from the response's
     ``meta_info`` timings. A TGI ``generate_stream`` span names no request: it is not kept."""
-    from loadgen.otlp import OtlpReceiver
-    from sim.otlp import SimSpan, encode_export
+    from bench_llm.loadgen.otlp import OtlpReceiver
+    from bench_llm.sim.otlp import SimSpan, encode_export
 
     rid = "9f2c4e1a7b3d4c5e"
     spans = [SimSpan(f"Req {rid[:8]}", 1, 2, (("rid", rid),)),
              SimSpan("generate_stream", 1, 2, (("queue_time", "1.2ms"), ("inference_time", "30ms")))]  # fmt: skip
     rec = OtlpReceiver()
-    from loadgen.otlp import decode_traces
+    from bench_llm.loadgen.otlp import decode_traces
 
     rec.add(decode_traces(encode_export(spans, "sglang")))
     table = rec.table()
@@ -121,7 +121,7 @@ def test_sglang_root_spans_join_by_rid_but_time_nothing_so_its_response_timings_
 def test_bench_run_points_the_embedded_engine_at_its_receiver(tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = subprocess.run(
-        [sys.executable, "-m", "bench", "run", "--requests", "12", "--concurrency", "3", "--output-tokens", "4",
+        [sys.executable, "-m", "bench_llm.bench", "run", "--requests", "12", "--concurrency", "3", "--output-tokens", "4",
          "--otlp-receiver", "--no-progress", "--out", str(out)],
         check=False, capture_output=True, text=True, timeout=180, cwd=REPO,
     )  # fmt: skip

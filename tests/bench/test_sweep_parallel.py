@@ -21,11 +21,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bench.sweep import parallel
-from bench.sweep.orchestrate import run_sweep
-from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
-from bench.sweep.store import read_cells
-from core.errors import BenchError, SettingError
+from bench_llm.bench.sweep import parallel
+from bench_llm.bench.sweep.orchestrate import run_sweep
+from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
+from bench_llm.bench.sweep.store import read_cells
+from bench_llm.core.errors import BenchError, SettingError
 from tests.conftest import REPO
 
 #: Three cells (tp1, tp2, tp4 of 8B), each a capacity search: cells that take different times.
@@ -43,7 +43,7 @@ WALL_CLOCK = {
 
 
 def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bench", *args], check=False, cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bench_llm.bench", *args], check=False, cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
 
 
@@ -117,7 +117,7 @@ def _spec(tp: tuple[int, ...] = (1, 2)) -> SweepSpec:
 _METHOD_PROBE = """
 import multiprocessing, sys
 import pyarrow as pa, pyarrow.parquet as pq
-from bench.sweep import parallel
+from bench_llm.bench.sweep import parallel
 from tests.bench.test_sweep_parallel import _spec
 seen = [parallel._method()]
 parallel.fork_point(_spec(), 1)
@@ -182,7 +182,7 @@ def test_a_dead_cell_process_is_a_failed_cell_and_resume_reruns_it(tmp_path: Pat
 
 def raises_in_tp2(conn, ctx, task) -> None:  # type: ignore[no-untyped-def]
     """A cell process whose cell raises an input error in tp2, as a cell's code may."""
-    from bench.sweep.cell import CellRunner
+    from bench_llm.bench.sweep.cell import CellRunner
 
     def run(self, cfg, cell_id, index, prior=None):  # type: ignore[no-untyped-def]
         raise BenchError(f"{cell_id} cannot be modelled")
@@ -227,7 +227,7 @@ def test_ctrl_c_stops_every_cell_process_and_resume_finishes(tmp_path: Path) -> 
     out = tmp_path / "int"
     # more requests per load than above: the cells are still running when Ctrl-C comes
     args = [*ARGS, "--requests", "2000", "--max-requests", "4000", "--jobs", "2", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "bench_llm.bench", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 90

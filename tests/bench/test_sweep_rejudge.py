@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.recommend import format_recommendation, load_points, recommend
-from analysis.recommend_types import Recommendation
-from bench.sweep.store import read_cells
+from bench_llm.analysis.recommend import format_recommendation, load_points, recommend
+from bench_llm.analysis.recommend_types import Recommendation
+from bench_llm.bench.sweep.store import read_cells
 from tests.conftest import REPO
 
 SWEEP = [
@@ -34,7 +34,7 @@ TIGHT = "ttft_ms=40,tpot_ms=40"
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(
-        [sys.executable, "-m", "bench", *args, "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=280
+        [sys.executable, "-m", "bench_llm.bench", *args, "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=280
     )
     assert r.returncode in (0, 4), r.stderr[-3000:]  # 4: no configuration meets the SLOs
     return r

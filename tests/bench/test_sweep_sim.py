@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.errors import ExitCode
-from bench.sweep.store import read_cells
+from bench_llm.bench.errors import ExitCode
+from bench_llm.bench.sweep.store import read_cells
 from tests.conftest import REPO
 
 BASE = [
@@ -34,7 +34,7 @@ BASE = [
 
 def _sweep(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(
-        [sys.executable, "-m", "bench", *BASE, *args, "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "bench_llm.bench", *BASE, *args, "--out", str(out), "--no-progress"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -88,7 +88,7 @@ def test_long_prompts_with_a_tight_ttft_favour_tp4(tmp_path: Path) -> None:
     assert "RECOMMENDATION: tp4" in r.stdout
     # bench recommend reads the same answer back from the Parquet alone
     again = subprocess.run(
-        [sys.executable, "-m", "bench", "recommend", str(out), "--json"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench_llm.bench", "recommend", str(out), "--json"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert again.returncode in (0, ExitCode.UNTRUSTWORTHY), again.stderr
     assert json.loads(again.stdout)["recommendation"]["cell_id"] == "tp4"
@@ -97,7 +97,7 @@ def test_long_prompts_with_a_tight_ttft_favour_tp4(tmp_path: Path) -> None:
 def test_an_engine_that_cannot_start_is_recorded_and_the_others_complete(tmp_path: Path) -> None:
     out = tmp_path / "oom"
     r = subprocess.run(
-        [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100",
+        [sys.executable, "-m", "bench_llm.bench", "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100",
          "--tp", "1,4", "--rate", "2", "--requests", "6", "--warmup", "1", "--input-tokens", "64",
          "--output-tokens", "8", "--slo", "ttft_ms=1000", "--confidence", "0", "--engine-arg=--dtype=bf16", "--out", str(out),
          "--no-progress"],
@@ -134,7 +134,7 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     import time
 
     out = tmp_path / "int"
-    args = [sys.executable, "-m", "bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+    args = [sys.executable, "-m", "bench_llm.bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
             "--tp", "1,2", "--rate", "4", "--requests", "8", "--warmup", "0", "--input-tokens", "64",
             "--output-tokens", "8", "--slo", "ttft_ms=1000", "--clock", "auto", "--out", str(out),
             "--no-progress"]  # fmt: skip
@@ -157,7 +157,7 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     assert {c["cell_id"]: c["status"] for c in read_cells(out)} == {"tp1": "running"}
 
     again = subprocess.run(
-        [sys.executable, "-m", "bench", "sweep", "--resume", "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "bench_llm.bench", "sweep", "--resume", "--out", str(out), "--no-progress"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]

@@ -11,21 +11,21 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analysis.recommend import load_points, recommend
-from bench.cli import cli
-from bench.commands.sweep import _endpoints
-from bench.sweep.orchestrate import run_sweep
-from bench.sweep.spec import EndpointSpec, LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec
-from bench.sweep.store import read_cells
-from core.errors import BenchError
-from launch.config import ParallelConfig
-from launch.process import ManagedProcess, free_port
-from results.reader import read_run_meta
+from bench_llm.analysis.recommend import load_points, recommend
+from bench_llm.bench.cli import cli
+from bench_llm.bench.commands.sweep import _endpoints
+from bench_llm.bench.sweep.orchestrate import run_sweep
+from bench_llm.bench.sweep.spec import EndpointSpec, LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec
+from bench_llm.bench.sweep.store import read_cells
+from bench_llm.core.errors import BenchError
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.process import ManagedProcess, free_port
+from bench_llm.results.reader import read_run_meta
 
 
 def _serve(tmp: Path, name: str, ttft_ms: float, flavor: str = "vllm") -> Iterator[tuple[str, ManagedProcess]]:
     port = free_port()
-    argv = [sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--host", "127.0.0.1", "--port", str(port),
             "--model", "m", "--ttft-ms", str(ttft_ms), "--itl-ms", "2", "--flavor", flavor]  # fmt: skip
     proc = ManagedProcess(argv, tmp / f"{name}.log")
     proc.start()
@@ -193,7 +193,7 @@ def test_each_deployment_is_measured_through_its_own_engine(tmp_path: Path, vllm
 
 
 def test_a_toml_sweep_names_its_deployments(tmp_path: Path) -> None:
-    from bench.sweep.spec import load_spec
+    from bench_llm.bench.sweep.spec import load_spec
 
     path = tmp_path / "two.toml"
     path.write_text(

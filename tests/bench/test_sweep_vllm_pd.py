@@ -26,7 +26,7 @@ def test_sweep_measures_a_vllm_pd_cell_through_the_proxy(tmp_path: Path) -> None
     env["PATH"] = f"{fake.parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(REPO)
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "bench", "sweep", "--engine", "vllm", "--model", "m", "--tp", "1", "--disagg", "1:1",
+    cmd = [sys.executable, "-m", "bench_llm.bench", "sweep", "--engine", "vllm", "--model", "m", "--tp", "1", "--disagg", "1:1",
            "--gpus", "2", "--concurrency", "2", "--requests", "10", "--input-tokens", "8", "--output-tokens", "4",
            "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
@@ -47,8 +47,8 @@ def test_sweep_measures_a_vllm_pd_cell_through_the_proxy(tmp_path: Path) -> None
 
 
 def test_dry_run_of_a_vllm_pd_cell_prints_each_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench.sweep.dryrun import dry_run_lines
-    from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec
+    from bench_llm.bench.sweep.dryrun import dry_run_lines
+    from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("BENCH_VLLM_PYTHON", "/opt/vllm/bin/python")

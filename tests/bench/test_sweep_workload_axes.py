@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from analysis.recommend import load_points
-from bench.commands.sweep import _apply_flags, _axes, _workload_axes
-from bench.sweep.dryrun import dry_run_lines
-from bench.sweep.matrix import expand
-from bench.sweep.orchestrate import run_sweep
-from bench.sweep.spec import (
+from bench_llm.analysis.recommend import load_points
+from bench_llm.bench.commands.sweep import _apply_flags, _axes, _workload_axes
+from bench_llm.bench.sweep.dryrun import dry_run_lines
+from bench_llm.bench.sweep.matrix import expand
+from bench_llm.bench.sweep.orchestrate import run_sweep
+from bench_llm.bench.sweep.spec import (
     LoadSpec,
     MatrixSpec,
     SweepSpec,
@@ -26,8 +26,8 @@ from bench.sweep.spec import (
     WorkloadSpec,
     load_spec,
 )
-from bench.sweep.store import read_cells
-from core.errors import BenchError
+from bench_llm.bench.sweep.store import read_cells
+from bench_llm.core.errors import BenchError
 from tests.conftest import REPO
 
 #: tp1 and tp2 under short and long prompts: the short ones fit one GPU at 3 req/s, the long ones
@@ -40,7 +40,7 @@ SWEEP = [
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    return subprocess.run([sys.executable, "-m", "bench_llm.bench", *args], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
 
 
 def _spec(**kw: object) -> SweepSpec:

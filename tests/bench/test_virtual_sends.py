@@ -3,11 +3,11 @@ the same prompts: the sends are those computed afresh."""
 
 from __future__ import annotations
 
-from bench import virtual
-from bench.virtual import schedule_sends
-from sim.backend import ModelBackend
-from sim.options import ModelTiming
-from workloads.synthetic import SyntheticWorkload
+from bench_llm.bench import virtual
+from bench_llm.bench.virtual import schedule_sends
+from bench_llm.sim.backend import ModelBackend
+from bench_llm.sim.options import ModelTiming
+from bench_llm.workloads.synthetic import SyntheticWorkload
 
 
 def _schedule(rate: float):  # type: ignore[no-untyped-def]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from core import __version__
-from core.control import ControlError, EngineClient
-from core.errors import BenchError
-from core.pairs import Pair, split_pairs
+from bench_llm.core import __version__
+from bench_llm.core.control import ControlError, EngineClient
+from bench_llm.core.errors import BenchError
+from bench_llm.core.pairs import Pair, split_pairs
 from tests.conftest import REPO, bench_argv
 
 
@@ -100,6 +100,6 @@ def test_errors_are_click_free_and_only_the_cli_makes_exit_codes(tmp_path: Path)
 
 
 def test_the_version_is_written_once() -> None:
-    out = subprocess.run([sys.executable, "-m", "bench", "--version"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    out = subprocess.run([sys.executable, "-m", "bench_llm.bench", "--version"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert __version__ in out.stdout
     assert "version =" not in (REPO / "pyproject.toml").read_text().split("[project.optional-dependencies]")[0]

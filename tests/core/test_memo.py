@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.memo import SizedMemo
+from bench_llm.core.memo import SizedMemo
 
 
 def test_the_oldest_go_first_to_keep_the_total_within_the_limit() -> None:

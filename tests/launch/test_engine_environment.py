@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-import core.memory as memory
-from launch.launcher import engine_environment
+import bench_llm.core.memory as memory
+from bench_llm.launch.launcher import engine_environment
 
 VAR = memory.ARROW_POOL_VARIABLE
 

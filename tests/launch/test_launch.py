@@ -11,21 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from bench_llm.launch.config import Disagg, ParallelConfig
+from bench_llm.launch.engines import TGI_ADMISSION_LIMIT
+from bench_llm.launch.launcher import EngineStartError, LaunchSpec, UnsupportedConfigError, launch, unsupported_axes
+from bench_llm.launch.process import free_port
+from bench_llm.launch.profiles import plan_engine
 from tests.conftest import autogroup
 
-from launch.config import Disagg, ParallelConfig
-from launch.engines import TGI_ADMISSION_LIMIT
-from launch.launcher import EngineStartError, LaunchSpec, UnsupportedConfigError, launch, unsupported_axes
-from launch.process import free_port
-from launch.profiles import plan_engine
-
 REPO = Path(__file__).resolve().parents[2]
-FIXED_SIM = (sys.executable, "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", "{port}")
+FIXED_SIM = (sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--host", "127.0.0.1", "--port", "{port}")
 
 
 def _sim_has(flag: str) -> bool:
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "sim", "serve", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
+        [sys.executable, "-m", "bench_llm.bench", "sim", "serve", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     return flag in out.stdout
 
@@ -111,7 +110,7 @@ def test_sim_argv_is_the_agreed_one() -> None:
                       extra_args=("--seed", "3"), flavor="sglang")  # fmt: skip
     (plan,) = plan_engine(spec, 4321, free_port).processes
     assert plan.argv == [
-        sys.executable, "-P", "-m", "bench", "sim", "serve", "--host", "127.0.0.1", "--port", "4321",
+        sys.executable, "-P", "-m", "bench_llm.bench", "sim", "serve", "--host", "127.0.0.1", "--port", "4321",
         "--timing", "model", "--flavor", "sglang", "--model-preset", "llama-3.1-70b", "--gpu", "h200",
         "--tp", "4", "--pp", "1", "--dp", "2", "--ep", "1", "--dcp", "1", "--pcp", "1",
         "--disagg", "1:2", "--seed", "3",
@@ -132,7 +131,7 @@ def test_vllm_argv(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sglang_disagg_has_router_and_disjoint_gpus(tmp_path: Path) -> None:
-    from launch.launcher import _assign_devices
+    from bench_llm.launch.launcher import _assign_devices
 
     spec = LaunchSpec("sglang", "m", ParallelConfig(tp=2, disagg=Disagg(1, 2)))
     layout = plan_engine(spec, 30000, free_port)
@@ -165,7 +164,7 @@ def test_sglang_router_policy_goes_to_the_router_of_a_disaggregated_cell_only() 
 
 
 def test_sglang_dp_with_a_router_policy_runs_replicas_behind_the_router() -> None:
-    from launch.launcher import _assign_devices
+    from bench_llm.launch.launcher import _assign_devices
 
     spec = LaunchSpec("sglang", "m", ParallelConfig(tp=2, dp=2, extra_args=("--policy=cache_aware",)))
     assert unsupported_axes("sglang", spec.parallel) == []
@@ -238,7 +237,7 @@ def test_launch_ready_and_teardown(tmp_path: Path) -> None:
     spec = LaunchSpec("sim", "llama-3.1-8b", container_template=FIXED_SIM, ready_timeout_s=60)
     with launch(spec, log) as handle:
         assert handle.version and handle.version.startswith("bench-sim")
-        assert handle.argv[:3] == [sys.executable, "-m", "bench"]
+        assert handle.argv[:3] == [sys.executable, "-m", "bench_llm.bench"]
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(handle.url + "/health", timeout=5) as resp:
             assert resp.status == 200
@@ -317,7 +316,7 @@ def test_engine_stays_in_bench_session_and_autogroup(tmp_path: Path) -> None:
 
 def test_killing_bench_leaves_no_engine_behind(tmp_path: Path) -> None:
     """SIGKILL bench while requests are in flight: the engine it started must go too."""
-    argv = [sys.executable, "-m", "bench", "run", "--out", str(tmp_path / "run"), "--requests", "2000",
+    argv = [sys.executable, "-m", "bench_llm.bench", "run", "--out", str(tmp_path / "run"), "--requests", "2000",
             "--concurrency", "4", "--output-tokens", "64", "--no-progress"]  # fmt: skip
     if _sim_has("--timing"):
         # real time (--clock auto): the modelled engine otherwise runs in virtual time, no process
@@ -344,7 +343,7 @@ def test_killing_bench_leaves_no_engine_behind(tmp_path: Path) -> None:
 
 
 def _run_has_launch() -> bool:
-    out = subprocess.run([sys.executable, "-m", "bench", "run", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "bench_llm.bench", "run", "--help"], capture_output=True, text=True, cwd=REPO, timeout=60)
     return "--launch" in out.stdout
 
 
@@ -352,8 +351,8 @@ def _run_has_launch() -> bool:
 
 
 def test_parse_parallel() -> None:
-    from bench.launch_engine import parse_parallel
-    from core.errors import BenchError
+    from bench_llm.bench.launch_engine import parse_parallel
+    from bench_llm.core.errors import BenchError
 
     p = parse_parallel("tp=2, dp=2,disagg=1:1", ("--seed", "1"))
     assert (p.tp, p.dp, str(p.disagg), p.extra_args) == (2, 2, "1:1", ("--seed", "1"))
@@ -371,7 +370,7 @@ def test_bench_run_launch_records_engine(tmp_path: Path) -> None:
     if not (_sim_has("--timing") and _run_has_launch()):
         pytest.skip("this checkout's simulated engine has no --timing model yet")
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "bench", "run", "--engine", "sim", "--launch", "--model", "llama-3.1-8b",
+    argv = [sys.executable, "-m", "bench_llm.bench", "run", "--engine", "sim", "--launch", "--model", "llama-3.1-8b",
             "--parallel", "tp=2", "--requests", "6", "--concurrency", "2", "--output-tokens", "8",
             "--scrape-interval", "0.2", "--clock", "auto", "--out", str(out), "--no-progress"]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -386,7 +385,7 @@ def test_bench_run_launch_records_engine(tmp_path: Path) -> None:
 
 
 def test_bench_run_launch_refuses_unsupported_axes(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "bench", "run", "--engine", "tgi", "--launch", "--model", "m",
+    argv = [sys.executable, "-m", "bench_llm.bench", "run", "--engine", "tgi", "--launch", "--model", "m",
             "--parallel", "tp=2,pp=2", "--requests", "1", "--out", str(tmp_path / "r")]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
@@ -394,7 +393,7 @@ def test_bench_run_launch_refuses_unsupported_axes(tmp_path: Path) -> None:
 
 
 def test_container_template_splices_args_and_port() -> None:
-    from launch.launcher import _containerise
+    from bench_llm.launch.launcher import _containerise
 
     argv = ["text-generation-launcher", "--model-id", "m", "--port", "3000"]
     tpl = ("docker", "run", "--rm", "-p", "{port}:{port}", "ghcr.io/huggingface/text-generation-inference:3", "{args}")

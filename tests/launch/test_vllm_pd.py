@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession, web
 
-from launch.config import Disagg, ParallelConfig
-from launch.engines import VLLM_KV_TRANSFER_CONFIG
-from launch.launcher import EngineStartError, LaunchSpec, launch, plan_launch, unsupported_axes
-from launch.vllm_pd_proxy import PREFILL_KV_PARAMS, PDProxy
+from bench_llm.launch.config import Disagg, ParallelConfig
+from bench_llm.launch.engines import VLLM_KV_TRANSFER_CONFIG
+from bench_llm.launch.launcher import EngineStartError, LaunchSpec, launch, plan_launch, unsupported_axes
+from bench_llm.launch.vllm_pd_proxy import PREFILL_KV_PARAMS, PDProxy
 from tests.fake_vllm import FakeVllm
 
 HERE = Path(__file__).resolve().parent
@@ -78,7 +78,7 @@ def test_pd_plan_prints_each_process_with_documented_flags(monkeypatch: pytest.M
         sides.append(int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"]))
         ports.append(int(argv[argv.index("--port") + 1]))
     assert len(set(sides + ports + [8000])) == 7  # every instance its own HTTP and side-channel port
-    assert proxy.argv[1:4] == ("-P", "-m", "launch.vllm_pd_proxy")
+    assert proxy.argv[1:4] == ("-P", "-m", "bench_llm.launch.vllm_pd_proxy")
     args = list(proxy.argv)
     assert args[args.index("--port") + 1] == "8000" and args[args.index("--host") + 1] == "127.0.0.1"
     assert [args[i + 1] for i, a in enumerate(args) if a == "--prefill"] == [f"http://127.0.0.1:{ports[0]}"]
@@ -232,7 +232,7 @@ def test_launch_a_pd_cell_with_a_fake_vllm(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.mark.real_engine
 def test_flag_list_and_kv_config_match_the_installed_vllm() -> None:
-    from launch.engines import VLLM_CPU_VENV, VLLM_ENTRY
+    from bench_llm.launch.engines import VLLM_CPU_VENV, VLLM_ENTRY
 
     py = VLLM_CPU_VENV / "bin" / "python"
     if not py.exists():

@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from adapters.base import EventKind
-from adapters.openai import OpenAIStreamParser
-from loadgen import rawhttp
-from loadgen.recorder import RequestRecorder
-from loadgen.transport import StreamError
-from results.record import RequestRecord
-from workloads.spec import RequestSpec
+from bench_llm.adapters.base import EventKind
+from bench_llm.adapters.openai import OpenAIStreamParser
+from bench_llm.loadgen import rawhttp
+from bench_llm.loadgen.recorder import RequestRecorder
+from bench_llm.loadgen.transport import StreamError
+from bench_llm.results.record import RequestRecord
+from bench_llm.workloads.spec import RequestSpec
 
-fastpath = pytest.importorskip("loadgen._fastpath", reason="the compiled read path is not built here (no C compiler?)")
+fastpath = pytest.importorskip("bench_llm.loadgen._fastpath", reason="the compiled read path is not built here (no C compiler?)")
 
 SPEC = RequestSpec("r0", input_tokens=8, max_output_tokens=64, prompt="hello")
 TEXTS = ["a", " b", "ü", "日本", "😀", 'q"uote', "back\\slash", "nl\n", '"finish_reason":"stop"', '\\"x', "\t", "\u2028"]
@@ -466,7 +466,7 @@ def _tgi_event(rng: random.Random, i: int, final: bool = False) -> dict[str, Any
 
 
 def test_tgi_payloads_agree_with_the_parser() -> None:
-    from adapters.tgi import TGIStreamParser
+    from bench_llm.adapters.tgi import TGIStreamParser
 
     rng = random.Random(3)
     regular = 0
@@ -515,7 +515,7 @@ def _tgi_stream(rng: random.Random) -> bytes:
 def test_random_tgi_streams_give_the_same_records() -> None:
     """TGI's token events are read in C (the final event, errors and anything odd go to the
     parser), and the records equal the Python path's over random framings."""
-    from adapters.tgi import TGIStreamParser
+    from bench_llm.adapters.tgi import TGIStreamParser
 
     rng = random.Random(20)
     calls: list[bytes] = []
@@ -566,10 +566,10 @@ def test_live_streams_through_the_compiled_reader(clock: str) -> None:
     from the server's usage, stamps in order and after the send, the connection reused."""
     import time
 
-    from adapters.openai import OpenAIAdapter
-    from loadgen.transport import Timeouts
-    from sim.server import ServerConfig, create_app, serve_in_process
-    from sim.timing import FixedTiming
+    from bench_llm.adapters.openai import OpenAIAdapter
+    from bench_llm.loadgen.transport import Timeouts
+    from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+    from bench_llm.sim.timing import FixedTiming
 
     async def main() -> tuple[list[tuple[RequestRecord, bool]], rawhttp.RawHttpTransport]:
         async with serve_in_process(create_app(ServerConfig(timing=FixedTiming(0.02, 0.005)))) as url:

@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from adapters.base import EventKind
-from adapters.sglang import SGLangStreamParser, _drop_output_ids, _timings
-from loadgen.recorder import RequestRecorder
+from bench_llm.adapters.base import EventKind
+from bench_llm.adapters.sglang import SGLangStreamParser, _drop_output_ids, _timings
+from bench_llm.loadgen.recorder import RequestRecorder
 from tests.loadgen.test_fastpath import TEXTS, _comparable, _dump, _http, _run, _split
 
-fastpath = pytest.importorskip("loadgen._fastpath", reason="the compiled read path is not built here (no C compiler?)")
+fastpath = pytest.importorskip("bench_llm.loadgen._fastpath", reason="the compiled read path is not built here (no C compiler?)")
 
 TIMING = {"queue_time": 0.0125, "prefill_launch_delay": 0, "prefill_launch_latency": 3.5e-3}
 
@@ -277,7 +277,7 @@ def test_a_regular_sglang_stream_is_read_in_c() -> None:
 def test_the_simulated_sglang_wire_gives_the_same_records() -> None:
     """The bytes the embedded engine sends as SGLang (sim/wire.py, after SGLang 0.5.x's
     tokenizer_manager): no recorded SGLang transcript is in ../shared/transcripts."""
-    from sim.wire import SGLangWire
+    from bench_llm.sim.wire import SGLangWire
 
     rng = random.Random(9)
     calls, spy = _spy()

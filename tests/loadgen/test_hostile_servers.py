@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from loadgen.transport import Timeouts
+from bench_llm.loadgen.transport import Timeouts
 from tests.hostile_server import hostile, make, record_one, run
 
 KINDS = ("raw", "python", "aiohttp")
@@ -69,7 +69,7 @@ def test_idle_connections_are_not_reused_past_the_keepalive_bound(monkeypatch: p
     servers close idle ones themselves (uvicorn after 5 s) and a request sent as they do is lost."""
     import asyncio
 
-    import loadgen.rawhttp as rawhttp
+    import bench_llm.loadgen.rawhttp as rawhttp
 
     monkeypatch.setattr(rawhttp, "KEEPALIVE_IDLE_S", 0.05)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from analysis.summary import summarize
-from results.schema import MONITOR_SCHEMA, REQUESTS_SCHEMA
-from results.writer import _RECORD_FIELDS
+from bench_llm.analysis.summary import summarize
+from bench_llm.results.schema import MONITOR_SCHEMA, REQUESTS_SCHEMA
+from bench_llm.results.writer import _RECORD_FIELDS
 from tests.helpers_records import MS, record
 
 

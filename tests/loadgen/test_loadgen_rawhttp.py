@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from adapters.openai import OpenAIAdapter
-from analysis.load import load_run
-from bench.execute import RunConfig, execute_run
-from loadgen.rawhttp import RawHttpTransport, kernel_timestamps_supported
-from loadgen.runner import RunOptions
-from loadgen.transport import Timeouts
-from sim.server import ServerConfig, create_app, serve_in_process
-from sim.timing import FixedTiming
-from workloads.spec import RequestSpec, Schedule
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.analysis.load import load_run
+from bench_llm.bench.execute import RunConfig, execute_run
+from bench_llm.loadgen.rawhttp import RawHttpTransport, kernel_timestamps_supported
+from bench_llm.loadgen.runner import RunOptions
+from bench_llm.loadgen.transport import Timeouts
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.sim.timing import FixedTiming
+from bench_llm.workloads.spec import RequestSpec, Schedule
 
 
 class _Sink:
@@ -42,7 +42,7 @@ def _chunked(parts: list[bytes]) -> bytes:
 
 
 def test_dechunking_copes_with_every_split_point() -> None:
-    from loadgen.rawhttp import _CHUNK_SIZE, _DONE, _Exchange
+    from bench_llm.loadgen.rawhttp import _CHUNK_SIZE, _DONE, _Exchange
 
     parts = [b"data: {\"a\":1}\n\n", b"x" * 300, b"data: [DONE]\n\n"]
     wire = _chunked(parts)
@@ -94,8 +94,8 @@ def test_streams_from_the_sim_reuse_the_connection_and_stamp_in_order(clock: str
 
 
 def test_connection_refused_and_https_are_clear() -> None:
-    from launch.process import free_port
-    from loadgen.transport import StreamError
+    from bench_llm.launch.process import free_port
+    from bench_llm.loadgen.transport import StreamError
 
     async def main() -> None:
         t = RawHttpTransport(f"http://127.0.0.1:{free_port()}", Timeouts(connect=2.0))
@@ -196,8 +196,8 @@ def test_the_default_clock_is_the_kernel_one_where_the_platform_has_it() -> None
     """``auto`` (the default of bench run and sweeps): kernel stamps on the raw transport
     where the platform offers them, user stamps elsewhere; an explicit request for the kernel
     clock on aiohttp (https) is an error, never a silent downgrade."""
-    from loadgen.aiohttp_transport import AiohttpTransport
-    from loadgen.transports import make_transport
+    from bench_llm.loadgen.aiohttp_transport import AiohttpTransport
+    from bench_llm.loadgen.transports import make_transport
 
     assert RunConfig.__dataclass_fields__["clock"].default == "auto"
     raw = make_transport("auto", "http://127.0.0.1:9")

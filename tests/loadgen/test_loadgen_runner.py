@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from adapters.openai import OpenAIAdapter
-from analysis.load import load_run
-from bench.execute import RunConfig, execute_run
-from loadgen.recorder import QUEUE_AFTER, DigestQueue, RequestRecorder
-from loadgen.runner import RunOptions
-from sim.server import ServerConfig, create_app, serve_in_process
-from sim.timing import FixedTiming
-from workloads.spec import Message, RequestSpec, Schedule
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.analysis.load import load_run
+from bench_llm.bench.execute import RunConfig, execute_run
+from bench_llm.loadgen.recorder import QUEUE_AFTER, DigestQueue, RequestRecorder
+from bench_llm.loadgen.runner import RunOptions
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.sim.timing import FixedTiming
+from bench_llm.workloads.spec import Message, RequestSpec, Schedule
 
 
 def _run(tmp_path: Path, sched: Schedule, options: RunOptions = RunOptions(progress=False), clock: str = "auto") -> Path:
@@ -50,7 +50,7 @@ def test_a_freed_slot_counts_from_the_read_not_from_the_stamp(tmp_path: Path, mo
     (the runner's clock), not the end's data stamp (with the kernel clock, the kernel's
     earlier receipt): here the runner's clock runs 20 ms ahead of the stamps, and the
     intended sends follow the runner's clock."""
-    from loadgen import dispatch as runner_mod  # the clock of the dispatch side
+    from bench_llm.loadgen import dispatch as runner_mod  # the clock of the dispatch side
 
     monkeypatch.setattr(runner_mod, "_now", lambda: time.perf_counter_ns() + 20_000_000)
     specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(6))
@@ -112,7 +112,7 @@ def test_digest_queue_parses_in_batches_after_the_reads() -> None:
 def test_a_freed_slot_sends_from_the_completing_read(tmp_path: Path, monkeypatch: object) -> None:
     """A closed-loop slot's next request goes out from inside the read that completed the
     previous one (``RawHttpTransport.start``), and every request is recorded exactly once."""
-    from loadgen import rawhttp
+    from bench_llm.loadgen import rawhttp
 
     started = []
     orig = rawhttp.RawHttpTransport.start
@@ -148,7 +148,7 @@ def test_a_stopped_closed_loop_records_what_freed_slots_sent(tmp_path: Path) -> 
 def _storm(tmp_path: Path, n: int) -> list[dict[str, object]]:
     """``n`` requests, closed loop of 16, against a port nobody listens on: every one fails
     at once (connection refused). Returns the recorded rows."""
-    from launch.process import free_port
+    from bench_llm.launch.process import free_port
 
     specs = tuple(RequestSpec(f"r{i}", 4, 4, prompt="p") for i in range(n))
 
@@ -167,7 +167,7 @@ def test_a_failure_storm_keeps_the_recording_backlog_bounded(tmp_path: Path, mon
     """A closed loop against a port nobody listens on fails every request at once, faster
     than the per-iteration budget records them: the backlog of ended requests waiting to
     be recorded (and the memory it holds) stays bounded, and every request is recorded."""
-    from loadgen.recording import Recording
+    from bench_llm.loadgen.recording import Recording
 
     monkeypatch.setattr(Recording, "FINISH_BACKLOG_MAX", 64)
     waiting: list[int] = []
@@ -247,7 +247,7 @@ def test_a_failure_storm_leaves_no_garbage_to_pile_up(tmp_path: Path, monkeypatc
     so a server that fails every request cannot grow the client's memory without bound."""
     import gc
 
-    from loadgen.recording import Recording
+    from bench_llm.loadgen.recording import Recording
 
     monkeypatch.setattr(Recording, "FAILURES_PER_COLLECT", 256)
     alive: list[int] = []

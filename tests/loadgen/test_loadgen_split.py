@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.split import split_concurrency, split_schedule
-from workloads.spec import RequestSpec, Schedule
+from bench_llm.loadgen.split import split_concurrency, split_schedule
+from bench_llm.workloads.spec import RequestSpec, Schedule
 
 
 def _spec(rid: str, offset: int | None = None, session: str | None = None, turn: int = 0, phase: str = "measure") -> RequestSpec:

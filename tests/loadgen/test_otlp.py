@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.otlp import OtlpReceiver, WireError, decode_traces
-from results.reader import read_server_spans
+from bench_llm.loadgen.otlp import OtlpReceiver, WireError, decode_traces
+from bench_llm.results.reader import read_server_spans
 
 
 def _varint(n: int) -> bytes:

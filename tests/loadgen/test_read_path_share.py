@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from adapters.openai import OpenAIAdapter
-from adapters.sglang import SGLangAdapter, SGLangStreamParser
-from analysis.load import load_run
-from analysis.slo import SLO
-from bench.report_text import read_path_share, summary_of
-from sim.server import ServerConfig
-from sim.timing import FixedTiming
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.adapters.sglang import SGLangAdapter, SGLangStreamParser
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.slo import SLO
+from bench_llm.bench.report_text import read_path_share, summary_of
+from bench_llm.sim.server import ServerConfig
+from bench_llm.sim.timing import FixedTiming
 from tests.sim_helpers import run_against, schedule
 
-pytest.importorskip("loadgen._fastpath", reason="the compiled read path is not built here (no C compiler?)")
+pytest.importorskip("bench_llm.loadgen._fastpath", reason="the compiled read path is not built here (no C compiler?)")
 
 
 def _run(tmp_path: Path, flavor: str, adapter: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -46,7 +46,7 @@ def test_openai_streams_with_or_without_usage_per_chunk_are_read_in_c(tmp_path: 
 
 def test_tgi_token_events_are_read_in_c(tmp_path: Path) -> None:
     """TGI's /generate_stream: one token per event, the scan takes them; the parser reads the final one."""
-    from adapters.tgi import TGIAdapter
+    from bench_llm.adapters.tgi import TGIAdapter
 
     meta, summary = _run(tmp_path, "tgi", TGIAdapter(model="sim-model"))
     counts = meta["notes"]["read_path_payloads"]

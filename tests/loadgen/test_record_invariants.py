@@ -14,21 +14,21 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from adapters.openai import OpenAIAdapter
-from analysis.bootstrap import make_side, point_estimates
-from analysis.format import format_summary
-from analysis.invariants import ANOMALIES, anomaly_name, check_records
-from analysis.slo import SLO
-from analysis.summary import SummaryOptions, summarize
-from loadgen import rawhttp
-from loadgen.rawhttp import RawHttpTransport
-from loadgen.transport import Timeouts
-from results.record import RequestRecord
-from results.schema import REQUESTS_SCHEMA
-from sim.server import ServerConfig, create_app, serve_in_process
-from sim.timing import FixedTiming
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.analysis.bootstrap import make_side, point_estimates
+from bench_llm.analysis.format import format_summary
+from bench_llm.analysis.invariants import ANOMALIES, anomaly_name, check_records
+from bench_llm.analysis.slo import SLO
+from bench_llm.analysis.summary import SummaryOptions, summarize
+from bench_llm.loadgen import rawhttp
+from bench_llm.loadgen.rawhttp import RawHttpTransport
+from bench_llm.loadgen.transport import Timeouts
+from bench_llm.results.record import RequestRecord
+from bench_llm.results.schema import REQUESTS_SCHEMA
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.sim.timing import FixedTiming
+from bench_llm.workloads.spec import RequestSpec
 from tests.helpers_records import MS, record
-from workloads.spec import RequestSpec
 
 
 def _table(records: list[RequestRecord]) -> pa.Table:
@@ -154,7 +154,7 @@ def test_the_send_is_stamped_before_the_request_is_written(clock: str, monkeypat
 
 def test_the_open_loop_never_sends_before_the_intended_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """The event loop's timer may fire a little early; _sleep_until must not return early."""
-    from loadgen import runner
+    from bench_llm.loadgen import runner
 
     real_sleep = asyncio.sleep
 
@@ -175,8 +175,8 @@ def test_the_open_loop_never_sends_before_the_intended_time(monkeypatch: pytest.
 
 
 def test_compare_and_gate_name_the_anomalies_they_left_out(tmp_path: Path) -> None:
-    from analysis.compare import compare_paths, format_comparison
-    from analysis.gate import GateConfig, GateSettings, MetricGate, markdown_summary, run_gate, text_summary
+    from bench_llm.analysis.compare import compare_paths, format_comparison
+    from bench_llm.analysis.gate import GateConfig, GateSettings, MetricGate, markdown_summary, run_gate, text_summary
     from tests.helpers_records import write_run
 
     good = [_good(f"r{i}", 100.0 * i) for i in range(6)]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import random
 
-from adapters.base import EventKind, StreamEvent
-from adapters.openai import OpenAIStreamParser
-from loadgen.recorder import SOURCE_CHUNKS, RequestRecorder, _token_counts
-from workloads.spec import RequestSpec
+from bench_llm.adapters.base import EventKind, StreamEvent
+from bench_llm.adapters.openai import OpenAIStreamParser
+from bench_llm.loadgen.recorder import SOURCE_CHUNKS, RequestRecorder, _token_counts
+from bench_llm.workloads.spec import RequestSpec
 
 
 def _reference(events: list[StreamEvent]) -> dict[str, object]:

@@ -9,14 +9,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from adapters.openai import OpenAIAdapter
-from analysis.load import load_run
-from analysis.summary import summarize
-from bench.execute import RunConfig, execute_run
-from loadgen.runner import RunOptions
-from loadgen.transport import Timeouts
-from sim.server import serve_in_process
-from workloads.spec import RequestSpec, Schedule
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.summary import summarize
+from bench_llm.bench.execute import RunConfig, execute_run
+from bench_llm.loadgen.runner import RunOptions
+from bench_llm.loadgen.transport import Timeouts
+from bench_llm.sim.server import serve_in_process
+from bench_llm.workloads.spec import RequestSpec, Schedule
 
 
 def _chunk(text: str, n: int) -> bytes:
@@ -89,7 +89,7 @@ def test_each_failure_is_a_row_and_the_run_goes_on(tmp_path: Path, transport: st
 
 
 def test_connection_refused_is_recorded(tmp_path: Path) -> None:
-    from launch.process import free_port
+    from bench_llm.launch.process import free_port
 
     cfg = RunConfig(
         out=tmp_path / "run",

@@ -12,12 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from adapters.metrics_map import common_name, metric_names
-from analysis.server_metrics import bucket_quantile, server_summary, ttft_cross_check, window_histogram
-from analysis.summary_types import json_of
-from bench.report_text import _server_lines as server_lines
-from loadgen.scrape import DeltaTracker, MetricsScraper, parse_metrics
-from results.reader import read_server_metrics
+from bench_llm.adapters.metrics_map import common_name, metric_names
+from bench_llm.analysis.server_metrics import bucket_quantile, server_summary, ttft_cross_check, window_histogram
+from bench_llm.analysis.summary_types import json_of
+from bench_llm.bench.report_text import _server_lines as server_lines
+from bench_llm.loadgen.scrape import DeltaTracker, MetricsScraper, parse_metrics
+from bench_llm.results.reader import read_server_metrics
 from tests.conftest import shared_path, wait_until
 
 
@@ -221,7 +221,7 @@ def test_bucket_quantile_interpolates_like_prometheus() -> None:
 
 
 def _rows_table(pages: list[tuple[int, str]]) -> pa.Table:
-    from results.schema import SERVER_METRICS_SCHEMA
+    from bench_llm.results.schema import SERVER_METRICS_SCHEMA
 
     d = DeltaTracker()
     rows = []
@@ -242,8 +242,8 @@ def test_window_subtracts_the_baseline() -> None:
 
 
 def test_cross_check_and_summary(tmp_path: Path) -> None:
-    from results.writer import PartWriter
-    from results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+    from bench_llm.results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+    from bench_llm.results.writer import PartWriter
 
     table = _rows_table([(100, page(0, waiting=0)), (200, page(10, waiting=4))])
     w = PartWriter(tmp_path / SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA)
@@ -275,8 +275,8 @@ def test_cross_check_mean_gap_is_exact_where_the_p50s_jump_a_bucket(tmp_path: Pa
     """vLLM's TTFT buckets are 20 ms wide at 20-100 ms: an engine at 39 ms and a client 2 ms
     later sit in neighbouring buckets, and the p50s interpolated in them differ by half a bucket
     or more (CI saw +28 % there). The mean gap is the 2 ms that is there."""
-    from results.writer import PartWriter
-    from results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+    from bench_llm.results.schema import SERVER_METRICS_DIR, SERVER_METRICS_SCHEMA
+    from bench_llm.results.writer import PartWriter
 
     server_s = [0.039 + 0.0001 * i for i in range(10)]  # 39.0-39.9 ms
     bounds = (0.02, 0.04, 0.06, 0.08)
@@ -299,11 +299,11 @@ def test_a_run_reads_the_metric_names_of_the_engine_version_given(tmp_path: Path
     # common name to families 0.4.10 does not have (queue_time_seconds, 0.5.3+)
     import asyncio
 
-    from adapters.sglang import SGLangAdapter
-    from bench.execute import RunConfig, execute_run
-    from loadgen.runner import RunOptions
-    from sim.server import ServerConfig, create_app, serve_in_process
-    from sim.timing import FixedTiming
+    from bench_llm.adapters.sglang import SGLangAdapter
+    from bench_llm.bench.execute import RunConfig, execute_run
+    from bench_llm.loadgen.runner import RunOptions
+    from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+    from bench_llm.sim.timing import FixedTiming
     from tests.sim_helpers import schedule
 
     async def run(version: str | None, out: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.load import load_run
+from bench_llm.analysis.load import load_run
 from tests.conftest import bench_argv, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.aiohttp_transport import AiohttpTransport
-from loadgen.rawhttp import RawHttpTransport
-from loadgen.transport import EagerTransport, Preconnecting, StreamError
+from bench_llm.loadgen.aiohttp_transport import AiohttpTransport
+from bench_llm.loadgen.rawhttp import RawHttpTransport
+from bench_llm.loadgen.transport import EagerTransport, Preconnecting, StreamError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,10 +45,10 @@ def test_the_runner_uses_the_contract_only(module: str) -> None:
 def test_the_compiled_path_asks_each_sink_class_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A runtime Protocol isinstance probes every member (tens of µs): once per response it
     delayed 1024 simultaneous first tokens by 10-20 ms, so the raw transport decides per class."""
-    import loadgen.transport as transport
-    from adapters.base import RequestSpec
-    from adapters.openai import OpenAIAdapter
-    from loadgen.recorder import RequestRecorder
+    import bench_llm.loadgen.transport as transport
+    from bench_llm.adapters.base import RequestSpec
+    from bench_llm.adapters.openai import OpenAIAdapter
+    from bench_llm.loadgen.recorder import RequestRecorder
 
     class PlainSink:
         def data(self, ts_ns: int, data: bytes) -> None: ...

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from adapters.openai import OpenAIAdapter
-from analysis.load import load_run
-from analysis.summary import summarize
-from bench.execute import RunConfig, execute_run
-from loadgen.options import RunOptions
-from loadgen.transport import Timeouts
-from sim.server import ServerConfig, create_app, serve_in_process
-from sim.timing import FixedTiming
-from workloads.spec import RequestSpec, Schedule
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.summary import summarize
+from bench_llm.bench.execute import RunConfig, execute_run
+from bench_llm.loadgen.options import RunOptions
+from bench_llm.loadgen.transport import Timeouts
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.sim.timing import FixedTiming
+from bench_llm.workloads.spec import RequestSpec, Schedule
 
 
 def test_phase_at_is_the_one_rule() -> None:
@@ -69,6 +69,6 @@ def test_a_run_records_and_excludes_its_warm_up_and_cool_down(tmp_path: Path) ->
     assert summary.requests.measured == 12 and summary.requests.warmup_excluded + summary.requests.cooldown_excluded == 12
     assert (summary.requests.warmup_excluded, summary.requests.cooldown_excluded) == (6, 6)
     assert run.meta["notes"]["excluded"] == {"warmup": 6, "cooldown": 6}
-    from analysis.format import format_summary
+    from bench_llm.analysis.format import format_summary
 
     assert "6 warm-up excluded; 6 cool-down excluded;" in format_summary(summary)

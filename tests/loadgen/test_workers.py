@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from analysis.load import load_run
+from bench_llm.analysis.load import load_run
 from tests.conftest import REPO, bench_argv
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analysis.server_metrics import ttft_cross_check
-from results.reader import read_requests
+from bench_llm.analysis.server_metrics import ttft_cross_check
+from bench_llm.results.reader import read_requests
 
 
 def main(run_dir: Path) -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from launch.config import ParallelConfig  # noqa: E402
-from launch.launcher import LaunchSpec, launch  # noqa: E402
+from bench_llm.launch.config import ParallelConfig  # noqa: E402
+from bench_llm.launch.launcher import LaunchSpec, launch  # noqa: E402
 from tests.real_engine.vllm_env import VLLM_ARGS, VLLM_ENV, tiny_model, vllm_python  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -66,7 +66,7 @@ def main(mode: str, out: Path, ready_timeout_s: float = 300.0) -> None:
     handle = launch(LaunchSpec("vllm", str(model), ParallelConfig(extra_args=extra), env=VLLM_ENV,
                                ready_timeout_s=ready_timeout_s), out / "engine.log")
     print(f"vLLM ready in {time.monotonic() - t0:.1f} s at {handle.url}", flush=True)
-    bench = [sys.executable, "-m", "bench", "run", "--url", handle.url, "--engine", "vllm", "--model", str(model),
+    bench = [sys.executable, "-m", "bench_llm.bench", "run", "--url", handle.url, "--engine", "vllm", "--model", str(model),
              "--no-progress", "--json", "--input-tokens", "32", "--concurrency", "4", "--no-scrape"]
     try:
         for name, args in TRIES[mode]:

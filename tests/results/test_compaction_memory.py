@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from results.reader import read_requests
-from results.schema import REQUESTS_DIR, REQUESTS_SCHEMA
-from results.writer import compact_parts, write_table_atomic
+from bench_llm.results.reader import read_requests
+from bench_llm.results.schema import REQUESTS_DIR, REQUESTS_SCHEMA
+from bench_llm.results.writer import compact_parts, write_table_atomic
 
 ROWS_PER_PART = 128
 TOKENS = 64

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.load import load_run
-from analysis.summary import summarize
-from tests.conftest import REPO
+from bench_llm.analysis.load import load_run
+from bench_llm.analysis.summary import summarize
 from tests.analysis.test_report_fixtures import add_server_metrics, real_run
+from tests.conftest import REPO
 
 DOC = REPO / "docs" / "results.md"
 
@@ -34,7 +34,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_docs_list_every_schema_field() -> None:
-    from results import schema
+    from bench_llm.results import schema
 
     text = DOC.read_text(encoding="utf-8")
     for sch in (schema.RUN_SCHEMA, schema.REQUESTS_SCHEMA, schema.SCHEDULE_SCHEMA, schema.MONITOR_SCHEMA, schema.SERVER_METRICS_SCHEMA):

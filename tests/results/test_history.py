@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from analysis.changepoint import e_divisive
-from analysis.history import Series
-from bench.cli import cli
+from bench_llm.analysis.changepoint import e_divisive
+from bench_llm.analysis.history import Series
+from bench_llm.bench.cli import cli
+from bench_llm.results.synthetic import synthetic_run
 from tests.conftest import REPO
-from results.synthetic import synthetic_run
 
 N_COMMITS, REGRESSION_AT = 12, 8  # commit 8 (1-based) is the first 15 % slower one
 
@@ -135,7 +135,7 @@ def test_gate_against_a_rolling_baseline(store: Path, tmp_path: Path) -> None:
 
 
 def _as_series(metric: str, values: np.ndarray) -> Series:
-    from analysis.history import Point
+    from bench_llm.analysis.history import Point
 
     return Series("", metric, tuple(Point(f"2026-01-{i + 1:02d}", f"c{i + 1:02d}", float(v), 1) for i, v in enumerate(values)))
 
@@ -144,9 +144,9 @@ def test_a_change_that_coincides_with_a_slower_host_is_not_flagged() -> None:
     """TTFT jumps at night 11 because the host got busier (the client's event-loop lag jumps
     with it): listed as a host change. TPOT regresses at night 20 while the host recovers:
     flagged. Without the host series both are flagged."""
-    from analysis.gate import MetricGate
-    from analysis.history import HOST_LAG_METRIC
-    from analysis.trend import TrendOptions, detect, markdown, TrendResult
+    from bench_llm.analysis.gate import MetricGate
+    from bench_llm.analysis.history import HOST_LAG_METRIC
+    from bench_llm.analysis.trend import TrendOptions, TrendResult, detect, markdown
 
     rng = np.random.default_rng(7)
     lag = np.where((np.arange(30) >= 10) & (np.arange(30) < 19), 8.0, 0.5) * (1 + 0.2 * rng.standard_normal(30))

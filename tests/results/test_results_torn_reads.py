@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bench.sweep.store import read_cells
-from results.reader import read_parquet_file, read_run_meta
-from results.writer import write_run_meta, write_table_atomic
+from bench_llm.bench.sweep.store import read_cells
+from bench_llm.results.reader import read_parquet_file, read_run_meta
+from bench_llm.results.writer import write_run_meta, write_table_atomic
 
 
 def test_reads_during_atomic_rewrites_see_one_whole_version(tmp_path: Path) -> None:
@@ -55,7 +55,7 @@ def test_reads_during_atomic_rewrites_see_one_whole_version(tmp_path: Path) -> N
 _READ_THEN_EXIT = """
 import sys
 from pathlib import Path
-from results.reader import read_parquet_file
+from bench_llm.results.reader import read_parquet_file
 for f in sorted(Path(sys.argv[1]).glob("*.parquet")):
     read_parquet_file(f)
 """

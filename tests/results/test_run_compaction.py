@@ -9,15 +9,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-import results.writer
-from adapters.openai import OpenAIAdapter
-from analysis.load import load_run
-from bench.execute import RunConfig, execute_run
-from loadgen.runner import RunOptions
-from results.schema import MONITOR_DIR, REQUESTS_DIR
-from sim.server import ServerConfig, create_app, serve_in_process
-from sim.timing import FixedTiming
-from workloads.spec import RequestSpec, Schedule
+from bench_llm import results
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.analysis.load import load_run
+from bench_llm.bench.execute import RunConfig, execute_run
+from bench_llm.loadgen.runner import RunOptions
+from bench_llm.results.schema import MONITOR_DIR, REQUESTS_DIR
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.sim.timing import FixedTiming
+from bench_llm.workloads.spec import RequestSpec, Schedule
 
 
 def test_run_ends_with_its_parts_merged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

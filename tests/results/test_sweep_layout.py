@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from results import sweep_layout as layout
+from bench_llm.results import sweep_layout as layout
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = (layout.SWEEP_FILE, layout.CELLS_FILE, layout.POINTS_FILE, layout.RECOMMENDATION_FILE)
@@ -41,8 +41,8 @@ def test_file_names_are_declared_once(package: str) -> None:
 
 
 def test_bench_writes_what_analysis_reads(tmp_path: Path) -> None:
-    from analysis.recommend import load_points, read_cells, sweep_dataset
-    from bench.sweep import store
+    from bench_llm.analysis.recommend import load_points, read_cells, sweep_dataset
+    from bench_llm.bench.sweep import store
 
     assert store.POINTS_FILE is layout.POINTS_FILE and store.CELLS_SCHEMA is layout.CELLS_SCHEMA
     store.write_cells(tmp_path, [{"cell_id": "tp1", "status": "complete", "gpus": 1}])

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from sim.backend import Arrival, ModelBackend, Outcome, simulate
-from sim.options import ModelTiming
+from bench_llm.sim.backend import Arrival, ModelBackend, Outcome, simulate
+from bench_llm.sim.options import ModelTiming
 
 
 def run(t: ModelTiming, arrivals: list[Arrival]) -> list[Outcome]:
@@ -94,7 +94,7 @@ def test_dcp_raises_kv_capacity_at_a_higher_tpot() -> None:
     print(f"TPOT tp8 {a.tpot_s*1e3:.2f} ms, tp8 dcp8 {b.tpot_s*1e3:.2f} ms")
     assert b.tpot_s > a.tpot_s
     # more concurrency fits: with a small KV pool, long contexts; peak running requests
-    from sim.presets import PROFILES
+    from bench_llm.sim.presets import PROFILES
 
     small = dataclasses.replace(PROFILES["vllm"], gpu_memory_utilization=0.16)
     load = burst(60, 6000, 300)
@@ -183,7 +183,7 @@ def test_prefix_cache_hits_skip_prefill_and_are_reported() -> None:
 
 def test_kv_exhaustion_preempts_and_every_request_still_finishes() -> None:
     t = ModelTiming("llama-3.1-70b", "h100", tp=2)
-    from sim.presets import PROFILES
+    from bench_llm.sim.presets import PROFILES
 
     tight = dataclasses.replace(t, profile_spec=dataclasses.replace(PROFILES["vllm"], gpu_memory_utilization=0.5))
     backend = ModelBackend(tight)
@@ -259,7 +259,7 @@ def test_moe_dp_attention_ranks_step_together_so_a_long_prefill_on_one_slows_all
 
 
 def test_long_prompts_competing_for_kv_never_deadlock() -> None:
-    from sim.presets import PROFILES
+    from bench_llm.sim.presets import PROFILES
 
     t = ModelTiming("llama-3.1-70b", "h100", tp=2, max_num_batched_tokens=2048,
                     profile_spec=dataclasses.replace(PROFILES["vllm"], gpu_memory_utilization=0.5))

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import random
 
-from sim.backend import ModelBackend
-from sim.costmodel import CostModel, Parallel
-from sim.options import ModelTiming
-from sim.presets import GPUS, MODELS, PROFILES
-from sim.request import SimRequest
-from sim.scheduler import Instance, Limits
+from bench_llm.sim.backend import ModelBackend
+from bench_llm.sim.costmodel import CostModel, Parallel
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.presets import GPUS, MODELS, PROFILES
+from bench_llm.sim.request import SimRequest
+from bench_llm.sim.scheduler import Instance, Limits
 
 
 def _trace(fast: bool, num_blocks: int) -> list[tuple[object, ...]]:

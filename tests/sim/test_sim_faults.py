@@ -9,11 +9,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from adapters.sglang import SGLangAdapter
-from adapters.tgi import TGIAdapter
-from sim.faults import FaultSpec, FaultSpecError
-from sim.server import ServerConfig, create_app, serve_in_process, tgi_generated
-from sim.timing import FixedTiming
+from bench_llm.adapters.sglang import SGLangAdapter
+from bench_llm.adapters.tgi import TGIAdapter
+from bench_llm.sim.faults import FaultSpec, FaultSpecError
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process, tgi_generated
+from bench_llm.sim.timing import FixedTiming
 from tests.sim_helpers import run_against, schedule
 
 
@@ -131,7 +131,7 @@ def test_fault_spec_parsing_and_seeded_rates() -> None:
     for bad in ("reset", "bogus=0.1", "reset=2", "stall=0.1:x"):
         with pytest.raises(FaultSpecError):
             FaultSpec.parse(bad)
-    from sim.faults import FaultPlanner
+    from bench_llm.sim.faults import FaultPlanner
 
     a = [FaultPlanner(FaultSpec.parse("reset=0.3"), 5).plan(10) for _ in range(1)]
     p1, p2 = FaultPlanner(FaultSpec.parse("reset=0.3"), 5), FaultPlanner(FaultSpec.parse("reset=0.3"), 5)

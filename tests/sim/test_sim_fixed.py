@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from sim.server import ServerConfig
-from sim.timing import FixedTiming
+from bench_llm.sim.server import ServerConfig
+from bench_llm.sim.timing import FixedTiming
 from tests.sim_helpers import run_against, schedule
 
 

@@ -14,12 +14,12 @@ import aiohttp
 import orjson
 import pytest
 
-from analysis.load import load_run
-from sim.costmodel import CostModel, Parallel
-from sim.presets import GPUS, MODELS, PROFILES
-from sim.request import SimRequest
-from sim.scheduler import Instance, Limits
-from sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.analysis.load import load_run
+from bench_llm.sim.costmodel import CostModel, Parallel
+from bench_llm.sim.presets import GPUS, MODELS, PROFILES
+from bench_llm.sim.request import SimRequest
+from bench_llm.sim.scheduler import Instance, Limits
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
 from tests.conftest import bench_argv
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.otlp import decode_traces, request_id
-from sim.otlp import SimSpan, encode_export, request_span
+from bench_llm.loadgen.otlp import decode_traces, request_id
+from bench_llm.sim.otlp import SimSpan, encode_export, request_span
 
 
 def test_each_flavour_names_its_request_as_its_engine_does() -> None:

@@ -15,10 +15,10 @@ import hashlib
 
 import pytest
 
-from launch.config import ParallelConfig
-from bench.virtual import virtual_engine
-from sim.backend import ModelBackend
-from sim.virtual import Plan, Send, run
+from bench_llm.bench.virtual import virtual_engine
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.sim.backend import ModelBackend
+from bench_llm.sim.virtual import Plan, Send, run
 
 #: (model, parallel, engine args, flavour, requests, prompt, output, gap ns, shared prefixes)
 #: -> (digest, measured start ns, end ns, preemptions)

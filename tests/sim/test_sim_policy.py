@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.backend import Arrival, ModelBackend, simulate
-from sim.costmodel import CostModel, Parallel
-from sim.options import ModelTiming, describe
-from sim.policy import make_policy
-from sim.presets import GPUS, MODELS, PROFILES
-from sim.scheduler import Batch
+from bench_llm.sim.backend import Arrival, ModelBackend, simulate
+from bench_llm.sim.costmodel import CostModel, Parallel
+from bench_llm.sim.options import ModelTiming, describe
+from bench_llm.sim.policy import make_policy
+from bench_llm.sim.presets import GPUS, MODELS, PROFILES
+from bench_llm.sim.scheduler import Batch
 
 
 def _batches(timing: ModelTiming, arrivals: list[Arrival]) -> list[Batch]:
@@ -148,7 +148,7 @@ def test_every_result_names_its_profile_policy_and_calibration() -> None:
 
 
 def test_the_cli_offers_every_profile() -> None:
-    from bench.commands.sim import _PROFILES
+    from bench_llm.bench.commands.sim import _PROFILES
 
     assert set(_PROFILES) == set(PROFILES)
     for prof in PROFILES.values():
@@ -158,7 +158,7 @@ def test_the_cli_offers_every_profile() -> None:
 def test_bench_sim_describe_prints_uncalibrated() -> None:
     from click.testing import CliRunner
 
-    from bench.cli import cli
+    from bench_llm.bench.cli import cli
 
     res = CliRunner().invoke(cli, ["sim", "describe", "--model-preset", "deepseek-v3", "--gpu", "h200", "--tp", "8"])
     assert res.exit_code == 0, res.output
@@ -174,7 +174,7 @@ def test_pipeline_micro_batches_share_the_running_requests() -> None:
 
 
 def test_a_toml_profile_can_switch_the_policy_and_an_unknown_one_is_refused(tmp_path: Path) -> None:
-    from sim.options import apply_toml
+    from bench_llm.sim.options import apply_toml
 
     good = tmp_path / "v0.toml"
     good.write_text('[profile]\npolicy = "v0-prefill-first"\nscheduler_steps = 8\n')

@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from sim.options import ModelTiming
-from sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
 
 PROMPT = " ".join(f"w{i}" for i in range(512))
 

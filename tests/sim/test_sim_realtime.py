@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.commands.sim import build_config, command
-from core.errors import BenchError
-from sim.backend import Arrival, ModelBackend, simulate
-from sim.options import ModelTiming
-from sim.server import ServerConfig
+from bench_llm.bench.commands.sim import build_config, command
+from bench_llm.core.errors import BenchError
+from bench_llm.sim.backend import Arrival, ModelBackend, simulate
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.server import ServerConfig
 from tests.conftest import bench_argv
 from tests.sim_helpers import run_against, spaced
 

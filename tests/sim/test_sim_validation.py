@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from sim import validation
-from sim.validation import Row, load_rows, rows, summary, table
+from bench_llm.sim import validation
+from bench_llm.sim.validation import Row, load_rows, rows, summary, table
 
 #: about 55 s of CPU for the table; a loaded 2-core host stretches that past pytest's default 300 s
 pytestmark = pytest.mark.timeout(900)

@@ -10,11 +10,11 @@ from typing import Any
 import aiohttp
 import orjson
 
-from adapters.openai import OpenAIAdapter
-from adapters.sglang import SGLangAdapter
-from adapters.tgi import TGIAdapter
-from sim.options import ModelTiming
-from sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.adapters.sglang import SGLangAdapter
+from bench_llm.adapters.tgi import TGIAdapter
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
 from tests.sim_helpers import run_against, schedule, spaced
 
 MODEL = ModelTiming("llama-3.1-8b", "h100")

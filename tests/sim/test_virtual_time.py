@@ -19,15 +19,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from launch.config import ParallelConfig
-from analysis.load import load_run
-from bench.execute import RunConfig
-from bench.virtual import CLOCK_LABEL, VirtualEngine, execute_virtual, virtual_engine
-from loadgen.runner import RunOptions
-from sim.backend import Arrival, ModelBackend, simulate
-from sim.virtual import CANCELLED, OK, Plan, Send, run
+from bench_llm.analysis.load import load_run
+from bench_llm.bench.execute import RunConfig
+from bench_llm.bench.virtual import CLOCK_LABEL, VirtualEngine, execute_virtual, virtual_engine
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.loadgen.runner import RunOptions
+from bench_llm.sim.backend import Arrival, ModelBackend, simulate
+from bench_llm.sim.virtual import CANCELLED, OK, Plan, Send, run
+from bench_llm.workloads.spec import RequestSpec, Schedule
 from tests.conftest import REPO
-from workloads.spec import RequestSpec, Schedule
 
 #: 1/128 s: offsets that are exact in float seconds too (simulate() takes seconds).
 TICK_NS = 7_812_500
@@ -69,7 +69,7 @@ def test_a_runs_rows_are_the_models_own_outcomes_and_summary_reads_them(tmp_path
         assert list(row["chunk_tokens"]) == [1] * 40 and row["completion_tokens"] == 40
         assert row["prompt_tokens"] == 300
     # bench summary: the same run, through the CLI, on the model's figures
-    p = subprocess.run([sys.executable, "-m", "bench", "summary", str(run_dir), "--json"],
+    p = subprocess.run([sys.executable, "-m", "bench_llm.bench", "summary", str(run_dir), "--json"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert p.returncode == 0, p.stderr
     s = json.loads(p.stdout)
@@ -112,7 +112,7 @@ def test_the_same_sweep_twice_gives_byte_identical_points(tmp_path: Path) -> Non
     outs = []
     for name in ("a", "b"):
         out = tmp_path / name
-        r = subprocess.run([sys.executable, "-m", "bench", *args, "--out", str(out)],
+        r = subprocess.run([sys.executable, "-m", "bench_llm.bench", *args, "--out", str(out)],
                            cwd=REPO, capture_output=True, text=True, timeout=240)  # fmt: skip
         assert r.returncode == 0, r.stderr[-3000:]
         assert "ran in virtual time" in r.stdout
@@ -137,7 +137,7 @@ def test_the_same_sweep_twice_gives_byte_identical_points(tmp_path: Path) -> Non
 
 
 def test_bench_run_on_the_modelled_engine_is_virtual_by_default_and_real_time_stays(tmp_path: Path) -> None:
-    base = [sys.executable, "-m", "bench", "run", "--rate", "20", "--requests", "30", "--input-tokens", "64",
+    base = [sys.executable, "-m", "bench_llm.bench", "run", "--rate", "20", "--requests", "30", "--input-tokens", "64",
             "--output-tokens", "8", "--no-scrape"]  # fmt: skip
     launch = ["--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--parallel", "tp=1,dp=2"]
     r = subprocess.run([*base, *launch, "--out", str(tmp_path / "v")], cwd=REPO, capture_output=True, text=True,
@@ -162,9 +162,9 @@ def test_bench_run_on_the_modelled_engine_is_virtual_by_default_and_real_time_st
 def test_a_simulated_run_kept_in_memory_is_the_run_its_folder_holds(tmp_path: Path) -> None:
     """``simulate_run`` (the sweep judges a load on its tables without reading them back, and
     writes the run table once) gives what ``load_run`` reads once the run table is written."""
-    from bench.virtual import simulate_run
-    from results.reader import read_server_metrics
-    from results.writer import write_run_meta
+    from bench_llm.bench.virtual import simulate_run
+    from bench_llm.results.reader import read_server_metrics
+    from bench_llm.results.writer import write_run_meta
 
     cfg = RunConfig(out=tmp_path / "r", url="virtual:", engine="sim", model="m", schedule=_open_schedule(30),
                     scrape_interval_s=0.5)  # fmt: skip

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: The one import package; its layers are the repository's top-level folders (pyproject.toml).
+PACKAGE = "bench_llm"
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 #: Third-party modules that may be imported only by the files listed (docs/architecture.md, "nevers").
@@ -52,6 +54,9 @@ def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == PACKAGE:
+            for alias in node.names:  # from bench_llm import results
+                yield node.lineno, f"{PACKAGE}.{alias.name}"
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module
 
@@ -64,7 +69,11 @@ def violations(root: Path, layers: Mapping[str, frozenset[str]]) -> list[Violati
         for path in sorted((root / layer).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
             for line, name in _imports(ast.parse(path.read_text(), rel)):
-                top = name.split(".")[0]
+                parts = name.split(".")
+                if parts[0] in layers and parts[0] != "benchmarks":  # benchmarks/ is scripts, not in the package
+                    found.append(Violation(rel, line, name, f"a layer is imported as {PACKAGE}.{parts[0]}, never bare"))
+                    continue
+                top = parts[1] if parts[0] == PACKAGE and len(parts) > 1 else parts[0]
                 if top in first_party and top != layer and top not in layers[layer]:
                     found.append(Violation(rel, line, name, f"{layer} may import only {sorted(layers[layer]) or 'nothing'}"))
                 elif top in CONFINED and rel not in CONFINED[top]:
@@ -93,21 +102,25 @@ def test_a_planted_upward_import_fails(tmp_path: Path) -> None:
         (tmp_path / layer).mkdir()
         (tmp_path / layer / "__init__.py").write_text("")
     (tmp_path / "core" / "fine.py").write_text("import json\n")
-    (tmp_path / "loadgen" / "ok.py").write_text("from workloads.spec import Schedule\nfrom core.errors import BenchError\n")
+    (tmp_path / "loadgen" / "ok.py").write_text(
+        "from bench_llm.workloads.spec import Schedule\nfrom bench_llm.core.errors import BenchError\nfrom bench_llm import results\n"
+    )
     assert violations(tmp_path, layers) == []
 
-    (tmp_path / "loadgen" / "up.py").write_text("def f():\n    from bench.execute import run_async\n")
-    (tmp_path / "analysis" / "reads.py").write_text("import loadgen.runner\n")
-    (tmp_path / "sim" / "client.py").write_text("from adapters.base import Adapter\n")
-    (tmp_path / "core" / "up.py").write_text("from sim import tokenizer\n")
+    (tmp_path / "loadgen" / "up.py").write_text("def f():\n    from bench_llm.bench.execute import run_async\n")
+    (tmp_path / "analysis" / "reads.py").write_text("import bench_llm.loadgen.runner\n")
+    (tmp_path / "sim" / "client.py").write_text("from bench_llm.adapters.base import Adapter\n")
+    (tmp_path / "core" / "up.py").write_text("from bench_llm import sim\n")
+    (tmp_path / "results" / "bare.py").write_text("from core.errors import BenchError\n")
     (tmp_path / "benchmarks" / "fixture.py").write_text("from tests.test_x import helper\n")
     (tmp_path / "results" / "patched.py").write_text("import gevent.monkey\n")
     found = {(v.path, v.imported) for v in violations(tmp_path, layers)}
     assert found == {
-        ("loadgen/up.py", "bench.execute"),
-        ("analysis/reads.py", "loadgen.runner"),
-        ("sim/client.py", "adapters.base"),
-        ("core/up.py", "sim"),
+        ("loadgen/up.py", "bench_llm.bench.execute"),
+        ("analysis/reads.py", "bench_llm.loadgen.runner"),
+        ("sim/client.py", "bench_llm.adapters.base"),
+        ("core/up.py", "bench_llm.sim"),
+        ("results/bare.py", "core.errors"),
         ("benchmarks/fixture.py", "tests.test_x"),
         ("results/patched.py", "gevent.monkey"),
     }

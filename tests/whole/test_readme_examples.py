@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from launch.process import free_port
+from bench_llm.launch.process import free_port
 from tests.conftest import REPO, bench_argv
 
 #: Each verb's accepted exit codes (README, "Exit codes"): a gate may pass or find a

@@ -14,24 +14,23 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from bench_llm.adapters.openai import OpenAIAdapter
+from bench_llm.analysis.server_metrics import ttft_cross_check, window_histogram
+from bench_llm.analysis.summary import summarize_run
+from bench_llm.analysis.summary_types import json_of
+from bench_llm.analysis.ttft_split import SOURCE_SPANS, request_parts, split_summary
+from bench_llm.bench.execute import RunConfig, execute_run
+from bench_llm.bench.launch_engine import VLLM_OTLP_ENV
+from bench_llm.core.eventloop import run_async
+from bench_llm.launch.config import ParallelConfig
+from bench_llm.launch.launcher import EngineHandle, LaunchSpec, launch
+from bench_llm.loadgen.otlp import OtlpReceiver
+from bench_llm.loadgen.recorder import SOURCE_CUMULATIVE
+from bench_llm.loadgen.transport import Timeouts
+from bench_llm.results.reader import read_requests, read_run_meta, read_server_metrics, read_server_spans
+from bench_llm.workloads.synthetic import SyntheticWorkload
 from tests.conftest import autogroup
-
-from launch.config import ParallelConfig
-from launch.launcher import EngineHandle, LaunchSpec, launch
-from adapters.openai import OpenAIAdapter
-from analysis.server_metrics import ttft_cross_check, window_histogram
-from analysis.summary_types import json_of
-from analysis.ttft_split import SOURCE_SPANS, request_parts, split_summary
-from analysis.summary import summarize_run
-from bench.execute import RunConfig, execute_run
-from bench.launch_engine import VLLM_OTLP_ENV
-from core.eventloop import run_async
-from loadgen.otlp import OtlpReceiver
-from loadgen.recorder import SOURCE_CUMULATIVE
-from loadgen.transport import Timeouts
-from results.reader import read_requests, read_run_meta, read_server_metrics, read_server_spans
 from tests.real_engine.vllm_env import VLLM_ARGS, VLLM_ENV, tiny_model, vllm_python
-from workloads.synthetic import SyntheticWorkload
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
 
@@ -178,8 +177,8 @@ def test_two_cell_sweep_measures_cleanly(tmp_path: Path) -> None:
     the module's engine is stopped (one engine at a time on two cores). TP 2 on this CPU build
     needs one core per rank (docs/engines.md). The comparison with the same server started by
     hand is benchmarks/launched_vs_by_hand.py (two more engine starts: too long for CI)."""
-    from bench.sweep.orchestrate import run_sweep
-    from bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
+    from bench_llm.bench.sweep.orchestrate import run_sweep
+    from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
 
     py = vllm_python()
     if py is None:

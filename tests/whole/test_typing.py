@@ -1,9 +1,10 @@
 """The packages type-check: mypy (settings in pyproject.toml's [tool.mypy]) finds no error.
 
-Runs in-process with the repository root as working directory, the way a developer runs
-``mypy --ignore-missing-imports core bench loadgen adapters launch workloads analysis results sim``
-there. About 12 s on a cold cache on the development VM; incremental runs reuse
-``.mypy_cache/`` (git-ignored).
+The import package ``bench_llm`` has no folder of its own (pyproject.toml maps its layers onto the
+repository's top-level folders), and mypy does not follow setuptools' editable-install finder, so
+the test lays out ``bench_llm/<layer>`` as symlinks to the folders in a scratch directory and runs
+``mypy -p bench_llm`` there, in-process. About 12 s on a cold cache; incremental runs reuse the
+repository's ``.mypy_cache/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ PACKAGES = ("core", "bench", "loadgen", "adapters", "launch", "workloads", "anal
 
 
 @pytest.mark.timeout(240)
-def test_packages_type_check(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packages_type_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     try:
         from mypy import api
     except ImportError:
         pytest.skip("mypy is not installed (pip install -e '.[test]')")
-    monkeypatch.chdir(REPO)
+    (tmp_path / "bench_llm").mkdir()
+    for layer in PACKAGES:
+        (tmp_path / "bench_llm" / layer).symlink_to(REPO / layer, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
     stdout, stderr, status = api.run(
-        ["--config-file", str(REPO / "pyproject.toml"), "--ignore-missing-imports", *PACKAGES]
+        ["--config-file", str(REPO / "pyproject.toml"), "--cache-dir", str(REPO / ".mypy_cache"),
+         "--ignore-missing-imports", "-p", "bench_llm"]
     )
     report = f"{stdout}{stderr}"
     assert status == 0, f"mypy found errors:\n{report}"

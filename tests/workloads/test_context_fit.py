@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adapters.context import (
+from bench_llm.adapters.context import (
     openai_models_max_model_len,
     sglang_server_info_context_length,
     tgi_info_max_total_tokens,
 )
-from launch.profiles import context_routes
-from results.reader import read_run_meta
-from sim.server import ServerConfig
-from sim.timing import FixedTiming
+from bench_llm.launch.profiles import context_routes
+from bench_llm.results.reader import read_run_meta
+from bench_llm.sim.server import ServerConfig
+from bench_llm.sim.timing import FixedTiming
+from bench_llm.workloads.context import CHAT_MESSAGE_TOKENS, MARGIN_TOKENS, fit_to_context
+from bench_llm.workloads.spec import RequestSpec, Schedule
 from tests.sim_helpers import run_against
-from workloads.context import CHAT_MESSAGE_TOKENS, MARGIN_TOKENS, fit_to_context
-from workloads.spec import RequestSpec, Schedule
 
 CONTEXT = 256
 SIM = ServerConfig(model="m", max_model_len=CONTEXT, timing=FixedTiming(ttft_s=0.002, itl_s=0.0005))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from workloads.prompts import PromptSynth
-from workloads.synthetic import SyntheticWorkload
+from bench_llm.workloads.prompts import PromptSynth
+from bench_llm.workloads.synthetic import SyntheticWorkload
 
 
 def test_texts_equal_one_text_call_per_prompt() -> None:
@@ -45,7 +45,7 @@ def test_synthetic_schedule_prompts_as_drawn_one_by_one() -> None:
 
 
 def test_a_repeated_draw_is_kept_and_leaves_the_generator_where_a_fresh_draw_does() -> None:
-    from workloads import prompts
+    from bench_llm.workloads import prompts
 
     synth = PromptSynth()
     first = synth.texts(20, 16, np.random.default_rng([3, 5]))
@@ -61,8 +61,8 @@ def test_a_repeated_draw_is_kept_and_leaves_the_generator_where_a_fresh_draw_doe
 
 
 def test_kept_draws_stay_within_their_word_bound(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from core.memo import SizedMemo
-    from workloads import prompts
+    from bench_llm.core.memo import SizedMemo
+    from bench_llm.workloads import prompts
 
     monkeypatch.setattr(prompts, "_TEXTS", SizedMemo(100))
     synth = PromptSynth()

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.format import format_summary
-from analysis.summary import prompt_length_accounting
-from analysis.summary_types import (
+from bench_llm.analysis.format import format_summary
+from bench_llm.analysis.summary import prompt_length_accounting
+from bench_llm.analysis.summary_types import (
     DistributionMethod,
     RequestCounts,
     RunSummary,
@@ -20,13 +20,13 @@ from analysis.summary_types import (
     TimingCheck,
     TokenAccounting,
 )
-from bench.sweep.loads import Load, build_schedule
-from bench.sweep.spec import SweepSpec, WorkloadSpec
-from results.reader import read_requests
+from bench_llm.bench.sweep.loads import Load, build_schedule
+from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench_llm.results.reader import read_requests
+from bench_llm.workloads.prompts import _CountingSynth
+from bench_llm.workloads.synthetic import SyntheticWorkload
 from tests.conftest import bench_argv
-from tests.workloads.test_workload_schedule import tokenize_server  # noqa: F401  (the fixture)
-from workloads.prompts import _CountingSynth
-from workloads.synthetic import SyntheticWorkload
+from tests.workloads.test_workload_schedule import tokenize_server  # noqa: F401, F811  (the fixture)
 
 
 def _bpe_like(text: str) -> int:
@@ -117,7 +117,7 @@ def test_bench_run_exact_lengths_without_workload(tmp_path: Path) -> None:
     assert prompt["compared"] == 4 and prompt["exact_share"] == 1.0
 
 
-def test_sweep_loads_use_the_cells_tokenize_route(tokenize_server: str) -> None:
+def test_sweep_loads_use_the_cells_tokenize_route(tokenize_server: str) -> None:  # noqa: F811
     spec = SweepSpec(model="m", workloads=(WorkloadSpec(input_tokens=30, output_tokens=4, tokenize_url="auto"),))
     load = Load("concurrency", 2, spec.workloads[0])
     s = build_schedule(load, spec, warmup=0, url=tokenize_server)

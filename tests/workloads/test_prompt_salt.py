@@ -6,12 +6,12 @@ import re
 import subprocess
 from pathlib import Path
 
-from launch.process import ManagedProcess, free_port
-from results.reader import read_requests
+from bench_llm.launch.process import ManagedProcess, free_port
+from bench_llm.results.reader import read_requests
+from bench_llm.workloads.catalog import build_named_schedule
+from bench_llm.workloads.prompts import PromptSynth
+from bench_llm.workloads.synthetic import SyntheticWorkload
 from tests.conftest import bench_argv
-from workloads.catalog import build_named_schedule
-from workloads.prompts import PromptSynth
-from workloads.synthetic import SyntheticWorkload
 
 
 def test_salt_changes_the_text_only() -> None:

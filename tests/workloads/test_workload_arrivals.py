@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workloads.arrivals import (
+from bench_llm.workloads.arrivals import (
     offsets_s,
     parse_arrival,
     ramp_cumulative,
@@ -18,7 +18,7 @@ from workloads.arrivals import (
     steps_cumulative,
     trace_offsets,
 )
-from workloads.errors import WorkloadError
+from bench_llm.workloads.errors import WorkloadError
 
 N = 200_000
 BATCHES = 100
@@ -146,7 +146,7 @@ def test_the_synthetic_workload_takes_its_send_times_from_the_arrival_processes(
     """One schedule builder: ``bench run --rate`` without a workload file gets the same offsets
     as the arrival process (Poisson: the same draws; constant: exactly i/rate, where its own
     running sum drifted by 13 ns over 2000 requests at 0.003 req/s)."""
-    from workloads.synthetic import SyntheticWorkload
+    from bench_llm.workloads.synthetic import SyntheticWorkload
 
     for arrival, rate, n in (("poisson", 5.0, 300), ("constant", 0.003, 2000)):
         sched = SyntheticWorkload(requests=n, input_tokens=1, output_tokens=1, rate=rate, arrival=arrival, seed=3).schedule()

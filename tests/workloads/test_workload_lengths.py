@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench_llm.workloads.builder import plan_workload
+from bench_llm.workloads.definition import FITTED, builtins, fitted_document
+from bench_llm.workloads.distributions import ConditionalPair, Empirical, Fixed, LogNormal, Normal, Uniform
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.fit import BUILTIN_SOURCES, spearman
+from bench_llm.workloads.readers import read_trace
 from tests.conftest import shared_path
-from workloads.builder import plan_workload
-from workloads.definition import FITTED, builtins, fitted_document
-from workloads.distributions import ConditionalPair, Empirical, Fixed, LogNormal, Normal, Uniform
-from workloads.errors import WorkloadError
-from workloads.fit import BUILTIN_SOURCES, spearman
-from workloads.readers import read_trace
 
 N = 100_000
 QS = (5, 50, 95)
@@ -114,7 +114,7 @@ def test_nonsense_distributions_are_rejected(make: object) -> None:
 
 def test_shipped_tables_are_what_fit_produces(tmp_path: Path) -> None:
     """Regenerating the tables from ../shared/traces gives the shipped files exactly."""
-    from workloads.fit import regenerate
+    from bench_llm.workloads.fit import regenerate
 
     traces = shared_path("traces")
     out = tmp_path

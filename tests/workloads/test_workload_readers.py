@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workloads.errors import WorkloadError
-from workloads.readers import detect_format, read_trace
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.readers import detect_format, read_trace
 
 GOOD = {
     "azure.csv": (

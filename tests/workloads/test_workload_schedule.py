@@ -14,14 +14,14 @@ import numpy as np
 import orjson
 import pytest
 
-from core.tokenizer import count_tokens
+from bench_llm.core.tokenizer import count_tokens
+from bench_llm.workloads.catalog import build_named_schedule, builtin_names
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.prompts import ServerTokenizeSynth, TokenizerSynth
+from bench_llm.workloads.spec import Schedule
+from bench_llm.workloads.stats import prefix_reuse
+from bench_llm.workloads.synthetic import WorkloadError as SyntheticWorkloadError
 from tests.conftest import shared_path
-from workloads.catalog import build_named_schedule, builtin_names
-from workloads.errors import WorkloadError
-from workloads.prompts import ServerTokenizeSynth, TokenizerSynth
-from workloads.spec import Schedule
-from workloads.stats import prefix_reuse
-from workloads.synthetic import WorkloadError as SyntheticWorkloadError
 
 
 def _build(ref: str, **kw: object) -> Schedule:
@@ -142,7 +142,7 @@ def test_toml_errors_are_one_line(tmp_path: Path, body: str, needle: str) -> Non
     ],
 )
 def test_nonsense_is_rejected(ref: str, kw: dict[str, object], needle: str) -> None:
-    from bench.errors import setting_message
+    from bench_llm.bench.errors import setting_message
 
     with pytest.raises(WorkloadError) as err:
         _build(ref, **kw)
