@@ -26,6 +26,7 @@ from bench_llm.adapters.sampling import (
     openai_fields,
     openai_structured,
 )
+from bench_llm.core.errors import BenchError
 from bench_llm.workloads.spec import Message, RequestSpec, embedding_inputs, merge_body
 from bench_llm.workloads.tools import tool_choice_field, tool_definitions
 
@@ -35,7 +36,7 @@ DONE = StreamEvent(EventKind.DONE)
 _EMPTY = StreamEvent(EventKind.EMPTY)
 
 
-class StreamPayloadError(Exception):
+class StreamPayloadError(BenchError):
     """A payload that is not valid for the protocol (recorded as ``malformed_chunk``)."""
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bench_llm.core.errors import BenchError
 from bench_llm.core.pairs import split_pairs
 
 #: SLO name -> per-request metric column (milliseconds).
@@ -16,8 +17,8 @@ SLO_METRICS = {
 }
 
 
-class SLOError(ValueError):
-    pass
+class SLOError(BenchError, ValueError):
+    """An SLO specification that cannot be read."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import click
 
 from bench_llm.bench.errors import ExitCode, as_cli_error
 from bench_llm.core import __version__
-from bench_llm.core.errors import BenchError, SettingError
+from bench_llm.core.errors import BenchError
 from bench_llm.core.memory import use_system_allocator
 
 use_system_allocator()  # before pyarrow's first allocation (core/memory.py: why)
@@ -42,7 +42,7 @@ class LazyGroup(click.Group):
         """The one place where a library's input error becomes a CLI message and exit code."""
         try:
             return super().invoke(ctx)
-        except (BenchError, SettingError) as exc:
+        except BenchError as exc:  # the root of bench's errors (core/errors.py)
             raise as_cli_error(exc) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -60,8 +60,9 @@ class CliError(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
-def as_cli_error(exc: BenchError | SettingError) -> CliError:
-    return CliError(exc.message if isinstance(exc, BenchError) else setting_message(exc))
+def as_cli_error(exc: BenchError) -> CliError:
+    """Any of bench's errors as the CLI prints it; a ``SettingError`` names the flags."""
+    return CliError(setting_message(exc))
 
 
 def flag(setting: str) -> str:

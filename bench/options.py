@@ -6,7 +6,7 @@ load generator just to parse them.
 
 from __future__ import annotations
 
-from bench_llm.analysis.slo import SLO, SLOError
+from bench_llm.analysis.slo import SLO
 from bench_llm.core.errors import BenchError
 
 
@@ -21,7 +21,4 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 
 def parse_slo(text: str | None) -> SLO:
-    try:
-        return SLO.parse(text)
-    except SLOError as exc:
-        raise BenchError(str(exc)) from None
+    return SLO.parse(text)

@@ -13,10 +13,12 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench_llm.core.errors import BenchError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(BenchError, ValueError):
     """A configuration problem; the message names the file and dotted key."""
 
 

@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bench_llm.core.errors import BenchError
+
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class ControlError(ValueError):
+class ControlError(BenchError, ValueError):
     """An engine answered a control call with something unusable; the message is one line."""
 
 

@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench_llm.core.control import call
+from bench_llm.core.errors import BenchError
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(BenchError, RuntimeError):
     """The engine died or did not become ready; the message ends with its log tail."""
 
 

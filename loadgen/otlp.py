@@ -33,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench_llm.core.errors import BenchError
 from bench_llm.results.schema import SERVER_SPANS_FILE, SERVER_SPANS_SCHEMA, SPAN_LATENCY_ATTRIBUTES
 from bench_llm.results.writer import write_table_atomic
 
@@ -48,7 +49,7 @@ MAX_BODY_BYTES = 32 << 20
 AttrValue = str | bool | int | float | None
 
 
-class WireError(ValueError):
+class WireError(BenchError, ValueError):
     """A malformed protobuf payload."""
 
 

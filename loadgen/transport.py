@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, cast, get_args, runtime_checkable
 
 from bench_llm.adapters.base import HttpCall
+from bench_llm.core.errors import BenchError
 
 
-class StreamError(Exception):
+class StreamError(BenchError):
     """A stream that went wrong in a way the protocol makes visible."""
 
     def __init__(self, error_type: str, message: str) -> None:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from bench_llm.core.errors import BenchError
 from bench_llm.results.schema import (
     MONITOR_DIR,
     REQUESTS_DIR,
@@ -24,7 +25,7 @@ from bench_llm.results.schema import (
 )
 
 
-class ResultsError(Exception):
+class ResultsError(BenchError):
     """A folder that is not a readable bench run."""
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bench_llm.core.errors import BenchError
 from bench_llm.sim.presets import Dtype, EngineProfile, GpuSpec, ModelSpec
 
 GB = 1e9
 
 
-class OutOfMemory(ValueError):
+class OutOfMemory(BenchError, ValueError):
     """The configuration cannot hold the model weights (plus reserve) on its GPUs."""
 
 

@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+from bench_llm.core.errors import BenchError
+
 try:  # the regex parser's module: re._parser from Python 3.11, sre_parse before
     from re import _parser as _sre  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
@@ -22,7 +24,7 @@ except ImportError:  # pragma: no cover
 CHARS_PER_TOKEN = 3
 
 
-class Unsupported(ValueError):
+class Unsupported(BenchError, ValueError):
     """A constraint the simulated engine cannot produce an answer for (answered 400)."""
 
 

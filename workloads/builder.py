@@ -18,7 +18,7 @@ import numpy as np
 from bench_llm.workloads.arrivals import ArrivalSpec, offsets_s, parse_arrival, trace_offsets
 from bench_llm.workloads.definition import WorkloadDef
 from bench_llm.workloads.distributions import Mixture
-from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.errors import TraceWithoutTimestamps, WorkloadError
 from bench_llm.workloads.prompts import BlockTexts, PromptSynth, make_synth
 from bench_llm.workloads.readers import TraceTable, read_trace
 from bench_llm.workloads.spec import MAX_REQUEST_TOKENS, RequestOptions, RequestSpec, Schedule
@@ -283,7 +283,7 @@ def plan_workload(
         requests = len(rows)
     mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, table is not None)
     if arr is not None and arr.process == "trace" and (table is None or table.timestamps_s is None):
-        raise WorkloadError(
+        raise TraceWithoutTimestamps(
             "this trace file has no timestamps to replay: give $rate (open loop) or $concurrency (closed loop)"
         )
     inputs, outputs, length_class = _lengths(wd, table, rows, requests, rngs[_LENGTHS])

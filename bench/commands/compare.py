@@ -57,11 +57,10 @@ def command(
     from bench_llm.analysis.bootstrap import BootstrapOptions
     from bench_llm.analysis.compare import compare_paths, comparison_json, format_comparison
     from bench_llm.bench.options import parse_slo
-    from bench_llm.results.reader import ResultsError
 
     try:
         options = BootstrapOptions(level=level, resamples=resamples, seed=seed, resampling=resampling)  # type: ignore[arg-type]
         cmp = compare_paths(baseline, current, parse_metrics(metrics_text), parse_slo(slo_text), options)
-    except (ResultsError, ValueError) as exc:
+    except ValueError as exc:
         raise BenchError(str(exc)) from None
     click.echo(comparison_json(cmp) if as_json else format_comparison(cmp))

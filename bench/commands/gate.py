@@ -41,8 +41,6 @@ def command(
         text_summary,
     )
     from bench_llm.bench.outputs import write_outputs
-    from bench_llm.core.config import ConfigError
-    from bench_llm.results.reader import ResultsError
 
     if (baseline is None) == (store is None):
         raise BenchError("give exactly one of --baseline and --history")
@@ -53,7 +51,7 @@ def command(
         else:
             assert store is not None
             result = run_gate_history(store, current, config, window)
-    except (ConfigError, ResultsError, ValueError) as exc:
+    except ValueError as exc:
         raise BenchError(str(exc)) from None
     md = markdown_summary(result)
     write_outputs(((junit_path, lambda: junit_xml(result)), (md_path, lambda: md), (json_path, lambda: comparison_json(result.comparison))), md)

@@ -41,9 +41,7 @@ def command(results: Path, store: Path, commit: str | None, date_text: str | Non
     from bench_llm.analysis.history import DEFAULT_HISTORY_METRICS, entries, entry_date
     from bench_llm.analysis.slo import SLO
     from bench_llm.bench.options import parse_slo
-    from bench_llm.core.config import ConfigError
     from bench_llm.results.history import Partition, add_entry, config_slug
-    from bench_llm.results.reader import ResultsError
 
     commit = commit or _git_commit()
     if not commit:
@@ -63,5 +61,5 @@ def command(results: Path, store: Path, commit: str | None, date_text: str | Non
             part = Partition(date_text or entry_date(e), commit, config_slug(e.config_key))
             stored = add_entry(store, part, e.entry_id, e.rows, [r.path for r in e.runs])
             click.echo(f"added {e.config_key or 'run'} ({len(e.runs)} run(s)) -> {stored.metrics_file}")
-    except (ConfigError, ResultsError, ValueError) as exc:
+    except ValueError as exc:
         raise BenchError(str(exc)) from None

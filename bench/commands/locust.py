@@ -130,7 +130,6 @@ def _master_plan(
     from bench_llm.launch.profiles import adapter_for_engine
     from bench_llm.loadgen.aiohttp_transport import AiohttpTransport
     from bench_llm.loadgen.transport import Timeouts, check_base_url
-    from bench_llm.workloads.synthetic import WorkloadError
 
     url = str(target.url)  # required by the option
     try:
@@ -139,7 +138,7 @@ def _master_plan(
         raise BenchError(setting_message(exc)) from None
     try:
         schedule = load.schedule(salt=salt)
-    except (WorkloadError, ValueError) as exc:
+    except ValueError as exc:
         raise BenchError(setting_message(exc)) from None
     try:
         adapter = adapter_for_engine(target.engine, model=target.model, api=target.api)

@@ -36,27 +36,20 @@ def command(
     """
     from bench_llm.analysis.recommend import format_recommendation, recommend
     from bench_llm.analysis.recommend_types import recommendation_json
-    from bench_llm.analysis.slo import SLO, SLOError
+    from bench_llm.analysis.slo import SLO
     from bench_llm.bench.outcome import sweep_outcome
-    from bench_llm.results.reader import ResultsError
 
     slo = None
     if slo_text is not None:
-        try:
-            slo = SLO.parse(slo_text).as_dict()
-        except SLOError as exc:
-            raise BenchError(str(exc)) from None
+        slo = SLO.parse(slo_text).as_dict()
     if attainment is not None and not 0 < attainment <= 100:
         raise BenchError("--attainment must be a percentage in (0, 100]")
     if confidence is not None and not 0 <= confidence < 1:
         raise BenchError("--confidence must be in [0, 1), e.g. 0.95")
-    try:
-        rec = recommend(
-            sweep, slo=slo, attainment_pct=attainment, target_rate=target_rate,
-            target_concurrency=target_concurrency, confidence=confidence,
-        )  # fmt: skip
-    except ResultsError as exc:
-        raise BenchError(str(exc)) from None
+    rec = recommend(
+        sweep, slo=slo, attainment_pct=attainment, target_rate=target_rate,
+        target_concurrency=target_concurrency, confidence=confidence,
+    )  # fmt: skip
     click.echo(recommendation_json(rec) if as_json else format_recommendation(rec))
     outcome = sweep_outcome(sweep, rec)
     if outcome is not None:

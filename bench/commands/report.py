@@ -23,13 +23,12 @@ def command(results: Path, out: Path, slo_text: str | None, title: str | None, m
     """
     from bench_llm.analysis.report import ReportOptions, build_report
     from bench_llm.bench.options import parse_slo
-    from bench_llm.results.reader import ResultsError
 
     if max_run_sections < 0:
         raise BenchError("--max-run-sections must be >= 0")
     try:
         info = build_report(results, out, ReportOptions(slo=parse_slo(slo_text), title=title, max_run_sections=max_run_sections))
-    except (ResultsError, ValueError) as exc:
+    except ValueError as exc:
         raise BenchError(str(exc)) from None
     click.echo(f"wrote {info.path} ({info.bytes / 1e6:.2f} MB, {info.runs} run(s), {info.figures} figures)")
     for n in info.notes:

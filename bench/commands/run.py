@@ -35,7 +35,6 @@ from bench_llm.loadgen.recorder import MAX_EVENT_BYTES
 from bench_llm.loadgen.runner import RunOptions
 from bench_llm.loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
 from bench_llm.workloads.spec import RequestOptions, Schedule
-from bench_llm.workloads.synthetic import WorkloadError
 
 if TYPE_CHECKING:
     from bench_llm.bench.execute import RunConfig, RunResult
@@ -362,7 +361,7 @@ class _SchedulePlan:
             built = self.load.schedule(salt=self.salt, tokenizer_dir=self.tokenizer_dir, tokenize_url=tokenize,
                                        model=self.model)
             built = built.with_request(self.request.over(built.request))
-        except (WorkloadError, ValueError) as exc:
+        except ValueError as exc:
             raise BenchError(setting_message(exc)) from None
         timed = [k for k, _ in self.output.slo.limits if k != "e2e_ms"]
         if built.request.stream is False and timed:

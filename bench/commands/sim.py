@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from bench_llm.bench.errors import ExitCode, setting_message
+from bench_llm.bench.errors import ExitCode
 from bench_llm.core.errors import BenchError
 
 _GPUS = ("a100", "h100", "h200", "l40s")
@@ -132,16 +132,12 @@ def serve(**kw: Any) -> None:
 
 def build_config(kw: dict[str, Any]) -> Any:
     """Turn the CLI options into a ``ServerConfig`` (also used by tests)."""
-    from bench_llm.core.config import ConfigError
     from bench_llm.sim.config import ServerConfig
-    from bench_llm.sim.faults import FaultSpec, FaultSpecError
+    from bench_llm.sim.faults import FaultSpec
     from bench_llm.sim.options import ModelTiming, apply_toml
     from bench_llm.sim.timing import FixedTiming
 
-    try:
-        faults = FaultSpec.parse(kw.get("faults"))
-    except FaultSpecError as exc:
-        raise BenchError(setting_message(exc)) from None
+    faults = FaultSpec.parse(kw.get("faults"))
     model_timing = None
     if kw.get("timing", "fixed") == "model":
         dp, dd = 0, 0
@@ -166,14 +162,11 @@ def build_config(kw: dict[str, Any]) -> Any:
         for key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization"):
             if kw.get(key) is not None:
                 cli[key] = kw[key]
-        try:
-            if kw.get("config_path"):
-                defaults = {k: v for k, v in cli.items() if _given(kw, k)}
-                model_timing = apply_toml(ModelTiming(**cli), Path(kw["config_path"]), defaults)
-            else:
-                model_timing = ModelTiming(**cli)
-        except ConfigError as exc:
-            raise BenchError(str(exc)) from None
+        if kw.get("config_path"):
+            defaults = {k: v for k, v in cli.items() if _given(kw, k)}
+            model_timing = apply_toml(ModelTiming(**cli), Path(kw["config_path"]), defaults)
+        else:
+            model_timing = ModelTiming(**cli)
     model = kw.get("model") or (model_timing.preset if model_timing else "sim-model")
     timing = FixedTiming(float(kw.get("ttft_ms", 50.0)) / 1000, float(kw.get("itl_ms", 10.0)) / 1000,
                          int(kw.get("tokens_per_chunk", 1)))
@@ -216,7 +209,6 @@ def describe_cmd(ctx: click.Context) -> None:
     ``bench sim describe --model-preset llama-3.1-70b --gpu h100 --tp 2 --dp 2``."""
     import json
 
-    from bench_llm.sim.costmodel import OutOfMemory
     from bench_llm.sim.options import describe
 
     args = list(ctx.args)
@@ -229,10 +221,7 @@ def describe_cmd(ctx: click.Context) -> None:
     cfg = build_config(params)
     if cfg.model_timing is None:
         raise BenchError("describe needs --timing model")
-    try:
-        cfg.model_timing.cost_model().check_fits()
-    except OutOfMemory as exc:
-        raise BenchError(str(exc)) from None
+    cfg.model_timing.cost_model().check_fits()
     click.echo(json.dumps(describe(cfg.model_timing), indent=2))
 
 

@@ -18,9 +18,8 @@ from bench_llm.core.errors import BenchError
 def command(run_dir: Path, slo_text: str | None, pct_text: str, as_json: bool) -> None:
     """Print the metric table of RUN_DIR (computed from its Parquet files alone)."""
     from bench_llm.bench.report_text import print_summary
-    from bench_llm.results.reader import ResultsError
 
     try:
         print_summary(run_dir, parse_slo(slo_text), parse_percentiles(pct_text), as_json)
-    except (ResultsError, ValueError) as exc:
+    except ValueError as exc:
         raise BenchError(str(exc)) from None

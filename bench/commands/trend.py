@@ -35,8 +35,6 @@ def command(
     from bench_llm.analysis.gate import load_gate_config
     from bench_llm.analysis.trend import TrendOptions, html_page, markdown, run_trend, text
     from bench_llm.bench.outputs import write_outputs
-    from bench_llm.core.config import ConfigError
-    from bench_llm.results.reader import ResultsError
 
     if not 0 < p_max < 1 or permutations < 19 or min_size < 2 or min_change_pct < 0:
         raise BenchError("need 0 < --p-max < 1, --permutations >= 19, --min-size >= 2, --min-change-pct >= 0")
@@ -45,7 +43,7 @@ def command(
         metrics = [m.strip() for m in metrics_text.split(",") if m.strip()] if metrics_text else (list(gates) or None)
         options = TrendOptions(p_max, permutations, min_size, min_change_pct / 100, seed, host_tolerance=host_tolerance)
         result = run_trend(store, gates, metrics, options)
-    except (ConfigError, ResultsError, ValueError) as exc:
+    except ValueError as exc:
         raise BenchError(str(exc)) from None
     md = markdown(result)
     write_outputs(((md_path, lambda: md), (html_path, lambda: html_page(result))), md)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from bench_llm.bench.errors import setting_message
 from bench_llm.core.errors import BenchError
 
 
@@ -69,26 +68,23 @@ def show_cmd(
 
     if html_path is not None and not no_html and not html_path.parent.is_dir():
         raise BenchError(f"--html {html_path}: folder {html_path.parent} does not exist")
+    wd = resolve(ref, time_scale=time_scale)
+    if n_requests is None:
+        n_requests = MAX_REQUESTS if wd.trace is not None else 1000
+    if rate is None and concurrency is None and wd.rate is None and wd.concurrency is None and wd.trace is None:
+        if arrival is None or not arrival.startswith(("ramp", "steps")):
+            rate = 1.0
     try:
-        wd = resolve(ref, time_scale=time_scale)
-        if n_requests is None:
-            n_requests = MAX_REQUESTS if wd.trace is not None else 1000
-        if rate is None and concurrency is None and wd.rate is None and wd.concurrency is None and wd.trace is None:
-            if arrival is None or not arrival.startswith(("ramp", "steps")):
-                rate = 1.0
-        try:
-            plan = plan_workload(
-                wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
-            )
-        except WorkloadError as exc:
-            if "no timestamps" not in str(exc) or rate is not None or concurrency is not None:
-                raise
-            rate = 1.0  # a length-only table: show it with Poisson arrivals at 1 req/s
-            plan = plan_workload(
-                wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
-            )
+        plan = plan_workload(
+            wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
+        )
     except WorkloadError as exc:
-        raise BenchError(setting_message(exc)) from None
+        if exc.code != "no_timestamps" or rate is not None or concurrency is not None:
+            raise
+        rate = 1.0  # a length-only table: show it with Poisson arrivals at 1 req/s
+        plan = plan_workload(
+            wd, requests=n_requests, rate=rate, arrival=arrival, concurrency=concurrency, warmup=warmup, seed=seed
+        )
     summary = plan_summary(plan)
     summary["description"] = wd.description
     summary["source"] = wd.source

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench_llm.bench.run_meta import run_meta, utc_now
+from bench_llm.core.errors import BenchError
 from bench_llm.results.reader import read_requests
 from bench_llm.results.schema import MONITOR_DIR, REQUESTS_DIR
 from bench_llm.results.writer import compact_finished_run, write_run_meta, write_schedule
@@ -28,8 +29,8 @@ _PART_NAME = re.compile(r"^part-\d{3,}-\d{6,}\.parquet$")
 _TABLES = {"requests": REQUESTS_DIR, "client_monitor": MONITOR_DIR}
 
 
-class PartRejected(ValueError):
-    pass
+class PartRejected(BenchError, ValueError):
+    """A worker's part of a distributed run that cannot be assembled."""
 
 
 class RunAssembly:

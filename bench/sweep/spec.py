@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from bench_llm.core.errors import BenchError
 from bench_llm.launch.config import AXES, DEPLOYMENT_NAME, Disagg, ParallelConfig
 from bench_llm.launch.profiles import PROFILES, launchable_engines
 from bench_llm.loadgen.transport import CLOCKS
@@ -59,7 +60,7 @@ VIRTUAL_LOAD_DEFAULTS: dict[str, Any] = {
 }
 
 
-class SweepSpecError(ValueError):
+class SweepSpecError(BenchError, ValueError):
     """A sweep definition that cannot run; one line."""
 
 
