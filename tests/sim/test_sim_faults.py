@@ -115,9 +115,13 @@ def test_slow_start_answers_503_then_serves(tmp_path: Path) -> None:
                 early = r.status
             async with s.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}) as r:
                 early_gen = r.status
-            await asyncio.sleep(0.7)
-            async with s.get(url + "/health") as r:
-                late = r.status
+            # poll /health until it turns (bounded), instead of sleeping past the 0.6 s start-up
+            deadline = asyncio.get_running_loop().time() + 30
+            late = early
+            while late != 200 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+                async with s.get(url + "/health") as r:
+                    late = r.status
             async with s.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}) as r:
                 late_gen = r.status
             return early, early_gen, late, late_gen

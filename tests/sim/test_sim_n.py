@@ -115,11 +115,11 @@ def test_bench_run_n2_counts_every_sequence_and_tpot_per_sequence(tmp_path: Path
     for r in rows:
         assert r["output_tokens"] == r["completion_tokens"] == 16 and r["n"] == 2  # 2 x 8, not 8
         assert r["finish_reason"] == "length"
-    # TPOT per sequence: (E2E - TTFT) / (16 / 2 - 1), the step time (20 ms here, later on a
-    # loaded host), not / (16 - 1), which would halve it
+    # TPOT per sequence: (E2E - TTFT) / (16 / 2 - 1), not / (16 - 1), which would halve it. The
+    # exact figure is checked against the records, not against the 20 ms step: on a loaded host a
+    # late first token shortens E2E - TTFT by wall-clock noise.
     tpot = [((r["end_ns"] - r["first_token_ns"]) / 1e6) / 7 for r in rows]
     assert s["latency"]["tpot_ms"]["p50"] == pytest.approx(sorted(tpot)[1] + (sorted(tpot)[2] - sorted(tpot)[1]) / 2)
-    assert s["latency"]["tpot_ms"]["p50"] >= 18.0
     # no ITL: the choices' chunks interleave
     assert s["timing"]["several_sequences"] == 4
     assert s["latency"].get("itl_ms", {}).get("n", 0) == 0

@@ -205,9 +205,14 @@ def test_client_disconnect_frees_the_request() -> None:
                 async with s.get(url + "/metrics") as m:
                     during = await m.text()
                 r.close()
-                await asyncio.sleep(0.3)
-                async with s.get(url + "/metrics") as m:
-                    after = await m.text()
+                # poll until the engine has freed it (bounded), instead of a fixed sleep
+                line = 'vllm:num_requests_running{model_name="llama-3.1-8b",engine="0"} 0'
+                deadline = asyncio.get_running_loop().time() + 30
+                after = ""
+                while line not in after and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.02)
+                    async with s.get(url + "/metrics") as m:
+                        after = await m.text()
         return during, after
 
     during, after = asyncio.run(main())
