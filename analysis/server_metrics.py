@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -238,3 +239,30 @@ def server_summary(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None:
     if check is not None:
         out["ttft_check"] = check
     return out
+
+
+#: The common names of the engines' queue-time and prefill-time histograms (the TTFT split reads
+#: them, and the report draws them).
+QUEUE_HIST = ("queue_seconds", "queue_time_seconds")
+PREFILL_HIST = ("prefill_seconds", "prefill_time_seconds")
+
+
+def common_filter(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
+    """The rows of a server-metrics table whose common metric name is one of ``names``."""
+    mask = pc.is_in(table["common"], value_set=pa.array(list(names)))
+    return table.filter(pc.fill_null(mask, False))
+
+
+def hist_interval_means(table: pa.Table, aliases: tuple[str, ...]) -> tuple[pd.Series, pd.Series] | None:
+    """Mean observation (seconds) per scrape interval, from _sum/_count deltas."""
+    t = common_filter(table, aliases)
+    if t.num_rows == 0:
+        return None
+    d = t.select(["ts_ns", "type", "delta"]).to_pandas()
+    s = d[d["type"] == "histogram_sum"].groupby("ts_ns")["delta"].sum()
+    c = d[d["type"] == "histogram_count"].groupby("ts_ns")["delta"].sum()
+    both = pd.concat([s.rename("sum"), c.rename("count")], axis=1).dropna()
+    both = both[both["count"] > 0]
+    if both.empty:
+        return None
+    return both["sum"] / both["count"], both["count"]

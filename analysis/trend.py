@@ -257,8 +257,7 @@ def _figure(key: str, series: list[Series], findings: list[Finding]) -> go.Figur
 
 
 def html_page(result: TrendResult) -> str:
-    from bench_llm.analysis.report import Section
-    from bench_llm.analysis.report.page import render_page
+    from bench_llm.analysis.report.page import Section, render_page
 
     flagged = Section("Flagged change points")
     rows = "".join(

@@ -154,7 +154,7 @@ def split_summary(run_dir: Path, requests: pa.Table | None = None) -> dict[str, 
 
 
 def _histogram_split(run_dir: Path, table: pa.Table) -> dict[str, Any] | None:
-    from bench_llm.analysis.report.data import PREFILL_HIST, QUEUE_HIST, hist_interval_means
+    from bench_llm.analysis.server_metrics import PREFILL_HIST, QUEUE_HIST, hist_interval_means
 
     server = read_server_metrics(run_dir)
     if server is None or "common" not in server.column_names:

@@ -64,7 +64,7 @@ def dataset_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 raise WorkloadError(f"{path}: item {i}: expected a JSON object, got {type(item).__name__}")
             yield f"{path}: item {i}", item
         return
-    from bench_llm.workloads.readers import jsonl_rows
+    from bench_llm.workloads.jsonl import jsonl_rows
 
     yield from ((f"{path}:{line}", obj) for line, obj in jsonl_rows(path))
 

@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 
 from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.jsonl import jsonl_rows, not_utf8
 from bench_llm.workloads.spec import MAX_REQUEST_TOKENS
 
 FORMATS = ("azure", "burstgpt", "mooncake", "lengths", "bench", "dataset")
@@ -157,23 +158,12 @@ def _float_field(path: Path, line: int, name: str, raw: Any) -> float:
     return value
 
 
-def _not_utf8(path: Path) -> WorkloadError:
-    """The error naming the first line of ``path`` that is not UTF-8 text."""
-    with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                return WorkloadError(f"{path}:{line_no}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")
-    return WorkloadError(f"{path}: not UTF-8 text; save the file as UTF-8")
-
-
 def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     """Yield (line number, row by lower-cased header) checking every row's field count."""
     try:
         yield from _csv_rows_utf8(path, required)
     except UnicodeDecodeError:
-        raise _not_utf8(path) from None
+        raise not_utf8(path) from None
 
 
 def _csv_rows_utf8(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -269,28 +259,6 @@ def read_burstgpt(path: Path, model: str | None = None, log_type: str | None = N
         stamps = [s - t0 for s in stamps]
     notes = (f"dropped {dropped} failed rows (Response tokens = 0)",) if dropped else ()
     return _finish(path, "burstgpt", inputs, outputs, timestamps_s=stamps, dropped=dropped, notes=notes)
-
-
-def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    empty = True
-    with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            empty = False
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise _not_utf8(path) from None
-                raise WorkloadError(f"{path}:{line_no}: not valid JSON (truncated or malformed line)") from None
-            if not isinstance(obj, dict):
-                raise WorkloadError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
-            yield line_no, obj
-    if empty:
-        raise WorkloadError(f"{path}: empty file, no requests")
 
 
 def _need(path: Path, line: int, obj: dict[str, Any], name: str) -> Any:

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import plotly.graph_objects as go
-
 from bench_llm.analysis.compare import config_key
 from bench_llm.analysis.format import anomaly_text, one_read_text
 from bench_llm.analysis.headline import build_headline, capacity_text, margin_text
@@ -22,7 +20,7 @@ from bench_llm.analysis.load import load_runs
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.analysis.report import figures as F
 from bench_llm.analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
-from bench_llm.analysis.report.page import render_page
+from bench_llm.analysis.report.page import Section, render_page
 from bench_llm.analysis.slo import SLO
 from bench_llm.results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, is_sweep
 
@@ -44,14 +42,6 @@ class ReportInfo:
     bytes: int
     runs: int
     figures: int
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Section:
-    title: str
-    html: str = ""  # pre-escaped HTML shown above the figures
-    figures: list[tuple[str, go.Figure]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 

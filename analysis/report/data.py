@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import itl_ms, measured, request_metrics
 from bench_llm.analysis.recommend_types import Recommendation, read_recommendation
+from bench_llm.analysis.server_metrics import PREFILL_HIST, QUEUE_HIST, common_filter, hist_interval_means
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.smoothness import Deadlines, smoothness_metrics
 from bench_llm.analysis.summary import SummaryOptions, summarize
@@ -42,8 +42,6 @@ GAUGES = {
     "running": ("running", "num_requests_running"),
     "kv_cache_usage": ("kv_cache_usage",),
 }
-QUEUE_HIST = ("queue_seconds", "queue_time_seconds")
-PREFILL_HIST = ("prefill_seconds", "prefill_time_seconds")
 
 
 @dataclass
@@ -240,11 +238,6 @@ def _ttft_parts(table: pa.Table, spans: pa.Table | None) -> dict[str, dict[str, 
     return out
 
 
-def _common_filter(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
-    mask = pc.is_in(table["common"], value_set=pa.array(list(names)))
-    return table.filter(pc.fill_null(mask, False))
-
-
 def _server_views(run_dir: Path, df: pd.DataFrame) -> dict[str, Any]:
     table = read_server_metrics(run_dir)
     if table is None or table.num_rows == 0 or "common" not in table.column_names:
@@ -253,7 +246,7 @@ def _server_views(run_dir: Path, df: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = {}
     gauges: dict[str, dict[str, list[float]]] = {}
     for name, aliases in GAUGES.items():
-        t = _common_filter(table, aliases)
+        t = common_filter(table, aliases)
         if t.num_rows == 0:
             continue
         g = t.select(["ts_ns", "type", "value"]).to_pandas()
@@ -273,21 +266,6 @@ def _downsample(s: pd.Series, n: int) -> pd.Series:
         return s
     idx = np.unique(np.linspace(0, len(s) - 1, n).astype(int))
     return s.iloc[idx]
-
-
-def hist_interval_means(table: pa.Table, aliases: tuple[str, ...]) -> tuple[pd.Series, pd.Series] | None:
-    """Mean observation (seconds) per scrape interval, from _sum/_count deltas."""
-    t = _common_filter(table, aliases)
-    if t.num_rows == 0:
-        return None
-    d = t.select(["ts_ns", "type", "delta"]).to_pandas()
-    s = d[d["type"] == "histogram_sum"].groupby("ts_ns")["delta"].sum()
-    c = d[d["type"] == "histogram_count"].groupby("ts_ns")["delta"].sum()
-    both = pd.concat([s.rename("sum"), c.rename("count")], axis=1).dropna()
-    both = both[both["count"] > 0]
-    if both.empty:
-        return None
-    return both["sum"] / both["count"], both["count"]
 
 
 def _ttft_split(table: pa.Table, df: pd.DataFrame, t0: float) -> dict[str, Any] | None:

@@ -5,15 +5,24 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import json
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
+import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.utils import PlotlyJSONEncoder
 
 from bench_llm.core import __version__
 
-if TYPE_CHECKING:
-    from bench_llm.analysis.report import Section
+
+@dataclass
+class Section:
+    """One section of a report page: a title, pre-escaped HTML, figures and notes."""
+
+    title: str
+    html: str = ""  # pre-escaped HTML shown above the figures
+    figures: list[tuple[str, go.Figure]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
