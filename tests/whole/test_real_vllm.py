@@ -136,9 +136,8 @@ def test_launched_engine_leaves_bench_timing_alone(engine: EngineHandle, tmp_pat
     assert check is not None and check["client_count"] == 40 == check["server_count"]
     # like with like: the mean of what the client saw beyond the engine's own TTFT, exact over
     # the same 40 requests. Read late (launched in a new session) it was +47 % of the engine's
-    # p50; read on time 2.4-3.8 ms of ~35-47 ms (5-8 %). Not the p50s put through the engine's
-    # 20 ms-wide buckets: near a bucket bound they jump by half a bucket (+28 % in CI for a few ms)
-    assert check["mean_gap_ms"] < 0.25 * check["server_p50_ms"], check
+    # p50; read on time 2.4-3.8 ms of ~35-47 ms (5-8 %). The bound: see _allowed_gap_ms.
+    assert check["mean_gap_ms"] < _allowed_gap_ms(run_dir), check
 
 
 def test_request_spans_over_otlp_split_ttft(engine: EngineHandle, otlp: OtlpReceiver, tmp_path: Path) -> None:
@@ -214,7 +213,25 @@ def test_two_cell_sweep_measures_cleanly(tmp_path: Path) -> None:
         assert summary.requests.anomalies == 0, (cell, summary.requests.anomaly_kinds)
         check = json_of(ttft_cross_check(run_dir, read_requests(run_dir)))  # the check as its JSON payload
         assert check is not None and check["client_count"] == check["server_count"], (cell, check)
-        assert check["mean_gap_ms"] < 0.25 * check["server_p50_ms"], (cell, check)  # as the test above
+        assert check["mean_gap_ms"] < _allowed_gap_ms(run_dir), (cell, check)  # as the test above
+
+
+def _allowed_gap_ms(run_dir: Path) -> float:
+    """How far the client's mean TTFT may exceed the engine's own before bench counts as reading late.
+
+    A quarter of the engine's median TTFT, where the median is only known to the resolution of
+    vLLM's histogram: its bucket's upper edge is used (vLLM 0.32's TTFT buckets are 1, 5, 10, 20,
+    40, 60 ms ...; a median interpolated inside one moved the old bound by up to half a bucket,
+    +28 % in CI for a few ms). And at least 5 ms: the gap is HTTP, the API server's hand-off and
+    the client's read, and on a 2-core host whose cores both run engine ranks (TP2 pins one rank
+    per core) the API server and the client wait for a core (2.9 ms measured at a 9 ms median).
+    Reading late, the fault this guards against, showed +47 % of a ~40 ms median: ~19 ms."""
+    table = read_server_metrics(run_dir)
+    assert table is not None
+    h = window_histogram(table, "ttft_seconds")
+    assert h is not None and h.total > 0
+    _, upper_s = h.bucket_of(0.5)
+    return max(0.25 * upper_s * 1000.0, 5.0)
 
 
 def _group_members(pgid: int) -> list[int]:
