@@ -252,8 +252,8 @@ def headline(result: TrendResult) -> str:
     r, f = len(result.regressions), len(result.flagged)
     if r:
         worst = _ordered(result.regressions)[0]
-        return (f"{r} regression(s) flagged; worst: {worst.metric} of {worst.label or 'run'} "
-                f"{_pct(worst.change.rel_change)} at {worst.where}")  # fmt: skip
+        at = f"at {worst.where}" if worst.certain else f"({worst.where})"
+        return f"{r} regression(s) flagged; worst: {worst.metric} of {worst.label or 'run'} {_pct(worst.change.rel_change)} {at}"
     return f"no regression flagged ({f} improvement(s))"
 
 
