@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,9 +42,9 @@ sys.path.insert(0, str(REPO))
 from click.testing import CliRunner  # noqa: E402
 
 from bench_llm.analysis.gate import load_gate_config  # noqa: E402
-from bench_llm.analysis.history import entries  # noqa: E402
+from bench_llm.analysis.history import entries, load_series  # noqa: E402
 from bench_llm.analysis.slo import SLO  # noqa: E402
-from bench_llm.analysis.trend import TrendOptions, run_trend  # noqa: E402
+from bench_llm.analysis.trend import TrendOptions, detect, run_trend  # noqa: E402
 from bench_llm.bench.cli import cli  # noqa: E402
 from bench_llm.core.control import EngineClient  # noqa: E402
 from bench_llm.results.history import Partition, add_entry, config_slug  # noqa: E402
@@ -128,10 +129,29 @@ def rebuild(kept: Path, store: Path) -> None:
             add_entry(store, Partition(day, commit, config), e.entry_id, e.rows, [r.path for r in e.runs])
 
 
+def first_night(store: Path, at: int, seed: int) -> tuple[int, str, str]:
+    """Replay the history night by night (each series cut after night n) and return the first
+    night the TPOT regression is flagged, what it names as the culprit and whether that is
+    the right commit ("right", "uncertain, right one in the span", "WRONG"); (0, "", "") when
+    never."""
+    cfg = load_gate_config(GATES)
+    series = [s for s in load_series(store, ["tpot_p50_ms"]).series]
+    for night in range(at, max(len(s.points) for s in series) + 1):
+        cut = [replace(s, points=s.points[:night]) for s in series]
+        for f in detect(cut, dict(cfg.metrics), TrendOptions(seed=seed)):
+            if f.flagged and abs(f.index + 1 - at) <= 3:
+                lo, hi = f.span
+                verdict = ("right" if f.index + 1 == at else "WRONG") if f.certain else ("uncertain, right one in the span" if lo <= at <= hi else "WRONG span")
+                return night, f.where, verdict
+    return 0, "", ""
+
+
 def history(seed: int, at: int, store: Path) -> tuple[int, list[tuple[str, int]], list[str]]:
     cfg = load_gate_config(GATES)
     result = run_trend(store, dict(cfg.metrics), list(cfg.metrics), TrendOptions(seed=seed))
     lines = [f"{f.metric} at run {f.index + 1}: {f.verdict} {100 * f.change.rel_change:+.1f}% (p={f.change.p_value:.3f})" for f in result.findings]
+    night, where, verdict = first_night(store, at, seed)
+    lines.append(f"nightly replay: TPOT regression first flagged on night {night}, naming {where}: {verdict}" if night else "nightly replay: never flagged")
     hit = int(any(abs(f.index + 1 - at) <= 1 for f in result.flagged))
     false = [(f.metric, f.index + 1) for f in result.flagged if abs(f.index + 1 - at) > 1]
     return hit, false, lines
