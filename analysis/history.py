@@ -285,6 +285,22 @@ def read_series(store: Path, metrics: Sequence[str] | None = None) -> list[Serie
     return list(load_series(store, metrics).series)
 
 
+def fingerprint_change(store: Path, config_key: str, fingerprint: str) -> str | None:
+    """How ``fingerprint`` differs from the newest stored entry of ``config_key`` among the
+    store's last few commits (None when it does not, or there is none): said when a run is
+    added, so that a changed workload is noticed the night it changes."""
+    if not (Path(store) / "metrics").is_dir():
+        return None
+    df = read_history(store, last=5).table.to_pandas()
+    df = df[(df["config_key"] == config_key) & df["fingerprint"].notna() & (df["fingerprint"] != "")]
+    if df.empty:
+        return None
+    newest = df.sort_values(["date", "start_utc"])["fingerprint"].iloc[-1]
+    if newest == fingerprint:
+        return None
+    return fingerprint_diff(_fp(fingerprint) or {}, _fp(newest) or {})
+
+
 class NotComparable(ValueError):
     """The current run measured something other than the stored runs it would be judged by."""
 

@@ -43,7 +43,7 @@ def command(results: Path, store: Path, commit: str | None, date_text: str | Non
     baseline. Exit code 0 when everything was added, 3 when something was refused.
     """
     from bench_llm.analysis.gate import load_gate_config
-    from bench_llm.analysis.history import DEFAULT_HISTORY_METRICS, entries, entry_date
+    from bench_llm.analysis.history import DEFAULT_HISTORY_METRICS, entries, entry_date, fingerprint_change
     from bench_llm.analysis.slo import SLO
     from bench_llm.bench.options import parse_slo
     from bench_llm.core.config import ConfigError
@@ -70,9 +70,13 @@ def command(results: Path, store: Path, commit: str | None, date_text: str | Non
                 refused.append(f"refused {e.config_key or 'run'}: {e.ok} of {e.counted} measured requests succeeded; "
                                "not stored (a failed run must never become a baseline)")  # fmt: skip
                 continue
+            changed = fingerprint_change(store, e.config_key, e.fingerprint)
             part = Partition(date_text or entry_date(e), commit, config_slug(e.config_key))
             stored = add_entry(store, part, e.entry_id, e.rows, [r.path for r in e.runs])
             click.echo(f"added {e.config_key or 'run'} ({len(e.runs)} run(s)) -> {stored.metrics_file}")
+            if changed:
+                click.echo(f"note: {e.config_key or 'run'} measured something else than its stored entries ({changed}; this run vs "
+                           "the newest stored): trend keeps it apart, gate --history judges it only against entries like it")  # fmt: skip
     except (ConfigError, ResultsError, ValueError) as exc:
         raise BenchError(str(exc)) from None
     if refused:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -234,6 +235,10 @@ def test_gate_refuses_a_run_that_is_not_comparable(run_store: tuple[Path, Path],
     res = CliRunner().invoke(cli, ["gate", "--history", str(store), "--current", str(other), "--config", str(gates)])
     assert res.exit_code == 2, res.output
     assert "not comparable" in res.output and "concurrency 8 vs 4, input_tokens 128 vs 64" in res.output, res.output
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    res = CliRunner().invoke(cli, ["history", str(other), "--store", str(copy), "--commit", "c9", "--date", "2026-01-09"])
+    assert res.exit_code == 0 and "note: run measured something else than its stored entries (concurrency 8 vs 4" in res.output, res.output
     same = _meta(synthetic_run(tmp_path / "c4", 120, 6, seed=10), concurrency=4, input_tokens=64)
     res = CliRunner().invoke(cli, ["gate", "--history", str(store), "--current", str(same), "--config", str(gates)])
     assert res.exit_code == 0, res.output
@@ -250,8 +255,6 @@ def test_trend_separates_runs_that_measured_something_else(tmp_path: Path) -> No
 
 
 def test_a_corrupt_stored_run_is_named(run_store: tuple[Path, Path], tmp_path: Path) -> None:
-    import shutil
-
     store, gates = run_store
     copy = tmp_path / "store"
     shutil.copytree(store, copy)
