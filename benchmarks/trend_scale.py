@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import resource
 import shutil
 import subprocess
 import sys
@@ -56,17 +55,27 @@ def build(store: Path, nights: int, configs: int, seed: int = 0) -> int:
     return len(range(50, nights, 100))
 
 
+_CHILD = """
+import resource, subprocess, sys, time
+t0 = time.perf_counter()
+out = subprocess.run(sys.argv[1:], capture_output=True, text=True, check=False)
+wall = time.perf_counter() - t0
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"{out.returncode} {wall} {r.ru_utime + r.ru_stime} {r.ru_maxrss}")
+sys.stdout.write(out.stdout)
+sys.stderr.write(out.stderr)
+"""
+
+
 def measure(argv: list[str]) -> tuple[float, float, float, str]:
-    """(wall s, CPU s, peak RSS MB, output) of one child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    out = subprocess.run(argv, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if out.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(argv)} exited {out.returncode}: {out.stderr}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, after.ru_maxrss / 1024, out.stdout  # ru_maxrss: KB on Linux; the largest child so far
+    """(wall s, CPU s, peak RSS MB, output) of one child process, measured by a process of its
+    own (``RUSAGE_CHILDREN`` of a parent that started only it: its own peak, not the largest so far)."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, *argv], capture_output=True, text=True, check=False)
+    head, _, rest = out.stdout.partition("\n")
+    code, wall, cpu, rss_kb = head.split()
+    if int(code) not in (0, 1):
+        raise SystemExit(f"{' '.join(argv)} exited {code}: {out.stderr}")
+    return float(wall), float(cpu), int(rss_kb) / 1024, rest  # ru_maxrss: KB on Linux
 
 
 def main() -> None:
@@ -86,8 +95,8 @@ def main() -> None:
         argv = [*bench, "trend", str(store), "--html", str(root / "trend.html"), "--min-change-pct", "5", *extra]
         wall, cpu, rss, out = measure(argv)
         found = [line for line in out.splitlines() if line.startswith(("REGRESSION", "IMPROVEMENT"))]
-        print(f"bench trend {' '.join(extra) or '(whole history)'}: {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {rss:.0f} MB "
-              f"(largest child so far), {len(found)} flagged change points; page {(root / 'trend.html').stat().st_size / 1e6:.1f} MB")  # fmt: skip
+        print(f"bench trend {' '.join(extra) or '(whole history)'}: {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {rss:.0f} MB, "
+              f"{len(found)} flagged change points; page {(root / 'trend.html').stat().st_size / 1e6:.1f} MB")  # fmt: skip
         print("  " + out.splitlines()[0])
     if args.keep is None:
         shutil.rmtree(root, ignore_errors=True)
