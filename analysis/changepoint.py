@@ -27,10 +27,11 @@ from the papers:
   neither makes nor hides a change. The p-value is nominal: the candidate was chosen as the
   best of many splits, so the share of false change points is higher than ``p_max`` says; its
   real cost is measured (docs/reporting.md, "bench trend"), which is why ``p_max`` is small.
-* **Where exactly.** A change point found with few nights after it may sit one commit early or
-  late. Its location is the least-squares split between its neighbours (within ``min_size``
-  commits of the candidate); every other split whose fit is within a likelihood ratio of
-  ``location_lr`` (Gaussian noise at the segments' robust scale) is a commit the change may
+* **Where exactly.** A change point found with few nights after it may sit a commit or two
+  early or late. Its location is the least-squares split between its neighbours within
+  ``LOCATE_RADIUS`` commits of the candidate; every split between the neighbours whose fit is
+  within a likelihood ratio of ``location_lr`` of it (Gaussian noise whose variance is the
+  larger of the robust and the plain estimate: outliers widen it) is a commit the change may
   equally well have started at: ``first``..``last``. One commit there: the culprit is certain.
 
 Nothing else is assumed about the noise.
@@ -50,6 +51,8 @@ MIN_SIZE = 3
 WEAK_FACTOR = 10.0
 LOCATION_LR = 100.0
 _CLIP_SD = 3.0
+#: How far (commits) the least-squares location may move from the energy search's candidate.
+LOCATE_RADIUS = 2
 
 
 @dataclass(frozen=True)
@@ -228,18 +231,21 @@ def _locate(z: np.ndarray, a: int, at: int, b: int, min_size: int, location_lr: 
     """The least-squares split of ``z[a:b]`` near ``at`` and the span of splits as likely
     (within ``location_lr``): (best, first, last), absolute indices."""
     seg = z[a:b]
-    ks = np.arange(max(1, at - a - (min_size - 1)), min(len(seg) - 1, at - a + (min_size - 1)) + 1)
+    ks = np.arange(1, len(seg))
     c1, c2 = np.cumsum(seg), np.cumsum(seg**2)
     left_n, right_n = ks.astype(float), (len(seg) - ks).astype(float)
     left_s, right_s = c1[ks - 1], c1[-1] - c1[ks - 1]
     sse = (c2[-1]) - left_s**2 / left_n - right_s**2 / right_n
-    best = int(ks[int(np.argmin(sse))])
+    near = np.abs(ks - (at - a)) <= LOCATE_RADIUS
+    best = int(ks[near][int(np.argmin(sse[near]))])
     x, y = seg[:best], seg[best:]
     resid = np.concatenate([x - np.median(x), y - np.median(y)])
-    scale2 = (1.4826 * float(np.median(np.abs(resid)))) ** 2
+    # the noise's variance: the robust one, or the plain one when outliers make it larger (they
+    # move the least-squares fit as much as they move its mean square)
+    scale2 = max((1.4826 * float(np.median(np.abs(resid)))) ** 2, float(sse[best - 1]) / max(1, len(seg) - 2))
     if scale2 <= 0:
         return a + best, a + best, a + best
-    close = ks[(sse - sse.min()) / scale2 <= 2 * math.log(location_lr)]
+    close = ks[(sse - sse[best - 1]) / scale2 <= 2 * math.log(location_lr)]
     return a + best, a + int(close.min()), a + int(close.max())
 
 

@@ -108,6 +108,45 @@ def otava_detector(python: Path, p: float) -> Callable[[list[np.ndarray]], list[
     return run
 
 
+def culprit(kind: str, level: float, reps: int, otava: Path | None) -> None:
+    """Replay nightly: each series cut after each night from the change on; the first night a
+    change point within 3 commits of the true one is reported, and what it names: the right
+    commit, an uncertain span holding it (bench only), or a wrong commit / a span without it."""
+    print(f"\nfirst night reported ({kind} noise {100 * level:g} %, {reps} series each): nights after the change (median), "
+          "right commit / uncertain span with the right one / WRONG")  # fmt: skip
+    rng = np.random.default_rng(7)
+    for shift, at in ((0.10, 20), (0.05, 10)):
+        series = []
+        for _ in range(reps):
+            z = _noise(rng, 30, kind, level)
+            z[at:] *= 1 + shift
+            series.append(z)
+        prefixes = [z[:night] for z in series for night in range(at + 1, 31)]
+        per = 30 - at
+        rows = {"bench": [[(c.index, c.span) for c in e_divisive(p)] for p in prefixes]}
+        if otava is not None:
+            rows["otava 0.001"] = [[(i, (i, i)) for i in idx] for idx in otava_detector(otava, 0.001)(prefixes)]
+        for name, found in rows.items():
+            nights, right, span, wrong, never = [], 0, 0, 0, 0
+            for k in range(reps):
+                for j in range(per):
+                    near = [(i, sp) for i, sp in found[k * per + j] if abs(i - at) <= 3]
+                    if near:
+                        i, (lo, hi) = near[0]
+                        nights.append(j + 1)
+                        if lo == hi:
+                            right += i == at
+                            wrong += i != at
+                        else:
+                            span += lo <= at <= hi
+                            wrong += not lo <= at <= hi
+                        break
+                else:
+                    never += 1
+            med = f"{np.median(nights):.0f}" if nights else "-"
+            print(f"  +{100 * shift:g} % at night {at + 1}, {name:<12}: {med} nights; {right} / {span} / {wrong}; never reported {never}")
+
+
 def make_venv(where: Path) -> Path:
     """A scratch virtual environment with Otava (its analysis needs only numpy and scipy; the
     rest of its dependencies serve its data sources and are not installed)."""
@@ -156,6 +195,7 @@ def main() -> None:
         elif not args.sweep:
             print("(Otava not run: pass --otava-venv DIR or --make-otava-venv)")
         table(f"noise: {kind}, {100 * args.noise:g} %", runs, cases)
+        culprit(kind, args.noise, 2 * args.reps, python)
 
 
 if __name__ == "__main__":
