@@ -23,6 +23,7 @@ from bench_llm.analysis.bootstrap import METRICS, make_side, point_estimates
 from bench_llm.analysis.compare import group_runs
 from bench_llm.analysis.load import Run, load_runs
 from bench_llm.analysis.slo import SLO
+from bench_llm.core.errors import BenchError
 from bench_llm.results.history import History, Partition, read_history, run_folders
 from bench_llm.results.reader import ResultsError, read_parquet_file
 from bench_llm.results.schema import HISTORY_SCHEMA
@@ -301,7 +302,7 @@ def fingerprint_change(store: Path, config_key: str, fingerprint: str) -> str | 
     return fingerprint_diff(_fp(fingerprint) or {}, _fp(newest) or {})
 
 
-class NotComparable(ValueError):
+class NotComparable(BenchError, ValueError):
     """The current run measured something other than the stored runs it would be judged by."""
 
 
