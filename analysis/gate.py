@@ -165,6 +165,7 @@ def run_gate_history(store: Path, current: Path, config: GateConfig, window: int
     from bench_llm.analysis.compare import compare_groups, group_runs
     from bench_llm.analysis.history import rolling_baseline, run_fingerprint
     from bench_llm.analysis.load import load_runs
+    from bench_llm.results.history import read_history
 
     if window < 1:
         raise ValueError("the rolling window must be >= 1 entry")
@@ -172,8 +173,9 @@ def run_gate_history(store: Path, current: Path, config: GateConfig, window: int
     gc = group_runs(load_runs(current))
     current_ids = [r.run_id for runs in gc.values() for r in runs]
     gb, notes = {}, []
+    stored = read_history(store)
     for key, runs in gc.items():
-        base, why = rolling_baseline(store, key, window, current_ids, run_fingerprint(runs[0].meta))
+        base, why = rolling_baseline(store, key, window, current_ids, run_fingerprint(runs[0].meta), stored)
         notes += [n for n in why if n not in notes]
         if base:
             gb[key] = base

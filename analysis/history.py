@@ -317,7 +317,8 @@ def _bad_file(folder: Path) -> str:
 
 
 def rolling_baseline(
-    store: Path, config_key: str, window: int, exclude_runs: Sequence[str] = (), fingerprint: Mapping[str, object] | None = None
+    store: Path, config_key: str, window: int, exclude_runs: Sequence[str] = (), fingerprint: Mapping[str, object] | None = None,
+    history: History | None = None,
 ) -> tuple[list[Run], list[str]]:
     """The stored runs of the last ``window`` comparable entries of a configuration (by date,
     then start), leaving out ``exclude_runs`` (the run being judged, if it was already added),
@@ -326,8 +327,9 @@ def rolling_baseline(
     Comparable: the same ``fingerprint`` (entries stored without one count as comparable).
     Entries of the configuration exist but none is comparable: ``NotComparable``, naming the
     difference. A stored run that cannot be read is left out and named; when none is left,
-    ``ResultsError`` names it."""
-    hist = read_history(store)
+    ``ResultsError`` names it. ``history``: the store as already read (one read for several
+    configurations)."""
+    hist = history if history is not None else read_history(store)
     notes = [n for n in [hist.skipped_note()] if n]
     df = hist.table.to_pandas()
     df = df[(df["config_key"] == config_key) & ~df["run_id"].isin(list(exclude_runs))]
