@@ -95,6 +95,13 @@ def test_every_change_point_of_a_store_with_reverts_and_its_commit(tmp_path: Pat
     assert "p=" in out and "+10." in out and "+5." in out  # each with its p-value and magnitude
     text = md.read_text()
     assert text.index("❌ regression") < text.index("✅ improvement")  # regressions first
+    page_path = tmp_path / "trend.html"
+    code, _ = _trend(store, tmp_path, "--html", str(page_path))
+    page = page_path.read_text()
+    # the first screen: the red headline with the worst regression, the flagged table, a plot per flagged change
+    head = page.index("4 regression(s) flagged; worst: tpot_p50_ms of run +")
+    assert head < page.index(">regression<") < page.index(">improvement<") < page.index('id="fig-0-flagged-0"') < page.index("Configuration run")
+    assert page.count('-flagged-') >= 6 and "#dc2626" in page
 
 
 def test_19_steps_in_300_nights_are_all_found() -> None:
