@@ -95,6 +95,8 @@ class GateResult:
     comparison: Comparison
     checks: tuple[CheckResult, ...]
     missing: tuple[str, ...]
+    #: what a rolling baseline left out (entries of another fingerprint, unreadable files)
+    notes: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -156,24 +158,34 @@ def run_gate(baseline: Path, current: Path, config: GateConfig) -> GateResult:
 
 def run_gate_history(store: Path, current: Path, config: GateConfig, window: int) -> GateResult:
     """Judge CURRENT against a rolling baseline: for each of its configurations, the stored
-    runs of that configuration's last ``window`` entries in the results store (the current
-    runs themselves left out, should they already be stored)."""
+    runs of that configuration's last ``window`` comparable entries in the results store (the
+    same workload, load and engine: analysis/history.run_fingerprint; the current runs
+    themselves left out, should they already be stored). A configuration whose stored entries
+    all measured something else is refused (``NotComparable``, naming the difference)."""
     from bench_llm.analysis.compare import compare_groups, group_runs
-    from bench_llm.analysis.history import rolling_baseline
+    from bench_llm.analysis.history import rolling_baseline, run_fingerprint
     from bench_llm.analysis.load import load_runs
+    from bench_llm.results.history import read_history
 
     if window < 1:
         raise ValueError("the rolling window must be >= 1 entry")
     s = config.gate
     gc = group_runs(load_runs(current))
     current_ids = [r.run_id for runs in gc.values() for r in runs]
-    gb = {key: base for key in gc if (base := rolling_baseline(store, key, window, current_ids))}
+    gb, notes = {}, []
+    stored = read_history(store)
+    for key, runs in gc.items():
+        base, why = rolling_baseline(store, key, window, current_ids, run_fingerprint(runs[0].meta), stored)
+        notes += [n for n in why if n not in notes]
+        if base:
+            gb[key] = base
     if not gb:
         raise ValueError(f"{store} holds no run of any configuration in {current}")
     options = BootstrapOptions(level=s.level, resamples=s.resamples, seed=s.seed, resampling=s.resampling)
-    label = f"{store} (last {window} entries per configuration)"
+    label = f"{store} (last {window} comparable entries per configuration)"
     cmp = compare_groups(gb, gc, label, str(current), list(config.metrics), SLO.from_dict(s.slo) if s.slo else SLO(), options)
-    return _judge_comparison(cmp, set(gb), config)
+    result = _judge_comparison(cmp, set(gb), config)
+    return GateResult(result.comparison, result.checks, result.missing, tuple(notes))
 
 
 def _judge_comparison(cmp: Comparison, base_keys: set[str], config: GateConfig) -> GateResult:
@@ -216,8 +228,9 @@ def markdown_summary(result: GateResult) -> str:
 
 
 def _anomaly_notes(result: GateResult) -> list[str]:
-    """Per configuration, the records left out for breaking the invariants."""
-    return [f"{g.key or 'run'}: {g.anomaly_note}" for g in result.comparison.groups if g.anomaly_note]
+    """Per configuration, the records left out for breaking the invariants; what the rolling
+    baseline left out."""
+    return [f"{g.key or 'run'}: {g.anomaly_note}" for g in result.comparison.groups if g.anomaly_note] + list(result.notes)
 
 
 def _md(text: str) -> str:

@@ -20,12 +20,14 @@ class ExitCode(enum.IntEnum):
 
     #: Measured (most requests succeeded); a gate passed; a configuration meets the SLOs.
     OK = 0
-    #: ``bench gate``: a real regression. Also Python's status for an unexpected crash.
+    #: ``bench gate``: a real regression; ``bench trend``: a regression flagged in the history.
+    #: Also Python's status for an unexpected crash.
     REGRESSION = 1
     #: Bad input: a flag, a file, a folder (one ``error:`` line, no traceback).
     BAD_INPUT = 2
     #: Nothing or almost nothing succeeded: a run (or every load of a sweep) whose requests
     #: failed (see ``too_few_succeeded``); the summary names the most frequent errors.
+    #: ``bench history``: such a run was refused, not stored.
     NO_DATA = 3
     #: The measurement worked but no configuration meets the SLOs at the target load.
     NO_CONFIGURATION = 4

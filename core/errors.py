@@ -16,6 +16,7 @@ built-in exception, existing ``except ValueError`` callers keep working)::
     ├── ConfigError (ValueError)        core/config.py: a TOML file; names the file and dotted key
     ├── ControlError (ValueError)       core/control.py: an engine's control route answered nonsense
     ├── SLOError (ValueError)           analysis/slo.py: an SLO specification
+    ├── NotComparable (ValueError)      analysis/history.py: a run unlike the stored ones it is judged against
     ├── ResultsError                    results/reader.py: a folder or file that is not a readable run
     ├── SweepSpecError (ValueError)     bench/sweep/spec.py: a sweep that cannot run
     ├── PartRejected (ValueError)       bench/distributed/assemble.py: a worker's part of a run

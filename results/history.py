@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from bench_llm.results.reader import ResultsError
 from bench_llm.results.schema import HISTORY_METRICS_DIR, HISTORY_RUNS_DIR, HISTORY_SCHEMA
@@ -91,14 +91,113 @@ def add_entry(store: Path, part: Partition, entry_id: str, rows: pa.Table, run_d
     return StoredEntry(metrics_file, tuple(copies))
 
 
-def read_history(store: Path) -> pa.Table:
-    """Every metric row of the store, with ``date``, ``commit`` and ``config`` columns."""
+#: Columns an entry's metrics file cannot be read without; the others are filled with nulls
+#: when absent (a file written before they existed, e.g. ``fingerprint``).
+REQUIRED_COLUMNS = ("run_id", "config_key", "metric", "value")
+_PART = re.compile(r"^date=(\d{4}-\d{2}-\d{2})/commit=([^/]+)/config=([^/]+)$")
+_READ_SCHEMA = pa.schema([*HISTORY_SCHEMA, pa.field("date", pa.string()), pa.field("commit", pa.string()), pa.field("config", pa.string())])
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file of the store that could not be read: left out, named, counted."""
+
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class History:
+    """The metric rows read from a store (``date``, ``commit``, ``config`` added from the
+    partition folders), and the files that could not be read."""
+
+    table: pa.Table
+    files: int  # metrics files read
+    skipped: tuple[SkippedFile, ...] = ()
+
+    def skipped_note(self) -> str | None:
+        if not self.skipped:
+            return None
+        shown = "; ".join(f"{s.path}: {s.reason}" for s in self.skipped[:3])
+        more = f"; and {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
+        return f"skipped {len(self.skipped)} unreadable file(s) of the store ({len(self.skipped) + self.files} in all): {shown}{more}"
+
+
+def _partitions(root: Path) -> list[tuple[str, str, str, Path]]:
+    """(date, commit, config, folder) of every partition folder under ``root``."""
+    out = []
+    for date_dir in root.glob("date=*"):
+        for commit_dir in date_dir.glob("commit=*"):
+            for config_dir in commit_dir.glob("config=*"):
+                m = _PART.match(f"{date_dir.name}/{commit_dir.name}/{config_dir.name}")
+                if m and config_dir.is_dir():
+                    out.append((m.group(1), m.group(2), m.group(3), config_dir))
+    return sorted(out)
+
+
+def _read_entry(path: Path, date: str, commit: str, config: str) -> pa.Table:
+    """One entry's metrics file as ``_READ_SCHEMA`` rows; ResultsError (the reason) when it
+    cannot be read or lacks a required column."""
+    try:
+        with pa.OSFile(str(path)) as f:  # one handle, Arrow's own (results/reader.read_parquet_file says why)
+            table = pq.ParquetFile(f).read(use_threads=False)  # a small file: threads cost more than they save (3x)
+    except (OSError, pa.ArrowException) as exc:
+        raise ResultsError(f"not a readable Parquet file ({str(exc).splitlines()[0][:160]})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ResultsError(f"missing column(s) {', '.join(missing)}")
+    n = table.num_rows
+    cols = {}
+    for f in HISTORY_SCHEMA:
+        if f.name in table.column_names:
+            try:
+                cols[f.name] = table[f.name].cast(f.type)
+            except (pa.ArrowException, ValueError) as exc:
+                raise ResultsError(f"column {f.name} is not {f.type} ({str(exc).splitlines()[0][:120]})") from None
+        else:
+            cols[f.name] = pa.nulls(n, f.type)
+    for name, value in (("date", date), ("commit", commit), ("config", config)):
+        cols[name] = pa.array([value] * n, pa.string())
+    return pa.Table.from_pydict(cols, schema=_READ_SCHEMA)
+
+
+def read_history(store: Path, since: str | None = None, last: int | None = None) -> History:
+    """The metric rows of the store, with ``date``, ``commit`` and ``config`` columns.
+
+    ``since`` (YYYY-MM-DD): only partitions of that date or later. ``last``: only the
+    partitions of the last ``last`` commits by date (every commit of the earliest date kept
+    is read: within a day the order is the runs' start, which the rows tell). Only those
+    files are opened. A file that cannot be read (corrupt, not Parquet, a required column
+    missing) is skipped and listed in ``History.skipped``; the rest of the store is read."""
     root = Path(store) / HISTORY_METRICS_DIR
     if not root.is_dir():
         raise ResultsError(f"{store}: not a results store (no {HISTORY_METRICS_DIR}/ folder; add runs with `bench history`)")
-    partitioning = ds.partitioning(pa.schema([("date", pa.string()), ("commit", pa.string()), ("config", pa.string())]), flavor="hive")
-    dataset = ds.dataset(root, format="parquet", partitioning=partitioning, ignore_prefixes=[".", "_"])
-    return dataset.to_table()
+    if since is not None and not _DATE.match(since):
+        raise ValueError(f"since {since!r} is not YYYY-MM-DD")
+    parts = _partitions(root)
+    if since is not None:
+        parts = [p for p in parts if p[0] >= since]
+    if last is not None:
+        if last < 1:
+            raise ValueError("last must be >= 1 commit")
+        first_date: dict[str, str] = {}
+        for date, commit, _, _ in parts:
+            first_date.setdefault(commit, date)
+        dates = sorted(first_date.values())
+        cutoff = dates[-last] if len(dates) >= last else ""
+        keep = {c for c, d in first_date.items() if d >= cutoff}
+        parts = [p for p in parts if p[1] in keep]
+    tables, skipped = [], []
+    for date, commit, config, folder in parts:
+        for path in sorted(folder.glob("*.parquet")):
+            if path.name.startswith((".", "_")):
+                continue
+            try:
+                tables.append(_read_entry(path, date, commit, config))
+            except ResultsError as exc:
+                skipped.append(SkippedFile(path, str(exc)))
+    table = pa.concat_tables(tables) if tables else _READ_SCHEMA.empty_table()
+    return History(table, len(tables), tuple(skipped))
 
 
 def run_folders(store: Path, part: Partition, entry_id: str) -> list[Path]:

@@ -187,6 +187,9 @@ HISTORY_SCHEMA = pa.schema(
         pa.field("requests", pa.int64(), nullable=False),
         pa.field("metric", pa.string(), nullable=False),
         pa.field("value", pa.float64()),
+        # What was measured, as JSON (analysis/history.run_fingerprint): workload, load, engine
+        # identity and host; only entries with the same one are compared. Null in older stores.
+        pa.field("fingerprint", pa.string()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "history"},
 )

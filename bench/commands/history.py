@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from bench_llm.bench.errors import ExitCode, Outcome, too_few_succeeded
 from bench_llm.core.errors import BenchError
 
 
@@ -35,10 +36,14 @@ def command(results: Path, store: Path, commit: str | None, date_text: str | Non
 
     Each configuration becomes one entry: its metrics in STORE/metrics/date=…/commit=…/config=…/
     (one Parquet dataset for DuckDB, pandas, Polars, Spark; docs/results.md) and a copy of its
-    run folders under STORE/runs/ (for `bench gate --history`).
+    run folders under STORE/runs/ (for `bench gate --history`), with what it measured (workload,
+    load, engine: its fingerprint), so that only like is compared with like.
+
+    A configuration whose requests (nearly) all failed is refused, never stored: it would be a
+    baseline. Exit code 0 when everything was added, 3 when something was refused.
     """
     from bench_llm.analysis.gate import load_gate_config
-    from bench_llm.analysis.history import DEFAULT_HISTORY_METRICS, entries, entry_date
+    from bench_llm.analysis.history import DEFAULT_HISTORY_METRICS, entries, entry_date, fingerprint_change
     from bench_llm.analysis.slo import SLO
     from bench_llm.bench.options import parse_slo
     from bench_llm.results.history import Partition, add_entry, config_slug
@@ -57,9 +62,20 @@ def command(results: Path, store: Path, commit: str | None, date_text: str | Non
         found = entries(results, metrics, slo)
         if not found:
             raise BenchError(f"{results}: no complete run to add")
+        refused = []
         for e in found:
+            if too_few_succeeded(e.ok, e.counted):
+                refused.append(f"refused {e.config_key or 'run'}: {e.ok} of {e.counted} measured requests succeeded; "
+                               "not stored (a failed run must never become a baseline)")  # fmt: skip
+                continue
+            changed = fingerprint_change(store, e.config_key, e.fingerprint)
             part = Partition(date_text or entry_date(e), commit, config_slug(e.config_key))
             stored = add_entry(store, part, e.entry_id, e.rows, [r.path for r in e.runs])
             click.echo(f"added {e.config_key or 'run'} ({len(e.runs)} run(s)) -> {stored.metrics_file}")
+            if changed:
+                click.echo(f"note: {e.config_key or 'run'} measured something else than its stored entries ({changed}; this run vs "
+                           "the newest stored): trend keeps it apart, gate --history judges it only against entries like it")  # fmt: skip
     except ValueError as exc:
         raise BenchError(str(exc)) from None
+    if refused:
+        raise Outcome(ExitCode.NO_DATA, "\n".join(f"error: {r}" for r in refused))
