@@ -65,6 +65,12 @@ class ServerConfig:
             raise ValueError(f"engine_version {self.engine_version!r}: expected a release such as 0.5.23")
         if self.max_num_queued_reqs < 0 or self.max_queued_requests < 0:
             raise ValueError("max_num_queued_reqs and max_queued_requests must be >= 0 (0: no limit)")
+        if self.max_num_queued_reqs and self.flavor != "vllm":
+            raise ValueError(f"max_num_queued_reqs is vLLM's admission limit; the {self.flavor} flavour's is "
+                             + ("max_queued_requests" if self.flavor == "sglang" else "max_concurrent_requests"))
+        if self.max_queued_requests and self.flavor != "sglang":
+            raise ValueError(f"max_queued_requests is SGLang's admission limit; the {self.flavor} flavour's is "
+                             + ("max_num_queued_reqs" if self.flavor == "vllm" else "max_concurrent_requests"))
 
     @property
     def sglang_release(self) -> tuple[int, ...]:
