@@ -23,7 +23,8 @@ _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> list[str]:
     """The dry-run text, one line per element."""
     launcher = launcher or DefaultLauncher()
-    planned = expand(spec, launcher.unsupported)
+    known = launcher
+    planned = expand(spec, lambda engine, cfg: known.unsupported(engine, cfg, spec.engine_version))
     skipped = sum(1 for c in planned if c.skip_reason)
     lines = [
         f"# bench sweep --dry-run: engine {spec.engine}, model {spec.model}, {len(planned)} cells"

@@ -69,8 +69,9 @@ class DefaultLauncher:
             raise BenchError(f"engine launching is not available in this install ({exc})") from None
         return launcher
 
-    def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
-        return list(self._module().unsupported_axes(engine, parallel))
+    def unsupported(self, engine: str, parallel: ParallelConfig, version: str | None = None) -> list[str]:
+        """Reasons ``engine`` (at release ``version``, when known) cannot run ``parallel``."""
+        return list(self._module().unsupported_axes(engine, parallel, version))
 
     def _launch_spec(self, cell: CellEngine) -> Any:
         return self._module().LaunchSpec(
