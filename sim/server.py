@@ -32,7 +32,7 @@ from bench_llm.sim.emission import EmissionLog
 from bench_llm.sim.faults import FaultPlanner, RequestFaults
 from bench_llm.sim.loop import EngineLoop
 from bench_llm.sim.options import describe
-from bench_llm.sim.otlp import SpanExporter, request_span, sglang_root_span
+from bench_llm.sim.otlp import SimSpan, SpanExporter, request_span, sglang_root_span
 from bench_llm.sim.prom import FlavorMetrics
 from bench_llm.sim.request import SimRequest
 from bench_llm.sim.sampling import SGLANG_SAMPLING_FIELDS, openai_problem, sglang_problem, tgi_problem
@@ -493,6 +493,7 @@ class SimServer:
         assert self.otlp is not None
         off = self.otlp.offset_ns
         first_ns = sink.first_ns
+        span: SimSpan | None
         if self.flavor == "sglang":  # its root span: SGLang's own attributes (sim/otlp.py)
             entry = self._phases(req, first_ns or end_ns)[0]
             span = sglang_root_span(sink.rid, self.sglang_generation, sink.arrival_ns + off, entry + off,

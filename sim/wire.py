@@ -138,13 +138,6 @@ class OpenAIWire:
         return sse({"error": {"object": "error", "message": message, "type": etype, "param": None, "code": code}}) + \
             b"data: [DONE]\n\n"
 
-    def queue_full(self) -> bytes:
-        """A request refused past ``--max-queued-requests`` (scheduler.py ``_abort_on_queued_limit``):
-        its only event ends it with an abort, status 503, then [DONE]."""
-        ev = self.event(0, None)
-        ev["meta_info"]["finish_reason"] = {"type": "abort", "status_code": 503, "message": "The request queue is full."}
-        return sse(ev) + b"data: [DONE]\n\n"
-
     def aborted(self, done: int) -> bytes:
         """vLLM (and SGLang's OpenAI routes): the last chunk's finish_reason is "abort"."""
         return self.tokens("", done, "abort") + b"data: [DONE]\n\n"
@@ -342,13 +335,6 @@ class TGIWire:
     def error(self, message: str, etype: str = "generation", code: int = 500) -> bytes:
         """An InferError as an event (router/src/server.rs ``From<InferError> for Event``)."""
         return self.frame({"error": message, "error_type": etype})
-
-    def queue_full(self) -> bytes:
-        """A request refused past ``--max-queued-requests`` (scheduler.py ``_abort_on_queued_limit``):
-        its only event ends it with an abort, status 503, then [DONE]."""
-        ev = self.event(0, None)
-        ev["meta_info"]["finish_reason"] = {"type": "abort", "status_code": 503, "message": "The request queue is full."}
-        return sse(ev) + b"data: [DONE]\n\n"
 
     def aborted(self, done: int) -> bytes:
         """TGI has no abort: a request the backend drops ends with its generation error."""
