@@ -1068,10 +1068,9 @@ class TGIRoutes:
         return await self._generate(request, stream=True)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        body = await _json_body(request)
-        if body.get("stream") is True:
-            return await self._generate(request, stream=True, body=body)
-        return await self._generate(request, stream=False, body=body)
+        """``POST /generate`` never streams: its body has no ``stream`` field (router/src/lib.rs
+        GenerateRequest; only the compat route ``/`` reads one), so a ``stream: true`` there is ignored."""
+        return await self._generate(request, stream=False, body=await _json_body(request))
 
     async def _generate(self, request: web.Request, stream: bool, body: dict[str, Any] | None = None) -> web.StreamResponse:
         arrival = _now()
@@ -1092,7 +1091,7 @@ class TGIRoutes:
             return await srv.refuse(request, wire, "tgi", stream, 429, "Model is overloaded", "overloaded", _tgi_error)
         srv.tgi_admitted += 1
         try:
-            invalid = _tgi_invalid(text, params)
+            invalid = _tgi_invalid(text, params, stream)
             if invalid is not None:
                 srv.metrics.failed("validation")
                 return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {invalid}",
@@ -1158,10 +1157,17 @@ def _tool_call(body: dict[str, Any], rid: str) -> tuple[tuple[str, str], tuple[s
     return ("chatcmpl-tool-" + rid.rsplit("-", 1)[-1], str(fn.get("name", ""))), ("json", params)
 
 
-def _tgi_invalid(text: str, params: dict[str, Any]) -> str | None:
-    """TGI's validation message for what the sim checks (router/src/validation.rs), or None."""
+def _tgi_invalid(text: str, params: dict[str, Any], stream: bool = False) -> str | None:
+    """TGI's validation message for what the sim checks (router/src/validation.rs), or None.
+    A stream takes neither ``decoder_input_details`` nor ``best_of`` > 1 (ValidationError
+    PrefillDetailsStream, BestOfStream)."""
     if not text:
         return "`inputs` cannot be empty"
+    if stream and params.get("decoder_input_details") is True:
+        return "`decoder_input_details` == true is not supported when streaming tokens"
+    best_of = params.get("best_of")
+    if stream and best_of is not None and best_of != 1:
+        return "`best_of` != 1 is not supported when streaming tokens"
     if params.get("max_new_tokens") == 0:
         return "`max_new_tokens` must be strictly positive"
     return tgi_problem(params)  # the sampling fields
