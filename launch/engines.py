@@ -41,7 +41,8 @@ TGI_ADMISSION_LIMIT = 4096
 #: ``--prometheus-port`` first appears in TGI 3.3.0 (launcher/src/main.rs); older launchers refuse it.
 TGI_PROMETHEUS_PORT_SINCE = "3.3.0"
 
-#: SGLang's request tracing (python/sglang/srt/server_args.py, python/sglang/srt/tracing/trace.py):
+#: SGLang's request tracing (python/sglang/srt/server_args.py; python/sglang/srt/observability/trace.py from
+#: 0.5.10, tracing/trace.py before):
 #: ``--enable-trace`` and ``--otlp-traces-endpoint`` (spelled ``--oltp-traces-endpoint`` when tracing
 #: first shipped; fixed in sgl-project/sglang#10802, 2025-09). Its exporter is OTLP/gRPC unless
 #: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf (what bench's receiver decodes); batches every

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Plan = Callable[["LaunchSpec", int, Callable[[str], int]], EngineLayout]
 
 #: SGLang refuses to flush (400) while requests are pending, e.g. ones cancelled at the drain
-#: deadline still finishing; from 0.5.12 ``timeout`` waits up to that many seconds for idle
+#: deadline still finishing; from 0.5.10 ``timeout`` waits up to that many seconds for idle
 #: (older releases ignore it).
 FLUSH_WAIT_S = 30
 

@@ -54,8 +54,8 @@ TUNING_FLAGS: dict[str, dict[str, str | None]] = {
         "vllm": "enable-prefix-caching", "sglang": None, "tgi": None, "sim": None,
     },
     "DP routing policy": {"vllm": None, "sglang": "load-balance-method", "tgi": None, "sim": "router"},
-    # sglang_router.launch_router's own flag: bench passes it to the router it starts in front of
-    # DP replicas or P/D instances (launch/engines.py)
+    # the SGLang router's own flag (smg or sglang_router): bench passes it to the router it starts
+    # in front of DP replicas or P/D instances (launch/engines.py)
     "router policy (DP or P/D)": {"vllm": None, "sglang": "policy", "tgi": None, "sim": None},
 }  # fmt: skip
 

@@ -52,7 +52,8 @@ class ServerConfig:
     #: meta_info timings, span attributes, the sampling-params schema check, /flush_cache) and the
     #: version it reports; None: the newest generation (SGLANG_VERSION)
     engine_version: str | None = None
-    #: vLLM flavour: --max-num-queued-reqs (0: no limit); past it a request is answered HTTP 503
+    #: vLLM flavour: --max-num-queued-reqs (0: no limit): requests in the engine, waiting and
+    #: running; past it a request is answered HTTP 503
     max_num_queued_reqs: int = 0
     #: SGLang flavour: --max-queued-requests (0: no limit); past it the stream ends with
     #: finish_reason {"type": "abort", "status_code": 503} (HTTP 503 without streaming)

@@ -428,11 +428,15 @@ class SimServer:
 
     def queue_full(self, kind: str) -> bool:
         """Whether the admission limit of the imitated engine turns the next request away:
-        vLLM's --max-num-queued-reqs (the OpenAI routes), SGLang's --max-queued-requests
-        (its own /generate and its OpenAI routes), counted on the requests waiting."""
-        limit = self.config.max_queued_requests if self.flavor == "sglang" else \
-            self.config.max_num_queued_reqs if self.flavor == "vllm" else 0
-        return bool(limit) and kind != "tgi" and self.backend.waiting >= limit
+        vLLM's --max-num-queued-reqs counts the requests in the engine, waiting and running
+        (v1/engine/async_llm.py); SGLang's --max-queued-requests its waiting queue only
+        (scheduler.py ``_abort_on_queued_limit``)."""
+        b = self.backend
+        if self.flavor == "vllm" and self.config.max_num_queued_reqs:
+            return b.waiting + b.running >= self.config.max_num_queued_reqs
+        if self.flavor == "sglang" and self.config.max_queued_requests:
+            return kind != "tgi" and b.waiting >= self.config.max_queued_requests
+        return False
 
     def _phases(self, req: SimRequest, first_token_ns: int) -> tuple[int, int, int, int]:
         """(queue entry: the end of the HTTP/tokenizer overhead, admission, prefill done, first
@@ -1038,12 +1042,10 @@ class SGLangRoutes:
         return await self.srv.health(request)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        """GET or POST (0.5.10 on; POST only before): refused while requests are pending, unless
-        ``?timeout=S`` (0.5.10 on) waits up to S seconds for the engine to go idle first."""
+        """GET or POST: refused while requests are pending, unless ``?timeout=S`` (0.5.10 on;
+        ignored before) waits up to S seconds for the engine to go idle first."""
         srv = self.srv
         b = srv.backend
-        if srv.config.sglang_release < (0, 5, 10) and request.method != "POST":
-            return web.Response(status=405, text="Method Not Allowed")
         try:
             wait_s = float(request.query.get("timeout", 0)) if srv.config.sglang_release >= (0, 5, 10) else 0.0
         except ValueError:
@@ -1214,7 +1216,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
         r.add_get("/get_model_info", sg.model_info)
         r.add_get("/model_info", sg.model_info)
         r.add_post("/flush_cache", sg.flush_cache)
-        r.add_get("/flush_cache", sg.flush_cache)  # 0.5.10 on; earlier releases answer 405
+        r.add_get("/flush_cache", sg.flush_cache)  # GET and POST (http_server.py, 0.5.8 on)
         r.add_post("/v1/completions", oa.completions)
         r.add_post("/v1/chat/completions", oa.chat)
         r.add_post("/v1/embeddings", oa.embeddings)

@@ -72,8 +72,8 @@ def command() -> None:
               help="TGI flavour: requests admitted at once (TGI's own default); the next one gets an "
                    "in-stream 'overloaded' error, as TGI answers (0: no limit).")
 @click.option("--max-num-queued-reqs", type=click.IntRange(0), default=0, show_default=True,
-              help="vLLM flavour: requests waiting at most (vLLM's --max-num-queued-reqs); the next one is "
-                   "answered HTTP 503, as vLLM does (0: no limit).")
+              help="vLLM flavour: requests in the engine (waiting and running) at most (vLLM's "
+                   "--max-num-queued-reqs); the next one is answered HTTP 503, as vLLM does (0: no limit).")
 @click.option("--max-queued-requests", type=click.IntRange(0), default=0, show_default=True,
               help="SGLang flavour: requests waiting at most (SGLang's --max-queued-requests); the next one's "
                    "stream ends with an abort, status 503, as SGLang does (0: no limit).")
