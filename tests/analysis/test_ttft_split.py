@@ -71,7 +71,7 @@ def test_simulated_sglang_split_sums_to_the_client_ttft(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     # the simulated SGLang speaks 0.5.23 by default: its first_token_latency puts emission and transit apart
     assert "TTFT split (per request" in p.stdout and "transit (HTTP, network, client)" in p.stdout
-    assert "read as: SGLang 0.5.12+" in p.stdout
+    assert "read as: SGLang 0.5.12+" in p.stdout and "reported version 0.5.23" in p.stdout  # asked at --url
     split = split_summary(out)
     assert split is not None and split["source"] == SOURCE_REQUEST and split["requests"] == 40
     assert split["max_sum_error_ms"] < 1.0
