@@ -15,6 +15,7 @@ the batch's launch and the launch, host side); the engine's own TTFT was 80 ms.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -163,3 +164,38 @@ def test_run_engine_reads_the_recorded_version() -> None:
             "config": {"engine_launch": {"version": "0.5.23"}}}  # fmt: skip
     assert run_engine(meta) == RunEngine("sglang", "0.5.23")
     assert run_engine({"engine": "sim", "adapter": {"adapter": "vllm"}, "config": {}}).sglang is False
+
+
+def test_live_simulated_0_5_23_spans_split_with_the_responses_queue_and_prefill(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    from bench_llm.analysis.ttft_split import SOURCE_SPANS, split_summary
+    from bench_llm.launch.process import free_port
+    from tests.bench.test_cli_run import _wait_for_port
+    from tests.conftest import REPO, bench_argv
+
+    port, otlp, out = free_port(), free_port(), tmp_path / "run"
+    server = subprocess.Popen(
+        bench_argv("sim", "serve", "--port", str(port), "--flavor", "sglang", "--timing", "model", "--model-preset",
+                   "llama-3.1-8b", "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for_port(port)
+        p = subprocess.run(
+            bench_argv("run", "--url", f"http://127.0.0.1:{port}", "--engine", "sglang", "--model", "llama-3.1-8b",
+                       "--requests", "10", "--concurrency", "4", "--input-tokens", "512", "--output-tokens", "4",
+                       "--otlp-receiver", "--otlp-port", str(otlp), "--out", str(out), "--no-progress"),
+            capture_output=True, text=True, timeout=180, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert p.returncode == 0, p.stderr[-3000:]
+    split = split_summary(out)
+    assert split is not None and split["source"] == SOURCE_SPANS and split["requests"] == 10
+    assert "includes the scheduler queue" in split["rule"] and "reported version 0.5.23" in split["rule"]
+    parts = split["parts_ms"]
+    assert {"queue", "prefill", "emission", "transit"} <= set(parts) and "queue_prefill" not in parts
+    assert parts["prefill"]["mean"] > 0 and split["max_sum_error_ms"] < 1.0
