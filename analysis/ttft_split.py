@@ -301,4 +301,6 @@ def format_sweep_splits(rows: list[dict[str, Any]]) -> list[str]:
         parts = ", ".join(f"{p} {s['mean']:,.1f}" for p, s in r["parts_ms"].items())
         lines.append(f"  {cell} at {r['load']}: mean TTFT {r['ttft_ms'].get('mean', math.nan):,.1f} ms = {parts} ms "
                      f"({r['requests']} requests)")  # fmt: skip
-    return ["TTFT split per cell (engine spans, heaviest load with spans):", *lines] if lines else []
+    rules = sorted({str(r["rule"]) for r in heaviest.values() if r.get("rule")})
+    head = ["TTFT split per cell (engine spans, heaviest load with spans):", *(f"  read as: {rule}" for rule in rules)]
+    return [*head, *lines] if lines else []
