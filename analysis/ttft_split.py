@@ -54,6 +54,9 @@ SOURCE_HISTOGRAM = "engine histograms: means over all requests, not per request"
 #: How SGLang's request spans are read (analysis/ttft_rules.py).
 SGLANG_SPAN_RULE = ("SGLang request spans: engine TTFT = gen_ai.latency.time_to_first_token; "
                     "gen_ai.latency.time_in_model_prefill includes the scheduler queue")  # fmt: skip
+#: How vLLM's ``llm_request`` spans are read.
+VLLM_SPAN_RULE = ("vLLM llm_request spans: queue = gen_ai.latency.time_in_queue, prefill = time_in_model_prefill, "
+                  "engine TTFT = time_to_first_token")  # fmt: skip
 _SGLANG = "sglang_span"
 
 
@@ -174,6 +177,8 @@ def request_parts(table: pa.Table, spans: pa.Table | None = None, engine: RunEng
             if _SGLANG in span:
                 used.add(SGLANG_SPAN_RULE + ("; queue and prefill from the responses: " + why if source == "span+response"
                                              else "; no response timings: labelled queue + prefill"))  # fmt: skip
+            else:
+                used.add(VLLM_SPAN_RULE)
         elif reported:
             parts, source = _reported_parts(reported, ttft_ms), "response"
             used.add(why)

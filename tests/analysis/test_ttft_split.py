@@ -134,5 +134,6 @@ def test_split_summary_reads_the_runs_spans(tmp_path: Path) -> None:
     write_table_atomic(_spans([(f"{rid}-0", 0.001, 0.002, 0.004) for rid in ids]), run / SERVER_SPANS_FILE)
     split = split_summary(run)
     assert split is not None and split["source"] == "per request, from the engine's OpenTelemetry spans"
+    assert split["rule"].startswith("vLLM llm_request spans: queue = gen_ai.latency.time_in_queue")
     assert split["parts_ms"]["queue"]["mean"] == pytest.approx(1.0) and split["parts_ms"]["emission"]["mean"] == pytest.approx(1.0)
     assert "transit" in split["parts_ms"] and "other" not in split["parts_ms"] and split["max_sum_error_ms"] < 1e-6
