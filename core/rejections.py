@@ -19,8 +19,10 @@ HTTP_429 = "http_429"
 #: HTTP 503 on a generation route: vLLM past ``--max-num-queued-reqs`` (v1/engine/async_llm.py),
 #: SGLang's non-streaming answer past ``--max-queued-requests``.
 HTTP_503 = "http_503"
-#: SGLang's stream ended by ``finish_reason {"type": "abort", "status_code": 503}``: its waiting
-#: queue was full (``--max-queued-requests``; managers/scheduler.py ``_abort_on_queued_limit``).
+#: A stream the engine ended with status 503 after HTTP 200: SGLang's native ``/generate`` with
+#: ``finish_reason {"type": "abort", "status_code": 503}``, its OpenAI routes with an error chunk of
+#: ``code`` 503; its waiting queue was full (``--max-queued-requests``; managers/scheduler.py
+#: ``_abort_on_queued_limit``).
 ABORT_503 = "abort_503"
 
 #: Every admission-rejection error type -> what it means, for a verdict's reason.
@@ -28,7 +30,7 @@ ADMISSION_ERRORS: dict[str, str] = {
     OVERLOADED: "TGI answered 'overloaded' (--max-concurrent-requests)",
     HTTP_429: "HTTP 429 (TGI past --max-concurrent-requests, a router's or limiter's queue full)",
     HTTP_503: "HTTP 503 (vLLM past --max-num-queued-reqs, SGLang past --max-queued-requests)",
-    ABORT_503: "SGLang aborted the stream with status 503 (--max-queued-requests: the request queue is full)",
+    ABORT_503: "the stream ended with status 503 (SGLang past --max-queued-requests: the request queue is full)",
 }
 
 #: HTTP statuses whose answer is an admission rejection, and the type recorded for each.

@@ -598,15 +598,17 @@ class SimServer:
     async def _refuse_queue_full(self, request: web.Request, wire: Any, kind: str, stream: bool,
                                  status_error: Any) -> web.StreamResponse:  # fmt: skip
         """Past the admission limit. vLLM: HTTP 503 (v1/engine/async_llm.py). SGLang's /generate:
-        streaming, HTTP 200 and one event ending the request with an abort, status 503; without
+        streaming, HTTP 200 and one event ending the request with an abort, status 503; its OpenAI
+        routes, HTTP 200 and an error chunk of code 503 (serving_completions.py); without
         streaming, HTTP 503 (tokenizer_manager.py ``_handle_abort_finish_reason``)."""
         self.metrics.failed("queue_full")
         message = "The request queue is full."
-        if kind == "sglang" and stream:
+        if self.flavor == "sglang" and stream:  # HTTP 200, then the abort (native) or an error chunk (OpenAI routes)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
+            data = wire.queue_full() if kind == "sglang" else wire.error(message, "SERVICE_UNAVAILABLE", 503)
             with contextlib.suppress(ConnectionError, RuntimeError):
-                await resp.write(wire.queue_full())
+                await resp.write(data)
                 await resp.write_eof()
             return resp
         if kind == "sglang":

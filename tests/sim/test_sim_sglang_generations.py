@@ -130,3 +130,15 @@ def test_vllm_past_max_num_queued_reqs_answers_503_counted_as_admission_rejectio
     assert rejected and all(r["error_type"] == "http_503" and r["http_status"] == 503 for r in rejected)
     sat = admission_saturation(load_run(tmp_path / "run"))
     assert sat.saturated and "http_503: HTTP 503 (vLLM past --max-num-queued-reqs" in str(sat)
+
+
+def test_sglang_openai_routes_past_the_limit_end_the_stream_with_a_503_chunk(tmp_path: Path) -> None:
+    from bench_llm.adapters.sglang import SGLangOpenAIAdapter
+
+    cfg = _cfg(max_queued_requests=2, timing={"max_num_seqs": 1})
+    rows = run_against(cfg, schedule(16, input_tokens=64, output_tokens=8, concurrency=8), tmp_path,
+                       adapter=SGLangOpenAIAdapter(model=MODEL), engine="sglang-openai")  # fmt: skip
+    rejected = [r for r in rows if not r["ok"]]
+    # HTTP 200, then {"error": {"type": "SERVICE_UNAVAILABLE", "code": 503}} (serving_completions.py)
+    assert rejected and all(r["error_type"] == "abort_503" and r["http_status"] == 200 for r in rejected)
+    assert admission_saturation(load_run(tmp_path / "run")).saturated
