@@ -22,9 +22,8 @@ _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> list[str]:
     """The dry-run text, one line per element."""
-    launcher = launcher or DefaultLauncher()
-    known = launcher
-    planned = expand(spec, lambda engine, cfg: known.unsupported(engine, cfg, spec.engine_version))
+    launcher = launcher or DefaultLauncher(spec.engine_version)
+    planned = expand(spec, launcher.unsupported)
     skipped = sum(1 for c in planned if c.skip_reason)
     lines = [
         f"# bench sweep --dry-run: engine {spec.engine}, model {spec.model}, {len(planned)} cells"
