@@ -3,7 +3,8 @@
 Native events carry ``meta_info.completion_tokens`` (cumulative), so per-chunk token counts are
 exact: each event's ``completion_tokens`` becomes ``StreamEvent.cumulative`` and the recorder
 takes differences. ``meta_info.finish_reason`` is null until the last event, then an object
-(``{"type": "length", ...}``; ``"abort"`` is a failure). By default the text and ``output_ids``
+(``{"type": "length", ...}``; ``"abort"`` is a failure, with ``status_code`` 503 an admission
+rejection: core/rejections.py). By default the text and ``output_ids``
 are cumulative (every event repeats all ids so far: O(n²) bytes per request, SGLang 0.5.x);
 with the server's ``--incremental-streaming-output`` (0.5.10+) both are deltas. Up to 0.5.9 its
 predecessor ``--stream-output`` made only ``output_ids`` deltas: the text stayed cumulative.
