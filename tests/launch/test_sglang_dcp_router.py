@@ -66,3 +66,19 @@ def test_without_either_router_a_routed_cell_is_refused_before_it_starts(monkeyp
     # a plain cell needs no router
     (plan,) = plan_engine(LaunchSpec("sglang", "m", ParallelConfig(tp=2)), 30000, lambda host: 0).processes
     assert plan.role == "engine"
+
+
+def test_the_cli_dry_run_plans_or_refuses_dcp_by_version() -> None:
+    import subprocess
+
+    from tests.conftest import REPO, bench_argv
+
+    def dry(version: str) -> str:
+        p = subprocess.run(bench_argv("sweep", "--engine", "sglang", "--model", "org/m", "--gpus", "4", "--tp", "2",
+                                      "--dcp", "2", "--rate", "1", "--engine-version", version, "--dry-run"),
+                           capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout
+
+    assert "--tp-size 2 --dcp-size 2" in dry("0.5.23")
+    assert "skipped: sglang does not support it: SGLang 0.5.20 has no decode context parallelism" in dry("0.5.20")
