@@ -58,8 +58,8 @@ class StreamEvent(NamedTuple):
     server_request_id: str | None = None
     error_type: str | None = None
     error_message: str | None = None
-    #: the engine's per-request timings in seconds, as it names them (SGLang meta_info
-    #: ``queue_time``, ``prefill_launch_delay``, ``prefill_launch_latency``; docs/metrics.md)
+    #: the engine's per-request timings in seconds, as it names them (SGLang meta_info, whose
+    #: keys differ by release: adapters/sglang.py TIMING_KEYS; docs/metrics.md)
     server_timing: dict[str, float] | None = None
     #: chat tool calls this payload carries part of: the highest tool-call index + 1 (a
     #: non-streaming answer: its number of tool calls); None: none

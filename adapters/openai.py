@@ -27,6 +27,7 @@ from bench_llm.adapters.sampling import (
     openai_structured,
 )
 from bench_llm.core.errors import BenchError
+from bench_llm.core.rejections import ABORT_503
 from bench_llm.workloads.spec import Message, RequestSpec, embedding_inputs, merge_body
 from bench_llm.workloads.tools import tool_choice_field, tool_definitions
 
@@ -41,11 +42,16 @@ class StreamPayloadError(BenchError):
 
 
 def error_event(obj: dict[str, Any]) -> StreamEvent:
-    """An in-stream error object (``{"error": ...}`` or ``{"object": "error", ...}``)."""
+    """An in-stream error object (``{"error": ...}`` or ``{"object": "error", ...}``). One with
+    ``code`` 503 is an admission rejection (``abort_503``): SGLang's OpenAI routes end a stream
+    so past ``--max-queued-requests`` (``{"type": "SERVICE_UNAVAILABLE", "code": 503}``,
+    entrypoints/openai/serving_completions.py), as its native route does with an abort."""
     err = obj.get("error", obj)
     if isinstance(err, dict):
         message = str(err.get("message", err))
         etype = str(err.get("type") or err.get("code") or "server_error")
+        if err.get("code") == 503:
+            etype = ABORT_503
     else:
         message = str(err)
         etype = str(obj.get("error_type") or "server_error")

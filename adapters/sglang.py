@@ -3,7 +3,8 @@
 Native events carry ``meta_info.completion_tokens`` (cumulative), so per-chunk token counts are
 exact: each event's ``completion_tokens`` becomes ``StreamEvent.cumulative`` and the recorder
 takes differences. ``meta_info.finish_reason`` is null until the last event, then an object
-(``{"type": "length", ...}``; ``"abort"`` is a failure). By default the text and ``output_ids``
+(``{"type": "length", ...}``; ``"abort"`` is a failure, with ``status_code`` 503 an admission
+rejection: core/rejections.py). By default the text and ``output_ids``
 are cumulative (every event repeats all ids so far: O(n²) bytes per request, SGLang 0.5.x);
 with the server's ``--incremental-streaming-output`` (0.5.10+) both are deltas. Up to 0.5.9 its
 predecessor ``--stream-output`` made only ``output_ids`` deltas: the text stayed cumulative.
@@ -23,16 +24,25 @@ from bench_llm.adapters.base import EventKind, HttpCall, ScanState, StreamEvent,
 from bench_llm.adapters.openai import DONE, OpenAIAdapter, StreamPayloadError, _as_prompt, error_event, loads
 from bench_llm.adapters.sampling import image_urls, refuse_embeddings, refuse_tools, sglang_fields, sglang_structured
 from bench_llm.adapters.versions import version_at_least
+from bench_llm.core.rejections import ABORT_503
 from bench_llm.workloads.spec import Message, RequestSpec, merge_body
 
-#: Per-request timings SGLang puts in ``meta_info`` when launched with ``--enable-metrics``
-#: (tokenizer_manager, since late 2025), in seconds; ``kv_transfer_time`` is bench's simulated
-#: engine's only (P/D). Absent on older versions: the TTFT split then falls back to histograms.
-TIMING_KEYS = ("queue_time", "prefill_launch_delay", "prefill_launch_latency", "kv_transfer_time")
+#: Per-request timings SGLang puts in ``meta_info`` when launched with ``--enable-metrics``, as
+#: each release names them (seconds; the two ``*_time`` stamps are Unix seconds): 0.5.6-0.5.9
+#: ``queue_time``, ``prefill_launch_delay``, ``prefill_launch_latency``; 0.5.10-0.5.11
+#: ``queue_time``, ``prefill_waiting_latency``, ``prefill_launch_latency`` and the stamps
+#: ``forward_entry_time``, ``prefill_finished_time``; 0.5.12 on ``queue_time`` and the stamps,
+#: and later ``first_token_latency`` on the last event (the engine's own TTFT).
+#: ``kv_transfer_time`` is bench's simulated engine's only (P/D). They are kept as named;
+#: analysis/ttft_rules.py reads them by release (docs/engines.md, "Per-request timings").
+TIMING_KEYS = (
+    "queue_time", "prefill_launch_delay", "prefill_launch_latency", "prefill_waiting_latency",
+    "forward_entry_time", "prefill_finished_time", "first_token_latency", "kv_transfer_time",
+)  # fmt: skip
 
 
 def _timings(meta: dict[str, Any]) -> dict[str, float] | None:
-    if "queue_time" not in meta and "prefill_launch_latency" not in meta:
+    if "queue_time" not in meta and "prefill_launch_latency" not in meta and "first_token_latency" not in meta:
         return None
     out = {k: float(v) for k in TIMING_KEYS if isinstance(v := meta.get(k), (int, float)) and not isinstance(v, bool)}
     return out or None
@@ -111,8 +121,7 @@ class SGLangStreamParser:
         if completion is not None:
             self._last_tokens = max(self._last_tokens, completion)
         if finish_reason == "abort":
-            message = finish.get("message") if isinstance(finish, dict) else None
-            return StreamEvent(EventKind.ERROR, error_type="abort", error_message=str(message or "request aborted"))
+            return _abort_event(finish)
         kind = EventKind.CONTENT if (grew or delta) else EventKind.EMPTY
         return StreamEvent(
             kind,
@@ -125,6 +134,16 @@ class SGLangStreamParser:
             server_request_id=meta.get("id"),
             server_timing=_timings(meta),
         )
+
+
+def _abort_event(finish: Any) -> StreamEvent:
+    """A stream SGLang ended with ``finish_reason {"type": "abort", ...}``: with ``status_code``
+    503 an admission rejection (its waiting queue full, ``--max-queued-requests``, or a queued
+    request displaced by a higher-priority one), recorded as such; any other abort as ``abort``."""
+    message = finish.get("message") if isinstance(finish, dict) else None
+    status = finish.get("status_code") if isinstance(finish, dict) else None
+    etype = ABORT_503 if status == 503 else "abort"
+    return StreamEvent(EventKind.ERROR, error_type=etype, error_message=str(message or "request aborted"))
 
 
 #: --incremental-streaming-output makes the text deltas too from this release (tokenizer_manager.py)

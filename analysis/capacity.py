@@ -44,6 +44,8 @@ from bench_llm.analysis.slo import SLO, SLO_METRICS
 from bench_llm.analysis.summary import client_health
 from bench_llm.analysis.summary_types import ClientHealth
 from bench_llm.analysis.totals import judged_mask, run_totals
+from bench_llm.core.rejections import ADMISSION_ERRORS as REJECTION_TYPES
+from bench_llm.core.rejections import describe_rejections
 
 #: Open loop: first tokens must keep up with at least this share of the offered rate.
 ADMISSION_RATIO_MIN = 0.85
@@ -55,9 +57,9 @@ QUEUE_GROWTH_MIN_MS = 100.0
 FAILED_SHARE_MAX = 0.10
 #: Fewest measured requests for the rate/trend tests to be meaningful.
 MIN_REQUESTS_FOR_TESTS = 9
-#: Error types of requests an engine refused to admit: TGI's in-stream "overloaded" past its
-#: --max-concurrent-requests (router/src/infer/mod.rs). Any of them saturates the load.
-ADMISSION_ERRORS = ("overloaded",)
+#: Error types of requests an engine refused to admit (core/rejections.py: TGI's "overloaded",
+#: HTTP 429 and 503, SGLang's abort with status 503). Any of them saturates the load.
+ADMISSION_ERRORS = tuple(REJECTION_TYPES)
 
 
 # -- per-run metrics ---------------------------------------------------------------------
@@ -343,11 +345,11 @@ def admission_rejections(df: pd.DataFrame) -> int:
 
 
 def _admission_reason(df: pd.DataFrame) -> list[str]:
-    k = admission_rejections(df)
-    if not k:
+    """The hook counting admission rejections: one reason with their number, by type."""
+    if not admission_rejections(df):
         return []
-    return [f"{k} of {len(df)} requests rejected at admission (engine answered 'overloaded': "
-            "past TGI's --max-concurrent-requests)"]
+    counts = df.loc[df["error_type"].isin(ADMISSION_ERRORS), "error_type"].value_counts()
+    return [describe_rejections({str(k): int(n) for k, n in counts.items()}, len(df))]
 
 
 def admission_saturation(run: Run) -> Saturation:

@@ -98,6 +98,7 @@ def virtual_engine(
             ("--faults", cfg.faults != FaultSpec()),
             ("--natural-stop", cfg.natural_stop_mean > 0),
             ("--emission-log", cfg.emission_log is not None),
+            ("--max-num-queued-reqs", cfg.max_num_queued_reqs > 0),  # admission rejections: real time only
         )
         if given
     ]

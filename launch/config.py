@@ -17,7 +17,7 @@ from bench_llm.core.pairs import split_pairs
 @dataclass(frozen=True, slots=True)
 class Disagg:
     """Prefill/decode disaggregation: P prefill instances, D decode instances
-    (each instance has the configuration's tp×pp×pcp×dcp GPUs)."""
+    (each instance has the configuration's tp×pp×pcp GPUs; dcp lives inside the TP group)."""
 
     prefill: int
     decode: int

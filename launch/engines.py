@@ -5,12 +5,13 @@ through them (``plan_engine``, ``unsupported_axes``).
 
 Flags follow the engines' public sources (see docs/engines.md for the versions targeted):
 vLLM ``vllm serve`` (vllm/engine/arg_utils.py), SGLang ``python -m sglang.launch_server``
-(python/sglang/srt/server_args.py) with ``sglang_router`` for prefill/decode
-disaggregation, TGI ``text-generation-launcher`` (launcher/src/main.rs).
+(python/sglang/srt/server_args.py) with its router (``smg``, or the older ``sglang_router``) for
+prefill/decode disaggregation and routed DP, TGI ``text-generation-launcher`` (launcher/src/main.rs).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -40,7 +41,8 @@ TGI_ADMISSION_LIMIT = 4096
 #: ``--prometheus-port`` first appears in TGI 3.3.0 (launcher/src/main.rs); older launchers refuse it.
 TGI_PROMETHEUS_PORT_SINCE = "3.3.0"
 
-#: SGLang's request tracing (python/sglang/srt/server_args.py, python/sglang/srt/tracing/trace.py):
+#: SGLang's request tracing (python/sglang/srt/server_args.py; python/sglang/srt/observability/trace.py from
+#: 0.5.10, tracing/trace.py before):
 #: ``--enable-trace`` and ``--otlp-traces-endpoint`` (spelled ``--oltp-traces-endpoint`` when tracing
 #: first shipped; fixed in sgl-project/sglang#10802, 2025-09). Its exporter is OTLP/gRPC unless
 #: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf (what bench's receiver decodes); batches every
@@ -102,12 +104,12 @@ class EngineLayout:
     forces_output_length: bool = True
 
 
-def sim_refusals(p: ParallelConfig) -> list[str]:
+def sim_refusals(p: ParallelConfig, version: str | None = None) -> list[str]:
     """The simulated engine models every axis (it refuses what cannot fit itself)."""
     return []
 
 
-def vllm_refusals(p: ParallelConfig) -> list[str]:
+def vllm_refusals(p: ParallelConfig, version: str | None = None) -> list[str]:
     out: list[str] = []
     # vLLM 0.32: the MoE group spans TP x PCP x DP (fused_moe/config.py flatten_tp_across_dp_and_pcp)
     width = p.tp * p.pcp * p.dp
@@ -119,22 +121,33 @@ def vllm_refusals(p: ParallelConfig) -> list[str]:
     return out
 
 
-def sglang_refusals(p: ParallelConfig) -> list[str]:
+#: SGLang's decode context parallelism: ``--dcp-size`` (alias ``--decode-context-parallel-size``)
+#: from 0.5.21 (arg_groups/fields/parallel.py), inside the TP group: dcp must divide tp
+#: (distributed/parallel_state.py), which ParallelConfig already requires; it adds no GPUs.
+SGLANG_DCP_SINCE = "0.5.21"
+
+
+def sglang_refusals(p: ParallelConfig, version: str | None = None) -> list[str]:
+    """What SGLang cannot run at ``p``; ``version``: the release targeted (None: unknown, its
+    version-gated flags are planned and the engine checks them at start-up)."""
     out: list[str] = []
     routed = sorted({f for a in _split_router_args(p.extra_args)[1] if (f := flag_name(a)) is not None})
     if routed and p.disagg is None and p.dp == 1:
         out.append(
             f"SGLang's router flags ({', '.join('--' + str(f) for f in routed)}) apply where bench starts "
-            "sglang_router: DP cells (dp>1) and prefill/decode disaggregation cells (disagg=P:D)"
+            "its router (smg or sglang_router): DP cells (dp>1) and prefill/decode disaggregation cells (disagg=P:D)"
         )
-    if p.dcp > 1:
-        out.append("SGLang has no decode-context-parallel flag (dcp)")
+    if p.dcp > 1 and version_at_least(version, SGLANG_DCP_SINCE) is False:
+        out.append(f"SGLang {version} has no decode context parallelism (--dcp-size arrived in {SGLANG_DCP_SINCE})")
     if p.pcp > 1:
-        out.append("SGLang has no general prefill-context-parallel flag (pcp)")
+        # SGLang's prefill context parallelism (--attn-cp-size, --enable-prefill-cp) splits attention
+        # inside the TP group, adding no GPUs; bench's pcp is extra devices, so it maps to nothing there
+        out.append("SGLang has no general prefill-context-parallel flag (pcp): its prefill CP (--attn-cp-size, "
+                   "--enable-prefill-cp) works inside the TP group; pass those flags as engine args")
     return out
 
 
-def tgi_refusals(p: ParallelConfig) -> list[str]:
+def tgi_refusals(p: ParallelConfig, version: str | None = None) -> list[str]:
     out: list[str] = []
     for name, text in (
         ("pp", "pipeline parallelism"),
@@ -343,8 +356,67 @@ def _sglang_instance(spec: "LaunchSpec", port: int, extra: list[str], replicas: 
         argv += ["--dp-size", str(p.dp)]
     if p.ep > 1:
         argv += ["--ep-size", str(p.ep)]
+    if p.dcp > 1:  # inside the TP group (SGLANG_DCP_SINCE); refused for older releases by sglang_refusals
+        argv += ["--dcp-size", str(p.dcp)]
     argv += ["--enable-metrics", *extra, *_split_router_args([*p.extra_args, *spec.extra_args])[0]]
     return argv
+
+
+#: SGLang's router, newest package first: ``smg`` (Shepherd Model Gateway, 1.x), which replaced
+#: ``sglang-router`` (PyPI releases up to 0.3.2); sglang 0.5.23 installs neither. Both take the
+#: same flags (--pd-disaggregation --prefill URL [PORT] --decode URL, --worker-urls, --policy);
+#: each is run as ``python -m <module>``.
+SGLANG_ROUTERS: tuple[tuple[str, str], ...] = (("smg", "smg.launch_router"), ("sglang_router", "sglang_router.launch_router"))
+
+
+def installed_modules(python: str, names: Sequence[str]) -> frozenset[str]:
+    """Which of ``names`` the interpreter ``python`` can import (asked once per interpreter)."""
+    return _installed(python, tuple(names))
+
+
+@functools.lru_cache(maxsize=8)
+def _installed(python: str, names: tuple[str, ...]) -> frozenset[str]:
+    code = "import importlib.util, sys; print(' '.join(n for n in sys.argv[1:] if importlib.util.find_spec(n)))"
+    try:
+        out = subprocess.run([python, "-c", code, *names], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(out.stdout.split()) & frozenset(names)
+
+
+def target_version(spec: "LaunchSpec") -> str | None:
+    """The engine release a launch is planned for: the one the user gave, else (SGLang, not in
+    a container) the installed package's, asked of its interpreter; None when unknown."""
+    if spec.engine_version or spec.engine != "sglang" or spec.container_template:
+        return spec.engine_version
+    return _package_version(_python_for("BENCH_SGLANG_PYTHON"), "sglang")
+
+
+@functools.lru_cache(maxsize=8)
+def _package_version(python: str, package: str) -> str | None:
+    code = "import importlib.metadata as m, sys\ntry: print(m.version(sys.argv[1]))\nexcept Exception: pass"
+    try:
+        out = subprocess.run([python, "-c", code, package], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def sglang_router_command(spec: "LaunchSpec") -> list[str]:
+    """The router's command: ``smg`` or ``sglang_router``, whichever the SGLang interpreter
+    (BENCH_SGLANG_PYTHON) has, found before the cell starts. Neither: a one-line refusal naming
+    both (a dry run shows smg's). In a container the image's own is taken to be smg."""
+    if spec.container_template:
+        return ["python3", "-m", SGLANG_ROUTERS[0][1]]
+    py = _python_for("BENCH_SGLANG_PYTHON")
+    have = installed_modules(py, [name for name, _ in SGLANG_ROUTERS])
+    for name, module in SGLANG_ROUTERS:
+        if name in have:
+            return [py, "-m", module]
+    if spec.plan_only:
+        return [py, "-m", SGLANG_ROUTERS[0][1]]
+    raise EngineStartError(f"SGLang's router is not installed for {py}: install smg (pip install smg) or "
+                           "sglang_router (pip install sglang-router); this cell needs one in front of its instances")
 
 
 def plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) -> EngineLayout:
@@ -357,7 +429,7 @@ def plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) 
         plan = ProcessPlan("engine", _sglang_instance(spec, port, []), port, per_instance, ready_path="/health_generate")
         return EngineLayout([plan], 0, port)
     plans: list[ProcessPlan] = []
-    router = [_python_for("BENCH_SGLANG_PYTHON"), "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    router = [*sglang_router_command(spec), "--pd-disaggregation"]
     for i in range(p.disagg.prefill):
         iport, bport = free_port(spec.host), free_port(spec.host)
         extra = ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bport)]
@@ -377,11 +449,11 @@ def plan_sglang(spec: "LaunchSpec", port: int, free_port: Callable[[str], int]) 
 
 def _plan_sglang_routed_dp(spec: "LaunchSpec", port: int, free_port: Callable[[str], int],
                            routed: list[str]) -> EngineLayout:  # fmt: skip
-    """DP behind ``sglang_router`` (a router flag such as ``--policy=cache_aware`` asked for it):
+    """DP behind SGLang's router (a router flag such as ``--policy=cache_aware`` asked for it):
     one server per replica on its own GPUs, the router in front spreading requests by its policy."""
     p = spec.parallel
     plans: list[ProcessPlan] = []
-    router = [_python_for("BENCH_SGLANG_PYTHON"), "-m", "sglang_router.launch_router", "--worker-urls"]
+    router = [*sglang_router_command(spec), "--worker-urls"]
     for _ in range(p.dp):
         iport = free_port(spec.host)
         plans.append(ProcessPlan("replica", _sglang_instance(spec, iport, [], replicas=False), iport,

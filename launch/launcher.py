@@ -19,7 +19,7 @@ from typing import Any
 from bench_llm.core.control import EngineClient
 from bench_llm.core.memory import user_environment
 from bench_llm.launch.config import ParallelConfig
-from bench_llm.launch.engines import EngineLayout, ProcessPlan
+from bench_llm.launch.engines import EngineLayout, ProcessPlan, target_version
 from bench_llm.launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
 from bench_llm.launch.profiles import plan_engine, profile, unsupported_axes
 
@@ -75,7 +75,7 @@ class PlannedProcess:
 
 
 def _refuse_unsupported(spec: LaunchSpec) -> None:
-    reasons = unsupported_axes(spec.engine, spec.parallel)
+    reasons = unsupported_axes(spec.engine, spec.parallel, target_version(spec))
     if spec.gpus_available is not None and spec.parallel.gpus > spec.gpus_available:
         reasons.append(f"needs {spec.parallel.gpus} GPUs, only {spec.gpus_available} available")
     if reasons:

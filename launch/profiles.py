@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Plan = Callable[["LaunchSpec", int, Callable[[str], int]], EngineLayout]
 
 #: SGLang refuses to flush (400) while requests are pending, e.g. ones cancelled at the drain
-#: deadline still finishing; from 0.5.12 ``timeout`` waits up to that many seconds for idle
+#: deadline still finishing; from 0.5.10 ``timeout`` waits up to that many seconds for idle
 #: (older releases ignore it).
 FLUSH_WAIT_S = 30
 
@@ -77,8 +77,9 @@ class EngineProfile:
     metrics: str | None = None
     #: its launch plan; None: bench does not launch it (measure it where it runs, --url)
     plan: Plan | None = None
-    #: parallel axes it cannot run at a configuration (reasons; empty when it can)
-    refusals: Callable[[ParallelConfig], list[str]] | None = None
+    #: parallel axes it cannot run at a configuration, for the release targeted when known
+    #: (reasons; empty when it can)
+    refusals: Callable[[ParallelConfig, str | None], list[str]] | None = None
     #: True when the adapter's stream shape depends on the engine's version (adapters/sglang.py)
     adapter_takes_version: bool = False
 
@@ -160,14 +161,14 @@ def launchable_engines() -> tuple[str, ...]:
     return tuple(name for name, p in PROFILES.items() if p.launchable)
 
 
-def unsupported_axes(engine: str, parallel: ParallelConfig) -> list[str]:
-    """Reasons ``engine`` cannot run ``parallel`` (empty when it can)."""
+def unsupported_axes(engine: str, parallel: ParallelConfig, version: str | None = None) -> list[str]:
+    """Reasons ``engine`` (at release ``version``, when known) cannot run ``parallel`` (empty when it can)."""
     prof = PROFILES.get(engine)
     if prof is None or prof.plan is None:
         return [f"unknown engine {engine!r} (known: {', '.join(launchable_engines())})"]
     out = unsupported_args(engine, parallel.extra_args)
     if prof.refusals is not None:
-        out += prof.refusals(parallel)
+        out += prof.refusals(parallel, version)
     return out
 
 

@@ -21,11 +21,13 @@ TUNING_FLAGS: dict[str, dict[str, str | None]] = {
     "max running requests": {
         "vllm": "max-num-seqs", "sglang": "max-running-requests", "tgi": "max-batch-size", "sim": "max-num-seqs",
     },
-    # admission: beyond it a request is refused (vLLM 0.32: HTTP 503; TGI: an in-stream "overloaded")
+    # admission: beyond it a request is refused (vLLM 0.32: HTTP 503; TGI: an in-stream "overloaded");
+    # the simulated engine models vLLM's (its vLLM flavour, what a sweep launches; real time only)
     "requests in flight (admission limit)": {
-        "vllm": "max-num-queued-reqs", "sglang": None, "tgi": "max-concurrent-requests", "sim": None,
+        "vllm": "max-num-queued-reqs", "sglang": None, "tgi": "max-concurrent-requests", "sim": "max-num-queued-reqs",
     },
-    # SGLang 0.5.23 arg_groups/fields/schedule.py: the waiting queue only (ignored in P/D mode)
+    # SGLang 0.5.23 arg_groups/fields/schedule.py: the waiting queue only (ignored in P/D mode); past
+    # it the stream ends with an abort, status 503 (core/rejections.py)
     "queued requests (admission limit)": {"vllm": None, "sglang": "max-queued-requests", "tgi": None, "sim": None},
     "batched-token budget per step": {
         "vllm": "max-num-batched-tokens", "sglang": "chunked-prefill-size", "tgi": "max-batch-prefill-tokens",
@@ -52,8 +54,8 @@ TUNING_FLAGS: dict[str, dict[str, str | None]] = {
         "vllm": "enable-prefix-caching", "sglang": None, "tgi": None, "sim": None,
     },
     "DP routing policy": {"vllm": None, "sglang": "load-balance-method", "tgi": None, "sim": "router"},
-    # sglang_router.launch_router's own flag: bench passes it to the router it starts in front of
-    # DP replicas or P/D instances (launch/engines.py)
+    # the SGLang router's own flag (smg or sglang_router): bench passes it to the router it starts
+    # in front of DP replicas or P/D instances (launch/engines.py)
     "router policy (DP or P/D)": {"vllm": None, "sglang": "policy", "tgi": None, "sim": None},
 }  # fmt: skip
 
@@ -62,7 +64,7 @@ TUNING_FLAGS: dict[str, dict[str, str | None]] = {
 SIM_TUNING_FLAGS = frozenset(
     {
         "max-num-seqs", "max-num-batched-tokens", "gpu-memory-utilization", "dtype", "router", "profile",
-        "slowdown", "jitter",
+        "slowdown", "jitter", "max-num-queued-reqs",
     }
 )  # fmt: skip
 

@@ -91,9 +91,10 @@ enum { KIND_SPECIAL = 0, KIND_CONTENT = 1, KIND_REASONING = 2, KIND_PENDING = 3,
 #define MAX_PENDING 32
 enum { API_COMPLETIONS = 1, API_CHAT = 2, API_TGI = 3, API_SGLANG = 4 };
 /* SGLang's per-request timings in meta_info (adapters/sglang.py TIMING_KEYS, in that order) */
-#define N_TIMING 4
+#define N_TIMING 8
 static const char *const TIMING_KEYS[N_TIMING] = {"queue_time", "prefill_launch_delay", "prefill_launch_latency",
-                                                  "kv_transfer_time"};
+                                                  "prefill_waiting_latency", "forward_entry_time",
+                                                  "prefill_finished_time", "first_token_latency", "kv_transfer_time"};
 #define MAX_DEPTH 128
 
 typedef struct {
@@ -574,14 +575,15 @@ static int number_value(scan_t *sc, double *out) {
 }
 
 static int scan_sglang_meta(scan_t *sc, regular_t *r) {
-    int seen_c = 0, seen_p = 0, seen_k = 0, seen_id = 0, seen_f = 0, seen_t[N_TIMING] = {0, 0, 0, 0};
+    int seen_c = 0, seen_p = 0, seen_k = 0, seen_id = 0, seen_f = 0, seen_t[N_TIMING] = {0};
     OBJECT_MEMBERS(sc, kst, kln, {
         int t = -1;
         for (int k = 0; k < N_TIMING; k++)
             if (key_is(sc, kst, kln, TIMING_KEYS[k], (Py_ssize_t)strlen(TIMING_KEYS[k]))) t = k;
         if (t >= 0) {
             if (seen_t[t]++) return SPECIAL;
-            if (t == 0 || t == 2) r->has_timing = 1; /* the parser's "queue_time"/"prefill_launch_latency" in meta */
+            /* the parser's "queue_time"/"prefill_launch_latency"/"first_token_latency" in meta */
+            if (t == 0 || t == 2 || t == 6) r->has_timing = 1;
             if (!is_null(sc)) {
                 if (number_value(sc, &r->timing.v[t]) < 0) return SPECIAL; /* strings, booleans: the parser's */
                 r->timing.mask |= 1 << t;

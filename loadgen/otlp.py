@@ -40,8 +40,9 @@ from bench_llm.results.writer import write_table_atomic
 #: The span attribute that names the engine's request.
 REQUEST_ID_ATTRIBUTE = "gen_ai.request.id"
 #: Every engine's request-id attribute, in order: vLLM's ``llm_request`` span
-#: (``gen_ai.request.id``), SGLang's request root span (``rid``, its ``meta_info.id``; SGLang's
-#: tracing, python/sglang/srt/tracing/trace.py). TGI's spans carry none (docs/engines.md).
+#: (``gen_ai.request.id``), SGLang's request root span (``rid``, its ``meta_info.id``, and from
+#: 0.5.10 ``gen_ai.request.id`` too; python/sglang/srt/observability/trace.py from 0.5.10,
+#: tracing/trace.py before). TGI's spans carry none (docs/engines.md).
 REQUEST_ID_ATTRIBUTES = (REQUEST_ID_ATTRIBUTE, "rid")
 #: Largest request body accepted (a batch of 512 spans is ~200 kB).
 MAX_BODY_BYTES = 32 << 20

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from bench_llm.adapters.base import EventKind, ScanState, ScanStateParser, StreamEvent, StreamParser, keeps_scan_state
 from bench_llm.adapters.sse import SSEFramer
+from bench_llm.core.rejections import http_error_type
 from bench_llm.loadgen.transport import StreamError
 from bench_llm.results.record import SOURCE_NON_STREAMING, RequestRecord
 from bench_llm.workloads.spec import RequestSpec
@@ -427,7 +428,8 @@ class RequestRecorder:
                 self._error = self._error or StreamError("client_error", f"{type(exc).__name__}: {exc}")
         err = self._error or error
         if err is None and self.status is not None and self.status >= 400:
-            err = StreamError("http_error", f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
+            # 429 and 503 are admission rejections, each with its own type (core/rejections.py)
+            err = StreamError(http_error_type(self.status), f"HTTP {self.status}: {self._body.decode('utf-8', 'replace')[:300]}")
 
         stamps, cols, pending, done = self._columns()
         finish_reason = _last_set(cols[_FINISH])

@@ -9,8 +9,9 @@ records by request id:
   ``time_in_queue``, ``time_in_model_prefill``, ``time_to_first_token`` (arrival at the HTTP
   server to the first token leaving it), ``e2e``.
 * SGLang flavour: the request's root span (``Req <rid[:8]>``) with attribute ``rid`` (the
-  ``meta_info.id`` the client sees) and no latency attributes, as SGLang exports it (its
-  queue/prefill are child slice spans there, which carry no request id).
+  ``meta_info.id`` the client sees); from the 0.5.10 generation also ``gen_ai.request.id`` and
+  SGLang's ``gen_ai.latency.*`` attributes, whose ``time_in_model_prefill`` includes the queue
+  (``sglang_root_span``). Its queue/prefill slices are child spans, which carry no request id.
 * TGI flavour: nothing (TGI exports over gRPC only, and its spans carry no request id).
 
 The encoder is written here from opentelemetry-proto's ``trace.proto``/``common.proto``
@@ -104,8 +105,31 @@ def request_span(flavor: str, rid: str, arrival_unix_ns: int, end_unix_ns: int, 
         attrs.append(("gen_ai.latency.e2e", (end_unix_ns - arrival_unix_ns) / 1e9))
         return SimSpan("llm_request", arrival_unix_ns, end_unix_ns, tuple(attrs))
     if flavor == "sglang":
-        return SimSpan(f"Req {rid[:8]}", arrival_unix_ns, end_unix_ns, (("rid", rid),))
+        return sglang_root_span(rid, "0.5.8", arrival_unix_ns, arrival_unix_ns, None, end_unix_ns)
     return None
+
+
+def sglang_root_span(rid: str, generation: str, arrival_unix_ns: int, dispatched_unix_ns: int,
+                     first_unix_ns: int | None, end_unix_ns: int) -> SimSpan:  # fmt: skip
+    """SGLang's request root span (``" Req <rid[:8]>"``, observability/trace.py). Up to 0.5.9 it
+    names the request only (``rid``). From 0.5.10 the tokenizer manager sets, when the request
+    ends, ``gen_ai.request.id`` and ``gen_ai.latency.*`` (req_time_stats.py
+    ``convert_to_gen_ai_span_attrs``): ``time_to_first_token`` from arrival, ``e2e``,
+    ``time_in_model_decode`` from the first token, ``time_in_model_inference`` and
+    ``time_in_model_prefill`` from the end of the dispatch to the scheduler (the scheduler
+    queue included; no attribute times the queue)."""
+    attrs: list[tuple[str, AttrValue]] = [("rid", rid)]
+    if generation != "0.5.8":
+        attrs += [("module", "sglang::tokenizer_manager"), ("gen_ai.request.id", rid)]
+        if first_unix_ns is not None:
+            attrs.append(("gen_ai.latency.time_to_first_token", (first_unix_ns - arrival_unix_ns) / 1e9))
+        attrs.append(("gen_ai.latency.e2e", (end_unix_ns - arrival_unix_ns) / 1e9))
+        if first_unix_ns is not None:
+            attrs.append(("gen_ai.latency.time_in_model_decode", (end_unix_ns - first_unix_ns) / 1e9))
+        attrs.append(("gen_ai.latency.time_in_model_inference", (end_unix_ns - dispatched_unix_ns) / 1e9))
+        if first_unix_ns is not None:
+            attrs.append(("gen_ai.latency.time_in_model_prefill", (first_unix_ns - dispatched_unix_ns) / 1e9))
+    return SimSpan(f" Req {rid[:8]}", arrival_unix_ns, end_unix_ns, tuple(attrs))
 
 
 class SpanExporter:

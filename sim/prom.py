@@ -171,7 +171,7 @@ class FlavorMetrics:
             r.gauge("tgi_batch_current_size", "Requests in the current batch.", running)
             r.gauge("tgi_batch_current_max_tokens", "Tokens the current batch may hold.", batch_tokens)
             r.gauge("tgi_batch_max_total_tokens", "Max tokens in a batch.", kv_tokens)
-            r.gauge("tgi_batch_total_tokens", "KV tokens in use.", int(kv_usage * kv_tokens))
+            # no tgi_batch_total_tokens: TGI registers it but never sets it (router/src/infer/v3)
         elif self.flavor == "sglang":
             s = self.sched
             q0, h0, p0 = self._last

@@ -65,3 +65,13 @@ def tgi_problem(params: dict[str, Any]) -> str | None:
     if not isinstance(stop, list) or len(stop) > 4:
         return "`stop` supports up to 4 stop sequences"
     return None
+
+
+#: The ``sampling_params`` fields SGLang 0.5.22 on accepts (sglang.api.v1 SamplingParams, 0.5.23);
+#: any other key is refused with HTTP 400 (SimServer.sglang_schema_error).
+SGLANG_SAMPLING_FIELDS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+)  # fmt: skip

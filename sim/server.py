@@ -27,15 +27,15 @@ from aiohttp import web
 from bench_llm.core import __version__
 from bench_llm.core.tokenizer import count_tokens, output_token, tokenize
 from bench_llm.sim.backend import FixedBackend, ModelBackend
-from bench_llm.sim.config import ServerConfig
+from bench_llm.sim.config import SGLANG_SCHEMA_CHECK_SINCE, SGLANG_VERSION, ServerConfig
 from bench_llm.sim.emission import EmissionLog
 from bench_llm.sim.faults import FaultPlanner, RequestFaults
 from bench_llm.sim.loop import EngineLoop
 from bench_llm.sim.options import describe
-from bench_llm.sim.otlp import SpanExporter, request_span
+from bench_llm.sim.otlp import SimSpan, SpanExporter, request_span, sglang_root_span
 from bench_llm.sim.prom import FlavorMetrics
 from bench_llm.sim.request import SimRequest
-from bench_llm.sim.sampling import openai_problem, sglang_problem, tgi_problem
+from bench_llm.sim.sampling import SGLANG_SAMPLING_FIELDS, openai_problem, sglang_problem, tgi_problem
 from bench_llm.sim.structured import Unsupported, answer, openai_constraint, pieces, sglang_constraint, tgi_constraint
 from bench_llm.sim.wire import EmbeddingWire, OpenAIWire, SGLangWire, TGIWire
 
@@ -326,6 +326,10 @@ class SimServer:
         self.loras: list[str] = []
         self.lora_swaps = 0
         self.otlp = SpanExporter(config.otlp_traces_endpoint, f"bench-sim-{self.flavor}") if config.otlp_traces_endpoint else None
+        #: perf_counter_ns -> Unix ns: SGLang's wall-clock timing stamps (0.5.10 on)
+        self.wall_offset_ns = time.time_ns() - _now()
+        #: SGLang flavour: the generation imitated (ServerConfig.sglang_generation)
+        self.sglang_generation = config.sglang_generation
 
     # -- lifecycle ---------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
@@ -403,18 +407,67 @@ class SimServer:
                 resident.pop(0)
         resident.append(adapter)
 
-    def request_timing(self, req: SimRequest, first_token_ns: int) -> dict[str, float]:
-        """SGLang's per-request timings (``meta_info`` with ``--enable-metrics``: ``queue_time``,
-        ``prefill_launch_delay``, ``prefill_launch_latency``, seconds) from the model's own clock:
-        queue from the end of the HTTP/tokenizer overhead to admission, prefill from admission
-        to the step that completes it. With P/D, ``kv_transfer_time`` (a bench sim field, no
-        SGLang one) is the rest up to the first token: KV transfer, decode admission and step."""
+    @property
+    def reported_version(self) -> str:
+        """The version the engine reports: the SGLang flavour the release it imitates (so that
+        bench picks its rules as for the real one), marked as the simulated engine's."""
+        if self.flavor == "sglang":
+            return f"{self.config.engine_version or SGLANG_VERSION}-bench-sim"
+        return VERSION
+
+    def sglang_schema_error(self, sp: Any) -> str | None:
+        """SGLang 0.5.22 on refuses unknown ``sampling_params`` keys with the schema's text
+        (sglang/api/v1/api_types.py ``_unknown_field``); older releases ignore them."""
+        if self.config.sglang_release < SGLANG_SCHEMA_CHECK_SINCE or not isinstance(sp, dict):
+            return None
+        for key in sp:
+            if key not in SGLANG_SAMPLING_FIELDS:
+                listed = ", ".join(f"`{f}`" for f in SGLANG_SAMPLING_FIELDS)
+                return f"unknown field `{key}`, expected one of {listed}"
+        return None
+
+    def queue_full(self, kind: str) -> bool:
+        """Whether the admission limit of the imitated engine turns the next request away:
+        vLLM's --max-num-queued-reqs counts the requests in the engine, waiting and running
+        (v1/engine/async_llm.py); SGLang's --max-queued-requests its waiting queue only
+        (scheduler.py ``_abort_on_queued_limit``)."""
+        b = self.backend
+        if self.flavor == "vllm" and self.config.max_num_queued_reqs:
+            return b.waiting + b.running >= self.config.max_num_queued_reqs
+        if self.flavor == "sglang" and self.config.max_queued_requests:
+            return kind != "tgi" and b.waiting >= self.config.max_queued_requests
+        return False
+
+    def _phases(self, req: SimRequest, first_token_ns: int) -> tuple[int, int, int, int]:
+        """(queue entry: the end of the HTTP/tokenizer overhead, admission, prefill done, first
+        token) of ``req`` on the model's clock, perf_counter ns."""
         entry = req.arrival_ns + int(getattr(self.backend, "request_overhead_ns", 0))
         first = req.first_token_ns if req.first_token_ns is not None else first_token_ns
         admitted = req.admitted_ns if req.admitted_ns is not None else entry
         done = req.prefill_done_ns if req.prefill_done_ns is not None else first
-        timing = {"queue_time": max(0, admitted - entry) / 1e9, "prefill_launch_delay": 0.0,
-                  "prefill_launch_latency": max(0, done - admitted) / 1e9}  # fmt: skip
+        return entry, admitted, done, first
+
+    def request_timing(self, req: SimRequest, first_token_ns: int) -> dict[str, float]:
+        """SGLang's per-request timings (``meta_info`` with ``--enable-metrics``, seconds) as the
+        imitated generation names them, from the model's own clock: the queue from the end of
+        the HTTP/tokenizer overhead to admission, prefill from admission to the step that
+        completes it. 0.5.8: ``queue_time``, ``prefill_launch_delay`` (0: the sim launches a
+        batch as it is formed), ``prefill_launch_latency``; 0.5.10: the delay renamed
+        ``prefill_waiting_latency``, plus the wall-clock stamps ``forward_entry_time`` and
+        ``prefill_finished_time`` (Unix seconds); 0.5.23: ``queue_time`` and the stamps only.
+        With P/D, ``kv_transfer_time`` (a bench sim field, no SGLang one) is the rest up to the
+        first token: KV transfer, decode admission and step."""
+        entry, admitted, done, first = self._phases(req, first_token_ns)
+        queue, prefill = max(0, admitted - entry) / 1e9, max(0, done - admitted) / 1e9
+        gen = self.sglang_generation
+        if gen == "0.5.8":
+            timing = {"queue_time": queue, "prefill_launch_delay": 0.0, "prefill_launch_latency": prefill}
+        else:
+            wall = self.wall_offset_ns
+            timing = {"forward_entry_time": (admitted + wall) / 1e9, "prefill_finished_time": (max(done, admitted) + wall) / 1e9,
+                      "queue_time": queue}  # fmt: skip
+            if gen == "0.5.10":
+                timing.update(prefill_waiting_latency=0.0, prefill_launch_latency=prefill)
         if first > done:
             timing["kv_transfer_time"] = (first - done) / 1e9
         return timing
@@ -438,14 +491,24 @@ class SimServer:
             self._export_span(sink, req, now)
 
     def _export_span(self, sink: HttpStream, req: SimRequest, end_ns: int) -> None:
-        """The request's span (sim/otlp.py): queue and prefill as the SGLang timings count them
-        (``request_timing``), the engine's TTFT from the HTTP arrival to the first token written."""
+        """The request's span (sim/otlp.py): vLLM's with queue and prefill on the model's clock
+        (``_phases``) and the engine's TTFT from the HTTP arrival to the first token written;
+        SGLang's root span as the imitated generation exports it."""
         assert self.otlp is not None
-        timing = self.request_timing(req, sink.first_ns or end_ns) if sink.first_ns is not None else {}
-        ttft = (sink.first_ns - sink.arrival_ns) / 1e9 if sink.first_ns is not None else None
         off = self.otlp.offset_ns
-        span = request_span(self.flavor, sink.rid, sink.arrival_ns + off, end_ns + off, timing.get("queue_time"),
-                            timing.get("prefill_launch_latency"), ttft)  # fmt: skip
+        first_ns = sink.first_ns
+        span: SimSpan | None
+        if self.flavor == "sglang":  # its root span: SGLang's own attributes (sim/otlp.py)
+            entry = self._phases(req, first_ns or end_ns)[0]
+            span = sglang_root_span(sink.rid, self.sglang_generation, sink.arrival_ns + off, entry + off,
+                                    None if first_ns is None else first_ns + off, end_ns + off)
+        else:
+            queue = prefill = ttft = None
+            if first_ns is not None:
+                entry, admitted, done, _ = self._phases(req, first_ns)
+                queue, prefill = max(0, admitted - entry) / 1e9, max(0, done - admitted) / 1e9
+                ttft = (first_ns - sink.arrival_ns) / 1e9
+            span = request_span(self.flavor, sink.rid, sink.arrival_ns + off, end_ns + off, queue, prefill, ttft)
         if span is not None:
             self.otlp.add(span)
 
@@ -532,6 +595,28 @@ class SimServer:
             await resp.write_eof()
         return resp
 
+    async def _refuse_queue_full(self, request: web.Request, wire: Any, kind: str, stream: bool,
+                                 status_error: Any) -> web.StreamResponse:  # fmt: skip
+        """Past the admission limit. vLLM: HTTP 503 (v1/engine/async_llm.py). SGLang's /generate:
+        streaming, HTTP 200 and one event ending the request with an abort, status 503; its OpenAI
+        routes, HTTP 200 and an error chunk of code 503 (serving_completions.py); without
+        streaming, HTTP 503 (tokenizer_manager.py ``_handle_abort_finish_reason``)."""
+        self.metrics.failed("queue_full")
+        message = "The request queue is full."
+        if self.flavor == "sglang" and stream:  # HTTP 200, then the abort (native) or an error chunk (OpenAI routes)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            data = wire.queue_full() if kind == "sglang" else wire.error(message, "SERVICE_UNAVAILABLE", 503)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await resp.write(data)
+                await resp.write_eof()
+            return resp
+        if kind == "sglang":
+            return web.json_response({"object": "error", "message": message, "type": "503", "param": None,
+                                      "code": 503}, status=503)  # fmt: skip
+        return status_error(503, message if self.flavor == "sglang" else
+                            "The server is at capacity: too many requests waiting (--max-num-queued-reqs).")  # fmt: skip
+
     def _too_long(self, kind: str, prompt: int, max_tokens: int) -> tuple[int, str, str] | None:
         """(status, message, error type) in the imitated engine's words when the request does not fit."""
         limit = self.max_model_len
@@ -588,6 +673,8 @@ class SimServer:
             self.metrics.failed(f"http{faults.http_status}")
             msg = {429: "Too many requests", 503: "Service unavailable", 500: "Internal server error"}
             return status_error(faults.http_status, msg[faults.http_status])
+        if self.queue_full(kind):
+            return await self._refuse_queue_full(request, wire, kind, stream, status_error)
         seed = zlib.crc32(rid.encode())
         sink = HttpStream(self, rid, wire, kind, seed, faults, arrival)
         mean = self.config.natural_stop_mean
@@ -899,6 +986,9 @@ class SGLangRoutes:
         if not isinstance(text, str):
             return _sglang_error(400, "text (a string) or input_ids is required")
         sp = body.get("sampling_params") or {}
+        unknown = srv.sglang_schema_error(sp)
+        if unknown:  # 0.5.22 on: the schema's own 400 body, {"error": "<text>"} (entrypoints/api_contract.py)
+            return web.json_response({"error": unknown}, status=400)
         max_tokens = sp.get("max_new_tokens", 128)
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return _sglang_error(400, "sampling_params.max_new_tokens must be a positive integer")
@@ -917,7 +1007,8 @@ class SGLangRoutes:
         except Unsupported as exc:
             return _sglang_error(400, str(exc))
         rid = str(body.get("rid") or srv.next_id())
-        wire = SGLangWire(rid, (count_tokens(text) or 1) + len(image_ids), arrival)
+        wire = SGLangWire(rid, (count_tokens(text) or 1) + len(image_ids), arrival,
+                          engine_ttft=srv.sglang_generation == "0.5.23")
         min_new = sp.get("min_new_tokens", 0)
         return await srv._run(request, "sglang", wire, rid, text, max_tokens, bool(body.get("stream")), arrival,
                               _sglang_error, forced=bool(sp.get("ignore_eos")),
@@ -938,7 +1029,7 @@ class SGLangRoutes:
             "chunked_prefill_size": mt.limits()[1] if mt else 8192,
             "max_running_requests": mt.limits()[0] if mt else 1024,
             "disaggregation_mode": "null" if not (mt and mt.disaggregated) else "prefill-decode",
-            "version": VERSION,
+            "version": srv.reported_version,
             "internal_states": [{"avg_spec_accept_length": None, "last_gen_throughput": srv.gen_throughput}],
         }
         if mt is not None:
@@ -953,7 +1044,18 @@ class SGLangRoutes:
         return await self.srv.health(request)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        b = self.srv.backend
+        """GET or POST: refused while requests are pending, unless ``?timeout=S`` (0.5.10 on;
+        ignored before) waits up to S seconds for the engine to go idle first."""
+        srv = self.srv
+        b = srv.backend
+        try:
+            wait_s = float(request.query.get("timeout", 0)) if srv.config.sglang_release >= (0, 5, 10) else 0.0
+        except ValueError:
+            return web.json_response({"error": {"message": "timeout must be a number of seconds", "code": 400}},
+                                     status=400)  # fmt: skip
+        deadline = _now() + int(max(0.0, wait_s) * 1e9)
+        while (b.running or b.waiting) and _now() < deadline:
+            await asyncio.sleep(0.01)
         if b.running or b.waiting:  # scheduler.py flush_cache: refused while requests are pending
             return web.Response(status=400, text="Cache not flushed because there are pending requests. "
                                 f"#queue-req: {b.waiting}, #running-req: {b.running}\n")
@@ -970,10 +1072,9 @@ class TGIRoutes:
         return await self._generate(request, stream=True)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        body = await _json_body(request)
-        if body.get("stream") is True:
-            return await self._generate(request, stream=True, body=body)
-        return await self._generate(request, stream=False, body=body)
+        """``POST /generate`` never streams: its body has no ``stream`` field (router/src/lib.rs
+        GenerateRequest; only the compat route ``/`` reads one), so a ``stream: true`` there is ignored."""
+        return await self._generate(request, stream=False, body=await _json_body(request))
 
     async def _generate(self, request: web.Request, stream: bool, body: dict[str, Any] | None = None) -> web.StreamResponse:
         arrival = _now()
@@ -994,7 +1095,7 @@ class TGIRoutes:
             return await srv.refuse(request, wire, "tgi", stream, 429, "Model is overloaded", "overloaded", _tgi_error)
         srv.tgi_admitted += 1
         try:
-            invalid = _tgi_invalid(text, params)
+            invalid = _tgi_invalid(text, params, stream)
             if invalid is not None:
                 srv.metrics.failed("validation")
                 return await srv.refuse(request, wire, "tgi", stream, 422, f"Input validation error: {invalid}",
@@ -1060,10 +1161,17 @@ def _tool_call(body: dict[str, Any], rid: str) -> tuple[tuple[str, str], tuple[s
     return ("chatcmpl-tool-" + rid.rsplit("-", 1)[-1], str(fn.get("name", ""))), ("json", params)
 
 
-def _tgi_invalid(text: str, params: dict[str, Any]) -> str | None:
-    """TGI's validation message for what the sim checks (router/src/validation.rs), or None."""
+def _tgi_invalid(text: str, params: dict[str, Any], stream: bool = False) -> str | None:
+    """TGI's validation message for what the sim checks (router/src/validation.rs), or None.
+    A stream takes neither ``decoder_input_details`` nor ``best_of`` > 1 (ValidationError
+    PrefillDetailsStream, BestOfStream)."""
     if not text:
         return "`inputs` cannot be empty"
+    if stream and params.get("decoder_input_details") is True:
+        return "`decoder_input_details` == true is not supported when streaming tokens"
+    best_of = params.get("best_of")
+    if stream and best_of is not None and best_of != 1:
+        return "`best_of` != 1 is not supported when streaming tokens"
     if params.get("max_new_tokens") == 0:
         return "`max_new_tokens` must be strictly positive"
     return tgi_problem(params)  # the sampling fields
@@ -1110,6 +1218,7 @@ def create_app(config: ServerConfig = ServerConfig()) -> web.Application:
         r.add_get("/get_model_info", sg.model_info)
         r.add_get("/model_info", sg.model_info)
         r.add_post("/flush_cache", sg.flush_cache)
+        r.add_get("/flush_cache", sg.flush_cache)  # GET and POST (http_server.py, 0.5.8 on)
         r.add_post("/v1/completions", oa.completions)
         r.add_post("/v1/chat/completions", oa.chat)
         r.add_post("/v1/embeddings", oa.embeddings)

@@ -189,9 +189,10 @@ class SGLangWire:
     """SGLang's native /generate stream (0.5.23, tokenizer_manager.py): cumulative text, and
     ``output_ids`` holding every id so far on every event (O(n²) bytes per request)."""
 
-    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns", "n_ids", "ids_json", "timing")
+    __slots__ = ("rid", "prompt_tokens", "cached", "text", "arrival_ns", "n_ids", "ids_json", "timing",
+                 "engine_ttft", "first_ns")
 
-    def __init__(self, rid: str, prompt_tokens: int, arrival_ns: int) -> None:
+    def __init__(self, rid: str, prompt_tokens: int, arrival_ns: int, engine_ttft: bool = True) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.cached = 0
@@ -203,6 +204,10 @@ class SGLangWire:
         self.ids_json = bytearray()
         #: per-request timings once the first token exists (SimServer.request_timing)
         self.timing: dict[str, float] | None = None
+        #: the last event states the engine's TTFT (``first_token_latency``, the 0.5.23 generation)
+        self.engine_ttft = engine_ttft
+        #: when the first token was framed (perf_counter ns), for first_token_latency
+        self.first_ns: int | None = None
 
     def _grow(self, done: int) -> None:
         ids = self.ids_json
@@ -224,7 +229,10 @@ class SGLangWire:
         if self.timing:
             meta.update(self.timing)
         if finish is not None:
-            meta["e2e_latency"] = (time.perf_counter_ns() - self.arrival_ns) / 1e9
+            now = time.perf_counter_ns()
+            meta["e2e_latency"] = (now - self.arrival_ns) / 1e9
+            if self.timing and self.engine_ttft:  # req_time_stats.py convert_to_output_meta_info (API server)
+                meta["first_token_latency"] = ((self.first_ns or now) - self.arrival_ns) / 1e9
         return meta
 
     def event(self, done: int, finish: str | None) -> dict[str, Any]:
@@ -232,6 +240,8 @@ class SGLangWire:
         return {"text": self.text, "output_ids": [_token_id(i) for i in range(done)], "meta_info": self._meta(done, finish)}
 
     def tokens(self, text: str, done: int, finish: str | None) -> bytes:
+        if self.first_ns is None:
+            self.first_ns = time.perf_counter_ns()
         self.text += text
         self._grow(done)
         # the bytes orjson would write for event(), without re-encoding every id
@@ -248,6 +258,13 @@ class SGLangWire:
         """http_server.py's stream_results: the error object, then [DONE], after HTTP 200."""
         return sse({"error": {"message": message, "type": etype, "code": code, "retryable": False}}) + \
             b"data: [DONE]\n\n"
+
+    def queue_full(self) -> bytes:
+        """A request refused past ``--max-queued-requests`` (scheduler.py ``_abort_on_queued_limit``):
+        its only event ends it with an abort, status 503, then [DONE]."""
+        ev = self.event(0, None)
+        ev["meta_info"]["finish_reason"] = {"type": "abort", "status_code": 503, "message": "The request queue is full."}
+        return sse(ev) + b"data: [DONE]\n\n"
 
     def aborted(self, done: int) -> bytes:
         """An abort (FINISH_ABORT.to_json()) on the last event, then [DONE]."""

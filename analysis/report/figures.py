@@ -115,6 +115,7 @@ def ttft_split(view: RunView) -> go.Figure | None:
 
 
 PART_LABELS = {"ttft": "TTFT (client)", "queue": "queue", "prefill": "prefill", "kv_transfer": "KV transfer",
+               "queue_prefill": "queue + prefill: SGLang span, no queue figure",
                "emission": "emission: engine front-end, first token out", "transit": "transit: HTTP, network, client",
                "other": "other: front-end, emission, transit"}  # fmt: skip
 

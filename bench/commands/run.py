@@ -308,7 +308,7 @@ def _start_target(
     else the embedded engine (the last two stop when ``stack`` closes)."""
     engine, model = target.engine, target.model
     if target.url:
-        return target.url, engine, None, None
+        return target.url, engine, None, _reported_version(engine, target.url, launch.engine_version)
     if virtual:
         return "virtual:", "sim", None, None
     if launch.launch:
@@ -329,6 +329,19 @@ def _start_target(
         argv = [*argv, *sim_otlp_args(otlp_endpoint)]
     where = stack.enter_context(embedded_engine(run_dir / "engine.log", argv))
     return where, "sim", None, None
+
+
+def _reported_version(engine: str, url: str, given: str | None) -> str | None:
+    """The release the engine at ``url`` reports, for an engine whose stream and timings depend
+    on it (SGLang: adapters/sglang.py, analysis/ttft_rules.py), unless ``--engine-version`` said;
+    None when it does not answer."""
+    from bench_llm.core.control import EngineClient
+    from bench_llm.launch.profiles import profile
+
+    prof = profile(engine)
+    if given or not prof.adapter_takes_version or not prof.routes.version:
+        return None
+    return EngineClient(url, timeout_s=5).version(prof.routes.version)
 
 
 def _check_limits(load: LoadOptions, client: ClientOptions, limits: ClientLimits, embedded: EmbeddedOptions | None) -> None:

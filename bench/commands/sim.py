@@ -71,6 +71,15 @@ def command() -> None:
 @click.option("--max-concurrent-requests", type=int, default=128, show_default=True,
               help="TGI flavour: requests admitted at once (TGI's own default); the next one gets an "
                    "in-stream 'overloaded' error, as TGI answers (0: no limit).")
+@click.option("--max-num-queued-reqs", type=click.IntRange(0), default=0, show_default=True,
+              help="vLLM flavour: requests in the engine (waiting and running) at most (vLLM's "
+                   "--max-num-queued-reqs); the next one is answered HTTP 503, as vLLM does (0: no limit).")
+@click.option("--max-queued-requests", type=click.IntRange(0), default=0, show_default=True,
+              help="SGLang flavour: requests waiting at most (SGLang's --max-queued-requests); the next one's "
+                   "stream ends with an abort, status 503, as SGLang does (0: no limit).")
+@click.option("--engine-version", default=None, metavar="VERSION",
+              help="SGLang flavour: the release imitated and reported (default 0.5.23): 0.5.6-0.5.9 speak the 0.5.8 "
+                   "generation, 0.5.10-0.5.11 the 0.5.10 one, 0.5.12 on the 0.5.23 one (timings, spans, checks).")
 @click.option("--reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="Chat answers start with this many reasoning tokens (delta.reasoning_content), then the answer.")
 @click.option("--lora-adapters", default="", metavar="NAME,...",
@@ -170,7 +179,14 @@ def build_config(kw: dict[str, Any]) -> Any:
     model = kw.get("model") or (model_timing.preset if model_timing else "sim-model")
     timing = FixedTiming(float(kw.get("ttft_ms", 50.0)) / 1000, float(kw.get("itl_ms", 10.0)) / 1000,
                          int(kw.get("tokens_per_chunk", 1)))
-    return ServerConfig(
+    try:
+        return _server_config(ServerConfig, kw, model, timing, model_timing, faults)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+
+
+def _server_config(make: Any, kw: dict[str, Any], model: str, timing: Any, model_timing: Any, faults: Any) -> Any:
+    return make(
         model=model, timing=timing, flavor=kw.get("flavor") or "vllm", model_timing=model_timing, faults=faults,
         emission_log=kw.get("emission_log"), seed=int(kw.get("seed", 0)),
         fixed_grid=bool(kw.get("fixed_grid")), spin_us=int(kw.get("spin_us") or 0),
@@ -180,6 +196,9 @@ def build_config(kw: dict[str, Any]) -> Any:
         lora_adapters=tuple(a.strip() for a in str(kw.get("lora_adapters") or "").split(",") if a.strip()),
         max_loras=int(kw.get("max_loras") or 1), lora_swap_ms=float(kw.get("lora_swap_ms") or 0.0),
         otlp_traces_endpoint=kw.get("otlp_traces_endpoint"),
+        engine_version=kw.get("engine_version"),
+        max_num_queued_reqs=int(kw.get("max_num_queued_reqs") or 0),
+        max_queued_requests=int(kw.get("max_queued_requests") or 0),
     )
 
 

@@ -22,7 +22,7 @@ _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> list[str]:
     """The dry-run text, one line per element."""
-    launcher = launcher or DefaultLauncher()
+    launcher = launcher or DefaultLauncher(spec.engine_version)
     planned = expand(spec, launcher.unsupported)
     skipped = sum(1 for c in planned if c.skip_reason)
     lines = [

@@ -69,8 +69,13 @@ class DefaultLauncher:
             raise BenchError(f"engine launching is not available in this install ({exc})") from None
         return launcher
 
+    def __init__(self, version: str | None = None) -> None:
+        #: the engine release the sweep targets (``--engine-version``), for version-gated refusals
+        self.version = version
+
     def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
-        return list(self._module().unsupported_axes(engine, parallel))
+        """Reasons ``engine`` (at the targeted release, when known) cannot run ``parallel``."""
+        return list(self._module().unsupported_axes(engine, parallel, self.version))
 
     def _launch_spec(self, cell: CellEngine) -> Any:
         return self._module().LaunchSpec(

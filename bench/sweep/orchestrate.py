@@ -214,7 +214,7 @@ def _with_launcher(spec: SweepSpec, launcher: Launcher | None) -> tuple[SweepSpe
     if launcher is None and spec.endpoints:  # running deployments: measured where they are
         launcher = DeploymentLauncher({e.name: e.url for e in spec.endpoints})
     if launcher is None:
-        launcher = VirtualLauncher() if spec.virtual else DefaultLauncher()
+        launcher = VirtualLauncher() if spec.virtual else DefaultLauncher(spec.engine_version)
     return spec, launcher
 
 

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from bench_llm.adapters.base import EventKind, get_adapter
-from bench_llm.adapters.sglang import SGLangAdapter
+from bench_llm.adapters.sglang import SGLangAdapter, SGLangStreamParser
 from bench_llm.loadgen.recorder import SOURCE_CUMULATIVE
 from bench_llm.workloads.spec import Message, RequestSpec
 from tests.adapter_streams import SPEC, record, sse
@@ -140,3 +140,14 @@ def test_openai_surface_is_registered() -> None:
 def test_non_object_payload(payload: bytes) -> None:
     r = record(SGLangAdapter(), sse(payload))
     assert not r.ok and r.error_type == "malformed_chunk"
+
+
+def test_an_abort_with_status_503_is_an_admission_rejection_and_other_aborts_are_not() -> None:
+    # SGLang 0.5.23 managers/scheduler.py _abort_on_queued_limit, past --max-queued-requests
+    full = {"type": "abort", "status_code": 503, "message": "The request queue is full."}
+    ev = SGLangStreamParser().parse(orjson.dumps({"text": "", "meta_info": {"id": "r", "finish_reason": full,
+                                                                              "completion_tokens": 0}}))  # fmt: skip
+    assert ev is not None and ev.error_type == "abort_503" and ev.error_message == "The request queue is full."
+    other = {"type": "abort", "message": "Abort in waiting queue", "status_code": None}
+    ev = SGLangStreamParser().parse(orjson.dumps({"text": "", "meta_info": {"id": "r", "finish_reason": other}}))
+    assert ev is not None and ev.error_type == "abort"

@@ -125,7 +125,19 @@ def test_http_error_keeps_status_and_body() -> None:
     rec.headers(2, 503)
     rec.data(3, b'{"message": "overloaded"}')
     r = rec.finish(10)
-    assert not r.ok and r.error_type == "http_error" and r.http_status == 503 and "overloaded" in (r.error_message or "")
+    # 503 is an admission rejection (vLLM past --max-num-queued-reqs): its own type (core/rejections.py)
+    assert not r.ok and r.error_type == "http_503" and r.http_status == 503 and "overloaded" in (r.error_message or "")
+    rec = RequestRecorder(SPEC, OpenAIStreamParser(chat=False), 0, 0)
+    rec.sent(1)
+    rec.headers(2, 404)
+    rec.data(3, b'{"message": "no such model"}')
+    r = rec.finish(10)
+    assert r.error_type == "http_error" and r.http_status == 404
+    rec = RequestRecorder(SPEC, OpenAIStreamParser(chat=False), 0, 0)
+    rec.sent(1)
+    rec.headers(2, 429)  # TGI's non-streaming answer past --max-concurrent-requests; a router's full queue
+    rec.data(3, b'{"error": "Model is overloaded", "error_type": "overloaded"}')
+    assert rec.finish(10).error_type == "http_429"
 
 
 def test_request_body_asks_for_exact_lengths_and_usage() -> None:

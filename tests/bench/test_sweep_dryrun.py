@@ -28,7 +28,7 @@ DOCUMENTED = {
     "sglang": {
         "model-path", "host", "port", "tp-size", "pp-size", "dp-size", "ep-size", "enable-metrics",
         "disaggregation-mode", "disaggregation-bootstrap-port", "max-running-requests", "mem-fraction-static",
-        "schedule-conservativeness",
+        "schedule-conservativeness", "dcp-size",
     },
     "sglang-router": {"pd-disaggregation", "prefill", "decode", "host", "port"},
     "tgi": {
@@ -95,11 +95,13 @@ def test_sglang_disagg_and_refused_flags_by_name() -> None:
         assert _flags(argv) <= DOCUMENTED["sglang"], _flags(argv) - DOCUMENTED["sglang"]
         assert "--max-running-requests=16" in argv
     assert _flags(cell[6]) <= DOCUMENTED["sglang-router"]
-    # vLLM's name for the batch limit, and dcp, are refused by name
-    lines = dry_run_lines(_spec("sglang", MatrixSpec(tp=(2,), dcp=(2,), flags={"max-num-seqs": ("8",)})))
+    # vLLM's name for the batch limit is refused by name, and dcp before SGLang 0.5.21 with the version
+    lines = dry_run_lines(_spec("sglang", MatrixSpec(tp=(2,), dcp=(2,), flags={"max-num-seqs": ("8",)}),
+                                engine_version="0.5.8"))  # fmt: skip
     assert lines[1] == (
         "cell tp2-dcp2-max-num-seqs_8: 2 GPUs, skipped: sglang does not support it: SGLang has no --max-num-seqs; "
-        "its max running requests flag is --max-running-requests; SGLang has no decode-context-parallel flag (dcp)"
+        "its max running requests flag is --max-running-requests; SGLang 0.5.8 has no decode context parallelism "
+        "(--dcp-size arrived in 0.5.21)"
     )
 
 

@@ -84,9 +84,12 @@ def test_vllm_ep_width_and_disagg() -> None:
     assert unsupported_axes("vllm", ParallelConfig(disagg=Disagg(1, 1))) == []
 
 
-def test_sglang_refuses_context_parallel() -> None:
+def test_sglang_refuses_prefill_context_parallel_and_dcp_before_0_5_21() -> None:
     assert unsupported_axes("sglang", ParallelConfig(tp=2, pp=2, dp=2, ep=4, disagg=Disagg(1, 1))) == []
-    assert len(unsupported_axes("sglang", ParallelConfig(tp=2, dcp=2, pcp=2))) == 2
+    # dcp (--dcp-size) from 0.5.21: refused for an older release, planned for a newer or unknown one
+    assert len(unsupported_axes("sglang", ParallelConfig(tp=2, dcp=2, pcp=2), "0.5.8")) == 2
+    assert len(unsupported_axes("sglang", ParallelConfig(tp=2, dcp=2, pcp=2), "0.5.23")) == 1
+    assert len(unsupported_axes("sglang", ParallelConfig(tp=2, dcp=2, pcp=2))) == 1
 
 
 def test_unknown_engine() -> None:

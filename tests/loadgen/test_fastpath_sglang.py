@@ -107,6 +107,11 @@ TRICKY = [
     b'{"text":"a","meta_info":{"completion_tokens":1,"queue_time":-0}}',
     b'{"text":"a","meta_info":{"completion_tokens":1,"queue_time":123456789012345678901}}',
     b'{"text":"a","meta_info":{"completion_tokens":1,"queue_time":1e400}}',
+    # SGLang 0.5.10 and 0.5.23 name their timings otherwise (adapters/sglang.py TIMING_KEYS)
+    b'{"text":"a","meta_info":{"completion_tokens":1,"forward_entry_time":1765000000.25,'
+    b'"prefill_finished_time":1765000000.5,"queue_time":0.01,"prefill_waiting_latency":0.002}}',
+    b'{"text":"a","meta_info":{"completion_tokens":1,"forward_entry_time":1765000000.25}}',
+    b'{"text":"a","meta_info":{"completion_tokens":1,"first_token_latency":0.08,"prefill_finished_time":null}}',
     b'{"text":"a","meta_info":{"completion_tokens":1,"id":7}}',
     b'{"text":"a","meta_info":{"completion_tokens":1,"id":"r\\u0031"}}',
     b'{"text":"a","meta_info":{"completion_tokens":1}} x',

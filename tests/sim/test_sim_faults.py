@@ -26,8 +26,8 @@ def faulty(spec: str, flavor: str = "vllm") -> ServerConfig:
     [
         ("reset=1", "stream_reset", 200),
         ("http500=1", "http_error", 500),
-        ("http503=1", "http_error", 503),
-        ("http429=1", "http_error", 429),
+        ("http503=1", "http_503", 503),  # admission rejections have their own types (core/rejections.py)
+        ("http429=1", "http_429", 429),
         ("malformed=1", "malformed_chunk", 200),
         ("no_done=1", "no_done", 200),
         ("stall=1:3s", "timeout", 200),
