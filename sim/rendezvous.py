@@ -24,14 +24,21 @@ from typing import Any
 JOIN_TIMEOUT_S = 120.0
 
 
-def whoami(rank: int, nnodes: int, master: str, port: int) -> dict[str, Any]:
+def whoami(rank: int, nnodes: int, master: str | None, port: int | None) -> dict[str, Any]:
     return {
         "node_rank": rank,
         "nnodes": nnodes,
         "host": socket.gethostname(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "rendezvous": f"{master}:{port}",
+        "rendezvous": f"{master}:{port}" if master is not None else None,
     }
+
+
+def say_who(rank: int, nnodes: int, master: str | None, port: int | None) -> dict[str, Any]:
+    """Write the rank's line (``bench sim: rank {...}``) to stderr; return what it says."""
+    me = whoami(rank, nnodes, master, port)
+    _say("rank " + json.dumps(me, sort_keys=True))
+    return me
 
 
 def _say(text: str) -> None:
@@ -42,7 +49,7 @@ def _say(text: str) -> None:
 def serve_rendezvous(nnodes: int, master: str, port: int, timeout_s: float = JOIN_TIMEOUT_S) -> list[dict[str, Any]]:
     """Rank 0: wait until ranks 1..nnodes-1 have joined at ``master:port``; then watch them
     (a rank leaving ends this process). Returns what each rank said, in rank order."""
-    _say("rank " + json.dumps(whoami(0, nnodes, master, port), sort_keys=True))
+    say_who(0, nnodes, master, port)
     srv = socket.create_server((master, port), reuse_port=False)
     srv.settimeout(1.0)
     joined: dict[int, tuple[socket.socket, dict[str, Any]]] = {}
@@ -82,8 +89,7 @@ def _watch(conn: socket.socket, rank: int) -> None:
 
 def join_rendezvous(rank: int, nnodes: int, master: str, port: int, timeout_s: float = JOIN_TIMEOUT_S) -> None:
     """A headless rank: join rank 0 at ``master:port`` and stay until it ends (then exit 0)."""
-    me = whoami(rank, nnodes, master, port)
-    _say("rank " + json.dumps(me, sort_keys=True))
+    me = say_who(rank, nnodes, master, port)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

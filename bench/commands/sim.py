@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,10 @@ def serve(**kw: Any) -> None:
         from bench_llm.sim.rendezvous import serve_rendezvous
 
         serve_rendezvous(nnodes, master, master_port)
+    elif "CUDA_VISIBLE_DEVICES" in os.environ:  # given GPUs (a cluster's): say which, as a rank does
+        from bench_llm.sim.rendezvous import say_who
+
+        say_who(0, 1, None, None)
     try:
         web.run_app(app, host=kw["host"], port=kw["port"], access_log=None, print=lambda *_: None, backlog=4096)
     except OSError as exc:
