@@ -141,6 +141,8 @@ def _process_objects(spec: LaunchSpec, cluster: ClusterSpec, layout: EngineLayou
                      name: str, base: dict[str, str], image: str, services: dict[int, str]) -> list[dict[str, Any]]:  # fmt: skip
     ns = cluster.namespace
     gpus = process_gpus(layout, plan, spec.parallel.gpus)
+    if any(a.startswith("bench_llm.") for a in plan.argv):  # bench's own process (the vLLM P/D proxy)
+        image = cluster.client_image or "<bench image>"
     argv = _argv(_in_image(plan.argv), services)
     env = {k: _rewrite(v, services) for k, v in {**plan.env, **dict(spec.env)}.items()}
     labels = {**base, "bench-llm/process": name}

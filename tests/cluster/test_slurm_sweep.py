@@ -168,7 +168,7 @@ def test_sigkill_then_resume_cancels_the_job(cluster: Cluster, tmp_path: Path) -
                    and "joined from" in (out / "cell=tp8" / "engine.log").read_text(), 60,
                    "the two-node engine up")  # fmt: skip
         job = json.loads((out / "cell=tp8" / "slurm_job.json").read_text())["job_id"]
-        time.sleep(0.2)  # noqa: the kill lands during the cell (any moment after start is right)
+        time.sleep(0.2)  # the kill lands during the cell (any moment after its start is right)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
