@@ -9,8 +9,9 @@ step on its node (``srun --jobid J --exact -N1 -n1 -w NODE --gres=gpu:K``, so Sl
 its own GPUs in ``CUDA_VISIBLE_DEVICES``), the step's output streamed by ``srun`` into the
 process's log in the cell folder. ``stop()`` ends the steps and cancels the job (``scancel``
 ends every process under it) and waits until Slurm has let it go; so does any failure during
-start. A job left behind by a bench that was killed is cancelled by ``--resume``
-(``cancel_recorded``), or by Slurm at its time limit.
+start. If bench itself dies (SIGTERM, SIGKILL), a watcher process it started beside the job
+(``watch_submitter``) cancels the job; a job left all the same (the launching host went down)
+is cancelled by ``--resume`` (``cancel_recorded``), or by Slurm at its time limit.
 
 Ports are chosen free on the launching host (where the test cluster's nodes are; on a real
 cluster a port taken on the node fails the cell with the engine's log). Nothing here needs a
@@ -26,6 +27,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -139,18 +141,45 @@ def dry_run_commands(spec: LaunchSpec, cell_id: str, cluster: ClusterSpec) -> li
     return lines
 
 
+#: The dead man's switch: waits for the process that submitted a job to end (a pidfd), then
+#: cancels the job. Started in its own session, so bench's death (SIGKILL included) does not end it.
+_WATCH = """
+import os, select, subprocess, sys
+pid, job = int(sys.argv[1]), sys.argv[2]
+try:
+    fd = os.pidfd_open(pid)
+    select.select([fd], [], [])
+except OSError:
+    pass
+subprocess.run(["scancel", job], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+"""
+
+
+def watch_submitter(job: str) -> subprocess.Popen[bytes] | None:
+    """Cancel ``job`` as soon as this process ends, however it ends (None where pidfds are
+    not available: then ``--resume`` or the job's time limit ends it)."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    return subprocess.Popen([sys.executable, "-c", _WATCH, str(os.getpid()), job], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
 @dataclass
 class SlurmJob:
-    """A cell's job: its id, record file and nodes."""
+    """A cell's job: its id, record file and nodes, and the watcher that cancels it if bench dies."""
 
     job_id: str
     record: Path
     nodes: list[Node]
+    watcher: subprocess.Popen[bytes] | None = None
 
     def release(self, timeout_s: float = RELEASE_TIMEOUT_S) -> None:
         """Cancel the job (every step and process under it) and wait until Slurm lets it go."""
         cancel_job(self.job_id, timeout_s)
         _mark_released(self.record)
+        if self.watcher is not None:
+            self.watcher.kill()
+            self.watcher.wait()
 
 
 def submit(argv: Sequence[str], record: Path, cluster: ClusterSpec) -> str:
@@ -309,7 +338,7 @@ def launch_on_slurm(spec: LaunchSpec, log_path: Path, cluster: ClusterSpec, cell
     record = log_path.parent / JOB_RECORD
     job_id = submit(sbatch_argv(cell_id, shape, cluster), record, cluster)
     procs: list[ManagedProcess] = []
-    job = SlurmJob(job_id, record, [])
+    job = SlurmJob(job_id, record, [], watch_submitter(job_id))
     deadline = time.monotonic() + spec.ready_timeout_s
     try:
         job.nodes = node_addresses(wait_running(job_id, spec.ready_timeout_s))
