@@ -89,7 +89,7 @@ def _container(name: str, image: str, argv: list[str], env: dict[str, str], gpus
         + [{"name": k, "value": v} for k, v in sorted(env.items())],
     }
     if gpus:
-        c["resources"] = {"limits": {GPU_RESOURCE: gpus}}
+        c["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}}  # a quantity, as the API spells it
     if port is not None:
         c["ports"] = [{"containerPort": port, "name": "http"}]
     if ready is not None and port is not None:
