@@ -117,6 +117,21 @@ def sbatch_argv(cell_id: str, placed: Placed, cluster: ClusterSpec) -> list[str]
     ]  # fmt: skip
 
 
+def manager_refusal(argv: Sequence[str]) -> str | None:
+    """What Slurm says against the job ``argv`` would submit, asked before anything starts
+    (``sbatch --test-only``: no job is made); None when it would queue it."""
+    test = [a for a in argv if a != "--parsable"]
+    test.insert(1, "--test-only")
+    try:
+        out = subprocess.run(test, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sbatch --test-only: {exc}"
+    if out.returncode == 0:
+        return None
+    lines = [ln.removeprefix("sbatch: error: ").strip() for ln in (out.stderr or out.stdout).splitlines() if ln.strip()]
+    return "; ".join(lines) or f"sbatch --test-only: exit code {out.returncode}"
+
+
 def srun_argv(job: str, node: str, gpus: int, argv: Sequence[str]) -> list[str]:
     """One process as a job step on ``node`` with its own ``gpus`` GPUs (``--exact``: only what
     the step asks for, so steps on one node get disjoint GPUs)."""

@@ -24,6 +24,7 @@ from bench_llm.launch.process import EngineStartError
 
 if TYPE_CHECKING:
     from bench_llm.bench.sweep.engines import CellEngine, Handle
+    from bench_llm.bench.sweep.matrix import PlannedCell
     from bench_llm.bench.sweep.spec import SweepSpec
 
 
@@ -40,6 +41,9 @@ class ClusterLauncher:
     """The sweep's launcher on a cluster (picklable: a cell's process gets its own copy)."""
 
     cluster: ClusterSpec
+    #: Ask the manager too (``sbatch --test-only``) whether it would take each cell's job; a dry
+    #: run does not (it prints the same text wherever it runs).
+    ask_manager: bool = True
 
     def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
         from bench_llm.launch.slurm import placed_plan
@@ -51,6 +55,27 @@ class ClusterLauncher:
         except EngineStartError as exc:
             return [str(exc)]
         return []
+
+    def manager_refusals(self, spec: SweepSpec, planned: list[PlannedCell]) -> list[PlannedCell]:
+        """``planned`` with each cell Slurm would not take skipped with Slurm's own words
+        (``sbatch --test-only`` of the cell's job: asked before anything starts, makes no job)."""
+        from dataclasses import replace
+
+        from bench_llm.launch.slurm import manager_refusal, placed_plan, sbatch_argv, slurm_available
+
+        if not self.ask_manager or self.cluster.manager != "slurm" or slurm_available() is not None:
+            return planned
+        out = []
+        for c in planned:
+            if not c.skip_reason:
+                placed = placed_plan(LaunchSpec(engine=spec.for_cell(c.config).engine, model=spec.model,
+                                                parallel=c.config), self.cluster)  # fmt: skip
+                said = manager_refusal(sbatch_argv(c.cell_id, placed, self.cluster))
+                if said is not None:
+                    c = replace(c, skip_reason=f"Slurm refuses its job ({placed.nodes} nodes of "
+                                               f"{placed.gpus_per_node} GPUs): {said}")  # fmt: skip
+            out.append(c)
+        return out
 
     def start(self, cell: CellEngine, log_path: Path) -> Handle:
         if self.cluster.manager != "slurm":
@@ -85,7 +110,7 @@ def dry_run_lines(spec: SweepSpec) -> list[str]:
 
     cluster = spec.cluster
     assert cluster is not None
-    launcher = ClusterLauncher(cluster)
+    launcher = ClusterLauncher(cluster, ask_manager=False)
     planned = expand(spec, launcher.unsupported)
     skipped = sum(1 for c in planned if c.skip_reason)
     lines = [

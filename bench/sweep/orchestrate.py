@@ -149,6 +149,8 @@ def run_sweep(
     sweep_dir = Path(sweep_dir)
     stored, sweep_id = _open_sweep(spec, sweep_dir, resume)
     planned = expand(spec, launcher.unsupported)
+    if hasattr(launcher, "manager_refusals"):  # a cluster's manager asked before anything starts
+        planned = launcher.manager_refusals(spec, planned)
     # refused before anything is written; on a cluster cells run side by side as concurrent jobs
     workers = worker_count(jobs, len(planned), spec.virtual, side_by_side=spec.cluster is not None)
     _write_sweep_json(sweep_dir, sweep_id, spec, stored, command, planned)
