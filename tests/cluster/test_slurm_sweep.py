@@ -211,3 +211,14 @@ def test_resume_cancels_a_job_left_running(cluster: Cluster, tmp_path: Path, mon
     assert job not in cluster.jobs()
     assert json.loads((cell / JOB_RECORD).read_text())["released"] is True
     assert ClusterLauncher(ClusterSpec(gpus_per_node=4)).recover(tmp_path / "sweep") == []  # once only
+
+
+def test_an_engine_that_fails_to_start_fails_its_cell_and_releases_the_job(cluster: Cluster, tmp_path: Path) -> None:
+    out = tmp_path / "bad"
+    run = subprocess.run(_sweep(out, "--tp", "8", "--engine-arg=--no-such-flag"), env=cluster.env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    cell = _cells(out)["tp8"]
+    assert cell["status"] == "failed" and "no-such-flag" in (cell["log_tail"] or ""), cell
+    assert json.loads((out / "cell=tp8" / "slurm_job.json").read_text())["released"] is True
+    assert run.returncode != 0
+    wait_until(lambda: not cluster.jobs(), 15, "the failed cell's job gone")
