@@ -13,8 +13,11 @@ runs.
 The plan is made with ``NODE_HOST`` as the engine's host; placing rewrites it per process: a
 URL to another process of the plan (a router's to its instances, found by port) gets that
 process's node address, every other occurrence (``--host``, the NIXL side-channel host) the
-process's own. The local launcher (``launch.launcher.launch``) is the one-node case with no
-rewriting, and keeps its own path: its plans and dry runs are unchanged.
+process's own. The local launcher (``launch.launcher.launch``) is the one-node case: a plan
+placed on one node whose address is the local host is, argv for argv, the plan the local
+launcher runs (tests/launch/test_placement.py); the local launcher keeps its own path (it
+also assigns CUDA_VISIBLE_DEVICES itself, where a cluster's manager does), so its plans and
+dry runs are unchanged.
 """
 
 from __future__ import annotations

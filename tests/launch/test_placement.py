@@ -144,3 +144,20 @@ def test_local_plans_are_unchanged() -> None:
             line = shlex.join(p.argv)
             assert "--nnodes" not in line and "--headless" not in line and "@node@" not in line
             assert "127.0.0.1" in line
+
+
+@pytest.mark.parametrize(
+    ("engine", "axes"),
+    [("vllm", "tp=4,dp=2"), ("vllm", "tp=2,disagg=1:2"), ("sglang", "tp=2,disagg=2:1"), ("sglang", "tp=8"),
+     ("tgi", "tp=4"), ("vllm", "tp=2,dp=2,ep=4")],
+)  # fmt: skip
+def test_one_node_placement_is_the_local_plan(engine: str, axes: str) -> None:
+    """The seam: a plan placed on one node whose address is the local host runs the very argv
+    the local launcher runs (same processes, order, ports and flags)."""
+    spec = _spec(engine, axes)
+    local = plan_launch(spec, base_env={})
+    placed = placed_plan(spec, ClusterSpec(gpus_per_node=64))
+    assert placed.nodes == 1
+    here = [tuple(a.replace("<node0>", "127.0.0.1") for a in p.argv) for p in placed.processes]
+    assert here == [p.argv for p in local]
+    assert [p.role for p in placed.processes] == [p.role for p in local]
