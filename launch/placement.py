@@ -85,6 +85,8 @@ class Node:
 
     name: str
     address: str
+    #: the host name it runs on (Slurm ``NodeHostname``), where known
+    hostname: str = ""
 
 
 @dataclass(frozen=True)

@@ -242,8 +242,9 @@ def node_addresses(nodelist: str) -> list[Node]:
     out = []
     for name in names:
         text = _slurm(["scontrol", "show", "node", name])
-        m = re.search(r"\bNodeAddr=(\S+)", text)
-        out.append(Node(name, m.group(1) if m else name))
+        addr = re.search(r"\bNodeAddr=(\S+)", text)
+        host = re.search(r"\bNodeHostName=(\S+)", text)
+        out.append(Node(name, addr.group(1) if addr else name, host.group(1) if host else ""))
     return out
 
 
@@ -287,9 +288,10 @@ def cancel_recorded(cell_dir: Path) -> str | None:
     return job
 
 
-def client_round_trip(url: str, health: str = "/health", samples: int = 5) -> dict[str, Any]:
-    """Where the load generator runs and its measured round trip to the engine (``samples``
-    health probes, each timed on this host's monotonic clock)."""
+def client_round_trip(url: str, nodes: Sequence[Node] = (), health: str = "/health", samples: int = 5) -> dict[str, Any]:
+    """Where the load generator runs, whether that host is one of the engine's nodes, and its
+    measured round trip to the engine (``samples`` health probes, timed on this host's
+    monotonic clock)."""
     client = EngineClient(url, timeout_s=5)
     times = []
     for _ in range(samples):
@@ -300,6 +302,8 @@ def client_round_trip(url: str, health: str = "/health", samples: int = 5) -> di
     return {
         "where": "launching-host",
         "host": socket.gethostname(),
+        "on_engine_node": any(n.hostname and n.hostname.split(".")[0] == socket.gethostname().split(".")[0]
+                              for n in nodes),  # fmt: skip
         "engine_url": url,
         "round_trip_ms": {"min": min(times), "median": statistics.median(times), "max": max(times)} if times else None,
         "samples": len(times),
@@ -325,7 +329,7 @@ class ClusterHandle(EngineHandle):
         out["placement"] = {
             "manager": "slurm",
             "job_id": self.job.job_id,
-            "nodes": [{"name": n.name, "address": n.address} for n in self.job.nodes],
+            "nodes": [{"name": n.name, "address": n.address, "hostname": n.hostname} for n in self.job.nodes],
         }
         out["client"] = self.client
         return out
@@ -381,7 +385,7 @@ def launch_on_slurm(spec: LaunchSpec, log_path: Path, cluster: ClusterSpec, cell
     url = f"http://{job.nodes[front.node].address}:{front.port}"
     server = engine_info(spec.engine, url)
     return ClusterHandle(
-        job=job, placed=placed, client=client_round_trip(url),
+        job=job, placed=placed, client=client_round_trip(url, job.nodes),
         url=url, argv=list(front.argv), gpus=spec.parallel.gpus, log_path=log_path, processes=procs,
         version=server.get("version"), layout=None, server=server,
     )  # fmt: skip

@@ -155,6 +155,7 @@ def test_multi_node_and_side_by_side_cells(cluster: Cluster, tmp_path: Path) -> 
     run_meta = pq.read_table(next((out / "cell=tp8").glob("load=*/run.parquet"))).to_pylist()[0]
     client = json.loads(run_meta["extra_json"])["engine_info"]["client"]
     assert client["where"] == "launching-host" and client["samples"] == 5 and client["round_trip_ms"]["min"] > 0
+    assert client["on_engine_node"] is True  # honest here: the test's "nodes" are this machine
     # the job ids are in the cell folders, released; the user's sbatch option was passed through
     record = json.loads((out / "cell=tp8" / "slurm_job.json").read_text())
     assert record["released"] and "--partition=gpu" in record["sbatch"] and "--nodes=2" in record["sbatch"]
