@@ -166,11 +166,11 @@ def _up(log: Path) -> bool:
     return log.exists() and "bench sim: rank {" in log.read_text()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_killed_bench_leaves_no_job_and_resume_finishes(cluster: Cluster, tmp_path: Path, sig: int) -> None:
-    """bench killed (SIGKILL: no handler runs) or stopped (SIGTERM) while its two-node cell
-    runs: the job does not outlive it (the watcher beside the job, or bench's own teardown),
-    and ``--resume`` measures the cell again, leaving nothing behind."""
+    """bench killed (SIGKILL: no handler runs) or stopped (SIGTERM, Ctrl-C's SIGINT) while its
+    two-node cell runs: the job does not outlive it (the watcher beside the job, or bench's own
+    teardown), and ``--resume`` measures the cell again, leaving nothing behind."""
     out = tmp_path / "killed"
     proc = subprocess.Popen(_sweep(out, "--tp", "8"), env=cluster.env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
