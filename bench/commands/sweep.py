@@ -219,11 +219,6 @@ def command(config_path: Path | None, **flags: Any) -> None:
         spec.validate()
     except SweepSpecError as exc:
         raise BenchError(str(exc)) from None
-    if dry_run and spec.cluster is not None:
-        from bench_llm.bench.sweep import cluster
-
-        click.echo("\n".join(cluster.dry_run_lines(spec)))
-        return
     if dry_run:
         from bench_llm.bench.sweep.dryrun import dry_run_lines
 
@@ -362,7 +357,6 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
             slo = SLO.parse(str(slo_text)).as_dict()
         except SLOError as exc:
             raise BenchError(str(exc)) from None
-    cluster = _cluster(base.cluster, flags)
     engine_args = tuple(flags.get("engine_args") or ()) or None
     engine_env = tuple(flags.get("engine_env") or ()) or None
     return base.with_overrides(
@@ -386,7 +380,7 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
         workers=flags.get("workers"),
         clock=flags.get("clock"),
         endpoints=_endpoints(tuple(flags.get("urls") or ())),
-        cluster=cluster,
+        cluster=_cluster(base.cluster, flags),
     )
 
 
