@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bench_llm.core.errors import BenchError
 
-class PlacementError(ValueError):
+
+class PlacementError(BenchError, ValueError):
     """The plan cannot be placed on the cluster as described (the message says why)."""
 
 
