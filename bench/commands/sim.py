@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,23 @@ def command() -> None:
                    "in the flavour's naming (vLLM llm_request, SGLang rid; TGI none): bench run/sweep --otlp-receiver.")
 @click.option("--emission-log", type=click.Path(path_type=Path), default=None,
               help="Parquet of every token's intended and actual send time (written at shutdown).")
+@click.option("--nnodes", type=click.IntRange(1), default=1, show_default=True,
+              help="Ranks of a multi-node instance (as vLLM's --nnodes): rank 0 serves once every rank joined.")
+@click.option("--node-rank", type=click.IntRange(0), default=0, show_default=True, help="This process's rank.")
+@click.option("--master-addr", default=None, help="Rendezvous address (rank 0's node).")
+@click.option("--master-port", type=int, default=None, help="Rendezvous port.")
+@click.option("--headless", is_flag=True, help="A rank > 0: join the rendezvous, serve no HTTP.")
 def serve(**kw: Any) -> None:
     """Serve the simulated engine until interrupted."""
+    nnodes, rank = kw.pop("nnodes"), kw.pop("node_rank")
+    master, master_port, headless = kw.pop("master_addr"), kw.pop("master_port"), kw.pop("headless")
+    if nnodes > 1 and (master is None or master_port is None):
+        raise BenchError("--nnodes above 1 needs --master-addr and --master-port (the rendezvous)")
+    if nnodes > 1 and (headless or rank > 0):
+        from bench_llm.sim.rendezvous import join_rendezvous
+
+        join_rendezvous(rank, nnodes, master, master_port)  # a headless rank serves no HTTP
+        return
     from bench_llm.sim.costmodel import OutOfMemory
 
     try:
@@ -131,6 +147,14 @@ def serve(**kw: Any) -> None:
         if str(info["calibration"]).startswith("uncalibrated"):
             sys.stderr.write(f"bench sim: {info['calibration']}\n")
         sys.stderr.flush()
+    if nnodes > 1:  # rank 0: every rank first, as a multi-node engine waits for its ranks
+        from bench_llm.sim.rendezvous import serve_rendezvous
+
+        serve_rendezvous(nnodes, master, master_port)
+    elif "CUDA_VISIBLE_DEVICES" in os.environ:  # given GPUs (a cluster's): say which, as a rank does
+        from bench_llm.sim.rendezvous import say_who
+
+        say_who(0, 1, None, None)
     try:
         web.run_app(app, host=kw["host"], port=kw["port"], access_log=None, print=lambda *_: None, backlog=4096)
     except OSError as exc:

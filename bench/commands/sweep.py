@@ -154,7 +154,8 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
                    "--engine sim, else auto]")
 @click.option("--jobs", type=click.IntRange(1, 256),
               help="Cells computed at once, each in its own process (virtual time only; a real-time sweep runs one "
-                   "cell at a time). The files are the same for any value. [default: one per CPU in virtual time]")
+                   "cell at a time, except on a cluster, where cells run side by side as concurrent jobs). The files "
+                   "are the same for any value. [default: one per CPU in virtual time]")
 @click.option("--out", type=click.Path(path_type=Path), help="Sweep folder (required unless --dry-run).")
 @click.option("--dry-run", is_flag=True,
               help="Print every cell's argv, environment, GPU assignment and skip reason; start nothing.")
@@ -166,6 +167,20 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
               help="Receive the engines' per-request OpenTelemetry spans (one OTLP/HTTP receiver on 127.0.0.1 for the "
                    "sweep; each launched engine is pointed at it) and keep each load's in its run folder for the "
                    "TTFT split (docs/metrics.md). Not in virtual time.")
+@click.option("--cluster", type=click.Choice(["slurm", "kubernetes"]),
+              help="Place each cell's engine on a cluster's nodes (docs/sweeps.md, On a cluster): slurm runs each "
+                   "cell as one job (cells side by side with --jobs N); kubernetes: --dry-run writes the manifests.")
+@click.option("--gpus-per-node", type=click.IntRange(1), help="Cluster: GPUs per node. [default: 8]")
+@click.option("--max-nodes", type=click.IntRange(1), help="Cluster: most nodes one cell may take.")
+@click.option("--gres-type", help="Slurm: GPU type in the gres request, e.g. h100 (gpu:h100:N).")
+@click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="ARG",
+              help="Slurm: an sbatch option passed through (repeatable), e.g. --sbatch-arg=--partition=gpu "
+                   "--sbatch-arg=--account=A --sbatch-arg=--qos=Q.")
+@click.option("--time-limit", type=click.IntRange(1),
+              help="Slurm: each cell's job --time in minutes, a dead-man limit if bench dies. [default: 120]")
+@click.option("--image", help="Kubernetes: the engine's container image.")
+@click.option("--client-image", help="Kubernetes: the load generator's image (bench installed).")
+@click.option("--namespace", help="Kubernetes: the namespace. [default: default]")
 def command(config_path: Path | None, **flags: Any) -> None:
     """Measure every parallel configuration under the workload and recommend the smallest
     one that meets the SLOs.
@@ -359,4 +374,30 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
         workers=flags.get("workers"),
         clock=flags.get("clock"),
         endpoints=_endpoints(tuple(flags.get("urls") or ())),
+        cluster=_cluster(base.cluster, flags),
     )
+
+
+#: Cluster flags -> ClusterSpec fields.
+_CLUSTER_FLAGS = {
+    "cluster": "manager", "gpus_per_node": "gpus_per_node", "max_nodes": "max_nodes", "gres_type": "gres_type",
+    "sbatch_args": "sbatch_args", "time_limit": "time_limit_min", "image": "image", "client_image": "client_image",
+    "namespace": "namespace",
+}  # fmt: skip
+
+
+def _cluster(base: Any, flags: dict[str, Any]) -> Any:
+    """The sweep's cluster: ``base``'s (TOML ``[cluster]``, a resumed sweep's) with the cluster
+    flags given; None when neither names one."""
+    from bench_llm.launch.placement import ClusterSpec
+
+    given = {field: flags.pop(flag) for flag, field in _CLUSTER_FLAGS.items()}
+    given = {k: (tuple(v) if isinstance(v, tuple) else v) for k, v in given.items() if v not in (None, ())}
+    if base is None and not given:
+        return None
+    if base is None and "manager" not in given:
+        raise BenchError(f"--{next(iter(given)).replace('_', '-')}: a cluster setting; give --cluster slurm|kubernetes")
+    try:
+        return dataclasses.replace(base, **given) if base is not None else ClusterSpec(**given)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None

@@ -21,7 +21,11 @@ _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 
 def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> list[str]:
-    """The dry-run text, one line per element."""
+    """The dry-run text, one line per element (on a cluster: ``bench.sweep.cluster``'s)."""
+    if spec.cluster is not None:
+        from bench_llm.bench.sweep.cluster import dry_run_lines as on_cluster
+
+        return on_cluster(spec)
     launcher = launcher or DefaultLauncher(spec.engine_version)
     planned = expand(spec, launcher.unsupported)
     skipped = sum(1 for c in planned if c.skip_reason)

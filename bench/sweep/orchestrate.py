@@ -146,10 +146,15 @@ def run_sweep(
     spec, launcher = _with_launcher(spec, launcher)
     if otlp is not None and spec.virtual:
         raise BenchError("--otlp-receiver: a sweep in virtual time has no engine to send spans; use --clock auto")
+    if otlp is not None and spec.cluster is not None:  # the receiver listens on this host's loopback
+        raise BenchError("--otlp-receiver: not on a cluster (the nodes' engines cannot reach a receiver on 127.0.0.1)")
     sweep_dir = Path(sweep_dir)
     stored, sweep_id = _open_sweep(spec, sweep_dir, resume)
     planned = expand(spec, launcher.unsupported)
-    workers = worker_count(jobs, len(planned), spec.virtual)  # refused before anything is written
+    if hasattr(launcher, "manager_refusals"):  # a cluster's manager asked before anything starts
+        planned = launcher.manager_refusals(spec, planned)
+    # refused before anything is written; on a cluster cells run side by side as concurrent jobs
+    workers = worker_count(jobs, len(planned), spec.virtual, side_by_side=spec.cluster is not None)
     _write_sweep_json(sweep_dir, sweep_id, spec, stored, command, planned)
     previous = {r["cell_id"]: r for r in store.read_cells(sweep_dir)}
     # complete cells judged under other SLOs than these: re-judged, their gaps probed
@@ -162,6 +167,9 @@ def run_sweep(
         store.write_cells(sweep_dir, [r for r in rows.values() if r["status"] != "pending"])
 
     save()
+    if resume and hasattr(launcher, "recover"):  # the jobs a killed sweep left on the cluster
+        for job in launcher.recover(sweep_dir):
+            echo(f"cancelled job {job}, left running by the interrupted sweep")
     todo = [
         c
         for c in planned
@@ -178,7 +186,7 @@ def run_sweep(
     book = _Book(spec, sweep_dir, rows, rejudge, save)
     tasks = [CellTask(i, c.cell_id, c.config, f"[{i}/{total}]") for i, c in enumerate(todo, 1)]
     if workers > 1:
-        ctx = SweepContext(spec, sweep_dir, sweep_id, progress)
+        ctx = SweepContext(spec, sweep_dir, sweep_id, progress, None if spec.virtual else launcher)
         interrupted = run_cells(tasks, ctx, workers, echo, book.started, book.finished, book.stopped)
     else:
         runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, hint, otlp)
@@ -213,6 +221,10 @@ def _with_launcher(spec: SweepSpec, launcher: Launcher | None) -> tuple[SweepSpe
     spec.validate()
     if launcher is None and spec.endpoints:  # running deployments: measured where they are
         launcher = DeploymentLauncher({e.name: e.url for e in spec.endpoints})
+    if launcher is None and spec.cluster is not None:  # placed on the cluster's nodes by its manager
+        from bench_llm.bench.sweep.cluster import ClusterLauncher
+
+        launcher = ClusterLauncher(spec.cluster)
     if launcher is None:
         launcher = VirtualLauncher() if spec.virtual else DefaultLauncher(spec.engine_version)
     return spec, launcher

@@ -100,11 +100,19 @@ class SweepContext:
     sweep_dir: Path
     sweep_id: str
     progress: bool | None
+    #: The cells' launcher (None: the simulated engine in virtual time); a cluster's runs real
+    #: cells side by side, each its own job (``bench.sweep.cluster``).
+    launcher: Any = None
 
 
-def worker_count(jobs: int | None, cells: int, virtual: bool) -> int:
+def worker_count(jobs: int | None, cells: int, virtual: bool, side_by_side: bool = False) -> int:
     """How many cells run at once: ``jobs`` (None: as many as there are CPUs) in virtual
-    time, never more than ``cells``; 1 in real time (``SettingError`` when more were asked)."""
+    time, never more than ``cells``; 1 in real time (``SettingError`` when more were asked),
+    unless the cells run ``side_by_side`` on a cluster's nodes (``jobs``, None: 1)."""
+    if side_by_side and not virtual:
+        if jobs is not None and jobs < 1:
+            raise SettingError(f"$jobs {jobs}: give 1 or more")
+        return max(1, min(jobs or 1, cells))
     if not virtual:
         if jobs is not None and jobs > 1:
             raise SettingError(
@@ -187,7 +195,8 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
         except OSError:  # the sweep is gone: stop at the next line instead of computing on
             raise _ParentGone from None
 
-    runner = CellRunner(ctx.spec, ctx.sweep_dir, ctx.sweep_id, VirtualLauncher(), lambda line: send(("line", line)),
+    launcher = ctx.launcher if ctx.launcher is not None else VirtualLauncher()
+    runner = CellRunner(ctx.spec, ctx.sweep_dir, ctx.sweep_id, launcher, lambda line: send(("line", line)),
                         ctx.progress)  # fmt: skip
     try:
         outcome = runner.run(task.config, task.cell_id, task.index, task.prior)

@@ -34,6 +34,7 @@ from typing import Any
 
 from bench_llm.core.errors import BenchError
 from bench_llm.launch.config import AXES, DEPLOYMENT_NAME, Disagg, ParallelConfig
+from bench_llm.launch.placement import ClusterSpec
 from bench_llm.launch.profiles import PROFILES, launchable_engines
 from bench_llm.loadgen.transport import CLOCKS
 
@@ -308,8 +309,13 @@ class SweepSpec:
     #: Engines already running, each one configuration (instead of the matrix, which bench
     #: launches); ``engine`` names the API and routes they speak.
     endpoints: tuple[EndpointSpec, ...] = ()
+    #: The cluster each cell's engine is placed on (``bench sweep --cluster``, TOML ``[cluster]``;
+    #: docs/sweeps.md, "On a cluster"). None: launched on this host.
+    cluster: ClusterSpec | None = None
 
     def validate(self) -> None:
+        if self.cluster is not None:
+            self._validate_cluster()
         if self.endpoints:
             self._validate_endpoints()
         elif self.engine not in launchable_engines():
@@ -381,6 +387,12 @@ class SweepSpec:
         if self.clock == VIRTUAL:
             raise SweepSpecError("clock virtual: running deployments are measured live (--clock auto)")
 
+    def _validate_cluster(self) -> None:
+        if self.endpoints:
+            raise SweepSpecError("cluster: running deployments are measured where they are; give a matrix or endpoints")
+        if self.clock == VIRTUAL:
+            raise SweepSpecError("cluster: a sweep in virtual time runs no engine; measure in real time (--clock auto)")
+
     @property
     def cell_workloads(self) -> tuple[WorkloadSpec, ...]:
         """The workloads every cell is measured at: ``workloads``, or with workload axes
@@ -427,7 +439,8 @@ class SweepSpec:
 
     @property
     def effective_clock(self) -> str:
-        return self.clock or (VIRTUAL if self.engine == "sim" and not self.endpoints else "auto")
+        launched_here = not self.endpoints and self.cluster is None
+        return self.clock or (VIRTUAL if self.engine == "sim" and launched_here else "auto")
 
     @property
     def virtual(self) -> bool:
