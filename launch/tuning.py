@@ -62,7 +62,7 @@ TUNING_FLAGS: dict[str, dict[str, str | None]] = {
 SIM_TUNING_FLAGS = frozenset(
     {
         "max-num-seqs", "max-num-batched-tokens", "gpu-memory-utilization", "dtype", "router", "profile",
-        "slowdown", "jitter",
+        "slowdown", "jitter", "expert-imbalance",
     }
 )  # fmt: skip
 
