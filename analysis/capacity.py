@@ -41,7 +41,7 @@ from bench_llm.analysis.invariants import check_records, timing_measurable
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import measured, request_metrics
 from bench_llm.analysis.slo import SLO, SLO_METRICS
-from bench_llm.analysis.summary import client_health
+from bench_llm.analysis.summary import approximate_prompts, client_health, prompt_length_accounting
 from bench_llm.analysis.summary_types import ClientHealth
 from bench_llm.analysis.totals import judged_mask, run_totals
 
@@ -154,6 +154,10 @@ class PointMetrics:
     server_preemptions: float = _NAN
     server_waiting_max: float = _NAN
     server_waiting_growth: float = _NAN
+    #: the prompts sent against the lengths asked for (analysis.summary.prompt_length_accounting)
+    prompt_ratio_p50: float = _NAN
+    prompt_exact_share: float = _NAN
+    prompt_approximate: str | None = None
 
     def as_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {}
@@ -234,7 +238,15 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
             totals.anomalies, totals.measured, health, slo, measured_offered, lag_p50, run.meta.get("clock")
         ),
         **{f"server_{key}": float(sig.get(key, _NAN)) for key in _SERVER_SIGNALS},
+        **_prompt_fields(okdf),
     )
+
+
+def _prompt_fields(okdf: pd.DataFrame) -> dict[str, Any]:
+    """The ``prompt_*`` fields of a point: how close the prompts sent were to the lengths asked for."""
+    p = prompt_length_accounting(okdf)
+    return {"prompt_ratio_p50": p.ratio_p50, "prompt_exact_share": p.exact_share,
+            "prompt_approximate": approximate_prompts(p)}  # fmt: skip
 
 
 #: The server signals a point keeps (``server_signals``), as ``server_<name>`` columns.

@@ -644,9 +644,11 @@ def _recommend_workload(
             if c.unknown_below_rps is not None
         ],
     )  # untrustworthy, under-sampled, undecided, unknown
+    approx = _approximate_prompts(points) or None
     if not slo:
         return WorkloadRecommendation(
-            configs, *lists, recommendation=None, message="no SLO given: nothing to recommend against (pass --slo)"
+            configs, *lists, recommendation=None, message="no SLO given: nothing to recommend against (pass --slo)",
+            approximate_prompts=approx,
         )
     rec, message = _choose(configs, target, target_c)
     separation: Separation | None = None
@@ -683,7 +685,7 @@ def _recommend_workload(
     return WorkloadRecommendation(
         configs, *lists, recommendation=rec, message=message, separation=separation, separation_judged=judged,
         provisional=bool(maybe), resume_command=resume if maybe else None, short_of_target=short,
-        same_gpus_tradeoffs=_tradeoffs(configs),
+        same_gpus_tradeoffs=_tradeoffs(configs), approximate_prompts=approx,
     )  # fmt: skip
 
 
@@ -885,6 +887,22 @@ def _point_summary(r: pd.Series) -> LoadVerdict:
     )
 
 
+def _approximate_prompts(points: pd.DataFrame) -> list[str]:
+    """Per configuration whose loads sent prompts off the lengths asked for: how many loads and
+    by how much (the points' ``prompt_approximate``/``prompt_ratio_p50``)."""
+    if "prompt_approximate" not in points or "prompt_ratio_p50" not in points:
+        return []
+    out = []
+    for cell, g in points.groupby("cell_id", sort=False):
+        off = g[g["prompt_approximate"].notna()]
+        if off.empty:
+            continue
+        r = off["prompt_ratio_p50"].astype("float64")
+        span = f"{r.min():.2f}x" if r.max() - r.min() < 0.005 else f"{r.min():.2f}-{r.max():.2f}x"
+        out.append(f"{cell}: {len(off)} of {len(g)} loads, the engine counted {span} the requested prompt length (p50)")
+    return out
+
+
 def _tradeoffs(configs: list[Configuration]) -> list[str]:
     """Same GPUs, spent on one fast request (lowest unloaded latency) or on more concurrent ones
     (highest capacity). A "fastest" claim needs a lead beyond ``SINGLE_REQUEST_MARGIN`` over the
@@ -1058,6 +1076,9 @@ def format_recommendation(rec: Recommendation) -> str:
         ):
             for item in items:
                 lines.append(f"  {title}: {item}")
+        for item in wr.approximate_prompts or []:
+            lines.append(f"  PROMPTS APPROXIMATE (capacity is for the prompts sent, not the lengths asked for; exact "
+                         f"with the engine's /tokenize or --tokenizer DIR): {item}")  # fmt: skip
         for c in wr.configurations:
             lines.append(f"  {c.cell_id}: {c.diagnosis}")
         for t in wr.same_gpus_tradeoffs or []:

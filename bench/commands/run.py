@@ -30,10 +30,12 @@ from bench_llm.bench.run_options import (
 )
 from bench_llm.bench.secrets import load_api_key
 from bench_llm.core.errors import BenchError
+from bench_llm.bench.exact_prompts import OFF, exact_by_default, sample_prompts
 from bench_llm.launch.profiles import adapter_for_engine
 from bench_llm.loadgen.recorder import MAX_EVENT_BYTES
 from bench_llm.loadgen.runner import RunOptions
 from bench_llm.loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
+from bench_llm.workloads.prompts import word_prompts_exact
 from bench_llm.workloads.spec import RequestOptions, Schedule
 from bench_llm.workloads.synthetic import WorkloadError
 
@@ -131,7 +133,9 @@ _limit_options = option_group("limits", (
 @target_options()
 @load_options()
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path), help="Local HF tokenizer folder for exact prompt lengths.")
-@click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': the engine measured.")
+@click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': the engine measured; "
+                                    "'off': word approximations. Default: a launched or --url engine with a /tokenize "
+                                    "route (vLLM, SGLang) is asked, and prompts are made exact where its count differs.")
 @click.option("--prompt-salt", type=click.IntRange(0, 2**63 - 1),
               help="Mixed into the prompt text so runs share no cached prefix. [default: new per run]")
 @client_options()
@@ -204,7 +208,9 @@ def command(
     salt = secrets.randbits(32) if prompt_salt is None else prompt_salt
     plan = _SchedulePlan(load, request, output, tokenizer_dir, model, salt)
     # 'auto' asks the engine measured, so its schedule is built once that engine answers
-    schedule = None if tokenize_url == "auto" else plan.build(tokenize_url)
+    check = exact_by_default(tokenize_url, tokenizer_dir, engine, bool(url or launch.launch))
+    tokenize_url = None if tokenize_url in OFF else tokenize_url
+    schedule = None if (tokenize_url == "auto" or check) else plan.build(tokenize_url)
     _check_target(target, launch, scrape_interval)
     api_key = load_api_key(client.api_key_env, client.api_key_file)
     _check_engine(target, api_key, schedule, launch.engine_version)
@@ -223,7 +229,7 @@ def command(
             tuple((schedule.request if schedule else request).models),  # the embedded engine serves them as adapters
         )
         if schedule is None:
-            schedule = plan.build(where)
+            schedule = plan.exact_where_engine_can_say(where) if check else plan.build(where)
         adapter = _make_adapter(target, api_key, schedule, launched_version or launch.engine_version)
         cfg = _run_config(
             target, load, client, limits, phases, output, launch, run_dir, where, engine_label, schedule, progress,
@@ -367,6 +373,25 @@ class _SchedulePlan:
         timed = [k for k, _ in self.output.slo.limits if k != "e2e_ms"]
         if built.request.stream is False and timed:
             raise BenchError(f"--slo {timed[0]}: non-streaming requests have no per-token times; judge them on e2e_ms")
+        return built
+
+    def exact_where_engine_can_say(self, where: str) -> Schedule:
+        """Word prompts, checked against the engine's /tokenize: kept where it counts them at
+        their requested lengths, made exact through it where not; kept, with a note, where the
+        engine cannot say (``--tokenize-url off`` skips the check)."""
+        words = self.build(None)
+        exact, why = word_prompts_exact(where, self.model, sample_prompts(words))
+        if exact is None:
+            sys.stderr.write(f"note: prompt lengths are word approximations ({why})\n")
+            return words
+        if exact:
+            return words
+        try:
+            built = self.build(where)
+        except BenchError as exc:
+            sys.stderr.write(f"note: prompt lengths are word approximations: {why}, and exact ones failed ({exc})\n")
+            return words
+        sys.stderr.write(f"note: prompts made exact with {where}/tokenize ({why}; --tokenize-url off keeps them)\n")
         return built
 
 
