@@ -144,3 +144,84 @@ def test_sweep_lines_and_the_recommendation_say_the_prompts_were_approximate(tmp
         "tp1: 2 of 2 loads, the engine counted 1.52-1.61x the requested prompt length (p50)"]
     text = format_recommendation(Recommendation.from_json(rec.to_json()))
     assert "PROMPTS APPROXIMATE (capacity is for the prompts sent" in text and "1.52-1.61x" in text
+
+
+def _bpe(text: str) -> int:
+    return sum(1 + (len(w) > 6) for w in text.split())
+
+
+@pytest.fixture()
+def bpe_vllm() -> Iterator[str]:
+    """A vLLM stand-in whose tokenizer splits long words (tests/fake_vllm.py plus /tokenize),
+    reporting each prompt's tokens as it counts them, with a start token."""
+    import asyncio
+
+    from aiohttp import web
+
+    from tests.fake_vllm import FakeVllm
+
+    class BpeVllm(FakeVllm):
+        def app(self) -> web.Application:
+            app = super().app()
+            app.router.add_post("/tokenize", self.tokenize)
+            return app
+
+        async def tokenize(self, request: web.Request) -> web.Response:
+            n = _bpe(str((await request.json()).get("prompt", ""))) + 1
+            return web.json_response({"count": n, "tokens": list(range(n))})
+
+        async def completions(self, request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            n, prompt = int(body.get("max_tokens", 1)), _bpe(str(body.get("prompt", ""))) + 1
+            out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await out.prepare(request)
+            for i in range(n):
+                chunk = {"id": "c", "choices": [{"index": 0, "text": f"t{i} ", "finish_reason": "length" if i == n - 1 else None}],
+                         "usage": {"prompt_tokens": prompt, "completion_tokens": i + 1, "total_tokens": prompt + i + 1}}  # fmt: skip
+                await out.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await out.write(b"data: [DONE]\n\n")
+            await out.write_eof()
+            return out
+
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(BpeVllm(5600, "m").app())
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+def test_bench_run_makes_prompts_exact_by_default_where_the_engine_counts_otherwise(bpe_vllm: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+
+    from bench_llm.results.reader import read_requests
+    from tests.conftest import bench_argv
+
+    def run(name: str, *extra: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, object]]]:
+        res = subprocess.run(
+            bench_argv("run", "--url", bpe_vllm, "--engine", "vllm", "--model", "m", "--requests", "6",
+                       "--concurrency", "2", "--input-tokens", "40", "--output-tokens", "3", "--no-scrape",
+                       "--out", str(tmp_path / name), "--no-progress", "--json", *extra),
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res, read_requests(tmp_path / name).to_pylist()
+
+    res, rows = run("default")
+    assert "note: prompts made exact with" in res.stderr and "x their requested lengths" in res.stderr
+    assert {r["input_tokens_source"] for r in rows} == {"server_tokenize"}
+    prompt = json.loads(res.stdout)["tokens"]["prompt"]
+    assert prompt["exact_share"] == 1.0 and prompt["engine_added"] == 1  # 40 + the start token
+    res, rows = run("off", "--tokenize-url", "off")
+    assert {r["input_tokens_source"] for r in rows} == {"approx"} and "prompts made exact" not in res.stderr
+    off = json.loads(res.stdout)["tokens"]["prompt"]
+    assert off["ratio_p50"] > 1.0 and off["exact_share"] < 0.5  # long words split: longer than asked
