@@ -225,3 +225,24 @@ def test_bench_run_makes_prompts_exact_by_default_where_the_engine_counts_otherw
     assert {r["input_tokens_source"] for r in rows} == {"approx"} and "prompts made exact" not in res.stderr
     off = json.loads(res.stdout)["tokens"]["prompt"]
     assert off["ratio_p50"] > 1.0 and off["exact_share"] < 0.5  # long words split: longer than asked
+
+
+def test_tgis_tokenize_is_asked_with_inputs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """TGI's /tokenize takes {"inputs": ...} and answers a token list: the simulated TGI flavour
+    answers no token for {"prompt": ...}, so the client asks again with "inputs" and keeps it."""
+    from bench_llm.core.control import EngineClient
+    from bench_llm.launch.process import ManagedProcess, free_port
+    from tests.conftest import bench_argv
+
+    port = free_port()
+    proc = ManagedProcess(bench_argv("sim", "serve", "--port", str(port), "--flavor", "tgi"), tmp_path / "tgi.log")
+    proc.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_ready(f"{url}/health", 60.0)
+        client = EngineClient(url)
+        assert client.count_tokens("alpha beta gamma") == 3 and client._tokenize_field == "inputs"
+        assert exact_by_default(None, None, "tgi", True)
+        assert word_prompts_exact(url, "m", [("alpha beta gamma", 3)])[0] is True
+    finally:
+        proc.stop()
