@@ -112,6 +112,21 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
     return cells
 
 
+def impossible_matrix(planned: list[PlannedCell]) -> str | None:
+    """The error when no cell of the matrix can exist (each an invalid layout or one the engine
+    refuses): the sweep is refused before anything runs. None when some cell can run, or only
+    the GPUs available stop them."""
+    if not planned or any(c.skip_reason is None for c in planned):
+        return None
+    if not all(_layout_refusal(c.skip_reason or "") for c in planned):
+        return None
+    return "no cell of the matrix can run: " + "; ".join(f"{c.cell_id}: {c.skip_reason}" for c in planned)
+
+
+def _layout_refusal(reason: str) -> bool:
+    return reason.startswith("invalid configuration: ") or " does not support it: " in reason
+
+
 def model_shape(engine: str, model: str) -> ModelShape | None:
     """The model's shape where bench knows it: the simulated engine's presets (a real engine's
     model is a path or hub name whose shape bench does not read)."""

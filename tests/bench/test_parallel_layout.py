@@ -143,3 +143,19 @@ def test_bench_sweep_cli_dry_run_lists_the_refusal() -> None:
          "--rate", "1", "--dry-run"], capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert "tp3: 3 GPUs, skipped: invalid configuration: llama-3.1-70b has 64 attention heads" in out.stdout, out
+
+
+def test_a_sweep_with_no_possible_cell_is_refused_before_anything_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+    for args in (["--model", "llama-3.1-70b", "--tp", "3"], ["--model", "mixtral-8x7b", "--tp", "1", "--ep", "8"]):
+        out = tmp_path / args[1]
+        res = runner.invoke(cli, ["sweep", "--engine", "sim", *args, "--rate", "1", "--slo", "ttft_ms=500",
+                                  "--out", str(out)])  # fmt: skip
+        assert res.exit_code == 2 and "no cell of the matrix can run" in res.output, res.output
+        assert not out.exists()
+    # in virtual time too, an EP group wider than the layout is skipped by name, not started
+    from bench_llm.bench.sweep.engines import VirtualLauncher
+    from bench_llm.launch.config import ParallelConfig
+
+    assert "ep=4 needs 4 GPUs" in VirtualLauncher().unsupported("sim", ParallelConfig(tp=2, ep=4))[0]
+    assert VirtualLauncher().unsupported("sim", ParallelConfig(tp=2, dp=2, ep=4)) == []
