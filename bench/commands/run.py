@@ -377,14 +377,12 @@ class _SchedulePlan:
 
     def exact_where_engine_can_say(self, where: str) -> Schedule:
         """Word prompts, checked against the engine's /tokenize: kept where it counts them at
-        their requested lengths, made exact through it where not; kept, with a note, where the
-        engine cannot say (``--tokenize-url off`` skips the check)."""
+        their requested lengths, made exact through it where not (with a note); kept where the
+        engine cannot say, whose summary then says how far off they were (``--tokenize-url off``
+        skips the check)."""
         words = self.build(None)
         exact, why = word_prompts_exact(where, self.model, sample_prompts(words))
-        if exact is None:
-            sys.stderr.write(f"note: prompt lengths are word approximations ({why})\n")
-            return words
-        if exact:
+        if exact is not False:  # exact already, or the engine cannot say: the summary compares the lengths sent
             return words
         try:
             built = self.build(where)
