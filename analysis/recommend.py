@@ -626,7 +626,7 @@ def _recommend_workload(
         if status.get(cell_id, {}).get("status") in (None, "complete")
     ]
     configs.sort(key=lambda c: (c.gpus, c.axes, c.cell_id))
-    configs = _swept_causes(configs)
+    configs = _tried_levers(_swept_causes(configs))
     lists = (
         [f"{c.cell_id} at {p.load}: {p.untrustworthy}" for c in configs for p in c.loads if p.untrustworthy],
         [f"{c.cell_id} at {p.load}: {p.under_sampled}" for c in configs for p in c.loads if p.under_sampled],
@@ -980,6 +980,59 @@ def _layout_id(c: Configuration) -> str:
     for name, value in _tuning(c.tuning).items():
         cid = cid.replace("-" + _tuning_part(name, value), "")
     return cid
+
+
+#: The advice codes whose lever is a layout on the same GPUs, and how to recognise it:
+#: (its tp compared with this cell's, its dp compared with this cell's) as -1 smaller, +1 larger.
+_LAYOUT_LEVERS = {"decode": (-1, 1), "queueing": (0, 1), "prefill": (1, -1), "prefill_unloaded": (1, -1),
+                  "decode_unloaded": (1, -1)}  # fmt: skip
+
+
+def _sizes(cell_id: str) -> dict[str, int] | None:
+    """``tp2-dp2-ep4`` -> its axis sizes (1 where absent); None for a name that is no layout."""
+    if not re.match(r"^tp\d+(-|$)", cell_id):
+        return None
+    sizes = {k: 1 for k in ("tp", "pp", "dp", "ep", "dcp", "pcp")}
+    for name, v in re.findall(r"(?:^|-)(tp|pp|dp|ep|dcp|pcp)(\d+)(?=-|$)", cell_id):
+        sizes[name] = int(v)
+    return sizes
+
+
+def _tried_levers(configs: list[Configuration]) -> list[Configuration]:
+    """Where the advice's lever is a layout the matrix measured on the same GPUs (more replicas,
+    a smaller or larger TP) and it served less, the diagnosis says so instead of leaving the
+    advice to contradict the table."""
+
+    def cap(c: Configuration) -> float:
+        return c.capacity_rps or 0.0
+
+    out = []
+    for c in configs:
+        lever, mine = _LAYOUT_LEVERS.get(c.limiting_factor), _sizes(c.cell_id)
+        if lever is None or mine is None or not cap(c):
+            out.append(c)
+            continue
+        tried = []
+        for o in configs:
+            theirs = _sizes(o.cell_id)
+            if o is c or theirs is None or o.gpus != c.gpus or _tuning(o.tuning) != _tuning(c.tuning):
+                continue
+            if (theirs["ep"] > 1) != (mine["ep"] > 1) or any(theirs[k] != mine[k] for k in ("pp", "dcp", "pcp")):
+                continue  # another lever changed too: not the one the advice names
+            if all(_cmp(theirs[k], mine[k]) == want for k, want in zip(("tp", "dp"), lever) if want):
+                tried.append(o)
+        worse = [o for o in tried if cap(o) < (1 - TIE_FRACTION) * cap(c)]
+        if not worse or len(worse) != len(tried):
+            out.append(c)
+            continue
+        note = "; the matrix tried that on the same GPUs and it served less: " + ", ".join(
+            f"{o.cell_id} {cap(o):g} req/s" if cap(o) else f"{o.cell_id} none" for o in worse) + f" (this one {cap(c):g})"
+        out.append(replace(c, diagnosis=c.diagnosis + note))
+    return out
+
+
+def _cmp(a: int, b: int) -> int:
+    return (a > b) - (a < b)
 
 
 def _swept_causes(configs: list[Configuration]) -> list[Configuration]:

@@ -92,3 +92,20 @@ def test_a_fastest_single_request_needs_a_clear_lead(tmp_path: Path, monkeypatch
 
     assert "fastest single request" not in line((100.0, 104.0), "close") and "within 10%" in line((100.0, 104.0), "close2")
     assert "tp2 gives the fastest single request" in line((100.0, 150.0), "clear")
+
+
+def test_advice_the_matrix_already_refuted_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tp4 is decode-bound, and the advice's lever (smaller TP, more replicas) is tp2-dp2 on the
+    same 4 GPUs, which the sweep measured serving less: the diagnosis says so."""
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    pts = []
+    for cell, cap in (("tp4", 8.0), ("tp2-dp2", 6.0)):
+        for rate in (2.0, 4.0, 6.0, 8.0, 10.0):
+            ok = rate <= cap
+            pts.append(_point(cell, rate, 1.0 if ok else 0.4, tpot50=20 if ok else 70, tpot90=30 if ok else 90,
+                              miss_tpot=0 if ok else 0.6))  # fmt: skip
+    rec = recommend(_sweep(tmp_path, pts)).to_json()
+    configs = {c["cell_id"]: c for c in rec["workloads"]["w"]["configurations"]}
+    assert configs["tp4"]["limiting_factor"] == "decode"
+    assert "the matrix tried that on the same GPUs and it served less: tp2-dp2 6 req/s (this one 8)" in configs["tp4"]["diagnosis"]
+    assert "the matrix tried" not in configs["tp2-dp2"]["diagnosis"]  # its lever (yet more replicas) was not tried
