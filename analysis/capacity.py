@@ -207,6 +207,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
     measured_offered = _span_rate(intended)
     lag_p50 = _nanmedian(kept["schedule_lag_ms"].to_numpy(dtype=float))
     sig = signals or {}
+    lengths = prompt_length_accounting(okdf)  # the prompts sent against the lengths asked for
     return PointMetrics(
         requests=totals.judged,
         ok=totals.ok,
@@ -238,15 +239,10 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
             totals.anomalies, totals.measured, health, slo, measured_offered, lag_p50, run.meta.get("clock")
         ),
         **{f"server_{key}": float(sig.get(key, _NAN)) for key in _SERVER_SIGNALS},
-        **_prompt_fields(okdf),
+        prompt_ratio_p50=lengths.ratio_p50,
+        prompt_exact_share=lengths.exact_share,
+        prompt_approximate=approximate_prompts(lengths),
     )
-
-
-def _prompt_fields(okdf: pd.DataFrame) -> dict[str, Any]:
-    """The ``prompt_*`` fields of a point: how close the prompts sent were to the lengths asked for."""
-    p = prompt_length_accounting(okdf)
-    return {"prompt_ratio_p50": p.ratio_p50, "prompt_exact_share": p.exact_share,
-            "prompt_approximate": approximate_prompts(p)}  # fmt: skip
 
 
 #: The server signals a point keeps (``server_signals``), as ``server_<name>`` columns.

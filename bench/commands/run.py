@@ -14,6 +14,7 @@ import click
 
 from bench_llm.adapters.base import Adapter, adapter_names, check_requests
 from bench_llm.bench.errors import ExitCode, Outcome, setting_message
+from bench_llm.bench.exact_prompts import OFF, exact_by_default, sample_prompts
 from bench_llm.bench.request_options import request_options
 from bench_llm.bench.run_options import (
     ClientOptions,
@@ -30,7 +31,6 @@ from bench_llm.bench.run_options import (
 )
 from bench_llm.bench.secrets import load_api_key
 from bench_llm.core.errors import BenchError
-from bench_llm.bench.exact_prompts import OFF, exact_by_default, sample_prompts
 from bench_llm.launch.profiles import adapter_for_engine
 from bench_llm.loadgen.recorder import MAX_EVENT_BYTES
 from bench_llm.loadgen.runner import RunOptions
