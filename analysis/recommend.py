@@ -1052,6 +1052,13 @@ def _swept_causes(configs: list[Configuration]) -> list[Configuration]:
         other = _tuning(better.tuning)
         flags = [k for k in mine if mine[k] != other[k]]
         symptom = c.diagnosis.split(":", 1)[0] + (f" ({c.diagnosis.rsplit('(at ', 1)[1]}" if "(at " in c.diagnosis else "")
+        if flags == ["expert-imbalance"]:  # traffic, not a setting: the busiest expert's GPU sets the step
+            k = flags[0]
+            out.append(replace(c, limiting_factor="tuning", diagnosis=(
+                f"expert imbalance {mine[k]} limits this layout: the busiest expert's GPU carries {mine[k]}x the mean "
+                f"expert load and sets every MoE step; at {other[k]} it serves {theirs:g} req/s within the SLOs, at "
+                f"{mine[k]} {f'{cap:g} req/s' if cap else 'none'}; symptom: {symptom}")))  # fmt: skip
+            continue
         text = (
             f"the swept {', '.join(f'{k}={mine[k]}' for k in flags)} limits this configuration: "
             f"{', '.join(f'{k}={other[k]}' for k in flags)} on the same layout serves {theirs:g} req/s within the SLOs, "

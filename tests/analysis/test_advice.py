@@ -109,3 +109,25 @@ def test_advice_the_matrix_already_refuted_says_so(tmp_path: Path, monkeypatch: 
     assert configs["tp4"]["limiting_factor"] == "decode"
     assert "the matrix tried that on the same GPUs and it served less: tp2-dp2 6 req/s (this one 8)" in configs["tp4"]["diagnosis"]
     assert "the matrix tried" not in configs["tp2-dp2"]["diagnosis"]  # its lever (yet more replicas) was not tried
+
+
+def test_a_skewed_expert_load_is_named_as_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bench_llm.analysis.recommend.sweep_settings", lambda s, p: {"slo": SLO, "attainment_pct": 90.0})
+    pts = []
+    for value, cap in (("1.0", 6.0), ("2.0", 2.0)):
+        for rate in (2.0, 4.0, 6.0):
+            ok = rate <= cap
+            pts.append(_tuned("tp2-ep2", "expert-imbalance", value, rate, 1.0 if ok else 0.3, tpot50=20 if ok else 80,
+                              tpot90=30 if ok else 90, miss_tpot=0 if ok else 0.7))  # fmt: skip
+    from bench_llm.bench.sweep.store import write_cells, write_points
+
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for p in pts:
+        by_cell.setdefault(p["cell_id"], []).append(p)
+    for cell, cell_pts in by_cell.items():
+        write_points(tmp_path, cell, cell_pts)
+    write_cells(tmp_path, [{**_cfg("tp2-ep2"), "cell_id": c, "status": "complete"} for c in by_cell])
+    configs = {c["cell_id"]: c for c in recommend(tmp_path).to_json()["workloads"]["w"]["configurations"]}
+    skewed = configs["tp2-ep2-expert-imbalance_2.0"]["diagnosis"]
+    assert skewed.startswith("expert imbalance 2.0 limits this layout: the busiest expert's GPU carries 2.0x")
+    assert "at 1.0 it serves 6 req/s" in skewed
