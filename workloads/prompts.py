@@ -304,14 +304,25 @@ def word_prompts_exact(url: str, model: str | None, prompts: Sequence[tuple[str,
     (False, why): they are not, and exact prompts need its /tokenize; (None, why): the engine
     cannot say (no /tokenize, an error). ``why`` says by how much, or what failed."""
     client = EngineClient(url.rstrip("/"), timeout_s)
+    shown = without_credentials(url)
     try:
         overhead = client.count_tokens("", model)
         got = [(client.count_tokens(text, model) - overhead, want) for text, want in prompts[:CHECK_PROMPTS]]
     except ControlError as exc:
-        return None, str(exc)
+        return None, str(exc).replace(url.rstrip("/"), shown.rstrip("/"))
     if not got:
         return None, "no prompt to check"
     if all(g == w for g, w in got):
-        return True, f"{url}/tokenize counts the word prompts at their requested lengths"
+        return True, f"{shown}/tokenize counts the word prompts at their requested lengths"
     ratio = sum(g for g, _ in got) / max(1, sum(w for _, w in got))
-    return False, f"{url}/tokenize counts the word prompts at {ratio:.2f}x their requested lengths"
+    return False, f"{shown}/tokenize counts the word prompts at {ratio:.2f}x their requested lengths"
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without a ``user:password@`` part (for messages)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))

@@ -35,7 +35,7 @@ from bench_llm.launch.profiles import adapter_for_engine
 from bench_llm.loadgen.recorder import MAX_EVENT_BYTES
 from bench_llm.loadgen.runner import RunOptions
 from bench_llm.loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
-from bench_llm.workloads.prompts import word_prompts_exact
+from bench_llm.workloads.prompts import without_credentials, word_prompts_exact
 from bench_llm.workloads.spec import RequestOptions, Schedule
 from bench_llm.workloads.synthetic import WorkloadError
 
@@ -387,9 +387,11 @@ class _SchedulePlan:
         try:
             built = self.build(where)
         except BenchError as exc:
-            sys.stderr.write(f"note: prompt lengths are word approximations: {why}, and exact ones failed ({exc})\n")
+            failed = str(exc).replace(where.rstrip("/"), without_credentials(where).rstrip("/"))
+            sys.stderr.write(f"note: prompt lengths are word approximations: {why}, and exact ones failed ({failed})\n")
             return words
-        sys.stderr.write(f"note: prompts made exact with {where}/tokenize ({why}; --tokenize-url off keeps them)\n")
+        sys.stderr.write(f"note: prompts made exact with {without_credentials(where)}/tokenize ({why}; "
+                         "--tokenize-url off keeps them)\n")
         return built
 
 
