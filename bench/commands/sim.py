@@ -43,7 +43,7 @@ def command() -> None:
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel degree.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline parallel stages.")
 @click.option("--dp", type=int, default=1, show_default=True, help="Data parallel replicas (behind --router).")
-@click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel width (MoE presets).")
+@click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel width (MoE presets): 1 or tp×pcp×dp (experts over every GPU; EP adds none).")
 @click.option("--expert-imbalance", type=float, default=None, metavar="MAX/MEAN",
               help="MoE with --ep > 1: the busiest EP rank's expert load over the mean (1.0: balanced; "
                    "default 1.3). That rank's GPU sets every MoE step.")

@@ -104,7 +104,8 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--tp", help="Tensor-parallel sizes, e.g. 1,2,4.")
 @click.option("--pp", help="Pipeline-parallel sizes.")
 @click.option("--dp", help="Data-parallel replicas.")
-@click.option("--ep", help="Expert-parallel sizes (MoE).")
+@click.option("--ep", help="Expert-parallel sizes (MoE). EP adds no GPUs: vLLM and the simulated engine take "
+                           "ep = tp×pcp×dp, SGLang a divisor of tp; other cells are skipped by name.")
 @click.option("--dcp", help="Decode context-parallel sizes (must divide tp).")
 @click.option("--pcp", help="Prefill context-parallel sizes.")
 @click.option("--disagg", help="Prefill:decode instance counts, e.g. 1:1,2:1 (none = colocated).")
