@@ -42,6 +42,7 @@ from bench_llm.workloads.synthetic import WorkloadError
 if TYPE_CHECKING:
     from bench_llm.bench.execute import RunConfig, RunResult
     from bench_llm.bench.virtual import VirtualEngine
+    from bench_llm.launch.config import ParallelConfig
     from bench_llm.loadgen.otlp import OtlpReceiver
 
 
@@ -258,6 +259,26 @@ def _check_target(target: EngineTarget, launch: LaunchOptions, scrape_interval: 
             raise BenchError(setting_message(exc)) from None
     if scrape_interval <= 0:
         raise BenchError("--scrape-interval must be positive")
+    if launch.launch:
+        from bench_llm.bench.launch_engine import parse_parallel
+
+        _check_layout(target.engine, target.model, parse_parallel(launch.parallel_text, launch.engine_args))
+
+
+def _check_layout(engine: str, model: str, parallel: ParallelConfig) -> None:
+    """A layout the model's shape cannot take (known for the simulated engine's presets) is
+    refused by name before the engine starts (core/layout.py; the engine's own refusals come
+    from its launch plan)."""
+    from bench_llm.bench.sweep.matrix import model_shape
+    from bench_llm.core.layout import Layout, shape_problems
+
+    shape = model_shape(engine, model)
+    if shape is None:
+        return
+    problems = shape_problems(Layout(parallel.tp, parallel.pp, parallel.dp, parallel.ep, parallel.dcp, parallel.pcp),
+                              shape)  # fmt: skip
+    if problems:
+        raise BenchError(f"--parallel {parallel.cell_id}: " + "; ".join(problems))
 
 
 def _check_engine(target: EngineTarget, api_key: str | None, schedule: Schedule | None,

@@ -159,3 +159,10 @@ def test_a_sweep_with_no_possible_cell_is_refused_before_anything_runs(tmp_path)
 
     assert "ep=4 needs 4 GPUs" in VirtualLauncher().unsupported("sim", ParallelConfig(tp=2, ep=4))[0]
     assert VirtualLauncher().unsupported("sim", ParallelConfig(tp=2, dp=2, ep=4)) == []
+
+
+def test_bench_run_launch_refuses_a_layout_the_model_cannot_take_before_starting(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    res = CliRunner().invoke(cli, ["run", "--launch", "--engine", "sim", "--model", "llama-3.1-70b", "--parallel", "tp=3",
+                                   "--requests", "2", "--rate", "1", "--clock", "auto", "--out", str(tmp_path / "r")])  # fmt: skip
+    assert res.exit_code == 2 and "--parallel tp3: llama-3.1-70b has 64 attention heads" in res.output, res.output
+    assert not (tmp_path / "r" / "engine.log").exists()  # nothing started
