@@ -241,8 +241,13 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
         **{f"server_{key}": float(sig.get(key, _NAN)) for key in _SERVER_SIGNALS},
         prompt_ratio_p50=lengths.ratio_p50,
         prompt_exact_share=lengths.exact_share,
-        prompt_approximate=approximate_prompts(lengths),
+        prompt_approximate=approximate_prompts(lengths, words=_word_prompts(okdf)),
     )
+
+
+def _word_prompts(okdf: pd.DataFrame) -> bool:
+    """Every successful request's prompt was a word approximation (``input_tokens_source``)."""
+    return bool(len(okdf)) and "input_tokens_source" in okdf and bool(okdf["input_tokens_source"].eq("approx").all())
 
 
 #: The server signals a point keeps (``server_signals``), as ``server_<name>`` columns.

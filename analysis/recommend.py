@@ -897,7 +897,10 @@ def _approximate_prompts(points: pd.DataFrame) -> list[str]:
         off = g[g["prompt_approximate"].notna()]
         if off.empty:
             continue
-        r = off["prompt_ratio_p50"].astype("float64")
+        r = off["prompt_ratio_p50"].astype("float64").dropna()
+        if r.empty:
+            out.append(f"{cell}: {len(off)} of {len(g)} loads, {off['prompt_approximate'].iloc[0]}")
+            continue
         span = f"{r.min():.2f}x" if r.max() - r.min() < 0.005 else f"{r.min():.2f}-{r.max():.2f}x"
         out.append(f"{cell}: {len(off)} of {len(g)} loads, the engine counted {span} the requested prompt length (p50)")
     return out

@@ -555,10 +555,14 @@ def prompt_length_accounting(ok_df: pd.DataFrame) -> PromptLengths:
     return PromptLengths(int(keep.sum()), float(np.mean(got_a == want_a + added)), ratio_p50, off_share, warning, added)
 
 
-def approximate_prompts(p: PromptLengths) -> str | None:
+def approximate_prompts(p: PromptLengths, words: bool = False) -> str | None:
     """How far the prompts were from the lengths asked for, in one phrase; None when they were
-    (nearly) as asked or the server reported no lengths: the SLO is judged on the prompts sent."""
-    if not p.compared or not p.off_share > PROMPT_LENGTH_TOLERANCE:
+    (nearly) as asked: the SLO is judged on the prompts sent. ``words``: the prompts were word
+    approximations, said even when the server reported no lengths to compare."""
+    if not p.compared:
+        return ("word approximations: the engine reported no prompt lengths, so how far off they were "
+                "is unknown") if words else None  # fmt: skip
+    if not p.off_share > PROMPT_LENGTH_TOLERANCE:
         return None
     return (f"the engine counted {p.ratio_p50:.2f}x the requested prompt length (p50), "
             f"{100 * p.off_share:.0f}% of prompts off by more than {100 * PROMPT_LENGTH_TOLERANCE:g}%")  # fmt: skip

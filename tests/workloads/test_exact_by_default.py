@@ -246,3 +246,12 @@ def test_tgis_tokenize_is_asked_with_inputs(tmp_path) -> None:  # type: ignore[n
         assert word_prompts_exact(url, "m", [("alpha beta gamma", 3)])[0] is True
     finally:
         proc.stop()
+
+
+def test_word_prompts_the_engine_gave_no_length_for_are_still_called_approximate() -> None:
+    df = pd.DataFrame({"input_tokens_target": [128] * 3, "prompt_tokens": [None] * 3,
+                       "input_tokens_source": ["approx"] * 3})  # fmt: skip
+    p = prompt_length_accounting(df)
+    assert p.compared == 0 and approximate_prompts(p) is None
+    assert approximate_prompts(p, words=True) == (
+        "word approximations: the engine reported no prompt lengths, so how far off they were is unknown")
