@@ -41,7 +41,7 @@ from bench_llm.analysis.invariants import check_records, timing_measurable
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import measured, request_metrics
 from bench_llm.analysis.slo import SLO, SLO_METRICS
-from bench_llm.analysis.summary import client_health
+from bench_llm.analysis.summary import approximate_prompts, client_health, prompt_length_accounting
 from bench_llm.analysis.summary_types import ClientHealth
 from bench_llm.analysis.totals import judged_mask, run_totals
 from bench_llm.core.rejections import ADMISSION_ERRORS as REJECTION_TYPES
@@ -156,6 +156,10 @@ class PointMetrics:
     server_preemptions: float = _NAN
     server_waiting_max: float = _NAN
     server_waiting_growth: float = _NAN
+    #: the prompts sent against the lengths asked for (analysis.summary.prompt_length_accounting)
+    prompt_ratio_p50: float = _NAN
+    prompt_exact_share: float = _NAN
+    prompt_approximate: str | None = None
 
     def as_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {}
@@ -205,6 +209,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
     measured_offered = _span_rate(intended)
     lag_p50 = _nanmedian(kept["schedule_lag_ms"].to_numpy(dtype=float))
     sig = signals or {}
+    lengths = prompt_length_accounting(okdf)  # the prompts sent against the lengths asked for
     return PointMetrics(
         requests=totals.judged,
         ok=totals.ok,
@@ -236,7 +241,15 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
             totals.anomalies, totals.measured, health, slo, measured_offered, lag_p50, run.meta.get("clock")
         ),
         **{f"server_{key}": float(sig.get(key, _NAN)) for key in _SERVER_SIGNALS},
+        prompt_ratio_p50=lengths.ratio_p50,
+        prompt_exact_share=lengths.exact_share,
+        prompt_approximate=approximate_prompts(lengths, words=_word_prompts(okdf)),
     )
+
+
+def _word_prompts(okdf: pd.DataFrame) -> bool:
+    """Every successful request's prompt was a word approximation (``input_tokens_source``)."""
+    return bool(len(okdf)) and "input_tokens_source" in okdf and bool(okdf["input_tokens_source"].eq("approx").all())
 
 
 #: The server signals a point keeps (``server_signals``), as ``server_<name>`` columns.

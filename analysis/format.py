@@ -146,6 +146,9 @@ def _prompt_line(p: PromptLengths) -> str:
     if not p.compared:
         return "prompt tokens: the server reported none (requested lengths unchecked)"
     return (
-        f"prompt tokens, server vs requested (n={p.compared}): {100 * p.exact_share:.0f}% exact, "
+        f"prompt tokens, server vs requested (n={p.compared}): {100 * p.exact_share:.0f}% exact"
+        + (f" (counting the {p.engine_added} start token{'s' if p.engine_added > 1 else ''} the engine adds)"
+           if p.engine_added else "")
+        + ", "
         f"p50 ratio {p.ratio_p50:.2f}, {100 * p.off_share:.0f}% off by more than 5%"
     )

@@ -21,11 +21,12 @@ VERIFY_NEXT = {
     "queueing": "server queue time at the knee load (queue_seconds histogram) against TTFT; then one more DP replica at that load",
     "prefill": "prefill time per prompt token at the knee and the prefix-cache hit rate; then a TP/PCP step up or a disaggregated prefill pool",
     "prefill_unloaded": "TTFT at one request at a time against the prompt length; prefill speed per replica, not load, is the problem",
-    "decode": "TPOT against the running batch (running gauge) at the knee; then the same GPUs as more replicas with smaller TP",
+    "decode": "TPOT against the running batch (running gauge) at the knee; then the same GPUs as more replicas (with smaller TP where TP > 1)",
     "decode_unloaded": "TPOT at one request at a time against the weight + KV bytes read per step; then a larger TP per replica",
     "kv_cache": "peak KV-cache usage and the preemption counter at the knee; then DCP or a larger TP per replica",
     "errors": "the failed requests' error types (requests/ error_type) and the engine log at the knee",
     "none": "no tested load failed, so capacity is only a lower bound: sweep rates above the highest tried",
+    "tuning": "the swept flag against the running and waiting gauges at the knee; then values between the two tried",
     "unknown": "give an SLO (--slo) so that loads pass or fail and a limit can be found",
 }
 #: Margins below this fraction are too small to prefer one configuration on capacity alone.

@@ -27,8 +27,10 @@ What is computed on the way is typed too: ``Diagnosis``, ``CellCapacity``,
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +97,70 @@ ADVICE = {
     "kv_cache": "KV cache full or requests preempted: DCP, or more memory per replica (larger TP, fewer replicas)",
     "errors": "requests failed or timed out: read the engine log",
     "none": "no tested load failed: capacity is at least the highest load tried",
+    "tuning": "a swept engine flag limits this configuration: the same layout with another value serves more",
 }
+#: ``ADVICE`` for a cell without tensor parallelism: no TP collectives to blame, no DCP to add
+#: (DCP splits the TP group's KV), so the levers named are ones a TP1 cell has.
+ADVICE_TP1 = {
+    "decode": (
+        "TPOT rises with load (decode-bound): each step reads the weights and every running request's KV; "
+        "spread the batch over more replicas (DP) or cap it per replica (max running requests)"
+    ),
+    "kv_cache": (
+        "KV cache full or requests preempted: more KV memory per replica (TP2 halves the weights per GPU) "
+        "or fewer running requests per replica"
+    ),
+}
+#: Each engine's flag capping the running batch (launch/tuning.py, "max running requests"): swept,
+#: it is a cause of queueing the diagnosis names.
+RUNNING_CAP_FLAGS = frozenset({"max-num-seqs", "max-running-requests", "max-batch-size"})
+#: Lightest-load latencies closer than this (relative) do not name a "fastest single request".
+SINGLE_REQUEST_MARGIN = 0.10
+
+
+def advice(code: str, layout: dict[str, Any] | None = None, tuning: dict[str, str] | None = None) -> str:
+    """``ADVICE[code]`` naming only levers the cell has: at TP1 no TP collectives and no DCP;
+    with EP, that the busiest expert's GPU sets each MoE step (at the swept imbalance, if any)."""
+    layout = layout or {}
+    tp, ep = _int(layout.get("tp")), _int(layout.get("ep"))
+    text = ADVICE_TP1.get(code, ADVICE[code]) if tp == 1 else ADVICE[code]
+    cap = next(((k, v) for k, v in (tuning or {}).items() if k in RUNNING_CAP_FLAGS), None)
+    if code == "queueing" and cap is not None:
+        text = (f"TTFT is mostly queue time, with the running batch capped by the swept {cap[0]}={cap[1]}: "
+                f"a larger {cap[0]}, more replicas (DP), or admission control")  # fmt: skip
+    if ep > 1 and code not in ("errors", "none", "tuning"):
+        skew = (tuning or {}).get("expert-imbalance")
+        text += (f"; with EP{ep} the busiest expert's GPU sets every MoE step"
+                 + (f" (expert imbalance {skew}: {skew}x the mean expert load)" if skew else
+                    " (a skewed expert load slows the whole group)"))  # fmt: skip
+    return text
+
+
+def _int(v: Any) -> int:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return 0
+    return int(f) if math.isfinite(f) else 0
+
+
+def _cell_layout(points: pd.DataFrame) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the cell's parallel sizes, its tuning-axis values) from its points' columns."""
+    first = points.iloc[0] if len(points) else pd.Series(dtype=object)
+    layout = {k: first.get(k) for k in ("tp", "pp", "dp", "ep", "dcp", "pcp") if k in points}
+    return layout, _tuning(first.get("tuning"))
+
+
+def _tuning(raw: Any) -> dict[str, str]:
+    if isinstance(raw, dict):
+        return {str(k): str(v) for k, v in raw.items()}
+    if not isinstance(raw, str) or not raw:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in parsed.items()} if isinstance(parsed, dict) else {}
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -383,7 +448,8 @@ def diagnose_cell(
     queue_ms, queue_src = _queue_estimate(base, knee)
     ev = _evidence(base, knee, (queue_ms, queue_src))
     code = _limiting_code(base, knee, slo, queue_ms)
-    return Diagnosis(code, ADVICE[code] + f" (at {_load_text(knee)})", ev)
+    layout, tuning = _cell_layout(points)
+    return Diagnosis(code, advice(code, layout, tuning) + f" (at {_load_text(knee)})", ev)
 
 
 def _limiting_code(base: pd.Series, knee: pd.Series, slo: dict[str, float], queue_ms: float) -> str:
@@ -560,6 +626,7 @@ def _recommend_workload(
         if status.get(cell_id, {}).get("status") in (None, "complete")
     ]
     configs.sort(key=lambda c: (c.gpus, c.axes, c.cell_id))
+    configs = _tried_levers(_swept_causes(configs))
     lists = (
         [f"{c.cell_id} at {p.load}: {p.untrustworthy}" for c in configs for p in c.loads if p.untrustworthy],
         [f"{c.cell_id} at {p.load}: {p.under_sampled}" for c in configs for p in c.loads if p.under_sampled],
@@ -577,9 +644,11 @@ def _recommend_workload(
             if c.unknown_below_rps is not None
         ],
     )  # untrustworthy, under-sampled, undecided, unknown
+    approx = _approximate_prompts(points) or None
     if not slo:
         return WorkloadRecommendation(
-            configs, *lists, recommendation=None, message="no SLO given: nothing to recommend against (pass --slo)"
+            configs, *lists, recommendation=None, message="no SLO given: nothing to recommend against (pass --slo)",
+            approximate_prompts=approx,
         )
     rec, message = _choose(configs, target, target_c)
     separation: Separation | None = None
@@ -616,7 +685,7 @@ def _recommend_workload(
     return WorkloadRecommendation(
         configs, *lists, recommendation=rec, message=message, separation=separation, separation_judged=judged,
         provisional=bool(maybe), resume_command=resume if maybe else None, short_of_target=short,
-        same_gpus_tradeoffs=_tradeoffs(configs),
+        same_gpus_tradeoffs=_tradeoffs(configs), approximate_prompts=approx,
     )  # fmt: skip
 
 
@@ -818,9 +887,31 @@ def _point_summary(r: pd.Series) -> LoadVerdict:
     )
 
 
+def _approximate_prompts(points: pd.DataFrame) -> list[str]:
+    """Per configuration whose loads sent prompts off the lengths asked for: how many loads and
+    by how much (the points' ``prompt_approximate``/``prompt_ratio_p50``)."""
+    if "prompt_approximate" not in points or "prompt_ratio_p50" not in points:
+        return []
+    out = []
+    for cell, g in points.groupby("cell_id", sort=False):
+        off = g[g["prompt_approximate"].notna()]
+        if off.empty:
+            continue
+        r = off["prompt_ratio_p50"].astype("float64").dropna()
+        if r.empty:
+            out.append(f"{cell}: {len(off)} of {len(g)} loads, {off['prompt_approximate'].iloc[0]}")
+            continue
+        span = f"{r.min():.2f}x" if r.max() - r.min() < 0.005 else f"{r.min():.2f}-{r.max():.2f}x"
+        out.append(f"{cell}: {len(off)} of {len(g)} loads, the engine counted {span} the requested prompt length (p50)")
+    return out
+
+
 def _tradeoffs(configs: list[Configuration]) -> list[str]:
     """Same GPUs, spent on one fast request (lowest unloaded latency) or on more concurrent ones
-    (highest capacity)."""
+    (highest capacity). A "fastest" claim needs a lead beyond ``SINGLE_REQUEST_MARGIN`` over the
+    next configuration, and is not made between cells of one layout that differ only in a swept
+    flag at one request at a time (a batching flag cannot change a lone request: the gap is the
+    host's noise). It says "single request" only where the lightest load was one at a time."""
     lines = []
     by_gpus: dict[int, list[Configuration]] = {}
     for c in configs:
@@ -831,19 +922,33 @@ def _tradeoffs(configs: list[Configuration]) -> list[str]:
         lat = [c for c in group if c.lightest.ttft_p50_ms is not None]
         if not lat:
             continue
-        fastest = min(lat, key=lambda c: (c.lightest.ttft_p50_ms or math.inf) + 100 * (c.lightest.tpot_p50_ms or 0))
+
+        def score(c: Configuration) -> float:
+            return (c.lightest.ttft_p50_ms or math.inf) + 100 * (c.lightest.tpot_p50_ms or 0)
+
+        ranked = sorted(lat, key=score)
+        fastest = ranked[0]
         caps = {c.cell_id: (c.capacity_rps or c.capacity.throughput_rps_at_max or 0.0) for c in group}
         best = max(caps.values())
         leaders = [cid for cid, v in caps.items() if best > 0 and v >= (1 - TIE_FRACTION) * best]
         fl = fastest.lightest
+        single = all(_one_at_a_time(c.lightest.load) for c in ranked)
+        same_layout = len({_layout_id(c) for c in ranked}) == 1
+        clear = len(ranked) < 2 or _clear_lead(fastest, ranked[1])
+        what = "fastest single request" if single else "lowest latency at its lightest load"
         fast_text = (
-            f"{fastest.cell_id} gives the fastest single request "
+            f"{fastest.cell_id} gives the {what} "
             f"(TTFT p50 {fl.ttft_p50_ms:,.0f} ms, TPOT p50 {fl.tpot_p50_ms or float('nan'):.1f} ms at {fl.load})"
         )
-        if len(leaders) != 1:
+        if not clear or (single and same_layout):
+            why = ("one layout, and one request at a time does not exercise the swept flag" if single and same_layout
+                   else f"within {100 * SINGLE_REQUEST_MARGIN:.0f}% of each other")  # fmt: skip
+            fast_text = f"unloaded latency ties ({why})"
+            fastest = None  # type: ignore[assignment]
+        if fastest is not None and len(leaders) == 1 and leaders[0] == fastest.cell_id:
+            lines.append(f"{gpus} GPUs: {fastest.cell_id} gives both the {what} and the highest capacity")
+        elif len(leaders) != 1:
             lines.append(f"{gpus} GPUs: {fast_text}; capacities tie within the loads tried")
-        elif leaders[0] == fastest.cell_id:
-            lines.append(f"{gpus} GPUs: {fastest.cell_id} is both the fastest single request and the highest capacity")
         else:
             most = next(c for c in group if c.cell_id == leaders[0])
             cap = most.capacity_rps
@@ -852,6 +957,118 @@ def _tradeoffs(configs: list[Configuration]) -> list[str]:
                 + (f" ({cap:g} req/s within the SLOs)" if cap else "")
             )
     return lines
+
+
+def _clear_lead(fast: Configuration, next_: Configuration) -> bool:
+    """``fast`` leads ``next_`` by more than ``SINGLE_REQUEST_MARGIN`` in TTFT or TPOT p50."""
+    m = 1 + SINGLE_REQUEST_MARGIN
+    a, b = fast.lightest, next_.lightest
+    ttft = a.ttft_p50_ms is not None and b.ttft_p50_ms is not None and b.ttft_p50_ms > m * a.ttft_p50_ms
+    tpot = a.tpot_p50_ms is not None and b.tpot_p50_ms is not None and b.tpot_p50_ms > m * a.tpot_p50_ms
+    return bool(ttft or tpot)
+
+
+def _one_at_a_time(load: str | None) -> bool:
+    return bool(load) and ("one request at a time" in str(load) or str(load) == "concurrency 1")
+
+
+def _tuning_part(name: str, value: str) -> str:
+    """A tuning value's part of a cell id (as bench/sweep/matrix.py ``tuned_cell_id`` writes it)."""
+    return f"{name}_{re.sub(r'[^A-Za-z0-9.]', '_', value)}"
+
+
+def _layout_id(c: Configuration) -> str:
+    """The configuration's id without its tuning-axis parts: cells with one layout share it."""
+    cid = c.cell_id
+    for name, value in _tuning(c.tuning).items():
+        cid = cid.replace("-" + _tuning_part(name, value), "")
+    return cid
+
+
+#: The advice codes whose lever is a layout on the same GPUs, and how to recognise it:
+#: (its tp compared with this cell's, its dp compared with this cell's) as -1 smaller, +1 larger.
+_LAYOUT_LEVERS = {"decode": (-1, 1), "queueing": (0, 1), "prefill": (1, -1), "prefill_unloaded": (1, -1),
+                  "decode_unloaded": (1, -1)}  # fmt: skip
+
+
+def _sizes(cell_id: str) -> dict[str, int] | None:
+    """``tp2-dp2-ep4`` -> its axis sizes (1 where absent); None for a name that is no layout."""
+    if not re.match(r"^tp\d+(-|$)", cell_id):
+        return None
+    sizes = {k: 1 for k in ("tp", "pp", "dp", "ep", "dcp", "pcp")}
+    for name, v in re.findall(r"(?:^|-)(tp|pp|dp|ep|dcp|pcp)(\d+)(?=-|$)", cell_id):
+        sizes[name] = int(v)
+    return sizes
+
+
+def _tried_levers(configs: list[Configuration]) -> list[Configuration]:
+    """Where the advice's lever is a layout the matrix measured on the same GPUs (more replicas,
+    a smaller or larger TP) and it served less, the diagnosis says so instead of leaving the
+    advice to contradict the table."""
+
+    def cap(c: Configuration) -> float:
+        return c.capacity_rps or 0.0
+
+    out = []
+    for c in configs:
+        lever, mine = _LAYOUT_LEVERS.get(c.limiting_factor), _sizes(c.cell_id)
+        if lever is None or mine is None or not cap(c):
+            out.append(c)
+            continue
+        tried = []
+        for o in configs:
+            theirs = _sizes(o.cell_id)
+            if o is c or theirs is None or o.gpus != c.gpus or _tuning(o.tuning) != _tuning(c.tuning):
+                continue
+            if (theirs["ep"] > 1) != (mine["ep"] > 1) or any(theirs[k] != mine[k] for k in ("pp", "dcp", "pcp")):
+                continue  # another lever changed too: not the one the advice names
+            if all(_cmp(theirs[k], mine[k]) == want for k, want in zip(("tp", "dp"), lever) if want):
+                tried.append(o)
+        worse = [o for o in tried if cap(o) < (1 - TIE_FRACTION) * cap(c)]
+        if not worse or len(worse) != len(tried):
+            out.append(c)
+            continue
+        note = "; the matrix tried that on the same GPUs and it served less: " + ", ".join(
+            f"{o.cell_id} {cap(o):g} req/s" if cap(o) else f"{o.cell_id} none" for o in worse) + f" (this one {cap(c):g})"
+        out.append(replace(c, diagnosis=c.diagnosis + note))
+    return out
+
+
+def _cmp(a: int, b: int) -> int:
+    return (a > b) - (a < b)
+
+
+def _swept_causes(configs: list[Configuration]) -> list[Configuration]:
+    """A configuration that differs from another only in swept flags and serves clearly less
+    (below ``1 - TIE_FRACTION`` of it) is limited by those flags: its diagnosis names the
+    axis and what the other value serves, not a lever (replicas, TP) it was never given."""
+    out = []
+    for c in configs:
+        mine = _tuning(c.tuning)
+        siblings = [o for o in configs if o is not c and _layout_id(o) == _layout_id(c)
+                    and set(_tuning(o.tuning)) == set(mine) and _tuning(o.tuning) != mine]  # fmt: skip
+        better = max(siblings, key=lambda o: o.capacity_rps or 0.0, default=None)
+        theirs, cap = (better.capacity_rps or 0.0, c.capacity_rps or 0.0) if better else (0.0, 0.0)
+        if better is None or theirs <= 0 or cap >= (1 - TIE_FRACTION) * theirs:
+            out.append(c)
+            continue
+        other = _tuning(better.tuning)
+        flags = [k for k in mine if mine[k] != other[k]]
+        symptom = c.diagnosis.split(":", 1)[0] + (f" ({c.diagnosis.rsplit('(at ', 1)[1]}" if "(at " in c.diagnosis else "")
+        if flags == ["expert-imbalance"]:  # traffic, not a setting: the busiest expert's GPU sets the step
+            k = flags[0]
+            out.append(replace(c, limiting_factor="tuning", diagnosis=(
+                f"expert imbalance {mine[k]} limits this layout: the busiest expert's GPU carries {mine[k]}x the mean "
+                f"expert load and sets every MoE step; at {other[k]} it serves {theirs:g} req/s within the SLOs, at "
+                f"{mine[k]} {f'{cap:g} req/s' if cap else 'none'}; symptom: {symptom}")))  # fmt: skip
+            continue
+        text = (
+            f"the swept {', '.join(f'{k}={mine[k]}' for k in flags)} limits this configuration: "
+            f"{', '.join(f'{k}={other[k]}' for k in flags)} on the same layout serves {theirs:g} req/s within the SLOs, "
+            f"this one {f'{cap:g} req/s' if cap else 'none'}; symptom: {symptom}"
+        )
+        out.append(replace(c, limiting_factor="tuning", diagnosis=text))
+    return out
 
 
 def _clean(v: Any) -> Any:
@@ -922,6 +1139,9 @@ def format_recommendation(rec: Recommendation) -> str:
         ):
             for item in items:
                 lines.append(f"  {title}: {item}")
+        for item in wr.approximate_prompts or []:
+            lines.append(f"  PROMPTS APPROXIMATE (capacity is for the prompts sent, not the lengths asked for; exact "
+                         f"with the engine's /tokenize or --tokenizer DIR): {item}")  # fmt: skip
         for c in wr.configurations:
             lines.append(f"  {c.cell_id}: {c.diagnosis}")
         for t in wr.same_gpus_tradeoffs or []:

@@ -238,6 +238,8 @@ class WorkloadRecommendation(ToJson):
     short_of_target: list[str] | None = field(default=None, metadata=OMIT_NONE)
     #: None when there was no SLO to judge against
     same_gpus_tradeoffs: list[str] | None = field(default=None, metadata=OMIT_NONE)
+    #: configurations whose prompts were not the lengths asked for, and by how much (None: all were)
+    approximate_prompts: list[str] | None = field(default=None, metadata=OMIT_NONE)
 
     def configuration(self, cell_id: str) -> Configuration | None:
         return next((c for c in self.configurations if c.cell_id == cell_id), None)
@@ -261,6 +263,7 @@ class WorkloadRecommendation(ToJson):
             resume_command=d.get("resume_command"),
             short_of_target=strs("short_of_target") if "short_of_target" in d else None,
             same_gpus_tradeoffs=strs("same_gpus_tradeoffs") if "same_gpus_tradeoffs" in d else None,
+            approximate_prompts=strs("approximate_prompts") if "approximate_prompts" in d else None,
         )
 
 

@@ -542,16 +542,47 @@ def prompt_length_accounting(ok_df: pd.DataFrame) -> PromptLengths:
     off_share = float(np.mean(np.abs(ratio - 1) > PROMPT_LENGTH_TOLERANCE))
     ratio_p50 = float(np.median(ratio))
     warning = None
+    source = ok_df.loc[own, "input_tokens_source"] if "input_tokens_source" in ok_df else pd.Series(dtype=object)
+    counted = bool(len(source)) and bool(source[keep].isin(EXACT_PROMPT_SOURCES).all())
+    added = engine_added_tokens(got_a - want_a) if counted else 0
     if off_share > PROMPT_LENGTH_TOLERANCE:
-        source = ok_df.loc[own, "input_tokens_source"] if "input_tokens_source" in ok_df else pd.Series(dtype=object)
-        counted = bool(len(source)) and bool(source[keep].isin(EXACT_PROMPT_SOURCES).all())
         why = ("the text was counted exactly, so the rest is what the engine adds (a chat template, BOS)" if counted
                else "exact lengths need --tokenizer DIR or --tokenize-url auto")  # fmt: skip
         warning = (
             f"prompts are not the length asked for: {100 * off_share:.0f}% of {len(got_a)} are off by more "
             f"than {100 * PROMPT_LENGTH_TOLERANCE:g}% (server/requested p50 {ratio_p50:.2f}); {why}"
         )
-    return PromptLengths(int(keep.sum()), float(np.mean(got_a == want_a)), ratio_p50, off_share, warning)
+    return PromptLengths(int(keep.sum()), float(np.mean(got_a == want_a + added)), ratio_p50, off_share, warning, added)
+
+
+def approximate_prompts(p: PromptLengths, words: bool = False) -> str | None:
+    """How far the prompts were from the lengths asked for, in one phrase; None when they were
+    (nearly) as asked: the SLO is judged on the prompts sent. ``words``: the prompts were word
+    approximations, said even when the server reported no lengths to compare."""
+    if not p.compared:
+        return ("word approximations: the engine reported no prompt lengths, so how far off they were "
+                "is unknown") if words else None  # fmt: skip
+    if not p.off_share > PROMPT_LENGTH_TOLERANCE:
+        return None
+    return (f"the engine counted {p.ratio_p50:.2f}x the requested prompt length (p50), "
+            f"{100 * p.off_share:.0f}% of prompts off by more than {100 * PROMPT_LENGTH_TOLERANCE:g}%")  # fmt: skip
+
+
+#: At most this many tokens count as what an engine adds to every prompt (BOS and the like).
+ENGINE_ADDED_MAX = 4
+
+
+def engine_added_tokens(diff: np.ndarray) -> int:
+    """Tokens the engine adds to every counted prompt (its start token): the most common
+    server-minus-requested difference, when at least half of the prompts share it and it is
+    at most ``ENGINE_ADDED_MAX``; 0 otherwise. A prompt counted exactly by the engine's own
+    /tokenize (or tokenizer) without its start token is then exact at requested + that many."""
+    if not len(diff):
+        return 0
+    values, counts = np.unique(diff.astype(np.int64), return_counts=True)
+    top = int(np.argmax(counts))
+    mode = int(values[top])
+    return mode if 0 < mode <= ENGINE_ADDED_MAX and counts[top] * 2 >= len(diff) else 0
 
 
 #: ``input_tokens_source`` values whose prompt text was counted with the model's tokenizer.

@@ -123,6 +123,8 @@ class PromptLengths(ToJson):
     ratio_p50: float = float("nan")
     off_share: float = float("nan")
     warning: str | None = None
+    #: tokens the engine adds to every prompt (start token), counted as exact (``engine_added_tokens``)
+    engine_added: int = 0
 
 
 @dataclass(frozen=True, slots=True)

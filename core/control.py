@@ -72,6 +72,8 @@ class EngineClient:
     def __init__(self, base_url: str, timeout_s: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        #: the /tokenize body's text field: "prompt" (vLLM, SGLang), "inputs" once TGI says so
+        self._tokenize_field = "prompt"
 
     def get(self, path: str, timeout_s: float | None = None) -> Reply:
         return call(self.base_url + path, timeout_s=self._timeout(timeout_s))
@@ -112,9 +114,35 @@ class EngineClient:
 
     def count_tokens(self, text: str, model: str | None = None, timeout_s: float | None = None) -> int:
         """Tokens the engine's ``/tokenize`` counts in ``text`` (vLLM, SGLang and the
-        simulated engine reply with ``count``, ``tokens`` or a bare list)."""
-        payload: dict[str, object] = {"prompt": text}
-        if model:
+        simulated engine reply with ``count``, ``tokens`` or a bare list). vLLM and SGLang take
+        ``{"prompt": ...}``; TGI takes ``{"inputs": ...}`` (router/src/server.rs ``tokenize``, a
+        ``GenerateRequest``) and answers a list of tokens: a refusal of ``prompt``, or no token
+        for a non-empty text, is asked again with ``inputs``, which this client then keeps."""
+        field = self._tokenize_field
+        try:
+            n = self._count(field, text, model, timeout_s)
+        except ControlError as exc:
+            if field != "prompt":
+                raise
+            first: ControlError | None = exc
+            n = 0
+        else:
+            first = None
+        if field == "prompt" and (first is not None or (n == 0 and text.strip())):
+            try:
+                other = self._count("inputs", text, None, timeout_s)
+            except ControlError:
+                other = None
+            if other is not None and (other > 0 or not text.strip()):
+                self._tokenize_field = "inputs"
+                return other
+            if first is not None:
+                raise first
+        return n
+
+    def _count(self, field: str, text: str, model: str | None, timeout_s: float | None) -> int:
+        payload: dict[str, object] = {field: text}
+        if model and field == "prompt":
             payload["model"] = model
         where = f"{self.base_url}/tokenize"
         reply = self.post("/tokenize", payload, timeout_s)

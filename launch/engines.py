@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench_llm.adapters.versions import version_at_least
+from bench_llm.core.layout import Layout, ep_problems
 from bench_llm.launch.config import ParallelConfig
 from bench_llm.launch.process import EngineStartError, python_module
 from bench_llm.launch.tuning import flag_name, flag_present
@@ -104,17 +105,20 @@ class EngineLayout:
     forces_output_length: bool = True
 
 
+def _layout(p: ParallelConfig) -> Layout:
+    return Layout(p.tp, p.pp, p.dp, p.ep, p.dcp, p.pcp)
+
+
 def sim_refusals(p: ParallelConfig, version: str | None = None) -> list[str]:
-    """The simulated engine models every axis (it refuses what cannot fit itself)."""
-    return []
+    """The simulated engine models every axis; its EP group is the instance's tp×pcp×dp GPUs
+    (core/layout.py). It refuses what cannot fit in memory itself."""
+    return ep_problems("sim", _layout(p))
 
 
 def vllm_refusals(p: ParallelConfig, version: str | None = None) -> list[str]:
     out: list[str] = []
-    # vLLM 0.32: the MoE group spans TP x PCP x DP (fused_moe/config.py flatten_tp_across_dp_and_pcp)
-    width = p.tp * p.pcp * p.dp
-    if p.ep > 1 and p.ep != width:
-        out.append(f"vLLM's expert parallelism is a switch whose width is tp×pcp×dp ({width}), not {p.ep}")
+    # vLLM 0.32: the MoE group spans TP x PCP x DP (core/layout.py says where in vLLM's source)
+    out += ep_problems("vllm", _layout(p))
     # vLLM 0.32 config/parallel.py: with PCP, DCP is off, spans PCP, or spans TP x PCP
     if p.pcp > 1 and p.dcp not in (1, p.pcp, p.tp * p.pcp):
         out.append(f"vLLM takes dcp 1, pcp or tp×pcp when pcp>1 ({sorted({1, p.pcp, p.tp * p.pcp})}), not {p.dcp}")
@@ -137,6 +141,7 @@ def sglang_refusals(p: ParallelConfig, version: str | None = None) -> list[str]:
             f"SGLang's router flags ({', '.join('--' + str(f) for f in routed)}) apply where bench starts "
             "its router (smg or sglang_router): DP cells (dp>1) and prefill/decode disaggregation cells (disagg=P:D)"
         )
+    out += ep_problems("sglang", _layout(p))  # the EP group within the TP group (core/layout.py)
     if p.dcp > 1 and version_at_least(version, SGLANG_DCP_SINCE) is False:
         out.append(f"SGLang {version} has no decode context parallelism (--dcp-size arrived in {SGLANG_DCP_SINCE})")
     if p.pcp > 1:

@@ -126,6 +126,9 @@ _SGLANG_ROUTES = ControlRoutes(
 _TGI_ROUTES = ControlRoutes(
     version=(("/info", "version"),),
     info=(("/info",),),
+    # POST /tokenize takes a GenerateRequest ({"inputs": ...}) and answers the token list
+    # (router/src/server.rs); core/control.py asks with "inputs" once "prompt" is refused
+    tokenize="/tokenize",
     context=(ContextRoute("/info", tgi_info_max_total_tokens, "/info max_total_tokens"),),
 )
 

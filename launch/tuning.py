@@ -64,7 +64,7 @@ TUNING_FLAGS: dict[str, dict[str, str | None]] = {
 SIM_TUNING_FLAGS = frozenset(
     {
         "max-num-seqs", "max-num-batched-tokens", "gpu-memory-utilization", "dtype", "router", "profile",
-        "slowdown", "jitter", "max-num-queued-reqs",
+        "slowdown", "jitter", "max-num-queued-reqs", "expert-imbalance",
     }
 )  # fmt: skip
 

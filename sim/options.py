@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench_llm.core.config import ConfigError, from_mapping, load_toml
+from bench_llm.core.layout import Layout, layout_problems
 from bench_llm.sim.costmodel import CostModel, Parallel
 from bench_llm.sim.presets import GPUS, MODELS, PROFILES, Dtype, EngineProfile, GpuSpec, ModelSpec, calibration
 
@@ -70,6 +71,11 @@ class ModelTiming:
                 raise ValueError(f"{name} must be >= 1")
         if self.tp % self.dcp:
             raise ValueError(f"dcp ({self.dcp}) must divide tp ({self.tp})")
+        problems = layout_problems("sim", Layout(self.tp, self.pp, self.dp, self.ep, self.dcp, self.pcp), self.model)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if self.expert_imbalance < 1.0:
+            raise ValueError(f"expert_imbalance {self.expert_imbalance} is a max/mean load ratio: at least 1.0")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization {self.gpu_memory_utilization} must be in (0, 1]")
         if self.slowdown <= 0:
@@ -189,5 +195,24 @@ def describe(t: ModelTiming) -> dict[str, Any]:
         "slowdown": t.slowdown,
         "jitter": t.jitter,
         "seed": t.seed,
+        **({"moe": moe_layout(t)} if t.model.is_moe else {}),
+    }
+
+
+def moe_layout(t: ModelTiming) -> dict[str, Any]:
+    """Where a MoE model's experts sit and what sets its MoE step: with EP, whole experts over the
+    instance's tp×pcp×dp GPUs, and the busiest GPU's expert load (``expert_imbalance`` × the mean)
+    sets the step; without EP, every GPU holds a 1/tp slice of every expert (no imbalance)."""
+    m = t.model
+    if t.ep > 1:
+        return {
+            "experts": m.experts, "top_k": m.top_k, "ep_group_gpus": t.ep,
+            "experts_per_gpu": round(m.experts / t.ep, 2), "expert_imbalance": t.expert_imbalance,
+            "step": f"the busiest expert GPU sets each MoE step: {t.expert_imbalance:g}x the mean expert load",
+        }
+    return {
+        "experts": m.experts, "top_k": m.top_k, "ep_group_gpus": 1,
+        "experts_per_gpu": round(m.experts / t.tp, 2), "expert_imbalance": None,
+        "step": f"no EP: every GPU holds 1/{t.tp} of every expert, so expert load does not skew the step",
     }
 

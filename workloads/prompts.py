@@ -23,7 +23,7 @@ part of the target (they are in the engine-reported ``prompt_tokens``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +290,39 @@ class BlockTexts:
                 parts.append("".join(self.block(key)[:left]))
             left -= self.block_tokens
         return "".join(parts)
+
+
+#: Prompts a default check sends to the engine's /tokenize (``word_prompts_exact``).
+CHECK_PROMPTS = 3
+
+
+def word_prompts_exact(url: str, model: str | None, prompts: Sequence[tuple[str, int]],
+                       timeout_s: float = 5.0) -> tuple[bool | None, str]:  # fmt: skip
+    """Does the engine at ``url`` count these word-approximated prompts ((text, requested
+    tokens), a few) at their requested length, beyond the tokens it adds to every prompt?
+    (True, why): they are exact already (the simulated engine counts a word as a token);
+    (False, why): they are not, and exact prompts need its /tokenize; (None, why): the engine
+    cannot say (no /tokenize, an error). ``why`` says by how much, or what failed."""
+    client = EngineClient(url.rstrip("/"), timeout_s)
+    shown = without_credentials(url)
+    try:
+        overhead = client.count_tokens("", model)
+        got = [(client.count_tokens(text, model) - overhead, want) for text, want in prompts[:CHECK_PROMPTS]]
+    except ControlError as exc:
+        return None, str(exc).replace(url.rstrip("/"), shown.rstrip("/"))
+    if not got:
+        return None, "no prompt to check"
+    if all(g == w for g, w in got):
+        return True, f"{shown}/tokenize counts the word prompts at their requested lengths"
+    ratio = sum(g for g, _ in got) / max(1, sum(w for _, w in got))
+    return False, f"{shown}/tokenize counts the word prompts at {ratio:.2f}x their requested lengths"
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without a ``user:password@`` part (for messages)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))

@@ -14,6 +14,7 @@ import click
 
 from bench_llm.adapters.base import Adapter, adapter_names, check_requests
 from bench_llm.bench.errors import ExitCode, Outcome, setting_message
+from bench_llm.bench.exact_prompts import OFF, exact_by_default, sample_prompts
 from bench_llm.bench.request_options import request_options
 from bench_llm.bench.run_options import (
     ClientOptions,
@@ -34,11 +35,13 @@ from bench_llm.launch.profiles import adapter_for_engine
 from bench_llm.loadgen.recorder import MAX_EVENT_BYTES
 from bench_llm.loadgen.runner import RunOptions
 from bench_llm.loadgen.transport import CLOCKS, DEFAULT_TOTAL_S, Timeouts, check_base_url
+from bench_llm.workloads.prompts import without_credentials, word_prompts_exact
 from bench_llm.workloads.spec import RequestOptions, Schedule
 
 if TYPE_CHECKING:
     from bench_llm.bench.execute import RunConfig, RunResult
     from bench_llm.bench.virtual import VirtualEngine
+    from bench_llm.launch.config import ParallelConfig
     from bench_llm.loadgen.otlp import OtlpReceiver
 
 
@@ -130,7 +133,9 @@ _limit_options = option_group("limits", (
 @target_options()
 @load_options()
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path), help="Local HF tokenizer folder for exact prompt lengths.")
-@click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': the engine measured.")
+@click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': the engine measured; "
+                                    "'off': word approximations. Default: a launched or --url engine with a /tokenize "
+                                    "route (vLLM, SGLang) is asked, and prompts are made exact where its count differs.")
 @click.option("--prompt-salt", type=click.IntRange(0, 2**63 - 1),
               help="Mixed into the prompt text so runs share no cached prefix. [default: new per run]")
 @client_options()
@@ -203,7 +208,9 @@ def command(
     salt = secrets.randbits(32) if prompt_salt is None else prompt_salt
     plan = _SchedulePlan(load, request, output, tokenizer_dir, model, salt)
     # 'auto' asks the engine measured, so its schedule is built once that engine answers
-    schedule = None if tokenize_url == "auto" else plan.build(tokenize_url)
+    check = exact_by_default(tokenize_url, tokenizer_dir, engine, bool(url or launch.launch))
+    tokenize_url = None if tokenize_url in OFF else tokenize_url
+    schedule = None if (tokenize_url == "auto" or check) else plan.build(tokenize_url)
     _check_target(target, launch, scrape_interval)
     api_key = load_api_key(client.api_key_env, client.api_key_file)
     _check_engine(target, api_key, schedule, launch.engine_version)
@@ -222,7 +229,7 @@ def command(
             tuple((schedule.request if schedule else request).models),  # the embedded engine serves them as adapters
         )
         if schedule is None:
-            schedule = plan.build(where)
+            schedule = plan.exact_where_engine_can_say(where) if check else plan.build(where)
         adapter = _make_adapter(target, api_key, schedule, launched_version or launch.engine_version)
         cfg = _run_config(
             target, load, client, limits, phases, output, launch, run_dir, where, engine_label, schedule, progress,
@@ -251,6 +258,26 @@ def _check_target(target: EngineTarget, launch: LaunchOptions, scrape_interval: 
             raise BenchError(setting_message(exc)) from None
     if scrape_interval <= 0:
         raise BenchError("--scrape-interval must be positive")
+    if launch.launch:
+        from bench_llm.bench.launch_engine import parse_parallel
+
+        _check_layout(target.engine, target.model, parse_parallel(launch.parallel_text, launch.engine_args))
+
+
+def _check_layout(engine: str, model: str, parallel: ParallelConfig) -> None:
+    """A layout the model's shape cannot take (known for the simulated engine's presets) is
+    refused by name before the engine starts (core/layout.py; the engine's own refusals come
+    from its launch plan)."""
+    from bench_llm.bench.sweep.matrix import model_shape
+    from bench_llm.core.layout import Layout, shape_problems
+
+    shape = model_shape(engine, model)
+    if shape is None:
+        return
+    problems = shape_problems(Layout(parallel.tp, parallel.pp, parallel.dp, parallel.ep, parallel.dcp, parallel.pcp),
+                              shape)  # fmt: skip
+    if problems:
+        raise BenchError(f"--parallel {parallel.cell_id}: " + "; ".join(problems))
 
 
 def _check_engine(target: EngineTarget, api_key: str | None, schedule: Schedule | None,
@@ -379,6 +406,25 @@ class _SchedulePlan:
         timed = [k for k, _ in self.output.slo.limits if k != "e2e_ms"]
         if built.request.stream is False and timed:
             raise BenchError(f"--slo {timed[0]}: non-streaming requests have no per-token times; judge them on e2e_ms")
+        return built
+
+    def exact_where_engine_can_say(self, where: str) -> Schedule:
+        """Word prompts, checked against the engine's /tokenize: kept where it counts them at
+        their requested lengths, made exact through it where not (with a note); kept where the
+        engine cannot say, whose summary then says how far off they were (``--tokenize-url off``
+        skips the check)."""
+        words = self.build(None)
+        exact, why = word_prompts_exact(where, self.model, sample_prompts(words))
+        if exact is not False:  # exact already, or the engine cannot say: the summary compares the lengths sent
+            return words
+        try:
+            built = self.build(where)
+        except BenchError as exc:
+            failed = str(exc).replace(where.rstrip("/"), without_credentials(where).rstrip("/"))
+            sys.stderr.write(f"note: prompt lengths are word approximations: {why}, and exact ones failed ({failed})\n")
+            return words
+        sys.stderr.write(f"note: prompts made exact with {without_credentials(where)}/tokenize ({why}; "
+                         "--tokenize-url off keeps them)\n")
         return built
 
 

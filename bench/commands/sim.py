@@ -44,7 +44,10 @@ def command() -> None:
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel degree.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline parallel stages.")
 @click.option("--dp", type=int, default=1, show_default=True, help="Data parallel replicas (behind --router).")
-@click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel width (MoE presets).")
+@click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel width (MoE presets): 1 or tp×pcp×dp (experts over every GPU; EP adds none).")
+@click.option("--expert-imbalance", type=float, default=None, metavar="MAX/MEAN",
+              help="MoE with --ep > 1: the busiest EP rank's expert load over the mean (1.0: balanced; "
+                   "default 1.3). That rank's GPU sets every MoE step.")
 @click.option("--dcp", type=int, default=1, show_default=True, help="Decode context parallel (divides --tp).")
 @click.option("--pcp", type=int, default=1, show_default=True, help="Prefill context parallel (extra GPUs).")
 @click.option("--disagg", default=None, metavar="P:D", help="Prefill/decode disaggregation: P prefill, D decode instances.")
@@ -192,14 +195,18 @@ def build_config(kw: dict[str, Any]) -> Any:
             "profile": kw.get("profile") or kw.get("flavor") or "vllm",
             "slowdown": kw.get("slowdown", 1.0), "jitter": kw.get("jitter", 0.0), "seed": kw.get("seed", 0),
         }
-        for key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization"):
+        for key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization",
+                    "expert_imbalance"):
             if kw.get(key) is not None:
                 cli[key] = kw[key]
-        if kw.get("config_path"):
-            defaults = {k: v for k, v in cli.items() if _given(kw, k)}
-            model_timing = apply_toml(ModelTiming(**cli), Path(kw["config_path"]), defaults)
-        else:
-            model_timing = ModelTiming(**cli)
+        try:
+            if kw.get("config_path"):
+                defaults = {k: v for k, v in cli.items() if _given(kw, k)}
+                model_timing = apply_toml(ModelTiming(**cli), Path(kw["config_path"]), defaults)
+            else:
+                model_timing = ModelTiming(**cli)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
     model = kw.get("model") or (model_timing.preset if model_timing else "sim-model")
     timing = FixedTiming(float(kw.get("ttft_ms", 50.0)) / 1000, float(kw.get("itl_ms", 10.0)) / 1000,
                          int(kw.get("tokens_per_chunk", 1)))
@@ -233,7 +240,8 @@ _DEFAULTS = {"preset": "llama-3.1-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 1,
 
 def _given(kw: dict[str, Any], key: str) -> bool:
     """True when a CLI value differs from its default (so the TOML file does not override it)."""
-    if key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization"):
+    if key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization",
+               "expert_imbalance"):
         return True
     if key == "profile":
         return kw.get("profile") is not None

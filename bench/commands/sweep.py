@@ -104,7 +104,8 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--tp", help="Tensor-parallel sizes, e.g. 1,2,4.")
 @click.option("--pp", help="Pipeline-parallel sizes.")
 @click.option("--dp", help="Data-parallel replicas.")
-@click.option("--ep", help="Expert-parallel sizes (MoE).")
+@click.option("--ep", help="Expert-parallel sizes (MoE). EP adds no GPUs: vLLM and the simulated engine take "
+                           "ep = tp×pcp×dp, SGLang a divisor of tp; other cells are skipped by name.")
 @click.option("--dcp", help="Decode context-parallel sizes (must divide tp).")
 @click.option("--pcp", help="Prefill context-parallel sizes.")
 @click.option("--disagg", help="Prefill:decode instance counts, e.g. 1:1,2:1 (none = colocated).")
@@ -132,7 +133,9 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--arrival", type=click.Choice(["poisson", "constant"]), help="Open-loop arrivals. [default: poisson]")
 @click.option("--seed", type=int, help="Workload seed. [default: 0]")
 @click.option("--tokenizer", help="Local HF tokenizer folder for exact prompt lengths.")
-@click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': each cell's engine.")
+@click.option("--tokenize-url", help="Make prompt lengths exact with this engine's /tokenize; 'auto': each cell's engine; "
+                                    "'off': word approximations. Default: a launched or --url engine with a /tokenize "
+                                    "route (vLLM, SGLang) is asked, and prompts are made exact where its count differs.")
 @click.option("--repeats", type=int, help="Runs per load (pooled). [default: 1]")
 @click.option("--slo", "slo_text", help="SLOs, e.g. ttft_ms=500,tpot_ms=50.")
 @click.option("--attainment", type=float, help="Percent of requests that must meet every SLO. [default: 90]")

@@ -253,6 +253,8 @@ class CellRunner:
             line += f"  UNDER-SAMPLED: {row['under_sampled']}"
         if row.get("one_read_share", 0.0) > ONE_READ_SHARE_MAX:
             line += f"  TPOT not measurable: {100 * row['one_read_share']:.0f}% of responses in one read"
+        if row.get("prompt_approximate"):
+            line += f"  PROMPTS APPROXIMATE: {row['prompt_approximate']}"
         if row.get("saturated"):
             line += f"  SATURATED: {row['saturation_reason']}"
         if row.get("top_error"):

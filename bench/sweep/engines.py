@@ -118,7 +118,11 @@ class VirtualLauncher:
     """The simulated engine at each cell's configuration, in virtual time."""
 
     def unsupported(self, engine: str, parallel: ParallelConfig) -> list[str]:
-        return [] if engine == "sim" else [f"{engine} does not run in virtual time"]
+        if engine != "sim":
+            return [f"{engine} does not run in virtual time"]
+        from bench_llm.launch.engines import sim_refusals
+
+        return sim_refusals(parallel)  # the simulated engine's own rule (its EP group: core/layout.py)
 
     def start(self, cell: CellEngine, log_path: Path) -> VirtualHandle:
         import json

@@ -16,6 +16,7 @@ from bench_llm.analysis.capacity import (
 )
 from bench_llm.analysis.load import Run, load_run
 from bench_llm.analysis.slo import SLO
+from bench_llm.bench.exact_prompts import OFF, exact_by_default, sample_prompts
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench_llm.bench.virtual import VirtualEngine
 from bench_llm.core.errors import BenchError
@@ -26,7 +27,7 @@ from bench_llm.results.reader import read_run_meta, read_server_metrics
 from bench_llm.results.schema import RUN_FILE
 from bench_llm.results.writer import write_run_meta
 from bench_llm.workloads.errors import WorkloadError
-from bench_llm.workloads.prompts import make_synth
+from bench_llm.workloads.prompts import make_synth, word_prompts_exact
 from bench_llm.workloads.spec import Schedule
 
 if TYPE_CHECKING:
@@ -66,15 +67,38 @@ class Load:
         return core
 
 
+#: (engine URL, model) -> whether it counts the word prompts at their requested lengths
+#: (``word_prompts_exact``; None: it cannot say): asked once per engine, not per load.
+_WORDS_EXACT: dict[tuple[str, str], bool | None] = {}
+
+
 def build_schedule(load: Load, spec: SweepSpec, warmup: int, url: str | None = None, salt: int | None = None) -> Schedule:
     """The load's requests. ``url``: the cell's engine, asked when the workload's
-    ``tokenize_url`` is "auto"; ``salt``: mixed into the prompt text (the sweep's own)."""
+    ``tokenize_url`` is "auto", or by default where its engine offers tokenisation
+    (bench/exact_prompts.py: made exact where it counts the word prompts otherwise);
+    ``salt``: mixed into the prompt text (the sweep's own)."""
+    w = load.workload
+    if url and url.startswith("http") and exact_by_default(w.tokenize_url, w.tokenizer, spec.engine, True):
+        words = _build_schedule(load, spec, warmup, None, salt)
+        key = (url, spec.model)
+        if key not in _WORDS_EXACT:
+            _WORDS_EXACT[key] = word_prompts_exact(url, spec.model, sample_prompts(words))[0]
+        if _WORDS_EXACT[key] is False:
+            try:
+                return _build_schedule(load, spec, warmup, url, salt)
+            except BenchError:  # it counts, but cannot make them exact: word prompts, said per load
+                _WORDS_EXACT[key] = None
+        return words
+    tokenize_url = url if w.tokenize_url == "auto" else (None if w.tokenize_url in OFF else w.tokenize_url)
+    return _build_schedule(load, spec, warmup, tokenize_url, salt)
+
+
+def _build_schedule(load: Load, spec: SweepSpec, warmup: int, tokenize_url: str | None, salt: int | None) -> Schedule:
     w = load.workload
     n = load.requests or spec.loads.requests
     rate = load.value if load.kind == "rate" else None
     conc = int(load.value) if load.kind == "concurrency" else None
     seed = w.seed + 1000 * load.seq + load.repeat
-    tokenize_url = url if w.tokenize_url == "auto" else w.tokenize_url
     try:
         synth = make_synth(w.tokenizer, tokenize_url, spec.model)
     except WorkloadError as exc:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench_llm.bench.sweep.spec import SweepSpec
+from bench_llm.core.layout import Layout, ModelShape, shape_problems
 from bench_llm.launch.config import Disagg, ParallelConfig
 
 #: (engine, config) -> reasons the engine cannot run it (empty when fine).
@@ -98,7 +99,9 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
         if cid in seen:
             continue
         seen.add(cid)
-        reason = _gpu_shortfall(spec, cfg)
+        reason = _shape_refusal(spec, cfg)
+        if reason is None:
+            reason = _gpu_shortfall(spec, cfg)
         if reason is None and unsupported is not None:
             reasons = unsupported(spec.engine, cfg)
             if reasons:
@@ -107,6 +110,40 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
     # smallest first; a tuning axis keeps the order its values were given in
     cells.sort(key=lambda c: (c.config.gpus, c.config.axes, parallel_id(c.config), order.get(c.tuning, 0)))
     return cells
+
+
+def impossible_matrix(planned: list[PlannedCell]) -> str | None:
+    """The error when no cell of the matrix can exist (each an invalid layout or one the engine
+    refuses): the sweep is refused before anything runs. None when some cell can run, or only
+    the GPUs available stop them."""
+    if not planned or any(c.skip_reason is None for c in planned):
+        return None
+    if not all(_layout_refusal(c.skip_reason or "") for c in planned):
+        return None
+    return "no cell of the matrix can run: " + "; ".join(f"{c.cell_id}: {c.skip_reason}" for c in planned)
+
+
+def _layout_refusal(reason: str) -> bool:
+    return reason.startswith("invalid configuration: ") or " does not support it: " in reason
+
+
+def model_shape(engine: str, model: str) -> ModelShape | None:
+    """The model's shape where bench knows it: the simulated engine's presets (a real engine's
+    model is a path or hub name whose shape bench does not read)."""
+    if engine != "sim":
+        return None
+    from bench_llm.sim.presets import MODELS
+
+    return MODELS.get(model)
+
+
+def _shape_refusal(spec: SweepSpec, cfg: ParallelConfig) -> str | None:
+    """Why the model's shape cannot take ``cfg``'s sizes (core/layout.py; None: it can, or unknown)."""
+    shape = model_shape(spec.engine, spec.model)
+    if shape is None:
+        return None
+    problems = shape_problems(Layout(cfg.tp, cfg.pp, cfg.dp, cfg.ep, cfg.dcp, cfg.pcp), shape)
+    return "invalid configuration: " + "; ".join(problems) if problems else None
 
 
 def _gpu_shortfall(spec: SweepSpec, cfg: ParallelConfig) -> str | None:

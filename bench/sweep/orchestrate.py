@@ -16,7 +16,7 @@ from bench_llm.bench.sweep import store
 from bench_llm.bench.sweep.cell import CellOutcome, CellRunner, SweepInterrupted, config_columns
 from bench_llm.bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
 from bench_llm.bench.sweep.fingerprint import cell_fingerprint
-from bench_llm.bench.sweep.matrix import PlannedCell, expand
+from bench_llm.bench.sweep.matrix import PlannedCell, expand, impossible_matrix
 from bench_llm.bench.sweep.parallel import CellTask, SweepContext, prestart, run_cells, worker_count
 from bench_llm.bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
 from bench_llm.core import __version__
@@ -153,6 +153,8 @@ def run_sweep(
     planned = expand(spec, launcher.unsupported)
     if hasattr(launcher, "manager_refusals"):  # a cluster's manager asked before anything starts
         planned = launcher.manager_refusals(spec, planned)
+    if (impossible := impossible_matrix(planned)) is not None:  # refused before anything is written
+        raise BenchError(impossible)
     # refused before anything is written; on a cluster cells run side by side as concurrent jobs
     workers = worker_count(jobs, len(planned), spec.virtual, side_by_side=spec.cluster is not None)
     _write_sweep_json(sweep_dir, sweep_id, spec, stored, command, planned)

@@ -66,7 +66,7 @@ def _children(pid: int) -> list[int]:
 
 
 def test_sim_accepts_every_axis() -> None:
-    assert unsupported_axes("sim", ParallelConfig(tp=4, pp=2, dp=2, ep=8, dcp=2, pcp=2, disagg=Disagg(1, 1))) == []
+    assert unsupported_axes("sim", ParallelConfig(tp=4, pp=2, dp=2, ep=16, dcp=2, pcp=2, disagg=Disagg(1, 1))) == []
 
 
 def test_tgi_refuses_everything_but_tp() -> None:
@@ -85,7 +85,7 @@ def test_vllm_ep_width_and_disagg() -> None:
 
 
 def test_sglang_refuses_prefill_context_parallel_and_dcp_before_0_5_21() -> None:
-    assert unsupported_axes("sglang", ParallelConfig(tp=2, pp=2, dp=2, ep=4, disagg=Disagg(1, 1))) == []
+    assert unsupported_axes("sglang", ParallelConfig(tp=4, pp=2, dp=2, ep=4, disagg=Disagg(1, 1))) == []
     # dcp (--dcp-size) from 0.5.21: refused for an older release, planned for a newer or unknown one
     assert len(unsupported_axes("sglang", ParallelConfig(tp=2, dcp=2, pcp=2), "0.5.8")) == 2
     assert len(unsupported_axes("sglang", ParallelConfig(tp=2, dcp=2, pcp=2), "0.5.23")) == 1
