@@ -30,7 +30,7 @@ from bench_llm.launch.process import EngineStartError, python_module
 from bench_llm.launch.tuning import flag_name, flag_present
 
 if TYPE_CHECKING:
-    from bench_llm.launch.launcher import LaunchSpec
+    from bench_llm.launch.spec import LaunchSpec
 
 SIM_FLAVORS = ("vllm", "sglang", "tgi")
 

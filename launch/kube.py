@@ -26,10 +26,10 @@ from dataclasses import replace
 from typing import Any
 
 from bench_llm.launch.engines import EngineLayout, ProcessPlan
-from bench_llm.launch.launcher import LaunchSpec
 from bench_llm.launch.multinode import PlacementError, multinode_ranks
 from bench_llm.launch.placement import NODE_HOST, ClusterSpec, process_gpus
 from bench_llm.launch.profiles import plan_engine
+from bench_llm.launch.spec import LaunchSpec
 
 #: The port a multi-node instance's ranks meet at (inside the leader pod, so a fixed one).
 RENDEZVOUS_PORT = 29500

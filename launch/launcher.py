@@ -12,16 +12,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bench_llm.core.control import EngineClient
 from bench_llm.core.memory import user_environment
-from bench_llm.launch.config import ParallelConfig
 from bench_llm.launch.engines import EngineLayout, ProcessPlan, target_version
 from bench_llm.launch.process import EngineStartError, ManagedProcess, free_port, log_tail, python_module
 from bench_llm.launch.profiles import plan_engine, profile, unsupported_axes
+from bench_llm.launch.spec import LaunchSpec
 
 __all__ = [
     "EngineHandle",
@@ -36,28 +36,6 @@ __all__ = [
 
 class UnsupportedConfigError(EngineStartError):
     """The configuration asks for something the engine (or the host) cannot run; nothing was started."""
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    engine: str  # "sim" | "vllm" | "sglang" | "tgi"
-    model: str  # sim: preset name (e.g. "llama-3.1-70b"); others: path or id
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    host: str = "127.0.0.1"
-    port: int | None = None  # None: pick a free port
-    gpu: str | None = None  # sim: GPU preset ("h100", ...); real engines: informational
-    gpus_available: int | None = None
-    extra_args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    container_template: tuple[str, ...] | None = None
-    ready_timeout_s: float = 600.0
-    #: sim only: which engine API the simulated engine speaks (vllm | sglang | tgi).
-    flavor: str = "vllm"
-    #: The engine's version when the user knows it: picks version-gated flags (docs/engines.md);
-    #: None: asked of the engine's program where it can answer before start (TGI's --version).
-    engine_version: str | None = None
-    #: Only plan (a dry run): nothing is started, a missing engine install is not an error.
-    plan_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from bench_llm.launch.process import EngineStartError
 from bench_llm.launch.tuning import unsupported_args
 
 if TYPE_CHECKING:
-    from bench_llm.launch.launcher import LaunchSpec
+    from bench_llm.launch.spec import LaunchSpec
 
 #: (spec, front port, free-port picker) -> the processes to start.
 Plan = Callable[["LaunchSpec", int, Callable[[str], int]], EngineLayout]

@@ -109,12 +109,12 @@ def _nothing_left(cluster: Cluster, infos: list[dict[str, Any]]) -> None:
 
 def test_multi_node_and_side_by_side_cells(cluster: Cluster, tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    run = subprocess.run(_sweep(out, "--tp", "2,4,8,12", "--jobs", "2"), env=cluster.env, capture_output=True,
+    run = subprocess.run(_sweep(out, "--tp", "2,4,8,16", "--jobs", "2"), env=cluster.env, capture_output=True,
                          text=True, timeout=240)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:] + cluster.log_tail()
     cells = _cells(out)
-    # tp12 needs three nodes: Slurm's own answer, asked before anything started, skips it
-    assert cells.pop("tp12")["reason"] == ("Slurm refuses its job (3 nodes of 4 GPUs): allocation failure: "
+    # tp16 needs four nodes: Slurm's own answer, asked before anything started, skips it
+    assert cells.pop("tp16")["reason"] == ("Slurm refuses its job (4 nodes of 4 GPUs): allocation failure: "
                                            "Requested node configuration is not available")  # fmt: skip
     assert {c: r["status"] for c, r in cells.items()} == {"tp2": "complete", "tp4": "complete", "tp8": "complete"}
     for cell in cells:  # every load measured, every request answered
