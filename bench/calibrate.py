@@ -93,10 +93,14 @@ def timing_of(meta: dict[str, Any], base: BaseConfig, where: Path) -> ModelTimin
         if base.config is not None:
             timing = apply_toml(timing, base.config, {})
     else:
-        timing = ModelTiming(preset=base.preset, gpu=base.gpu, profile=base.profile, tp=_flag(argv, "--tensor-parallel-size", base.tp),
-                             max_num_seqs=_flag(argv, "--max-num-seqs", None), model_spec=base.model_spec)
-        if base.config is not None:
-            timing = apply_toml(timing, base.config, {})
+        # what the run recorded wins over the base file's [engine] table
+        recorded = {k: v for k, v in (("tp", _flag(argv, "--tensor-parallel-size", None)),
+                                      ("max_num_seqs", _flag(argv, "--max-num-seqs", None)),
+                                      ("max_num_batched_tokens", _flag(argv, "--max-num-batched-tokens", None)))
+                    if v is not None}
+        timing = ModelTiming(preset=base.preset, gpu=base.gpu, profile=base.profile, tp=base.tp,
+                             model_spec=base.model_spec)
+        timing = apply_toml(timing, base.config, recorded) if base.config is not None else dataclasses.replace(timing, **recorded)
     return dataclasses.replace(timing, jitter=0.0)  # the measured loads carry the noise; the model need not
 
 

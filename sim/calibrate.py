@@ -8,7 +8,7 @@ happened) and moves a few constants, one at a time on a log scale, to minimise t
 error of each load's mean TTFT and mean TPOT. The constants (``KNOBS``) are the ones a
 deployment changes and a preset cannot know: the per-step fixed time, the CPU time per sequence
 in a step, the serving stack's time before a request is scheduled, and the effective compute
-and memory rates of the hardware (for hardware the simulator has no preset for, these are the
+and memory rates of the hardware, weights and KV cache apart (for hardware the simulator has no preset for, these are the
 rates that matter). What calibration cannot learn: a limit it never saw exercised (an admission
 limit, a KV-cache size at a load that never filled it), and anything outside the measured range,
 which ``Coverage`` records so predictions beyond it are marked as extrapolation.
@@ -51,6 +51,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("profile", "request_overhead_ms", 0.05, 500.0),
     Knob("gpu", "mfu_gemm", 1e-5, 1.0),
     Knob("gpu", "mbu", 1e-5, 1.0),
+)
+#: For hardware without a preset (a CPU host, a new accelerator): the attention and KV-cache rates
+#: too. They trade off against the per-step time unless the loads vary the context length widely.
+HARDWARE_KNOBS: tuple[Knob, ...] = (
+    *KNOBS,
+    Knob("gpu", "mfu_attn", 1e-6, 1.0),
+    Knob("gpu", "mbu_kv", 1e-5, 1.0),
 )
 
 

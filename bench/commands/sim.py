@@ -254,9 +254,12 @@ def validate_cmd(markdown: bool) -> None:
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A --config file the fit starts from (e.g. an earlier calibration).")
 @click.option("--rounds", default=3, show_default=True, type=int, help="Coordinate-descent rounds over the constants.")
+@click.option("--fit", "fit_set", type=click.Choice(["standard", "hardware"]), default="standard", show_default=True,
+              help="standard: per-step, per-sequence and per-request times and the compute and memory rates; "
+                   "hardware: also the attention and KV-cache rates (hardware without a preset; vary prompt lengths).")
 def calibrate_cmd(runs: tuple[Path, ...], out_path: Path, holdout: tuple[Path, ...], holdout_every: int,
                   model_preset: str, model_config: Path | None, gpu: str, engine_profile: str, tp: int,
-                  config_path: Path | None, rounds: int) -> None:
+                  config_path: Path | None, rounds: int, fit_set: str) -> None:
     """Fit the simulated engine's constants to measured runs (any engine bench measured), hold some
     loads out, and print how the shipped and the calibrated constants predict the held-out loads
     (median |error|, bias, correlation per metric). The profile loads wherever the simulated
@@ -266,7 +269,16 @@ def calibrate_cmd(runs: tuple[Path, ...], out_path: Path, holdout: tuple[Path, .
       bench sim calibrate runs/c1 runs/c4 runs/c8 runs/c16 --holdout runs/c16 --out host.toml
     """
     from bench_llm.bench.calibrate import BaseConfig, load_measured, model_from_hf_config, model_toml, split_held_out
-    from bench_llm.sim.calibrate import coverage, fit, max_in_flight, profile_toml, score, with_values
+    from bench_llm.sim.calibrate import (
+        HARDWARE_KNOBS,
+        KNOBS,
+        coverage,
+        fit,
+        max_in_flight,
+        profile_toml,
+        score,
+        with_values,
+    )
 
     if out_path.exists():
         raise BenchError(f"--out {out_path}: exists; bench writes a new profile, never over a file")
@@ -280,7 +292,8 @@ def calibrate_cmd(runs: tuple[Path, ...], out_path: Path, holdout: tuple[Path, .
         raise BenchError(setting_message(exc)) from None
     fit_loads, held = split_held_out(loads, holdout, holdout_every)
     click.echo(f"calibrating on {len(fit_loads)} load(s), holding out {len(held)}", err=True)
-    fitted = fit(fit_loads, rounds=rounds, progress=lambda line: click.echo(f"  {line}", err=True))
+    knobs = HARDWARE_KNOBS if fit_set == "hardware" else KNOBS
+    fitted = fit(fit_loads, knobs, rounds=rounds, progress=lambda line: click.echo(f"  {line}", err=True))
     check = held or fit_loads
     before = score(check, lambda ld: ld.timing)
     after = score(check, lambda ld: with_values(ld.timing, fitted.after))
