@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from bench_llm.bench.errors import ExitCode
+from bench_llm.bench.errors import ExitCode, setting_message
 from bench_llm.core.errors import BenchError
 
 _GPUS = ("a100", "h100", "h200", "l40s")
@@ -284,3 +284,90 @@ def validate_cmd(markdown: bool) -> None:
     from bench_llm.sim import validation
 
     click.echo(validation.markdown() if markdown else validation.table())
+
+
+@command.command("calibrate")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", "out_path", required=True, type=click.Path(path_type=Path),
+              help="Profile to write: a `bench sim serve --config` file (refused if it exists).")
+@click.option("--holdout", multiple=True, type=click.Path(path_type=Path),
+              help="Runs to hold out (repeat); default: every --holdout-every-th load.")
+@click.option("--holdout-every", default=3, show_default=True, type=int,
+              help="Hold out every Nth load (from the second) when --holdout is not given; 0: none.")
+@click.option("--model-preset", default="llama-3.1-8b", show_default=True,
+              help="For runs of a real engine: the model the simulator assumes (or --model-config).")
+@click.option("--model-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="For a model without a preset: its Hugging Face config.json (written into the profile).")
+@click.option("--gpu", default="h100", show_default=True,
+              help="For runs of a real engine: the hardware preset the fit starts from (its rates are fitted).")
+@click.option("--profile", "engine_profile", default="vllm", show_default=True, help="Engine profile the fit starts from.")
+@click.option("--tp", default=1, show_default=True, type=int, help="For runs of a real engine that did not record it.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A --config file the fit starts from (e.g. an earlier calibration).")
+@click.option("--rounds", default=3, show_default=True, type=int, help="Coordinate-descent rounds over the constants.")
+@click.option("--fit", "fit_set", type=click.Choice(["standard", "hardware"]), default="standard", show_default=True,
+              help="standard: per-step, per-sequence and per-request times and the compute and memory rates; "
+                   "hardware: also the attention and KV-cache rates (hardware without a preset; vary prompt lengths).")
+def calibrate_cmd(runs: tuple[Path, ...], out_path: Path, holdout: tuple[Path, ...], holdout_every: int,
+                  model_preset: str, model_config: Path | None, gpu: str, engine_profile: str, tp: int,
+                  config_path: Path | None, rounds: int, fit_set: str) -> None:
+    """Fit the simulated engine's constants to measured runs (any engine bench measured), hold some
+    loads out, and print how the shipped and the calibrated constants predict the held-out loads
+    (median |error|, bias, correlation per metric). The profile loads wherever the simulated
+    engine runs (`--config FILE`; in virtual-time runs and sweeps `--engine-arg=--config=FILE`).
+
+    \b
+      bench sim calibrate runs/c1 runs/c4 runs/c8 runs/c16 --holdout runs/c16 --out host.toml
+    """
+    from bench_llm.bench.calibrate import BaseConfig, load_measured, model_from_hf_config, model_toml, split_held_out
+    from bench_llm.sim.calibrate import (
+        HARDWARE_KNOBS,
+        KNOBS,
+        coverage,
+        fit,
+        max_in_flight,
+        profile_toml,
+        score,
+        with_values,
+    )
+
+    if out_path.exists():
+        raise BenchError(f"--out {out_path}: exists; bench writes a new profile, never over a file")
+    if not out_path.parent.is_dir():
+        raise BenchError(f"--out {out_path}: folder {out_path.parent} does not exist")
+    spec = model_from_hf_config(model_config) if model_config else None
+    base = BaseConfig(model_preset, gpu, engine_profile, tp, config_path, spec)
+    try:
+        loads = load_measured(runs, base)
+    except ValueError as exc:  # an unknown preset or GPU in the base configuration
+        raise BenchError(setting_message(exc)) from None
+    fit_loads, held = split_held_out(loads, holdout, holdout_every)
+    click.echo(f"calibrating on {len(fit_loads)} load(s), holding out {len(held)}", err=True)
+    knobs = HARDWARE_KNOBS if fit_set == "hardware" else KNOBS
+    fitted = fit(fit_loads, knobs, rounds=rounds, progress=lambda line: click.echo(f"  {line}", err=True))
+    check = held or fit_loads
+    before = score(check, lambda ld: ld.timing)
+    after = score(check, lambda ld: with_values(ld.timing, fitted.after))
+    cov = coverage(fit_loads)
+    which = "held-out" if held else "fitting (nothing held out)"
+    click.echo(f"{which} loads: {len(check)}")
+    click.echo(f"{'metric':<16}{'shipped |err|':>14}{'bias':>8}{'r':>7}   {'calibrated |err|':>17}{'bias':>8}{'r':>7}")
+    for b, a in zip(before, after):
+        rb = "-" if b.correlation is None else f"{b.correlation:.2f}"
+        ra = "-" if a.correlation is None else f"{a.correlation:.2f}"
+        click.echo(f"{b.metric:<16}{b.median_abs_error:>13.1%}{b.bias:>+8.1%}{rb:>7}   "
+                   f"{a.median_abs_error:>16.1%}{a.bias:>+8.1%}{ra:>7}")
+    click.echo("constants:")
+    for knob, value in fitted.after.items():
+        was = fitted.before[knob]
+        click.echo(f"  [{knob.table}] {knob.name}: {was:.4g} -> {value:.4g} (x{value / was:.3g})" if was else
+                   f"  [{knob.table}] {knob.name}: {was:.4g} -> {value:.4g}")
+    for ld in held:
+        outside = cov.outside(ld, max_in_flight(ld))
+        if outside:
+            click.echo(f"extrapolated: {ld.name}: {'; '.join(outside)}")
+    text = profile_toml(fitted, cov, after if held else [], ", ".join(ld.name for ld in fit_loads))
+    if spec is not None:
+        text += model_toml(spec)
+    out_path.write_text(text)
+    click.echo(f"wrote {out_path} ({fitted.evaluations} replays of the fitting loads)")
