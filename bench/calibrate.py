@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,19 +41,24 @@ class BaseConfig:
     model_spec: ModelSpec | None = None
 
 
-def load_measured(paths: Sequence[Path], base: BaseConfig) -> list[MeasuredLoad]:
+#: Reads ``bench sim serve`` arguments into the modelled engine's configuration (the sim command's
+#: own parser, passed in by the command so that this module does not import a CLI command).
+SimArgs = Callable[[list[str]], ModelTiming | None]
+
+
+def load_measured(paths: Sequence[Path], base: BaseConfig, sim_args: SimArgs | None = None) -> list[MeasuredLoad]:
     """Every run under ``paths`` (run folders or sweeps) as a measured load, in path order."""
     runs = sorted({r for p in paths for r in find_runs(Path(p))})
     if not runs:
         raise BenchError(f"no bench run under {', '.join(map(str, paths))}")
-    loads = [measured_load(r, base) for r in runs]
+    loads = [measured_load(r, base, sim_args) for r in runs]
     empty = [ld.name for ld in loads if not ld.measured]
     if empty:
         raise BenchError(f"{empty[0]}: no successful measured request with two or more tokens to calibrate on")
     return loads
 
 
-def measured_load(run_dir: Path, base: BaseConfig) -> MeasuredLoad:
+def measured_load(run_dir: Path, base: BaseConfig, sim_args: SimArgs | None = None) -> MeasuredLoad:
     meta = read_run_meta(run_dir)
     cols = ["phase", "send_ns", "first_token_ns", "end_ns", "prompt_tokens", "input_tokens_target", "output_tokens",
             "max_output_tokens", "ok"]
@@ -76,11 +81,11 @@ def measured_load(run_dir: Path, base: BaseConfig) -> MeasuredLoad:
     ends = [rows[i]["end_ns"] for i in measured]
     starts = [rows[i]["send_ns"] for i in measured]
     duration = (max(ends) - min(starts)) / 1e9 if measured else 0.0
-    return MeasuredLoad(str(run_dir), timing_of(meta, base, run_dir), tuple(sends), tuple(measured), tuple(ttft),
+    return MeasuredLoad(str(run_dir), timing_of(meta, base, run_dir, sim_args), tuple(sends), tuple(measured), tuple(ttft),
                         tuple(tpot), tuple(e2e), duration)
 
 
-def timing_of(meta: dict[str, Any], base: BaseConfig, where: Path) -> ModelTiming:
+def timing_of(meta: dict[str, Any], base: BaseConfig, where: Path, sim_args: SimArgs | None = None) -> ModelTiming:
     """The modelled engine's configuration a run stands for: a simulated engine's own recorded
     arguments, or, for a real engine, ``base`` with the run's recorded tp and max-num-seqs."""
     config = _json(meta.get("config_json"))
@@ -89,7 +94,7 @@ def timing_of(meta: dict[str, Any], base: BaseConfig, where: Path) -> ModelTimin
         # the layout and limits it ran at, from the shipped constants: a --config or --slowdown
         # it ran with is what calibration is to find, not to start from
         args = _without_constants(argv[argv.index("serve") + 1:] if "serve" in argv else argv)
-        timing = _sim_timing(args, where)
+        timing = _sim_timing(args, where, sim_args)
         if base.config is not None:
             timing = apply_toml(timing, base.config, {})
     else:
@@ -119,16 +124,15 @@ def _without_constants(argv: list[str]) -> list[str]:
     return out
 
 
-def _sim_timing(argv: list[str], where: Path) -> ModelTiming:
-    from bench_llm.bench.commands.sim import build_config, serve
-
+def _sim_timing(argv: list[str], where: Path, sim_args: SimArgs | None) -> ModelTiming:
+    if sim_args is None:
+        raise BenchError(f"{where}: a simulated engine's run needs its argument parser (bench sim calibrate has it)")
     try:
-        cfg = build_config(serve.make_context("serve", [a for a in argv if not a.startswith(("--host", "--port"))]).params)
+        timing = sim_args([a for a in argv if not a.startswith(("--host", "--port"))])
     except Exception as exc:  # a folder written by another bench version: say which one
         raise BenchError(f"{where}: cannot read the simulated engine's recorded arguments: {exc}") from None
-    if cfg.model_timing is None:
+    if timing is None:
         raise BenchError(f"{where}: a fixed-timing simulated engine has no constants to calibrate")
-    timing: ModelTiming = cfg.model_timing
     return timing
 
 

@@ -22,6 +22,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench_llm.sim.backend import ModelBackend
 from bench_llm.sim.options import ModelTiming
@@ -161,8 +162,8 @@ def max_in_flight(load: MeasuredLoad) -> int:
 
 def with_values(timing: ModelTiming, values: dict[Knob, float]) -> ModelTiming:
     """``timing`` with the knobs' values written into its GPU spec and engine profile."""
-    gpu = {k.name: v for k, v in values.items() if k.table == "gpu"}
-    profile = {k.name: v for k, v in values.items() if k.table == "profile"}
+    gpu: dict[str, Any] = {k.name: v for k, v in values.items() if k.table == "gpu"}
+    profile: dict[str, Any] = {k.name: v for k, v in values.items() if k.table == "profile"}
     return dataclasses.replace(
         timing,
         gpu_spec=dataclasses.replace(timing.gpu_model, **gpu) if gpu else timing.gpu_spec,

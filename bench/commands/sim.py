@@ -338,7 +338,7 @@ def calibrate_cmd(runs: tuple[Path, ...], out_path: Path, holdout: tuple[Path, .
     spec = model_from_hf_config(model_config) if model_config else None
     base = BaseConfig(model_preset, gpu, engine_profile, tp, config_path, spec)
     try:
-        loads = load_measured(runs, base)
+        loads = load_measured(runs, base, lambda argv: build_config(serve.make_context("serve", argv).params).model_timing)
     except ValueError as exc:  # an unknown preset or GPU in the base configuration
         raise BenchError(setting_message(exc)) from None
     fit_loads, held = split_held_out(loads, holdout, holdout_every)
