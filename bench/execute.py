@@ -23,6 +23,7 @@ from bench_llm.core.errors import BenchError
 from bench_llm.launch.profiles import profile
 from bench_llm.loadgen.runner import Runner, RunOptions, RunStats
 from bench_llm.loadgen.transport import Timeouts, Transport
+from bench_llm.results.outdir import check_out, clear_run
 from bench_llm.results.schema import RUN_FILE
 from bench_llm.results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
 from bench_llm.workloads.context import fit_to_context
@@ -81,15 +82,17 @@ class RunResult:
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> Path:
-    out = Path(out)
-    if (out / RUN_FILE).exists() and not overwrite:
-        raise BenchError(f"{out} already holds a run; choose another --out (or pass --overwrite)")
+    """``out`` made ready for a new run, for a caller that does not hold its folder's lock (a
+    sweep's load, a virtual-time run; ``bench run`` claims its folder with
+    ``results.outdir.claim_run_folder``): a previous run is an error without ``overwrite`` and
+    is replaced with it only when the folder holds nothing else (``results.outdir.clear_run``)."""
+    out = check_out(out)
     if out.exists() and not out.is_dir():
         raise BenchError(f"{out} exists and is not a folder")
-    if overwrite and out.exists():
-        import shutil
-
-        shutil.rmtree(out)
+    if (out / RUN_FILE).exists():
+        if not overwrite:
+            raise BenchError(f"{out} already holds a run; choose another --out (or pass --overwrite)")
+        clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
