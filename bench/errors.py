@@ -13,6 +13,7 @@ import enum
 import click
 
 from bench_llm.core.errors import BenchError, SettingError
+from bench_llm.core.redact import redact
 
 
 class ExitCode(enum.IntEnum):
@@ -57,7 +58,7 @@ class CliError(click.ClickException):
         return self.message
 
     def show(self, file=None) -> None:  # type: ignore[no-untyped-def]
-        click.echo(f"error: {self.message}", err=True)
+        click.echo(f"error: {redact(self.message)}", err=True)
 
 
 def as_cli_error(exc: BenchError | SettingError) -> CliError:
@@ -86,4 +87,4 @@ class Outcome(click.ClickException):
 
     def show(self, file=None) -> None:  # type: ignore[no-untyped-def]
         if self.message:
-            click.echo(self.message, err=True)
+            click.echo(redact(self.message), err=True)

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from bench_llm.adapters.base import EventKind, ScanState, ScanStateParser, StreamEvent, StreamParser, keeps_scan_state
 from bench_llm.adapters.sse import SSEFramer
+from bench_llm.core.redact import redact
 from bench_llm.loadgen.transport import StreamError
 from bench_llm.results.record import SOURCE_NON_STREAMING, RequestRecord
 from bench_llm.workloads.spec import RequestSpec
@@ -485,7 +486,7 @@ class RequestRecorder:
             finish_reason=finish_reason,
             ok=err is None,
             error_type=None if err is None else err.error_type,
-            error_message=None if err is None else str(err)[:500],
+            error_message=None if err is None else redact(str(err))[:500],  # a URL's credentials
             server_request_id=server_id,
             session_id=spec.session_id,
             turn=spec.turn,
