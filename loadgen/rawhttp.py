@@ -50,6 +50,7 @@ from bench_llm.loadgen.transport import (
     fast_sink,
     overdue,
     progress_ns,
+    redirect_error,
 )
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
@@ -324,6 +325,7 @@ class _Exchange:
         length: int | None = None
         chunked = False
         content_type = ""
+        location = ""
         keep_alive = status_line[0] == b"HTTP/1.1"
         for line in lines[1:]:
             name, _, value = line.partition(b":")
@@ -341,8 +343,16 @@ class _Exchange:
             elif name == b"connection":
                 v = value.strip().lower()
                 keep_alive = v == b"keep-alive" or (keep_alive and v != b"close")
+            elif name == b"location":
+                location = value.strip().decode("latin-1")
         self.keep_alive = keep_alive
         self.sink.headers(ts_ns, status, content_type)
+        if 300 <= status < 400:
+            redirect = redirect_error(status, location)
+            if redirect is not None:
+                self.keep_alive = False
+                self._fail(redirect)
+                return
         rest = buf[end + 4 :]
         self.buf = b""
         if self.head_only or status in (204, 304):

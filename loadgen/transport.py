@@ -138,6 +138,18 @@ def overdue(now_ns: int, sent_ns: int, progress: int, last_read_ns: int, timeout
     return None
 
 
+def redirect_error(status: int, location: str) -> StreamError | None:
+    """The failure of a 3xx answer (never followed: the run would measure another server than
+    the one named, silently), naming its target; None for any other status (304 is not a
+    redirect)."""
+    if not 300 <= status < 400 or status == 304:
+        return None
+    from bench_llm.core.redact import redact
+
+    target = redact(location) if location else "no Location given"
+    return StreamError("redirect", f"HTTP {status} redirect to {target}: not followed (give the url of the server that answers)")
+
+
 #: Chunk-timestamp clocks (docs/instrument.md, Clocks): ``kernel`` is the kernel's receive
 #: time (raw transport, Linux), ``user`` the time a read returned, ``auto`` the kernel's where
 #: the platform has it and the user one elsewhere.

@@ -83,6 +83,10 @@ class HostileServer:
             body = b'{"object":"error","message":"The model `my-model` does not exist.","type":"NotFoundError","code":404}'
             conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             return True
+        if self.mode == "redirect":  # to another port (issue 33: never followed silently)
+            conn.sendall(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://u:secret@127.0.0.1:9/v1/completions\r\n"
+                         b"Content-Length: 0\r\n\r\n")
+            return True
         if self.mode == "html":
             body = b"<html><body>Please log in</body></html>"
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
