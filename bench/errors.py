@@ -9,6 +9,7 @@ nowhere else.
 from __future__ import annotations
 
 import enum
+import os
 
 import click
 
@@ -63,6 +64,15 @@ class CliError(click.ClickException):
 
 def as_cli_error(exc: BenchError | SettingError) -> CliError:
     return CliError(exc.message if isinstance(exc, BenchError) else setting_message(exc))
+
+
+def os_error_message(exc: OSError) -> str:
+    """An operating-system error as one line naming its path: ``out/run.parquet: No space left
+    on device`` (a rename names its target; an Arrow I/O error, which carries no path, its own
+    first line, which names the file)."""
+    path = exc.filename2 if exc.filename2 is not None else exc.filename
+    why = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
+    return f"{os.fsdecode(path)}: {why}" if path is not None else why
 
 
 def flag(setting: str) -> str:

@@ -41,10 +41,14 @@ from bench_llm.results.schema import (
 
 #: The lock file of a folder being written (hidden; removed when its writer ends).
 LOCK_FILE = ".bench.lock"
+#: Room kept in a run folder while the run writes (``reserve_room``): freed when a write fails
+#: (a full disk) so that the run's metadata can still say it was interrupted, and why.
+RESERVE_FILE = ".bench.reserve"
+RESERVE_BYTES = 64 << 10
 #: A run's table folders: they hold part files only.
 _TABLE_DIRS = frozenset({REQUESTS_DIR, MONITOR_DIR, SERVER_METRICS_DIR})
 #: The files a run writes at its top level (engine logs match ``_ENGINE_LOG``).
-_RUN_FILES = frozenset({RUN_FILE, SCHEDULE_FILE, SERVER_SPANS_FILE, LOCK_FILE})
+_RUN_FILES = frozenset({RUN_FILE, SCHEDULE_FILE, SERVER_SPANS_FILE, LOCK_FILE, RESERVE_FILE})
 #: A launched engine's logs: ``engine.log``, ``engine.prefill0.log``, ...
 _ENGINE_LOG = re.compile(r"engine(\.[A-Za-z0-9_-]+)?\.log\Z")
 #: bench's own temporary names: ``.run.parquet.tmp`` (an atomic write), ``.requests.compact``
@@ -236,3 +240,25 @@ def took_over_note(lock: FolderLock) -> str | None:
     if lock.took_over is None:
         return None
     return f"{lock.folder}: took over the lock of a writer that is no longer running ({describe_holder(lock.took_over)})"
+
+
+def reserve_room(run_dir: Path) -> bool:
+    """Keep ``RESERVE_BYTES`` of the disk for the run's last metadata write (``free_room``);
+    False when even that much is not free (the run goes on without it)."""
+    try:
+        with open(Path(run_dir) / RESERVE_FILE, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        free_room(run_dir)
+        return False
+    return True
+
+
+def free_room(run_dir: Path) -> None:
+    """Give the reserved room back (at the run's end, or to write its metadata on a full disk)."""
+    try:
+        (Path(run_dir) / RESERVE_FILE).unlink(missing_ok=True)
+    except OSError:
+        pass

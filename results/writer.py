@@ -71,8 +71,15 @@ def write_table_atomic(table: pa.Table, path: Path) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, **_parquet_options(table.schema))
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp, **_parquet_options(table.schema))
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a read-only folder: no temporary file left, the path named
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None:  # Arrow's errors carry no path
+            why = os.strerror(exc.errno) if exc.errno else (str(exc).splitlines() or ["write failed"])[0]
+            raise OSError(exc.errno, why, str(path)) from exc
+        raise
 
 
 def _parquet_options(schema: pa.Schema) -> dict[str, Any]:

@@ -279,6 +279,12 @@ def _report(result: RunResult, output: OutputOptions) -> None:
     from bench_llm.bench.outcome import run_outcome
     from bench_llm.bench.report_text import print_summary
 
+    if result.write_error is not None:  # a full disk: what was written is kept, marked interrupted
+        try:
+            print_summary(result.run_dir, output.slo, output.percentiles, output.as_json)
+        except Exception:  # noqa: BLE001 - the run's own error line below says what happened
+            pass
+        raise Outcome(ExitCode.INTERRUPTED, f"error: {result.write_error}")
     summary = print_summary(result.run_dir, output.slo, output.percentiles, output.as_json)
     if result.stats.interrupted:
         raise Outcome(ExitCode.INTERRUPTED)
