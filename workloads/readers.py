@@ -12,11 +12,12 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
 
+from bench_llm.core.limits import MAX_LINE_BYTES, bounded_lines
 from bench_llm.workloads.errors import WorkloadError
 from bench_llm.workloads.spec import MAX_REQUEST_TOKENS
 
@@ -107,9 +108,19 @@ def read_trace(path: str | Path, fmt: str | None = None, **options: Any) -> Trac
 
 
 # -- helpers ------------------------------------------------------------------------------
+def _lines(f: BinaryIO, path: Path) -> Iterator[bytes]:
+    """The lines of a workload file, each within ``MAX_LINE_BYTES`` (``WorkloadError`` naming
+    the first longer one)."""
+    try:
+        yield from bounded_lines(f, MAX_LINE_BYTES, str(path))
+    except ValueError as exc:
+        raise WorkloadError(str(exc)) from None
+
+
 def _first_line(path: Path) -> str:
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
-        for line in f:
+    with open(path, "rb") as f:
+        for raw in _lines(f, path):
+            line = raw.decode("utf-8-sig", "replace")
             if line.strip():
                 return line.strip()
     raise WorkloadError(f"{path}: empty file, no requests")
@@ -176,11 +187,22 @@ def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict
         raise _not_utf8(path) from None
 
 
+def _csv_checked(reader: Any, path: Path) -> Iterator[list[str]]:
+    """The rows of ``reader``; its complaint (a field past csv's limit of 128 Ki characters,
+    a malformed quote) as a ``WorkloadError`` naming the line."""
+    try:
+        yield from reader
+    except csv.Error as exc:
+        raise WorkloadError(f"{path}:{reader.line_num}: {exc}") from None
+
+
 def _csv_rows_utf8(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
+    with open(path, "rb") as f:
+        # lines within the bound (``_lines``), decoded as UTF-8 (a byte-order mark dropped)
+        text = (raw.decode("utf-8-sig" if i == 0 else "utf-8") for i, raw in enumerate(_lines(f, path)))
+        reader = csv.reader(text)
         header: list[str] | None = None
-        for row in reader:
+        for row in _csv_checked(reader, path):
             line = reader.line_num
             if header is None:
                 if not row or not any(c.strip() for c in row):
@@ -274,7 +296,7 @@ def read_burstgpt(path: Path, model: str | None = None, log_type: str | None = N
 def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     empty = True
     with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
+        for line_no, raw in enumerate(_lines(f, path), start=1):
             if not raw.strip():
                 continue
             empty = False
