@@ -117,6 +117,7 @@ class RequestRecorder:
         "_not_sse",
         "_last_payload_ns",
         "_parsed",
+        "_after_end",
         "max_event_bytes",
     )
 
@@ -161,6 +162,8 @@ class RequestRecorder:
         self._last_payload_ns = -1
         #: SSE data payloads the adapter's Python parser read.
         self._parsed = 0
+        #: Payloads after the end-of-stream marker (dropped: a protocol anomaly).
+        self._after_end = 0
         self.max_event_bytes = max_event_bytes
 
     # -- transport callbacks -------------------------------------------------------
@@ -244,6 +247,9 @@ class RequestRecorder:
         stream failed). A malformed payload or an error event fails it (``_error``); the
         end-of-stream marker is noted, not kept."""
         self._parsed += 1
+        if self._done:  # the stream said it ended: what follows is never counted
+            self._after_end += 1
+            return None, False
         try:
             event = self._parser.parse(payload)
         except Exception as exc:  # a malformed payload fails this request only
@@ -439,7 +445,8 @@ class RequestRecorder:
         timing = _last_set(cols[_TIMING])
         err = self._verdict(err, bool(stamps), done, bool(pending.strip()), finish_reason, requires_done, unary)
         kinds, texts = cols[_KIND], cols[_TEXT]
-        counts, source = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
+        counts, source, backwards = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
+        after_end = self._after_end + (getattr(fast, "after_done", 0) if fast is not None else 0)
         output_tokens = sum(counts)
         reasoning: int | None = sum(n for n, kind in zip(counts, kinds) if kind == EventKind.REASONING)
         if unary:  # one response, no per-token times: E2E only
@@ -503,6 +510,7 @@ class RequestRecorder:
             first_tool_call_ns=first_tool_call,
             images=len(spec.images) or None,
             n=spec.sampling.n if spec.sampling is not None and spec.sampling.n and spec.sampling.n > 1 else None,
+            protocol_anomaly="event_after_end" if after_end else ("count_backwards" if backwards else None),
         )
 
 
@@ -540,22 +548,26 @@ def _token_counts(
     tokens: Sequence[int | None],
     final_completion: int | None,
     cumulative: Sequence[int | None],
-) -> tuple[list[int], str]:
+) -> tuple[list[int], str, bool]:
     """Tokens carried by each event, from the events' columns (kind, text, tokens,
-    cumulative count), and where the numbers came from."""
+    cumulative count), where the numbers came from, and whether a cumulative count went
+    down (a protocol anomaly: the stream's counts cannot all be true)."""
     if cumulative.count(None) != len(cumulative):
         counts: list[int] = []
         append = counts.append
         last = 0
+        backwards = False
         for c in cumulative:
             if c is not None and c > last:
                 append(c - last)
                 last = c
             else:
                 append(0)
-        return counts, SOURCE_CUMULATIVE
+                if c is not None and c < last:
+                    backwards = True
+        return counts, SOURCE_CUMULATIVE, backwards
     if tokens.count(None) != len(tokens):
-        return [t or 0 for t in tokens], SOURCE_PROTOCOL
+        return [t or 0 for t in tokens], SOURCE_PROTOCOL, False
     carriers = [
         i for i, (kind, text) in enumerate(zip(kinds, texts)) if text and kind in (EventKind.CONTENT, EventKind.REASONING)
     ]
@@ -567,8 +579,8 @@ def _token_counts(
                 counts[i] = base + (1 if j < extra else 0)
         elif kinds and final_completion > 0:
             counts[-1] = final_completion
-        return counts, SOURCE_FINAL_SPREAD
+        return counts, SOURCE_FINAL_SPREAD, False
     counts = [0] * len(kinds)
     for i in carriers:
         counts[i] = 1
-    return counts, SOURCE_CHUNKS
+    return counts, SOURCE_CHUNKS, False

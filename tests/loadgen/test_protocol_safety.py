@@ -17,3 +17,30 @@ def test_a_redirect_is_a_failure_naming_its_target(kind: str) -> None:
     assert not r.ok and r.error_type == "redirect" and r.http_status == 307
     assert "redirect to http://***@127.0.0.1:9/v1/completions" in (r.error_message or "")
     assert "secret" not in (r.error_message or "")
+
+
+@pytest.mark.parametrize("kind", ["raw", "python", "aiohttp"])
+def test_counts_that_go_backwards_are_a_protocol_anomaly(kind: str) -> None:
+    with hostile("backwards") as server:
+        r = run(record_one(make(kind, server.url, Timeouts(stall=5.0, total=20.0))))
+    assert r.ok and r.protocol_anomaly == "count_backwards", r
+
+
+@pytest.mark.parametrize("kind", ["raw", "python", "aiohttp"])
+def test_events_after_the_end_are_a_protocol_anomaly_and_never_counted(kind: str) -> None:
+    with hostile("after_done") as server:
+        r = run(record_one(make(kind, server.url, Timeouts(stall=5.0, total=20.0))))
+    assert r.ok and r.protocol_anomaly == "event_after_end", r
+    assert r.output_tokens == 4 and sum(r.chunk_tokens) == 4  # the 4 events after [DONE] are not
+
+
+def test_protocol_anomalies_are_counted_and_kept_out_like_record_anomalies() -> None:
+    import pyarrow as pa
+
+    from bench_llm.analysis.invariants import anomaly_counts, check_records
+
+    table = pa.table({"ok": [True, True, True, False], "protocol_anomaly": [None, "count_backwards", "event_after_end",
+                                                                           "event_after_end"]})  # fmt: skip
+    checks = check_records(table)
+    assert list(checks.anomaly != 0) == [False, True, True, False]  # a failed record is a failure, not an anomaly
+    assert anomaly_counts(checks.anomaly) == {"count_backwards": 1, "event_after_end": 1}
