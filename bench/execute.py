@@ -169,7 +169,8 @@ async def execute_run(
     try:
         stats = await runner.run()
     except OSError as exc:  # the folder could not be written (a full disk): the run stopped there
-        write_error, stats = exc, runner.stats
+        write_error = exc
+        stats = runner.stats if isinstance(runner, Runner) else RunStats()  # (workers: their rows are on disk)
         stats.interrupted = True
         free_room(run_dir)
     finally:

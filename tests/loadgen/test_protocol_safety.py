@@ -3,6 +3,8 @@ naming its target, without the target's credentials)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench_llm.loadgen.transport import Timeouts
@@ -44,3 +46,18 @@ def test_protocol_anomalies_are_counted_and_kept_out_like_record_anomalies() -> 
     checks = check_records(table)
     assert list(checks.anomaly != 0) == [False, True, True, False]  # a failed record is a failure, not an anomaly
     assert anomaly_counts(checks.anomaly) == {"count_backwards": 1, "event_after_end": 1}
+
+
+def test_a_run_folder_with_a_protocol_anomaly_shows_it_in_its_summary(tmp_path: Path) -> None:
+    """Through the summary's own column reads (analysis.summary reads the per-request columns
+    it names; the anomaly column must be among them)."""
+    from dataclasses import replace
+
+    from bench_llm.analysis.summary import summarize_run
+    from tests.helpers_records import record, write_run
+
+    good = [record(f"r{i}", 10.0 * i, [(10.0 * i + 5, 1), (10.0 * i + 6, 1)]) for i in range(3)]
+    bad = replace(record("bad", 40.0, [(45.0, 1), (46.0, 1)]), protocol_anomaly="event_after_end")
+    s = summarize_run(write_run(tmp_path / "run", [*good, bad]))
+    assert s.requests.anomalies == 1 and s.requests.anomaly_kinds == {"event_after_end": 1}
+    assert s.requests.ok == 3
