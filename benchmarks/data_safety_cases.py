@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shlex
 import shutil
@@ -400,8 +399,8 @@ def disk_full(bench: Bench, tmp: Path) -> tuple[int, str, str]:
     rc, out, err = bench(args, tmp, wrap=["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"])
     note = "nothing kept"
     try:
-        import pyarrow.parquet as pq
         import pyarrow.dataset as ds
+        import pyarrow.parquet as pq
 
         meta = pq.read_table(tmp / "kept" / "run.parquet").to_pylist()[0]
         rows = ds.dataset(str(tmp / "kept" / "requests")).count_rows() if (tmp / "kept" / "requests").is_dir() else 0
