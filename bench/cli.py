@@ -44,6 +44,8 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except (BenchError, SettingError) as exc:
             raise as_cli_error(exc) from None
+        except BrokenPipeError:
+            raise  # a reader that stopped reading (`| head`): click ends quietly
         except OSError as exc:  # every verb's output path: read-only, no space, not a folder, ...
             raise CliError(os_error_message(exc)) from None
 

@@ -23,7 +23,19 @@ def write_text_atomic(path: Path | str, text: str) -> Path:
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        if exc.filename == str(tmp) and exc.filename2 is None:  # name the file asked for, not ours
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
     return path
+
+
+def _remove(tmp: Path) -> None:
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass  # a read-only folder holds no temporary file either

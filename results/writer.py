@@ -75,8 +75,11 @@ def write_table_atomic(table: pa.Table, path: Path) -> None:
         pq.write_table(table, tmp, **_parquet_options(table.schema))
         os.replace(tmp, path)
     except OSError as exc:  # a full disk, a read-only folder: no temporary file left, the path named
-        tmp.unlink(missing_ok=True)
-        if exc.filename is None:  # Arrow's errors carry no path
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if exc.filename is None or exc.filename == str(tmp):  # Arrow's errors carry no path
             why = os.strerror(exc.errno) if exc.errno else (str(exc).splitlines() or ["write failed"])[0]
             raise OSError(exc.errno, why, str(path)) from exc
         raise

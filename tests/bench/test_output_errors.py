@@ -73,9 +73,9 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         (["run", "--out", "ro/r", *VIRTUAL], "ro/r"),
         ([*SWEEP, "--out", "ro/s"], "ro/s"),
-        (["report", "run", "-o", "ro/report.html"], "ro/"),
+        (["report", "run", "-o", "ro/report.html"], "ro/report.html:"),
         (["history", "run", "--store", "ro/store", "--commit", "abc"], "ro/store"),
-        (["trend", "store", "--html", "ro/trend.html"], "ro/"),
+        (["trend", "store", "--html", "ro/trend.html"], "ro/trend.html:"),
     ],
     ids=["run", "sweep", "report", "history", "trend"],
 )
