@@ -24,7 +24,8 @@ class ExitCode(enum.IntEnum):
     OK = 0
     #: ``bench gate``: a real regression. Also Python's status for an unexpected crash.
     REGRESSION = 1
-    #: Bad input: a flag, a file, a folder (one ``error:`` line, no traceback).
+    #: Bad input: a flag, a file, a folder, an output path the system refuses (one ``error:``
+    #: line naming it, no traceback).
     BAD_INPUT = 2
     #: Nothing or almost nothing succeeded: a run (or every load of a sweep) whose requests
     #: failed (see ``too_few_succeeded``); the summary names the most frequent errors.
@@ -35,7 +36,8 @@ class ExitCode(enum.IntEnum):
     #: measure truthfully (client saturated, anomalous records); the output is printed in full
     #: and marked UNTRUSTWORTHY (docs/sweeps.md, Confidence).
     UNTRUSTWORTHY = 5
-    #: Interrupted (Ctrl-C or SIGTERM); what was measured is on disk.
+    #: Interrupted (Ctrl-C, SIGTERM, or a run's folder could not be written: a full disk);
+    #: what was measured is on disk.
     INTERRUPTED = 130
 
 
