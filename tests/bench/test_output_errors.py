@@ -127,3 +127,13 @@ def test_a_truncated_parquet_file_is_named(base: Path, tmp_path: Path) -> None:
     code, text = bench("summary", str(run), cwd=tmp_path)
     line = one_error_line(text)
     assert code == 2 and str(part) in line and "not a readable Parquet file" in line, text
+
+
+@needs_mount
+def test_a_full_disk_during_a_sweep_is_one_error_line(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    code, text = bench("sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--tp", "1,2", "--rate", "1,2",
+                       "--requests", "30", "--jobs", "2", "--out", str(disk / "s"), cwd=tmp_path,
+                       mount=(disk, "size=200k"))  # fmt: skip
+    line = one_error_line(text)
+    assert code == 2 and str(disk / "s") in line and "No space left on device" in line, text
