@@ -310,11 +310,14 @@ class RequestRecorder:
     def progress_ns(self) -> int:
         """When this response last made progress, for the stall timeout: the read of its
         last SSE data payload (comments and keep-alives are not progress), or the last
-        bytes of a body that is not an event stream; before either, the send."""
+        bytes of a body that is not an event stream; before either, its head (the stall
+        clock runs from the response head: a stream that never sends data fails at the
+        stall timeout after it), and before the head, the send."""
         base = self.send_ns or 0
         status = self.status
         if status is None:
             return base
+        base = max(base, self.first_byte_ns or 0)
         if status >= 400 or self._not_sse is not None:
             return max(base, self.last_data_ns or self.first_byte_ns or 0)
         self._digest()
@@ -323,6 +326,7 @@ class RequestRecorder:
         if fast is not None:
             last = max(last, fast.last_payload_ns)
         return max(base, last)
+
     def _parse_unary(self) -> None:
         """A non-streaming response: the whole body through the parser's ``parse_unary``,
         kept as one event stamped when the body's last bytes arrived."""

@@ -111,9 +111,9 @@ DEFAULT_TOTAL_S = 1800.0
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Seconds. ``stall`` bounds the time without data: since the request was sent, or
-    since the last SSE data payload (comments and keep-alives do not count); ``total``
-    bounds the whole request (None: unbounded)."""
+    """Seconds. ``stall`` bounds the time without data: since the request was sent, since
+    the response head, or since the last SSE data payload (comments and keep-alives do not
+    count); ``total`` bounds the whole request (None: unbounded)."""
 
     connect: float = 10.0
     stall: float = 120.0

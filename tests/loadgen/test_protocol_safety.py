@@ -61,3 +61,22 @@ def test_a_run_folder_with_a_protocol_anomaly_shows_it_in_its_summary(tmp_path: 
     s = summarize_run(write_run(tmp_path / "run", [*good, bad]))
     assert s.requests.anomalies == 1 and s.requests.anomaly_kinds == {"event_after_end": 1}
     assert s.requests.ok == 3
+
+
+def test_the_stall_clock_runs_from_the_response_head() -> None:
+    """Comments are not progress; the head is (issue 33: a stream of only SSE comments fails at
+    the stall timeout counted from its head). Stamps given, no clock read."""
+    from bench_llm.adapters.openai import OpenAIAdapter
+    from bench_llm.loadgen.recorder import RequestRecorder
+    from bench_llm.workloads.spec import RequestSpec
+
+    spec = RequestSpec(request_id="r0", input_tokens=4, max_output_tokens=4, prompt="hi")
+    rec = RequestRecorder(spec, OpenAIAdapter(model="m").parser(), 0, 0)
+    rec.sent(100)
+    assert rec.progress_ns() == 100
+    rec.headers(500, 200, "text/event-stream")
+    rec.data(600, b": keep-alive\n\n")
+    rec.data(700, b": keep-alive\n\n")
+    assert rec.progress_ns() == 500
+    rec.data(800, b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n')
+    assert rec.progress_ns() == 800
