@@ -8,6 +8,8 @@ its chunk stamps never go back (no gap is negative), its first chunk arrives no 
 its first byte (tokens arrive after bytes) and its last no later than its end. The load
 generator stamps so that these hold by construction; a record that still breaks one is an
 *anomaly*: counted under the name of the first rule it breaks, and kept out of every metric.
+So is a record of a stream that broke its protocol (``requests.protocol_anomaly``: a
+cumulative usage count that went down, events after the end-of-stream marker).
 Failed records are failures whatever their stamps (their timings feed no metric).
 """
 
@@ -27,6 +29,9 @@ ANOMALIES: tuple[str, ...] = (
     "content_before_token",
     "end_before_last_chunk",
     "negative_gap",
+    # the stream itself broke its protocol (the recorder's ``protocol_anomaly``)
+    "count_backwards",
+    "event_after_end",
 )
 
 #: Scalar stamp pairs (earlier, later) per rule, in ``ANOMALIES`` order; chunk rules follow.
@@ -41,6 +46,7 @@ _CODE = {name: i + 1 for i, name in enumerate(ANOMALIES)}
 #: Columns ``check_records`` reads (the chunk lists are optional).
 CHECK_COLUMNS: tuple[str, ...] = (
     "ok", "intended_send_ns", "send_ns", "first_byte_ns", "first_token_ns", "first_content_ns", "end_ns",
+    "protocol_anomaly",
 )  # fmt: skip
 
 
@@ -70,6 +76,10 @@ def check_records(batch: pa.Table | pa.RecordBatch) -> RecordChecks:
     one_read = np.zeros(rows, bool)
     if "chunk_ns" in names and rows:
         _check_chunks(batch, ok, code, one_read)
+    if "protocol_anomaly" in names and rows and batch.column("protocol_anomaly").null_count < rows:
+        protocol = batch.column("protocol_anomaly")
+        for name in ("count_backwards", "event_after_end"):
+            _mark(code, _bools(pc.fill_null(pc.equal(protocol, name), False)) & ok, name)
     code[~ok] = 0
     return RecordChecks(code, one_read & ok)
 

@@ -52,6 +52,7 @@ _SCALAR_COLUMNS = [
     "first_tool_call_ns",
     "images",
     "n",
+    "protocol_anomaly",  # read by the record checks (analysis/invariants.py)
 ]
 
 

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from bench_llm.bench.errors import ExitCode, as_cli_error
+from bench_llm.bench.errors import CliError, ExitCode, as_cli_error, os_error_message
 from bench_llm.core import __version__
 from bench_llm.core.errors import BenchError
 from bench_llm.core.memory import use_system_allocator
@@ -44,6 +44,10 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except BenchError as exc:  # the root of bench's errors (core/errors.py)
             raise as_cli_error(exc) from None
+        except BrokenPipeError:
+            raise  # a reader that stopped reading (`| head`): click ends quietly
+        except OSError as exc:  # every verb's output path: read-only, no space, not a folder, ...
+            raise CliError(os_error_message(exc)) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name, (module, _) in COMMANDS.items() if importlib.util.find_spec(module) is not None]

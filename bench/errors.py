@@ -9,10 +9,12 @@ nowhere else.
 from __future__ import annotations
 
 import enum
+import os
 
 import click
 
 from bench_llm.core.errors import BenchError, SettingError
+from bench_llm.core.redact import redact
 
 
 class ExitCode(enum.IntEnum):
@@ -23,7 +25,8 @@ class ExitCode(enum.IntEnum):
     #: ``bench gate``: a real regression; ``bench trend``: a regression flagged in the history.
     #: Also Python's status for an unexpected crash.
     REGRESSION = 1
-    #: Bad input: a flag, a file, a folder (one ``error:`` line, no traceback).
+    #: Bad input: a flag, a file, a folder, an output path the system refuses (one ``error:``
+    #: line naming it, no traceback).
     BAD_INPUT = 2
     #: Nothing or almost nothing succeeded: a run (or every load of a sweep) whose requests
     #: failed (see ``too_few_succeeded``); the summary names the most frequent errors.
@@ -35,7 +38,8 @@ class ExitCode(enum.IntEnum):
     #: measure truthfully (client saturated, anomalous records); the output is printed in full
     #: and marked UNTRUSTWORTHY (docs/sweeps.md, Confidence).
     UNTRUSTWORTHY = 5
-    #: Interrupted (Ctrl-C or SIGTERM); what was measured is on disk.
+    #: Interrupted (Ctrl-C, SIGTERM, or a run's folder could not be written: a full disk);
+    #: what was measured is on disk.
     INTERRUPTED = 130
 
 
@@ -59,12 +63,21 @@ class CliError(click.ClickException):
         return self.message
 
     def show(self, file=None) -> None:  # type: ignore[no-untyped-def]
-        click.echo(f"error: {self.message}", err=True)
+        click.echo(f"error: {redact(self.message)}", err=True)
 
 
 def as_cli_error(exc: BenchError) -> CliError:
     """Any of bench's errors as the CLI prints it; a ``SettingError`` names the flags."""
     return CliError(setting_message(exc))
+
+
+def os_error_message(exc: OSError) -> str:
+    """An operating-system error as one line naming its path: ``out/run.parquet: No space left
+    on device`` (a rename names its target; an Arrow I/O error, which carries no path, its own
+    first line, which names the file)."""
+    path = exc.filename2 if exc.filename2 is not None else exc.filename
+    why = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
+    return f"{os.fsdecode(path)}: {why}" if path is not None else why
 
 
 def flag(setting: str) -> str:
@@ -89,4 +102,4 @@ class Outcome(click.ClickException):
 
     def show(self, file=None) -> None:  # type: ignore[no-untyped-def]
         if self.message:
-            click.echo(self.message, err=True)
+            click.echo(redact(self.message), err=True)

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench_llm.adapters.base import Adapter
-from bench_llm.bench.errors import ExitCode, setting_message
+from bench_llm.bench.errors import ExitCode, os_error_message, setting_message
 from bench_llm.bench.run_meta import describe_run, run_meta, utc_now
 from bench_llm.core.control import EngineClient
 from bench_llm.core.errors import BenchError
 from bench_llm.launch.profiles import profile
 from bench_llm.loadgen.runner import Runner, RunOptions, RunStats
 from bench_llm.loadgen.transport import Timeouts, Transport
+from bench_llm.results.outdir import check_out, clear_run, free_room, reserve_room
 from bench_llm.results.schema import RUN_FILE
 from bench_llm.results.writer import MonitorWriter, RequestsWriter, compact_finished_run, write_run_meta, write_schedule
 from bench_llm.workloads.context import fit_to_context
@@ -78,18 +79,22 @@ class RunResult:
     run_dir: Path
     run_id: str
     stats: RunStats
+    #: Why the run stopped early when its folder could not be written (a full disk), else None.
+    write_error: str | None = None
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> Path:
-    out = Path(out)
-    if (out / RUN_FILE).exists() and not overwrite:
-        raise BenchError(f"{out} already holds a run; choose another --out (or pass --overwrite)")
+    """``out`` made ready for a new run, for a caller that does not hold its folder's lock (a
+    sweep's load, a virtual-time run; ``bench run`` claims its folder with
+    ``results.outdir.claim_run_folder``): a previous run is an error without ``overwrite`` and
+    is replaced with it only when the folder holds nothing else (``results.outdir.clear_run``)."""
+    out = check_out(out)
     if out.exists() and not out.is_dir():
         raise BenchError(f"{out} exists and is not a folder")
-    if overwrite and out.exists():
-        import shutil
-
-        shutil.rmtree(out)
+    if (out / RUN_FILE).exists():
+        if not overwrite:
+            raise BenchError(f"{out} already holds a run; choose another --out (or pass --overwrite)")
+        clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -151,6 +156,7 @@ async def execute_run(
     meta = {**run_meta(run_id, description, clock=clock), "t0_monotonic_ns": time.perf_counter_ns()}
     write_run_meta(run_dir, meta)
     write_schedule(run_dir, schedule.requests)
+    reserve_room(run_dir)  # so that a full disk still lets the run say it was interrupted
     runner = _make_runner(cfg, run_dir, run_id, meta, schedule, adapter, transport, writer, monitor)
     loop = asyncio.get_running_loop()
     installed = _install_signals(loop, runner) if install_signals else []
@@ -159,8 +165,14 @@ async def execute_run(
         await asyncio.to_thread(scraper.start)
     if otlp is not None:
         otlp.reset()  # a receiver reused across runs: this run's spans only
+    write_error: OSError | None = None
     try:
         stats = await runner.run()
+    except OSError as exc:  # the folder could not be written (a full disk): the run stopped there
+        write_error = exc
+        stats = runner.stats if isinstance(runner, Runner) else RunStats()  # (workers: their rows are on disk)
+        stats.interrupted = True
+        free_room(run_dir)
     finally:
         if scraper is not None:
             await asyncio.to_thread(scraper.stop)
@@ -169,13 +181,18 @@ async def execute_run(
         if own_transport:
             await transport.close()
     notes = []
-    if stats.interrupted:
+    if write_error is not None:
+        notes.append(f"run interrupted: cannot write {os_error_message(write_error)}; the rows written before are kept")
+    elif stats.interrupted:
         notes.append("run interrupted: in-flight requests recorded as cancelled")
     if otlp is not None:
         await asyncio.to_thread(otlp.wait_for, stats.completed, 0.0 if stats.interrupted else OTLP_WAIT_S)
         if otlp.write(run_dir) is None:
             notes.append(f"OTLP receiver at {otlp.endpoint}: no request span arrived (is the engine exporting to it?)")
+    free_room(run_dir)
     _write_final_meta(cfg, run_dir, meta, stats, notes, context_note, transport, scraper, otlp)
+    if write_error is not None:
+        return RunResult(run_dir, run_id, stats, notes[0])
     # Every writer is closed: merge the run's part files (one per second or per 256
     # requests while recording, the crash-loss bound) into few large ones, so readers do
     # not pay a file's fixed cost thousands of times. Atomic; an interrupt keeps the parts.

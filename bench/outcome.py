@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench_llm.analysis.failures import error_line
+from bench_llm.analysis.format import anomaly_text
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.analysis.summary_types import RunSummary
 from bench_llm.bench.errors import ExitCode, Outcome, too_few_succeeded
@@ -18,6 +19,9 @@ def run_outcome(summary: RunSummary) -> Outcome | None:
     r = summary.requests
     if not too_few_succeeded(r.ok, r.measured):
         return None
+    if not r.measured and r.anomalies:  # every record broke an invariant or its stream's protocol
+        return Outcome(ExitCode.NO_DATA, f"error: nothing measured: {anomaly_text(r)}, each kept out of every figure "
+                                         "(docs/metrics.md, Record invariants)")  # fmt: skip
     if not r.measured:
         cancelled = r.cancelled_at_end
         return Outcome(

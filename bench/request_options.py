@@ -14,6 +14,7 @@ import click
 
 from bench_llm.bench.run_options import option_group
 from bench_llm.core.errors import BenchError
+from bench_llm.core.limits import MAX_JSON_ARG_BYTES, read_bounded
 from bench_llm.core.pairs import split_pairs
 from bench_llm.workloads.spec import RequestOptions
 
@@ -91,9 +92,11 @@ def _json_object(text: str | None, where: str) -> dict[str, Any]:
         path = Path(text[1:])
         where = f"{where} {path}"
         try:
-            text = path.read_text()
+            text = read_bounded(path, MAX_JSON_ARG_BYTES).decode("utf-8", "replace")
         except OSError as exc:
             raise BenchError(f"{where}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # larger than the bound (/dev/zero)
+            raise BenchError(f"{where.split(' ')[0]} {exc}") from None
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from bench_llm.bench.options import OutPath
+
 if TYPE_CHECKING:
     from bench_llm.analysis.slo import SLO
     from bench_llm.workloads.spec import Schedule
@@ -250,7 +252,7 @@ def output_options(distributed: bool = False) -> Decorator:
     """``--out --overwrite --save-text --slo --percentiles --json``; the SLOs and percentiles
     are parsed here (``BenchError`` for bad ones)."""
     options = (
-        click.option("--out", type=click.Path(path_type=Path), required=True,
+        click.option("--out", type=OutPath(path_type=Path), required=True,
                      help="Run folder to create (on the master)." if distributed else "Run folder to create."),
         click.option("--overwrite", is_flag=True, help="Replace an existing run in --out."),
         click.option("--save-text", is_flag=True, help="Store generated text in the results (off by default)."),

@@ -1,4 +1,5 @@
-"""API keys: from the environment or a file, never from argv, never written anywhere."""
+"""API keys: from the environment or a file, never from argv, never written anywhere (a URL's
+credentials are redacted wherever bench writes text: ``core.redact``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,3 @@ def load_api_key(env_var: str | None, key_file: Path | None) -> str | None:
         return os.environ.get(env_var) or None
     return None
 
-
-def redact(text: str, secret: str | None) -> str:
-    return text.replace(secret, "***") if secret else text

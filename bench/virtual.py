@@ -421,6 +421,7 @@ def _requests_table(
         "first_tool_call_ns": [None] * n,
         "images": [None] * n,
         "n": [None] * n,  # one sequence per request (execute_virtual refuses n > 1)
+        "protocol_anomaly": [None] * n,  # no stream is read in virtual time
     }
     missing = sorted(set(REQUESTS_SCHEMA.names) - {"chunk_ns", "chunk_tokens"} - set(cols))
     assert not missing, f"requests columns left unfilled: {missing}"  # a schema column added without a value here

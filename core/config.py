@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench_llm.core.errors import BenchError
+from bench_llm.core.limits import MAX_TOML_BYTES, read_bounded
 
 T = TypeVar("T")
 
@@ -24,12 +25,15 @@ class ConfigError(BenchError, ValueError):
 
 def load_toml(path: Path) -> dict[str, Any]:
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(read_bounded(path, MAX_TOML_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    except ValueError as exc:  # larger than the bound (core.limits)
+        raise ConfigError(str(exc)) from None
 
 
 def from_mapping(cls: type[T], data: Any, path: str = "", source: str = "") -> T:

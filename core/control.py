@@ -11,12 +11,14 @@ from __future__ import annotations
 import http.client
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bench_llm.core.errors import BenchError
+from bench_llm.core.limits import MAX_CONTROL_BYTES, MAX_METRICS_BYTES, human_bytes
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -29,9 +31,11 @@ class ControlError(BenchError, ValueError):
 class Reply:
     """What a control call got: an HTTP status and body, or why there was no answer."""
 
-    status: int | None  # None: no HTTP answer (refused, reset, timed out)
+    status: int | None  # None: no HTTP answer (refused, reset, timed out, larger than the bound)
     body: bytes = b""
     reason: str = ""
+    #: The answer was longer than the call's bound (``max_bytes``) and was not read whole.
+    too_large: bool = False
 
     @property
     def ok(self) -> bool:
@@ -47,21 +51,42 @@ class Reply:
 
 
 def call(url: str, method: str = "GET", body: bytes | None = None,
-         headers: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> Reply:  # fmt: skip
-    """One HTTP call to a full ``url``; never raises for a transport failure."""
-    req = urllib.request.Request(url, data=body, headers=dict(headers or {}), method=method)
+         headers: Mapping[str, str] | None = None, timeout_s: float = 5.0,
+         max_bytes: int = MAX_CONTROL_BYTES) -> Reply:  # fmt: skip
+    """One HTTP call to a full ``url``; never raises for a transport failure. A body longer
+    than ``max_bytes`` is not read past the bound: the reply has no status and says so.
+    Credentials in the URL (``http://user:pw@host``) are sent as HTTP Basic authentication."""
+    url, auth = _credentials(url)
+    headers = {**auth, **(headers or {})}
+    req = urllib.request.Request(url, data=body, headers=headers, method=method)
     try:
         with _OPENER.open(req, timeout=timeout_s) as resp:
-            return Reply(resp.status, resp.read())
+            data = resp.read(max_bytes + 1)
+            if len(data) > max_bytes:
+                return Reply(None, reason=f"an answer larger than {human_bytes(max_bytes)}, the bound; not read further",
+                             too_large=True)  # fmt: skip
+            return Reply(resp.status, data)
     except urllib.error.HTTPError as exc:
         return Reply(exc.code, _error_body(exc))
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         return Reply(None, reason=str(getattr(exc, "reason", exc)) or type(exc).__name__)
 
 
+def _credentials(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without its credentials, and the Basic authentication header they make."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return url, {}
+    import base64
+
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}".encode()
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return bare, {"Authorization": "Basic " + base64.b64encode(pair).decode()}
+
+
 def _error_body(exc: urllib.error.HTTPError) -> bytes:
     try:
-        return exc.read()
+        return exc.read(64 << 10)
     except (OSError, http.client.HTTPException):
         return b""
 
@@ -75,8 +100,8 @@ class EngineClient:
         #: the /tokenize body's text field: "prompt" (vLLM, SGLang), "inputs" once TGI says so
         self._tokenize_field = "prompt"
 
-    def get(self, path: str, timeout_s: float | None = None) -> Reply:
-        return call(self.base_url + path, timeout_s=self._timeout(timeout_s))
+    def get(self, path: str, timeout_s: float | None = None, max_bytes: int = MAX_CONTROL_BYTES) -> Reply:
+        return call(self.base_url + path, timeout_s=self._timeout(timeout_s), max_bytes=max_bytes)
 
     def post(self, path: str, payload: Mapping[str, object] | None = None, timeout_s: float | None = None) -> Reply:
         """POST ``payload`` as JSON (an empty body without one)."""
@@ -90,7 +115,8 @@ class EngineClient:
         return self.get("/health", timeout_s)
 
     def metrics(self, path: str = "/metrics", timeout_s: float | None = None) -> Reply:
-        return self.get(path, timeout_s)
+        """The /metrics page, at most ``MAX_METRICS_BYTES`` of it (``Reply.too_large`` past that)."""
+        return self.get(path, timeout_s, MAX_METRICS_BYTES)
 
     def get_json(self, path: str, timeout_s: float | None = None) -> Any:
         """The JSON a 2xx answer at ``path`` carries; None when there is no such answer."""

@@ -789,6 +789,7 @@ typedef struct {
     int stopped;
     int done;
     Py_ssize_t done_at; /* events before the [DONE] marker */
+    long long after_done; /* payloads after the [DONE] marker: dropped, a protocol anomaly */
     Py_ssize_t npending, first_pending;
     int id_found;
     int ended;
@@ -1068,6 +1069,10 @@ static int fs_flush(FastStream *self, PyObject *sink) {
 /* one SSE data payload */
 static int fs_payload(FastStream *self, int64_t ts, const char *p, Py_ssize_t n) {
     if (self->stopped) return 0;
+    if (self->done) { /* the stream said it ended: what follows is never counted */
+        self->after_done++;
+        return 0;
+    }
     if (self->api != API_TGI && n == 6 && memcmp(p, "[DONE]", 6) == 0) { /* (TGI has no marker) */
         self->done = 1;
         self->done_at = self->nev;
@@ -1689,6 +1694,7 @@ static PyMemberDef FS_members[] = {
     {"reads", T_LONGLONG, offsetof(FastStream, reads), READONLY, "socket reads"},
     {"scanned", T_LONGLONG, offsetof(FastStream, scanned), READONLY, "SSE data payloads the scan took itself"},
     {"done", T_INT, offsetof(FastStream, done), READONLY, "the [DONE] marker was seen"},
+    {"after_done", T_LONGLONG, offsetof(FastStream, after_done), READONLY, "payloads after the [DONE] marker (dropped)"},
     {"ended", T_INT, offsetof(FastStream, ended), READONLY, "on_end was called (or close)"},
     {NULL}};
 

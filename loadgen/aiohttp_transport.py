@@ -13,7 +13,15 @@ from types import SimpleNamespace
 import aiohttp
 
 from bench_llm.adapters.base import HttpCall
-from bench_llm.loadgen.transport import KEEPALIVE_IDLE_S, Sink, StreamError, Timeouts, overdue, progress_ns
+from bench_llm.loadgen.transport import (
+    KEEPALIVE_IDLE_S,
+    Sink,
+    StreamError,
+    Timeouts,
+    overdue,
+    progress_ns,
+    redirect_error,
+)
 
 _now = time.perf_counter_ns
 
@@ -115,9 +123,13 @@ class AiohttpTransport:
                 data=call.body or None,
                 headers=dict(call.headers),
                 trace_request_ctx=sink,
+                allow_redirects=False,  # a 3xx is a recorded failure (``redirect_error``)
             ) as resp:
                 entry.last_read_ns = now = _now()
                 sink.headers(now, resp.status, resp.headers.get("Content-Type", ""))
+                redirect = redirect_error(resp.status, resp.headers.get("Location", ""))
+                if redirect is not None:
+                    raise redirect
                 content = resp.content
                 while True:
                     chunk = await content.readany()

@@ -36,7 +36,7 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from bench_llm.adapters.base import HttpCall
 from bench_llm.loadgen.transport import (
@@ -50,6 +50,7 @@ from bench_llm.loadgen.transport import (
     fast_sink,
     overdue,
     progress_ns,
+    redirect_error,
 )
 
 try:  # the compiled per-chunk path (setup.py builds it where a C compiler is present)
@@ -324,6 +325,7 @@ class _Exchange:
         length: int | None = None
         chunked = False
         content_type = ""
+        location = ""
         keep_alive = status_line[0] == b"HTTP/1.1"
         for line in lines[1:]:
             name, _, value = line.partition(b":")
@@ -341,8 +343,16 @@ class _Exchange:
             elif name == b"connection":
                 v = value.strip().lower()
                 keep_alive = v == b"keep-alive" or (keep_alive and v != b"close")
+            elif name == b"location":
+                location = value.strip().decode("latin-1")
         self.keep_alive = keep_alive
         self.sink.headers(ts_ns, status, content_type)
+        if 300 <= status < 400:
+            redirect = redirect_error(status, location)
+            if redirect is not None:
+                self.keep_alive = False
+                self._fail(redirect)
+                return
         rest = buf[end + 4 :]
         self.buf = b""
         if self.head_only or status in (204, 304):
@@ -465,6 +475,16 @@ class _StaleConnection(Exception):
     byte of the request left, so it is sent on a fresh connection."""
 
 
+def basic_auth_line(parts: SplitResult) -> bytes:
+    """The ``Authorization: Basic`` header line of a URL with credentials (``http://u:p@h``), else b""."""
+    if parts.username is None:
+        return b""
+    import base64
+
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return b"Authorization: Basic " + base64.b64encode(pair) + b"\r\n"
+
+
 class RawHttpTransport:
     """The lean transport (see the module docstring). Plain HTTP only (no TLS)."""
 
@@ -480,8 +500,10 @@ class RawHttpTransport:
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
-        host_header = parts.netloc
-        self._host_line = f"Host: {host_header}\r\n".encode()
+        # credentials in the URL travel as HTTP Basic authentication (as aiohttp sends them),
+        # never in the Host header
+        host_header = parts.netloc.rpartition("@")[2]
+        self._host_line = f"Host: {host_header}\r\n".encode() + basic_auth_line(parts)
         self.timeouts = timeouts
         self.requested_clock: Clock = clock
         # "auto" and "kernel" alike: kernel stamps where the platform has them, else user ones

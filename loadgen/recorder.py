@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from bench_llm.adapters.base import EventKind, ScanState, ScanStateParser, StreamEvent, StreamParser, keeps_scan_state
 from bench_llm.adapters.sse import SSEFramer
+from bench_llm.core.redact import redact
 from bench_llm.core.rejections import http_error_type
 from bench_llm.loadgen.transport import StreamError
 from bench_llm.results.record import SOURCE_NON_STREAMING, RequestRecord
@@ -117,6 +118,7 @@ class RequestRecorder:
         "_not_sse",
         "_last_payload_ns",
         "_parsed",
+        "_after_end",
         "max_event_bytes",
     )
 
@@ -161,6 +163,8 @@ class RequestRecorder:
         self._last_payload_ns = -1
         #: SSE data payloads the adapter's Python parser read.
         self._parsed = 0
+        #: Payloads after the end-of-stream marker (dropped: a protocol anomaly).
+        self._after_end = 0
         self.max_event_bytes = max_event_bytes
 
     # -- transport callbacks -------------------------------------------------------
@@ -244,6 +248,9 @@ class RequestRecorder:
         stream failed). A malformed payload or an error event fails it (``_error``); the
         end-of-stream marker is noted, not kept."""
         self._parsed += 1
+        if self._done:  # the stream said it ended: what follows is never counted
+            self._after_end += 1
+            return None, False
         try:
             event = self._parser.parse(payload)
         except Exception as exc:  # a malformed payload fails this request only
@@ -304,11 +311,14 @@ class RequestRecorder:
     def progress_ns(self) -> int:
         """When this response last made progress, for the stall timeout: the read of its
         last SSE data payload (comments and keep-alives are not progress), or the last
-        bytes of a body that is not an event stream; before either, the send."""
+        bytes of a body that is not an event stream; before either, its head (the stall
+        clock runs from the response head: a stream that never sends data fails at the
+        stall timeout after it), and before the head, the send."""
         base = self.send_ns or 0
         status = self.status
         if status is None:
             return base
+        base = max(base, self.first_byte_ns or 0)
         if status >= 400 or self._not_sse is not None:
             return max(base, self.last_data_ns or self.first_byte_ns or 0)
         self._digest()
@@ -317,6 +327,7 @@ class RequestRecorder:
         if fast is not None:
             last = max(last, fast.last_payload_ns)
         return max(base, last)
+
     def _parse_unary(self) -> None:
         """A non-streaming response: the whole body through the parser's ``parse_unary``,
         kept as one event stamped when the body's last bytes arrived."""
@@ -440,7 +451,8 @@ class RequestRecorder:
         timing = _last_set(cols[_TIMING])
         err = self._verdict(err, bool(stamps), done, bool(pending.strip()), finish_reason, requires_done, unary)
         kinds, texts = cols[_KIND], cols[_TEXT]
-        counts, source = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
+        counts, source, backwards = _token_counts(kinds, texts, cols[_TOKENS], completion_tokens, cols[_CUMULATIVE])
+        after_end = self._after_end + (getattr(fast, "after_done", 0) if fast is not None else 0)
         output_tokens = sum(counts)
         reasoning: int | None = sum(n for n, kind in zip(counts, kinds) if kind == EventKind.REASONING)
         if unary:  # one response, no per-token times: E2E only
@@ -487,7 +499,7 @@ class RequestRecorder:
             finish_reason=finish_reason,
             ok=err is None,
             error_type=None if err is None else err.error_type,
-            error_message=None if err is None else str(err)[:500],
+            error_message=None if err is None else redact(str(err))[:500],  # a URL's credentials
             server_request_id=server_id,
             session_id=spec.session_id,
             turn=spec.turn,
@@ -504,6 +516,7 @@ class RequestRecorder:
             first_tool_call_ns=first_tool_call,
             images=len(spec.images) or None,
             n=spec.sampling.n if spec.sampling is not None and spec.sampling.n and spec.sampling.n > 1 else None,
+            protocol_anomaly="event_after_end" if after_end else ("count_backwards" if backwards else None),
         )
 
 
@@ -541,22 +554,26 @@ def _token_counts(
     tokens: Sequence[int | None],
     final_completion: int | None,
     cumulative: Sequence[int | None],
-) -> tuple[list[int], str]:
+) -> tuple[list[int], str, bool]:
     """Tokens carried by each event, from the events' columns (kind, text, tokens,
-    cumulative count), and where the numbers came from."""
+    cumulative count), where the numbers came from, and whether a cumulative count went
+    down (a protocol anomaly: the stream's counts cannot all be true)."""
     if cumulative.count(None) != len(cumulative):
         counts: list[int] = []
         append = counts.append
         last = 0
+        backwards = False
         for c in cumulative:
             if c is not None and c > last:
                 append(c - last)
                 last = c
             else:
                 append(0)
-        return counts, SOURCE_CUMULATIVE
+                if c is not None and c < last:
+                    backwards = True
+        return counts, SOURCE_CUMULATIVE, backwards
     if tokens.count(None) != len(tokens):
-        return [t or 0 for t in tokens], SOURCE_PROTOCOL
+        return [t or 0 for t in tokens], SOURCE_PROTOCOL, False
     carriers = [
         i for i, (kind, text) in enumerate(zip(kinds, texts)) if text and kind in (EventKind.CONTENT, EventKind.REASONING)
     ]
@@ -568,8 +585,8 @@ def _token_counts(
                 counts[i] = base + (1 if j < extra else 0)
         elif kinds and final_completion > 0:
             counts[-1] = final_completion
-        return counts, SOURCE_FINAL_SPREAD
+        return counts, SOURCE_FINAL_SPREAD, False
     counts = [0] * len(kinds)
     for i in carriers:
         counts[i] = 1
-    return counts, SOURCE_CHUNKS
+    return counts, SOURCE_CHUNKS, False

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -75,6 +75,9 @@ class Recording:
         self._writing: set[PartWriter] = set()
         self._write_pool: ThreadPoolExecutor | None = None
         self._write_error: BaseException | None = None
+        #: Called once, at the first write that fails (a full disk): the runner stops the run,
+        #: which keeps what was written (``Runner``).
+        self.on_write_error: Callable[[], None] | None = None
 
     # -- one ended request ------------------------------------------------------------
     def finish(self, recorder: RequestRecorder, end: int, error: StreamError | None) -> RequestRecord:
@@ -181,6 +184,8 @@ class Recording:
         self._writing.discard(writer)
         if not write.cancelled() and write.exception() is not None and self._write_error is None:
             self._write_error = write.exception()
+            if self.on_write_error is not None:
+                self.on_write_error()
 
     async def settle(self) -> None:
         """The end of the run, once nothing else writes: await the writes in progress

@@ -63,6 +63,7 @@ class Runner:
             concurrency=schedule.concurrency or 0,
             options=options,
         )
+        self.recording.on_write_error = self.stop.set  # a full disk ends the run; what was written stays
         self.dispatch = Dispatcher(schedule, adapter, transport, self.recording, self.stats, options, self.stop)
         self.monitor = Monitor(
             self.stats, monitor_writer, options.worker_id, options.monitor_interval_s, on_tick=self.recording.flush_due

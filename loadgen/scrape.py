@@ -13,6 +13,7 @@ thread does not disturb them; it never raises into the run: failures are counted
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -126,12 +127,18 @@ class MetricsScraper:
         self.scrapes = 0
         self.failures = 0
         self.last_error: str | None = None
+        #: Why scraping stopped early (a page past its bound, a write that failed), or None.
+        self.stopped_because: str | None = None
 
     def scrape_once(self) -> bool:
         """One scrape; True when it produced rows."""
         t_send = time.perf_counter_ns()
+        if self.stopped_because is not None:
+            return False
         reply = self._client.metrics(self._path, self.timeout_s)
         t_recv = time.perf_counter_ns()
+        if reply.too_large:  # never parsed; asked again every interval it would skew the run
+            return self._give_up(f"/metrics: {reply.problem()}")
         if not reply.ok:
             return self._failed(reply.problem())
         try:
@@ -143,12 +150,28 @@ class MetricsScraper:
             self.writer.add(row)
         self.scrapes += 1
         if self.writer.due:
-            self.writer.flush()
+            self._flush()
         return bool(rows)
+
+    def _flush(self) -> None:
+        """Write the pending rows; a write that fails (a full disk) stops the scraping, with a
+        note, and never raises into the run (the run's own writer reports the disk)."""
+        try:
+            self.writer.flush()
+        except OSError as exc:
+            self._give_up(f"cannot write {self.writer.folder}: {exc.strerror or str(exc).splitlines()[0]}")
 
     def _failed(self, reason: str) -> bool:
         self.failures += 1
         self.last_error = reason[:200]
+        return False
+
+    def _give_up(self, reason: str) -> bool:
+        """Stop scraping for the rest of the run: one line on stderr, the reason recorded."""
+        self._failed(reason)
+        if self.stopped_because is None:
+            self.stopped_because = self.last_error
+            sys.stderr.write(f"note: server metrics: {self.last_error}; scraping stopped for this run\n")
         return False
 
     def _loop(self) -> None:
@@ -170,7 +193,7 @@ class MetricsScraper:
             self._thread.join(timeout=self.timeout_s + 5)
             self._thread = None
         self.scrape_once()  # the end of the window
-        self.writer.flush()
+        self._flush()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -179,5 +202,6 @@ class MetricsScraper:
             "scrapes": self.scrapes,
             "failures": self.failures,
             "last_error": self.last_error,
+            "stopped": self.stopped_because,
             "rows": self.writer.rows_written,
         }

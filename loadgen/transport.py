@@ -112,9 +112,9 @@ DEFAULT_TOTAL_S = 1800.0
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Seconds. ``stall`` bounds the time without data: since the request was sent, or
-    since the last SSE data payload (comments and keep-alives do not count); ``total``
-    bounds the whole request (None: unbounded)."""
+    """Seconds. ``stall`` bounds the time without data: since the request was sent, since
+    the response head, or since the last SSE data payload (comments and keep-alives do not
+    count); ``total`` bounds the whole request (None: unbounded)."""
 
     connect: float = 10.0
     stall: float = 120.0
@@ -137,6 +137,18 @@ def overdue(now_ns: int, sent_ns: int, progress: int, last_read_ns: int, timeout
         only = " (only SSE comments or keep-alives)" if last_read_ns > progress else ""
         return StreamError("timeout", f"no data for {timeouts.stall:g} s{only}")
     return None
+
+
+def redirect_error(status: int, location: str) -> StreamError | None:
+    """The failure of a 3xx answer (never followed: the run would measure another server than
+    the one named, silently), naming its target; None for any other status (304 is not a
+    redirect)."""
+    if not 300 <= status < 400 or status == 304:
+        return None
+    from bench_llm.core.redact import redact
+
+    target = redact(location) if location else "no Location given"
+    return StreamError("redirect", f"HTTP {status} redirect to {target}: not followed (give the url of the server that answers)")
 
 
 #: Chunk-timestamp clocks (docs/instrument.md, Clocks): ``kernel`` is the kernel's receive

@@ -55,8 +55,25 @@ def read_parquet_file(path: Path | str, columns: list[str] | None = None) -> pa.
     3 of 40 runs of the README's main job with two busy loops, after its last line (with this
     handle: 0 of 100 and 0 of 40).
     """
-    with pa.OSFile(str(path)) as f:
-        return pq.read_table(f, columns=columns)
+    try:
+        with pa.OSFile(str(path)) as f:
+            return pq.read_table(f, columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: Path | str, exc: Exception) -> ResultsError:
+    """The one-line error of a Parquet file that cannot be read (truncated, not Parquet),
+    naming the file (Arrow's own message names none)."""
+    why = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else (str(exc).splitlines() or ["?"])[0]
+    return ResultsError(f"{path}: not a readable Parquet file ({why})")
+
+
+def _parquet_file(path: str) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise _unreadable(path, exc) from None
 
 
 def find_runs(path: Path) -> list[Path]:
@@ -112,7 +129,7 @@ def read_part(path: str, schema: pa.Schema, row_groups: Sequence[int] | None = N
     Row groups are decoded one at a time, each into its own chunk (decoding one holds about
     three times its decoded size for a moment: the compressed pages, the decoded ones, the
     arrays being built), so a read's peak is set by the row group, not by how many are read."""
-    parquet = pq.ParquetFile(path)
+    parquet = _parquet_file(path)
     have = set(parquet.schema_arrow.names)
     columns = [n for n in schema.names if n in have]
     if row_groups is None and parquet.metadata.num_row_groups <= 1:
@@ -129,7 +146,7 @@ def read_part(path: str, schema: pa.Schema, row_groups: Sequence[int] | None = N
 def iter_part_batches(path: str, schema: pa.Schema, row_group: int, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """One row group of a part file as ``schema``, ``batch_rows`` rows at a time (for a
     row group too large to decode at once)."""
-    parquet = pq.ParquetFile(path)
+    parquet = _parquet_file(path)
     have = set(parquet.schema_arrow.names)
     columns = [n for n in schema.names if n in have]
     for batch in parquet.iter_batches(batch_rows, row_groups=[row_group], columns=columns, use_threads=False):
@@ -138,7 +155,7 @@ def iter_part_batches(path: str, schema: pa.Schema, row_group: int, batch_rows: 
 
 def row_group_bytes(path: str) -> list[int]:
     """The compressed size of each row group of a Parquet file (from its footer)."""
-    meta = pq.ParquetFile(path).metadata
+    meta = _parquet_file(path).metadata
     return [
         sum(meta.row_group(i).column(j).total_compressed_size for j in range(meta.num_columns))
         for i in range(meta.num_row_groups)

@@ -74,3 +74,6 @@ class RequestRecord:
     #: sequences generated for the request (sampling ``n``); None: one. With n > 1 the output
     #: tokens are all the sequences' (docs/metrics.md: TPOT per sequence, no ITL)
     n: int | None = None
+    #: a stream that broke its protocol: ``count_backwards`` (a cumulative usage count went
+    #: down), ``event_after_end`` (events after the end-of-stream marker; never counted); None: none
+    protocol_anomaly: str | None = None

@@ -2,14 +2,14 @@
 
 Bump ``SCHEMA_VERSION`` on any incompatible change; readers refuse newer major versions.
 A new nullable column bumps the minor version (older files read it as null):
-1.1 added ``requests.n`` (sequences per request).
+1.1 added ``requests.n`` (sequences per request); 1.2 ``requests.protocol_anomaly``.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 REQUESTS_SCHEMA = pa.schema(
     [
@@ -54,6 +54,8 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("first_tool_call_ns", pa.int64()),
         pa.field("images", pa.int32()),
         pa.field("n", pa.int32()),
+        # a stream that broke its protocol (analysis/invariants.py: counted, kept out of every metric)
+        pa.field("protocol_anomaly", pa.string()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench_llm.core.memory import return_freed_memory
+from bench_llm.core.redact import redact
 from bench_llm.results.record import RequestRecord
 from bench_llm.results.schema import (
     MONITOR_DIR,
@@ -70,8 +71,18 @@ def write_table_atomic(table: pa.Table, path: Path) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, **_parquet_options(table.schema))
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp, **_parquet_options(table.schema))
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a read-only folder: no temporary file left, the path named
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if exc.filename is None or exc.filename == str(tmp):  # Arrow's errors carry no path
+            why = os.strerror(exc.errno) if exc.errno else (str(exc).splitlines() or ["write failed"])[0]
+            raise OSError(exc.errno, why, str(path)) from exc
+        raise
 
 
 def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
@@ -166,13 +177,14 @@ def write_run_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
 
 
 def run_meta_table(meta: Mapping[str, Any]) -> pa.Table:
-    """The one-row run table ``write_run_meta`` writes (dict/list values as JSON text)."""
+    """The one-row run table ``write_run_meta`` writes (dict/list values as JSON text; the
+    credentials of any URL in its text redacted: the command line, the adapter's URL, notes)."""
     row: dict[str, list[Any]] = {}
     for name in RUN_SCHEMA.names:
         value = meta.get(name)
         if name.endswith("_json") and value is not None and not isinstance(value, str):
             value = json.dumps(value, sort_keys=True, default=str)
-        row[name] = [value]
+        row[name] = [redact(value) if isinstance(value, str) else value]  # a URL's credentials (core.redact)
     return pa.Table.from_pydict(row, schema=RUN_SCHEMA)
 
 

@@ -4,6 +4,7 @@ sent to it through each transport and recorded as a run would record it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -22,6 +23,15 @@ _SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Enc
 
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _completion_event(text: str, finish: str | None, completion_tokens: int | None) -> bytes:
+    """One vLLM completions SSE event (with cumulative ``usage`` when ``completion_tokens``)."""
+    obj: dict[str, object] = {"id": "c", "object": "text_completion",
+                              "choices": [{"index": 0, "text": text, "finish_reason": finish}]}  # fmt: skip
+    if completion_tokens is not None:
+        obj["usage"] = {"prompt_tokens": 4, "completion_tokens": completion_tokens, "total_tokens": 4 + completion_tokens}
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
 class HostileServer:
@@ -83,6 +93,10 @@ class HostileServer:
             body = b'{"object":"error","message":"The model `my-model` does not exist.","type":"NotFoundError","code":404}'
             conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             return True
+        if self.mode == "redirect":  # to another port (issue 33: never followed silently)
+            conn.sendall(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://u:secret@127.0.0.1:9/v1/completions\r\n"
+                         b"Content-Length: 0\r\n\r\n")
+            return True
         if self.mode == "html":
             body = b"<html><body>Please log in</body></html>"
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -97,6 +111,17 @@ class HostileServer:
             while time.monotonic() < end:
                 conn.sendall(_chunk(event))
                 time.sleep(0.05)
+        elif self.mode in ("backwards", "after_done"):  # a whole stream that breaks its protocol
+            usage = (1, 2, 3, 8, 2, 2, 2, 2) if self.mode == "backwards" else ()
+            for i in range(len(usage) or 4):
+                conn.sendall(_chunk(_completion_event("x", None, usage[i] if usage else None)))
+            conn.sendall(_chunk(_completion_event("", "length", 4 if usage else None)))
+            conn.sendall(_chunk(b"data: [DONE]\n\n"))
+            if self.mode == "after_done":  # events after the end-of-stream marker
+                for _ in range(4):
+                    conn.sendall(_chunk(_completion_event("y", None, None)))
+            conn.sendall(b"0\r\n\r\n")
+            return True
         elif self.mode == "long_line":  # one line without end
             conn.sendall(_chunk(b"data: "))
             while time.monotonic() < end:

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from bench_llm.core.limits import MAX_JSON_FILE_BYTES, read_bounded
 from bench_llm.workloads.errors import WorkloadError
 
 PROMPT_FIELDS = ("prompt", "text", "instruction", "question")
@@ -56,9 +57,11 @@ def dataset_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         head = f.read(64).lstrip()
     if head.startswith(b"["):  # one JSON array (ShareGPT dumps)
         try:
-            items = orjson.loads(path.read_bytes())
+            items = orjson.loads(read_bounded(path, MAX_JSON_FILE_BYTES))
         except orjson.JSONDecodeError as exc:
             raise WorkloadError(f"{path}: not valid JSON ({exc})") from None
+        except ValueError as exc:  # larger than the bound (core.limits)
+            raise WorkloadError(str(exc)) from None
         for i, item in enumerate(items):
             if not isinstance(item, dict):
                 raise WorkloadError(f"{path}: item {i}: expected a JSON object, got {type(item).__name__}")

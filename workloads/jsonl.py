@@ -5,11 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
+from bench_llm.core.limits import MAX_LINE_BYTES, bounded_lines
 from bench_llm.workloads.errors import WorkloadError
+
+
+def file_lines(f: BinaryIO, path: Path) -> Iterator[bytes]:
+    """The lines of a workload file, each within ``MAX_LINE_BYTES`` (``WorkloadError`` naming
+    the first longer one)."""
+    try:
+        yield from bounded_lines(f, MAX_LINE_BYTES, str(path))
+    except ValueError as exc:
+        raise WorkloadError(str(exc)) from None
 
 
 def not_utf8(path: Path) -> WorkloadError:
@@ -26,7 +36,7 @@ def not_utf8(path: Path) -> WorkloadError:
 def jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     empty = True
     with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
+        for line_no, raw in enumerate(file_lines(f, path), start=1):
             if not raw.strip():
                 continue
             empty = False

@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from bench_llm.workloads.errors import WorkloadError
-from bench_llm.workloads.jsonl import jsonl_rows, not_utf8
+from bench_llm.workloads.jsonl import file_lines, jsonl_rows, not_utf8
 from bench_llm.workloads.spec import MAX_REQUEST_TOKENS
 
 FORMATS = ("azure", "burstgpt", "mooncake", "lengths", "bench", "dataset")
@@ -109,8 +109,9 @@ def read_trace(path: str | Path, fmt: str | None = None, **options: Any) -> Trac
 
 # -- helpers ------------------------------------------------------------------------------
 def _first_line(path: Path) -> str:
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
-        for line in f:
+    with open(path, "rb") as f:
+        for raw in file_lines(f, path):
+            line = raw.decode("utf-8-sig", "replace")
             if line.strip():
                 return line.strip()
     raise WorkloadError(f"{path}: empty file, no requests")
@@ -166,11 +167,22 @@ def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict
         raise not_utf8(path) from None
 
 
+def _csv_checked(reader: Any, path: Path) -> Iterator[list[str]]:
+    """The rows of ``reader``; its complaint (a field past csv's limit of 128 Ki characters,
+    a malformed quote) as a ``WorkloadError`` naming the line."""
+    try:
+        yield from reader
+    except csv.Error as exc:
+        raise WorkloadError(f"{path}:{reader.line_num}: {exc}") from None
+
+
 def _csv_rows_utf8(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
+    with open(path, "rb") as f:
+        # lines within the bound (``file_lines``), decoded as UTF-8 (a byte-order mark dropped)
+        text = (raw.decode("utf-8-sig" if i == 0 else "utf-8") for i, raw in enumerate(file_lines(f, path)))
+        reader = csv.reader(text)
         header: list[str] | None = None
-        for row in reader:
+        for row in _csv_checked(reader, path):
             line = reader.line_num
             if header is None:
                 if not row or not any(c.strip() for c in row):

@@ -22,6 +22,7 @@ from bench_llm.analysis.report import figures as F
 from bench_llm.analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
 from bench_llm.analysis.report.page import Section, render_page
 from bench_llm.analysis.slo import SLO
+from bench_llm.core.files import write_text_atomic
 from bench_llm.results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, is_sweep
 
 #: Runs that get their own detailed section; beyond this the page lists them in the table only.
@@ -98,11 +99,7 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
     title = options.title or f"bench report: {results.name or results}"
     n_figs = sum(len(s.figures) for s in sections)
     page = render_page(title, str(results), sections, top_notes, _dt.datetime.now(_dt.timezone.utc))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    out = write_text_atomic(out, page)  # no temporary file left on a failure
     return ReportInfo(out, out.stat().st_size, len(views), n_figs, top_notes)
 
 

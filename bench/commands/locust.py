@@ -81,12 +81,16 @@ def master(
     import gevent
 
     from bench_llm.bench.distributed.locust_master import MasterNode, MasterSettings  # locust (gevent) first
-    from bench_llm.bench.execute import prepare_run_dir
     from bench_llm.bench.outcome import run_outcome
     from bench_llm.bench.report_text import print_summary
+    from bench_llm.results.outdir import claim_run_folder, took_over_note
 
     schedule, description, settings = _master_plan(n_workers, target, load, client, output, secrets.randbits(32), phases)
-    run_dir = prepare_run_dir(output.out, output.overwrite)
+    lock = claim_run_folder(output.out, output.overwrite, ("bench", *sys.argv[1:]))  # one writer per folder
+    run_dir = lock.folder
+    note = took_over_note(lock)
+    if note:
+        click.echo(f"note: {note}", err=True)
     node = MasterNode(
         MasterSettings(workers=n_workers, bind_host=bind_host, port=port, wait_workers_s=wait_workers,
                        start_lead_s=start_lead, worker_timeout_s=worker_timeout),
@@ -106,6 +110,7 @@ def master(
         assembly = node.run(schedule, settings, run_dir, description)
     finally:
         node.close()
+        lock.release()
     summary = print_summary(run_dir, output.slo, output.percentiles, output.as_json)
     if assembly.meta.get("status") == "interrupted":
         raise Outcome(ExitCode.INTERRUPTED)

@@ -199,8 +199,9 @@ def command(
     # The order of the checks is the order of the errors a user sees (cheap ones first, nothing
     # started before the input is known good); the steps are the functions below.
     from bench_llm.bench.embedded import sim_flavor
-    from bench_llm.bench.execute import execute_run, prepare_run_dir
+    from bench_llm.bench.execute import execute_run
     from bench_llm.core.eventloop import run_async
+    from bench_llm.results.outdir import claim_run_folder, took_over_note
 
     url, engine, model = target.url, target.engine, target.model
     _check_limits(load, client, limits, embedded if not url else None)
@@ -216,8 +217,14 @@ def command(
     _check_engine(target, api_key, schedule, launch.engine_version)
     clock = clock or ("virtual" if launch.launch and engine == "sim" else "auto")
     virtual = _virtual_engine(clock, launch, engine, model, workers, output.save_text)
-    run_dir = prepare_run_dir(output.out, output.overwrite)
+    # one writer per folder; a previous run replaced only when the folder holds nothing else
+    lock = claim_run_folder(output.out, output.overwrite, ("bench", *sys.argv[1:]))
+    run_dir = lock.folder
     with contextlib.ExitStack() as stack:
+        stack.callback(lock.release)  # the last thing the stack does
+        note = took_over_note(lock)
+        if note:
+            sys.stderr.write(f"note: {note}\n")
         embedded_sim = not url and not launch.launch  # the embedded engine: told the endpoint too
         receiver = (_otlp_receiver(stack, otlp_port, "sim" if embedded_sim else engine, launch.launch or embedded_sim)
                     if otlp_receiver else None)  # fmt: skip
@@ -298,6 +305,12 @@ def _report(result: RunResult, output: OutputOptions) -> None:
     from bench_llm.bench.outcome import run_outcome
     from bench_llm.bench.report_text import print_summary
 
+    if result.write_error is not None:  # a full disk: what was written is kept, marked interrupted
+        try:
+            print_summary(result.run_dir, output.slo, output.percentiles, output.as_json)
+        except Exception:  # noqa: BLE001 - the run's own error line below says what happened
+            pass
+        raise Outcome(ExitCode.INTERRUPTED, f"error: {result.write_error}")
     summary = print_summary(result.run_dir, output.slo, output.percentiles, output.as_json)
     if result.stats.interrupted:
         raise Outcome(ExitCode.INTERRUPTED)

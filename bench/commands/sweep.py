@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bench_llm.bench.errors import ExitCode, Outcome
+from bench_llm.bench.options import OutPath
 from bench_llm.core.errors import BenchError
+from bench_llm.core.redact import redact
 
 if TYPE_CHECKING:
     from bench_llm.bench.sweep.spec import EndpointSpec, SweepSpec
@@ -159,7 +161,7 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
               help="Cells computed at once, each in its own process (virtual time only; a real-time sweep runs one "
                    "cell at a time, except on a cluster, where cells run side by side as concurrent jobs). The files "
                    "are the same for any value. [default: one per CPU in virtual time]")
-@click.option("--out", type=click.Path(path_type=Path), help="Sweep folder (required unless --dry-run).")
+@click.option("--out", type=OutPath(path_type=Path), help="Sweep folder (required unless --dry-run).")
 @click.option("--dry-run", is_flag=True,
               help="Print every cell's argv, environment, GPU assignment and skip reason; start nothing.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run. "
@@ -240,6 +242,13 @@ def command(config_path: Path | None, **flags: Any) -> None:
     gc.freeze()
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
+        from bench_llm.results.outdir import claim_sweep_folder, took_over_note
+
+        lock = claim_sweep_folder(out, ("bench", *sys.argv[1:]))  # one writer per sweep folder
+        stack.callback(lock.release)
+        note = took_over_note(lock)
+        if note:
+            click.echo(f"note: {note}", err=True)
         receiver = None
         if otlp_receiver:
             from bench_llm.bench.launch_engine import otlp_note
@@ -252,7 +261,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
             out,
             resume=resume,
             retry_failed=retry_failed,
-            echo=lambda line: click.echo(line, err=True),
+            echo=lambda line: click.echo(redact(line), err=True),
             progress=progress,
             command=("bench", *sys.argv[1:]),
             otlp=receiver,

@@ -172,4 +172,6 @@ def write_histogram(plan: object, path: Path) -> None:
     fig.update_xaxes(title_text="tokens", row=2, col=1)
     title = f"workload {plan.name}: {len(plan)} requests, seed {plan.seed}"
     fig.update_layout(title_text=html.escape(title), showlegend=False, height=900, bargap=0.02)
-    fig.write_html(str(path), include_plotlyjs=True, full_html=True)
+    from bench_llm.core.files import write_text_atomic
+
+    write_text_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))

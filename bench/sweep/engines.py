@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.core.control import EngineClient, Reply
+from bench_llm.core.redact import redact
 from bench_llm.launch.config import ParallelConfig
 from bench_llm.launch.launcher import engine_info
 from bench_llm.launch.process import EngineStartError, log_tail
@@ -167,10 +168,10 @@ class DeploymentLauncher:
         if not _answers(health):
             raise EngineStartError(f"deployment {cell.parallel.deployment} at {url} does not answer: {health.problem()}")
         info = {"url": url, "started_by_bench": False, **engine_info(cell.engine, url)}
-        log_path.write_text(
+        log_path.write_text(redact(  # a URL's credentials (core.redact)
             f"deployment {cell.parallel.deployment} at {url}, not started by bench; what it says about itself:\n"
             f"{json.dumps(info, sort_keys=True, default=str)}\n"
-        )
+        ))
         return DeploymentHandle(url, log_path, info.get("version") or cell.engine_version, info)
 
 

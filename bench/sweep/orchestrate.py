@@ -22,6 +22,7 @@ from bench_llm.bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec
 from bench_llm.core import __version__
 from bench_llm.core.errors import BenchError
 from bench_llm.launch.config import ParallelConfig
+from bench_llm.results.outdir import LOCK_FILE
 
 if TYPE_CHECKING:
     from bench_llm.loadgen.otlp import OtlpReceiver
@@ -241,7 +242,7 @@ def _open_sweep(spec: SweepSpec, sweep_dir: Path, resume: bool) -> tuple[dict[st
     if stored is not None:
         _check_resume(stored, spec)
         return stored, str(stored.get("sweep_id"))
-    if sweep_dir.exists() and any(sweep_dir.iterdir()):
+    if sweep_dir.exists() and any(p.name != LOCK_FILE for p in sweep_dir.iterdir()):
         raise BenchError(f"{sweep_dir} exists and is not empty; choose another --out")
     return None, _virtual_sweep_id(spec) if spec.virtual else uuid.uuid4().hex[:12]
 

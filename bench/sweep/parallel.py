@@ -207,8 +207,12 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
         _try_send(conn, ("interrupted",))
         return
     except BaseException as exc:  # noqa: BLE001  # the cell's code raised: the sweep raises it, as in one process
+        # the cell has ended: the sweep stopping the others (SIGINT) must not cut this report
+        # short (a full disk printed a KeyboardInterrupt traceback from here, 1 time in 3)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         _try_send(conn, ("raised", _picklable(exc, traceback.format_exc())))
         return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ended: a Ctrl-C now is moot, the outcome goes to the sweep
     _try_send(conn, ("done", outcome))
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench_llm.analysis.recommend_types import Recommendation, recommendation_json
+from bench_llm.core.redact import redact, redact_value
 from bench_llm.results.sweep_layout import (
     CELL_PREFIX,
     CELLS_FILE,
@@ -41,12 +42,12 @@ __all__ = [
 def write_sweep_json(sweep: Path, data: dict[str, Any]) -> None:
     sweep.mkdir(parents=True, exist_ok=True)
     tmp = sweep / f".{SWEEP_FILE}.tmp"
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    tmp.write_text(redact(json.dumps(data, indent=2, sort_keys=True, default=str)))  # URLs' credentials
     os.replace(tmp, sweep / SWEEP_FILE)
 
 
 def write_cells(sweep: Path, rows: list[dict[str, Any]]) -> None:
-    cols = {name: [r.get(name) for r in rows] for name in CELLS_SCHEMA.names}
+    cols = {name: [redact_value(r.get(name)) for r in rows] for name in CELLS_SCHEMA.names}
     write_table_atomic(pa.Table.from_pydict(cols, schema=CELLS_SCHEMA), Path(sweep) / CELLS_FILE)
 
 
@@ -61,7 +62,7 @@ def write_points(sweep: Path, cell_id: str, rows: list[dict[str, Any]]) -> None:
     names: list[str] = []
     for r in rows:
         names.extend(k for k in r if k not in names)
-    table = pa.Table.from_pylist([{k: r.get(k) for k in names} for r in rows])
+    table = pa.Table.from_pylist([{k: redact_value(r.get(k)) for k in names} for r in rows])
     write_table_atomic(table, cell_dir(sweep, cell_id) / POINTS_FILE)
 
 

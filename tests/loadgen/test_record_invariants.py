@@ -53,6 +53,9 @@ def _broken() -> dict[str, RequestRecord]:
         "content_before_token": replace(g, request_id="d", first_content_ns=g.first_token_ns - 1),
         "end_before_last_chunk": replace(g, request_id="e", end_ns=13 * MS),
         "negative_gap": replace(g, request_id="f", chunk_ns=[10 * MS, 14 * MS, 12 * MS]),
+        # the stream broke its protocol (issue 33; the recorder names it)
+        "count_backwards": replace(g, request_id="h", protocol_anomaly="count_backwards"),
+        "event_after_end": replace(g, request_id="i", protocol_anomaly="event_after_end"),
     }
 
 

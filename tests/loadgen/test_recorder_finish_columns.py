@@ -36,7 +36,7 @@ def _reference(events: list[StreamEvent]) -> dict[str, object]:
             else:
                 counts.append(0)
     else:
-        counts, _ = _token_counts(
+        counts, _, _ = _token_counts(
             [ev.kind for ev in events], [ev.text for ev in events], [ev.tokens for ev in events],
             completion_tokens, [None] * len(events),
         )
