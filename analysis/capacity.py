@@ -72,7 +72,7 @@ def slo_outcomes(df: pd.DataFrame, slo: SLO) -> dict[str, np.ndarray]:
     ok = df["ok"].to_numpy(dtype=bool)
     met = ok.copy()
     out: dict[str, np.ndarray] = {}
-    for key, limit in slo.limits:
+    for key, limit in slo.request_limits:
         col = df[SLO_METRICS[key]].to_numpy(dtype=float)
         no_value_ok = key in ("tpot_ms", "itl_max_ms")
         good = np.where(np.isnan(col), no_value_ok & ok, col <= limit)
@@ -197,7 +197,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
         res = slo_outcomes(kept, slo)
         attainment = (totals.attainment, *totals.attainment_interval())
         goodput = totals.goodput_rps
-        miss_share = {key: float(res[f"miss_{key}"].mean()) for key, _ in slo.limits}
+        miss_share = {key: float(res[f"miss_{key}"].mean()) for key, _ in slo.request_limits}
     send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else _NAN
     health = client_health(kept, run.monitor)
     measured_offered = _span_rate(intended)

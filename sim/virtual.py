@@ -232,7 +232,9 @@ def _horizon(client: _Client, plan: Plan, t0: int) -> int | None:
     """When requests still running are cancelled (the runner's drain deadline)."""
     if plan.drain_ns is None:
         return None
-    if plan.concurrency is not None:
+    if plan.concurrency is not None or (plan.duration_ns is None and client.followers):
+        # (open loop with sessions or graphs and no duration: the runner awaits every request,
+        # later turns included, as loadgen.dispatch's drain does)
         return None if plan.duration_ns is None else t0 + plan.duration_ns + plan.drain_ns
     last = max((t for t, _, _ in client.due), default=t0)
     if client.open_until is not None:

@@ -11,6 +11,7 @@ from typing import Any
 from bench_llm.workloads.builder import Plan, materialize, plan_workload
 from bench_llm.workloads.definition import PromptConfig, TraceConfig, WorkloadDef, builtins, load_workload_file
 from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.graph import FileGraphs, is_graph_jsonl
 from bench_llm.workloads.prompts import PromptSynth
 from bench_llm.workloads.readers import detect_format
 from bench_llm.workloads.spec import Schedule
@@ -32,6 +33,9 @@ def resolve(ref: str, **kwargs: Any) -> WorkloadDef:
             if not path.is_file():
                 raise WorkloadError(f"{ref}: no such workload file")
             wd = load_workload_file(path)
+        elif path.suffix.lower() in (".jsonl", ".ndjson") and is_graph_jsonl(path):
+            wd = WorkloadDef(name=path.stem, description=f"session graphs of {path.name}",
+                             graph=FileGraphs.read(path), source={"file": str(path)})
         elif path.suffix.lower() in TRACE_SUFFIXES:
             if not path.is_file():
                 raise WorkloadError(f"{ref}: no such trace file")

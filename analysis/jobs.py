@@ -1,0 +1,234 @@
+"""Job-level metrics: a job is the requests of one session (a session graph's job, or a
+multi-turn session, the chain case), judged as one (docs/metrics.md, Jobs).
+
+``job_table`` computes every per-job figure, once, from the run's Parquet files alone (the
+requests' stamps and ``schedule.parquet``'s session ids and predecessors); ``job_summary``
+aggregates it; summary, report and compare take them from here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench_llm.analysis.confidence import wilson_interval
+from bench_llm.analysis.metrics import percentiles
+from bench_llm.analysis.slo import JOB_SLO_METRICS, SLO
+from bench_llm.results.reader import read_parquet_file, read_requests
+from bench_llm.results.schema import SCHEDULE_FILE
+
+#: the requests' columns job metrics read
+REQUEST_COLUMNS = ["request_id", "phase", "session_id", "ok", "error_type", "intended_send_ns", "send_ns",
+                   "first_token_ns", "end_ns", "prompt_tokens", "input_tokens_target", "output_tokens",
+                   "cached_tokens"]
+
+
+def predecessors(schedule: pd.DataFrame) -> dict[str, tuple[str, ...]]:
+    """Per request id, the requests that must finish before it: a graph node's ``after``; a
+    session turn's previous turn (the chain case)."""
+    out: dict[str, tuple[str, ...]] = {}
+    has_after = "after" in schedule
+    chains: dict[str, list[tuple[int, str]]] = {}
+    for row in schedule.itertuples(index=False):
+        after = tuple(row.after) if has_after and row.after is not None else ()
+        if after:
+            out[row.request_id] = after
+        elif row.session_id is not None and row.phase == "measure":
+            chains.setdefault(row.session_id, []).append((int(row.turn or 0), row.request_id))
+    graphs = {sid for sid in chains if any(rid in out for _, rid in chains[sid])}
+    for sid, turns in chains.items():
+        if sid in graphs or any(out.get(r) for _, r in turns):
+            continue
+        turns.sort()
+        for (_, a), (_, b) in zip(turns, turns[1:]):
+            if b not in out:
+                out[b] = (a,)
+    return out
+
+
+def read_schedule(run_dir: Path) -> pd.DataFrame | None:
+    path = Path(run_dir) / SCHEDULE_FILE
+    if not path.is_file():
+        return None
+    cols = ["request_id", "phase", "session_id", "turn"]
+    table = read_parquet_file(path)
+    cols += [c for c in ("after",) if c in table.column_names]
+    return table.select(cols).to_pandas()
+
+
+def job_table(requests: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
+    """One row per job of the measured schedule (sessions with any measured request).
+
+    Columns: ``job``, ``requests`` (scheduled), ``ok`` (every scheduled request recorded and
+    successful), ``start_ns`` (the root's intended send), ``job_ms`` (completion: last end −
+    start), ``job_ttft_ms`` (the root's first token − start), ``request_time_ms`` (Σ end −
+    send), ``critical_path_ms`` (the longest chain of predecessors by request time, end − send),
+    ``prompt_tokens``, ``output_tokens``, ``cached_tokens`` (None where the server reported
+    none) and ``hit_rate`` (cached / prompt tokens). Times of a job that is not ok are NaN.
+    """
+    sched = schedule[(schedule["phase"] == "measure") & schedule["session_id"].notna()]
+    if sched.empty:
+        return pd.DataFrame(columns=["job", "requests", "ok"])
+    preds = predecessors(schedule)
+    req = requests[requests["phase"] == "measure"].set_index("request_id")
+    rows: list[dict[str, Any]] = []
+    for job, nodes in sched.groupby("session_id", sort=True):
+        ids = list(nodes.sort_values("turn")["request_id"])
+        have = [r for r in ids if r in req.index]
+        sub = req.loc[have]
+        ok = len(have) == len(ids) and bool(sub["ok"].all())
+        root = ids[0]
+        start = float(req.at[root, "intended_send_ns"]) if root in req.index else math.nan
+        ends = sub["end_ns"].astype("float64")
+        sends = sub["send_ns"].astype("float64")
+        dur = ((ends - sends) / 1e6).to_dict()
+        longest: dict[str, float] = {}
+        for r in ids:  # nodes in order: every predecessor first
+            before = [longest.get(p, math.nan) for p in preds.get(r, ()) if p in longest]
+            longest[r] = dur.get(r, math.nan) + (max(before) if before else 0.0)
+        prompt = sub["prompt_tokens"].astype("float64").fillna(sub["input_tokens_target"].astype("float64"))
+        cached = sub["cached_tokens"].astype("float64")
+        has_cache = bool(cached.notna().any())
+        first_token = float(req.at[root, "first_token_ns"]) if root in req.index else math.nan
+        rows.append({
+            "job": job,
+            "requests": len(ids),
+            "ok": ok,
+            "start_ns": start,
+            "job_ms": (float(ends.max()) - start) / 1e6 if ok else math.nan,
+            "job_ttft_ms": (first_token - start) / 1e6 if ok else math.nan,
+            "request_time_ms": float(np.nansum(list(dur.values()))) if ok else math.nan,
+            "critical_path_ms": max(longest.values()) if ok else math.nan,
+            "end_ns": float(ends.max()) if len(ends) else math.nan,
+            "prompt_tokens": float(prompt.sum()),
+            "output_tokens": float(sub["output_tokens"].astype("float64").sum()),
+            "cached_tokens": float(cached.sum()) if has_cache else math.nan,
+            "hit_rate": float(cached.sum() / prompt.sum()) if has_cache and prompt.sum() > 0 else math.nan,
+        })
+    return pd.DataFrame(rows)
+
+
+def job_met(jobs: pd.DataFrame, slo: SLO) -> np.ndarray:
+    """Per job: ok and met every job bound (the one attainment rule, docs/metrics.md)."""
+    met = jobs["ok"].to_numpy(dtype=bool).copy()
+    for key, limit in slo.job_limits:
+        met &= np.nan_to_num(jobs[JOB_SLO_METRICS[key]].to_numpy(dtype=float), nan=math.inf) <= limit
+    return met
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    jobs: int
+    ok: int
+    window_s: float
+    #: per metric: n, mean and the percentiles asked for
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    requests_per_job: float = math.nan
+    prompt_tokens_per_job: float = math.nan
+    output_tokens_per_job: float = math.nan
+    #: Σ cached / Σ prompt tokens over the jobs (NaN: the server reported no cached tokens)
+    hit_rate: float = math.nan
+    #: the per-job hit rates' mean and percentiles
+    hit_rate_per_job: dict[str, float] = field(default_factory=dict)
+    met: int | None = None
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.ok / self.window_s if self.window_s > 0 else math.nan
+
+    @property
+    def attainment(self) -> float:
+        return self.met / self.jobs if self.met is not None and self.jobs else math.nan
+
+    def attainment_interval(self) -> tuple[float, float]:
+        return wilson_interval(self.met, self.jobs) if self.met is not None else (math.nan, math.nan)
+
+    @property
+    def goodput_jobs_per_s(self) -> float:
+        return self.met / self.window_s if self.met is not None and self.window_s > 0 else math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        lo, hi = self.attainment_interval()
+        return {"jobs": self.jobs, "ok": self.ok, "window_s": self.window_s, "jobs_per_s": self.jobs_per_s,
+                "metrics": self.metrics, "requests_per_job": self.requests_per_job,
+                "prompt_tokens_per_job": self.prompt_tokens_per_job,
+                "output_tokens_per_job": self.output_tokens_per_job, "hit_rate": self.hit_rate,
+                "hit_rate_per_job": self.hit_rate_per_job, "met": self.met, "attainment": self.attainment,
+                "attainment_interval": [lo, hi], "goodput_jobs_per_s": self.goodput_jobs_per_s}
+
+
+#: the per-job times summarised, in the order printed
+TIME_METRICS = ("job_ms", "job_ttft_ms", "critical_path_ms", "request_time_ms")
+
+
+def summarize_jobs(jobs: pd.DataFrame, slo: SLO = SLO(), ps: tuple[float, ...] = (50, 90, 95, 99)) -> JobSummary:
+    if jobs.empty:
+        return JobSummary(0, 0, 0.0)
+    okj = jobs[jobs["ok"]]
+    window = (float(np.nanmax(jobs["end_ns"])) - float(np.nanmin(jobs["start_ns"]))) / 1e9
+    metrics = {m: percentiles(okj[m].to_numpy(dtype=float), ps) for m in TIME_METRICS}
+    par = (okj["request_time_ms"] / okj["critical_path_ms"]).to_numpy(dtype=float)
+    metrics["parallelism"] = percentiles(par, ps)
+    hit = jobs["cached_tokens"].to_numpy(dtype=float)
+    pooled = float(np.nansum(hit) / jobs["prompt_tokens"][~np.isnan(hit)].sum()) if (~np.isnan(hit)).any() else math.nan
+    return JobSummary(
+        jobs=len(jobs),
+        ok=int(jobs["ok"].sum()),
+        window_s=max(window, 0.0) if math.isfinite(window) else 0.0,
+        metrics=metrics,
+        requests_per_job=float(jobs["requests"].mean()),
+        prompt_tokens_per_job=float(jobs["prompt_tokens"].mean()),
+        output_tokens_per_job=float(jobs["output_tokens"].mean()),
+        hit_rate=pooled,
+        hit_rate_per_job=percentiles(jobs["hit_rate"].to_numpy(dtype=float), ps) if (~np.isnan(hit)).any() else {},
+        met=int(job_met(jobs, slo).sum()) if slo.job_limits else None,
+    )
+
+
+def run_jobs(run_dir: Path, requests: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """The job table of a run folder (None: no schedule, or no sessions in it)."""
+    schedule = read_schedule(run_dir)
+    if schedule is None or not schedule["session_id"].notna().any():
+        return None
+    if requests is None:
+        requests = read_requests(run_dir, REQUEST_COLUMNS).to_pandas()
+    return job_table(requests, schedule)
+
+
+def job_summary(run_dir: Path, slo: SLO = SLO(), ps: tuple[float, ...] = (50, 90, 95, 99)) -> JobSummary | None:
+    """The job summary of a run folder; None when its schedule has no sessions."""
+    jobs = run_jobs(run_dir)
+    return None if jobs is None else summarize_jobs(jobs, slo, ps)
+
+
+_LABELS = {"job_ms": "Job completion (ms)", "job_ttft_ms": "Job TTFT (ms)",
+           "critical_path_ms": "Critical path, requests (ms)", "request_time_ms": "Request time, total (ms)",
+           "parallelism": "Parallelism (total/critical)"}
+
+
+def format_jobs(s: JobSummary) -> list[str]:
+    """The job section of ``bench summary``."""
+    lines = [f"jobs: {s.jobs} ({s.ok} ok), {s.requests_per_job:.1f} requests, {s.prompt_tokens_per_job:,.0f} prompt "
+             f"and {s.output_tokens_per_job:,.0f} output tokens per job; {s.jobs_per_s:.3f} jobs/s"]
+    keys = [k for k in s.metrics if k != "n"]
+    pcols = [c for c in next(iter(s.metrics.values())) if c.startswith("p")] if s.metrics else []
+    head = f"{'job metric':<32}{'n':>6}{'mean':>11}" + "".join(f"{c:>11}" for c in pcols)
+    lines += [head, "-" * len(head)]
+    for k in keys:
+        m = s.metrics[k]
+        fmt = (lambda v: f"{v:>11.2f}") if k == "parallelism" else (lambda v: f"{v:>11,.0f}")
+        lines.append(f"{_LABELS.get(k, k):<32}{m['n']:>6}{fmt(m['mean'])}" + "".join(fmt(m[c]) for c in pcols))
+    if not math.isnan(s.hit_rate):
+        per = s.hit_rate_per_job
+        lines.append(f"prefix-cache hit rate per job (server's cached tokens): pooled {100 * s.hit_rate:.1f}%, "
+                     f"per-job mean {100 * per.get('mean', math.nan):.1f}%, p50 {100 * per.get('p50', math.nan):.1f}%")
+    if s.met is not None:
+        lo, hi = s.attainment_interval()
+        lines.append(f"job SLO attainment {100 * s.attainment:.1f}% ({s.met}/{s.jobs} jobs; 95% CI "
+                     f"{100 * lo:.1f}-{100 * hi:.1f}%), goodput {s.goodput_jobs_per_s:.3f} jobs/s")
+    return lines

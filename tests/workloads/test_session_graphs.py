@@ -1,0 +1,182 @@
+"""Session graphs (workloads/graph.py): the formats, their errors, and runs that keep the graph.
+
+The runs' order is checked from the Parquet stamps alone: every request of a job was sent
+only after each predecessor ended plus the edge's delay, and its intended send time is the
+latest of those instants (truthful schedule lag)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from bench_llm.workloads.catalog import build_named_schedule
+from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.graph import read_graph_jsonl
+from tests.conftest import bench_argv
+
+GRAPH_JSONL = [
+    {"job": "a", "node": "plan", "input_tokens": 40, "output_tokens": 6, "offset_s": 0.0},
+    {"job": "a", "node": "s1", "after": ["plan"], "delay_s": 0.05, "context": "fresh", "input_tokens": 10,
+     "output_tokens": 5},
+    {"job": "a", "node": "s2", "after": ["plan"], "delay_s": 0.02, "context": "fresh", "input_tokens": 12,
+     "output_tokens": 7},
+    {"job": "a", "node": "fin", "after": ["plan", "s1", "s2"], "delay_s": [0.03, 0, 0], "input_tokens": 8,
+     "output_tokens": 4},
+    {"job": "b", "node": "t0", "input_tokens": 30, "output_tokens": 5, "offset_s": 0.1},
+    {"job": "b", "node": "t1", "after": ["t0"], "delay_s": 0.04, "input_tokens": 9, "output_tokens": 5},
+]
+
+TEMPLATE = """
+name = "fanout"
+[prefix]
+groups = 1
+tokens = 16
+[[graph.node]]
+id = "plan"
+input = { kind = "uniform", low = 20, high = 40 }
+output_tokens = 6
+[[graph.node]]
+id = "sub"
+after = ["plan"]
+copies = 3
+context = "fresh"
+input_tokens = 10
+output_tokens = 5
+[[graph.node]]
+id = "sub2"
+after = ["sub"]
+copies = 3
+delay = { kind = "exponential", mean = 0.02 }
+input_tokens = 7
+output_tokens = 5
+[[graph.node]]
+id = "join"
+after = ["plan", "sub2"]
+context = "plan"
+delay_s = 0.01
+input_tokens = 5
+output_tokens = 4
+"""
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_template_expands_copies_pairwise_and_joins(tmp_path: Path) -> None:
+    wl = tmp_path / "g.toml"
+    wl.write_text(TEMPLATE)
+    s = build_named_schedule(str(wl), requests=16, rate=1.0, arrival="poisson", concurrency=None, warmup=0, seed=3)
+    job = [r for r in s.requests if r.session_id == s.requests[0].session_id]
+    assert len(job) == 8 and len(s.requests) == 16
+    plan, subs, subs2, join = job[0], job[1:4], job[4:7], job[7]
+    assert all(r.after == (plan.request_id,) and r.context_from is None for r in subs)  # fan-out, fresh
+    assert [r.after for r in subs2] == [(r.request_id,) for r in subs]  # copy to copy
+    assert [r.context_from for r in subs2] == [r.request_id for r in subs]
+    assert join.after == (plan.request_id, *(r.request_id for r in subs2)) and join.context_from == plan.request_id
+    assert join.after_delay_ns == (10_000_000,) * 4
+    # every fresh conversation starts with the system prompt; continuations do not
+    assert [r.prefix_group for r in job] == ["p0"] * 4 + [None] * 4
+    assert plan.send_offset_ns == 0 and all(r.send_offset_ns is None for r in job[1:])
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ([{"job": "a", "node": "x", "output_tokens": 3}], "g.jsonl:1: field 'input_tokens': needed unless 'prompt'"),
+    ([{"job": "a", "node": "x", "input_tokens": 3, "output_tokens": 3},
+      {"job": "a", "node": "y", "after": ["z"], "input_tokens": 3, "output_tokens": 3}],
+     "g.jsonl:2: field 'after': 'z' is not an earlier node of job 'a'"),
+    ([{"job": "a", "node": "x", "input_tokens": 3, "output_tokens": 3},
+      {"job": "a", "node": "y", "after": ["x"], "delay_s": -1, "input_tokens": 3, "output_tokens": 3}],
+     "g.jsonl:2: field 'delay_s': must be 0..3600 s"),
+    ([{"job": "a", "node": "x", "input_tokens": 3, "output_tokens": 3},
+      {"job": "a", "node": "y", "input_tokens": 3, "output_tokens": 3}],
+     "only the first node (the root) may have no predecessors"),
+    ([{"job": "a", "node": "x", "input_tokens": 3, "output_tokens": 3, "colour": 1}], "g.jsonl:1: unknown field 'colour'"),
+    ([{"job": "a", "node": "x", "input_tokens": 3, "output_tokens": 3},
+      {"job": "b", "node": "x", "input_tokens": 3, "output_tokens": 3},
+      {"job": "a", "node": "y", "after": ["x"], "input_tokens": 3, "output_tokens": 3}], "g.jsonl:3: field 'job'"),
+])
+def test_jsonl_errors_name_file_line_field(tmp_path: Path, rows: list[dict[str, object]], message: str) -> None:
+    with pytest.raises(WorkloadError, match=None) as err:
+        read_graph_jsonl(_write_jsonl(tmp_path / "g.jsonl", rows))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ('[[graph.node]]\nid = "a"\ninput_tokens = 5\noutput_tokens = 2\n[[graph.node]]\nid = "b"\nafter = ["c"]\n'
+     'input_tokens = 5\noutput_tokens = 2\n', "graph.node[1].after: 'c' is not an earlier node"),
+    ('[[graph.node]]\nid = "a"\ninput_tokens = 5\noutput_tokens = 2\n[[graph.node]]\nid = "b"\nafter = ["a"]\n'
+     'copies = 65\ninput_tokens = 5\noutput_tokens = 2\n', "graph.node[1].copies: must be 1..64"),
+    ('[[graph.node]]\nid = "a"\ninput_tokens = 5\noutput_tokens = 2\n[[graph.node]]\nid = "b"\nafter = ["a"]\n'
+     'delay = { kind = "uniform", low = 2.0 }\ninput_tokens = 5\noutput_tokens = 2\n',
+     "graph.node[1].delay: kind 'uniform' needs a finite 'high'"),
+    ('[[graph.node]]\nid = "a"\ninput_tokens = 5\noutput_tokens = 2\ncolour = 3\n', "unknown key 'graph.node[0].colour'"),
+])
+def test_toml_errors_are_one_line(tmp_path: Path, toml: str, message: str) -> None:
+    wl = tmp_path / "g.toml"
+    wl.write_text(toml)
+    with pytest.raises(WorkloadError) as err:
+        build_named_schedule(str(wl), requests=4, rate=1.0, arrival="poisson", concurrency=None, warmup=0, seed=1)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def check_graph_order(run: Path, delays: bool = True) -> pd.DataFrame:
+    """Every measured request was sent after each predecessor ended (+ its delay), and its
+    intended send time is the latest such instant. Returns the joined rows."""
+    sched = pq.read_table(run / "schedule.parquet").to_pandas().set_index("request_id")
+    rows = pq.read_table(run / "requests").to_pandas().set_index("request_id")
+    rows = rows[rows["phase"] == "measure"]
+    checked = 0
+    for rid, r in rows.iterrows():
+        after = list(sched.at[rid, "after"])
+        if not after:
+            continue
+        gaps = list(sched.at[rid, "after_delay_ns"])
+        ready = max(int(rows.at[p, "end_ns"]) + (int(d) if delays else 0) for p, d in zip(after, gaps))
+        assert int(r["intended_send_ns"]) == ready, rid
+        assert int(r["send_ns"]) >= ready, rid
+        checked += 1
+    assert checked > 0
+    return rows.join(sched[["after", "context_from"]])
+
+
+def test_real_time_run_keeps_the_graph_and_builds_contexts(tmp_path: Path) -> None:
+    wl = _write_jsonl(tmp_path / "g.jsonl", GRAPH_JSONL)
+    out = tmp_path / "run"
+    p = subprocess.run(bench_argv("run", "--workload", str(wl), "--requests", "6", "--sim-itl-ms", "1",
+                                  "--sim-ttft-ms", "5", "--out", str(out), "--json", "--no-progress"),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = check_graph_order(out)
+    assert rows["ok"].all() and len(rows) == 6
+    # a node's prompt: its context's prompt and answer, the other predecessors' answers, its own tokens
+    for rid, r in rows.iterrows():
+        extra = sum(int(rows.at[q, "completion_tokens"]) for q in r["after"] if q != r["context_from"])
+        ctx = r["context_from"]
+        base = int(rows.at[ctx, "prompt_tokens"]) + int(rows.at[ctx, "completion_tokens"]) if isinstance(ctx, str) else 0
+        assert int(r["prompt_tokens"]) == base + extra + int(r["input_tokens_target"]), rid
+
+
+def test_agentic_builtin_in_virtual_time_keeps_the_graph(tmp_path: Path) -> None:
+    out = tmp_path / "agentic"
+    p = subprocess.run(bench_argv("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
+                                  "agentic", "--rate", "0.5", "--requests", "80", "--clock", "virtual", "--out",
+                                  str(out), "--json", "--no-progress", "--slo", "job_ms=30000"),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = check_graph_order(out)
+    assert rows["ok"].all() and len(rows) == 80
+    fanned = rows[rows["after"].map(len) > 1]
+    assert len(fanned) > 0  # some jobs joined their sub-agents
+    summary = subprocess.run(bench_argv("summary", str(out), "--json", "--slo", "job_ms=30000"),
+                             capture_output=True, text=True, timeout=60)
+    jobs = json.loads(summary.stdout)["jobs"]
+    assert jobs["ok"] == jobs["jobs"] and jobs["met"] is not None
+    assert jobs["metrics"]["parallelism"]["p90"] > 1.0  # sub-agents ran in parallel
+    assert 0.3 < jobs["hit_rate"] < 1.0  # the growing contexts were reused by the prefix cache
