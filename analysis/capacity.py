@@ -38,6 +38,7 @@ from bench_llm.analysis.confidence import (
 )
 from bench_llm.analysis.failures import error_line, top_errors
 from bench_llm.analysis.invariants import check_records, timing_measurable
+from bench_llm.analysis.jobs import judged_by_jobs
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import measured, request_metrics
 from bench_llm.analysis.slo import SLO, SLO_METRICS
@@ -154,6 +155,8 @@ class PointMetrics:
     server_preemptions: float = _NAN
     server_waiting_max: float = _NAN
     server_waiting_growth: float = _NAN
+    #: judged per job (a job bound in the SLO, analysis/jobs.py): the jobs judged; ``met`` counts jobs then
+    jobs: float = _NAN
 
     def as_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {}
@@ -203,7 +206,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
     measured_offered = _span_rate(intended)
     lag_p50 = _nanmedian(kept["schedule_lag_ms"].to_numpy(dtype=float))
     sig = signals or {}
-    return PointMetrics(
+    point = PointMetrics(
         requests=totals.judged,
         ok=totals.ok,
         failed=totals.failed + totals.cancelled,
@@ -235,6 +238,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
         ),
         **{f"server_{key}": float(sig.get(key, _NAN)) for key in _SERVER_SIGNALS},
     )
+    return judged_by_jobs(point, run.path, slo) if slo.job_limits else point
 
 
 #: The server signals a point keeps (``server_signals``), as ``server_<name>`` columns.
@@ -731,7 +735,7 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
         why = next((str(r["untrustworthy"]) for r in runs if r.get("untrustworthy")), "no run")
         return LoadJudgement("undecided", 0, 0, math.nan, math.nan, math.nan, False, f"untrustworthy: {why}", why)
     met = sum(_met(r) for r in trusted)
-    judged = sum(int(r.get("requests") or 0) for r in trusted)
+    judged = sum(_judged(r) for r in trusted)
     att = met / judged if judged else math.nan
     lo, hi = wilson_interval(met, judged, level)
     sat = any(bool(r.get("saturated")) for r in trusted)
@@ -751,6 +755,14 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
     need = requests_to_pass(target, level)
     small = f"; fewer than the {need} requests a pass needs at all" if judged < need else ""
     return LoadJudgement("undecided", reason=f"{interval} straddles {attainment_pct:g}%{small}", **common)  # type: ignore[arg-type]
+
+
+def _judged(row: Mapping[str, Any]) -> int:
+    """The units a run's attainment counts: its jobs when judged per job, else its requests."""
+    jobs = row.get("jobs")
+    if jobs is not None and isinstance(jobs, (int, float)) and math.isfinite(jobs):
+        return int(jobs)
+    return int(row.get("requests") or 0)
 
 
 def _met(row: Mapping[str, Any]) -> int:

@@ -232,3 +232,17 @@ def format_jobs(s: JobSummary) -> list[str]:
         lines.append(f"job SLO attainment {100 * s.attainment:.1f}% ({s.met}/{s.jobs} jobs; 95% CI "
                      f"{100 * lo:.1f}-{100 * hi:.1f}%), goodput {s.goodput_jobs_per_s:.3f} jobs/s")
     return lines
+
+
+def judged_by_jobs(point: Any, run_dir: Path, slo: SLO) -> Any:
+    """A sweep point (``analysis.capacity.PointMetrics``) judged per job: with a job bound in
+    the SLO, the unit a load is judged on is the job (``jobs`` judged, ``met`` counts jobs;
+    attainment and goodput are the jobs'), so capacity is searched in jobs per second."""
+    import dataclasses
+
+    s = job_summary(run_dir, slo)
+    if s is None or not s.jobs:
+        return point
+    lo, hi = s.attainment_interval()
+    return dataclasses.replace(point, jobs=float(s.jobs), met=float(s.met or 0), attainment=s.attainment,
+                               attainment_low=lo, attainment_high=hi, goodput_rps=s.goodput_jobs_per_s)
