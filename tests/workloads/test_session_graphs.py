@@ -180,3 +180,20 @@ def test_agentic_builtin_in_virtual_time_keeps_the_graph(tmp_path: Path) -> None
     assert jobs["ok"] == jobs["jobs"] and jobs["met"] is not None
     assert jobs["metrics"]["parallelism"]["p90"] > 1.0  # sub-agents ran in parallel
     assert 0.3 < jobs["hit_rate"] < 1.0  # the growing contexts were reused by the prefix cache
+
+
+def test_the_documented_examples_build(tmp_path: Path) -> None:
+    import re
+
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "workloads.md").read_text(encoding="utf-8")
+    sec = text[text.index("## Session graphs"):]
+    (tmp_path / "doc.toml").write_text(re.findall(r"```toml\n(.*?)```", sec, re.S)[0])
+    (tmp_path / "doc.jsonl").write_text(re.findall(r"```json\n(.*?)```", sec, re.S)[0])
+    a = build_named_schedule(str(tmp_path / "doc.toml"), requests=16, rate=None, arrival="poisson",
+                             concurrency=None, warmup=0, seed=1)
+    assert len(a.requests) == 16 and a.rate == 0.5 and a.requests[7].after[0] == a.requests[0].request_id
+    b = build_named_schedule(str(tmp_path / "doc.jsonl"), requests=5, rate=None, arrival="trace",
+                             concurrency=None, warmup=0, seed=1)
+    assert [r.send_offset_ns for r in b.requests] == [0, None, None, None, 2_500_000_000]
