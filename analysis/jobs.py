@@ -246,3 +246,45 @@ def judged_by_jobs(point: Any, run_dir: Path, slo: SLO) -> Any:
     lo, hi = s.attainment_interval()
     return dataclasses.replace(point, jobs=float(s.jobs), met=float(s.met or 0), attainment=s.attainment,
                                attainment_low=lo, attainment_high=hi, goodput_rps=s.goodput_jobs_per_s)
+
+
+#: the job figures ``bench compare`` compares: (metric, percentile)
+COMPARED = (("job_ms", 50.0), ("job_ms", 90.0), ("job_ttft_ms", 90.0), ("critical_path_ms", 90.0))
+
+
+def compare_jobs(baseline: Path, current: Path, level: float = 0.95, resamples: int = 1000,
+                 seed: int = 0) -> list[dict[str, Any]]:
+    """Job percentiles of two single runs with a percentile-bootstrap interval of the change
+    (jobs resampled, each side on its own; ok jobs). Empty unless each side is one run with jobs."""
+    from bench_llm.results.reader import find_runs
+
+    sides = []
+    for path in (baseline, current):
+        runs = find_runs(Path(path))
+        jobs = run_jobs(runs[0]) if len(runs) == 1 else None
+        if jobs is None or jobs.empty or not jobs["ok"].any():
+            return []
+        sides.append(jobs[jobs["ok"]])
+    rng = np.random.default_rng(seed)
+    out = []
+    for metric, q in COMPARED:
+        a, b = (s[metric].to_numpy(dtype=float) for s in sides)
+        diffs = np.array([np.percentile(rng.choice(b, len(b)), q) - np.percentile(rng.choice(a, len(a)), q)
+                          for _ in range(resamples)])
+        lo, hi = np.percentile(diffs, [50 * (1 - level), 100 - 50 * (1 - level)])
+        base, cur = float(np.percentile(a, q)), float(np.percentile(b, q))
+        out.append({"metric": f"{metric} p{q:g}", "baseline": base, "current": cur, "change": cur - base,
+                    "low": float(lo), "high": float(hi), "significant": bool(lo > 0 or hi < 0),
+                    "jobs": [len(a), len(b)]})
+    return out
+
+
+def format_job_changes(rows: list[dict[str, Any]], level: float = 0.95) -> list[str]:
+    if not rows:
+        return []
+    lines = [f"jobs (ok jobs: {rows[0]['jobs'][0]} vs {rows[0]['jobs'][1]}; {100 * level:g}% bootstrap, jobs resampled):"]
+    for r in rows:
+        mark = " *" if r["significant"] else ""
+        lines.append(f"  {r['metric']:<22}{r['baseline']:>12,.0f} -> {r['current']:>10,.0f} ms  change "
+                     f"{r['change']:+,.0f} ms [{r['low']:+,.0f}, {r['high']:+,.0f}]{mark}")
+    return lines
