@@ -9,6 +9,7 @@ aggregates it; summary, report and compare take them from here.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench_llm.analysis.bootstrap import Change
 from bench_llm.analysis.confidence import wilson_interval
 from bench_llm.analysis.metrics import percentiles
 from bench_llm.analysis.slo import JOB_SLO_METRICS, SLO
@@ -248,43 +250,64 @@ def judged_by_jobs(point: Any, run_dir: Path, slo: SLO) -> Any:
                                attainment_low=lo, attainment_high=hi, goodput_rps=s.goodput_jobs_per_s)
 
 
-#: the job figures ``bench compare`` compares: (metric, percentile)
-COMPARED = (("job_ms", 50.0), ("job_ms", 90.0), ("job_ttft_ms", 90.0), ("critical_path_ms", 90.0))
+#: job metrics ``bench compare`` shows and ``bench gate`` can gate: name -> (job column, percentile)
+JOB_COMPARE_METRICS: dict[str, tuple[str, float]] = {
+    "job_p50_ms": ("job_ms", 50.0),
+    "job_p90_ms": ("job_ms", 90.0),
+    "job_ttft_p90_ms": ("job_ttft_ms", 90.0),
+    "critical_path_p90_ms": ("critical_path_ms", 90.0),
+}
 
 
-def compare_jobs(baseline: Path, current: Path, level: float = 0.95, resamples: int = 1000,
-                 seed: int = 0) -> list[dict[str, Any]]:
-    """Job percentiles of two single runs with a percentile-bootstrap interval of the change
-    (jobs resampled, each side on its own; ok jobs). Empty unless each side is one run with jobs."""
+def _one_run_jobs(path: Path) -> pd.DataFrame | None:
     from bench_llm.results.reader import find_runs
 
-    sides = []
-    for path in (baseline, current):
-        runs = find_runs(Path(path))
-        jobs = run_jobs(runs[0]) if len(runs) == 1 else None
-        if jobs is None or jobs.empty or not jobs["ok"].any():
-            return []
-        sides.append(jobs[jobs["ok"]])
+    runs = find_runs(Path(path))
+    jobs = run_jobs(runs[0]) if len(runs) == 1 else None
+    if jobs is None or jobs.empty or not jobs["ok"].any():
+        return None
+    return jobs[jobs["ok"]]
+
+
+def job_changes(baseline: Path, current: Path, names: Sequence[str] = tuple(JOB_COMPARE_METRICS),
+                level: float = 0.95, resamples: int = 1000, seed: int = 0) -> list[Change]:
+    """Job percentiles of two single runs, each change with a percentile-bootstrap interval
+    (ok jobs resampled: in pairs when both sides ran the same jobs, else each side on its own).
+    Empty unless each side is one run with jobs."""
+    sa, sb = _one_run_jobs(baseline), _one_run_jobs(current)
+    if sa is None or sb is None:
+        return []
+    # the same jobs on both sides (the same workload and seed): resampled in pairs, so the
+    # interval is the change's, not the spread between different jobs
+    paired = set(sa["job"]) == set(sb["job"])
+    if paired:
+        sa, sb = sa.sort_values("job"), sb.sort_values("job")
     rng = np.random.default_rng(seed)
+    tail = [50 * (1 - level), 100 - 50 * (1 - level)]
     out = []
-    for metric, q in COMPARED:
-        a, b = (s[metric].to_numpy(dtype=float) for s in sides)
-        diffs = np.array([np.percentile(rng.choice(b, len(b)), q) - np.percentile(rng.choice(a, len(a)), q)
-                          for _ in range(resamples)])
-        lo, hi = np.percentile(diffs, [50 * (1 - level), 100 - 50 * (1 - level)])
+    for name in names:
+        col, q = JOB_COMPARE_METRICS[name]
+        a, b = sa[col].to_numpy(dtype=float), sb[col].to_numpy(dtype=float)
         base, cur = float(np.percentile(a, q)), float(np.percentile(b, q))
-        out.append({"metric": f"{metric} p{q:g}", "baseline": base, "current": cur, "change": cur - base,
-                    "low": float(lo), "high": float(hi), "significant": bool(lo > 0 or hi < 0),
-                    "jobs": [len(a), len(b)]})
+        ia = [rng.integers(0, len(a), len(a)) for _ in range(resamples)]
+        ib = ia if paired else [rng.integers(0, len(b), len(b)) for _ in range(resamples)]
+        ra = np.array([np.percentile(a[i], q) for i in ia])
+        rb = np.array([np.percentile(b[i], q) for i in ib])
+        d_lo, d_hi = np.percentile(rb - ra, tail)
+        c_lo, c_hi = np.percentile(rb, tail)
+        rel = cur / base - 1 if base else math.nan
+        r_lo, r_hi = (np.percentile(rb / ra - 1, tail) if base and (ra > 0).all() else (math.nan, math.nan))
+        out.append(Change(name, "ms", "lower", base, cur, float(c_lo), float(c_hi), cur - base, float(d_lo),
+                          float(d_hi), rel, float(r_lo), float(r_hi), level, bool(d_lo > 0 or d_hi < 0)))
     return out
 
 
-def format_job_changes(rows: list[dict[str, Any]], level: float = 0.95) -> list[str]:
-    if not rows:
+def format_job_changes(changes: Sequence[Change], jobs: tuple[int, int] | None = None) -> list[str]:
+    if not changes:
         return []
-    lines = [f"jobs (ok jobs: {rows[0]['jobs'][0]} vs {rows[0]['jobs'][1]}; {100 * level:g}% bootstrap, jobs resampled):"]
-    for r in rows:
-        mark = " *" if r["significant"] else ""
-        lines.append(f"  {r['metric']:<22}{r['baseline']:>12,.0f} -> {r['current']:>10,.0f} ms  change "
-                     f"{r['change']:+,.0f} ms [{r['low']:+,.0f}, {r['high']:+,.0f}]{mark}")
+    lines = [f"jobs ({100 * changes[0].level:g}% bootstrap, ok jobs resampled):"]
+    for c in changes:
+        mark = "  significant" if c.significant else ""
+        lines.append(f"  {c.metric:<22}{c.baseline:>12,.0f} -> {c.current:>10,.0f} ms  change "
+                     f"{c.diff:+,.0f} ms [{c.diff_low:+,.0f}, {c.diff_high:+,.0f}]{mark}")
     return lines

@@ -66,7 +66,8 @@ def command(
         raise BenchError(str(exc)) from None
     click.echo(comparison_json(cmp) if as_json else format_comparison(cmp))
     if not as_json:  # job-level figures (analysis/jobs.py), when both sides are one run with jobs
-        from bench_llm.analysis.jobs import compare_jobs, format_job_changes
+        from bench_llm.analysis.jobs import format_job_changes, job_changes
 
-        for line in format_job_changes(compare_jobs(baseline, current, level, min(resamples, 1000), seed), level):
+        for line in format_job_changes(job_changes(baseline, current, level=level, resamples=min(resamples, 1000),
+                                                   seed=seed)):
             click.echo(line)

@@ -46,3 +46,33 @@ def test_fan_out_join_and_a_failed_chain() -> None:
     s = summarize_jobs(jobs.reset_index(), SLO.parse("job_ms=600"))
     assert (s.jobs, s.ok, s.met) == (2, 1, 1) and math.isclose(s.attainment, 0.5)
     assert math.isclose(s.metrics["parallelism"]["mean"], 550 / 450)
+
+
+def test_gate_judges_job_completion(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two virtual-time runs of the agentic workload, H100 then A100 (slower): a gate on the job
+    completion p50 passes the same run and fails the slower one."""
+    import subprocess
+
+    from tests.conftest import bench_argv
+
+    def run(gpu: str) -> str:
+        out = str(tmp_path / gpu)
+        p = subprocess.run(bench_argv("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", gpu,
+                                      "--workload", "agentic", "--rate", "2", "--requests", "120", "--clock",
+                                      "virtual", "--out", out, "--no-progress"),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return out
+
+    fast, slow = run("h100"), run("a100")
+    config = tmp_path / "gates.toml"
+    config.write_text("[gate]\nresamples = 300\n[metrics.job_p50_ms]\nmax_increase_pct = 5\n")
+
+    def gate(base: str, cur: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(bench_argv("gate", "--baseline", base, "--current", cur, "--config", str(config)),
+                              capture_output=True, text=True, timeout=120)
+
+    same = gate(fast, fast)
+    assert same.returncode == 0 and "job_p50_ms" in same.stdout, same.stdout + same.stderr
+    worse = gate(fast, slow)
+    assert worse.returncode == 1 and "job_p50_ms" in worse.stdout, worse.stdout + worse.stderr
