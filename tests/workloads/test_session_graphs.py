@@ -180,6 +180,31 @@ def test_agentic_builtin_in_virtual_time_keeps_the_graph(tmp_path: Path) -> None
     assert jobs["ok"] == jobs["jobs"] and jobs["met"] is not None
     assert jobs["metrics"]["parallelism"]["p90"] > 1.0  # sub-agents ran in parallel
     assert 0.3 < jobs["hit_rate"] < 1.0  # the growing contexts were reused by the prefix cache
+    report = subprocess.run(bench_argv("report", str(out), "--out", str(tmp_path / "r.html"), "--slo", "job_ms=30000"),
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "<h3>Jobs (ms" in (tmp_path / "r.html").read_text(encoding="utf-8")
+
+
+def test_closed_loop_runs_n_jobs_at_once(tmp_path: Path) -> None:
+    """--concurrency 2 with a graph workload: two jobs in flight, a slot's next job starting
+    when its whole job ended (virtual time)."""
+    out = tmp_path / "closed"
+    p = subprocess.run(bench_argv("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
+                                  "agentic", "--concurrency", "2", "--requests", "60", "--clock", "virtual", "--out",
+                                  str(out), "--no-progress"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = check_graph_order(out)
+    spans = rows.groupby("session_id").agg(start=("send_ns", "min"), end=("end_ns", "max")).sort_values("start")
+    events = sorted([(t, 1) for t in spans["start"]] + [(t, -1) for t in spans["end"]], key=lambda e: (e[0], e[1]))
+    active = peak = 0
+    for _, step in events:
+        active += step
+        peak = max(peak, active)
+    assert peak == 2 and len(spans) > 4
+    # each later job starts the instant an earlier one ended (its slot freed)
+    ends = set(spans["end"])
+    assert all(s in ends for s in spans["start"].iloc[2:])
 
 
 def test_the_documented_examples_build(tmp_path: Path) -> None:
