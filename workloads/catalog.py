@@ -15,6 +15,7 @@ from bench_llm.workloads.graph import FileGraphs, is_graph_jsonl
 from bench_llm.workloads.prompts import PromptSynth
 from bench_llm.workloads.readers import detect_format
 from bench_llm.workloads.spec import Schedule
+from bench_llm.workloads.weka import is_weka
 
 TRACE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json", ".parquet")
 
@@ -33,7 +34,7 @@ def resolve(ref: str, **kwargs: Any) -> WorkloadDef:
             if not path.is_file():
                 raise WorkloadError(f"{ref}: no such workload file")
             wd = load_workload_file(path)
-        elif path.suffix.lower() in (".jsonl", ".ndjson") and is_graph_jsonl(path):
+        elif path.suffix.lower() in (".jsonl", ".ndjson", ".json") and (is_graph_jsonl(path) or is_weka(path)):
             wd = WorkloadDef(name=path.stem, description=f"session graphs of {path.name}",
                              graph=FileGraphs.read(path), source={"file": str(path)})
         elif path.suffix.lower() in TRACE_SUFFIXES:

@@ -436,9 +436,16 @@ class FileGraphs:
 
     path: str
     graphs: tuple[JobGraph, ...] = field(repr=False, default=())
+    #: "graph-jsonl" (bench's own) or "weka" (workloads/weka.py)
+    format: str = "graph-jsonl"
 
     @classmethod
     def read(cls, path: Path) -> "FileGraphs":
+        """A graph JSONL file, or Weka agentic traces (recognised by their content)."""
+        from bench_llm.workloads.weka import is_weka, read_weka
+
+        if is_weka(path):
+            return cls(str(path), tuple(read_weka(path)), "weka")
         return cls(str(path), tuple(read_graph_jsonl(path)))
 
     def jobs(self, requests: int, rng: np.random.Generator) -> list[JobGraph]:
@@ -456,7 +463,7 @@ class FileGraphs:
         return bool(self.graphs) and self.graphs[0].offset_s is not None
 
     def describe(self) -> dict[str, object]:
-        return {"kind": "file", "path": self.path, "jobs": len(self.graphs),
+        return {"kind": "file", "format": self.format, "path": self.path, "jobs": len(self.graphs),
                 "requests": sum(len(g.nodes) for g in self.graphs)}
 
 

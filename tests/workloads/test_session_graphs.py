@@ -222,3 +222,69 @@ def test_the_documented_examples_build(tmp_path: Path) -> None:
     b = build_named_schedule(str(tmp_path / "doc.jsonl"), requests=5, rate=None, arrival="trace",
                              concurrency=None, warmup=0, seed=1)
     assert [r.send_offset_ns for r in b.requests] == [0, None, None, None, 2_500_000_000]
+
+
+WEKA_TRACE = {"id": "t1", "models": ["m"], "block_size": 64, "requests": [
+    {"t": 0.0, "type": "s", "model": "m", "in": 3000, "out": 100, "hash_ids": [1, 2], "api_time": 2.0},
+    {"t": 3.0, "type": "s", "model": "m", "in": 3600, "out": 80, "api_time": 1.5},
+    {"t": 5.0, "type": "subagent", "agent_id": "a1", "subagent_type": "explore", "duration_ms": 9000, "requests": [
+        {"t": 0.2, "type": "n", "model": "m", "in": 900, "out": 50, "api_time": 1.0},
+        {"t": 2.0, "type": "n", "model": "m", "in": 1500, "out": 60, "api_time": 1.0}]},
+    {"t": 5.1, "type": "subagent", "agent_id": "a2", "subagent_type": "explore", "requests": [
+        {"t": 5.3, "type": "n", "model": "m", "in": 800, "out": 40, "api_time": 1.0}]},
+    {"t": 15.0, "type": "s", "model": "m", "in": 4200, "out": 120, "api_time": 2.0},
+    {"t": 20.0, "type": "s", "model": "m", "in": 2000, "out": 90, "api_time": 1.0},
+]}
+
+
+def test_weka_trace_becomes_a_job(tmp_path: Path) -> None:
+    path = tmp_path / "cc.jsonl"
+    path.write_text(json.dumps(WEKA_TRACE) + "\n" + json.dumps(WEKA_TRACE) + "\n")
+    s = build_named_schedule(str(path), requests=14, rate=0.5, arrival="poisson", concurrency=None, warmup=0, seed=1)
+    job = s.requests[:7]
+    assert len(s.requests) == 14 and len({r.session_id for r in s.requests}) == 2
+    ids = [r.request_id for r in job]
+    # main chain: growth is the new tokens (3600 - 3000 - 100), the recorded gap the delay (3.0 - 2.0)
+    assert (job[1].input_tokens, job[1].after, job[1].after_delay_ns, job[1].context_from) == (
+        500, (ids[0],), (1_000_000_000,), ids[0])
+    # sub-agent a1: fresh after main request 1 (starts 5.0 + 0.2, main 1 ended 4.5), then a chained turn
+    assert (job[2].after, job[2].after_delay_ns, job[2].context_from, job[2].input_tokens) == (
+        (ids[1],), (700_000_000,), None, 900)
+    assert (job[3].after, job[3].context_from, job[3].input_tokens) == ((ids[2],), ids[2], 1500 - 900 - 50)
+    # a2's request times are absolute (5.3 >= its start 5.1)
+    assert job[4].after_delay_ns == (800_000_000,)
+    # the next main request joins both sub-agents, each after the recorded gap from its end
+    assert job[5].after == (ids[1], ids[3], ids[4]) and job[5].context_from == ids[1]
+    assert job[5].after_delay_ns == (10_500_000_000, 7_000_000_000, 8_700_000_000)
+    # a prompt that shrank (compaction) starts a fresh conversation of its whole length
+    assert (job[6].context_from, job[6].input_tokens) == (None, 2000)
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda t: t["requests"][1].update({"in": "x"}), "cc.jsonl:1: requests[1]: field 'in': expected an integer"),
+    (lambda t: t["requests"][0].update({"type": "q"}), "cc.jsonl:1: requests[0]: field 'type'"),
+    (lambda t: t["requests"][2]["requests"][0].pop("t"), "cc.jsonl:1: requests[2].requests[0]: field 't': required"),
+    (lambda t: t["requests"].insert(0, t["requests"][2]), "cc.jsonl:1: requests[0]: a sub-agent before the first"),
+])
+def test_weka_errors_name_line_and_field(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    trace = json.loads(json.dumps(WEKA_TRACE))
+    mutate(trace)
+    path = tmp_path / "cc.jsonl"
+    path.write_text(json.dumps(trace) + "\n")
+    with pytest.raises(WorkloadError) as err:
+        build_named_schedule(str(path), requests=7, rate=0.5, arrival="poisson", concurrency=None, warmup=0, seed=1)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_weka_replay_keeps_the_graph_in_virtual_time(tmp_path: Path) -> None:
+    path = tmp_path / "cc.json"
+    path.write_text(json.dumps(WEKA_TRACE))
+    out = tmp_path / "weka"
+    p = subprocess.run(bench_argv("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
+                                  str(path), "--concurrency", "1", "--requests", "7", "--clock", "virtual", "--out",
+                                  str(out), "--no-progress"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = check_graph_order(out)
+    assert rows["ok"].all() and len(rows) == 7
+    # the join waited for the slower sub-agent: sent 10.5 s after main request 1 ended
+    assert int(rows.at["r000005", "intended_send_ns"]) >= int(rows.at["r000001", "end_ns"]) + 10_500_000_000
