@@ -84,3 +84,29 @@ def graph_offsets(ga: GraphArrays, arr: ArrivalSpec, rate: float | None, rng: np
 
 def is_file(source: GraphSource) -> bool:
     return isinstance(source, FileGraphs)
+
+
+def graph_summary(ga: GraphArrays, inputs: np.ndarray) -> dict[str, object]:
+    """What ``bench workload show`` prints of a graph workload: requests per job, joins, fresh
+    conversations, edge delays, and each request's whole prompt as the engine will see it
+    (its context's prompt and answer, its other predecessors' answers, its own new tokens;
+    answers at their full requested length)."""
+    n = len(inputs)
+    prompt = np.zeros(n, dtype=np.int64)
+    out = ga.output_tokens
+    for i in range(n):
+        c = int(ga.context[i])
+        base = int(prompt[c] + out[c]) if c >= 0 else 0
+        prompt[i] = base + sum(int(out[p]) for p in ga.after[i] if p != c) + int(inputs[i])
+    delays = np.array([d for ds in ga.delays_s for d in ds], dtype=float)
+    per_job = np.bincount(ga.session)
+    q = (lambda v, p: float(np.percentile(v, p)) if len(v) else float("nan"))  # noqa: E731
+    return {
+        "jobs": int(ga.jobs),
+        "requests_per_job": float(per_job.mean()) if len(per_job) else 0.0,
+        "joins": float(np.mean([len(a) > 1 for a in ga.after])) if n else 0.0,
+        "fresh": float(np.mean(ga.context < 0)) if n else 0.0,
+        "delay_s": {"mean": float(delays.mean()) if len(delays) else 0.0, "p50": q(delays, 50), "p95": q(delays, 95)},
+        "prompt_tokens": {"mean": float(prompt.mean()) if n else 0.0, "p50": q(prompt, 50), "p95": q(prompt, 95),
+                          "max": int(prompt.max()) if n else 0},
+    }

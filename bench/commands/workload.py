@@ -128,8 +128,20 @@ def format_summary(s: dict[str, object]) -> str:
     if isinstance(pg, dict):
         shares = ", ".join(f"{k} {v:.1%}" for k, v in pg["shares"].items())
         lines.append(f"shared prefixes of {pg['tokens']} tokens: {shares}; none {pg['none']:.1%}")
+    gs = s.get("graph")
+    if isinstance(gs, dict):  # session graphs (docs/workloads.md): rates are jobs/s, input tokens new tokens
+        d, pt = gs["delay_s"], gs["prompt_tokens"]
+        lines.append(
+            f"jobs: {gs['jobs']} ({gs['requests_per_job']:.1f} requests each; --rate is jobs/s); {gs['joins']:.1%} of "
+            f"requests join several predecessors, {gs['fresh']:.1%} start a fresh conversation; edge delays mean "
+            f"{d['mean']:.2f} s, p50 {d['p50']:.2f} s, p95 {d['p95']:.2f} s"
+        )
+        lines.append(
+            f"whole prompts (context + new tokens above): mean {pt['mean']:,.0f}, p50 {pt['p50']:,.0f}, "
+            f"p95 {pt['p95']:,.0f}, max {pt['max']:,} tokens"
+        )
     ss = s.get("sessions")
-    if isinstance(ss, dict):
+    if isinstance(ss, dict) and not isinstance(gs, dict):
         lines.append(
             f"sessions: {ss['count']}, {ss['turns_mean']:.2f} turns on average, mean think time {ss['think_s_mean']:.2f} s"
         )
