@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 
 class _Pool(Protocol):
@@ -63,10 +63,11 @@ class CacheAwareGuard:
 
 
 DEFAULT_GUARD = CacheAwareGuard()
+R = TypeVar("R", bound=Replica)
 
 
-def prefix_aware(pool: Sequence[Replica], block_hashes: tuple[int, ...], block_size: int, prompt_len: int,
-                 guard: CacheAwareGuard = DEFAULT_GUARD) -> Replica:
+def prefix_aware(pool: Sequence[R], block_hashes: tuple[int, ...], block_size: int, prompt_len: int,
+                 guard: CacheAwareGuard = DEFAULT_GUARD) -> R:
     """The replica a prefix-aware router with the load guard picks for one request."""
     loads = [r.load for r in pool]
     if guard.imbalanced(loads):

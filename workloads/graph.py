@@ -155,9 +155,9 @@ class DelayConfig:
         elif self.kind == "exponential":
             v = float(rng.exponential(self.mean)) if self.mean else 0.0
         elif self.kind == "uniform":
-            v = float(rng.uniform(self.low, self.high))
+            v = float(rng.uniform(float(self.low or 0.0), float(self.high or 0.0)))
         else:
-            v = float(rng.lognormal(self.mu, self.sigma))
+            v = float(rng.lognormal(float(self.mu or 0.0), float(self.sigma or 0.0)))
         return min(max(v, 0.0), self.max)
 
     def describe(self) -> dict[str, object]:
@@ -171,8 +171,8 @@ class DelayConfig:
 class _TemplateNode:
     label: str
     copies: int
-    inp: object | None  # a LengthDist, or None with a fixed count
-    out: object | None
+    inp: Any  # a LengthDist, or None with a fixed count
+    out: Any
     n_in: int | None
     n_out: int | None
     prompt: str | None
@@ -265,9 +265,8 @@ class TemplateGraph:
                     if p == t.context:
                         ctx = mine[0]
                 delays = tuple(t.delay.sample(rng) if t.delay is not None else t.delay_s for _ in after)
-                n_in = t.n_in if t.n_in is not None else (
-                    int(t.inp.sample(1, rng)[0]) if t.inp is not None else 0)  # type: ignore[attr-defined]
-                n_out = t.n_out if t.n_out is not None else int(t.out.sample(1, rng)[0])  # type: ignore[attr-defined]
+                n_in = t.n_in if t.n_in is not None else (int(t.inp.sample(1, rng)[0]) if t.inp is not None else 0)
+                n_out = t.n_out if t.n_out is not None else int(t.out.sample(1, rng)[0])
                 if t.prompt is not None and t.inp is None and t.n_in is None:
                     n_in = len(t.prompt.split())
                 label = t.label if t.copies == 1 else f"{t.label}.{c}"
@@ -411,18 +410,19 @@ def read_graph_jsonl(path: Path) -> list[JobGraph]:
             ctx = ids[str(ctx_raw)]
         else:
             raise WorkloadError(f"{at}: field 'context': {ctx_raw!r} is not one of its predecessors (or \"fresh\")")
-        off = _field(obj, "offset_s", float, at)
+        off_raw = _field(obj, "offset_s", float, at)
+        off = None if off_raw is None else float(off_raw)  # type: ignore[arg-type]
         if not after:
             if offsets_given is not None and offsets_given != (off is not None):
                 raise WorkloadError(f"{at}: field 'offset_s': give it on every job's root or on none")
             offsets_given = off is not None
-            if off is not None and not (off >= 0 and math.isfinite(off)):  # type: ignore[operator]
+            if off is not None and not (off >= 0 and math.isfinite(off)):
                 raise WorkloadError(f"{at}: field 'offset_s': must be a finite number >= 0")
-            offset = off  # type: ignore[assignment]
+            offset = off
         elif off is not None:
             raise WorkloadError(f"{at}: field 'offset_s': only a job's root (no 'after') has an arrival time")
         ids[node_id] = len(nodes)
-        nodes.append(Node(int(n_in), int(n_out), tuple(after), delays, ctx,  # type: ignore[arg-type]
+        nodes.append(Node(int(n_in), int(n_out), tuple(after), delays, ctx,  # type: ignore[call-overload]
                           str(prompt) if prompt is not None else None, node_id))
     close()
     if not jobs:
