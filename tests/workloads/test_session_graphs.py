@@ -288,3 +288,35 @@ def test_weka_replay_keeps_the_graph_in_virtual_time(tmp_path: Path) -> None:
     assert rows["ok"].all() and len(rows) == 7
     # the join waited for the slower sub-agent: sent 10.5 s after main request 1 ended
     assert int(rows.at["r000005", "intended_send_ns"]) >= int(rows.at["r000001", "end_ns"]) + 10_500_000_000
+
+
+def test_a_failed_node_skips_its_descendants_and_fails_its_job(tmp_path: Path) -> None:
+    """Real time against the simulated engine with injected HTTP 500s: every scheduled request
+    has a row; a failed node's descendants are recorded unsent (``skipped_turn``), its other
+    requests still run, and its job counts as failed."""
+    from bench_llm.analysis.jobs import job_summary
+    from bench_llm.sim.faults import FaultSpec
+    from bench_llm.sim.server import ServerConfig
+    from bench_llm.sim.timing import FixedTiming
+    from tests.sim_helpers import run_against
+
+    wl = tmp_path / "g.toml"
+    wl.write_text(TEMPLATE)
+    sched = build_named_schedule(str(wl), requests=24, rate=20.0, arrival="poisson", concurrency=None, warmup=0,
+                                 seed=5)
+    cfg = ServerConfig(timing=FixedTiming(0.005, 0.001), faults=FaultSpec.parse("http500=0.25"), seed=3)
+    rows = {r["request_id"]: r for r in run_against(cfg, sched, tmp_path)}
+    assert set(rows) == {s.request_id for s in sched.requests}
+    failed = {rid for rid, r in rows.items() if r["error_type"] == "http_error"}
+    skipped = {rid for rid, r in rows.items() if r["error_type"] == "skipped_turn"}
+    assert failed and skipped, (failed, skipped)
+    by_id = {s.request_id: s for s in sched.requests}
+    for rid in skipped:  # never sent, and some predecessor failed or was skipped
+        assert rows[rid]["send_ns"] is None
+        assert any(p in failed | skipped for p in by_id[rid].after)
+    for rid, r in rows.items():  # nothing was sent after a failed predecessor
+        if r["send_ns"] is not None:
+            assert not any(p in failed | skipped for p in by_id[rid].after), rid
+    jobs = job_summary(tmp_path / "run")
+    bad_jobs = {by_id[rid].session_id for rid in failed}
+    assert jobs is not None and jobs.jobs == 3 and jobs.ok == 3 - len(bad_jobs)
