@@ -19,16 +19,18 @@ call took. One trace becomes one job (``workloads/graph.py``):
 * the main requests (types ``n`` and ``s``) form the orchestrator's chain; each follows the one
   before after the recorded gap (its ``t`` − the previous one's ``t + api_time``, else its
   ``think_time``, at least 0);
-* a request whose prompt grew by at least the previous prompt and answer continues that
-  conversation, its new tokens the growth; a prompt that shrank (the history was compacted or
+* a request whose prompt grew by at least the previous prompt and answer, and whose
+  ``hash_ids`` start with the previous prompt's full blocks (where both have them), continues
+  that conversation, its new tokens the growth; any other prompt (the history was compacted or
   rewritten) starts a fresh conversation of its whole length;
 * a sub-agent starts after the main request before it (a fresh conversation: its requests in
   time order, chained the same way); the next main request waits for every sub-agent started
   since the previous one (a join), after the recorded gap from each one's end.
 
-What is kept: lengths, the graph, the gaps. What is not: the block hashes (the prompt text is
-bench's own; prefix reuse comes from the conversations themselves, which is what an engine's
-cache sees of a real agent too), the models, and time-to-first-token figures.
+What is kept: lengths, the graph, the gaps, and (through the continuation rule) where the
+recorded prefix was reused. What is not: the block ids as text (the prompt text is bench's own;
+a block shared by two unrelated conversations is not shared here), the models, and the
+recorded time-to-first-token figures.
 """
 
 from __future__ import annotations
@@ -79,6 +81,16 @@ def _length(obj: dict[str, Any], name: str, at: str) -> int:
     return v
 
 
+def _extends(before: list[Any], after: list[Any]) -> bool:
+    """Whether a prompt with block ids ``after`` continues one with ``before``: every full block
+    of the earlier prompt (all but its last, which may have been partial) starts the later one.
+    Without ids on both sides, the lengths alone decide."""
+    if not before or not after:
+        return True
+    full = len(before) - 1
+    return after[:full] == before[:full]
+
+
 class _Chain:
     """Builds one conversation chain's nodes (the main agent's, or one sub-agent's)."""
 
@@ -89,10 +101,14 @@ class _Chain:
         self.last_out = 0
         self.last_end = 0.0
         self.timed = False  # the last request recorded its api_time (so its end is known)
+        self.last_hashes: list[Any] = []
 
     def add(self, req: dict[str, Any], t: float, at: str, label: str,
             extra: tuple[tuple[int, float], ...] = (), first_after: tuple[int, float] | None = None) -> int:
         n_in, n_out = _length(req, "in", at), max(1, _length(req, "out", at))
+        hashes = req.get("hash_ids") or []
+        if not isinstance(hashes, list):
+            raise WorkloadError(f"{at}: field 'hash_ids': expected a list of block ids")
         api = _num(req, "api_time", at, required=False)
         think = _num(req, "think_time", at, required=False)
         after: list[int] = []
@@ -104,7 +120,7 @@ class _Chain:
             after.append(self.last)
             delays.append(min(MAX_DELAY_S, max(0.0, gap)))
             grown = n_in - self.last_in - self.last_out
-            if grown >= 0:
+            if grown >= 0 and _extends(self.last_hashes, hashes):
                 context, new = self.last, grown
         elif first_after is not None:
             after.append(first_after[0])
@@ -119,6 +135,7 @@ class _Chain:
         self.last_in, self.last_out = n_in, n_out
         self.last_end = t + (api or 0.0)
         self.timed = api is not None
+        self.last_hashes = hashes
         return self.last
 
 

@@ -258,6 +258,12 @@ def test_weka_trace_becomes_a_job(tmp_path: Path) -> None:
     assert job[5].after_delay_ns == (10_500_000_000, 7_000_000_000, 8_700_000_000)
     # a prompt that shrank (compaction) starts a fresh conversation of its whole length
     assert (job[6].context_from, job[6].input_tokens) == (None, 2000)
+    # a grown prompt whose blocks do not start with the previous prompt's: rewritten, fresh
+    rewritten = json.loads(json.dumps(WEKA_TRACE))
+    rewritten["requests"][1]["hash_ids"] = [7, 2, 3]
+    path.write_text(json.dumps(rewritten) + "\n")
+    s2 = build_named_schedule(str(path), requests=7, rate=0.5, arrival="poisson", concurrency=None, warmup=0, seed=1)
+    assert (s2.requests[1].context_from, s2.requests[1].input_tokens) == (None, 3600)
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
