@@ -70,48 +70,67 @@ def job_table(requests: pd.DataFrame, schedule: pd.DataFrame) -> pd.DataFrame:
     successful), ``start_ns`` (the root's intended send), ``job_ms`` (completion: last end −
     start), ``job_ttft_ms`` (the root's first token − start), ``request_time_ms`` (Σ end −
     send), ``critical_path_ms`` (the longest chain of predecessors by request time, end − send),
-    ``prompt_tokens``, ``output_tokens``, ``cached_tokens`` (None where the server reported
+    ``prompt_tokens``, ``output_tokens``, ``cached_tokens`` (NaN where the server reported
     none) and ``hit_rate`` (cached / prompt tokens). Times of a job that is not ok are NaN.
+    One pass over the requests in job and node order (every predecessor first).
     """
     sched = schedule[(schedule["phase"] == "measure") & schedule["session_id"].notna()]
     if sched.empty:
         return pd.DataFrame(columns=["job", "requests", "ok"])
     preds = predecessors(schedule)
-    req = requests[requests["phase"] == "measure"].set_index("request_id")
+    req = requests[requests["phase"] == "measure"]
+    row_of = {rid: i for i, rid in enumerate(req["request_id"].tolist())}
+    f64 = lambda c: req[c].to_numpy(dtype="float64", na_value=np.nan)  # noqa: E731
+    ok_a = req["ok"].to_numpy(dtype=bool)
+    intended, send, first, end = f64("intended_send_ns"), f64("send_ns"), f64("first_token_ns"), f64("end_ns")
+    prompt = np.where(np.isnan(f64("prompt_tokens")), f64("input_tokens_target"), f64("prompt_tokens"))
+    output, cached = f64("output_tokens"), f64("cached_tokens")
+    order = sched.assign(_t=sched["turn"].fillna(0)).sort_values(["session_id", "_t"], kind="stable")
     rows: list[dict[str, Any]] = []
-    for job, nodes in sched.groupby("session_id", sort=True):
-        ids = list(nodes.sort_values("turn")["request_id"])
-        have = [r for r in ids if r in req.index]
-        sub = req.loc[have]
-        ok = len(have) == len(ids) and bool(sub["ok"].all())
-        root = ids[0]
-        start = float(req.at[root, "intended_send_ns"]) if root in req.index else math.nan
-        ends = sub["end_ns"].astype("float64")
-        sends = sub["send_ns"].astype("float64")
-        dur = ((ends - sends) / 1e6).to_dict()
-        longest: dict[str, float] = {}
-        for r in ids:  # nodes in order: every predecessor first
-            before = [longest.get(p, math.nan) for p in preds.get(r, ()) if p in longest]
-            longest[r] = dur.get(r, math.nan) + (max(before) if before else 0.0)
-        prompt = sub["prompt_tokens"].astype("float64").fillna(sub["input_tokens_target"].astype("float64"))
-        cached = sub["cached_tokens"].astype("float64")
-        has_cache = bool(cached.notna().any())
-        first_token = float(req.at[root, "first_token_ns"]) if root in req.index else math.nan
+    job: Any = None
+    acc: dict[str, Any] = {}
+
+    def close() -> None:
+        if job is None:
+            return
+        ok = acc["ok"]
+        has_cache = acc["cache_n"] > 0
         rows.append({
-            "job": job,
-            "requests": len(ids),
-            "ok": ok,
-            "start_ns": start,
-            "job_ms": (float(ends.max()) - start) / 1e6 if ok else math.nan,
-            "job_ttft_ms": (first_token - start) / 1e6 if ok else math.nan,
-            "request_time_ms": float(np.nansum(list(dur.values()))) if ok else math.nan,
-            "critical_path_ms": max(longest.values()) if ok else math.nan,
-            "end_ns": float(ends.max()) if len(ends) else math.nan,
-            "prompt_tokens": float(prompt.sum()),
-            "output_tokens": float(sub["output_tokens"].astype("float64").sum()),
-            "cached_tokens": float(cached.sum()) if has_cache else math.nan,
-            "hit_rate": float(cached.sum() / prompt.sum()) if has_cache and prompt.sum() > 0 else math.nan,
+            "job": job, "requests": acc["n"], "ok": ok, "start_ns": acc["start"],
+            "job_ms": (acc["end"] - acc["start"]) / 1e6 if ok else math.nan,
+            "job_ttft_ms": (acc["first"] - acc["start"]) / 1e6 if ok else math.nan,
+            "request_time_ms": acc["work"] if ok else math.nan,
+            "critical_path_ms": max(acc["longest"].values()) if ok and acc["longest"] else math.nan,
+            "end_ns": acc["end"], "prompt_tokens": acc["prompt"], "output_tokens": acc["output"],
+            "cached_tokens": acc["cached"] if has_cache else math.nan,
+            "hit_rate": acc["cached"] / acc["prompt"] if has_cache and acc["prompt"] > 0 else math.nan,
         })
+
+    for rid, sid in zip(order["request_id"].tolist(), order["session_id"].tolist()):
+        if sid != job:
+            close()
+            job = sid
+            i = row_of.get(rid)  # the job's root: its first node
+            acc = {"n": 0, "ok": True, "start": intended[i] if i is not None else math.nan,
+                   "first": first[i] if i is not None else math.nan, "end": math.nan, "work": 0.0,
+                   "longest": {}, "prompt": 0.0, "output": 0.0, "cached": 0.0, "cache_n": 0}
+        acc["n"] += 1
+        i = row_of.get(rid)
+        if i is None:  # scheduled, never recorded
+            acc["ok"] = False
+            continue
+        acc["ok"] = acc["ok"] and bool(ok_a[i])
+        dur = (end[i] - send[i]) / 1e6
+        before = [acc["longest"][p] for p in preds.get(rid, ()) if p in acc["longest"]]
+        acc["longest"][rid] = dur + (max(before) if before else 0.0)
+        acc["work"] += dur
+        acc["end"] = end[i] if math.isnan(acc["end"]) else max(acc["end"], end[i])
+        acc["prompt"] += prompt[i]
+        acc["output"] += output[i]
+        if not math.isnan(cached[i]):
+            acc["cached"] += cached[i]
+            acc["cache_n"] += 1
+    close()
     return pd.DataFrame(rows)
 
 
