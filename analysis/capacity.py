@@ -753,7 +753,8 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
     if verdict == "pass":
         return LoadJudgement("undecided", reason=f"under-sampled: {under}", **common)  # type: ignore[arg-type]
     need = requests_to_pass(target, level)
-    small = f"; fewer than the {need} requests a pass needs at all" if judged < need else ""
+    unit = "jobs" if any(_judged(r) != int(r.get("requests") or 0) for r in trusted) else "requests"
+    small = f"; fewer than the {need} {unit} a pass needs at all" if judged < need else ""
     return LoadJudgement("undecided", reason=f"{interval} straddles {attainment_pct:g}%{small}", **common)  # type: ignore[arg-type]
 
 
