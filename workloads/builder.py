@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,11 +19,12 @@ from bench_llm.workloads.arrivals import ArrivalSpec, offsets_s, parse_arrival, 
 from bench_llm.workloads.definition import WorkloadDef
 from bench_llm.workloads.distributions import Mixture
 from bench_llm.workloads.errors import WorkloadError
-from bench_llm.workloads.graph import JobGraph
-from bench_llm.workloads.graph_plan import GraphArrays, flatten, graph_offsets
 from bench_llm.workloads.prompts import BlockTexts, PromptSynth, make_synth
 from bench_llm.workloads.readers import TraceTable, read_trace
 from bench_llm.workloads.spec import MAX_REQUEST_TOKENS, RequestOptions, RequestSpec, Schedule
+
+if TYPE_CHECKING:
+    from bench_llm.workloads.graph_plan import GraphArrays
 
 #: stream indices of SeedSequence(seed).spawn(N)
 _LENGTHS, _ARRIVALS, _STRUCTURE, _PROMPTS, _WARMUP = range(5)
@@ -336,6 +337,9 @@ def _plan_graph(
     """The plan of a session-graph workload: jobs until ``requests`` requests (the last job keeps
     its first nodes only, a smaller valid graph; a file gives at most its own), arriving at
     ``rate`` jobs/s or ``concurrency`` at a time."""
+    from bench_llm.workloads.graph import JobGraph
+    from bench_llm.workloads.graph_plan import flatten, graph_offsets
+
     assert wd.graph is not None
     replayable = getattr(wd.graph, "has_offsets", False)
     mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, replayable)
