@@ -22,7 +22,9 @@ call took. One trace becomes one job (``workloads/graph.py``):
 * a request whose prompt grew by at least the previous prompt and answer, and whose
   ``hash_ids`` start with the previous prompt's full blocks (where both have them), continues
   that conversation, its new tokens the growth; any other prompt (the history was compacted or
-  rewritten) starts a fresh conversation of its whole length;
+  rewritten) starts a fresh conversation of its whole length; in both cases less the answers
+  of its other predecessors, which the replay puts into the prompt (so the whole prompt is
+  the recorded length when answers are the recorded lengths);
 * a sub-agent starts after the main request before it (a fresh conversation: its requests in
   time order, chained the same way); the next main request waits for every sub-agent started
   since the previous one (a join), after the recorded gap from each one's end.
@@ -128,8 +130,10 @@ class _Chain:
         for p, end in extra:
             after.append(p)
             delays.append(min(MAX_DELAY_S, max(0.0, t - end)))
-        if new == 0 and context is None:
-            new = 1
+        # the other predecessors' answers come into the prompt (docs/workloads.md): the recorded
+        # prompt already holds them, so the new tokens are what is left
+        answers = sum(self.nodes[p].output_tokens for p in after if p != context)
+        new = max(0 if context is not None else 1, new - answers)
         self.nodes.append(Node(new, n_out, tuple(after), tuple(delays), context, None, label))
         self.last = len(self.nodes) - 1
         self.last_in, self.last_out = n_in, n_out

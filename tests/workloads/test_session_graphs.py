@@ -249,21 +249,23 @@ def test_weka_trace_becomes_a_job(tmp_path: Path) -> None:
         500, (ids[0],), (1_000_000_000,), ids[0])
     # sub-agent a1: fresh after main request 1 (starts 5.0 + 0.2, main 1 ended 4.5), then a chained turn
     assert (job[2].after, job[2].after_delay_ns, job[2].context_from, job[2].input_tokens) == (
-        (ids[1],), (700_000_000,), None, 900)
+        (ids[1],), (700_000_000,), None, 900 - 80)  # (main 1's answer, the sub-agent's task, comes in)
     assert (job[3].after, job[3].context_from, job[3].input_tokens) == ((ids[2],), ids[2], 1500 - 900 - 50)
     # a2's request times are absolute (5.3 >= its start 5.1)
     assert job[4].after_delay_ns == (800_000_000,)
     # the next main request joins both sub-agents, each after the recorded gap from its end
     assert job[5].after == (ids[1], ids[3], ids[4]) and job[5].context_from == ids[1]
+    assert job[5].input_tokens == 4200 - 3600 - 80 - 60 - 40  # growth less the sub-agents' answers
     assert job[5].after_delay_ns == (10_500_000_000, 7_000_000_000, 8_700_000_000)
     # a prompt that shrank (compaction) starts a fresh conversation of its whole length
-    assert (job[6].context_from, job[6].input_tokens) == (None, 2000)
+    assert (job[6].context_from, job[6].input_tokens) == (None, 2000 - 120)  # (less main 5's answer, which comes in)
+    assert job[4].input_tokens == 800 - 80
     # a grown prompt whose blocks do not start with the previous prompt's: rewritten, fresh
     rewritten = json.loads(json.dumps(WEKA_TRACE))
     rewritten["requests"][1]["hash_ids"] = [7, 2, 3]
     path.write_text(json.dumps(rewritten) + "\n")
     s2 = build_named_schedule(str(path), requests=7, rate=0.5, arrival="poisson", concurrency=None, warmup=0, seed=1)
-    assert (s2.requests[1].context_from, s2.requests[1].input_tokens) == (None, 3600)
+    assert (s2.requests[1].context_from, s2.requests[1].input_tokens) == (None, 3600 - 100)
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
