@@ -109,7 +109,7 @@ def format_summary(s: dict[str, object]) -> str:
         lines.append(f"source: {main}" + (f" (licence {src['licence']})" if src.get("licence") else ""))
     load = f"closed loop, concurrency {s['concurrency']}" if s["mode"] == "closed" else f"open loop, arrival {s['arrival']}"
     if s.get("rate"):
-        load += f", rate {s['rate']:g} req/s"
+        load += f", rate {s['rate']:g} {'jobs/s' if s.get('graph') else 'req/s'}"
     lines.append(f"requests {s['requests']} (+{s['warmup']} warm-up), seed {s['seed']}, {load}")
     cols = ("mean", "p5", "p25", "p50", "p75", "p95", "p99", "max")
     lines.append(f"{'':15s}" + "".join(f"{c:>9s}" for c in cols))
@@ -119,9 +119,10 @@ def format_summary(s: dict[str, object]) -> str:
         lines.append(f"{label:15s}" + "".join(_cell(row.get(c)) for c in cols))
     arr = s.get("arrivals")
     if isinstance(arr, dict) and arr.get("count", 0) >= 2:
-        what = "session starts" if s.get("sessions") else "send times"
+        what = "job arrivals" if s.get("graph") else "session starts" if s.get("sessions") else "send times"
+        unit = "jobs/s" if s.get("graph") else "req/s"
         lines.append(
-            f"arrivals: {arr['count']} {what} over {arr['span_s']:.1f} s, mean rate {arr['mean_rate']:.3f} req/s, "
+            f"arrivals: {arr['count']} {what} over {arr['span_s']:.1f} s, mean rate {arr['mean_rate']:.3f} {unit}, "
             f"inter-arrival CV {arr['gap_cv']:.2f}, longest gap {arr['max_gap_s']:.2f} s"
         )
     pg = s.get("prefix_groups")
