@@ -100,7 +100,8 @@ def _load_mode(
             return "open", parse_arrival(arrival_text or "trace"), None, None
         spec = parse_arrival(arrival_text or "poisson")
         if spec.process not in ("steps", "ramp"):
-            raise WorkloadError(f"workload {wd.name!r}: give $rate (requests/s, open loop) or $concurrency (closed loop)")
+            unit = "jobs/s" if wd.graph is not None else "requests/s"
+            raise WorkloadError(f"workload {wd.name!r}: give $rate ({unit}, open loop) or $concurrency (closed loop)")
         return "open", spec, None, None
     if not (rate > 0 and math.isfinite(rate)):
         raise WorkloadError("$rate must be a positive number of requests per second")
