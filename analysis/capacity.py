@@ -150,13 +150,13 @@ class PointMetrics:
     under_sampled: str | None
     client_saturated: bool
     untrustworthy: str | None
+    #: judged per job (a job bound in the SLO, analysis/jobs.py): the jobs judged; ``met`` counts jobs then
+    jobs: float = _NAN
     server_queue_time_mean_ms: float = _NAN
     server_kv_cache_usage_max: float = _NAN
     server_preemptions: float = _NAN
     server_waiting_max: float = _NAN
     server_waiting_growth: float = _NAN
-    #: judged per job (a job bound in the SLO, analysis/jobs.py): the jobs judged; ``met`` counts jobs then
-    jobs: float = _NAN
 
     def as_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {}
@@ -170,6 +170,13 @@ class PointMetrics:
 
 
 def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> PointMetrics:
+    """The numbers a sweep keeps for one load run (``request_point_metrics``); with a job bound
+    in the SLO, judged per job (``analysis.jobs.judged_by_jobs``)."""
+    point = request_point_metrics(run, slo, signals)
+    return judged_by_jobs(point, run.path, slo) if slo.job_limits else point
+
+
+def request_point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> PointMetrics:
     """The numbers a sweep keeps for one load run (flat; NaN where not measurable).
 
     Totals, attainment and goodput are ``analysis.totals.run_totals``'s; anomalous records
@@ -206,7 +213,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
     measured_offered = _span_rate(intended)
     lag_p50 = _nanmedian(kept["schedule_lag_ms"].to_numpy(dtype=float))
     sig = signals or {}
-    point = PointMetrics(
+    return PointMetrics(
         requests=totals.judged,
         ok=totals.ok,
         failed=totals.failed + totals.cancelled,
@@ -238,7 +245,6 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
         ),
         **{f"server_{key}": float(sig.get(key, _NAN)) for key in _SERVER_SIGNALS},
     )
-    return judged_by_jobs(point, run.path, slo) if slo.job_limits else point
 
 
 #: The server signals a point keeps (``server_signals``), as ``server_<name>`` columns.
