@@ -38,6 +38,7 @@ from bench_llm.analysis.confidence import (
 )
 from bench_llm.analysis.failures import error_line, top_errors
 from bench_llm.analysis.invariants import check_records, timing_measurable
+from bench_llm.analysis.jobs import judged_by_jobs
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import measured, request_metrics
 from bench_llm.analysis.slo import SLO, SLO_METRICS
@@ -74,7 +75,7 @@ def slo_outcomes(df: pd.DataFrame, slo: SLO) -> dict[str, np.ndarray]:
     ok = df["ok"].to_numpy(dtype=bool)
     met = ok.copy()
     out: dict[str, np.ndarray] = {}
-    for key, limit in slo.limits:
+    for key, limit in slo.request_limits:
         col = df[SLO_METRICS[key]].to_numpy(dtype=float)
         no_value_ok = key in ("tpot_ms", "itl_max_ms")
         good = np.where(np.isnan(col), no_value_ok & ok, col <= limit)
@@ -151,6 +152,8 @@ class PointMetrics:
     under_sampled: str | None
     client_saturated: bool
     untrustworthy: str | None
+    #: judged per job (a job bound in the SLO, analysis/jobs.py): the jobs judged; ``met`` counts jobs then
+    jobs: float = _NAN
     server_queue_time_mean_ms: float = _NAN
     server_kv_cache_usage_max: float = _NAN
     server_preemptions: float = _NAN
@@ -173,6 +176,13 @@ class PointMetrics:
 
 
 def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> PointMetrics:
+    """The numbers a sweep keeps for one load run (``request_point_metrics``); with a job bound
+    in the SLO, judged per job (``analysis.jobs.judged_by_jobs``)."""
+    point = request_point_metrics(run, slo, signals)
+    return judged_by_jobs(point, run.path, slo) if slo.job_limits else point
+
+
+def request_point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> PointMetrics:
     """The numbers a sweep keeps for one load run (flat; NaN where not measurable).
 
     Totals, attainment and goodput are ``analysis.totals.run_totals``'s; anomalous records
@@ -203,7 +213,7 @@ def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> 
         res = slo_outcomes(kept, slo)
         attainment = (totals.attainment, *totals.attainment_interval())
         goodput = totals.goodput_rps
-        miss_share = {key: float(res[f"miss_{key}"].mean()) for key, _ in slo.limits}
+        miss_share = {key: float(res[f"miss_{key}"].mean()) for key, _ in slo.request_limits}
     send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else _NAN
     health = client_health(kept, run.monitor)
     measured_offered = _span_rate(intended)
@@ -746,7 +756,7 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
         why = next((str(r["untrustworthy"]) for r in runs if r.get("untrustworthy")), "no run")
         return LoadJudgement("undecided", 0, 0, math.nan, math.nan, math.nan, False, f"untrustworthy: {why}", why)
     met = sum(_met(r) for r in trusted)
-    judged = sum(int(r.get("requests") or 0) for r in trusted)
+    judged = sum(_judged(r) for r in trusted)
     att = met / judged if judged else math.nan
     lo, hi = wilson_interval(met, judged, level)
     sat = any(bool(r.get("saturated")) for r in trusted)
@@ -764,8 +774,17 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
     if verdict == "pass":
         return LoadJudgement("undecided", reason=f"under-sampled: {under}", **common)  # type: ignore[arg-type]
     need = requests_to_pass(target, level)
-    small = f"; fewer than the {need} requests a pass needs at all" if judged < need else ""
+    unit = "jobs" if any(_judged(r) != int(r.get("requests") or 0) for r in trusted) else "requests"
+    small = f"; fewer than the {need} {unit} a pass needs at all" if judged < need else ""
     return LoadJudgement("undecided", reason=f"{interval} straddles {attainment_pct:g}%{small}", **common)  # type: ignore[arg-type]
+
+
+def _judged(row: Mapping[str, Any]) -> int:
+    """The units a run's attainment counts: its jobs when judged per job, else its requests."""
+    jobs = row.get("jobs")
+    if jobs is not None and isinstance(jobs, (int, float)) and math.isfinite(jobs):
+        return int(jobs)
+    return int(row.get("requests") or 0)
 
 
 def _met(row: Mapping[str, Any]) -> int:

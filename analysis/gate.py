@@ -23,6 +23,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from bench_llm.analysis.bootstrap import METRICS, BootstrapOptions, Change
 from bench_llm.analysis.compare import Comparison, compare_paths
+from bench_llm.analysis.jobs import JOB_COMPARE_METRICS, job_changes
 from bench_llm.analysis.slo import SLO
 
 Verdict = Literal["pass", "fail", "inconclusive", "observe", "n/a"]
@@ -67,10 +68,10 @@ class GateConfig:
     def __post_init__(self) -> None:
         if not self.metrics:
             raise ValueError("no [metrics.<name>] gates")
-        unknown = [m for m in self.metrics if m not in METRICS]
+        unknown = [m for m in self.metrics if m not in METRICS and m not in JOB_COMPARE_METRICS]
         if unknown:
-            raise ValueError(f"unknown metric {unknown[0]!r} (known: {', '.join(METRICS)})")
-        needs = [m for m in self.metrics if METRICS[m].needs_slo]
+            raise ValueError(f"unknown metric {unknown[0]!r} (known: {', '.join([*METRICS, *JOB_COMPARE_METRICS])})")
+        needs = [m for m in self.metrics if m in METRICS and METRICS[m].needs_slo]
         if needs and not self.gate.slo:
             raise ValueError(f"metric {needs[0]!r} needs gate.slo (e.g. slo = {{ ttft_ms = 500, tpot_ms = 50 }})")
 
@@ -149,11 +150,22 @@ def judge_change(group: str, c: Change, g: MetricGate) -> list[CheckResult]:
 def run_gate(baseline: Path, current: Path, config: GateConfig) -> GateResult:
     s = config.gate
     options = BootstrapOptions(level=s.level, resamples=s.resamples, seed=s.seed, resampling=s.resampling)
-    cmp = compare_paths(baseline, current, list(config.metrics), SLO.from_dict(s.slo) if s.slo else SLO(), options)
+    request_metrics = [m for m in config.metrics if m in METRICS] or ["requests_per_s"]
+    cmp = compare_paths(baseline, current, request_metrics, SLO.from_dict(s.slo) if s.slo else SLO(), options)
     from bench_llm.analysis.compare import group_runs
     from bench_llm.analysis.load import load_runs
 
-    return _judge_comparison(cmp, set(group_runs(load_runs(baseline))), config)
+    result = _judge_comparison(cmp, set(group_runs(load_runs(baseline))), config)
+    jobs = [m for m in config.metrics if m in JOB_COMPARE_METRICS]
+    if not jobs:
+        return result
+    # job metrics (analysis/jobs.py): single runs with jobs on both sides, ok jobs resampled
+    changes = job_changes(baseline, current, jobs, s.level, s.resamples, s.seed)
+    checks = [r for c in changes for r in judge_change("jobs", c, config.metrics[c.metric])]
+    if not changes:
+        checks = [CheckResult("jobs", m, "-", "n/a", "no jobs on one side (each side must be one run with jobs)")
+                  for m in jobs]
+    return GateResult(result.comparison, (*result.checks, *checks), result.missing)
 
 
 def run_gate_history(store: Path, current: Path, config: GateConfig, window: int) -> GateResult:
@@ -193,7 +205,8 @@ def _judge_comparison(cmp: Comparison, base_keys: set[str], config: GateConfig) 
     checks: list[CheckResult] = []
     for grp in cmp.groups:
         for c in grp.changes:
-            checks.extend(judge_change(grp.key or "run", c, config.metrics[c.metric]))
+            if c.metric in config.metrics:
+                checks.extend(judge_change(grp.key or "run", c, config.metrics[c.metric]))
     compared = {g.key for g in cmp.groups}
     missing = tuple(sorted(k or "run" for k in base_keys - compared)) if s.fail_on_missing else ()
     return GateResult(cmp, tuple(checks), missing)

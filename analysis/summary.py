@@ -102,7 +102,7 @@ def slo_mask(df: pd.DataFrame, slo: SLO) -> np.ndarray:
     """
     ok = df["ok"].to_numpy(dtype=bool)
     mask = ok.copy()
-    for key, limit in slo.limits:
+    for key, limit in slo.request_limits:
         col = df[SLO_METRICS[key]].to_numpy(dtype=float)
         mask &= np.where(np.isnan(col), key in ("tpot_ms", "itl_max_ms"), col <= limit)
     return mask & ok
@@ -383,7 +383,7 @@ def _summary_of(
     one_read = row_arrays[5].astype(bool) if per_row else np.zeros(len(df), bool)
     ps = options.percentiles
     judged = judged_mask(df)
-    meets = slo_mask(df, options.slo) if options.slo else None
+    meets = slo_mask(df, options.slo) if options.slo.request_limits else None
     totals = run_totals(df, meets)
     ok_rows = df["ok"].to_numpy(dtype=bool) & judged
     ok_df = df[ok_rows]
@@ -394,9 +394,9 @@ def _summary_of(
     # the exact distributions' values are consumed here (held once, percentiles in place)
     latency["itl_ms"], latency["chunk_gap_ms"] = final_summaries([pooled.itl, pooled.chunk_gap], ps)
     slo = None
-    if options.slo:
+    if options.slo.request_limits:  # (job bounds are judged per job: analysis/jobs.py)
         slo = SloAttainment(
-            objectives=options.slo.as_dict(),
+            objectives=dict(options.slo.request_limits),
             met=int(totals.met or 0),  # an SLO was given: counted
             judged=totals.judged,
             attainment=totals.attainment if totals.judged else 0.0,

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from bench_llm.analysis.format import format_summary
+from bench_llm.analysis.jobs import JobSummary, format_jobs, job_summary
 from bench_llm.analysis.load import load_run
 from bench_llm.analysis.server_metrics import TtftCrossCheck
 from bench_llm.analysis.slo import SLO
@@ -29,6 +30,8 @@ class PrintedSummary:
     server: dict[str, Any] | None = None
     ttft_split: dict[str, Any] | None = None
     classes: list[dict[str, Any]] | None = None
+    #: job-level metrics (analysis/jobs.py) when the run's schedule has sessions or graphs
+    jobs: JobSummary | None = None
 
     def to_json(self) -> dict[str, Any]:
         """``bench summary --json``: the summary's fields, then ``run`` and what is present of the rest."""
@@ -38,6 +41,8 @@ class PrintedSummary:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.jobs is not None:
+            out["jobs"] = self.jobs.to_json()
         return out
 
 
@@ -80,7 +85,8 @@ def summary_of(run_dir: Path, slo: SLO, percentiles: tuple[float, ...]) -> tuple
         f"run {run.run_id} ({run.meta.get('status')}) engine={run.meta.get('engine')} model={run.meta.get('model')} "
         f"clock={clock}"
     )
-    return PrintedSummary(s, info, server, split, classes), title
+    jobs = job_summary(run.path, slo, percentiles)
+    return PrintedSummary(s, info, server, split, classes, jobs), title
 
 
 #: A run "fell back" when the compiled read path was on but the Python parser read more
@@ -149,6 +155,9 @@ def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_js
         from bench_llm.analysis.classes import format_breakdown
 
         for line in format_breakdown(p.classes):
+            click.echo(line)
+    if p.jobs is not None and p.jobs.jobs:
+        for line in format_jobs(p.jobs):
             click.echo(line)
     if p.ttft_split:
         from bench_llm.analysis.ttft_split import format_split

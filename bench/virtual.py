@@ -30,6 +30,7 @@ from bench_llm.analysis.capacity import max_in_flight
 from bench_llm.analysis.load import Run
 from bench_llm.bench.execute import RunConfig, RunResult, prepare_run_dir, stats_notes
 from bench_llm.bench.run_meta import describe_run, run_meta, workload_meta
+from bench_llm.bench.virtual_graph import graph_links
 from bench_llm.core import __version__
 from bench_llm.core.errors import BenchError
 from bench_llm.core.memo import SizedMemo
@@ -194,6 +195,7 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
         turns.sort(key=lambda i: schedule.requests[i].turn)
         for a, b in zip(turns, turns[1:]):
             prev[b] = a
+    graph = graph_links(schedule)
     sends: list[Send] = []
     append = sends.append
     bs = backend.block_size
@@ -203,7 +205,11 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
     no_history: list[str] = []
     known = _KNOWN.table((bs, prefix_caching))
     for i, spec in enumerate(schedule.requests):  # (once per request of every load: locals only)
-        before = history.get(prev[i], no_history) if prev and i in prev else no_history
+        link = graph.get(i) if graph else None
+        if link is not None:
+            before = link.history(history, schedule.requests, _answer)
+        else:
+            before = history.get(prev[i], no_history) if prev and i in prev else no_history
         text = spec.prompt if spec.prompt is not None and not before else _prompt_text(spec, before)
         if spec.session_id is not None:
             history[i] = [*before, *_contents(spec), _answer(spec.request_id, spec.max_output_tokens)]
@@ -221,9 +227,10 @@ def schedule_sends(schedule: Schedule, backend: ModelBackend) -> list[Send]:
                 hashes,  # block_hashes
                 spec.phase == "warmup",  # warmup
                 spec.send_offset_ns if open_loop else None,  # at_ns
-                prev.get(i),  # after
-                spec.think_time_ns,  # think_ns
+                prev.get(i) if link is None else link.after,  # after
+                spec.think_time_ns if link is None else link.delay_ns,  # think_ns
                 n + out_tokens > max_len,  # reject
+                () if link is None else link.joins,
             )
         )
     return sends

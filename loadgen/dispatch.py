@@ -82,6 +82,8 @@ class Dispatcher:
             if spec.session_id is not None:
                 sessions[spec.session_id].append(spec)
         self._sessions = {k: sorted(v, key=lambda s: s.turn) for k, v in sessions.items()}
+        #: sessions that are graphs (workloads/graph.py): their nodes wait for predecessors
+        self._graphs = {k for k, v in self._sessions.items() if any(s.after for s in v)}
 
     # -- one request -----------------------------------------------------------------
     async def _execute(
@@ -209,6 +211,8 @@ class Dispatcher:
         that moment, so the next request's intended send time is that instant and any
         client overhead before it reaches the socket shows as schedule lag.
         """
+        if spec.session_id in self._graphs:
+            return await self._run_graph(self._sessions[spec.session_id], intended_ns, call)
         turns = self._sessions.get(spec.session_id or "", [spec]) if spec.session_id else [spec]
         history: list[Message] = []
         start = turns.index(spec) if spec in turns else 0
@@ -238,6 +242,61 @@ class Dispatcher:
             history.extend(_turn_messages(turn))
             history.append(Message("assistant", answer))
         return end_ns
+
+    async def _run_graph(self, nodes: Sequence[RequestSpec], start_ns: int, call: HttpCall | None) -> int | None:
+        """One job of a session graph: its root at ``start_ns``, every other node when all its
+        predecessors ended, at the latest (end + the edge's delay): that instant is the node's
+        intended send time. A node's history is its context predecessor's conversation, then
+        its other predecessors' answers. A failed node's descendants are recorded as skipped.
+        Returns when the job's last request ended (a closed-loop slot is free from then)."""
+        ended: dict[str, asyncio.Future[int | None]] = {}  # end ns, or None: failed or not sent
+        talks: dict[str, tuple[Message, ...]] = {}  # each node's conversation (prompt history, answer)
+        answers: dict[str, str] = {}
+        loop = asyncio.get_running_loop()
+        for n in nodes:
+            ended[n.request_id] = loop.create_future()
+
+        async def node(spec: RequestSpec) -> int | None:
+            fut = ended[spec.request_id]
+            try:
+                if not spec.after:
+                    intended = start_ns
+                else:
+                    ends = [await ended[p] for p in spec.after]
+                    if any(e is None for e in ends):
+                        failed = [p for p, e in zip(spec.after, ends) if e is None]
+                        why = (f"predecessor {failed[0]} of job {spec.session_id} failed or was not sent, "
+                               f"so {spec.request_id} is not sent")
+                        if not self.stop.is_set():
+                            self._record_unsent(spec, _now(), "skipped_turn", why)
+                        fut.set_result(None)
+                        return None
+                    intended = max(e + d for e, d in zip(ends, spec.after_delay_ns))  # type: ignore[operator]
+                    await _sleep_until(intended)
+                    if self.stop.is_set() or self._past_duration():
+                        fut.set_result(None)
+                        return None
+                if spec.refused is not None:
+                    self._record_unsent(spec, intended, "exceeds_context", spec.refused)
+                    fut.set_result(None)
+                    return None
+                history = list(talks[spec.context_from]) if spec.context_from is not None else []
+                history += [Message("user", answers[p]) for p in spec.after if p != spec.context_from]
+                record, answer, end = await self._execute(
+                    spec, intended, call if not spec.after else None, tuple(history))
+                ok = record is not None and record.ok
+                if ok:
+                    answers[spec.request_id] = answer
+                    talks[spec.request_id] = (*history, *_turn_messages(spec), Message("assistant", answer))
+                fut.set_result(end if ok else None)
+                return end
+            finally:
+                if not fut.done():
+                    fut.set_result(None)
+
+        results = await asyncio.gather(*(node(n) for n in nodes))
+        ends = [e for e in results if e is not None]
+        return max(ends) if ends else None
 
     def _record_unsent(self, spec: RequestSpec, intended_ns: int, error_type: str, message: str) -> None:
         """A failed row for a request that is not sent (no send, byte or token stamp)."""

@@ -2,7 +2,8 @@
 
 Bump ``SCHEMA_VERSION`` on any incompatible change; readers refuse newer major versions.
 A new nullable column bumps the minor version (older files read it as null):
-1.1 added ``requests.n`` (sequences per request); 1.2 ``requests.protocol_anomaly``.
+1.1 added ``requests.n`` (sequences per request); 1.2 added ``requests.protocol_anomaly`` and
+``schedule.after``, ``schedule.after_delay_ns`` and ``schedule.context_from`` (session graphs).
 """
 
 from __future__ import annotations
@@ -98,6 +99,11 @@ SCHEDULE_SCHEMA = pa.schema(
         pa.field("prefix_group", pa.string()),
         pa.field("input_tokens_source", pa.string()),
         pa.field("length_class", pa.string()),
+        # session graphs (workloads/graph.py): the requests that must finish before this one,
+        # the delay after each, and the one whose conversation it continues
+        pa.field("after", pa.list_(pa.string())),
+        pa.field("after_delay_ns", pa.list_(pa.int64())),
+        pa.field("context_from", pa.string()),
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "schedule"},
 )

@@ -203,6 +203,9 @@ def write_schedule(run_dir: Path, specs: Iterable[Any]) -> None:
         cols["prefix_group"].append(s.prefix_group)
         cols["input_tokens_source"].append(s.input_tokens_source)
         cols["length_class"].append(getattr(s, "length_class", None))
+        cols["after"].append(list(getattr(s, "after", ())))
+        cols["after_delay_ns"].append(list(getattr(s, "after_delay_ns", ())))
+        cols["context_from"].append(getattr(s, "context_from", None))
     write_table_atomic(pa.Table.from_pydict(cols, schema=SCHEDULE_SCHEMA), run_dir / SCHEDULE_FILE)
 
 

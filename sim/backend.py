@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.request import SimRequest, prefix_block_hashes
+from bench_llm.sim.routing import prefix_aware
 from bench_llm.sim.scheduler import Batch, Instance, Limits
 from bench_llm.sim.timing import FixedTiming
 
@@ -230,11 +231,8 @@ class ModelBackend:
             return inst
         if mode == "kv-aware":
             return min(pool, key=lambda i: (i.pool.usage, i.load, i.index))
-        if mode == "prefix-aware" and req.block_hashes:
-            return max(
-                pool,
-                key=lambda i: (i.pool.lookup(req.block_hashes, len(req.block_hashes)), -i.load, -i.index),
-            )
+        if mode == "prefix-aware" and req.block_hashes:  # with sgl-router's load guard (sim/routing.py)
+            return prefix_aware(pool, req.block_hashes, self.block_size, req.prompt_len)
         return min(pool, key=lambda i: (i.load, i.index))
 
     def abort(self, req: SimRequest) -> None:

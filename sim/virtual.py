@@ -29,7 +29,8 @@ class Send:
 
     ``at_ns``: open loop, the intended send time relative to the measured phase's start
     (None: closed loop, or a later turn of a session). ``after``: the index of the session
-    turn this one follows, ``think_ns`` after that turn's answer ended.
+    turn this one follows, ``think_ns`` after that turn's answer ended (a session graph's
+    node: its first predecessor; ``joins`` its others).
     """
 
     prompt_len: int
@@ -41,6 +42,9 @@ class Send:
     think_ns: int = 0
     #: refused on arrival (the engine answers 400: prompt + output beyond its context)
     reject: bool = False
+    #: a session graph's other predecessors, as (send index, delay ns): the send goes when the
+    #: last of ``after`` and these ended, at the latest (end + delay)
+    joins: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +115,21 @@ class _Client:
         self.outcomes = outcomes
         self.due: list[tuple[int, int, int]] = []  # (time, order, send index)
         self.order = 0
-        self.followers: dict[int, int] = {s.after: i for i, s in enumerate(sends) if s.after is not None}
+        #: per send, the sends that follow it, with the delay after it
+        self.followers: dict[int, list[tuple[int, int]]] = {}
+        self.waiting: dict[int, int] = {}  # predecessors a send still waits for
+        self.ready: dict[int, int] = {}  # the latest (end + delay) of its ended predecessors
+        self.root: dict[int, int] = {}  # the unit (session or job) a later send belongs to
+        self.left: dict[int, int] = {}  # per unit: its sends under way (sent or due)
+        for i, s in enumerate(sends):
+            if s.after is not None:
+                for p, d in ((s.after, s.think_ns), *s.joins):
+                    self.followers.setdefault(p, []).append((i, d))
+                self.waiting[i] = 1 + len(s.joins)
+        for i, s in enumerate(sends):  # predecessors come first
+            if s.after is not None:
+                self.root[i] = self.root.get(s.after, s.after)
+        self.dead: set[int] = set()  # a predecessor failed: never sent
         self.units: deque[int] = deque()  # closed loop: sends waiting for a free slot
         self.closed = False
         self.open_until: int | None = None  # sends due after this time are not sent
@@ -125,11 +143,20 @@ class _Client:
     def ended(self, index: int, t: int, ok: bool = True) -> None:
         self.in_flight.pop(index, None)
         self.phase_left -= 1
-        nxt = self.followers.get(index) if ok else None  # a failed turn ends its session
-        if nxt is not None:
-            self.phase_left += 1
-            self.push(t + self.sends[nxt].think_ns, nxt)
-        elif self.closed and self.units:
+        unit = self.root.get(index, index)
+        left = self.left.pop(unit, 1) - 1
+        for nxt, delay in self.followers.get(index, ()):
+            if not ok:  # a failed turn ends its session; a failed node, its descendants
+                self.dead.add(nxt)
+            self.ready[nxt] = max(self.ready.get(nxt, 0), t + delay)
+            self.waiting[nxt] -= 1
+            if self.waiting[nxt] == 0 and nxt not in self.dead:
+                self.phase_left += 1
+                left += 1
+                self.push(self.ready.pop(nxt), nxt)
+        if left > 0:
+            self.left[unit] = left
+        elif self.closed and self.units:  # the unit ended: its slot takes the next one
             self.phase_left += 1
             self.push(t, self.units.popleft())
 
@@ -205,7 +232,9 @@ def _horizon(client: _Client, plan: Plan, t0: int) -> int | None:
     """When requests still running are cancelled (the runner's drain deadline)."""
     if plan.drain_ns is None:
         return None
-    if plan.concurrency is not None:
+    if plan.concurrency is not None or (plan.duration_ns is None and client.followers):
+        # (open loop with sessions or graphs and no duration: the runner awaits every request,
+        # later turns included, as loadgen.dispatch's drain does)
         return None if plan.duration_ns is None else t0 + plan.duration_ns + plan.drain_ns
     last = max((t for t, _, _ in client.due), default=t0)
     if client.open_until is not None:

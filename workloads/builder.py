@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from bench_llm.workloads.errors import TraceWithoutTimestamps, WorkloadError
 from bench_llm.workloads.prompts import BlockTexts, PromptSynth, make_synth
 from bench_llm.workloads.readers import TraceTable, read_trace
 from bench_llm.workloads.spec import MAX_REQUEST_TOKENS, RequestOptions, RequestSpec, Schedule
+
+if TYPE_CHECKING:
+    from bench_llm.workloads.graph_plan import GraphArrays
 
 #: stream indices of SeedSequence(seed).spawn(N)
 _LENGTHS, _ARRIVALS, _STRUCTURE, _PROMPTS, _WARMUP = range(5)
@@ -52,6 +55,7 @@ class Plan:
     trace_rows: np.ndarray | None = None  # row of the trace per request
     description: dict[str, object] | None = None
     length_class: np.ndarray | None = None  # a mixture's component label per request ('short', 'long' …)
+    graph: GraphArrays | None = None  # session graphs: predecessors, delays, contexts (workloads/graph_plan.py)
 
     def __len__(self) -> int:
         return int(len(self.input_tokens))
@@ -96,7 +100,8 @@ def _load_mode(
             return "open", parse_arrival(arrival_text or "trace"), None, None
         spec = parse_arrival(arrival_text or "poisson")
         if spec.process not in ("steps", "ramp"):
-            raise WorkloadError(f"workload {wd.name!r}: give $rate (requests/s, open loop) or $concurrency (closed loop)")
+            unit = "jobs/s" if wd.graph is not None else "requests/s"
+            raise WorkloadError(f"workload {wd.name!r}: give $rate ({unit}, open loop) or $concurrency (closed loop)")
         return "open", spec, None, None
     if not (rate > 0 and math.isfinite(rate)):
         raise WorkloadError("$rate must be a positive number of requests per second")
@@ -278,6 +283,9 @@ def plan_workload(
     prefix groups, arrivals, warm-up), each drawing from its own seeded stream."""
     _check_counts(requests, warmup)
     rngs = _streams(seed)
+    if wd.graph is not None:
+        return _plan_graph(wd, requests=requests, rate=rate, arrival=arrival, concurrency=concurrency,
+                           warmup=warmup, seed=seed, rngs=rngs)
     table, rows = _trace_rows(wd, requests, seed)
     if rows is not None:
         requests = len(rows)
@@ -313,6 +321,76 @@ def plan_workload(
         trace_rows=rows,
         description=_describe(wd, table),
         length_class=length_class,
+    )
+
+
+def _plan_graph(
+    wd: WorkloadDef,
+    *,
+    requests: int,
+    rate: float | None,
+    arrival: str | None,
+    concurrency: int | None,
+    warmup: int,
+    seed: int,
+    rngs: list[np.random.Generator],
+) -> Plan:
+    """The plan of a session-graph workload: jobs until ``requests`` requests (the last job keeps
+    its first nodes only, a smaller valid graph; a file gives at most its own), arriving at
+    ``rate`` jobs/s or ``concurrency`` at a time."""
+    from bench_llm.workloads.graph import JobGraph
+    from bench_llm.workloads.graph_plan import flatten, graph_offsets
+
+    assert wd.graph is not None
+    replayable = getattr(wd.graph, "has_offsets", False)
+    mode, arr, rate, concurrency = _load_mode(wd, rate, arrival, concurrency, replayable)
+    jobs = wd.graph.jobs(requests, rngs[_STRUCTURE])
+    excess = sum(len(j.nodes) for j in jobs) - requests
+    if excess > 0:  # the last job keeps its first nodes (each node's predecessors come before it)
+        jobs[-1] = JobGraph(jobs[-1].nodes[: len(jobs[-1].nodes) - excess], jobs[-1].offset_s)
+    ga = flatten(jobs, wd.name)
+    inputs = ga.input_tokens.copy()
+    group = np.full(len(inputs), -1, dtype=np.int64)
+    prefix_tokens = 0
+    fresh = ga.context < 0
+    if wd.prefix is not None:  # every fresh conversation starts with its system prompt
+        pc = wd.prefix
+        pc.validate()
+        shares = np.asarray(pc.shares(), dtype=float)
+        probs = np.append(shares, max(0.0, 1.0 - shares.sum()))
+        drawn = rngs[_STRUCTURE].choice(len(probs), size=len(inputs), p=probs / probs.sum())
+        drawn = np.where(drawn < len(shares), drawn, -1)
+        given = (ga.system >= 0) & (ga.system < pc.groups)
+        group = np.where(fresh, np.where(given, ga.system, drawn), -1).astype(np.int64)
+        with_prefix = group >= 0
+        prefix_tokens = pc.tokens
+        inputs = np.where(with_prefix, np.maximum(inputs, pc.tokens + 1) if pc.included else inputs + pc.tokens, inputs)
+    offsets = graph_offsets(ga, arr, rate, rngs[_ARRIVALS], wd.graph) if mode == "open" and arr is not None else None
+    if wd.lengths is not None:
+        w_in, w_out = _warmup_lengths(wd, None, warmup, rngs[_WARMUP])
+    else:
+        w_in, w_out = np.full(warmup, 256, dtype=np.int64), np.full(warmup, 64, dtype=np.int64)
+    desc = _describe(wd, None)
+    desc["graph"] = {**wd.graph.describe(), "jobs": ga.jobs, "requests": int(len(inputs)), "rate_unit": "jobs/s"}
+    return Plan(
+        name=wd.name,
+        seed=seed,
+        mode=mode,
+        arrival=arr,
+        rate=rate,
+        concurrency=concurrency,
+        input_tokens=np.asarray(inputs, dtype=np.int64),
+        output_tokens=ga.output_tokens,
+        offsets_s=offsets,
+        session=ga.session,
+        turn=ga.turn,
+        think_s=np.zeros(len(inputs)),
+        prefix_group=group,
+        prefix_tokens=prefix_tokens,
+        warmup_input=np.asarray(w_in, dtype=np.int64),
+        warmup_output=np.asarray(w_out, dtype=np.int64),
+        description=desc,
+        graph=ga,
     )
 
 
@@ -393,6 +471,17 @@ def _schedule_description(plan: Plan, synth: PromptSynth, salt: int | None) -> d
     return desc
 
 
+def _graph_fields(ga: GraphArrays, j: int, width: int) -> dict[str, Any]:
+    """A graph node's predecessors, delays and context as RequestSpec fields."""
+    rid = lambda k: f"r{k:0{width}d}"  # noqa: E731
+    ctx = int(ga.context[j])
+    return {
+        "after": tuple(rid(p) for p in ga.after[j]),
+        "after_delay_ns": tuple(int(round(d * 1e9)) for d in ga.delays_s[j]),
+        "context_from": None if ctx < 0 else rid(ctx),
+    }
+
+
 def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, salt: int | None = None) -> Schedule:
     """Build the prompts and the ``Schedule``.
 
@@ -424,11 +513,15 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
         g = int(plan.prefix_group[j])
         src = synth.source
         given = table.prompts[row] if (table is not None and table.prompts is not None and row is not None) else None
+        ga = plan.graph
+        if ga is not None and ga.prompts[j] is not None:
+            given = ga.prompts[j]
+        starts = int(plan.turn[j]) == 0 if ga is None else int(ga.context[j]) < 0
         if given is not None:
             prompt, src = given, "given"
         elif blocks is not None and row is not None and table is not None and table.hash_ids[row]:  # type: ignore[index]
             prompt, src = blocks.text(table.hash_ids[row], n_in), source  # type: ignore[index]
-        elif g >= 0 and int(plan.turn[j]) == 0:
+        elif g >= 0 and starts:
             prompt = synth.text(n_in - plan.prefix_tokens, rng, prefix_text[g])
         else:
             prompt = synth.text(n_in, rng)
@@ -446,12 +539,13 @@ def materialize(plan: Plan, wd: WorkloadDef, synth: PromptSynth | None = None, s
                 max_output_tokens=n_out,
                 prompt=prompt,
                 send_offset_ns=None if math.isnan(off) else int(round(off * 1e9)),
-                session_id=None if s < 0 else f"s{s:0{width}d}",
+                session_id=None if s < 0 else f"{'s' if ga is None else 'j'}{s:0{width}d}",
                 turn=int(plan.turn[j]),
                 think_time_ns=int(round(float(plan.think_s[j]) * 1e9)),
                 prefix_group=group_label,
                 input_tokens_source=src,
                 length_class=None if plan.length_class is None else str(plan.length_class[j]),
+                **(_graph_fields(ga, j, width) if ga is not None else {}),
             )
         )
     schedule = Schedule(

@@ -11,9 +11,12 @@ from typing import Any
 from bench_llm.workloads.builder import Plan, materialize, plan_workload
 from bench_llm.workloads.definition import PromptConfig, TraceConfig, WorkloadDef, builtins, load_workload_file
 from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.graph import is_graph_jsonl
+from bench_llm.workloads.graph_files import read_graph_file
 from bench_llm.workloads.prompts import PromptSynth
 from bench_llm.workloads.readers import detect_format
 from bench_llm.workloads.spec import Schedule
+from bench_llm.workloads.weka import is_weka
 
 TRACE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json", ".parquet")
 
@@ -32,6 +35,9 @@ def resolve(ref: str, **kwargs: Any) -> WorkloadDef:
             if not path.is_file():
                 raise WorkloadError(f"{ref}: no such workload file")
             wd = load_workload_file(path)
+        elif path.suffix.lower() in (".jsonl", ".ndjson", ".json") and (is_graph_jsonl(path) or is_weka(path)):
+            wd = WorkloadDef(name=path.stem, description=f"session graphs of {path.name}",
+                             graph=read_graph_file(path), source={"file": str(path)})
         elif path.suffix.lower() in TRACE_SUFFIXES:
             if not path.is_file():
                 raise WorkloadError(f"{ref}: no such trace file")

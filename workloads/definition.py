@@ -69,6 +69,8 @@ from bench_llm.workloads.distributions import (
     Uniform,
 )
 from bench_llm.workloads.errors import WorkloadError
+from bench_llm.workloads.graph import AgenticGraph, DelayConfig, GraphSource, TemplateGraph
+from bench_llm.workloads.graph_files import read_graph_file
 from bench_llm.workloads.spec import RequestOptions
 
 
@@ -181,6 +183,37 @@ class SessionConfig:
 
 
 @dataclass(frozen=True)
+class NodeConfig:
+    """One ``[[graph.node]]`` (workloads/graph.py): lengths as in ``[lengths]`` (``input`` and
+    ``output`` distributions, or fixed ``input_tokens``/``output_tokens``, or ``prompt`` text),
+    its predecessors by id (``after``), the delay after each (``delay_s`` fixed, or ``delay`` a
+    distribution), its context (a predecessor's id, or "fresh"; default its first predecessor)
+    and ``copies`` (parallel sub-agents: the node repeated; between two nodes with the same
+    copies > 1 the edges go copy to copy, otherwise every copy waits for every copy)."""
+
+    id: str
+    input: DistConfig | None = None
+    output: DistConfig | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    prompt: str | None = None
+    after: tuple[str, ...] = ()
+    delay_s: float | None = None
+    delay: DelayConfig | None = None
+    context: str | None = None
+    copies: int = 1
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """``[graph]``: every job is one instance of this graph (``[[graph.node]]``, the root first),
+    or ``path`` names a graph JSONL file of explicit jobs (relative to the TOML file)."""
+
+    node: tuple[NodeConfig, ...] = ()
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class TraceConfig:
     path: str
     format: Literal["azure", "burstgpt", "mooncake", "lengths", "bench", "dataset"] | None = None
@@ -215,6 +248,7 @@ class WorkloadFile:
     trace: TraceConfig | None = None
     prompt: PromptConfig | None = None
     request: RequestOptions | None = None
+    graph: GraphConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +267,8 @@ class WorkloadDef:
     concurrency: int | None = None
     source: dict[str, object] = field(default_factory=dict)
     request: RequestOptions = field(default_factory=RequestOptions)
+    #: jobs as session graphs (workloads/graph.py); ``--rate`` is then jobs per second
+    graph: GraphSource | None = None
 
 
 # -- built-in tables -------------------------------------------------------------------------
@@ -308,6 +344,19 @@ def _builtin_defs() -> dict[str, WorkloadDef]:
         sessions=SessionConfig(turns_min=2, turns_max=6, think_time_s=2.0, followup_input=DistConfig("uniform", low=20, high=200)),
         source={"source": fitted_document("chat")["source"], "licence": fitted_document("chat")["licence"]},
     )
+    defs["agentic"] = WorkloadDef(
+        name="agentic",
+        description="Agent jobs: a task behind a shared 2,000-token system prompt, 3-6 orchestrator turns after "
+        "tool-call gaps (lognormal, median 1 s) each adding a tool output (median 800 tokens) to the growing "
+        "context; half the jobs fan out 2-4 sub-agents (fresh conversations of 2-4 turns) that the next turn "
+        "joins. --rate is jobs per second.",
+        lengths=IndependentPair(LogNormal(6.68, 0.9, 1, 8000), LogNormal(4.88, 0.8, 1, 2048)),  # warm-up only
+        prefix=PrefixConfig(groups=2, tokens=2000, fractions=(1.0, 0.0)),
+        graph=AgenticGraph(),
+        source={"figures": "stated (workloads/graph.py AgenticGraph): mean output 182 tokens and a last-turn "
+                "context near 8.6k tokens, the Mooncake FAST'25 tool&agent trace's published means (Table 2); "
+                "not fitted to a trace"},
+    )
     return defs
 
 
@@ -352,8 +401,11 @@ def load_workload_file(path: Path) -> WorkloadDef:
     except ValueError as exc:  # a RequestOptions value out of range
         raise WorkloadError(f"{path}: request: {exc}") from None
     where = str(path)
-    if wf.lengths is None and wf.trace is None:
-        raise WorkloadError(f"{where}: needs a [lengths] or a [trace] section")
+    graph = _graph_of(wf.graph, path) if wf.graph is not None else None
+    if graph is not None and (wf.trace is not None or wf.sessions is not None):
+        raise WorkloadError(f"{where}: [graph] makes its own jobs: give no [trace] or [sessions] with it")
+    if wf.lengths is None and wf.trace is None and graph is None:
+        raise WorkloadError(f"{where}: needs a [lengths] or a [trace] section (or a [graph])")
     if wf.lengths is not None and wf.trace is not None:
         raise WorkloadError(f"{where}: give [lengths] or [trace], not both")
     trace = wf.trace
@@ -376,4 +428,17 @@ def load_workload_file(path: Path) -> WorkloadDef:
         concurrency=wf.concurrency,
         source={"file": str(path)},
         request=wf.request or RequestOptions(),
+        graph=graph,
     )
+
+
+def _graph_of(gc: GraphConfig, path: Path) -> GraphSource:
+    where = f"{path}: graph"
+    if (gc.path is None) == (not gc.node):
+        raise WorkloadError(f"{where}: give [[graph.node]] tables or path (a graph JSONL file), one of them")
+    if gc.path is not None:
+        file = Path(gc.path) if Path(gc.path).is_absolute() else path.parent / gc.path
+        if not file.is_file():
+            raise WorkloadError(f"{where}.path: {file}: no such file")
+        return read_graph_file(file)
+    return TemplateGraph(gc.node, where, lambda cfg, at: cfg.build(at))

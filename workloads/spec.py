@@ -301,8 +301,20 @@ class RequestSpec:
     tool_choice: str | None = None
     #: chat: (width, height) of each image sent with the prompt (workloads/images.py)
     images: tuple[tuple[int, int], ...] = ()
+    #: a session graph's node (workloads/graph.py): the requests of its job that must finish
+    #: before it is sent, and the delay after each (tool call, think time). Its intended send
+    #: time is the latest of (predecessor's end + delay). ``()``: a root, or not a graph node.
+    after: tuple[str, ...] = ()
+    after_delay_ns: tuple[int, ...] = ()
+    #: the predecessor whose conversation this node continues (its history and answer come
+    #: first in the prompt, then the other predecessors' answers); None: a fresh conversation
+    context_from: str | None = None
 
     def __post_init__(self) -> None:
+        if len(self.after) != len(self.after_delay_ns):
+            raise ValueError(f"request {self.request_id}: one delay per predecessor")
+        if self.context_from is not None and self.context_from not in self.after:
+            raise ValueError(f"request {self.request_id}: its context must be one of its predecessors")
         if self.max_output_tokens < 1:
             raise ValueError(f"request {self.request_id}: max_output_tokens must be >= 1")
         if self.input_tokens < 0:

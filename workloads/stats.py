@@ -106,6 +106,10 @@ def plan_summary(plan: Plan) -> dict[str, object]:
             "turns_mean": float(turns[turns > 0].mean()),
             "think_s_mean": float(plan.think_s[later].mean()) if later.any() else 0.0,
         }
+    if plan.graph is not None:
+        from bench_llm.workloads.graph_plan import graph_summary
+
+        out["graph"] = graph_summary(plan.graph, plan.input_tokens)
     table = plan.trace
     if table is not None:
         trace: dict[str, object] = {"path": table.path, "format": table.format, "rows": len(table), "dropped": table.dropped}

@@ -15,6 +15,7 @@ from typing import Any
 from bench_llm.analysis.compare import config_key
 from bench_llm.analysis.format import anomaly_text, one_read_text
 from bench_llm.analysis.headline import build_headline, capacity_text, margin_text
+from bench_llm.analysis.jobs import TIME_METRICS, JobSummary, job_summary
 from bench_llm.analysis.kinds import kinds_lines
 from bench_llm.analysis.load import load_runs
 from bench_llm.analysis.recommend_types import Recommendation
@@ -55,6 +56,8 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
             rel = Path(v.path).resolve().relative_to(results.resolve()) if Path(v.path).resolve() != results.resolve() else None
             v.label = f"{rel} ({v.run_id})" if rel else v.run_id
     views.sort(key=lambda v: (v.key.split(' / ')[0], v.offered if v.offered is not None else math.inf, v.label))
+    for v in views[: options.max_run_sections]:
+        v.jobs = job_summary(Path(v.path), options.slo)
     sweep = is_sweep(results)
     sections: list[Section] = []
     top_notes: list[str] = []
@@ -282,6 +285,25 @@ def _classes_html(rows: list[dict[str, Any]]) -> str:
     return "<h3>Per class (mix component of each request; latencies in ms)</h3>" + _table(head, body, "classes")
 
 
+def _jobs_html(s: JobSummary | None) -> str:
+    """A run's jobs (sessions or session graphs): what the user of an agent waits for."""
+    if s is None or not s.jobs:
+        return ""
+    keys = [k for k in TIME_METRICS if k in s.metrics] + ["parallelism"]
+    pcols = [c for c in s.metrics["job_ms"] if c.startswith("p")]
+    body = [[F.esc(k), str(s.metrics[k]["n"]), _fmt(s.metrics[k]["mean"], 2 if k == "parallelism" else 0),
+             *(_fmt(s.metrics[k][c], 2 if k == "parallelism" else 0) for c in pcols)] for k in keys]
+    facts = [f"{s.jobs} jobs ({s.ok} ok), {s.requests_per_job:.1f} requests per job, {s.jobs_per_s:.3f} jobs/s"]
+    if math.isfinite(s.hit_rate):
+        facts.append(f"prefix-cache hit rate per job: pooled {100 * s.hit_rate:.1f}%, "
+                     f"mean {100 * s.hit_rate_per_job.get('mean', math.nan):.1f}%")
+    if s.met is not None:
+        lo, hi = s.attainment_interval()
+        facts.append(f"job SLO attainment {100 * s.attainment:.1f}% ({s.met}/{s.jobs}; 95% CI {100 * lo:.1f}-{100 * hi:.1f}%)")
+    return ("<h3>Jobs (ms; docs/metrics.md, Jobs)</h3><p>" + F.esc("; ".join(facts)) + "</p>"
+            + _table(["job metric", "n", "mean", *pcols], body, "jobs"))
+
+
 def _run_section(i: int, v: RunView) -> Section:
     meta = v.meta
     sec = Section(f"Run {v.label}")
@@ -315,7 +337,8 @@ def _run_section(i: int, v: RunView) -> Section:
         info.append([F.esc(name), F.esc(text)])
     for w in v.summary.client.warnings:
         info.append(["warning", F.esc(w)])
-    sec.html = f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv") + _classes_html(v.classes)
+    sec.html = (f'<a id="run-{F.esc(v.run_id)}"></a>' + _table(["", ""], info, "kv") + _classes_html(v.classes)
+                + _jobs_html(v.jobs))
     for name, fig in (
         ("cdf", F.latency_cdfs(v)),
         ("load-time", F.load_over_time(v)),

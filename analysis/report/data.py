@@ -67,6 +67,8 @@ class RunView:
     classes: list[dict[str, Any]] = field(default_factory=list)
     #: per-request TTFT split (engine-reported timings): part -> quartiles, fences, mean (ms)
     ttft_parts: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: job-level metrics (analysis/jobs.py) when the run's schedule has sessions or graphs
+    jobs: Any = None
 
 
 def _cdf(values: np.ndarray) -> dict[str, Any] | None:

@@ -63,4 +63,20 @@ def command(
         cmp = compare_paths(baseline, current, parse_metrics(metrics_text), parse_slo(slo_text), options)
     except ValueError as exc:
         raise BenchError(str(exc)) from None
-    click.echo(comparison_json(cmp) if as_json else format_comparison(cmp))
+    # job-level figures (analysis/jobs.py), when both sides are one run with jobs
+    from bench_llm.analysis.jobs import format_job_changes, job_changes
+
+    jobs = job_changes(baseline, current, level=level, resamples=min(resamples, 1000), seed=seed)
+    if as_json:
+        import dataclasses
+        import json
+
+        out = json.loads(comparison_json(cmp))
+        if jobs:
+            out["jobs"] = [{k: (None if isinstance(v, float) and v != v else v) for k, v in dataclasses.asdict(c).items()}
+                           for c in jobs]  # (NaN is not JSON)
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(format_comparison(cmp))
+    for line in format_job_changes(jobs):
+        click.echo(line)

@@ -416,7 +416,7 @@ class _SchedulePlan:
             built = built.with_request(self.request.over(built.request))
         except ValueError as exc:
             raise BenchError(setting_message(exc)) from None
-        timed = [k for k, _ in self.output.slo.limits if k != "e2e_ms"]
+        timed = [k for k, _ in self.output.slo.limits if k not in ("e2e_ms", "job_ms")]
         if built.request.stream is False and timed:
             raise BenchError(f"--slo {timed[0]}: non-streaming requests have no per-token times; judge them on e2e_ms")
         return built

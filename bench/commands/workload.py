@@ -105,7 +105,7 @@ def format_summary(s: dict[str, object]) -> str:
         lines.append(f"source: {main}" + (f" (licence {src['licence']})" if src.get("licence") else ""))
     load = f"closed loop, concurrency {s['concurrency']}" if s["mode"] == "closed" else f"open loop, arrival {s['arrival']}"
     if s.get("rate"):
-        load += f", rate {s['rate']:g} req/s"
+        load += f", rate {s['rate']:g} {'jobs/s' if s.get('graph') else 'req/s'}"
     lines.append(f"requests {s['requests']} (+{s['warmup']} warm-up), seed {s['seed']}, {load}")
     cols = ("mean", "p5", "p25", "p50", "p75", "p95", "p99", "max")
     lines.append(f"{'':15s}" + "".join(f"{c:>9s}" for c in cols))
@@ -115,17 +115,30 @@ def format_summary(s: dict[str, object]) -> str:
         lines.append(f"{label:15s}" + "".join(_cell(row.get(c)) for c in cols))
     arr = s.get("arrivals")
     if isinstance(arr, dict) and arr.get("count", 0) >= 2:
-        what = "session starts" if s.get("sessions") else "send times"
+        what = "job arrivals" if s.get("graph") else "session starts" if s.get("sessions") else "send times"
+        unit = "jobs/s" if s.get("graph") else "req/s"
         lines.append(
-            f"arrivals: {arr['count']} {what} over {arr['span_s']:.1f} s, mean rate {arr['mean_rate']:.3f} req/s, "
+            f"arrivals: {arr['count']} {what} over {arr['span_s']:.1f} s, mean rate {arr['mean_rate']:.3f} {unit}, "
             f"inter-arrival CV {arr['gap_cv']:.2f}, longest gap {arr['max_gap_s']:.2f} s"
         )
     pg = s.get("prefix_groups")
     if isinstance(pg, dict):
         shares = ", ".join(f"{k} {v:.1%}" for k, v in pg["shares"].items())
         lines.append(f"shared prefixes of {pg['tokens']} tokens: {shares}; none {pg['none']:.1%}")
+    gs = s.get("graph")
+    if isinstance(gs, dict):  # session graphs (docs/workloads.md): rates are jobs/s, input tokens new tokens
+        d, pt = gs["delay_s"], gs["prompt_tokens"]
+        lines.append(
+            f"jobs: {gs['jobs']} ({gs['requests_per_job']:.1f} requests each; --rate is jobs/s); {gs['joins']:.1%} of "
+            f"requests join several predecessors, {gs['fresh']:.1%} start a fresh conversation; edge delays mean "
+            f"{d['mean']:.2f} s, p50 {d['p50']:.2f} s, p95 {d['p95']:.2f} s"
+        )
+        lines.append(
+            f"whole prompts (context + new tokens above): mean {pt['mean']:,.0f}, p50 {pt['p50']:,.0f}, "
+            f"p95 {pt['p95']:,.0f}, max {pt['max']:,} tokens"
+        )
     ss = s.get("sessions")
-    if isinstance(ss, dict):
+    if isinstance(ss, dict) and not isinstance(gs, dict):
         lines.append(
             f"sessions: {ss['count']}, {ss['turns_mean']:.2f} turns on average, mean think time {ss['think_s_mean']:.2f} s"
         )
