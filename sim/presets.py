@@ -124,6 +124,11 @@ class EngineProfile:
     #: vLLM's and SGLang's 2024 fused-MoE Triton kernels did not use Hopper's wgmma, so Hopper ran them at
     #: about Ampere's rate; fitted to vLLM CI Mixtral H200 throughput, the A100 row is the held-out check
     moe_gemm_tflops: float = 0.0
+    #: the same ceiling for FP8 expert GEMMs (0: the dense FP8 rate). FP8 MoE runs on other kernels than the
+    #: 2024 BF16 Triton ones the ceiling above was fitted to (block-scaled FP8 grouped GEMMs: DeepGEMM/CUTLASS
+    #: in SGLang and vLLM 2025, TRT-LLM's own), so the BF16 ceiling does not carry over (issue 35: it put
+    #: Mixtral FP8 offline throughput at 0.19x and SGLang DeepSeek TPOT at 1.1-1.5x)
+    moe_gemm_tflops_fp8: float = 0.0
     #: fixed time per MLA attention layer per step (latent projections, rope split, extra kernels)
     mla_layer_us: float = 0.0
     #: decode batches above this size run without CUDA graphs (0: every step is graphed, or not modelled);
@@ -144,6 +149,14 @@ class EngineProfile:
     watermark: float = 0.01
     enable_prefix_caching: bool = True
     jitter_sigma: float = 0.0
+    #: the KV-cache dtype the engine picks by default for an FP8 checkpoint ("auto"): vLLM and SGLang
+    #: keep the activations' BF16 (``--kv-cache-dtype auto``: "the model's data type"); TRT-LLM takes the
+    #: checkpoint's KV quantisation, FP8 in NVIDIA's FP8 (ModelOpt) checkpoints
+    kv_dtype_fp8: str = "bf16"
+
+    def kv_dtype_for(self, weights: Dtype) -> Dtype:
+        """The KV-cache dtype this engine uses by default for weights of ``weights`` precision."""
+        return "fp8" if weights == "fp8" and self.kv_dtype_fp8 == "fp8" else "bf16"
 
     def scheduling_policy(self) -> SchedulingPolicy:
         return make_policy(self.policy, self.scheduler_steps, self.waiting_served_ratio, self.max_waiting_steps)
@@ -160,6 +173,10 @@ MLA_LAYER_US = 356.0  # sglang#2643 DeepSeek-V3 TP8 H200 batch 1 128/256, 30.29 
 #: sglang#3602 DeepSeek-V3 TP8 H200 at 40 req/s, 1403 output tok/s: decode batches above SGLang's default
 #: CUDA-graph limit of 160 (its server_args at the time) and prefills run eagerly
 SGLANG_2024_EAGER_LAYER_US = 3600.0
+#: SGLang 0.5.6 Llama-3.1-8B FP8 on H200, all 46 measured rows (AIConfigurator's silicon data, C 20-512, TP1-8):
+#: TPOT stays 23-39 ms from TP1 to TP8 at 100-500 running requests, the CPU's share of each step (scheduling,
+#: sampling, detokenising per sequence) rather than the GPU's; 20 us per sequence per step (sim.silicon)
+SGLANG_PER_SEQ_US = 20.0
 V0_PER_SEQ_US = 70.0  # vLLM 0.6.0 70B TP4 H100 ShareGPT 4 req/s median TPOT 23.58 ms (sglang-060)
 V0_REQUEST_OVERHEAD_MS = 40.0  # same row, median TTFT 179.15 ms
 PROFILES: dict[str, EngineProfile] = {
@@ -187,6 +204,7 @@ PROFILES: dict[str, EngineProfile] = {
         "sglang", policy="sglang-prefill-first", era="SGLang 0.4.x (2025)",
         calibration="dense constants shared with vllm; held out: SGLang 0.3.0 70B TP4 H100 ShareGPT rows",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+        per_seq_us=SGLANG_PER_SEQ_US,
     ),
     # SGLang at its first DeepSeek-V3 release (v0.4.1, Dec 2024): Triton MLA decode and fused-MoE
     # kernels, many small kernels per layer; MLA term fitted to the batch-1 row of sgl-project/sglang#2643.
@@ -197,12 +215,14 @@ PROFILES: dict[str, EngineProfile] = {
                     "TP8 0.95, but ShareGPT 5k with DP attention 1.66x too fast",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
         mla_layer_us=MLA_LAYER_US, cuda_graph_max_bs=160, eager_layer_us=SGLANG_2024_EAGER_LAYER_US,
+        # v0.4.1 ran DeepSeek's FP8 experts on its Triton fused-MoE kernels too: the ceiling holds for FP8
+        moe_gemm_tflops_fp8=MOE_GEMM_TFLOPS,
     ),
     # TensorRT-LLM: in-flight batching with chunked context (mixed steps), C++ runtime: no
     # engine skew on the all-reduces (the 15 us skew is a vLLM fit, reference §3.4). Nothing fitted.
     "trtllm": EngineProfile(
         "trtllm", era="TensorRT-LLM (2024)", tp_skew_us_at_4=0.0,
-        calibration="nothing fitted; held out: 405B TP8 vs PP8 ratios (NVIDIA blog)",
+        calibration="nothing fitted; held out: 405B TP8 vs PP8 ratios (NVIDIA blog)", kv_dtype_fp8="fp8",
     ),
     "tgi": EngineProfile(
         "tgi", policy="tgi-waiting-ratio", era="TGI 2.x router (2024)", t_fixed_ms=3.0, request_overhead_ms=5.0,

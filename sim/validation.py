@@ -389,8 +389,9 @@ def pp_rows() -> list[Row]:
     profile ``trtllm`` (no vLLM engine skew on the all-reduces; added after the vllm profile gave
     TP8 a 3.9x latency lead, and fitted to nothing)."""
     def timing(tp: int, pp: int) -> ModelTiming:
-        return ModelTiming("llama-3.1-405b", "h200", "fp8", tp=tp, pp=pp, model_spec=LLAMA_405B, profile="trtllm",
-                           enable_prefix_caching=False)
+        # BF16 KV, as these rows ran before the trtllm profile's FP8-KV default ("auto") existed
+        return ModelTiming("llama-3.1-405b", "h200", "fp8", kv_dtype="bf16", tp=tp, pp=pp, model_spec=LLAMA_405B,
+                           profile="trtllm", enable_prefix_caching=False)
 
     tpot = {k: _single(timing(*k), 256, 256)[1] for k in ((8, 1), (1, 8))}
     tput = {k: _offline(timing(*k), tuple((1000, 1000) for _ in range(1024)))[1] for k in ((8, 1), (1, 8))}
