@@ -116,6 +116,12 @@ class EngineProfile:
     t_fixed_ms: float = 2.0
     tp_skew_us_at_4: float = 15.0  # added per all-reduce at TP4; scales as (tp/4)^1.25
     request_overhead_ms: float = 5.0  # HTTP + tokenizer before a request can be scheduled
+    #: the serial part of it: the API server's one event loop parses, validates and tokenises requests one
+    #: at a time (about 1 ms for a 1k-token prompt: an estimate, not a fit), so a burst of k requests reaches
+    #: the scheduler over k ms, and an idle engine starts a step with the first one alone. Without it, C
+    #: closed-loop streams started together share every prefill step for ever (issue 35: bench's own client
+    #: against the simulated server in real time splits them the same way)
+    frontend_serial_ms: float = 1.0
     #: CPU time per sequence in a step (scheduling, sampling, detokenising, output objects)
     per_seq_us: float = 0.0
     #: fixed time per MoE layer per step (router GEMM, top-k, token permute/align, grouped-GEMM launch)
