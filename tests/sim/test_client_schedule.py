@@ -18,7 +18,7 @@ from bench_llm.bench.execute import RunConfig
 from bench_llm.bench.virtual import VirtualEngine, simulate_run
 from bench_llm.sim.config import ServerConfig
 from bench_llm.sim.options import ModelTiming
-from tests.sim_helpers import run_against, schedule
+from tests.sim_helpers import run_against
 
 #: Llama-3.1-8B BF16 on one H100, steps 4x slower than modelled: a 4 x 512-token prefill step takes
 #: ~0.18 s, a decode step ~30 ms
