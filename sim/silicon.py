@@ -115,28 +115,42 @@ def _layout(tp: int, adp: int, moe_tp: int, moe_ep: int) -> tuple[int, int, int]
     return max(1, world // dp), dp, min(moe_ep, world) if moe_ep > 1 else 1
 
 
+def _figures(r: dict[str, str]) -> tuple[object, ...]:
+    """A measurement's identity: the same engine, lengths, concurrency and figures."""
+    given = re.search(r"silicon_concurrency=(\d+)", r.get("silicon_data_source", ""))
+    return (r["backend"], r["isl"], r["osl"], given.group(1) if given else None,
+            round(float(r["silicon_ttft_ms"]), 1), round(float(r["silicon_tpot_ms"]), 2))
+
+
 def load(path: Path) -> list[Point]:
-    """The rows of ``path`` whose model has a preset (the others are not scored)."""
-    out = []
+    """The rows of ``path`` whose model has a preset (the others are not scored).
+
+    Some disaggregated rows leave the worker counts (and so the concurrency per decode worker)
+    blank; most are the same measurement as a row that gives them (the same engine, lengths,
+    concurrency, TTFT and TPOT, under another label): those take that row's counts and pool
+    layout. The rest run one prefill and one decode instance."""
     with path.open(newline="") as f:
-        for r in csv.DictReader(f):
-            model = _model(r["model_path"])
-            if model is None or r["backend"] not in PROFILE_OF:
-                continue
-            given = re.search(r"silicon_concurrency=(\d+)", r.get("silicon_data_source", ""))
-            if r["mode"] == "agg":
-                tp, dp, ep = _layout(_int(r["tp_size"]), _int(r["attention_dp_size"]), _int(r["moe_tp_size"]),
-                                     _int(r["moe_ep_size"]))
-                pre = dec = 0
-                c = _int(r["batch_size"]) * dp
-            else:
-                tp, dp, ep = _layout(_int(r["decode_tp_size"]), _int(r["decode_attention_dp_size"]),
-                                     _int(r["decode_moe_tp_size"]), _int(r["decode_moe_ep_size"]))
-                pre, dec = _int(r["prefill_num_workers"]), _int(r["decode_num_workers"])
-                c = _int(r["decode_batch_size"]) * dp * dec
-            out.append(Point(r["id"], r["backend"], model, r["mode"], int(r["isl"]), int(r["osl"]),
-                             int(given.group(1)) if given else c, tp, dp, ep, pre, dec,
-                             float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"])))
+        raw = [r for r in csv.DictReader(f) if _model(r["model_path"]) and r["backend"] in PROFILE_OF]
+    known = {_figures(r): r for r in raw if r["mode"] == "disagg" and r["decode_num_workers"].strip()}
+    out = []
+    for r in raw:
+        model = _model(r["model_path"])
+        assert model is not None
+        given = re.search(r"silicon_concurrency=(\d+)", r.get("silicon_data_source", ""))
+        if r["mode"] == "agg":
+            tp, dp, ep = _layout(_int(r["tp_size"]), _int(r["attention_dp_size"]), _int(r["moe_tp_size"]),
+                                 _int(r["moe_ep_size"]))
+            pre = dec = 0
+            c = _int(r["batch_size"]) * dp
+        else:
+            d = known.get(_figures(r), r)
+            tp, dp, ep = _layout(_int(d["decode_tp_size"]), _int(d["decode_attention_dp_size"]),
+                                 _int(d["decode_moe_tp_size"]), _int(d["decode_moe_ep_size"]))
+            pre, dec = _int(d["prefill_num_workers"]), _int(d["decode_num_workers"])
+            c = _int(d["decode_batch_size"]) * dp * dec
+        out.append(Point(r["id"], r["backend"], model, r["mode"], int(r["isl"]), int(r["osl"]),
+                         int(given.group(1)) if given else c, tp, dp, ep, pre, dec,
+                         float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"])))
     return out
 
 
