@@ -429,7 +429,8 @@ class ModelBackend:
         req.num_computed = req.prompt_len
         req.prefill_target = req.prompt_len
         req.cache_checked = True
-        req.ready_ns = t + int(t_kv * 1e9 * self.timing.slowdown)
+        handoff_ns = int(self.timing.engine_profile.disagg_handoff_ms * 1e6)
+        req.ready_ns = t + int(t_kv * 1e9 * self.timing.slowdown) + handoff_ns
         if self.observer is not None:
             self.observer(req, "prefilled", t)
         self._route(req, self.decode_pool).add(req)

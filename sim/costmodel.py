@@ -251,7 +251,7 @@ class CostModel:
             moe_layers = m.moe_layers / p
             nbytes = T * m.top_k * m.hidden * 3.0 / par.ep  # FP8 dispatch + BF16 combine, per rank
             alpha = g.a2a_alpha_us * 1e-6 * (1.0 + math.log2(par.ep) / 3.0)
-            t_ep = moe_layers * (2.0 * alpha + nbytes / (g.a2a_gb_s * GB))
+            t_ep = moe_layers * (2.0 * alpha + nbytes / (g.a2a_gb_s * GB)) * self.prof.ep_a2a_scale
         # per-layer fixed costs of MoE routing and MLA attention (engine generation's kernels)
         t_layers = 0.0
         if T:

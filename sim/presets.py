@@ -137,6 +137,13 @@ class EngineProfile:
     moe_gemm_tflops_fp8: float = 0.0
     #: fixed time per MLA attention layer per step (latent projections, rope split, extra kernels)
     mla_layer_us: float = 0.0
+    #: multiplies the EP all-to-all time of the cost model (dispatch + combine per MoE layer): an engine's
+    #: own all-to-all kernels (TRT-LLM's fused MoE communication overlaps most of it)
+    ep_a2a_scale: float = 1.0
+    #: prefill/decode disaggregation: time a request spends between its prefill's end and its decode
+    #: admission besides the KV bytes' transfer (the P/D router and front end, the transfer's set-up and
+    #: completion notices); 0: none
+    disagg_handoff_ms: float = 0.0
     #: decode batches above this size run without CUDA graphs (0: every step is graphed, or not modelled);
     #: such eager steps, and every step carrying a prefill, take at least ``eager_layer_us`` per layer:
     #: the CPU time to launch the layer's kernels one by one (the GPU waits for them)
@@ -183,6 +190,17 @@ SGLANG_2024_EAGER_LAYER_US = 3600.0
 #: TPOT stays 23-39 ms from TP1 to TP8 at 100-500 running requests, the CPU's share of each step (scheduling,
 #: sampling, detokenising per sequence) rather than the GPU's; 20 us per sequence per step (sim.silicon)
 SGLANG_PER_SEQ_US = 20.0
+#: TRT-LLM DeepSeek-V3/R1 FP8 on 8xH200, the 88 aggregated measured rows (sim.silicon): per MLA layer per
+#: step (its MLA and MoE kernels beyond the roofline: TP8 TPOT was 0.51-0.84x without it), and the EP8
+#: all-to-all at a quarter of the generic estimate (its fused MoE communication; EP8 TPOT was up to 1.5x):
+#: a grid over (60-140 us) x (0.25, 0.5, 1), best TPOT count (28 -> 53 of 88 within ±20 %)
+TRTLLM_MLA_LAYER_US = 100.0
+TRTLLM_EP_A2A_SCALE = 0.25
+#: P/D hand-off (router, front end, KV set-up besides its bytes): the median of measured - simulated TTFT
+#: over the disaggregated DeepSeek rows at C <= 64 before it (TRT-LLM 35 rows: 995 ms, spread 0.4-7 s;
+#: SGLang 40 rows: 446 ms, spread 0-1.4 s); noisy, the rows repeat one configuration at up to 3x apart
+TRTLLM_PD_HANDOFF_MS = 1000.0
+SGLANG_PD_HANDOFF_MS = 450.0
 V0_PER_SEQ_US = 70.0  # vLLM 0.6.0 70B TP4 H100 ShareGPT 4 req/s median TPOT 23.58 ms (sglang-060)
 V0_REQUEST_OVERHEAD_MS = 40.0  # same row, median TTFT 179.15 ms
 PROFILES: dict[str, EngineProfile] = {
@@ -193,6 +211,9 @@ PROFILES: dict[str, EngineProfile] = {
         calibration="vLLM CI H200/H100 bs8 latency 8B/70B, Mixtral H200 latency and throughput, NIM c1 5000/500 "
                     "(fitted, within 5 %); held out: vLLM CI A100 and throughput rows, NIM under load",
         moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+        # FP8 experts too: vLLM's block-FP8 fused MoE on Hopper is its Triton kernel unless DeepGEMM is turned
+        # on; the held-out DeepSeek-R1 TP8 row (vllm#25049) came out 1.73x without the ceiling, 1.03x with it
+        moe_gemm_tflops_fp8=MOE_GEMM_TFLOPS,
     ),
     # vLLM V0 engine (0.5-0.6, 2024): prefill-only steps stall the decodes; no chunked prefill
     # below 32K context (budget = max_model_len, 4096 in the fitted rows); Python scheduling
@@ -203,14 +224,16 @@ PROFILES: dict[str, EngineProfile] = {
                     "held out: 8 req/s and offline throughput (see bench sim validate)",
         per_seq_us=V0_PER_SEQ_US, request_overhead_ms=V0_REQUEST_OVERHEAD_MS,
         moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+        moe_gemm_tflops_fp8=MOE_GEMM_TFLOPS,
         max_num_batched_tokens=4096, max_num_seqs=256,
     ),
     # SGLang (2025): prefill-first with chunked prefill (8192), overlap scheduler hides CPU cost.
     "sglang": EngineProfile(
         "sglang", policy="sglang-prefill-first", era="SGLang 0.4.x (2025)",
-        calibration="dense constants shared with vllm; held out: SGLang 0.3.0 70B TP4 H100 ShareGPT rows",
+        calibration="dense constants shared with vllm; per_seq_us and the P/D hand-off fitted on measured H200 "
+                    "rows (sim.silicon); held out: SGLang 0.3.0 70B TP4 H100 ShareGPT rows",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
-        per_seq_us=SGLANG_PER_SEQ_US,
+        per_seq_us=SGLANG_PER_SEQ_US, disagg_handoff_ms=SGLANG_PD_HANDOFF_MS,
     ),
     # SGLang at its first DeepSeek-V3 release (v0.4.1, Dec 2024): Triton MLA decode and fused-MoE
     # kernels, many small kernels per layer; MLA term fitted to the batch-1 row of sgl-project/sglang#2643.
@@ -228,7 +251,10 @@ PROFILES: dict[str, EngineProfile] = {
     # engine skew on the all-reduces (the 15 us skew is a vLLM fit, reference §3.4). Nothing fitted.
     "trtllm": EngineProfile(
         "trtllm", era="TensorRT-LLM (2024)", tp_skew_us_at_4=0.0,
-        calibration="nothing fitted; held out: 405B TP8 vs PP8 ratios (NVIDIA blog)", kv_dtype_fp8="fp8",
+        mla_layer_us=TRTLLM_MLA_LAYER_US, ep_a2a_scale=TRTLLM_EP_A2A_SCALE, disagg_handoff_ms=TRTLLM_PD_HANDOFF_MS,
+        calibration="dense: nothing fitted (held out: 405B TP8 vs PP8 ratios, NVIDIA blog; measured H200 70B rows); "
+                    "MLA layer, EP all-to-all and P/D hand-off fitted on measured DeepSeek H200 rows (sim.silicon)",
+        kv_dtype_fp8="fp8",
     ),
     "tgi": EngineProfile(
         "tgi", policy="tgi-waiting-ratio", era="TGI 2.x router (2024)", t_fixed_ms=3.0, request_overhead_ms=5.0,
@@ -256,14 +282,17 @@ def override(obj: object, values: dict[str, object]) -> object:
 #: (model preset, profile) pairs that published figures back (sim.validation rows, fitted or
 #: held out); what each model was checked against. Any other pair is "uncalibrated".
 BACKED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "llama-3.1-8b": ("vLLM CI bs8 latency and offline throughput, H200/H100/A100",
+    "llama-3.1-8b": ("vLLM CI bs8 latency and offline throughput, H200/H100/A100; SGLang 0.5.6 FP8 on H200 "
+                     "(AIConfigurator's measured rows, bench sim validate --only silicon)",
                      ("vllm", "vllm-v0", "sglang", "legacy-2023")),
     "llama-3.1-70b": ("vLLM CI, NIM 70B FP8 TP2, SGLang's vLLM 0.6 comparison, Splitwise, TRT-LLM PP/TP ratios",
-                      ("vllm", "vllm-v0", "sglang", "legacy-2023")),
+                      ("vllm", "vllm-v0", "sglang", "legacy-2023", "trtllm")),
     "mixtral-8x7b": ("vLLM CI Mixtral-8x7B TP2 rows (H200 fitted, A100 held out)", ("vllm",)),
     "deepseek-v3": (("sgl-project/sglang#2643 and #3602 DeepSeek-V3 TP8 H200 (batch 1 and TP8 at 40 req/s fitted; "
-                     "batch 8/32 within 12 %, EP8 over TP8 0.95; ShareGPT 5k with DP attention 1.66x too fast)"),
-                    ("sglang-2024",)),
+                     "batch 8/32 within 12 %, EP8 over TP8 0.95; ShareGPT 5k with DP attention 1.66x too fast); "
+                     "SGLang 0.5.x and TRT-LLM FP8 on 8xH200, aggregated and P/D (AIConfigurator's measured rows, "
+                     "bench sim validate --only silicon)"),
+                    ("sglang-2024", "sglang", "trtllm")),
 }
 
 
