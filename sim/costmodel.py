@@ -94,7 +94,8 @@ class CostModel:
         self.kv_bytes_token_layer_total = model.kv_elems_per_token_layer(1) * self.b_kv
         moe_rate = (profile.moe_gemm_tflops_fp8 if dtype == "fp8" else profile.moe_gemm_tflops) * 1e12
         self.moe_flops_factor = self.flops / moe_rate if 0 < moe_rate < self.flops else 1.0
-        self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t / 4.0) ** 1.25 if t > 1 else 0.0
+        t_skew = min(t, profile.tp_skew_cap_tp) if profile.tp_skew_cap_tp else t
+        self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t_skew / 4.0) ** 1.25 if t > 1 else 0.0
         self._by_tokens: dict[tuple[int, int], tuple[float, float, float, float, float, float, float]] = {}
         #: ``times`` of decode-only steps by (decodes, context sum): a loaded engine's steps repeat them
         self._decode_times: dict[tuple[int, int], tuple[float, float, tuple[float, ...]]] = {}

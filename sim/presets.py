@@ -115,6 +115,10 @@ class EngineProfile:
     calibration: str = ""
     t_fixed_ms: float = 2.0
     tp_skew_us_at_4: float = 15.0  # added per all-reduce at TP4; scales as (tp/4)^1.25
+    #: the skew stops growing above this TP degree (0: it grows as (tp/4)^1.25 at every degree). The 15 us is a
+    #: fit on TP4 rows; its growth to TP8 (x2.4) was never fitted, and the measured vLLM 70B TP8 H200 rows say
+    #: it does not grow: TPOT 1.26-1.61x with the growth (sim.silicon)
+    tp_skew_cap_tp: int = 0
     request_overhead_ms: float = 5.0  # HTTP + tokenizer before a request can be scheduled
     #: the serial part of it: the API server's one event loop parses, validates and tokenises requests one
     #: at a time (about 1 ms for a 1k-token prompt: an estimate, not a fit), so a burst of k requests reaches
@@ -213,7 +217,7 @@ PROFILES: dict[str, EngineProfile] = {
         moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
         # FP8 experts too: vLLM's block-FP8 fused MoE on Hopper is its Triton kernel unless DeepGEMM is turned
         # on; the held-out DeepSeek-R1 TP8 row (vllm#25049) came out 1.73x without the ceiling, 1.03x with it
-        moe_gemm_tflops_fp8=MOE_GEMM_TFLOPS,
+        moe_gemm_tflops_fp8=MOE_GEMM_TFLOPS, tp_skew_cap_tp=4,
     ),
     # vLLM V0 engine (0.5-0.6, 2024): prefill-only steps stall the decodes; no chunked prefill
     # below 32K context (budget = max_model_len, 4096 in the fitted rows); Python scheduling
@@ -233,7 +237,7 @@ PROFILES: dict[str, EngineProfile] = {
         calibration="dense constants shared with vllm; per_seq_us and the P/D hand-off fitted on measured H200 "
                     "rows (sim.silicon); held out: SGLang 0.3.0 70B TP4 H100 ShareGPT rows",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
-        per_seq_us=SGLANG_PER_SEQ_US, disagg_handoff_ms=SGLANG_PD_HANDOFF_MS,
+        per_seq_us=SGLANG_PER_SEQ_US, disagg_handoff_ms=SGLANG_PD_HANDOFF_MS, tp_skew_cap_tp=4,
     ),
     # SGLang at its first DeepSeek-V3 release (v0.4.1, Dec 2024): Triton MLA decode and fused-MoE
     # kernels, many small kernels per layer; MLA term fitted to the batch-1 row of sgl-project/sglang#2643.

@@ -256,6 +256,7 @@ def rows_table(scored: Sequence[Scored]) -> str:
 #: rows run on was set before they were scored, or from the engines' own defaults (docs/simulator.md).
 FITTED: dict[str, tuple[str, int]] = {
     "sglang.per_seq_us": ("SGLang Llama-3.1-8B TPOT, every row (C 20-512, TP1-8)", 46),
+    "vllm/sglang.tp_skew_cap_tp": ("vLLM Llama-3.1-70B and SGLang DeepSeek aggregated TPOT (TP8 rows)", 105),
     "trtllm.mla_layer_us": ("TRT-LLM DeepSeek aggregated TPOT, with ep_a2a_scale on a grid", 88),
     "trtllm.ep_a2a_scale": ("TRT-LLM DeepSeek aggregated TPOT, with mla_layer_us on a grid", 88),
     "trtllm.disagg_handoff_ms": ("TRT-LLM DeepSeek disaggregated TTFT at C <= 64, median gap", 35),
