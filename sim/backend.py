@@ -181,7 +181,7 @@ class ModelBackend:
         self.prefix_caching = prefix
         limits = Limits(seqs, budget, prof.block_size, cm.kv_blocks(), prof.watermark, prefix)
         self.request_overhead_ns = int(prof.request_overhead_ms * 1e6)
-        self.frontend_serial_ns = int(min(prof.frontend_serial_ms, prof.request_overhead_ms) * 1e6)
+        self.frontend_serial_ns = int(prof.frontend_serial_ms * 1e6)
         self._frontend_free_ns = 0  # when the front end's serial part is free for the next request
         rng = random.Random(timing.seed)
         jitter = timing.jitter or prof.jitter_sigma

@@ -102,3 +102,30 @@ def test_dense_decode_on_the_measured_rows_stays_within_20_percent() -> None:
     scored = silicon.score(sample)
     within = sum(1 for s in scored if abs(s.ratios[1] - 1) <= 0.20)
     assert within >= len(sample) - 1, silicon.rows_table(scored)
+
+
+def test_kv_dtype_flag_and_each_engines_default() -> None:
+    from bench_llm.bench.commands.sim import build_config
+
+    def timing(*args: str):  # type: ignore[no-untyped-def]
+        return build_config(command.commands["serve"].make_context("serve", ["--timing", "model", *args]).params
+                            ).model_timing
+
+    assert timing("--profile", "trtllm", "--dtype", "fp8").kv_cache_dtype == "fp8"  # TRT-LLM: the checkpoint's FP8 KV
+    assert timing("--profile", "trtllm", "--dtype", "bf16").kv_cache_dtype == "bf16"
+    assert timing("--profile", "vllm", "--dtype", "fp8").kv_cache_dtype == "bf16"  # vLLM/SGLang auto: the model dtype
+    fp8 = timing("--profile", "vllm", "--dtype", "fp8", "--kv-dtype", "fp8")
+    assert fp8.kv_cache_dtype == "fp8" and fp8.cost_model().b_kv == 1.0
+    # FP8 KV holds twice the tokens in the same memory
+    bf16 = timing("--profile", "vllm", "--dtype", "fp8", "--kv-dtype", "bf16")
+    assert fp8.cost_model().kv_tokens() > 1.9 * bf16.cost_model().kv_tokens()
+
+
+def test_the_vllm_skew_stops_growing_above_tp4() -> None:
+    from bench_llm.sim.options import ModelTiming
+
+    def skew(profile: str, tp: int) -> float:
+        return ModelTiming("llama-3.1-70b", "h200", "fp8", tp=tp, profile=profile).cost_model().skew_s
+
+    assert skew("vllm", 8) == skew("vllm", 4) > skew("vllm", 2) > 0
+    assert skew("sglang-2024", 8) > 2 * skew("sglang-2024", 4)  # its DeepSeek TP8 rows were fitted with the growth
