@@ -223,11 +223,15 @@ class CostModel:
         weight_bytes = self.dense_weight_bytes_gpu
         if m.is_moe:
             imb = self.expert_imbalance if self.ep_width > 1 and par.ep > 1 else 1.0
-            expert_flops = 2.0 * active_expert * T_rank / (self.ep_width * p) * imb
+            # with attention data-parallel ranks feeding expert parallelism, each GPU's experts take the tokens
+            # of every rank (the all-to-all gathers them), not its own rank's alone: dp x a rank's tokens
+            # (ranks equally loaded, as they step in lock-step)
+            moe_T = T_rank * par.dp if par.ep > 1 and par.dp > 1 else T_rank
+            expert_flops = 2.0 * active_expert * moe_T / (self.ep_width * p) * imb
             # the engine's grouped expert GEMMs may run below the dense rate (profile's ceiling)
             lin_flops += expert_flops * self.moe_flops_factor
             # experts touched by T tokens (each picks top_k of E)
-            touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(T, 0)
+            touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(moe_T, 0)
             weight_bytes += self.expert_weight_bytes_gpu * touched
         t_lin = _blend(weight_bytes / (self.bw * g.mbu), lin_flops / self.flops) if T else 0.0
         # collectives
