@@ -245,7 +245,7 @@ PROFILES: dict[str, EngineProfile] = {
         "sglang-2024", policy="sglang-prefill-first", era="SGLang 0.4.1 (Dec 2024)",
         calibration="DeepSeek-V3 TP8 H200 batch 1 (sgl-project/sglang#2643, fitted: mla_layer_us) and TP8 at 40 "
                     "req/s (sglang#3602, fitted: eager steps above 160); held out: batch 8/32 within 12 %, EP8 over "
-                    "TP8 0.95, but ShareGPT 5k with DP attention 1.66x too fast",
+                    "TP8 0.95, ShareGPT 5k with DP attention 1.02x (1.66x before issue 35's DP x EP expert tokens)",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
         mla_layer_us=MLA_LAYER_US, cuda_graph_max_bs=160, eager_layer_us=SGLANG_2024_EAGER_LAYER_US,
         # v0.4.1 ran DeepSeek's FP8 experts on its Triton fused-MoE kernels too: the ceiling holds for FP8
@@ -293,7 +293,7 @@ BACKED: dict[str, tuple[str, tuple[str, ...]]] = {
                       ("vllm", "vllm-v0", "sglang", "legacy-2023", "trtllm")),
     "mixtral-8x7b": ("vLLM CI Mixtral-8x7B TP2 rows (H200 fitted, A100 held out)", ("vllm",)),
     "deepseek-v3": (("sgl-project/sglang#2643 and #3602 DeepSeek-V3 TP8 H200 (batch 1 and TP8 at 40 req/s fitted; "
-                     "batch 8/32 within 12 %, EP8 over TP8 0.95; ShareGPT 5k with DP attention 1.66x too fast); "
+                     "batch 8/32 within 12 %, EP8 over TP8 0.95; ShareGPT 5k with DP attention 1.02x); "
                      "SGLang 0.5.x and TRT-LLM FP8 on 8xH200, aggregated and P/D (AIConfigurator's measured rows, "
                      "bench sim validate --only silicon)"),
                     ("sglang-2024", "sglang", "trtllm")),

@@ -276,7 +276,8 @@ def report(path: Path, workers: int | None = None, per_row: bool = False) -> str
     if per_row:
         lines.append(rows_table(scored))
     lines.append(group_table(scored))
-    lines.append(f"constants fitted on these rows: {len(FITTED)} ({fitted})")
+    lines.append(f"constants fitted on these rows: {len(FITTED)} ({fitted}); every row was seen when terms were "
+                 f"added (in-sample figures; docs/simulator.md)")
     return "\n".join(lines)
 
 
