@@ -182,6 +182,8 @@ class ModelBackend:
         self.prefix_caching = prefix
         limits = Limits(seqs, budget, prof.block_size, cm.kv_blocks(), prof.watermark, prefix)
         self.request_overhead_ns = int(prof.request_overhead_ms * 1e6)
+        self.frontend_serial_ns = int(prof.frontend_serial_ms * 1e6)
+        self._frontend_free_ns = 0  # when the front end's serial part is free for the next request
         rng = random.Random(timing.seed)
         jitter = timing.jitter or prof.jitter_sigma
         self.instances: list[Instance] = []
@@ -217,7 +219,11 @@ class ModelBackend:
         return prefix_block_hashes(token_ids, self.block_size) if self.prefix_caching else ()
 
     def submit(self, req: SimRequest) -> None:
-        req.ready_ns = max(req.ready_ns, req.arrival_ns + self.request_overhead_ns)
+        # the serial part of the overhead queues behind the requests that came before (a lone request
+        # is ready at arrival + request overhead, as ever)
+        start = max(req.arrival_ns, self._frontend_free_ns)
+        self._frontend_free_ns = start + self.frontend_serial_ns
+        req.ready_ns = max(req.ready_ns, start + self.request_overhead_ns)
         self.stats.prompt_tokens += req.prompt_len
         self._route(req, self.prefill_pool).add(req)
 
@@ -421,7 +427,8 @@ class ModelBackend:
         req.num_computed = req.prompt_len
         req.prefill_target = req.prompt_len
         req.cache_checked = True
-        req.ready_ns = t + int(t_kv * 1e9 * self.timing.slowdown)
+        handoff_ns = int(self.timing.engine_profile.disagg_handoff_ms * 1e6)
+        req.ready_ns = t + int(t_kv * 1e9 * self.timing.slowdown) + handoff_ns
         if self.observer is not None:
             self.observer(req, "prefilled", t)
         self._route(req, self.decode_pool).add(req)

@@ -93,9 +93,10 @@ class CostModel:
         # KV bytes per token on one GPU (all layers of its stage)
         self.kv_bytes_token_gpu = self.layers_stage * model.kv_elems_per_token_layer(t) * self.b_kv / parallel.dcp
         self.kv_bytes_token_layer_total = model.kv_elems_per_token_layer(1) * self.b_kv
-        moe_rate = profile.moe_gemm_tflops * 1e12
+        moe_rate = (profile.moe_gemm_tflops_fp8 if dtype == "fp8" else profile.moe_gemm_tflops) * 1e12
         self.moe_flops_factor = self.flops / moe_rate if 0 < moe_rate < self.flops else 1.0
-        self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t / 4.0) ** 1.25 if t > 1 else 0.0
+        t_skew = min(t, profile.tp_skew_cap_tp) if profile.tp_skew_cap_tp else t
+        self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t_skew / 4.0) ** 1.25 if t > 1 else 0.0
         self._by_tokens: dict[tuple[int, int], tuple[float, float, float, float, float, float, float]] = {}
         #: ``times`` of decode-only steps by (decodes, context sum): a loaded engine's steps repeat them
         self._decode_times: dict[tuple[int, int], tuple[float, float, tuple[float, ...]]] = {}
@@ -223,11 +224,15 @@ class CostModel:
         weight_bytes = self.dense_weight_bytes_gpu
         if m.is_moe:
             imb = self.expert_imbalance if self.ep_width > 1 and par.ep > 1 else 1.0
-            expert_flops = 2.0 * active_expert * T_rank / (self.ep_width * p) * imb
+            # with attention data-parallel ranks feeding expert parallelism, each GPU's experts take the tokens
+            # of every rank (the all-to-all gathers them), not its own rank's alone: dp x a rank's tokens
+            # (ranks equally loaded, as they step in lock-step)
+            moe_T = T_rank * par.dp if par.ep > 1 and par.dp > 1 else T_rank
+            expert_flops = 2.0 * active_expert * moe_T / (self.ep_width * p) * imb
             # the engine's grouped expert GEMMs may run below the dense rate (profile's ceiling)
             lin_flops += expert_flops * self.moe_flops_factor
             # experts touched by T tokens (each picks top_k of E)
-            touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(T, 0)
+            touched = 1.0 - (1.0 - m.top_k / m.experts) ** max(moe_T, 0)
             weight_bytes += self.expert_weight_bytes_gpu * touched
         t_lin = _blend(weight_bytes / (self.bw * g.mbu), lin_flops / self.flops) if T else 0.0
         # collectives
@@ -252,7 +257,7 @@ class CostModel:
             moe_layers = m.moe_layers / p
             nbytes = T * m.top_k * m.hidden * 3.0 / par.ep  # FP8 dispatch + BF16 combine, per rank
             alpha = g.a2a_alpha_us * 1e-6 * (1.0 + math.log2(par.ep) / 3.0)
-            t_ep = moe_layers * (2.0 * alpha + nbytes / (g.a2a_gb_s * GB))
+            t_ep = moe_layers * (2.0 * alpha + nbytes / (g.a2a_gb_s * GB)) * self.prof.ep_a2a_scale
         # per-layer fixed costs of MoE routing and MLA attention (engine generation's kernels)
         t_layers = 0.0
         if T:

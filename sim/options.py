@@ -30,7 +30,9 @@ class ModelTiming:
     preset: str = "llama-3.1-8b"
     gpu: str = "h100"
     dtype: Dtype | None = None  # None: the model preset's default
-    kv_dtype: Dtype = "bf16"
+    #: KV-cache dtype; "auto": the engine profile's default for the weights' precision
+    #: (``EngineProfile.kv_dtype_for``: BF16 on vLLM and SGLang, FP8 for FP8 weights on TRT-LLM)
+    kv_dtype: Dtype | Literal["auto"] = "auto"
     tp: int = 1
     pp: int = 1
     dp: int = 1
@@ -106,6 +108,13 @@ class ModelTiming:
         return self.dtype or self.model.default_dtype
 
     @property
+    def kv_cache_dtype(self) -> Dtype:
+        """The KV-cache dtype in effect (``kv_dtype``, with "auto" resolved by the engine profile)."""
+        if self.kv_dtype == "auto":
+            return self.engine_profile.kv_dtype_for(self.weight_dtype)
+        return self.kv_dtype
+
+    @property
     def parallel(self) -> Parallel:
         return Parallel(self.tp, self.pp, self.dp, self.ep, self.dcp, self.pcp)
 
@@ -122,7 +131,7 @@ class ModelTiming:
 
     def cost_model(self) -> CostModel:
         return CostModel(
-            self.model, self.gpu_model, self.engine_profile, self.parallel, self.weight_dtype, self.kv_dtype,
+            self.model, self.gpu_model, self.engine_profile, self.parallel, self.weight_dtype, self.kv_cache_dtype,
             self.expert_imbalance if self.ep > 1 else 1.0,
         )
 
@@ -177,7 +186,7 @@ def describe(t: ModelTiming) -> dict[str, Any]:
         "model": t.model.name,
         "gpu": t.gpu_model.name,
         "dtype": t.weight_dtype,
-        "kv_dtype": t.kv_dtype,
+        "kv_dtype": t.kv_cache_dtype,
         "profile": t.engine_profile.name,
         "policy": t.engine_profile.policy,
         "era": t.engine_profile.era,

@@ -115,7 +115,17 @@ class EngineProfile:
     calibration: str = ""
     t_fixed_ms: float = 2.0
     tp_skew_us_at_4: float = 15.0  # added per all-reduce at TP4; scales as (tp/4)^1.25
+    #: the skew stops growing above this TP degree (0: it grows as (tp/4)^1.25 at every degree). The 15 us is a
+    #: fit on TP4 rows; its growth to TP8 (x2.4) was never fitted, and the measured vLLM 70B TP8 H200 rows say
+    #: it does not grow: TPOT 1.26-1.61x with the growth (sim.silicon)
+    tp_skew_cap_tp: int = 0
     request_overhead_ms: float = 5.0  # HTTP + tokenizer before a request can be scheduled
+    #: the serial part of it: the API server's one event loop parses, validates and tokenises requests one
+    #: at a time (about 1 ms for a 1k-token prompt: an estimate, not a fit), so a burst of k requests reaches
+    #: the scheduler over k ms, and an idle engine starts a step with the first one alone. Without it, C
+    #: closed-loop streams started together share every prefill step for ever (issue 35: bench's own client
+    #: against the simulated server in real time splits them the same way)
+    frontend_serial_ms: float = 1.0
     #: CPU time per sequence in a step (scheduling, sampling, detokenising, output objects)
     per_seq_us: float = 0.0
     #: fixed time per MoE layer per step (router GEMM, top-k, token permute/align, grouped-GEMM launch)
@@ -124,8 +134,20 @@ class EngineProfile:
     #: vLLM's and SGLang's 2024 fused-MoE Triton kernels did not use Hopper's wgmma, so Hopper ran them at
     #: about Ampere's rate; fitted to vLLM CI Mixtral H200 throughput, the A100 row is the held-out check
     moe_gemm_tflops: float = 0.0
+    #: the same ceiling for FP8 expert GEMMs (0: the dense FP8 rate). FP8 MoE runs on other kernels than the
+    #: 2024 BF16 Triton ones the ceiling above was fitted to (block-scaled FP8 grouped GEMMs: DeepGEMM/CUTLASS
+    #: in SGLang and vLLM 2025, TRT-LLM's own), so the BF16 ceiling does not carry over (issue 35: it put
+    #: Mixtral FP8 offline throughput at 0.19x and SGLang DeepSeek TPOT at 1.1-1.5x)
+    moe_gemm_tflops_fp8: float = 0.0
     #: fixed time per MLA attention layer per step (latent projections, rope split, extra kernels)
     mla_layer_us: float = 0.0
+    #: multiplies the EP all-to-all time of the cost model (dispatch + combine per MoE layer): an engine's
+    #: own all-to-all kernels (TRT-LLM's fused MoE communication overlaps most of it)
+    ep_a2a_scale: float = 1.0
+    #: prefill/decode disaggregation: time a request spends between its prefill's end and its decode
+    #: admission besides the KV bytes' transfer (the P/D router and front end, the transfer's set-up and
+    #: completion notices); 0: none
+    disagg_handoff_ms: float = 0.0
     #: decode batches above this size run without CUDA graphs (0: every step is graphed, or not modelled);
     #: such eager steps, and every step carrying a prefill, take at least ``eager_layer_us`` per layer:
     #: the CPU time to launch the layer's kernels one by one (the GPU waits for them)
@@ -144,6 +166,14 @@ class EngineProfile:
     watermark: float = 0.01
     enable_prefix_caching: bool = True
     jitter_sigma: float = 0.0
+    #: the KV-cache dtype the engine picks by default for an FP8 checkpoint ("auto"): vLLM and SGLang
+    #: keep the activations' BF16 (``--kv-cache-dtype auto``: "the model's data type"); TRT-LLM takes the
+    #: checkpoint's KV quantisation, FP8 in NVIDIA's FP8 (ModelOpt) checkpoints
+    kv_dtype_fp8: str = "bf16"
+
+    def kv_dtype_for(self, weights: Dtype) -> Dtype:
+        """The KV-cache dtype this engine uses by default for weights of ``weights`` precision."""
+        return "fp8" if weights == "fp8" and self.kv_dtype_fp8 == "fp8" else "bf16"
 
     def scheduling_policy(self) -> SchedulingPolicy:
         return make_policy(self.policy, self.scheduler_steps, self.waiting_served_ratio, self.max_waiting_steps)
@@ -160,6 +190,21 @@ MLA_LAYER_US = 356.0  # sglang#2643 DeepSeek-V3 TP8 H200 batch 1 128/256, 30.29 
 #: sglang#3602 DeepSeek-V3 TP8 H200 at 40 req/s, 1403 output tok/s: decode batches above SGLang's default
 #: CUDA-graph limit of 160 (its server_args at the time) and prefills run eagerly
 SGLANG_2024_EAGER_LAYER_US = 3600.0
+#: SGLang 0.5.6 Llama-3.1-8B FP8 on H200, all 46 measured rows (AIConfigurator's silicon data, C 20-512, TP1-8):
+#: TPOT stays 23-39 ms from TP1 to TP8 at 100-500 running requests, the CPU's share of each step (scheduling,
+#: sampling, detokenising per sequence) rather than the GPU's; 20 us per sequence per step (sim.silicon)
+SGLANG_PER_SEQ_US = 20.0
+#: TRT-LLM DeepSeek-V3/R1 FP8 on 8xH200, the 88 aggregated measured rows (sim.silicon): per MLA layer per
+#: step (its MLA and MoE kernels beyond the roofline: TP8 TPOT was 0.51-0.84x without it), and the EP8
+#: all-to-all at a quarter of the generic estimate (its fused MoE communication; EP8 TPOT was up to 1.5x):
+#: a grid over (60-140 us) x (0.25, 0.5, 1), best TPOT count (28 -> 53 of 88 within ±20 %)
+TRTLLM_MLA_LAYER_US = 100.0
+TRTLLM_EP_A2A_SCALE = 0.25
+#: P/D hand-off (router, front end, KV set-up besides its bytes): the median of measured - simulated TTFT
+#: over the disaggregated DeepSeek rows at C <= 64 before it (TRT-LLM 35 rows: 995 ms, spread 0.4-7 s;
+#: SGLang 40 rows: 446 ms, spread 0-1.4 s); noisy, the rows repeat one configuration at up to 3x apart
+TRTLLM_PD_HANDOFF_MS = 1000.0
+SGLANG_PD_HANDOFF_MS = 450.0
 V0_PER_SEQ_US = 70.0  # vLLM 0.6.0 70B TP4 H100 ShareGPT 4 req/s median TPOT 23.58 ms (sglang-060)
 V0_REQUEST_OVERHEAD_MS = 40.0  # same row, median TTFT 179.15 ms
 PROFILES: dict[str, EngineProfile] = {
@@ -170,6 +215,9 @@ PROFILES: dict[str, EngineProfile] = {
         calibration="vLLM CI H200/H100 bs8 latency 8B/70B, Mixtral H200 latency and throughput, NIM c1 5000/500 "
                     "(fitted, within 5 %); held out: vLLM CI A100 and throughput rows, NIM under load",
         moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+        # FP8 experts too: vLLM's block-FP8 fused MoE on Hopper is its Triton kernel unless DeepGEMM is turned
+        # on; the held-out DeepSeek-R1 TP8 row (vllm#25049) came out 1.73x without the ceiling, 1.03x with it
+        moe_gemm_tflops_fp8=MOE_GEMM_TFLOPS, tp_skew_cap_tp=4,
     ),
     # vLLM V0 engine (0.5-0.6, 2024): prefill-only steps stall the decodes; no chunked prefill
     # below 32K context (budget = max_model_len, 4096 in the fitted rows); Python scheduling
@@ -180,13 +228,16 @@ PROFILES: dict[str, EngineProfile] = {
                     "held out: 8 req/s and offline throughput (see bench sim validate)",
         per_seq_us=V0_PER_SEQ_US, request_overhead_ms=V0_REQUEST_OVERHEAD_MS,
         moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+        moe_gemm_tflops_fp8=MOE_GEMM_TFLOPS,
         max_num_batched_tokens=4096, max_num_seqs=256,
     ),
     # SGLang (2025): prefill-first with chunked prefill (8192), overlap scheduler hides CPU cost.
     "sglang": EngineProfile(
         "sglang", policy="sglang-prefill-first", era="SGLang 0.4.x (2025)",
-        calibration="dense constants shared with vllm; held out: SGLang 0.3.0 70B TP4 H100 ShareGPT rows",
+        calibration="dense constants shared with vllm; per_seq_us and the P/D hand-off fitted on measured H200 "
+                    "rows (sim.silicon); held out: SGLang 0.3.0 70B TP4 H100 ShareGPT rows",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
+        per_seq_us=SGLANG_PER_SEQ_US, disagg_handoff_ms=SGLANG_PD_HANDOFF_MS, tp_skew_cap_tp=4,
     ),
     # SGLang at its first DeepSeek-V3 release (v0.4.1, Dec 2024): Triton MLA decode and fused-MoE
     # kernels, many small kernels per layer; MLA term fitted to the batch-1 row of sgl-project/sglang#2643.
@@ -194,15 +245,20 @@ PROFILES: dict[str, EngineProfile] = {
         "sglang-2024", policy="sglang-prefill-first", era="SGLang 0.4.1 (Dec 2024)",
         calibration="DeepSeek-V3 TP8 H200 batch 1 (sgl-project/sglang#2643, fitted: mla_layer_us) and TP8 at 40 "
                     "req/s (sglang#3602, fitted: eager steps above 160); held out: batch 8/32 within 12 %, EP8 over "
-                    "TP8 0.95, but ShareGPT 5k with DP attention 1.66x too fast",
+                    "TP8 0.95, ShareGPT 5k with DP attention 1.02x (1.66x before issue 35's DP x EP expert tokens)",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
         mla_layer_us=MLA_LAYER_US, cuda_graph_max_bs=160, eager_layer_us=SGLANG_2024_EAGER_LAYER_US,
+        # v0.4.1 ran DeepSeek's FP8 experts on its Triton fused-MoE kernels too: the ceiling holds for FP8
+        moe_gemm_tflops_fp8=MOE_GEMM_TFLOPS,
     ),
     # TensorRT-LLM: in-flight batching with chunked context (mixed steps), C++ runtime: no
     # engine skew on the all-reduces (the 15 us skew is a vLLM fit, reference §3.4). Nothing fitted.
     "trtllm": EngineProfile(
         "trtllm", era="TensorRT-LLM (2024)", tp_skew_us_at_4=0.0,
-        calibration="nothing fitted; held out: 405B TP8 vs PP8 ratios (NVIDIA blog)",
+        mla_layer_us=TRTLLM_MLA_LAYER_US, ep_a2a_scale=TRTLLM_EP_A2A_SCALE, disagg_handoff_ms=TRTLLM_PD_HANDOFF_MS,
+        calibration="dense: nothing fitted (held out: 405B TP8 vs PP8 ratios, NVIDIA blog; measured H200 70B rows); "
+                    "MLA layer, EP all-to-all and P/D hand-off fitted on measured DeepSeek H200 rows (sim.silicon)",
+        kv_dtype_fp8="fp8",
     ),
     "tgi": EngineProfile(
         "tgi", policy="tgi-waiting-ratio", era="TGI 2.x router (2024)", t_fixed_ms=3.0, request_overhead_ms=5.0,
@@ -230,14 +286,17 @@ def override(obj: object, values: dict[str, object]) -> object:
 #: (model preset, profile) pairs that published figures back (sim.validation rows, fitted or
 #: held out); what each model was checked against. Any other pair is "uncalibrated".
 BACKED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "llama-3.1-8b": ("vLLM CI bs8 latency and offline throughput, H200/H100/A100",
+    "llama-3.1-8b": ("vLLM CI bs8 latency and offline throughput, H200/H100/A100; SGLang 0.5.6 FP8 on H200 "
+                     "(AIConfigurator's measured rows, bench sim validate --only silicon)",
                      ("vllm", "vllm-v0", "sglang", "legacy-2023")),
     "llama-3.1-70b": ("vLLM CI, NIM 70B FP8 TP2, SGLang's vLLM 0.6 comparison, Splitwise, TRT-LLM PP/TP ratios",
-                      ("vllm", "vllm-v0", "sglang", "legacy-2023")),
+                      ("vllm", "vllm-v0", "sglang", "legacy-2023", "trtllm")),
     "mixtral-8x7b": ("vLLM CI Mixtral-8x7B TP2 rows (H200 fitted, A100 held out)", ("vllm",)),
     "deepseek-v3": (("sgl-project/sglang#2643 and #3602 DeepSeek-V3 TP8 H200 (batch 1 and TP8 at 40 req/s fitted; "
-                     "batch 8/32 within 12 %, EP8 over TP8 0.95; ShareGPT 5k with DP attention 1.66x too fast)"),
-                    ("sglang-2024",)),
+                     "batch 8/32 within 12 %, EP8 over TP8 0.95; ShareGPT 5k with DP attention 1.02x); "
+                     "SGLang 0.5.x and TRT-LLM FP8 on 8xH200, aggregated and P/D (AIConfigurator's measured rows, "
+                     "bench sim validate --only silicon)"),
+                    ("sglang-2024", "sglang", "trtllm")),
 }
 
 

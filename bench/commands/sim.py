@@ -41,6 +41,9 @@ def command() -> None:
 @click.option("--gpu", type=click.Choice(_GPUS), default="h100", show_default=True)
 @click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default=None,
               help="Weight precision (default: the preset's; llama-3.1-70b and deepseek-v3 default to fp8).")
+@click.option("--kv-dtype", type=click.Choice(["auto", "bf16", "fp8"]), default=None,
+              help="KV-cache dtype (default auto: the engine profile's default for the weights' precision, "
+                   "BF16 on vllm/sglang, FP8 for FP8 weights on trtllm).")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel degree.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline parallel stages.")
 @click.option("--dp", type=int, default=1, show_default=True, help="Data parallel replicas (behind --router).")
@@ -195,8 +198,8 @@ def build_config(kw: dict[str, Any]) -> Any:
             "profile": kw.get("profile") or kw.get("flavor") or "vllm",
             "slowdown": kw.get("slowdown", 1.0), "jitter": kw.get("jitter", 0.0), "seed": kw.get("seed", 0),
         }
-        for key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization",
-                    "expert_imbalance"):
+        for key in ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+                    "gpu_memory_utilization", "expert_imbalance"):
             if kw.get(key) is not None:
                 cli[key] = kw[key]
         try:
@@ -240,8 +243,8 @@ _DEFAULTS = {"preset": "llama-3.1-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 1,
 
 def _given(kw: dict[str, Any], key: str) -> bool:
     """True when a CLI value differs from its default (so the TOML file does not override it)."""
-    if key in ("dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "gpu_memory_utilization",
-               "expert_imbalance"):
+    if key in ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+               "gpu_memory_utilization", "expert_imbalance"):
         return True
     if key == "profile":
         return kw.get("profile") is not None
@@ -277,13 +280,33 @@ def describe_cmd(ctx: click.Context) -> None:
 
 
 @command.command("validate")
-@click.option("--markdown", is_flag=True, help="Print the table as docs/simulator.md carries it.")
-def validate_cmd(markdown: bool) -> None:
-    """Print the simulator's figures next to the published ones: source, configuration, figure,
-    published, simulated, ratio, and whether a constant was fitted to the row (virtual time)."""
-    from bench_llm.sim import validation
+@click.option("--markdown", is_flag=True, help="Print the published rows' table as docs/simulator.md carries it.")
+@click.option("--only", type=click.Choice(["all", "published", "silicon"]), default="all", show_default=True,
+              help="published: the published figures' table; silicon: the measured H200 rows (AIConfigurator's "
+                   "silicon data) scored per (backend, model, mode); all: both.")
+@click.option("--silicon-rows", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="The H200 rows' CSV (default: $BENCH_SILICON_ROWS, else ../shared/reference/silicon/"
+                   "h200_silicon.csv beside the repository or the working directory; skipped when absent).")
+@click.option("--per-row", is_flag=True, help="Also print every H200 row: measured, simulated, ratio.")
+@click.option("--workers", type=click.IntRange(1), default=None,
+              help="Processes for the simulations (default: 2 where the host has a core to spare, else 1).")
+def validate_cmd(markdown: bool, only: str, silicon_rows: Path | None, per_row: bool, workers: int | None) -> None:
+    """Print the simulator's figures next to measured ones, in virtual time: the published rows (source,
+    configuration, figure, published, simulated, ratio, and whether a constant was fitted to the row),
+    then the measured H200 rows per (backend, model, mode): figures within ±20 %, median |error|, worst
+    ratio, and the constants fitted on them."""
+    from bench_llm.sim import silicon, validation
 
-    click.echo(validation.markdown() if markdown else validation.table())
+    if only in ("all", "published"):
+        rows = validation.rows(workers)
+        click.echo(validation.markdown(rows) if markdown else validation.table(rows))
+    if only in ("all", "silicon"):
+        path = silicon_rows or silicon.default_path()
+        if path is None or not path.is_file():
+            where = path or f"${silicon.ENV} or ../shared/reference/silicon/h200_silicon.csv"
+            click.echo(f"H200 silicon rows: skipped ({where} not found)")
+            return
+        click.echo(silicon.report(path, workers, per_row))
 
 
 @command.command("calibrate")

@@ -29,8 +29,8 @@ def test_fitted_rows_reproduce_their_figure(all_rows: list[Row]) -> None:
 
 
 def test_held_out_rows_stay_near_the_bar(all_rows: list[Row]) -> None:
-    # the issue's bar is 85 % within ±20 % and none beyond 2x; the table holds 61 of 71 (85.9 %; 39 of
-    # 45, 86.7 %, without the 26 seen rows) and a worst ratio of 0.58 (PP8-over-TP8 throughput): this
+    # the issue's bar is 85 % within ±20 % and none beyond 2x; the table holds 62 of 71 (87.3 %; 38 of
+    # 44, 86.4 %, without the 27 seen rows) and a worst ratio of 1.79 (NIM TTFT at concurrency 100): this
     # guards against regressions from there rather than claiming the bar with a margin
     # (docs/simulator.md lists the misses)
     held = [r for r in all_rows if not r.fitted]
@@ -60,7 +60,7 @@ def test_seen_rows_are_counted_apart_and_still_meet_the_bar(all_rows: list[Row])
     assert not any(r.fitted and r.seen for r in all_rows)
     unseen = [r for r in all_rows if not r.fitted and not r.seen]
     seen = [r for r in all_rows if r.seen]
-    assert len(seen) == 26, [f"{r.config} {r.figure}" for r in seen]
+    assert len(seen) == 27, [f"{r.config} {r.figure}" for r in seen]
     assert f"without the {len(seen)} seen rows" in summary(all_rows)
     within = sum(1 for r in unseen if abs(r.error) <= 0.20)
     assert within >= 0.84 * len(unseen), table(unseen)
@@ -71,8 +71,9 @@ def test_dcp_rows_are_held_out_and_show_the_kv_capacity_gain(all_rows: list[Row]
     dcp = {r.config.rsplit(" ", 3)[-3] if "over" in r.config else "TP8": r
            for r in all_rows if r.source == "vllm-25049"}
     assert set(dcp) == {"TP8", "TP8+DCP4", "TP8+DCP8"}, list(dcp)
-    # held out; the two ratio rows seen (the DCP bandwidth term came after them), the TP8 row not
-    assert not any(r.fitted for r in dcp.values()) and not dcp["TP8"].seen
+    # held out; the two ratio rows seen (the DCP bandwidth term came after them), the TP8 row since issue 35
+    # (the vllm profile's FP8 expert-GEMM ceiling was kept after it came out 1.73x without)
+    assert not any(r.fitted for r in dcp.values()) and dcp["TP8"].seen
     assert dcp["TP8+DCP4"].seen and dcp["TP8+DCP8"].seen
     # striping the one MLA latent head over 4 and 8 GPUs lets the offline batch grow: more tokens/s
     assert 1.1 < dcp["TP8+DCP4"].simulated < dcp["TP8+DCP8"].simulated
