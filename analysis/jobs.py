@@ -19,7 +19,7 @@ import pandas as pd
 
 from bench_llm.analysis.bootstrap import Change
 from bench_llm.analysis.confidence import wilson_interval
-from bench_llm.analysis.metrics import percentiles
+from bench_llm.analysis.distributions import percentiles
 from bench_llm.analysis.slo import JOB_SLO_METRICS, SLO
 from bench_llm.results.reader import read_parquet_file, read_requests
 from bench_llm.results.schema import SCHEDULE_FILE

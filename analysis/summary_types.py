@@ -4,7 +4,7 @@
 declared order, a field marked ``OMIT_NONE`` left out while it is None (the payload has no
 key for it then), nested summaries as objects. ``json_of`` also writes the recommendation
 (analysis/recommend_types.py). The per-metric percentile maps
-(``{"n": .., "mean": .., "p50": ..}``, analysis.metrics.percentiles) and the count maps
+(``{"n": .., "mean": .., "p50": ..}``, analysis.distributions.percentiles) and the count maps
 (error type, token source, finish reason → count) stay dicts: their keys are data.
 """
 
@@ -160,7 +160,7 @@ class SloAttainment(ToJson):
 
 @dataclass(frozen=True, slots=True)
 class ClientWindow(ToJson):
-    """One time window's client signals (``analysis.summary.client_health``)."""
+    """One time window's client signals (``analysis.client_health.client_health``)."""
 
     start_s: float
     end_s: float
@@ -175,7 +175,7 @@ class ClientWindow(ToJson):
 
 @dataclass(frozen=True, slots=True)
 class ClientHealth(ToJson):
-    """Was the client itself the bottleneck? (``analysis.summary.client_health``)"""
+    """Was the client itself the bottleneck? (``analysis.client_health.client_health``)"""
 
     schedule_lag_p99_ms: float
     #: event-loop lag, where the monitor sampled it (None: not sampled)
@@ -204,7 +204,7 @@ class RunSummary(ToJson):
     requests: RequestCounts
     window_s: float
     throughput: Throughput
-    #: metric name (``ttft_ms``, ``itl_ms`` …) → percentile map (analysis.metrics.percentiles)
+    #: metric name (``ttft_ms``, ``itl_ms`` …) → percentile map (analysis.distributions.percentiles)
     latency: dict[str, dict[str, float]]
     timing: TimingCheck
     token_distributions: DistributionMethod

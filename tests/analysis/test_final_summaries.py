@@ -1,4 +1,4 @@
-"""analysis.metrics.final_summaries: the figures of PooledDistribution.summary, in the memory
+"""analysis.distributions.final_summaries: the figures of PooledDistribution.summary, in the memory
 of the values held once (issue 20: peak RSS of the closing summary)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from bench_llm.analysis.metrics import PooledDistribution, final_summaries
+from bench_llm.analysis.distributions import PooledDistribution, final_summaries
 
 PS = (50, 90, 95, 99, 99.9)
 

@@ -19,8 +19,9 @@ import pyarrow as pa
 import pytest
 
 import bench_llm.analysis.summary as summary_module
+from bench_llm.analysis.distributions import PooledDistribution, percentiles
 from bench_llm.analysis.load import iter_request_batches, load_run
-from bench_llm.analysis.metrics import PooledDistribution, percentiles, token_range_gaps, token_ranges
+from bench_llm.analysis.metrics import token_range_gaps, token_ranges
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.smoothness import Deadlines, fluidity_reference
 from bench_llm.analysis.summary import REQUEST_COLUMNS, SummaryOptions, summarize_batches, summarize_run

@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench_llm.analysis.distributions import HISTOGRAM_RELATIVE_ERROR, PooledDistribution, percentiles
 from bench_llm.analysis.load import iter_request_batches, load_run
-from bench_llm.analysis.metrics import HISTOGRAM_RELATIVE_ERROR, PooledDistribution, chunk_gap_ms, itl_ms, percentiles
+from bench_llm.analysis.metrics import chunk_gap_ms, itl_ms
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.smoothness import Deadlines, smoothness_metrics
 from bench_llm.analysis.summary import REQUEST_COLUMNS, SummaryOptions, summarize, summarize_batches, summarize_run

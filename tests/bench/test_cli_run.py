@@ -30,7 +30,7 @@ def test_embedded_engine_run_writes_a_complete_folder(tmp_path: Path) -> None:
     assert (out / "engine.log").exists()
     # the default clock: the kernel's receive stamps where the platform has them; the
     # summary names the clock its timings come from
-    from bench_llm.loadgen.rawhttp import kernel_timestamps_supported
+    from bench_llm.loadgen.socket_clock import kernel_timestamps_supported
 
     clock = load_run(out).meta["clock"].split(":")[0]
     assert clock == ("kernel" if kernel_timestamps_supported() else "user")

@@ -19,6 +19,7 @@ import pytest
 from bench_llm.adapters.base import EventKind
 from bench_llm.adapters.openai import OpenAIStreamParser
 from bench_llm.loadgen import rawhttp
+from bench_llm.loadgen.http1_response import Connection, Exchange
 from bench_llm.loadgen.recorder import RequestRecorder
 from bench_llm.loadgen.transport import StreamError
 from bench_llm.results.record import RequestRecord
@@ -228,16 +229,16 @@ def _run(
     (``parser``: another adapter's parser than OpenAI's)."""
     t = rawhttp.RawHttpTransport("http://127.0.0.1:9", compiled=compiled)
     fake = _FakeLoop()
-    t._loop = fake  # type: ignore[assignment]
+    t.loop = fake  # type: ignore[assignment]
     a, b = socket.socketpair()
     a.setblocking(False)
-    conn = rawhttp._Conn(a, t)
+    conn = Connection(a, t)
     fake.add_reader(conn.fd, conn.readable)
     aloop = asyncio.new_event_loop()
     try:
         fut = aloop.create_future()
         rec = RequestRecorder(SPEC, parser if parser is not None else OpenAIStreamParser(chat), 0, 0)
-        ex = rawhttp._Exchange(t, conn, rec, fut, False)
+        ex = Exchange(t, conn, rec, fut, False)
         conn.exchange = ex
         t._active.add(ex)
         stamps: list[int] = []

@@ -11,8 +11,9 @@ import pytest
 from bench_llm.adapters.openai import OpenAIAdapter
 from bench_llm.analysis.load import load_run
 from bench_llm.bench.execute import RunConfig, execute_run
-from bench_llm.loadgen.rawhttp import RawHttpTransport, kernel_timestamps_supported
+from bench_llm.loadgen.rawhttp import RawHttpTransport
 from bench_llm.loadgen.runner import RunOptions
+from bench_llm.loadgen.socket_clock import kernel_timestamps_supported
 from bench_llm.loadgen.transport import Timeouts
 from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
 from bench_llm.sim.timing import FixedTiming
@@ -42,7 +43,7 @@ def _chunked(parts: list[bytes]) -> bytes:
 
 
 def test_dechunking_copes_with_every_split_point() -> None:
-    from bench_llm.loadgen.rawhttp import _CHUNK_SIZE, _DONE, _Exchange
+    from bench_llm.loadgen.http1_response import _CHUNK_SIZE, _DONE, Exchange
 
     parts = [b"data: {\"a\":1}\n\n", b"x" * 300, b"data: [DONE]\n\n"]
     wire = _chunked(parts)
@@ -50,7 +51,7 @@ def test_dechunking_copes_with_every_split_point() -> None:
         for pieces in ([wire[:cut], wire[cut:]], [wire[i : i + 1] for i in range(0, len(wire))] if cut == 1 else []):
             if not pieces:
                 continue
-            ex = _Exchange.__new__(_Exchange)
+            ex = Exchange.__new__(Exchange)
             ex.state, ex.buf, ex.remaining, ex.keep_alive = _CHUNK_SIZE, b"", 0, True
             out = b""
             for p in pieces:

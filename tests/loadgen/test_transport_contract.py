@@ -29,7 +29,8 @@ def test_each_transport_declares_what_it_can_do() -> None:
     assert StreamError("timeout", "x").error_type == "timeout"
 
 
-@pytest.mark.parametrize("module", ["runner.py", "dispatch.py", "recording.py", "monitoring.py", "workers.py", "rawhttp.py"])
+@pytest.mark.parametrize("module", ["runner.py", "dispatch.py", "recording.py", "monitoring.py", "workers.py", "rawhttp.py",
+                                    "http1_response.py"])
 def test_the_runner_uses_the_contract_only(module: str) -> None:
     """No duck-typed reach into a transport (or, from the transport, into its sink): no
     getattr on it, no ``type: ignore`` beside it."""

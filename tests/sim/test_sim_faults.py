@@ -12,7 +12,8 @@ import pytest
 from bench_llm.adapters.sglang import SGLangAdapter
 from bench_llm.adapters.tgi import TGIAdapter
 from bench_llm.sim.faults import FaultSpec, FaultSpecError
-from bench_llm.sim.server import ServerConfig, create_app, serve_in_process, tgi_generated
+from bench_llm.sim.server import ServerConfig, create_app, serve_in_process
+from bench_llm.sim.serving import tgi_generated
 from bench_llm.sim.timing import FixedTiming
 from tests.sim_helpers import run_against, schedule
 
