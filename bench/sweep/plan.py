@@ -231,13 +231,15 @@ def run_planned(
     t1 = time.monotonic()
     first = not resume
     while True:
+        for c in cells:  # every cell not measured is ranked again on what is measured now
+            if c.status == "skipped":
+                c.status, c.reason = "pending", None
         nxt, why = next_cell(cells, spec.target_rate, margin)
         for c in cells:
-            if c.status in ("pending", "skipped"):
-                c.status, c.reason = ("skipped", why[c.cell_id]) if c.cell_id in why else ("pending", None)
+            if c.cell_id in why:
+                c.status, c.reason = "skipped", why[c.cell_id]
         if nxt is None:
             break
-        nxt.status, nxt.reason = "pending", None
         result.order.append(nxt.cell_id)
         echo(f"plan: measuring {nxt.cell_id} (predicted {nxt.predicted or 0:.3g} req/s, "
              f"interval {nxt.lo:.3g}-{nxt.hi:.3g})")  # fmt: skip
@@ -247,7 +249,7 @@ def run_planned(
             c = by_id.get(cid)
             if cid == allowed or c is None or c.status == "measured":
                 return None
-            return HELD + (c.reason or "the model ranks it below the cells measured so far")
+            return HELD + (c.reason or "still in play, not measured yet (the sweep stopped before its turn)")
 
         res = run_sweep(spec, out, resume=not first, launcher=launcher, echo=_quiet(echo), progress=progress,
                         command=command, jobs=1, hold=hold)  # fmt: skip

@@ -100,6 +100,10 @@ def test_with_a_target_rate_the_smallest_configuration_meeting_it_is_measured(fu
     assert plan["predicted_pick"] == "tp1-max-num-seqs_64"  # the model alone would have been wrong
     assert plan["measured_order"][0] == "tp1-max-num-seqs_64" and len(plan["measured_order"]) < 6
     assert "the model differs: the model picked tp1-max-num-seqs_64" in res.output
+    # every cell ends measured or skipped with a reason, printed (a cell skipped early is re-ranked each round)
+    statuses = {c["cell_id"]: c["status"] for c in plan["cells"]}
+    assert set(statuses.values()) == {"measured", "skipped"}
+    assert all(f"skipped {cid} " in res.output for cid, s in statuses.items() if s == "skipped")
 
 
 def _cell(cid: str, gpus: int, pred: float, e: float = 0.2, measured: float | None = None) -> PlanCell:
