@@ -73,6 +73,8 @@ class PlanCell:
     measured: float | None = None
     status: str = "pending"  # pending | measured | failed | skipped
     reason: str | None = None
+    #: The measured cell's time from its start to its end (engine start-up, capacity search).
+    seconds: float | None = None
 
 
 @dataclass
@@ -88,7 +90,8 @@ class PlanResult:
 
     @property
     def launches(self) -> int:
-        return len(self.order)
+        """Cells measured (or launched and failed), by this call or, resumed, before it."""
+        return sum(1 for c in self.cells if c.status in ("measured", "failed"))
 
 
 def model_error(settings: PlanSettings) -> tuple[float, str]:
@@ -276,6 +279,8 @@ def _read_measured(out: Path, by_id: dict[str, PlanCell]) -> None:
         c = by_id.get(r["cell_id"])
         if c is None:
             continue
+        if r.get("started_unix_s") and r.get("ended_unix_s"):
+            c.seconds = float(r["ended_unix_s"]) - float(r["started_unix_s"])
         if r["status"] == "complete":
             c.status, c.measured, c.reason = "measured", float(r.get("capacity_rps") or 0.0), None
         elif r["status"] == "failed":
@@ -303,7 +308,7 @@ def plan_json(result: PlanResult, spec: SweepSpec) -> dict[str, Any]:
         "measured_seconds": round(result.measured_s, 3),
         "cells": [
             {"cell_id": c.cell_id, "gpus": c.gpus, "predicted_rps": c.predicted, "interval_rps": [c.lo, c.hi],
-             "measured_rps": c.measured, "status": c.status, "reason": c.reason}
+             "measured_rps": c.measured, "status": c.status, "reason": c.reason, "seconds": c.seconds}
             for c in result.cells
         ],  # fmt: skip
     }
@@ -314,7 +319,7 @@ def format_plan(result: PlanResult, recommended: str | None) -> list[str]:
     lines = [f"planned sweep: model error ±{result.error:.0%} from {result.source}"]
     measured = [c for c in result.cells if c.status in ("measured", "failed")]
     lines.append(f"  {'cell':<28}{'predicted req/s':>22}{'measured':>10}{'error':>8}")
-    for c in sorted(measured, key=lambda c: result.order.index(c.cell_id) if c.cell_id in result.order else 0):
+    for c in sorted(measured, key=lambda c: result.order.index(c.cell_id) if c.cell_id in result.order else -1):
         pred = f"{c.predicted or 0:.3g} ({c.lo:.3g}-{c.hi:.3g})"
         if c.status == "failed" or c.measured is None:
             lines.append(f"  {c.cell_id:<28}{pred:>22}{'failed':>10}")
@@ -325,15 +330,17 @@ def format_plan(result: PlanResult, recommended: str | None) -> list[str]:
     for c in skipped:
         lines.append(f"  skipped {c.cell_id} (predicted {c.predicted or 0:.3g} req/s): {c.reason}")
     total = len(result.cells)
-    per = result.measured_s / result.launches if result.launches else 0.0
+    times = [c.seconds for c in result.cells if c.status in ("measured", "failed") and c.seconds is not None]
+    per = sum(times) / len(times) if times else 0.0
     lines.append(
-        f"  launches: {result.launches} of {total} ({total - result.launches} saved); measuring took "
-        f"{result.measured_s:.0f} s, about {per * (total - result.launches):.0f} s saved at {per:.0f} s per cell; "
+        f"  launches: {result.launches} of {total} ({total - result.launches} saved); the measured cells took "
+        f"{sum(times):.0f} s, so about {per * (total - result.launches):.0f} s saved at their mean {per:.0f} s per cell; "
         f"planning took {result.plan_s:.1f} s"
     )
     if recommended is not None:
         agree = "agrees" if recommended == result.predicted_pick else f"differs: the model picked {result.predicted_pick}"
-        lines.append(f"  the recommendation below is measured ({', '.join(result.order)} measured); the model {agree}")
+        done = [c.cell_id for c in result.cells if c.status == "measured"]
+        lines.append(f"  the recommendation below is measured ({', '.join(done)} measured); the model {agree}")
     if result.interrupted:
         lines.append("  interrupted: the recommendation is not decided yet; rerun with --plan --resume")
     return lines

@@ -85,6 +85,7 @@ def test_the_planned_sweep_reaches_the_full_sweeps_answer_with_fewer_launches(fu
     assert sorted(skipped + launched) == sorted(rows)
     assert all("not measured (planned sweep): its interval's top" in rows[c]["reason"] for c in skipped)
     assert "predicted req/s" in res.output and f"launches: {len(launched)} of 6 ({6 - len(launched)} saved)" in res.output
+    assert all(c["seconds"] is not None for c in plan["cells"] if c["status"] == "measured")
     assert "the recommendation below is measured" in res.output
 
 
