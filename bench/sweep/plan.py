@@ -145,6 +145,10 @@ def predict(spec: SweepSpec, settings: PlanSettings, error: float, echo: Echo, j
         folder = Path(tmp) / "plan"
         run_sweep(sim, folder, echo=lambda line: None, jobs=jobs, progress=False)
         rows = store.read_cells(folder)
+    failed = [r for r in rows if r["status"] == "failed"]
+    if failed:  # a cell the model cannot run is no cell it can rule out
+        raise BenchError(f"--plan: the simulated engine could not run {failed[0]['cell_id']}: {failed[0].get('reason')} "
+                         "(--plan-model names the preset it models, --plan-config a profile)")  # fmt: skip
     cells = []
     for r in rows:
         if r["status"] == "skipped":
@@ -254,7 +258,7 @@ def run_planned(
                 return None
             return HELD + (c.reason or "still in play, not measured yet (the sweep stopped before its turn)")
 
-        res = run_sweep(spec, out, resume=not first, launcher=launcher, echo=_quiet(echo), progress=progress,
+        res = run_sweep(spec, out, resume=not first, launcher=launcher, echo=_quiet(echo, first), progress=progress,
                         command=command, jobs=1, hold=hold)  # fmt: skip
         first = False
         _read_measured(out, by_id)
@@ -269,9 +273,10 @@ def run_planned(
     return result
 
 
-def _quiet(echo: Echo) -> Echo:
-    """The per-round lines a resumed round repeats (cells kept from earlier rounds) left out."""
-    return lambda line: None if line.startswith(("done ", "sweep ")) else echo(line)
+def _quiet(echo: Echo, first: bool) -> Echo:
+    """The per-round lines a resumed round repeats (cells kept or skipped in earlier rounds) left out."""
+    repeated = ("done ", "sweep ") if first else ("done ", "sweep ", "skip ")
+    return lambda line: None if line.startswith(repeated) else echo(line)
 
 
 def _read_measured(out: Path, by_id: dict[str, PlanCell]) -> None:

@@ -157,3 +157,8 @@ def test_plan_needs_a_capacity_search(tmp_path: Path) -> None:
     assert res.exit_code != 0 and "--plan ranks cells by capacity" in res.output
     res = CliRunner().invoke(cli, ["sweep", "--model", "llama-3.1-8b", "--plan-error", "0.1", "--out", str(tmp_path / "y")])
     assert res.exit_code != 0 and "add --plan" in res.output
+    # a planner that cannot model the engine refuses before anything is launched
+    res = CliRunner().invoke(cli, ["sweep", "--model", "llama-3.1-8b", "--capacity", "--slo", "ttft_ms=300", "--plan",
+                                   "--plan-model", "no-such-model", "--out", str(tmp_path / "z")])  # fmt: skip
+    assert res.exit_code != 0 and "--plan: the simulated engine could not run tp1" in res.output, res.output
+    assert not (tmp_path / "z").exists() or not any((tmp_path / "z").glob("cell=*"))
