@@ -167,6 +167,16 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--resume", is_flag=True, help="Finish an interrupted sweep in --out: only missing cells run. "
               "With another --slo/--attainment/--confidence: re-judge its loads and probe the ones the new verdicts need.")
 @click.option("--retry-failed", is_flag=True, help="With --resume: also rerun cells that failed.")
+@click.option("--plan", is_flag=True,
+              help="Plan first: run every cell on the simulated engine in virtual time, rank them with the model's "
+                   "error as an interval, and launch only the cells whose interval can hold the answer, re-ranking "
+                   "after each (docs/sweeps.md, A planned sweep). Needs --capacity and --slo.")
+@click.option("--plan-config", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="The planner's profile (bench sim calibrate --out): its constants and held-out error.")
+@click.option("--plan-model", help="The planner's model preset (default: --model), for a real engine's model path.")
+@click.option("--plan-error", type=float,
+              help="The model's relative error on a capacity (e.g. 0.2). [default: the --plan-config profile's "
+                   "held-out error, else the shipped validation's 20%]")
 @click.option("--progress/--no-progress", default=None, help="Per-request progress bar (default: on a terminal).")
 @click.option("--otlp-receiver", is_flag=True,
               help="Receive the engines' per-request OpenTelemetry spans (one OTLP/HTTP receiver on 127.0.0.1 for the "
@@ -209,6 +219,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
     progress = flags.pop("progress")
     otlp_receiver = bool(flags.pop("otlp_receiver"))
     jobs: int | None = flags.pop("jobs")
+    plan = _plan_settings(flags)
     base: SweepSpec | None
     if config_path is not None:
         base = load_spec(config_path)
@@ -221,6 +232,10 @@ def command(config_path: Path | None, **flags: Any) -> None:
     explicit = _explicit_loads(config_path, flags, resumed=base is not None and config_path is None)
     spec = _apply_flags(base, flags).with_clock(explicit)
     spec.validate()
+    if plan is not None:
+        from bench_llm.bench.sweep.plan import check
+
+        check(spec)
     if dry_run:
         from bench_llm.bench.sweep.dryrun import dry_run_lines
 
@@ -256,7 +271,15 @@ def command(config_path: Path | None, **flags: Any) -> None:
 
             receiver = stack.enter_context(OtlpReceiver("127.0.0.1", 0))
             click.echo(f"OTLP receiver at {receiver.endpoint} ({otlp_note(str(spec.engine), not spec.endpoints)})", err=True)
-        result = run_sweep(
+        if plan is not None:
+            from bench_llm.bench.sweep.plan import run_planned
+
+            planned = run_planned(spec, out, plan, resume=resume, echo=lambda line: click.echo(redact(line), err=True),
+                                  progress=progress, command=("bench", *sys.argv[1:]), jobs=jobs)  # fmt: skip
+            if planned.interrupted:
+                raise Outcome(ExitCode.INTERRUPTED,
+                              f"sweep interrupted; finish it with: bench sweep --plan --resume --out {out}")  # fmt: skip
+        result = None if plan is not None else run_sweep(
             spec,
             out,
             resume=resume,
@@ -267,7 +290,7 @@ def command(config_path: Path | None, **flags: Any) -> None:
             otlp=receiver,
             jobs=jobs,
         )
-    if result.interrupted:
+    if result is not None and result.interrupted:
         raise Outcome(ExitCode.INTERRUPTED, f"sweep interrupted; finish it with: bench sweep --resume --out {out}")
     rec = recommend(out)
     write_recommendation(out, rec)
@@ -277,6 +300,11 @@ def command(config_path: Path | None, **flags: Any) -> None:
             "ran in virtual time: the simulated engine's scheduler and cost model, no server or client, "
             "so the same sweep gives the same figures (--clock auto measures it live, in real time)"
         )
+    if plan is not None:
+        from bench_llm.bench.sweep.plan import format_plan
+
+        pick = rec.recommendation.cell_id if rec.recommendation else None
+        click.echo("\n".join(format_plan(planned, pick)))
     click.echo(format_recommendation(rec))
     if otlp_receiver:
         from bench_llm.analysis.ttft_split import format_sweep_splits, sweep_splits
@@ -286,6 +314,21 @@ def command(config_path: Path | None, **flags: Any) -> None:
     outcome = sweep_outcome(out, rec)
     if outcome is not None:
         raise outcome
+
+
+def _plan_settings(flags: dict[str, Any]) -> Any:
+    """``--plan`` and its settings (None: no plan; its settings given without it: an error)."""
+    from bench_llm.bench.sweep.plan import PlanSettings
+
+    on = bool(flags.pop("plan"))
+    given = {"profile": flags.pop("plan_config"), "model": flags.pop("plan_model"), "error": flags.pop("plan_error")}
+    if not on:
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            name = {"profile": "config", "model": "model", "error": "error"}[extra[0]]
+            raise BenchError(f"--plan-{name}: a planned sweep's setting; add --plan")
+        return None
+    return PlanSettings(**given)
 
 
 #: Load flags -> LoadSpec fields.

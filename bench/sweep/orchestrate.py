@@ -137,8 +137,11 @@ def run_sweep(
     command: tuple[str, ...] = (),
     otlp: OtlpReceiver | None = None,
     jobs: int | None = 1,
+    hold: Callable[[str], str | None] | None = None,
 ) -> SweepResult:
-    """``jobs``: cells run at once in virtual time (None: one per CPU, ``bench sweep``'s
+    """``hold``: cell id -> why the cell is held back this time (recorded as skipped with that
+    reason; a later call, resumed, decides again) or None to run it (``bench.sweep.plan``).
+    ``jobs``: cells run at once in virtual time (None: one per CPU, ``bench sweep``'s
     default; ``bench.sweep.parallel``);
     a sweep in real time runs one cell at a time (``SettingError`` when more are asked).
     ``otlp``: one started receiver for the whole sweep (``bench sweep --otlp-receiver``); each
@@ -164,6 +167,7 @@ def run_sweep(
     was = judging({**LEGACY_DEFAULTS, **(stored.get("spec") or {})}) if stored else judging(spec.as_dict())
     rejudge = {cid for cid, r in previous.items() if r["status"] == "complete" and _judged_at(r, was) != judging(spec.as_dict())}
     rows = _initial_rows(spec, planned, previous, retry_failed)
+    held = _hold(spec, planned, rows, hold)
 
     def save() -> None:
         # cells not started yet are not written: cells.parquet lists complete|failed|skipped|running
@@ -176,7 +180,7 @@ def run_sweep(
     todo = [
         c
         for c in planned
-        if not c.skip_reason and (rows[c.cell_id]["status"] not in ("complete", "failed") or c.cell_id in rejudge)
+        if not c.skip_reason and c.cell_id not in held and (rows[c.cell_id]["status"] not in ("complete", "failed") or c.cell_id in rejudge)
     ]
     total = len(todo)
     workers = min(workers, total)
@@ -213,6 +217,26 @@ def run_sweep(
         tuple(r["cell_id"] for r in final if r["status"] == "skipped"),
         interrupted,
     )
+
+
+def _hold(spec: SweepSpec, planned: list[PlannedCell], rows: dict[str, dict[str, Any]],
+          hold: Callable[[str], str | None] | None) -> set[str]:
+    """The cells ``hold`` holds back this time, their rows marked skipped with its reason; a cell
+    held back earlier (skipped, though the matrix can run it) and released now is pending again."""
+    held: set[str] = set()
+    if hold is None:
+        return held
+    for c in planned:
+        row = rows[c.cell_id]
+        if c.skip_reason or row["status"] not in ("pending", "running", "skipped"):
+            continue
+        reason = hold(c.cell_id)
+        if reason is not None:
+            held.add(c.cell_id)
+            rows[c.cell_id] = _base_row(spec, c, "skipped", reason)
+        elif row["status"] == "skipped":
+            rows[c.cell_id] = _base_row(spec, c, "pending", None)
+    return held
 
 
 def _with_launcher(spec: SweepSpec, launcher: Launcher | None) -> tuple[SweepSpec, Launcher]:
