@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from bench_llm.analysis.client_health import client_health
 from bench_llm.analysis.confidence import (
     CONFIDENCE,
     Verdict,
@@ -42,7 +43,7 @@ from bench_llm.analysis.jobs import judged_by_jobs
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import measured, request_metrics
 from bench_llm.analysis.slo import SLO, SLO_METRICS
-from bench_llm.analysis.summary import approximate_prompts, client_health, prompt_length_accounting
+from bench_llm.analysis.summary import approximate_prompts, prompt_length_accounting
 from bench_llm.analysis.summary_types import ClientHealth
 from bench_llm.analysis.totals import judged_mask, run_totals
 from bench_llm.core.rejections import ADMISSION_ERRORS as REJECTION_TYPES

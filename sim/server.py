@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from bench_llm.sim.config import ServerConfig
-from bench_llm.sim.process import tune_process as tune_process  # the sim command's import; its home is sim.process
 from bench_llm.sim.routes import ROUTE_CLASSES, ROUTES
 from bench_llm.sim.serving import SimServer
 

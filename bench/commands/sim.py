@@ -134,7 +134,7 @@ def serve(**kw: Any) -> None:
         raise BenchError(str(exc)) from None
     from aiohttp import web
 
-    from bench_llm.sim.server import tune_process
+    from bench_llm.sim.process import tune_process
 
     tune_process(mlock=bool(kw.get("mlock")))
     try:
