@@ -219,7 +219,8 @@ def fit(
     layout and limits. Deterministic: the loads' replays are, and so is the search.
     """
     before = current_values(loads[0].timing, knobs)
-    values = dict(before)
+    # searched on a log scale: a shipped 0 (no per-sequence time) starts at the range's floor
+    values = {k: min(max(v, k.low), k.high) for k, v in before.items()}
     count = 0
 
     def error(v: dict[Knob, float]) -> float:
@@ -242,9 +243,9 @@ def fit(
             progress(f"round {r + 1}: log error {best:.4f}")
     # Constants that trade off (a per-step fixed time against the weights' read time) leave the
     # coordinate search crawling along a valley: a simplex search in log space follows it.
-    for _ in range(4):  # restarted: a collapsed simplex stalls short of the valley's floor
+    for _ in range(8):  # restarted: a collapsed simplex stalls short of the valley's floor
         values, improved = _simplex(values, best, list(knobs), error)
-        if improved > best * 0.9:
+        if improved > best * 0.99:
             best = min(best, improved)
             break
         best = improved
@@ -261,9 +262,9 @@ def _simplex(values: dict[Knob, float], best: float, knobs: list[Knob],
 
     x0 = [math.log(values[k]) for k in knobs]
     simplex = [(best, x0)]
-    for i in range(len(knobs)):
+    for i, k in enumerate(knobs):
         x = list(x0)
-        x[i] += 0.2
+        x[i] += 0.2 if x0[i] + 0.2 <= math.log(k.high) else -0.2  # stay inside the range
         simplex.append((error(point(x)), x))
     for _ in range(iterations):
         simplex.sort(key=lambda s: s[0])

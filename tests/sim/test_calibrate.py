@@ -56,7 +56,7 @@ def test_perturbed_constants_are_recovered_and_predict_held_out_loads() -> None:
         _load(f"tp{t.tp}-c{c}-p{p}", t, _truth(t), c, p)
         for t in shipped for c, p in ((1, 256), (8, 1024), (32, 256))
     ]
-    fitted = fit(loads, rounds=1)
+    fitted = fit(loads, rounds=3)
     shipped_values = current_values(shipped[0])
     for knob in KNOBS:
         got, want = fitted.after[knob], HIDDEN.get(knob.name, shipped_values[knob])
