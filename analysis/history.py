@@ -311,7 +311,7 @@ def _bad_file(folder: Path) -> str:
     for path in sorted(Path(folder).rglob("*.parquet")):
         try:
             read_parquet_file(path)
-        except (OSError, pa.ArrowException):
+        except (ResultsError, OSError, pa.ArrowException):  # the reader names the file as a ResultsError
             return str(path)
     return str(folder)
 

@@ -127,8 +127,11 @@ class FolderLock:
     a context manager). The lock is an ``flock`` on ``LOCK_FILE`` (released by the kernel when
     its holder dies); the file names its holder for the message a second writer gets."""
 
-    def __init__(self, folder: Path, command: Sequence[str] = ()) -> None:
+    def __init__(self, folder: Path, command: Sequence[str] = (), created: bool = False) -> None:
         self.folder = Path(folder)
+        #: The folder was made for this writer: left empty at release (refused before anything was
+        #: written), it is removed again; a folder holding anything is never touched.
+        self.created = created
         self.path = self.folder / LOCK_FILE
         self.command = redact(" ".join(command))
         self._fd: int | None = None
@@ -170,6 +173,11 @@ class FolderLock:
         try:
             if _holder(fd).get("pid") == os.getpid():
                 self.path.unlink(missing_ok=True)
+                if self.created:
+                    try:
+                        self.folder.rmdir()  # only when empty: nothing was written
+                    except OSError:
+                        pass
         except OSError:
             pass  # a folder gone or read-only by now: the kernel drops the lock with the descriptor
         finally:
@@ -212,8 +220,9 @@ def claim_run_folder(out: Path | str, overwrite: bool, command: Sequence[str] = 
         refuse_by_name(out)
     if out.exists() and not out.is_dir():
         raise SettingError(f"$out {out} exists and is not a folder")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    lock = FolderLock(out, command).acquire()
+    lock = FolderLock(out, command, created).acquire()
     try:
         if (out / RUN_FILE).exists():
             if not overwrite:
@@ -231,8 +240,9 @@ def claim_sweep_folder(out: Path | str, command: Sequence[str] = ()) -> FolderLo
     out = check_out(out)
     if out.exists() and not out.is_dir():
         raise SettingError(f"$out {out} exists and is not a folder")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    return FolderLock(out, command).acquire()
+    return FolderLock(out, command, created).acquire()
 
 
 def took_over_note(lock: FolderLock) -> str | None:

@@ -446,7 +446,7 @@ def _cluster(base: Any, flags: dict[str, Any]) -> Any:
     flags given; None when neither names one."""
     from bench_llm.launch.placement import ClusterSpec
 
-    given = {field: flags.pop(flag) for flag, field in _CLUSTER_FLAGS.items()}
+    given = {field: flags.pop(flag, None) for flag, field in _CLUSTER_FLAGS.items()}
     given = {k: (tuple(v) if isinstance(v, tuple) else v) for k, v in given.items() if v not in (None, ())}
     if base is None and not given:
         return None

@@ -31,6 +31,9 @@ def spec_from_wire(data: dict[str, Any]) -> RequestSpec:
         values["constraint"] = Constraint(**{**values["constraint"], "choice": tuple(values["constraint"]["choice"])})
     if "images" in values:
         values["images"] = tuple((int(w), int(h)) for w, h in values["images"] or ())
+    for name in ("after", "after_delay_ns"):  # a session graph's predecessors: JSON lists back to tuples
+        if name in values:
+            values[name] = tuple(values[name] or ())
     return RequestSpec(**values)
 
 
