@@ -145,11 +145,12 @@ def rescore_point(sweep: Path, rec: dict[str, Any], slo: SLO) -> dict[str, Any]:
     rd = rec.get("run_dir")
     if rec.get("status") in ("complete", "interrupted") and isinstance(rd, str) and (Path(sweep) / rd).exists():
         run = load_run(Path(sweep) / rd)
-        m = point_metrics(run, slo, server_signals(read_server_metrics(Path(sweep) / rd)))
+        server = read_server_metrics(Path(sweep) / rd)
+        m = point_metrics(run, slo, server_signals(server), server)
         for k in list(rec):
             if k.startswith("miss_share_"):
                 rec.pop(k)
-        rescored = ("attainment", "attainment_low", "attainment_high", "met", "goodput_rps")
+        rescored = ("attainment", "attainment_low", "attainment_high", "attainment_deff", "met", "goodput_rps")
         rec.update({k: v for k, v in m.as_row().items() if k in rescored or k.startswith("miss_share_")})
     return rec
 
@@ -260,7 +261,7 @@ def _judge(row: dict[str, Any], records: list[dict[str, Any]], attainment_pct: f
     runs, one dict each (missing values as None)."""
     if all(r.get("attainment") is None for r in records):  # no SLO: saturation alone
         row.update(passed=not row["saturated"], verdict="pass" if not row["saturated"] else "fail", verdict_reason=None)
-        row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan)
+        row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan, sure=False)
         return
     j = judge_load(records, attainment_pct, level)
     row.update(
@@ -272,6 +273,7 @@ def _judge(row: dict[str, Any], records: list[dict[str, Any]], attainment_pct: f
         under_sampled=j.under_sampled,
         attainment_low=j.low,
         attainment_high=j.high,
+        sure=j.sure,
     )
     if j.judged:
         row["attainment"], row["requests"] = j.attainment, j.judged
@@ -302,6 +304,7 @@ def cell_capacity(
             kind="rate",
             capacity_rps=res.capacity_rps,
             upper_rps=res.upper_rps,
+            interval_low_rps=res.interval_low_rps,
             precision=precision,
             achieved_precision=res.achieved_precision,
             converged=res.converged if precision else res.upper_rps is not None,
@@ -327,7 +330,7 @@ def rate_probes(pooled: pd.DataFrame) -> list[Probe]:
     return [
         Probe(
             float(r["load_value"]), bool(r["passed"]), _f(r.get("attainment")), bool(r["saturated"]),
-            r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""),
+            r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""), r.get("sure") is True,
         )
         for _, r in rates.iterrows()
     ]  # fmt: skip
@@ -562,7 +565,9 @@ def _recommend_workload(
     configs.sort(key=lambda c: (c.gpus, c.axes, c.cell_id))
     lists = (
         [f"{c.cell_id} at {p.load}: {p.untrustworthy}" for c in configs for p in c.loads if p.untrustworthy],
-        [f"{c.cell_id} at {p.load}: {p.under_sampled}" for c in configs for p in c.loads if p.under_sampled],
+        # (a load that failed anyway needs no longer run: only those it kept from passing)
+        [f"{c.cell_id} at {p.load}: {p.under_sampled}" for c in configs for p in c.loads
+         if p.under_sampled and p.verdict != "fail"],  # fmt: skip
         [
             f"{c.cell_id} at {p.load}: {p.verdict_reason}"
             for c in configs
@@ -916,7 +921,7 @@ def format_recommendation(rec: Recommendation) -> str:
             lines.append(f"  short of {rec.target_rate:g} req/s: " + "; ".join(wr.short_of_target))
         for items, title in (
             (wr.untrustworthy, "UNTRUSTWORTHY (the client could not measure it truthfully; it decides nothing)"),
-            (wr.under_sampled, "under-sampled (cannot pass)"),
+            (wr.under_sampled, "too short or not stationary (cannot pass)"),
             (wr.undecided, "undecided (the sample cannot decide)"),
             (wr.unknown, "unknown"),
         ):
