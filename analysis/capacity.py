@@ -680,9 +680,10 @@ class CapacityResult:
     note: str = ""
     undecided: tuple[float, ...] = ()
     level: float = CONFIDENCE
-    #: the interval's lower end: the highest rate at or below the capacity that passed with a
-    #: margin (``Probe.sure``; None: none did). The interval [interval_low_rps, upper_rps)
-    #: is meant to hold another seed's capacity (docs/sweeps.md, Confidence: measured coverage)
+    #: the interval's lower end: the highest rate below the capacity that passed with a margin
+    #: (``Probe.sure``; None: none did). Another seed's search stops anywhere in its own
+    #: bracket, and the capacity is a rate that just passed: the interval [interval_low_rps,
+    #: upper_rps) is meant to hold another seed's capacity (docs/sweeps.md: measured coverage)
     interval_low_rps: float | None = None
 
     @property
@@ -767,7 +768,7 @@ def capacity_from_probes(
         notes.append(f"undecided at {p.rate:g} req/s: {p.reason or 'its sample cannot decide'}")
     if non_monotone:
         notes.append("a higher rate passed after a lower one did not (noise); the lower bracket is kept")
-    sure = [p.rate for p in probes if p.sure and lower is not None and p.rate <= lower + 1e-9]
+    sure = [p.rate for p in probes if p.sure and lower is not None and p.rate < lower - 1e-9]
     return CapacityResult(
         lower, upper, precision, converged, tuple(probes), "; ".join(notes), undecided,
         interval_low_rps=max(sure) if sure else None,

@@ -330,7 +330,7 @@ def rate_probes(pooled: pd.DataFrame) -> list[Probe]:
     return [
         Probe(
             float(r["load_value"]), bool(r["passed"]), _f(r.get("attainment")), bool(r["saturated"]),
-            r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""), r.get("sure") is True,
+            r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""), isinstance(r.get("sure"), (bool, np.bool_)) and bool(r.get("sure")),
         )
         for _, r in rates.iterrows()
     ]  # fmt: skip

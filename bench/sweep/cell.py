@@ -559,6 +559,9 @@ class _WorkloadLoads:
             if confirmed is None:
                 return False
             if confirmed["verdict"] == "pass":
+                # the capacity's probe is now the load with its confirmation pooled (as recommend reads it)
+                search.probes = [p for p in search.probes if abs(p.rate - cap) > 1e-9]
+                search.record(Probe(cap, True, confirmed["pooled_attainment"], sure=bool(confirmed["sure"])))
                 break
             # the answer did not hold on a longer, fresh-seed run: the search goes on below it
             search.record(Probe(cap, False, confirmed["attainment"], False, confirmed["verdict"] == "undecided",
@@ -628,6 +631,7 @@ class _WorkloadLoads:
             "pooled_attainment": j.attainment,
             "low": j.low,
             "high": j.high,
+            "sure": j.sure,
         }
 
     def load_list(self) -> bool:
