@@ -674,7 +674,7 @@ def _axes(configs: list[Configuration], rec: Pick) -> int:
 
 def _separation(configs: list[Configuration], rec: Pick) -> Separation | None:
     """Is the recommended configuration's capacity per GPU separated from the runner-up's?
-    (analysis.confidence.separation on the brackets: lower = highest pass, upper = lowest fail.)"""
+    (analysis.confidence.separation on the intervals: lower = passed with a margin, upper = lowest fail.)"""
     pick = next(c for c in configs if c.cell_id == rec.cell_id)
     others = [c for c in configs if c.cell_id != pick.cell_id and c.capacity_rps]
     if not others:
@@ -723,7 +723,10 @@ def _target_separation(configs: list[Configuration], rec: Pick | None, target: f
 
 
 def _per_gpu_bracket(c: Configuration) -> tuple[float | None, float | None]:
-    lo, hi = c.capacity_rps, c.upper_rps
+    """Per GPU: the capacity interval's lower end (a rate passed with a margin below the
+    capacity, ``interval_low_rps``; the capacity where there is none) and the lowest failing
+    rate, so "too close to call" uses the intervals that hold another seed's answer."""
+    lo, hi = c.capacity.interval_low_rps or c.capacity_rps, c.upper_rps
     return (lo / c.gpus if lo else None), (hi / c.gpus if hi else None)
 
 
