@@ -220,7 +220,7 @@ def point_metrics(
         res = slo_outcomes(kept, slo)
         met_kept = res["met"]
         deff = design_effect(intended, met_kept, life_s) if offered else 1.0
-        attainment = (totals.attainment, *wilson_interval(totals.met / deff, totals.judged / deff))
+        attainment = (totals.attainment, *wilson_interval(float(totals.met or 0) / deff, totals.judged / deff))
         goodput = totals.goodput_rps
         miss_share = {key: float(res[f"miss_{key}"].mean()) for key, _ in slo.limits}
     send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else _NAN

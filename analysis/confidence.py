@@ -28,8 +28,9 @@ def z_value(level: float = CONFIDENCE) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2) if level > 0 else 0.0
 
 
-def wilson_interval(successes: int, trials: int, level: float = CONFIDENCE) -> tuple[float, float]:
-    """The Wilson score interval of ``successes / trials``; (nan, nan) without trials."""
+def wilson_interval(successes: float, trials: float, level: float = CONFIDENCE) -> tuple[float, float]:
+    """The Wilson score interval of ``successes / trials``; (nan, nan) without trials. The
+    counts may be effective ones (requests / design effect, analysis/capacity_steady.py)."""
     if trials <= 0:
         return float("nan"), float("nan")
     if not 0 <= successes <= trials:
