@@ -86,8 +86,8 @@ def test_a_run_failing_before_it_settled_fails_the_load_a_steady_short_run_passe
 
 def test_the_interval_starts_at_the_highest_rate_below_the_capacity_passed_with_a_margin() -> None:
     assert judge_load([{"requests": 4000, "met": 3980, "saturated": False}], 90.0).sure
-    barely = judge_load([{"requests": 4000, "met": 3700, "saturated": False}], 90.0)
-    assert barely.passed and not barely.sure  # 92.5 %: another seed might not pass it
+    barely = judge_load([{"requests": 4000, "met": 3650, "saturated": False}], 90.0)
+    assert barely.passed and not barely.sure  # 91.25 %: another seed might not pass it
     probes = [Probe(10, True, sure=True), Probe(15, True, sure=True), Probe(18, True), Probe(19, True, sure=True),
               Probe(20, False)]  # fmt: skip
     r = capacity_from_probes(probes, 0.1)
