@@ -957,7 +957,8 @@ def _ms(v: Any, digits: int = 0) -> str:
 
 def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
     w = max([20] + [len(str(c.cell_id)) + 2 for c in cells])
-    header = f"{'cell':<{w}}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'max goodput':>12}  {'limited by':<18}"
+    header = (f"{'cell':<{w}}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'met at cap':>15}"
+              f"  {'max goodput':>12}  {'limited by':<18}")  # fmt: skip
     lines = [header, "-" * len(header)]
     by_id = {c.cell_id: c for c in configs}
     for cell in cells:
@@ -966,7 +967,7 @@ def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
         if c is None:
             reason = cell.reason.splitlines()[0] if cell.reason else ""
             reason = reason if len(reason) <= 100 else reason[:97] + "..."
-            lines.append(f"{cid:<{w}}{cell.gpus or 0:>5}  {cell.status:<9}{'':>15}{'':>9}  {'':>12}  {reason}")
+            lines.append(f"{cid:<{w}}{cell.gpus or 0:>5}  {cell.status:<9}{'':>15}{'':>9}  {'':>15}  {'':>12}  {reason}")
             continue
         cap = c.capacity_rps
         if cap is not None:
@@ -979,5 +980,10 @@ def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
         else:
             capt, pg = "none", ""
         good = max((p.goodput_rps or 0.0 for p in c.loads if not p.baseline), default=0.0)
-        lines.append(f"{cid:<{w}}{c.gpus:>5}  {'complete':<9}{capt:>15}{pg:>9}  {good:>12.2f}  {c.limiting_factor:<18}")
+        # the attainment beside the capacity: its load pooled (probe and confirmation runs)
+        at = next((p for p in c.loads if cap is not None and p.load_kind == "rate" and not p.baseline
+                   and abs(p.load_value - cap) < 1e-9 and p.attainment is not None), None)  # fmt: skip
+        met = f"{100 * (at.attainment or 0.0):.1f}% of {at.requests}" if at is not None else ""
+        lines.append(f"{cid:<{w}}{c.gpus:>5}  {'complete':<9}{capt:>15}{pg:>9}  {met:>15}  {good:>12.2f}  "
+                     f"{c.limiting_factor:<18}")  # fmt: skip
     return "\n".join(lines)
