@@ -61,7 +61,10 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def sweep(job: dict, out: Path, seed: int) -> dict[str, dict]:
-    """cell id -> {"capacity", "upper", "tp", "dp", "confirmation"} of a capacity sweep."""
+    """cell id -> {"capacity", "upper", "low", "tp", "dp", "confirmation"} of a capacity sweep
+    (run unless ``out`` holds it already: ``--keep``)."""
+    if (out / "recommendation.json").exists():
+        return stored(out)
     r = bench("sweep", "--engine", "sim", "--model", job["model"], "--gpu", "h100", "--gpus", job["gpus"],
               *job["axes"], "--capacity", "--slo", job["slo"], *job["workload"], *job["sweep_extra"],
               "--seed", str(seed), "--no-progress", "--out", str(out))  # fmt: skip
@@ -74,6 +77,24 @@ def sweep(job: dict, out: Path, seed: int) -> dict[str, dict]:
         cap = next(iter(json.loads(c["capacity_json"]).values()))
         cells[c["cell_id"]] = {"capacity": cap["capacity_rps"], "upper": cap["upper_rps"], "tp": c["tp"],
                                "low": cap.get("interval_low_rps"), "dp": c["dp"],
+                               "confirmation": cap.get("confirmation")}  # fmt: skip
+    return cells
+
+
+def stored(out: Path) -> dict[str, dict]:
+    """A stored sweep's cells as ``sweep`` returns them, its interval re-judged from its
+    Parquet files by this checkout's ``bench recommend`` (the capacity as the sweep found it)."""
+    from bench_llm.analysis.recommend import recommend
+
+    cells = {}
+    rec = recommend(out)
+    confs = {c.cell_id: c for w in rec.workloads.values() for c in w.configurations}
+    for c in read_cells(out):
+        if c["status"] != "complete" or c["cell_id"] not in confs:
+            continue
+        cap = next(iter(json.loads(c["capacity_json"]).values()))
+        cells[c["cell_id"]] = {"capacity": cap["capacity_rps"], "upper": cap["upper_rps"], "tp": c["tp"],
+                               "low": confs[c["cell_id"]].capacity.interval_low_rps, "dp": c["dp"],
                                "confirmation": cap.get("confirmation")}  # fmt: skip
     return cells
 
@@ -162,11 +183,13 @@ def main() -> None:
     ap.add_argument("--seeds", help="e.g. 0-7: also measure the intervals' coverage across workload seeds")
     ap.add_argument("--job", choices=sorted(JOBS), action="append", help="only this job (repeatable)")
     ap.add_argument("--no-table", action="store_true", help="skip the 4,000-request table (coverage only)")
+    ap.add_argument("--keep", type=Path, help="keep the sweeps in this folder; a sweep found there is re-judged, not re-run")
     args = ap.parse_args()
     for name in [n for n in JOBS if args.job and n not in args.job]:
         del JOBS[name]
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
+        tmp = args.keep or Path(d)
+        tmp.mkdir(parents=True, exist_ok=True)
         ok = True if args.no_table else done_when(tmp)
         if args.seeds:
             a, _, b = args.seeds.partition("-")
