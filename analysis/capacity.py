@@ -655,8 +655,9 @@ class Probe:
     saturated: bool = False
     undecided: bool = False
     reason: str = ""
-    #: passed with a margin: another run of it (another seed) passes with 95 % probability
-    #: (``LoadJudgement.sure``); the lower end of the capacity's interval
+    #: decided with a margin: another run of it (another seed) would reach the same verdict
+    #: with about 99 % probability (``LoadJudgement.sure``); such a pass below the capacity is
+    #: the lower end of the capacity's interval, such a failure above it the upper end
     sure: bool = False
 
 
@@ -680,11 +681,13 @@ class CapacityResult:
     note: str = ""
     undecided: tuple[float, ...] = ()
     level: float = CONFIDENCE
-    #: the interval's lower end: the highest rate below the capacity that passed with a margin
-    #: (``Probe.sure``; None: none did). Another seed's search stops anywhere in its own
-    #: bracket, and the capacity is a rate that just passed: the interval [interval_low_rps,
-    #: upper_rps) is meant to hold another seed's capacity (docs/sweeps.md: measured coverage)
+    #: the interval [interval_low_rps, interval_high_rps), meant to hold another seed's
+    #: capacity (docs/sweeps.md: its measured coverage): the highest rate below the capacity
+    #: that passed with a margin (``Probe.sure``; None: none did), and the lowest that failed
+    #: with one (None: none did; the interval then ends at ``upper_rps``). Another seed's
+    #: search stops anywhere in its own bracket, and the capacity is a rate that just passed
     interval_low_rps: float | None = None
+    interval_high_rps: float | None = None
 
     @property
     def achieved_precision(self) -> float | None:
@@ -768,10 +771,12 @@ def capacity_from_probes(
         notes.append(f"undecided at {p.rate:g} req/s: {p.reason or 'its sample cannot decide'}")
     if non_monotone:
         notes.append("a higher rate passed after a lower one did not (noise); the lower bracket is kept")
-    sure = [p.rate for p in probes if p.sure and lower is not None and p.rate < lower - 1e-9]
+    sure = [p.rate for p in probes if p.sure and p.passed and lower is not None and p.rate < lower - 1e-9]
+    sure_fail = [p.rate for p in probes if p.sure and not p.passed and not p.undecided]
     return CapacityResult(
         lower, upper, precision, converged, tuple(probes), "; ".join(notes), undecided,
         interval_low_rps=max(sure) if sure else None,
+        interval_high_rps=min(sure_fail) if sure_fail else upper,
     )  # fmt: skip
 
 
@@ -801,9 +806,9 @@ class LoadJudgement:
     reason: str = ""  # why it failed or is undecided
     untrustworthy: str | None = None  # every run of it was; why
     under_sampled: str | None = None
-    #: passed with a margin: its interval at ``sure_level(level)`` (the verdict's z plus a
-    #: one-sided 95 % z: 3.6 at 95 %) clears the target, so another run of it, with another
-    #: seed, would pass with about 95 % probability
+    #: decided with a margin: its interval at ``sure_level(level)`` (the verdict's z plus a
+    #: one-sided 99 % z: 4.3 at 95 %) lies wholly on the verdict's side of the target (or it
+    #: saturated), so another run of it, with another seed, would most likely decide the same
     sure: bool = False
 
     @property
@@ -850,12 +855,13 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
                   under_sampled=under)  # fmt: skip
     if sat:
         reasons = [str(r["saturation_reason"]) for r in trusted if r.get("saturation_reason")]
-        return LoadJudgement("fail", reason="saturated: " + (reasons[0] if reasons else "yes"), **common)  # type: ignore[arg-type]
+        return LoadJudgement("fail", reason="saturated: " + (reasons[0] if reasons else "yes"), sure=True, **common)  # type: ignore[arg-type]
     corr = f" (correlation counts them as {p.eff_n:.0f})" if p.eff_n < 0.99 * p.judged else ""
     interval = (f"{100 * p.attainment:.1f}% of {p.judged} met{corr}{unsettled}, "
                 f"{100 * level:g}% interval {100 * lo:.1f}-{100 * hi:.1f}%")  # fmt: skip
     if p.verdict == "fail":
-        return LoadJudgement("fail", reason=f"{interval}, below {attainment_pct:g}%", **common)  # type: ignore[arg-type]
+        sure = p.eff_n > 0 and wilson_interval(p.eff_met, p.eff_n, sure_level(level))[1] < target - 1e-12
+        return LoadJudgement("fail", reason=f"{interval}, below {attainment_pct:g}%", sure=sure, **common)  # type: ignore[arg-type]
     if p.verdict == "pass" and under is None:
         sure = target < 1.0 and p.eff_n > 0 and wilson_interval(p.eff_met, p.eff_n, sure_level(level))[0] >= target - 1e-12
         return LoadJudgement("pass", sure=sure, **common)  # type: ignore[arg-type]
@@ -903,13 +909,14 @@ def _size(runs: Sequence[Mapping[str, Any]]) -> int:
 
 
 def sure_level(level: float) -> float:
-    """The two-sided level whose z is ``level``'s plus a one-sided 95 % z (1.645): a load
-    passing at it would pass another run at ``level`` with about 95 % probability."""
+    """The two-sided level whose z is ``level``'s plus a one-sided 99 % z (2.326): a load
+    passing at it would pass another run at ``level`` with about 99 % probability (chosen by
+    measured coverage across seeds, docs/sweeps.md; 95 % gave a narrower, less true interval)."""
     if level <= 0:
         return 0.0
     from statistics import NormalDist
 
-    z = z_value(level) + NormalDist().inv_cdf(0.95)
+    z = z_value(level) + NormalDist().inv_cdf(0.99)
     return 2.0 * NormalDist().cdf(z) - 1.0
 
 

@@ -305,6 +305,7 @@ def cell_capacity(
             capacity_rps=res.capacity_rps,
             upper_rps=res.upper_rps,
             interval_low_rps=res.interval_low_rps,
+            interval_high_rps=res.interval_high_rps,
             precision=precision,
             achieved_precision=res.achieved_precision,
             converged=res.converged if precision else res.upper_rps is not None,
@@ -723,10 +724,10 @@ def _target_separation(configs: list[Configuration], rec: Pick | None, target: f
 
 
 def _per_gpu_bracket(c: Configuration) -> tuple[float | None, float | None]:
-    """Per GPU: the capacity interval's lower end (a rate passed with a margin below the
-    capacity, ``interval_low_rps``; the capacity where there is none) and the lowest failing
-    rate, so "too close to call" uses the intervals that hold another seed's answer."""
-    lo, hi = c.capacity.interval_low_rps or c.capacity_rps, c.upper_rps
+    """Per GPU: the capacity interval (``interval_low_rps``, ``interval_high_rps``: rates
+    decided with a margin; the probe bracket's ends where there are none), so "too close to
+    call" uses the intervals meant to hold another seed's answer."""
+    lo, hi = c.capacity.interval_low_rps or c.capacity_rps, c.capacity.interval_high_rps or c.upper_rps
     return (lo / c.gpus if lo else None), (hi / c.gpus if hi else None)
 
 

@@ -92,9 +92,10 @@ class CellCapacity(ToJson):
     kind: str | None = field(default=None, metadata=_of_kinds("rate", "concurrency"))  # None: no measured loads
     capacity_rps: float | None = None
     upper_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
-    #: the interval [interval_low_rps, upper_rps): its lower end passed with a margin
-    #: (analysis.capacity.CapacityResult); None where no load did
+    #: the interval [interval_low_rps, interval_high_rps): its ends decided with a margin
+    #: (analysis.capacity.CapacityResult); None where no load was
     interval_low_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
+    interval_high_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
     precision: float | None = field(default=None, metadata=_of_kinds("rate"))
     achieved_precision: float | None = field(default=None, metadata=_of_kinds("rate"))
     converged: bool | None = field(default=None, metadata=_of_kinds("rate"))

@@ -77,6 +77,7 @@ def sweep(job: dict, out: Path, seed: int) -> dict[str, dict]:
         cap = next(iter(json.loads(c["capacity_json"]).values()))
         cells[c["cell_id"]] = {"capacity": cap["capacity_rps"], "upper": cap["upper_rps"], "tp": c["tp"],
                                "low": cap.get("interval_low_rps"), "dp": c["dp"],
+                               "high": cap.get("interval_high_rps"),
                                "confirmation": cap.get("confirmation")}  # fmt: skip
     return cells
 
@@ -95,6 +96,7 @@ def stored(out: Path) -> dict[str, dict]:
         cap = next(iter(json.loads(c["capacity_json"]).values()))
         cells[c["cell_id"]] = {"capacity": cap["capacity_rps"], "upper": cap["upper_rps"], "tp": c["tp"],
                                "low": confs[c["cell_id"]].capacity.interval_low_rps, "dp": c["dp"],
+                               "high": confs[c["cell_id"]].capacity.interval_high_rps,
                                "confirmation": cap.get("confirmation")}  # fmt: skip
     return cells
 
@@ -142,7 +144,7 @@ def done_when(tmp: Path) -> bool:
             ok &= good
             conf = cell["confirmation"]
             conf_txt = f"{100 * conf['attainment']:.1f}%" if conf else "-"
-            upper = f"{cell['upper']:g}" if cell["upper"] else "-"
+            upper = f"{cell.get('high') or cell['upper']:g}" if (cell.get("high") or cell["upper"]) else "-"
             low = f"{cell['low']:g}" if cell["low"] else "-"
             print(f"{name:8} {cid:9} {cap:9g} {f'[{low}, {upper})':>17} {conf_txt:>10} {100 * att:8.1f}% "
                   f"{best:8g} {cap / best:6.2f}  {'ok' if good else 'FAIL'}")  # fmt: skip
@@ -163,15 +165,17 @@ def coverage(tmp: Path, seeds: list[int]) -> None:
             for i in seeds:
                 c = per_seed[i].get(cid, {})
                 cap, low, up = c.get("capacity"), c.get("low"), c.get("upper")
-                top = up if up is not None else np.inf
-                line.append(f"{cap:g} [{low if low is not None else '-'}, {up if up is not None else 'inf'})"
+                high = c.get("high") if c.get("high") is not None else up
+                top = high if high is not None else np.inf
+                bracket_top = up if up is not None else np.inf
+                line.append(f"{cap:g} [{low if low is not None else '-'}, {high if high is not None else 'inf'})"
                             if cap is not None else "none")  # fmt: skip
                 for j in seeds:
                     if i == j or cap is None or caps[j] is None:
                         continue
                     total += 1
                     hits += (low if low is not None else cap) <= caps[j] < top
-                    bracket_hits += cap <= caps[j] < top
+                    bracket_hits += cap <= caps[j] < bracket_top
             print(f"{name} {cid}: capacity [interval) by seed: " + "; ".join(line))
         print(f"{name}: the printed interval holds another seed's capacity in {hits} of {total} pairs "
               f"({100 * hits / max(total, 1):.0f}%); the bracket [capacity, upper) in {bracket_hits} "

@@ -576,6 +576,7 @@ class _WorkloadLoads:
             "capacity_rps": result.capacity_rps,
             "upper_rps": result.upper_rps,
             "interval_low_rps": result.interval_low_rps,
+            "interval_high_rps": result.interval_high_rps,
             "precision": result.precision,
             "achieved_precision": result.achieved_precision,
             "converged": result.converged,
@@ -585,7 +586,7 @@ class _WorkloadLoads:
             "note": result.note,
         }
         echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
-             + _interval_text(result.interval_low_rps, result.upper_rps))  # fmt: skip
+             + _interval_text(result.interval_low_rps, result.interval_high_rps))  # fmt: skip
         if result.capacity_rps is not None and self.spec.slo:
             echo(f"{index} {cell_id}: {confirmation_text(confirmed, spec_level(self.spec))}")
         if result.undecided:

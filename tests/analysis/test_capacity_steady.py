@@ -84,11 +84,13 @@ def test_a_run_failing_before_it_settled_fails_the_load_a_steady_short_run_passe
     assert j.verdict == "undecided" and "not stationary" in j.reason
 
 
-def test_the_interval_starts_at_the_highest_rate_below_the_capacity_passed_with_a_margin() -> None:
+def test_the_interval_runs_between_the_rates_decided_with_a_margin_either_side_of_the_capacity() -> None:
     assert judge_load([{"requests": 4000, "met": 3980, "saturated": False}], 90.0).sure
     barely = judge_load([{"requests": 4000, "met": 3650, "saturated": False}], 90.0)
     assert barely.passed and not barely.sure  # 91.25 %: another seed might not pass it
+    assert judge_load([{"requests": 4000, "met": 3000, "saturated": False}], 90.0).sure  # 75 %: fails for anyone
     probes = [Probe(10, True, sure=True), Probe(15, True, sure=True), Probe(18, True), Probe(19, True, sure=True),
-              Probe(20, False)]  # fmt: skip
+              Probe(20, False), Probe(24, False, sure=True)]  # fmt: skip
     r = capacity_from_probes(probes, 0.1)
-    assert (r.capacity_rps, r.interval_low_rps, r.upper_rps) == (19, 15, 20)
+    assert (r.capacity_rps, r.upper_rps) == (19, 20)
+    assert (r.interval_low_rps, r.interval_high_rps) == (15, 24)  # the ends decided with a margin
