@@ -588,7 +588,7 @@ class _WorkloadLoads:
         echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
              + _interval_text(result.interval_low_rps, result.interval_high_rps))  # fmt: skip
         if result.capacity_rps is not None and self.spec.slo:
-            echo(f"{index} {cell_id}: {confirmation_text(confirmed, spec_level(self.spec))}")
+            echo(f"{index} {cell_id}: {confirmation_text(confirmed, float(self.spec.confidence))}")
         if result.undecided:
             echo(f"{index} {cell_id}: {result.note}")
         return True
@@ -806,7 +806,8 @@ def missing_loads(spec: SweepSpec, priors: dict[str, list[dict[str, Any]]]) -> l
 
 
 def _needed(reason: str) -> int:
-    """The requests a too-short run needed in all ("undecided: N more requests needed (...)")."""
+    """The N of a too-short run's reason ("undecided: N more requests needed (...)"): how many
+    more requests than it sent a run needs to be long enough (0: it did not say)."""
     import re
 
     m = re.search(r"(\d+) more requests needed", reason)
@@ -815,10 +816,6 @@ def _needed(reason: str) -> int:
 
 def fmt_load(kind: str, value: float) -> str:
     return f"{value:g} req/s" if kind == "rate" else f"concurrency {int(value)}"
-
-
-def spec_level(spec: SweepSpec) -> float:
-    return float(spec.confidence)
 
 
 def confirmation_text(c: dict[str, Any] | None, level: float) -> str:
