@@ -224,6 +224,7 @@ def pooled_loads(points: pd.DataFrame, attainment_pct: float, level: float = CON
     saturated = done["saturated"].fillna(False).to_numpy()
     reasons_all = done["saturation_reason"].tolist() if "saturation_reason" in done else None
     run_dirs = done["run_dir"].tolist()
+    roles = done["role"].tolist() if "role" in done else None
     out = []
     for pos in _group_positions(values["_base"], values["load_kind"], values["load_value"]):
         w = weights[pos]
@@ -237,6 +238,7 @@ def pooled_loads(points: pd.DataFrame, attainment_pct: float, level: float = CON
         reasons = [] if reasons_all is None else [r for r in (reasons_all[i] for i in pos) if not pd.isna(r)]
         row["saturation_reason"] = reasons[0] if reasons else None
         row["runs"] = [r for r in (run_dirs[i] for i in pos) if not pd.isna(r)]
+        row["confirmed"] = roles is not None and any(roles[i] == "confirm" for i in pos)
         records = [{k: (None if _missing(v) else v) for k, v in ((c, values[c][i]) for c in columns)} for i in pos]
         _judge(row, records, attainment_pct, level)
         out.append(row)
@@ -824,6 +826,7 @@ def _point_summary(r: pd.Series) -> LoadVerdict:
         tpot_p50_ms=_clean(_f(r.get("tpot_p50_ms"))),
         tpot_p90_ms=_clean(_f(r.get("tpot_p90_ms"))),
         e2e_p90_ms=_clean(_f(r.get("e2e_p90_ms"))),
+        confirmed=bool(r.get("confirmed") is True or r.get("confirmed") == True),  # noqa: E712 (numpy bools)
     )
 
 
@@ -923,6 +926,10 @@ def format_recommendation(rec: Recommendation) -> str:
             lines.append(f"  {'separated' if sep.separated else 'TOO CLOSE TO CALL'}: {sep.text}")
         if wr.short_of_target:
             lines.append(f"  short of {rec.target_rate:g} req/s: " + "; ".join(wr.short_of_target))
+        for c in wr.configurations:
+            why = _unconfirmed(c)
+            if why:
+                lines.append(f"  NOT CONFIRMED: {c.cell_id}: {why}")
         for items, title in (
             (wr.untrustworthy, "UNTRUSTWORTHY (the client could not measure it truthfully; it decides nothing)"),
             (wr.under_sampled, "too short or not stationary (cannot pass)"),
@@ -956,6 +963,19 @@ def _ms(v: Any, digits: int = 0) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.{digits}f} ms"
 
 
+def _unconfirmed(c: Configuration) -> str | None:
+    """Why a configuration's capacity is not confirmed: its search ran confirmation loads
+    (docs/sweeps.md, Confirmation) and none at the capacity held (None: confirmed, or no
+    confirmation was run, as in a rate list)."""
+    cap = c.capacity_rps
+    tried = [p for p in c.loads if p.confirmed and not p.baseline]
+    if cap is None or not tried or any(p.confirmed and abs(p.load_value - cap) < 1e-9 for p in tried):
+        return None
+    rates = ", ".join(f"{p.load_value:g}" for p in sorted(tried, key=lambda p: p.load_value))
+    return (f"its capacity {cap:g} req/s rests on a probe; the confirmation loads at {rates} req/s "
+            "did not hold (read it as a bound to verify, not an answer)")  # fmt: skip
+
+
 def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
     w = max([20] + [len(str(c.cell_id)) + 2 for c in cells])
     header = (f"{'cell':<{w}}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'met at cap':>15}"
@@ -985,6 +1005,8 @@ def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
         at = next((p for p in c.loads if cap is not None and p.load_kind == "rate" and not p.baseline
                    and abs(p.load_value - cap) < 1e-9 and p.attainment is not None), None)  # fmt: skip
         met = f"{100 * (at.attainment or 0.0):.1f}% of {at.requests}" if at is not None else ""
+        if at is not None and not at.confirmed and any(p.confirmed for p in c.loads):
+            met += "?"  # the search confirmed other rates, none held: this one is unconfirmed
         lines.append(f"{cid:<{w}}{c.gpus:>5}  {'complete':<9}{capt:>15}{pg:>9}  {met:>15}  {good:>12.2f}  "
                      f"{c.limiting_factor:<18}")  # fmt: skip
     return "\n".join(lines)

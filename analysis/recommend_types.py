@@ -73,11 +73,13 @@ class LoadVerdict(ToJson):
     tpot_p50_ms: float | None
     tpot_p90_ms: float | None
     e2e_p90_ms: float | None
+    #: one of its runs is a confirmation load (docs/sweeps.md, Confirmation)
+    confirmed: bool = False
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LoadVerdict:
         required = {"load": "", "load_kind": "", "load_value": math.nan, "baseline": False, "passed": False,
-                    "requests": 0, "saturated": False}  # fmt: skip
+                    "requests": 0, "saturated": False, "confirmed": False}  # fmt: skip
         return cls(**{f.name: d.get(f.name, required.get(f.name)) for f in dataclasses.fields(cls)})
 
 

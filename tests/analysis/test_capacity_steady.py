@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from bench_llm.analysis.capacity import Probe, capacity_from_probes, judge_load
@@ -94,3 +96,15 @@ def test_the_interval_runs_between_the_rates_decided_with_a_margin_either_side_o
     r = capacity_from_probes(probes, 0.1)
     assert (r.capacity_rps, r.upper_rps) == (19, 20)
     assert (r.interval_low_rps, r.interval_high_rps) == (15, 24)  # the ends decided with a margin
+
+
+def test_a_capacity_whose_confirmations_all_failed_is_printed_not_confirmed(tmp_path: Path) -> None:
+    from bench_llm.analysis.recommend import format_recommendation, recommend
+    from tests.analysis.test_recommend import _point, _sweep
+
+    pts = [_point("tp1", r, 1.0) for r in (2.0, 4.0)] + [_point("tp1", 8.0, 0.2, sat=True)]
+    pts.append({**_point("tp1", 6.0, 0.5, role="confirm"), "met": 25})  # its confirmation failed
+    pts.append({**_point("tp1", 6.0, 1.0), "run_dir": "cell=tp1/load=rate-6-r0"})
+    text = format_recommendation(recommend(_sweep(tmp_path, pts), slo={}, attainment_pct=90.0))
+    assert "NOT CONFIRMED: tp1: its capacity 4 req/s rests on a probe" in text
+    assert "% of 50?" in text  # the attainment beside it says so too
