@@ -28,14 +28,21 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from bench_llm.analysis.capacity_steady import (
+    design_effect,
+    long_enough,
+    long_lifetime_s,
+    server_series,
+    stationarity,
+)
 from bench_llm.analysis.client_health import client_health
 from bench_llm.analysis.confidence import (
     CONFIDENCE,
     Verdict,
     attainment_verdict,
     requests_to_pass,
-    under_sampled,
     wilson_interval,
+    z_value,
 )
 from bench_llm.analysis.failures import error_line, top_errors
 from bench_llm.analysis.invariants import check_records, timing_measurable
@@ -90,6 +97,9 @@ def slo_outcomes(df: pd.DataFrame, slo: SLO) -> dict[str, np.ndarray]:
 class Saturation:
     saturated: bool
     reasons: tuple[str, ...] = ()
+    #: not saturated, but what the timing tests saw cannot be judged on this run (too short,
+    #: or every SLO met): why, and what a longer run needs ("undecided: N more requests needed")
+    undecided: str | None = None
 
     def __str__(self) -> str:
         return "; ".join(self.reasons) if self.reasons else "not saturated"
@@ -147,6 +157,9 @@ class PointMetrics:
     attainment: float
     attainment_low: float
     attainment_high: float
+    #: variance inflation of the attainment from correlation over time (batch means,
+    #: analysis/capacity_steady.py): the interval and the verdict count requests / deff
+    attainment_deff: float
     goodput_rps: float
     #: per SLO bound (``ttft_ms`` …): share of judged requests missing it; columns ``miss_share_<bound>``
     miss_share: dict[str, float]
@@ -176,15 +189,24 @@ class PointMetrics:
         return row
 
 
-def point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> PointMetrics:
+def point_metrics(
+    run: Run, slo: SLO, signals: dict[str, Any] | None = None, server: pa.Table | None = None
+) -> PointMetrics:
     """The numbers a sweep keeps for one load run (``request_point_metrics``); with a job bound
     in the SLO, judged per job (``analysis.jobs.judged_by_jobs``)."""
-    point = request_point_metrics(run, slo, signals)
+    point = request_point_metrics(run, slo, signals, server)
     return judged_by_jobs(point, run.path, slo) if slo.job_limits else point
 
 
-def request_point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = None) -> PointMetrics:
+def request_point_metrics(
+    run: Run, slo: SLO, signals: dict[str, Any] | None = None, server: pa.Table | None = None
+) -> PointMetrics:
     """The numbers a sweep keeps for one load run (flat; NaN where not measurable).
+
+    ``server``: the run's ``server_metrics`` table (its waiting queue and KV-cache use feed
+    the steady-state test, analysis/capacity_steady.py). A rate load's ``under_sampled`` says
+    why it cannot stand for its rate: sent for too few long-request lifetimes, or its state
+    still grew (not stationary); its interval counts requests / ``attainment_deff``.
 
     Totals, attainment and goodput are ``analysis.totals.run_totals``'s; anomalous records
     (analysis/invariants.py) are counted and feed nothing else. ``untrustworthy`` says why
@@ -209,13 +231,28 @@ def request_point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = N
         latency.update({f"tpot_p{q}_ms": _NAN for q in (50, 90, 99)})
     attainment = (_NAN, _NAN, _NAN)
     goodput = _NAN
+    deff = _NAN
     miss_share: dict[str, float] = {}
+    life_s = long_lifetime_s(okdf["e2e_ms"].to_numpy(dtype=float))
+    met_kept = None
     if met is not None and totals.judged:
         res = slo_outcomes(kept, slo)
-        attainment = (totals.attainment, *totals.attainment_interval())
+        met_kept = res["met"]
+        deff = design_effect(intended, met_kept, life_s) if offered else 1.0
+        attainment = (totals.attainment, *wilson_interval(float(totals.met or 0) / deff, totals.judged / deff))
         goodput = totals.goodput_rps
         miss_share = {key: float(res[f"miss_{key}"].mean()) for key, _ in slo.request_limits}
     send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else _NAN
+    short = None
+    if offered:
+        short = long_enough(float(send_span), life_s, len(kept)) or stationarity(
+            intended,
+            kept["send_ns"].to_numpy(dtype=float),
+            kept["end_ns"].to_numpy(dtype=float),
+            met_kept,
+            life_s,
+            server_series(server),
+        )
     health = client_health(kept, run.monitor)
     measured_offered = _span_rate(intended)
     lag_p50 = _nanmedian(kept["schedule_lag_ms"].to_numpy(dtype=float))
@@ -244,9 +281,10 @@ def request_point_metrics(run: Run, slo: SLO, signals: dict[str, Any] | None = N
         attainment=attainment[0],
         attainment_low=attainment[1],
         attainment_high=attainment[2],
+        attainment_deff=deff,
         goodput_rps=goodput,
         miss_share=miss_share,
-        under_sampled=under_sampled(float(send_span), latency["e2e_p50_ms"]) if offered else None,
+        under_sampled=short,
         client_saturated=health.saturated,
         untrustworthy=untrustworthy(
             totals.anomalies, totals.measured, health, slo, measured_offered, lag_p50, run.meta.get("clock")
@@ -382,39 +420,43 @@ def admission_saturation(run: Run) -> Saturation:
     return Saturation(bool(reasons), tuple(reasons))
 
 
-def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None) -> Saturation:
-    """Is this open-loop run past what the engine sustains? (See the module docstring.)"""
+def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None, slo: SLO | None = None) -> Saturation:
+    """Is this open-loop run past what the engine sustains? (See the module docstring.)
+
+    The one saturation rule of a rate load. Each test judges the run against the workload's
+    own lengths: completions are compared with when each request would end, at its own
+    output length, on a server keeping up (the early requests' TTFT and TPOT). Two guards:
+    a run whose every request met every SLO of ``slo`` is never saturated, and a run too
+    short to judge (under ``LIFETIMES`` lifetimes of its long requests, E2E p90 at the
+    pace of a server keeping up, not queue-inflated) is not either;
+    for both, what the tests saw becomes ``undecided`` ("N more requests needed"), which a
+    sweep measures again, longer. Requests refused at admission and failures saturate
+    whatever the guards say."""
     df = request_metrics(measured(run.requests))
     n = len(df)
     if n == 0:
         return Saturation(False)
-    reasons: list[str] = _admission_reason(df)
+    hard: list[str] = _admission_reason(df)
     bad = (~df["ok"].to_numpy(dtype=bool)).sum()
     if bad / n > FAILED_SHARE_MAX:
-        reasons.append(f"{bad} of {n} requests failed or were still queued at the drain deadline")
+        hard.append(f"{bad} of {n} requests failed or were still queued at the drain deadline")
+    soft: list[str] = []  # what the load's timing says; subject to the guards
+    intended = df["intended_send_ns"].to_numpy(dtype=float)
+    ok = df["ok"].to_numpy(dtype=bool)
+    send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if n else float("nan")
+    # the workload's long requests at the pace of a server keeping up (not queue-inflated)
+    paced = _paced_lifetimes(df, intended, ok)
+    life_s = long_lifetime_s(1000.0 * paced[ok]) if paced is not None else math.nan
     if n >= MIN_REQUESTS_FOR_TESTS:
-        offered = _span_rate(df["intended_send_ns"].to_numpy(dtype=float))
+        offered = _span_rate(intended)
         admitted = _span_rate(df["first_token_ns"].to_numpy(dtype=float))
         if math.isfinite(offered) and math.isfinite(admitted) and admitted < ADMISSION_RATIO_MIN * offered:
-            reasons.append(f"first tokens at {admitted:.2f} req/s behind the offered {offered:.2f} req/s")
+            soft.append(f"first tokens at {admitted:.2f} req/s behind the offered {offered:.2f} req/s")
         else:
-            # completions: a server keeping up finishes the N requests about one typical
-            # latency after the last send; one falling behind takes longer
-            intended = df["intended_send_ns"].to_numpy(dtype=float)
-            ends = df["end_ns"].to_numpy(dtype=float)
-            ok = df["ok"].to_numpy(dtype=bool)
-            send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9
-            e2e = _nanmedian(df.loc[ok, "e2e_ms"].to_numpy(dtype=float)) / 1000.0 if ok.any() else float("nan")
-            if ok.any() and math.isfinite(e2e) and send_span > 0 and math.isfinite(offered):
-                window = (np.nanmax(ends[ok]) - np.nanmin(intended)) / 1e9
-                achieved = ok.sum() / window if window > 0 else float("nan")
-                expected = n / (send_span + e2e)
-                if math.isfinite(achieved) and achieved < ADMISSION_RATIO_MIN * expected:
-                    reasons.append(
-                        f"completions at {achieved:.2f} req/s behind the {expected:.2f} req/s a server keeping up "
-                        f"with {offered:.2f} req/s would reach"
-                    )
-        order = np.argsort(df["intended_send_ns"].to_numpy(dtype=float), kind="stable")
+            behind = _completions_behind(df, intended, ok, offered, paced)
+            if behind:
+                soft.append(behind)
+        order = np.argsort(intended, kind="stable")
         lag = df["ttft_from_intended_ms"].to_numpy(dtype=float)[order]
         third = n // 3
         early, late = _nanmedian(lag[:third]), _nanmedian(lag[-third:])
@@ -424,11 +466,55 @@ def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None) -> Sat
             and late > QUEUE_GROWTH_RATIO * early
             and late - early > QUEUE_GROWTH_MIN_MS
         ):
-            reasons.append(f"queueing grew: median TTFT {early:,.0f} ms early in the run, {late:,.0f} ms late")
+            soft.append(f"queueing grew: median TTFT {early:,.0f} ms early in the run, {late:,.0f} ms late")
     growth = (signals or {}).get("waiting_growth")
     if growth is not None and math.isfinite(growth) and growth >= 4:
-        reasons.append(f"server waiting queue grew by {growth:.0f} requests over the run")
-    return Saturation(bool(reasons), tuple(reasons))
+        soft.append(f"server waiting queue grew by {growth:.0f} requests over the run")
+    if hard or not soft:
+        return Saturation(bool(hard), tuple(hard + soft))
+    all_met = bool(slo) and bool(slo_outcomes(df, slo)["met"].all()) if slo is not None else False
+    short = long_enough(float(send_span), life_s, n)
+    if all_met or short:
+        why = short or "undecided: every request met every SLO"
+        return Saturation(False, (), f"{why}; " + "; ".join(soft))
+    return Saturation(True, tuple(soft))
+
+
+def _paced_lifetimes(df: pd.DataFrame, intended: np.ndarray, ok: np.ndarray) -> np.ndarray | None:
+    """Each request's lifetime in seconds on a server keeping up: the early requests' pace
+    (median TTFT, and median TPOT per output token after the first; the first third by
+    intended send, before any queue) at its own output length. None: no pace measured."""
+    if not ok.any():
+        return None
+    early = intended <= np.nanpercentile(intended, 100.0 / 3.0)
+    ttft = _nanmedian(df.loc[early & ok, "ttft_ms"].to_numpy(dtype=float)) / 1000.0
+    tpot = _nanmedian(df.loc[early & ok, "tpot_ms"].to_numpy(dtype=float)) / 1000.0
+    if not math.isfinite(ttft):
+        return None
+    tokens = np.nan_to_num(df["output_tokens"].to_numpy(dtype=float))
+    return ttft + np.maximum(tokens - 1.0, 0.0) * (tpot if math.isfinite(tpot) else 0.0)
+
+
+def _completions_behind(
+    df: pd.DataFrame, intended: np.ndarray, ok: np.ndarray, offered: float, paced: np.ndarray | None
+) -> str | None:
+    """Completions behind a server keeping up: the successful requests finish at
+    ``achieved`` req/s, where each ending at its intended send plus its ``paced`` lifetime
+    (``_paced_lifetimes``) would give ``expected``."""
+    if paced is None or not ok.any() or not math.isfinite(offered):
+        return None
+    t0 = np.nanmin(intended)
+    expected_window = (np.nanmax(intended[ok] + 1e9 * paced[ok]) - t0) / 1e9
+    window = (np.nanmax(df["end_ns"].to_numpy(dtype=float)[ok]) - t0) / 1e9
+    if not (window > 0 and expected_window > 0):
+        return None
+    achieved, expected = ok.sum() / window, ok.sum() / expected_window
+    if achieved < ADMISSION_RATIO_MIN * expected:
+        return (
+            f"completions at {achieved:.2f} req/s behind the {expected:.2f} req/s a server keeping up "
+            f"with {offered:.2f} req/s would reach at these output lengths"
+        )
+    return None
 
 
 def closed_loop_plateau(prev_throughput: float, prev_conc: int, throughput: float, conc: int) -> Saturation:
@@ -597,6 +683,10 @@ class Probe:
     saturated: bool = False
     undecided: bool = False
     reason: str = ""
+    #: decided with a margin: another run of it (another seed) would reach the same verdict
+    #: with about 99 % probability (``LoadJudgement.sure``); such a pass below the capacity is
+    #: the lower end of the capacity's interval, such a failure above it the upper end
+    sure: bool = False
 
 
 @dataclass(frozen=True)
@@ -619,6 +709,13 @@ class CapacityResult:
     note: str = ""
     undecided: tuple[float, ...] = ()
     level: float = CONFIDENCE
+    #: the interval [interval_low_rps, interval_high_rps), meant to hold another seed's
+    #: capacity (docs/sweeps.md: its measured coverage): the highest rate below the capacity
+    #: that passed with a margin (``Probe.sure``; None: none did), and the lowest that failed
+    #: with one (None: none did; the interval then ends at ``upper_rps``). Another seed's
+    #: search stops anywhere in its own bracket, and the capacity is a rate that just passed
+    interval_low_rps: float | None = None
+    interval_high_rps: float | None = None
 
     @property
     def achieved_precision(self) -> float | None:
@@ -702,7 +799,13 @@ def capacity_from_probes(
         notes.append(f"undecided at {p.rate:g} req/s: {p.reason or 'its sample cannot decide'}")
     if non_monotone:
         notes.append("a higher rate passed after a lower one did not (noise); the lower bracket is kept")
-    return CapacityResult(lower, upper, precision, converged, tuple(probes), "; ".join(notes), undecided)
+    sure = [p.rate for p in probes if p.sure and p.passed and lower is not None and p.rate < lower - 1e-9]
+    sure_fail = [p.rate for p in probes if p.sure and not p.passed and not p.undecided]
+    return CapacityResult(
+        lower, upper, precision, converged, tuple(probes), "; ".join(notes), undecided,
+        interval_low_rps=max(sure) if sure else None,
+        interval_high_rps=min(sure_fail) if sure_fail else upper,
+    )  # fmt: skip
 
 
 def _round_rate(r: float) -> float:
@@ -731,6 +834,10 @@ class LoadJudgement:
     reason: str = ""  # why it failed or is undecided
     untrustworthy: str | None = None  # every run of it was; why
     under_sampled: str | None = None
+    #: decided with a margin: its interval at ``sure_level(level)`` (the verdict's z plus a
+    #: one-sided 99 % z: 4.3 at 95 %) lies wholly on the verdict's side of the target (or it
+    #: saturated), so another run of it, with another seed, would most likely decide the same
+    sure: bool = False
 
     @property
     def passed(self) -> bool:
@@ -756,28 +863,114 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
     if not trusted:
         why = next((str(r["untrustworthy"]) for r in runs if r.get("untrustworthy")), "no run")
         return LoadJudgement("undecided", 0, 0, math.nan, math.nan, math.nan, False, f"untrustworthy: {why}", why)
-    met = sum(_met(r) for r in trusted)
-    judged = sum(_judged(r) for r in trusted)
-    att = met / judged if judged else math.nan
-    lo, hi = wilson_interval(met, judged, level)
     sat = any(bool(r.get("saturated")) for r in trusted)
-    under = None if any(not r.get("under_sampled") for r in trusted) else str(trusted[0]["under_sampled"])
-    common = dict(met=met, judged=judged, attainment=att, low=lo, high=hi, saturated=sat, under_sampled=under)
+    # runs long and steady enough to stand for the rate decide it alone once there are any
+    # (a short or still-growing run's attainment is flattered by its ramp-up); else all do
+    steady = [r for r in trusted if not r.get("under_sampled")]
+    unsteady = [r for r in trusted if r.get("under_sampled")]
+    if steady and unsteady and _size(unsteady) > _size(steady):
+        steady = []  # the longest run, the best evidence, did not settle: nor did the load
+    under = None if steady else str(max(unsteady, key=lambda r: int(r.get("requests") or 0))["under_sampled"])
+    p = _Pool.of(steady or trusted, target, level)
+    unsettled = ""
+    if steady and len(steady) < len(trusted) and p.verdict != "fail":
+        # a run that had not settled only flatters (its state still grew): one failing decides
+        u = _Pool.of([r for r in trusted if r.get("under_sampled")], target, level)
+        if u.verdict == "fail":
+            p, unsettled = u, " (runs that had not settled yet)"
+    lo, hi = p.interval
+    common = dict(met=p.met, judged=p.judged, attainment=p.attainment, low=lo, high=hi, saturated=sat,
+                  under_sampled=under)  # fmt: skip
     if sat:
         reasons = [str(r["saturation_reason"]) for r in trusted if r.get("saturation_reason")]
-        return LoadJudgement("fail", reason="saturated: " + (reasons[0] if reasons else "yes"), **common)  # type: ignore[arg-type]
-    verdict = attainment_verdict(met, judged, target, level)
-    interval = f"{100 * att:.1f}% of {judged} met, {100 * level:g}% interval {100 * lo:.1f}-{100 * hi:.1f}%"
-    if verdict == "fail":
-        return LoadJudgement("fail", reason=f"{interval}, below {attainment_pct:g}%", **common)  # type: ignore[arg-type]
-    if verdict == "pass" and under is None:
-        return LoadJudgement("pass", **common)  # type: ignore[arg-type]
-    if verdict == "pass":
+        return LoadJudgement("fail", reason="saturated: " + (reasons[0] if reasons else "yes"), sure=True, **common)  # type: ignore[arg-type]
+    corr = f" (correlation counts them as {p.eff_n:.0f})" if p.eff_n < 0.99 * p.judged else ""
+    interval = (f"{100 * p.attainment:.1f}% of {p.judged} met{corr}{unsettled}, "
+                f"{100 * level:g}% interval {100 * lo:.1f}-{100 * hi:.1f}%")  # fmt: skip
+    if p.verdict == "fail":
+        sure = p.eff_n > 0 and wilson_interval(p.eff_met, p.eff_n, sure_level(level))[1] < target - 1e-12
+        return LoadJudgement("fail", reason=f"{interval}, below {attainment_pct:g}%", sure=sure, **common)  # type: ignore[arg-type]
+    if p.verdict == "pass" and under is None:
+        sure = target < 1.0 and p.eff_n > 0 and wilson_interval(p.eff_met, p.eff_n, sure_level(level))[0] >= target - 1e-12
+        return LoadJudgement("pass", sure=sure, **common)  # type: ignore[arg-type]
+    if p.verdict == "pass":
         return LoadJudgement("undecided", reason=f"under-sampled: {under}", **common)  # type: ignore[arg-type]
     need = requests_to_pass(target, level)
     unit = "jobs" if any(_judged(r) != int(r.get("requests") or 0) for r in trusted) else "requests"
-    small = f"; fewer than the {need} {unit} a pass needs at all" if judged < need else ""
+    small = f"; fewer than the {need} {unit} a pass needs at all" if p.judged < need else ""
     return LoadJudgement("undecided", reason=f"{interval} straddles {attainment_pct:g}%{small}", **common)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """Runs of one load pooled: met / judged, and the effective counts of the interval
+    (requests correlated in time count as fewer independent ones: judged / deff, deff the
+    request-weighted mean of the runs' own ``attainment_deff``; a run where every request
+    met or missed has none to give)."""
+
+    met: int
+    judged: int
+    eff_met: float
+    eff_n: float
+    verdict: Verdict
+    interval: tuple[float, float]
+
+    @property
+    def attainment(self) -> float:
+        return self.met / self.judged if self.judged else math.nan
+
+    @classmethod
+    def of(cls, runs: Sequence[Mapping[str, Any]], target: float, level: float) -> _Pool:
+        met = sum(_met(r) for r in runs)
+        judged = sum(_judged(r) for r in runs)
+        known = [(_judged(r), _deff(r)) for r in runs if 0 < _met(r) < _judged(r)]
+        weight = sum(n for n, _ in known)
+        deff = sum(n * d for n, d in known) / weight if weight else 1.0
+        eff_n = judged / deff
+        eff_met = met / judged * eff_n if judged else 0.0
+        interval = wilson_interval(eff_met, eff_n, level) if eff_n > 0 else (math.nan, math.nan)
+        return cls(met, judged, eff_met, eff_n, _verdict(met, judged, eff_met, eff_n, target, level), interval)
+
+
+def _size(runs: Sequence[Mapping[str, Any]]) -> int:
+    """The most requests of one run among ``runs``."""
+    return max(int(r.get("requests") or 0) for r in runs)
+
+
+def sure_level(level: float) -> float:
+    """The two-sided level whose z is ``level``'s plus a one-sided 99 % z (2.326): a load
+    passing at it would pass another run at ``level`` with about 99 % probability (chosen by
+    measured coverage across seeds, docs/sweeps.md; 95 % gave a narrower, less true interval)."""
+    if level <= 0:
+        return 0.0
+    from statistics import NormalDist
+
+    z = z_value(level) + NormalDist().inv_cdf(0.99)
+    return 2.0 * NormalDist().cdf(z) - 1.0
+
+
+def _deff(row: Mapping[str, Any]) -> float:
+    """A run's design effect (``attainment_deff``; 1 where absent: points of older sweeps)."""
+    v = row.get("attainment_deff")
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 1.0
+    return f if math.isfinite(f) and f >= 1.0 else 1.0
+
+
+def _verdict(met: int, judged: int, eff_met: float, eff_n: float, target: float, level: float) -> Verdict:
+    """``attainment_verdict`` on the effective counts (a 100 % target: every request met)."""
+    if target >= 1.0 or eff_n >= judged - 1e-9:
+        return attainment_verdict(met, judged, target, level)
+    lo, hi = wilson_interval(eff_met, eff_n, level)
+    if not math.isfinite(lo):
+        return "undecided"
+    if lo >= target - 1e-12:
+        return "pass"
+    if hi < target - 1e-12:
+        return "fail"
+    return "undecided"
 
 
 def _judged(row: Mapping[str, Any]) -> int:

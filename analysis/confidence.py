@@ -28,8 +28,9 @@ def z_value(level: float = CONFIDENCE) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2) if level > 0 else 0.0
 
 
-def wilson_interval(successes: int, trials: int, level: float = CONFIDENCE) -> tuple[float, float]:
-    """The Wilson score interval of ``successes / trials``; (nan, nan) without trials."""
+def wilson_interval(successes: float, trials: float, level: float = CONFIDENCE) -> tuple[float, float]:
+    """The Wilson score interval of ``successes / trials``; (nan, nan) without trials. The
+    counts may be effective ones (requests / design effect, analysis/capacity_steady.py)."""
     if trials <= 0:
         return float("nan"), float("nan")
     if not 0 <= successes <= trials:
@@ -66,24 +67,6 @@ def requests_to_pass(target: float, level: float = CONFIDENCE) -> int:
         return 1
     z2 = z_value(level) ** 2
     return max(1, math.ceil(target * z2 / (1 - target) - 1e-9))
-
-
-#: A load must send for at least this many request lifetimes (median E2E at that load) to
-#: reach the steady state its rate implies; a shorter window cannot show it passes.
-MIN_LIFETIMES = 4.0
-
-
-def under_sampled(send_span_s: float, e2e_p50_ms: float) -> str | None:
-    """Why a load's sending span is too short to stand for its rate, or None."""
-    if not (math.isfinite(send_span_s) and math.isfinite(e2e_p50_ms)) or e2e_p50_ms <= 0:
-        return None
-    life_s = e2e_p50_ms / 1000.0
-    if send_span_s < MIN_LIFETIMES * life_s:
-        return (
-            f"sent for {send_span_s:.2g} s, under {MIN_LIFETIMES:g} request lifetimes "
-            f"(E2E p50 {life_s:.2g} s): never reached a steady state"
-        )
-    return None
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,11 @@ def _interval(cfg: Configuration | None, pick: Pick) -> tuple[tuple[float | None
         return (None, None), "no capacity under the SLOs"
     if hi is None:
         return (lo / gpus, None), "lower bound: no tested load failed"
+    low = _num(cfg.capacity.interval_low_rps) if cfg is not None else None
+    high = _num(cfg.capacity.interval_high_rps) if cfg is not None else None
+    if low is not None and low < lo:  # (docs/sweeps.md, Confidence: its measured coverage)
+        high = high if high is not None else hi
+        return (low / gpus, high / gpus), "interval: loads decided with a margin either side"
     return (lo / gpus, hi / gpus), "bracket: highest passing to lowest failing load tried"
 
 

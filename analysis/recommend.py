@@ -210,11 +210,12 @@ def rescore_point(sweep: Path, rec: dict[str, Any], slo: SLO) -> dict[str, Any]:
     rd = rec.get("run_dir")
     if rec.get("status") in ("complete", "interrupted") and isinstance(rd, str) and (Path(sweep) / rd).exists():
         run = load_run(Path(sweep) / rd)
-        m = point_metrics(run, slo, server_signals(read_server_metrics(Path(sweep) / rd)))
+        server = read_server_metrics(Path(sweep) / rd)
+        m = point_metrics(run, slo, server_signals(server), server)
         for k in list(rec):
             if k.startswith("miss_share_"):
                 rec.pop(k)
-        rescored = ("attainment", "attainment_low", "attainment_high", "met", "goodput_rps")
+        rescored = ("attainment", "attainment_low", "attainment_high", "attainment_deff", "met", "goodput_rps")
         rec.update({k: v for k, v in m.as_row().items() if k in rescored or k.startswith("miss_share_")})
     return rec
 
@@ -288,6 +289,7 @@ def pooled_loads(points: pd.DataFrame, attainment_pct: float, level: float = CON
     saturated = done["saturated"].fillna(False).to_numpy()
     reasons_all = done["saturation_reason"].tolist() if "saturation_reason" in done else None
     run_dirs = done["run_dir"].tolist()
+    roles = done["role"].tolist() if "role" in done else None
     out = []
     for pos in _group_positions(values["_base"], values["load_kind"], values["load_value"]):
         w = weights[pos]
@@ -301,6 +303,7 @@ def pooled_loads(points: pd.DataFrame, attainment_pct: float, level: float = CON
         reasons = [] if reasons_all is None else [r for r in (reasons_all[i] for i in pos) if not pd.isna(r)]
         row["saturation_reason"] = reasons[0] if reasons else None
         row["runs"] = [r for r in (run_dirs[i] for i in pos) if not pd.isna(r)]
+        row["confirmed"] = roles is not None and any(roles[i] == "confirm" for i in pos)
         records = [{k: (None if _missing(v) else v) for k, v in ((c, values[c][i]) for c in columns)} for i in pos]
         _judge(row, records, attainment_pct, level)
         out.append(row)
@@ -325,7 +328,7 @@ def _judge(row: dict[str, Any], records: list[dict[str, Any]], attainment_pct: f
     runs, one dict each (missing values as None)."""
     if all(r.get("attainment") is None for r in records):  # no SLO: saturation alone
         row.update(passed=not row["saturated"], verdict="pass" if not row["saturated"] else "fail", verdict_reason=None)
-        row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan)
+        row.update(untrustworthy=None, under_sampled=None, attainment_low=math.nan, attainment_high=math.nan, sure=False)
         return
     j = judge_load(records, attainment_pct, level)
     row.update(
@@ -337,6 +340,7 @@ def _judge(row: dict[str, Any], records: list[dict[str, Any]], attainment_pct: f
         under_sampled=j.under_sampled,
         attainment_low=j.low,
         attainment_high=j.high,
+        sure=j.sure,
     )
     if j.judged:
         row["attainment"], row["requests"] = j.attainment, j.judged
@@ -367,6 +371,8 @@ def cell_capacity(
             kind="rate",
             capacity_rps=res.capacity_rps,
             upper_rps=res.upper_rps,
+            interval_low_rps=res.interval_low_rps,
+            interval_high_rps=res.interval_high_rps,
             precision=precision,
             achieved_precision=res.achieved_precision,
             converged=res.converged if precision else res.upper_rps is not None,
@@ -392,7 +398,7 @@ def rate_probes(pooled: pd.DataFrame) -> list[Probe]:
     return [
         Probe(
             float(r["load_value"]), bool(r["passed"]), _f(r.get("attainment")), bool(r["saturated"]),
-            r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""),
+            r.get("verdict") == "undecided", str(r.get("verdict_reason") or ""), isinstance(r.get("sure"), (bool, np.bool_)) and bool(r.get("sure")),
         )
         for _, r in rates.iterrows()
     ]  # fmt: skip
@@ -629,7 +635,9 @@ def _recommend_workload(
     configs = _tried_levers(_swept_causes(configs))
     lists = (
         [f"{c.cell_id} at {p.load}: {p.untrustworthy}" for c in configs for p in c.loads if p.untrustworthy],
-        [f"{c.cell_id} at {p.load}: {p.under_sampled}" for c in configs for p in c.loads if p.under_sampled],
+        # (a load that failed anyway needs no longer run: only those it kept from passing)
+        [f"{c.cell_id} at {p.load}: {p.under_sampled}" for c in configs for p in c.loads
+         if p.under_sampled and p.verdict != "fail"],  # fmt: skip
         [
             f"{c.cell_id} at {p.load}: {p.verdict_reason}"
             for c in configs
@@ -738,7 +746,7 @@ def _axes(configs: list[Configuration], rec: Pick) -> int:
 
 def _separation(configs: list[Configuration], rec: Pick) -> Separation | None:
     """Is the recommended configuration's capacity per GPU separated from the runner-up's?
-    (analysis.confidence.separation on the brackets: lower = highest pass, upper = lowest fail.)"""
+    (analysis.confidence.separation on the intervals: lower = passed with a margin, upper = lowest fail.)"""
     pick = next(c for c in configs if c.cell_id == rec.cell_id)
     others = [c for c in configs if c.cell_id != pick.cell_id and c.capacity_rps]
     if not others:
@@ -787,7 +795,10 @@ def _target_separation(configs: list[Configuration], rec: Pick | None, target: f
 
 
 def _per_gpu_bracket(c: Configuration) -> tuple[float | None, float | None]:
-    lo, hi = c.capacity_rps, c.upper_rps
+    """Per GPU: the capacity interval (``interval_low_rps``, ``interval_high_rps``: rates
+    decided with a margin; the probe bracket's ends where there are none), so "too close to
+    call" uses the intervals meant to hold another seed's answer."""
+    lo, hi = c.capacity.interval_low_rps or c.capacity_rps, c.capacity.interval_high_rps or c.upper_rps
     return (lo / c.gpus if lo else None), (hi / c.gpus if hi else None)
 
 
@@ -884,6 +895,7 @@ def _point_summary(r: pd.Series) -> LoadVerdict:
         tpot_p50_ms=_clean(_f(r.get("tpot_p50_ms"))),
         tpot_p90_ms=_clean(_f(r.get("tpot_p90_ms"))),
         e2e_p90_ms=_clean(_f(r.get("e2e_p90_ms"))),
+        confirmed=bool(r.get("confirmed") is True or r.get("confirmed") == True),  # noqa: E712 (numpy bools)
     )
 
 
@@ -1131,9 +1143,13 @@ def format_recommendation(rec: Recommendation) -> str:
             lines.append(f"  {'separated' if sep.separated else 'TOO CLOSE TO CALL'}: {sep.text}")
         if wr.short_of_target:
             lines.append(f"  short of {rec.target_rate:g} req/s: " + "; ".join(wr.short_of_target))
+        for c in wr.configurations:
+            why = _unconfirmed(c)
+            if why:
+                lines.append(f"  NOT CONFIRMED: {c.cell_id}: {why}")
         for items, title in (
             (wr.untrustworthy, "UNTRUSTWORTHY (the client could not measure it truthfully; it decides nothing)"),
-            (wr.under_sampled, "under-sampled (cannot pass)"),
+            (wr.under_sampled, "too short or not stationary (cannot pass)"),
             (wr.undecided, "undecided (the sample cannot decide)"),
             (wr.unknown, "unknown"),
         ):
@@ -1167,9 +1183,23 @@ def _ms(v: Any, digits: int = 0) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.{digits}f} ms"
 
 
+def _unconfirmed(c: Configuration) -> str | None:
+    """Why a configuration's capacity is not confirmed: its search ran confirmation loads
+    (docs/sweeps.md, Confirmation) and none at the capacity held (None: confirmed, or no
+    confirmation was run, as in a rate list)."""
+    cap = c.capacity_rps
+    tried = [p for p in c.loads if p.confirmed and not p.baseline]
+    if cap is None or not tried or any(p.confirmed and abs(p.load_value - cap) < 1e-9 for p in tried):
+        return None
+    rates = ", ".join(f"{p.load_value:g}" for p in sorted(tried, key=lambda p: p.load_value))
+    return (f"its capacity {cap:g} req/s rests on a probe; the confirmation loads at {rates} req/s "
+            "did not hold (read it as a bound to verify, not an answer)")  # fmt: skip
+
+
 def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
     w = max([20] + [len(str(c.cell_id)) + 2 for c in cells])
-    header = f"{'cell':<{w}}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'max goodput':>12}  {'limited by':<18}"
+    header = (f"{'cell':<{w}}{'GPUs':>5}  {'status':<9}{'capacity req/s':>15}{'per GPU':>9}  {'met at cap':>15}"
+              f"  {'max goodput':>12}  {'limited by':<18}")  # fmt: skip
     lines = [header, "-" * len(header)]
     by_id = {c.cell_id: c for c in configs}
     for cell in cells:
@@ -1178,7 +1208,7 @@ def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
         if c is None:
             reason = cell.reason.splitlines()[0] if cell.reason else ""
             reason = reason if len(reason) <= 100 else reason[:97] + "..."
-            lines.append(f"{cid:<{w}}{cell.gpus or 0:>5}  {cell.status:<9}{'':>15}{'':>9}  {'':>12}  {reason}")
+            lines.append(f"{cid:<{w}}{cell.gpus or 0:>5}  {cell.status:<9}{'':>15}{'':>9}  {'':>15}  {'':>12}  {reason}")
             continue
         cap = c.capacity_rps
         if cap is not None:
@@ -1191,5 +1221,12 @@ def _table(configs: list[Configuration], cells: list[CellStatus]) -> str:
         else:
             capt, pg = "none", ""
         good = max((p.goodput_rps or 0.0 for p in c.loads if not p.baseline), default=0.0)
-        lines.append(f"{cid:<{w}}{c.gpus:>5}  {'complete':<9}{capt:>15}{pg:>9}  {good:>12.2f}  {c.limiting_factor:<18}")
+        # the attainment beside the capacity: its load pooled (probe and confirmation runs)
+        at = next((p for p in c.loads if cap is not None and p.load_kind == "rate" and not p.baseline
+                   and abs(p.load_value - cap) < 1e-9 and p.attainment is not None), None)  # fmt: skip
+        met = f"{100 * (at.attainment or 0.0):.1f}% of {at.requests}" if at is not None else ""
+        if at is not None and not at.confirmed and any(p.confirmed for p in c.loads):
+            met += "?"  # the search confirmed other rates, none held: this one is unconfirmed
+        lines.append(f"{cid:<{w}}{c.gpus:>5}  {'complete':<9}{capt:>15}{pg:>9}  {met:>15}  {good:>12.2f}  "
+                     f"{c.limiting_factor:<18}")  # fmt: skip
     return "\n".join(lines)

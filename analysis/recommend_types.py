@@ -73,11 +73,13 @@ class LoadVerdict(ToJson):
     tpot_p50_ms: float | None
     tpot_p90_ms: float | None
     e2e_p90_ms: float | None
+    #: one of its runs is a confirmation load (docs/sweeps.md, Confirmation)
+    confirmed: bool = False
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LoadVerdict:
         required = {"load": "", "load_kind": "", "load_value": math.nan, "baseline": False, "passed": False,
-                    "requests": 0, "saturated": False}  # fmt: skip
+                    "requests": 0, "saturated": False, "confirmed": False}  # fmt: skip
         return cls(**{f.name: d.get(f.name, required.get(f.name)) for f in dataclasses.fields(cls)})
 
 
@@ -92,6 +94,10 @@ class CellCapacity(ToJson):
     kind: str | None = field(default=None, metadata=_of_kinds("rate", "concurrency"))  # None: no measured loads
     capacity_rps: float | None = None
     upper_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
+    #: the interval [interval_low_rps, interval_high_rps): its ends decided with a margin
+    #: (analysis.capacity.CapacityResult); None where no load was
+    interval_low_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
+    interval_high_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
     precision: float | None = field(default=None, metadata=_of_kinds("rate"))
     achieved_precision: float | None = field(default=None, metadata=_of_kinds("rate"))
     converged: bool | None = field(default=None, metadata=_of_kinds("rate"))

@@ -38,6 +38,10 @@ class ExitCode(enum.IntEnum):
     #: measure truthfully (client saturated, anomalous records); the output is printed in full
     #: and marked UNTRUSTWORTHY (docs/sweeps.md, Confidence).
     UNTRUSTWORTHY = 5
+    #: ``bench sweep`` / ``bench recommend``: a configuration failed (its engine did not start
+    #: or died, or (nearly) every request to it failed: ``status = failed`` in cells.parquet,
+    #: its top errors in ``reason``); the rest of the sweep is printed and judged as usual.
+    CELL_FAILED = 6
     #: Interrupted (Ctrl-C, SIGTERM, or a run's folder could not be written: a full disk);
     #: what was measured is on disk.
     INTERRUPTED = 130

@@ -56,6 +56,9 @@ def sweep_outcome(sweep: Path, rec: Recommendation) -> Outcome | None:
         return Outcome(ExitCode.NO_DATA, f"error: {ok} of {counted} requests of the sweep succeeded: nothing to judge")
     if rec.untrustworthy:
         return Outcome(ExitCode.UNTRUSTWORTHY, f"UNTRUSTWORTHY: {len(rec.untrustworthy)} load(s) could not be measured truthfully")
+    failed = _failed_cells(sweep)
+    if failed:
+        return Outcome(ExitCode.CELL_FAILED, "FAILED: " + "; ".join(failed))
     if rec.slo and not _recommended(rec):
         unmet = [f"workload {w}: {wr.message}" for w, wr in rec.workloads.items() if wr.recommendation is None]
         why = "; ".join(unmet) if len(rec.workloads) > 1 else rec.message
@@ -68,3 +71,15 @@ def _recommended(rec: Recommendation) -> bool:
     if not rec.workloads:
         return rec.recommendation is not None
     return all(w.recommendation is not None for w in rec.workloads.values())
+
+
+def _failed_cells(sweep: Path) -> list[str]:
+    """``cell: reason`` of each failed cell of the sweep (cells.parquet)."""
+    from bench_llm.analysis.recommend import read_cells
+
+    try:
+        cells = read_cells(sweep)
+    except Exception:  # no cell table: nothing to say here
+        return []
+    rows = cells.to_dict("records") if hasattr(cells, "to_dict") else list(cells)
+    return [f"{r['cell_id']}: {r.get('reason') or 'failed'}" for r in rows if r.get("status") == "failed"]

@@ -26,9 +26,11 @@ from bench_llm.analysis.capacity import (
     closed_loop_plateau,
     judge_load,
 )
+from bench_llm.analysis.capacity_steady import LIFETIMES
 from bench_llm.analysis.invariants import ONE_READ_SHARE_MAX
 from bench_llm.analysis.recommend import diagnose_cell, load_points, pooled_loads, rate_probes
 from bench_llm.analysis.slo import SLO
+from bench_llm.bench.errors import too_few_succeeded
 from bench_llm.bench.sweep import store
 from bench_llm.bench.sweep.engines import (
     CellEngine,
@@ -56,6 +58,8 @@ BASELINE_REQUESTS = 6
 WINDOW_E2E_MULTIPLE = 8.0
 #: Most extra runs of one load beyond its repeats (a re-measurement, then doubling sizes).
 MAX_REMEASURES = 3
+#: Most confirmation loads per capacity search: each failed one moves the search below it.
+MAX_CONFIRMATIONS = 3
 
 
 class SweepInterrupted(Exception):
@@ -78,6 +82,23 @@ class CellOutcome:
     #: what limits a complete cell, from its points (``limiting_factor``); computed where the
     #: cell ran, so the sweep's own process reads no Parquet while cells run (bench/sweep/parallel.py)
     limiting_factor: str | None = None
+
+
+def failed_deployment(points: list[dict[str, Any]]) -> str | None:
+    """Why a cell whose loads (nearly) all failed is a failed deployment, its most frequent
+    errors first (None: enough of its requests succeeded, ``bench.errors.too_few_succeeded``)."""
+    done = [p for p in points if p.get("status") in ("complete", "interrupted")]
+    ok = sum(int(p.get("ok") or 0) for p in done)
+    counted = sum(int(p.get("requests") or 0) - int(p.get("cancelled") or 0) for p in done)
+    if not done or not too_few_succeeded(ok, counted):
+        return None
+    errors: dict[str, int] = {}
+    for p in done:
+        if p.get("top_error"):
+            errors[str(p["top_error"])] = errors.get(str(p["top_error"]), 0) + int(p.get("failed") or 0)
+    top = sorted(errors, key=lambda e: -errors[e])[:3]
+    head = f"requests failed: {' | '.join(top)}; " if top else "requests failed; "
+    return head + f"{counted - ok} of {counted} requests of its loads failed (read the engine log)"
 
 
 def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> dict[str, Any]:
@@ -166,6 +187,12 @@ class CellRunner:
     def run(self, cfg: ParallelConfig, cell_id: str, index: str, prior: list[dict[str, Any]] | None = None) -> CellOutcome:
         """Measure the cell (``measure_cell``); a complete cell with what limits it."""
         out = self.measure_cell(cfg, cell_id, index, prior)
+        if out.status == "complete":
+            failed = failed_deployment(out.points)
+            if failed is not None:  # (nearly) every request failed: no configuration was measured
+                out.status, out.reason = "failed", failed
+                self.echo(f"{index} {cell_id}: FAILED: {failed}")
+                return out
         if out.status == "complete" and self.spec.slo:
             out.limiting_factor = limiting_factor(self.sweep_dir, self.spec, cell_id)
         return out
@@ -250,7 +277,7 @@ class CellRunner:
         if row.get("untrustworthy"):
             line += f"  UNTRUSTWORTHY: {row['untrustworthy']}"
         if row.get("under_sampled"):
-            line += f"  UNDER-SAMPLED: {row['under_sampled']}"
+            line += f"  {_shout(str(row['under_sampled']))}"
         if row.get("one_read_share", 0.0) > ONE_READ_SHARE_MAX:
             line += f"  TPOT not measurable: {100 * row['one_read_share']:.0f}% of responses in one read"
         if row.get("prompt_approximate"):
@@ -416,12 +443,16 @@ class _WorkloadLoads:
                     row["saturation_reason"] = "; ".join(filter(None, (row["saturation_reason"], str(plateau))))
         return row
 
-    def measure_pooled(self, kind: str, value: float, role: str, requests: int | None = None) -> LoadJudgement | None:
+    def measure_pooled(
+        self, kind: str, value: float, role: str, requests: int | None = None, prior: list[dict[str, Any]] | None = None
+    ) -> LoadJudgement | None:
         """Measure one load (its repeats), then more until its sample decides it: a load
         the client could not measure truthfully once more, an undecided one with twice
-        the requests per run, up to ``loads.max_requests`` in all (docs/sweeps.md)."""
+        the requests per run, up to ``loads.max_requests`` in all, one too short or not
+        stationary in a longer run of its own, up to ``loads.max_requests`` (docs/sweeps.md).
+        ``prior``: runs of this load measured before (a confirmation: one more run, pooled)."""
         spec, loads, echo = self.spec, self.spec.loads, self.runner.echo
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, Any]] = list(prior or ())
 
         def one(n: int | None, workers: int | None = None) -> bool:
             res = self.measure(Load(kind, value, self.w, len(rows), role, n, seq=self.seq), workers)
@@ -431,7 +462,7 @@ class _WorkloadLoads:
             rows.append(res[0])
             return True
 
-        for _ in range(spec.repeats if role != "baseline" else 1):
+        for _ in range(spec.repeats if role not in ("baseline", "confirm") else 1):
             if not one(requests):
                 return None
         judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
@@ -447,8 +478,13 @@ class _WorkloadLoads:
                 workers = min(64, 2 * spec.workers) if "client saturated" in judgement.untrustworthy else None
                 more = f" with {workers} client processes" if workers else ""
                 echo(f"{self.index} {self.cell_id}: {fmt_load(kind, value)}: measuring again{more}: {judgement.reason}")
-            elif judgement.needs_more and len(rows) - spec.repeats < MAX_REMEASURES:
-                n = min(2 * last, loads.max_requests - sum(int(r["requests"]) for r in rows))
+            elif judgement.needs_more and len(rows) - spec.repeats - len(prior or ()) < MAX_REMEASURES:
+                if judgement.under_sampled:  # a longer run, judged alone (judge_load): up to max_requests
+                    n = min(max(2 * last, last + _needed(judgement.under_sampled)), loads.max_requests)
+                    if n <= last and last >= loads.max_requests:
+                        break  # the longest run allowed did not settle: not stationary
+                else:  # more of the same, pooled: up to max_requests in all
+                    n = min(2 * last, loads.max_requests - sum(int(r["requests"]) for r in rows))
                 if n < 1:
                     break
                 echo(f"{self.index} {self.cell_id}: {fmt_load(kind, value)} undecided ({judgement.reason}); {n} more requests")
@@ -463,7 +499,7 @@ class _WorkloadLoads:
     def probe_of(self, value: float, j: LoadJudgement) -> Probe:
         if not self.spec.slo:  # no SLO: a load passes unless saturated
             return Probe(value, not j.saturated, j.attainment, j.saturated)
-        return Probe(value, j.passed, j.attainment, j.saturated, j.undecided, j.reason)
+        return Probe(value, j.passed, j.attainment, j.saturated, j.undecided, j.reason, j.sure)
 
     def requests_for(self, rate: float, window_s: float) -> int:
         loads = self.spec.loads
@@ -510,16 +546,39 @@ class _WorkloadLoads:
         if start is None:
             start = 2.0 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 1.0
         search = seeded_capacity_search(self.spec, start, base_e2e_s, known)
-        while (rate := search.next_rate()) is not None:
-            res = self.measure_pooled("rate", rate, "probe", self.requests_for(rate, window))
-            if res is None:
+        confirmed: dict[str, Any] | None = None
+        for attempt in range(MAX_CONFIRMATIONS + 1):
+            while (rate := search.next_rate()) is not None:
+                # each probe sends for LIFETIMES long-request lifetimes of the loads passed so far
+                res = self.measure_pooled("rate", rate, "probe", self.requests_for(rate, max(window, self.long_window())))
+                if res is None:
+                    return False
+                search.record(self.probe_of(rate, res))
+            cap = search.result().capacity_rps
+            if cap is None or not self.spec.slo or attempt == MAX_CONFIRMATIONS:
+                break
+            confirmed = self.confirm(cap)
+            if confirmed is None:
                 return False
-            search.record(self.probe_of(rate, res))
+            if confirmed["verdict"] == "pass":
+                # the capacity's probe is now the load with its confirmation pooled (as recommend reads it)
+                search.probes = [p for p in search.probes if abs(p.rate - cap) > 1e-9]
+                search.record(Probe(cap, True, confirmed["pooled_attainment"], sure=bool(confirmed["sure"])))
+                break
+            # the answer did not hold on a longer, fresh-seed run: the search goes on below it
+            search.record(Probe(cap, False, confirmed["attainment"], False, confirmed["verdict"] == "undecided",
+                                confirmed["reason"] or ""))  # fmt: skip
+            search.max_probes = max(search.max_probes + 1, len(search.probes) + MAX_REMEASURES)
         result = search.result()
+        if confirmed is not None and confirmed["rate"] != result.capacity_rps:
+            confirmed = None  # the last confirmation failed and no budget was left for another
         out.capacity[w.tag] = {
+            "confirmation": confirmed,
             "method": "search",
             "capacity_rps": result.capacity_rps,
             "upper_rps": result.upper_rps,
+            "interval_low_rps": result.interval_low_rps,
+            "interval_high_rps": result.interval_high_rps,
             "precision": result.precision,
             "achieved_precision": result.achieved_precision,
             "converged": result.converged,
@@ -528,10 +587,55 @@ class _WorkloadLoads:
             "level": result.level,
             "note": result.note,
         }
-        echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}")
+        echo(f"{index} {cell_id}: capacity {_cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
+             + _interval_text(result.interval_low_rps, result.interval_high_rps))  # fmt: skip
+        if result.capacity_rps is not None and self.spec.slo:
+            echo(f"{index} {cell_id}: {confirmation_text(confirmed, float(self.spec.confidence))}")
         if result.undecided:
             echo(f"{index} {cell_id}: {result.note}")
         return True
+
+    def long_window(self) -> float:
+        """``LIFETIMES`` lifetimes of a long request (E2E p90) at the passing rate loads of
+        this workload so far, in seconds (0 before any passed)."""
+        life = [
+            float(p.get("e2e_p90_ms") or 0.0) / 1000.0
+            for p in self.out.points
+            if p.get("workload") == self.w.tag and p.get("load_kind") == "rate" and p.get("verdict") == "pass"
+        ]
+        life = [v for v in life if math.isfinite(v)]
+        return LIFETIMES * max(life) if life else 0.0
+
+    def confirm(self, rate: float) -> dict[str, Any] | None:
+        """Re-run the capacity found as a confirmation load: ``loads.max_requests`` requests
+        (longer than any probe) with a fresh seed, pooled with the probe's own runs. Its
+        verdict, attainment and interval (None: the engine died)."""
+        prior = [
+            p
+            for p in self.out.points
+            if p.get("workload") == self.w.tag and p.get("load_kind") == "rate" and p.get("role") != "baseline"
+            and p.get("status") in ("complete", "interrupted") and abs(float(p["load_value"]) - rate) < 1e-9
+        ]  # fmt: skip
+        n = self.spec.loads.max_requests
+        self.runner.echo(f"{self.index} {self.cell_id}: confirming {rate:g} req/s: {n} requests, a fresh seed")
+        before = len(self.out.points)
+        j = self.measure_pooled("rate", rate, "confirm", n, prior)
+        if j is None:
+            return None
+        runs = self.out.points[before:]
+        last = runs[-1] if runs else {}
+        return {
+            "rate": rate,
+            "verdict": j.verdict,
+            "reason": j.reason or None,
+            "requests": int(last.get("requests") or 0),
+            "attainment": float(last.get("attainment", math.nan)),
+            "pooled_requests": j.judged,
+            "pooled_attainment": j.attainment,
+            "low": j.low,
+            "high": j.high,
+            "sure": j.sure,
+        }
 
     def load_list(self) -> bool:
         """The listed rates or concurrencies, lowest first (the rest skipped once one saturates
@@ -703,8 +807,43 @@ def missing_loads(spec: SweepSpec, priors: dict[str, list[dict[str, Any]]]) -> l
     return out
 
 
+def _needed(reason: str) -> int:
+    """The N of a too-short run's reason ("undecided: N more requests needed (...)"): how many
+    more requests than it sent a run needs to be long enough (0: it did not say)."""
+    import re
+
+    m = re.search(r"(\d+) more requests needed", reason)
+    return 0 if m is None else int(m.group(1))
+
+
 def fmt_load(kind: str, value: float) -> str:
     return f"{value:g} req/s" if kind == "rate" else f"concurrency {int(value)}"
+
+
+def confirmation_text(c: dict[str, Any] | None, level: float) -> str:
+    """The confirmation line printed beside a capacity."""
+    if c is None:
+        return "capacity NOT CONFIRMED: every confirmation load failed (the capacity is the highest passing probe below them)"
+    att = 100 * float(c["attainment"])
+    head = f"confirmed: {c['requests']} requests at {c['rate']:g} req/s (fresh seed) met {att:.1f}%"
+    if c["verdict"] != "pass":
+        head = f"NOT confirmed ({c['verdict']}): {c['requests']} requests at {c['rate']:g} req/s (fresh seed) met {att:.1f}%"
+    return head + f"; with its probe, {100 * float(c['pooled_attainment']):.1f}% of {c['pooled_requests']}, {100 * level:g}% interval {100 * float(c['low']):.1f}-{100 * float(c['high']):.1f}%"
+
+
+def _interval_text(low: float | None, upper: float | None) -> str:
+    if low is None:
+        return ""
+    return f"; interval [{low:g}, {f'{upper:g}' if upper is not None else 'inf'}) req/s"
+
+
+def _shout(reason: str) -> str:
+    """A load's reason with its first clause upper-cased ("UNDECIDED: 26 more requests
+    needed ...", "NOT STATIONARY: ..."); "UNDER-SAMPLED: ..." for any other."""
+    head, sep, rest = reason.partition(": ")
+    if sep and head in ("undecided", "not stationary"):
+        return f"{head.upper()}: {rest}"
+    return f"UNDER-SAMPLED: {reason}"
 
 
 def _cap_text(cap: float | None, upper: float | None, gpus: int) -> str:

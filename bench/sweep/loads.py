@@ -222,11 +222,14 @@ def _judge(
     """``run_load``'s answer for a run: its metrics and saturation verdict (also recorded in
     its run table, ``_mark_saturation``)."""
     signals = server_signals(server_metrics)
-    metrics = point_metrics(run, slo, signals).as_row()
+    metrics = point_metrics(run, slo, signals, server_metrics).as_row()
     metrics["missing_rows"] = 0
     if metrics["requests"] < expected and not interrupted:
         metrics["missing_rows"] = expected - metrics["requests"]
-    sat = open_loop_saturation(run, signals) if load.kind == "rate" else admission_saturation(run)
+    sat = open_loop_saturation(run, signals, slo) if load.kind == "rate" else admission_saturation(run)
+    if sat.undecided and not metrics.get("under_sampled"):
+        # the timing tests cannot judge this run: it cannot pass, and is measured again, longer
+        metrics["under_sampled"] = sat.undecided
     _mark_saturation(run.path, sat, run.meta)
     return metrics, sat, interrupted
 

@@ -158,7 +158,7 @@ class LoadSpec:
     capacity_max_rate: float = 1000.0
     capacity_min_rate: float = 0.01
     #: Measured requests per load (at least; see min_window_s).
-    requests: int = 30
+    requests: int = 100
     #: Rate loads send for at least this many seconds (more requests at higher rates), so a
     #: burst is not mistaken for a sustained rate. None: for a capacity search, 8 × the
     #: one-at-a-time latency measured first; for listed rates, no minimum.

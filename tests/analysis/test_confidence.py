@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from bench_llm.analysis.capacity import CapacitySearch, Probe, capacity_from_probes, judge_load
+from bench_llm.analysis.capacity_steady import long_enough
 from bench_llm.analysis.confidence import (
     attainment_verdict,
     requests_to_pass,
     separation,
-    under_sampled,
     wilson_interval,
 )
 
@@ -72,9 +72,9 @@ def test_a_load_with_too_few_requests_cannot_decide_a_capacity() -> None:
 
 
 def test_an_under_sampled_load_cannot_pass_but_can_fail() -> None:
-    why = under_sampled(0.9, 500.0)  # sent for 0.9 s where a request lives 0.5 s
-    assert why is not None and "never reached a steady state" in why
-    assert under_sampled(10.0, 500.0) is None
+    why = long_enough(0.9, 0.5, 20)  # sent for 0.9 s where a long request lives 0.5 s
+    assert why is not None and "no steady state yet" in why
+    assert long_enough(10.0, 0.5, 20) is None
     passing = judge_load([_row(200, 200, under_sampled=why)], 90.0)
     assert passing.verdict == "undecided" and passing.reason.startswith("under-sampled")
     # one long enough run of the same load settles it

@@ -78,7 +78,9 @@ def test_long_prompts_with_a_tight_ttft_favour_tp4(tmp_path: Path) -> None:
         out,
         "--input-tokens", "6000", "--output-tokens", "16", "--requests", "6", "--warmup", "1",
         "--capacity-start", "1", "--precision", "0.5", "--max-probes", "3",
-        "--slo", "ttft_ms=400,tpot_ms=40", "--target-rate", "0.5",
+        # 6000-token prefills queue behind each other: 6-request probes pass at 1 req/s where a
+        # 400-request confirmation meets 76 %; at 80 % of requests tp4 is confirmed at 0.75 req/s
+        "--slo", "ttft_ms=450,tpot_ms=100", "--attainment", "80", "--max-requests", "400", "--target-rate", "0.5",
     )  # fmt: skip
     cells = {c["cell_id"]: c for c in read_cells(out)}
     assert cells["tp4"]["capacity_rps"] and cells["tp4"]["capacity_rps"] >= 0.5
@@ -103,7 +105,9 @@ def test_an_engine_that_cannot_start_is_recorded_and_the_others_complete(tmp_pat
          "--no-progress"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert r.returncode in (0, ExitCode.UNTRUSTWORTHY), r.stderr[-3000:]
+    # a configuration that failed to start makes the sweep's exit status say so (the rest is judged)
+    assert r.returncode in (ExitCode.CELL_FAILED, ExitCode.UNTRUSTWORTHY), r.stderr[-3000:]
+    assert "FAILED: tp1: engine failed to start" in r.stderr
     cells = {c["cell_id"]: c for c in read_cells(out)}
     # 140 GB of BF16 weights do not fit one H100: the engine exits at start with its reason
     assert cells["tp1"]["status"] == "failed"
