@@ -1102,10 +1102,14 @@ def format_recommendation(rec: Recommendation) -> str:
     lines: list[str] = []
     slo = ", ".join(f"{k}<={v:g}" for k, v in rec.slo.items()) or "none"
     tgt = rec.target_rate
+    per_job = any(k.startswith("job_") for k in rec.slo)  # job SLOs: loads of session graphs, judged per job
     lines.append(
-        f"SLO: {slo}; attainment target {_pct(rec.attainment_pct):g}% of requests"
-        + (f"; target load {tgt:g} req/s" if tgt else "")
+        f"SLO: {slo}; attainment target {_pct(rec.attainment_pct):g}% of {'jobs' if per_job else 'requests'}"
+        + (f"; target load {tgt:g} {'jobs/s' if per_job else 'req/s'}" if tgt else "")
     )
+    if per_job:
+        lines.append("units: the loads are session graphs judged per job: every rate and capacity below written "
+                     "'req/s' is jobs per second")
     head = headline_lines(build_headline(rec), rec.message)
     if len(rec.workloads) > 1:  # the headline is the first workload's; each has its own pick
         head.insert(1, f"  for workload {next(iter(rec.workloads))}; each workload's own pick is below")

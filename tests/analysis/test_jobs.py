@@ -76,3 +76,18 @@ def test_gate_judges_job_completion(tmp_path) -> None:  # type: ignore[no-untype
     assert same.returncode == 0 and "job_p50_ms" in same.stdout, same.stdout + same.stderr
     worse = gate(fast, slow)
     assert worse.returncode == 1 and "job_p50_ms" in worse.stdout, worse.stdout + worse.stderr
+
+
+def test_a_recommendation_judged_per_job_says_its_units_are_jobs() -> None:
+    """Issue 39: a sweep whose SLOs bound jobs judges each load per job, and its rates are jobs per
+    second (a session-graph workload's --rate): the text says so instead of leaving "req/s" and
+    "% of requests" to mislead."""
+    from bench_llm.analysis.recommend import format_recommendation
+    from bench_llm.analysis.recommend_types import Recommendation
+
+    jobs = format_recommendation(Recommendation.from_json(
+        {"slo": {"job_ms": 40000.0}, "attainment_pct": 90.0, "target_rate": 2.0, "message": "none measured"}))
+    assert "90% of jobs; target load 2 jobs/s" in jobs and "is jobs per second" in jobs
+    requests = format_recommendation(Recommendation.from_json(
+        {"slo": {"ttft_ms": 500.0}, "attainment_pct": 90.0, "target_rate": 2.0, "message": "none measured"}))
+    assert "90% of requests; target load 2 req/s" in requests and "jobs" not in requests
