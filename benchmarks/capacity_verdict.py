@@ -39,6 +39,7 @@ from bench_llm.analysis.load import load_run  # noqa: E402
 from bench_llm.analysis.metrics import measured, request_metrics  # noqa: E402
 from bench_llm.analysis.slo import SLO  # noqa: E402
 from bench_llm.bench.sweep.store import read_cells  # noqa: E402
+from bench_llm.results.sweep_layout import RECOMMENDATION_FILE  # noqa: E402
 
 JOBS = {
     "readme": {
@@ -63,7 +64,7 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
 def sweep(job: dict, out: Path, seed: int) -> dict[str, dict]:
     """cell id -> {"capacity", "upper", "low", "tp", "dp", "confirmation"} of a capacity sweep
     (run unless ``out`` holds it already: ``--keep``)."""
-    if (out / "recommendation.json").exists():
+    if (out / RECOMMENDATION_FILE).exists():
         return stored(out)
     r = bench("sweep", "--engine", "sim", "--model", job["model"], "--gpu", "h100", "--gpus", job["gpus"],
               *job["axes"], "--capacity", "--slo", job["slo"], *job["workload"], *job["sweep_extra"],
