@@ -70,6 +70,10 @@ PRELOAD = [
     "bench_llm.analysis.recommend",
     "bench_llm.workloads.synthetic",
     "bench_llm.results.reader",
+    # pyarrow imports it the first time a cell turns a time-zoned timestamp into Python; done in
+    # a cell's process it failed once in CI ("The zoneinfo module or pytz package must be
+    # installed", a fork-server child mid-import): imported once here instead
+    "zoneinfo",
 ]
 #: How the cells' processes start: "auto" (the module's docstring); "forkserver", "spawn" and
 #: "fork" force one (to measure one against another).
