@@ -126,3 +126,14 @@ def model_error_lines(rec: Recommendation, err: ModelError) -> list[str]:
             lines.append(f"  {pick.cell_id} {_fmt(plo, phi)} {unit} stays ahead of "
                          + ", ".join(c.cell_id for c in rivals) + " even at the model's error")
     return lines
+
+
+def stored_sweep_lines(sweep_dir: Path, rec: Recommendation) -> list[str]:
+    """``model_error_lines`` for a stored sweep (``bench recommend``): none unless it ran on the
+    simulated engine (its ``sweep.json`` says so, with the engine arguments its cells ran with)."""
+    from bench_llm.results.sweep_layout import read_sweep_json
+
+    spec = (read_sweep_json(sweep_dir) or {}).get("spec") or {}
+    if spec.get("engine") != "sim":
+        return []
+    return model_error_lines(rec, sim_model_error(tuple(str(a) for a in spec.get("engine_args") or ())))

@@ -102,3 +102,8 @@ def test_the_readme_main_job_prints_the_model_interval(tmp_path: Path) -> None:
     assert (f"model error: capacities are the simulated engine's; measured engines differ by a median "
             f"±{err.fraction:.0%} (source: the shipped validation rows") in r.stdout  # fmt: skip
     assert re.search(r"; tp2-dp2 [0-9.]+ req/s -> \[[0-9.]+, [0-9.]+\]", r.stdout), r.stdout[-2000:]
+    # bench recommend re-judges the stored sweep, at another target: the interval comes with it
+    r = subprocess.run([sys.executable, "-m", "bench_llm.bench", "recommend", str(tmp_path / "sweep"),
+                        "--target-rate", "45"], cwd=REPO, capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert f"measured engines differ by a median ±{err.fraction:.0%}" in r.stdout, r.stdout[-2000:] + r.stderr
+    assert "against the target 45 req/s: tp2-dp2" in r.stdout
