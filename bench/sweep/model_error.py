@@ -88,7 +88,7 @@ def model_error_lines(rec: Recommendation, err: ModelError) -> list[str]:
     """The sweep's capacities with the model's interval, and which cells the model cannot separate."""
     e = err.fraction
     lines = [f"model error: capacities are the simulated engine's; measured engines differ by a median "
-             f"±{e:.0%} (source: {err.source})"]  # fmt: skip
+             f"±{e:.1%} (source: {err.source})"]  # fmt: skip
     target = rec.target_rate
     for name, wl in rec.workloads.items():
         cells = [c for c in wl.configurations if c.capacity.capacity_rps is not None]
@@ -112,6 +112,8 @@ def model_error_lines(rec: Recommendation, err: ModelError) -> list[str]:
         if pv is None:
             continue
         plo, phi = _iv(pv, e)
+        if target is not None and _iv(pick.capacity_rps, e)[0] >= target:
+            lines.append(f"  {pick.cell_id} meets the target {target:g} req/s even at its interval's low end")
         rivals = [c for c in cells if c.cell_id != pick.cell_id and (per_gpu or c.gpus == pick.gpus)]
         unit = "req/s per GPU" if per_gpu else "req/s"
         close = []

@@ -74,10 +74,13 @@ def test_intervals_and_too_close_to_call() -> None:
     a, b, c = _cell("tp2", 2, 20.0), _cell("tp4", 4, 30.0), _cell("tp2-dp2", 4, 40.0)
     err = ModelError(0.10, "ttft_ms", "src")
     lines = model_error_lines(_rec(38, [a, b, c], c), err)
-    assert "median ±10% (source: src)" in lines[0]
+    assert "median ±10.0% (source: src)" in lines[0]
     assert "tp2 20 req/s -> [18, 22]; tp4 30 req/s -> [27, 33]; tp2-dp2 40 req/s -> [36, 44]" in lines[1]
     assert any("against the target 38 req/s: tp2-dp2 [36, 44]" in x for x in lines)
     assert any("stays ahead of tp4" in x for x in lines)  # 33 < 36 at ±10 %
+    assert not any("even at its interval's low end" in x for x in lines)  # 36 < 38
+    narrow = model_error_lines(_rec(38, [a, b, c], c), ModelError(0.04, "ttft_ms", "src"))
+    assert "  tp2-dp2 meets the target 38 req/s even at its interval's low end" in narrow
     wide = model_error_lines(_rec(38, [a, b, c], c), ModelError(0.20, "ttft_ms", "src"))
     assert any("too close to call on the model alone: tp2-dp2 [32, 48] req/s overlaps tp4 [24, 36]" in x for x in wide)
     # without a target, cells compete per GPU across sizes: tp2 (10/GPU) vs tp2-dp2 (10/GPU)
@@ -100,10 +103,10 @@ def test_the_readme_main_job_prints_the_model_interval(tmp_path: Path) -> None:
     assert r.returncode in (0, 5), r.stderr[-3000:]
     err = sim_model_error(())
     assert (f"model error: capacities are the simulated engine's; measured engines differ by a median "
-            f"±{err.fraction:.0%} (source: the shipped validation rows") in r.stdout  # fmt: skip
+            f"±{err.fraction:.1%} (source: the shipped validation rows") in r.stdout  # fmt: skip
     assert re.search(r"; tp2-dp2 [0-9.]+ req/s -> \[[0-9.]+, [0-9.]+\]", r.stdout), r.stdout[-2000:]
     # bench recommend re-judges the stored sweep, at another target: the interval comes with it
     r = subprocess.run([sys.executable, "-m", "bench_llm.bench", "recommend", str(tmp_path / "sweep"),
                         "--target-rate", "45"], cwd=REPO, capture_output=True, text=True, timeout=280)  # fmt: skip
-    assert f"measured engines differ by a median ±{err.fraction:.0%}" in r.stdout, r.stdout[-2000:] + r.stderr
+    assert f"measured engines differ by a median ±{err.fraction:.1%}" in r.stdout, r.stdout[-2000:] + r.stderr
     assert "against the target 45 req/s: tp2-dp2" in r.stdout
