@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from bench_llm.sim import validation_figures
 from bench_llm.sim.backend import Arrival, ModelBackend, Outcome, _Collect, simulate
 from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.presets import PROFILES, EngineProfile, ModelSpec
@@ -658,7 +659,9 @@ def main(argv: list[str]) -> int:
         for k, v in fit().items():
             print(f"{k} = {v:.3f}")
     elif "--update-docs" in argv:
-        update_docs(Path(__file__).resolve().parent.parent / "docs" / "simulator.md", markdown(rows(workers)))
+        which = rows(workers)
+        update_docs(Path(__file__).resolve().parent.parent / "docs" / "simulator.md", markdown(which))
+        validation_figures.write(list(which))  # the rows a sweep's model error is computed from
     elif "--markdown" in argv:
         print(markdown(rows(workers)))
     else:

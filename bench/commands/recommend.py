@@ -51,6 +51,11 @@ def command(
         target_concurrency=target_concurrency, confidence=confidence,
     )  # fmt: skip
     click.echo(recommendation_json(rec) if as_json else format_recommendation(rec))
+    if not as_json:  # a simulated sweep's capacities carry the model's error (issue 36)
+        from bench_llm.bench.sweep.model_error import stored_sweep_lines
+
+        for line in stored_sweep_lines(sweep, rec):
+            click.echo(line)
     outcome = sweep_outcome(sweep, rec)
     if outcome is not None:
         raise outcome

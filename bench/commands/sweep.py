@@ -306,6 +306,10 @@ def command(config_path: Path | None, **flags: Any) -> None:
         pick = rec.recommendation.cell_id if rec.recommendation else None
         click.echo("\n".join(format_plan(planned, pick)))
     click.echo(format_recommendation(rec))
+    if spec.engine == "sim":  # the simulated engine's capacities carry its error (issue 36)
+        from bench_llm.bench.sweep.model_error import model_error_lines, sim_model_error
+
+        click.echo("\n".join(model_error_lines(rec, sim_model_error(spec.engine_args))))
     if otlp_receiver:
         from bench_llm.analysis.ttft_split import format_sweep_splits, sweep_splits
 

@@ -27,7 +27,6 @@ wrongly. The report says which cells were measured, which were skipped and why.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -48,8 +47,6 @@ DEFAULT_SOURCE = "the shipped validation (held-out rows within ±20 %, docs/simu
 #: Written into the sweep folder: predictions, intervals, what was measured and skipped.
 PLAN_FILE = "plan.json"
 HELD = "not measured (planned sweep): "
-
-_HELD_OUT = re.compile(r"^#\s*held out, ([^:]+): median \|error\| ([0-9.]+)%")
 
 
 @dataclass(frozen=True)
@@ -103,11 +100,9 @@ def model_error(settings: PlanSettings) -> tuple[float, str]:
             raise BenchError(f"plan error {settings.error:g}: give a fraction in [0, 1), e.g. 0.2")
         return settings.error, "stated (--plan-error)"
     if settings.profile is not None:
-        try:
-            text = Path(settings.profile).read_text()
-        except OSError as exc:
-            raise BenchError(f"{settings.profile}: {exc.strerror}") from None
-        errors = {m.group(1): float(m.group(2)) / 100 for line in text.splitlines() if (m := _HELD_OUT.match(line.strip()))}
+        from bench_llm.bench.sweep.model_error import held_out_errors
+
+        errors = held_out_errors(settings.profile)
         if errors:
             worst = max(errors, key=lambda k: errors[k])
             return errors[worst], f"{settings.profile}'s held-out residuals (largest median |error|: {worst})"

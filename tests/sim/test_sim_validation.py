@@ -92,3 +92,13 @@ def test_rows_on_two_processes_equal_rows_in_one(monkeypatch: pytest.MonkeyPatch
     cheap = (validation.nim_rows, validation.splitwise_rows, validation.vllm_ci_serving_rows)
     monkeypatch.setattr(validation, "GROUPS", cheap)
     assert rows(workers=2) == rows(workers=1) == [r for g in cheap for r in g()]
+
+
+def test_the_shipped_rows_are_the_computed_rows(all_rows: list[Row]) -> None:
+    # a sweep states the model's error from sim/validation_rows.json (issue 36): it must be this table,
+    # row for row (python -m bench_llm.sim.validation --update-docs rewrites both)
+    from bench_llm.sim import validation_figures
+
+    shipped = validation_figures.load()
+    assert [(r.source, r.config, r.figure, r.published, r.simulated, r.fitted, r.seen) for r in shipped] == [
+        (r.source, r.config, r.figure, r.published, r.simulated, r.fitted, r.seen) for r in all_rows]

@@ -1,0 +1,141 @@
+"""The simulated engine's error on a sweep's capacities: an interval per cell, and its source.
+
+A capacity the simulated engine reports is the model's, not a measurement: a measured engine
+differs from it. The model's relative error ``e`` turns each capacity ``c`` into ``[c(1-e),
+c(1+e)]``. ``e`` is the largest held-out median |error| over the metrics a capacity rests on
+(TTFT, TPOT/ITL, E2E, throughput), taken from
+
+- the calibration's held-out residuals, when the cells ran with a ``bench sim calibrate``
+  profile (``--engine-arg=--config=FILE``, whose ``# held out, <metric>: median |error| X%``
+  comments this module reads, for the planned sweep too), else
+- the shipped validation rows (``sim.validation_figures``: published figures vs the simulated
+  engine, held-out rows only).
+
+Cells whose intervals overlap are "too close to call" on the model alone: only measurement
+decides between them. A median error is not a bound: about half of the measured figures lie
+outside it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_llm.analysis.recommend_types import Recommendation
+from bench_llm.core.errors import BenchError
+
+_HELD_OUT = re.compile(r"^#\s*held out, ([^:]+): median \|error\| ([0-9.]+)%")
+
+
+@dataclass(frozen=True)
+class ModelError:
+    #: relative error, e.g. 0.18
+    fraction: float
+    #: the metric it is the median error of
+    metric: str
+    source: str
+
+
+def held_out_errors(profile: Path) -> dict[str, float]:
+    """A ``bench sim calibrate`` profile's held-out median |error| per metric (fractions); {} if none."""
+    try:
+        text = Path(profile).read_text()
+    except OSError as exc:
+        raise BenchError(f"{profile}: {exc.strerror}") from None
+    return {m.group(1): float(m.group(2)) / 100 for line in text.splitlines() if (m := _HELD_OUT.match(line.strip()))}
+
+
+def profile_arg(engine_args: tuple[str, ...]) -> Path | None:
+    """The simulated engine's ``--config`` file among a sweep's engine arguments (None: none)."""
+    for i, a in enumerate(engine_args):
+        if a.startswith("--config="):
+            return Path(a.split("=", 1)[1])
+        if a == "--config" and i + 1 < len(engine_args):
+            return Path(engine_args[i + 1])
+    return None
+
+
+def sim_model_error(engine_args: tuple[str, ...] = ()) -> ModelError:
+    """The simulated engine's error for cells run with these engine arguments (module docstring)."""
+    profile = profile_arg(engine_args)
+    note = ""
+    if profile is not None:
+        errors = held_out_errors(profile)
+        if errors:
+            worst = max(errors, key=lambda k: errors[k])
+            return ModelError(errors[worst], worst, f"{profile}'s held-out residuals (bench sim calibrate), "
+                              f"largest median |error| of its {len(errors)} metrics: {worst}")  # fmt: skip
+        note = f"; {profile} states no held-out error"
+    from bench_llm.sim.validation_figures import median_abs_errors
+
+    errors_n = median_abs_errors()
+    worst = max(errors_n, key=lambda k: errors_n[k][0])
+    err, n = errors_n[worst]
+    return ModelError(err, worst, f"the shipped validation rows (bench sim validate), held-out median |error| "
+                      f"of {worst} over {n} published rows, the largest of its metrics{note}")  # fmt: skip
+
+
+def _iv(c: float, e: float) -> tuple[float, float]:
+    return c * (1 - e), c * (1 + e)
+
+
+def _fmt(lo: float, hi: float) -> str:
+    return f"[{lo:.4g}, {hi:.4g}]"
+
+
+def model_error_lines(rec: Recommendation, err: ModelError) -> list[str]:
+    """The sweep's capacities with the model's interval, and which cells the model cannot separate."""
+    e = err.fraction
+    lines = [f"model error: capacities are the simulated engine's; measured engines differ by a median "
+             f"±{e:.1%} (source: {err.source})"]  # fmt: skip
+    target = rec.target_rate
+    for name, wl in rec.workloads.items():
+        cells = [c for c in wl.configurations if c.capacity.capacity_rps is not None]
+        if not cells:
+            continue
+        head = f"  {name}: " if len(rec.workloads) > 1 else "  "
+        lines.append(head + "; ".join(f"{c.cell_id} {c.capacity.capacity_rps:.4g} req/s -> "
+                                      f"{_fmt(*_iv(c.capacity.capacity_rps, e))}" for c in cells))  # type: ignore[arg-type]
+        if target is not None:
+            for c in cells:
+                lo, hi = _iv(c.capacity.capacity_rps, e)  # type: ignore[arg-type]
+                if lo < target <= hi:
+                    lines.append(f"  too close to call against the target {target:g} req/s: {c.cell_id} "
+                                 f"{_fmt(lo, hi)} (a measured engine may meet it or fall short)")  # fmt: skip
+        pick = wl.recommendation
+        if pick is None or pick.capacity_rps is None:
+            continue
+        # with a target, cells of the pick's size compete on capacity; without, all cells per GPU
+        per_gpu = target is None
+        pv = pick.capacity_rps_per_gpu if per_gpu else pick.capacity_rps
+        if pv is None:
+            continue
+        plo, phi = _iv(pv, e)
+        if target is not None and _iv(pick.capacity_rps, e)[0] >= target:
+            lines.append(f"  {pick.cell_id} meets the target {target:g} req/s even at its interval's low end")
+        rivals = [c for c in cells if c.cell_id != pick.cell_id and (per_gpu or c.gpus == pick.gpus)]
+        unit = "req/s per GPU" if per_gpu else "req/s"
+        close = []
+        for c in rivals:
+            v = c.capacity_rps_per_gpu if per_gpu else c.capacity.capacity_rps
+            if v is not None and _iv(v, e)[1] >= plo and _iv(v, e)[0] <= phi:
+                close.append(f"{c.cell_id} {_fmt(*_iv(v, e))}")
+        if close:
+            lines.append(f"  too close to call on the model alone: {pick.cell_id} {_fmt(plo, phi)} {unit} overlaps "
+                         + ", ".join(close) + " (measure them to decide)")
+        elif rivals:
+            lines.append(f"  {pick.cell_id} {_fmt(plo, phi)} {unit} stays ahead of "
+                         + ", ".join(c.cell_id for c in rivals) + " even at the model's error")
+    return lines
+
+
+def stored_sweep_lines(sweep_dir: Path, rec: Recommendation) -> list[str]:
+    """``model_error_lines`` for a stored sweep (``bench recommend``): none unless it ran on the
+    simulated engine (its ``sweep.json`` says so, with the engine arguments its cells ran with)."""
+    from bench_llm.results.sweep_layout import read_sweep_json
+
+    spec = (read_sweep_json(sweep_dir) or {}).get("spec") or {}
+    if spec.get("engine") != "sim":
+        return []
+    return model_error_lines(rec, sim_model_error(tuple(str(a) for a in spec.get("engine_args") or ())))

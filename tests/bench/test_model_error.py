@@ -1,0 +1,112 @@
+"""The simulated engine's error on a sweep's capacities (bench/sweep/model_error.py, issue 36):
+its width and source from a calibrated profile's held-out residuals or from the shipped
+validation rows, the intervals and "too close to call"; and the README's main job prints it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bench_llm.bench.sweep.model_error import ModelError, model_error_lines, sim_model_error
+from bench_llm.sim.validation_figures import FigureRow, median_abs_errors, metric_kind
+from tests.conftest import REPO
+
+PROFILE = ("# bench sim calibrate: the simulated engine's constants fitted to measured loads.\n"
+           "# held out, ttft_ms: median |error| 7.5%, bias +3.0%, r 0.950 (4 loads)\n"
+           "# held out, tpot_ms: median |error| 4.0%, bias -1.0%, r 0.990 (4 loads)\n"
+           "# held out, throughput_rps: median |error| 2.0%, bias -1.0%, r 0.990 (4 loads)\n"
+           "\n[profile]\nper_seq_us = 9  # was 8\n")  # fmt: skip
+
+
+def test_a_calibrated_profile_gives_its_largest_held_out_error(tmp_path: Path) -> None:
+    profile = tmp_path / "host.toml"
+    profile.write_text(PROFILE)
+    for args in ((f"--config={profile}",), ("--max-num-seqs=8", "--config", str(profile))):
+        err = sim_model_error(args)
+        assert err.fraction == pytest.approx(0.075) and err.metric == "ttft_ms"
+        assert str(profile) in err.source and "held-out residuals" in err.source
+
+
+def test_without_one_the_shipped_validation_rows_give_it(tmp_path: Path) -> None:
+    shipped = median_abs_errors()
+    assert set(shipped) == {"ttft_ms", "tpot_ms", "e2e_ms", "throughput"}
+    worst = max(shipped, key=lambda k: shipped[k][0])
+    err = sim_model_error(())
+    assert err.fraction == shipped[worst][0] and err.metric == worst
+    assert 0.02 < err.fraction < 0.5  # a median |error|, not the ±20 % bar
+    assert "shipped validation rows" in err.source and f"over {shipped[worst][1]} published rows" in err.source
+    # a profile that states no held-out error (hand-written) falls back, and says so
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[profile]\nper_seq_us = 9\n")
+    fallback = sim_model_error((f"--config={plain}",))
+    assert fallback.fraction == err.fraction and f"{plain} states no held-out error" in fallback.source
+
+
+def test_the_median_is_over_held_out_rows_of_a_metric() -> None:
+    rows = [FigureRow("s", "a", "median TTFT ms", 100, 110), FigureRow("s", "b", "TTFT ms", 100, 70),
+            FigureRow("s", "c", "median TTFT ms", 100, 101), FigureRow("s", "d", "TTFT ms", 100, 200, fitted=True),
+            FigureRow("s", "e", "output tok/s", 100, 95), FigureRow("s", "f", "speed-up x", 1, 2)]  # fmt: skip
+    assert median_abs_errors(rows) == {"ttft_ms": (pytest.approx(0.10), 3), "throughput": (pytest.approx(0.05), 1)}
+    assert [metric_kind(f) for f in ("median ITL ms", "token ms", "e2e ms", "req/s", "speed-up x")] == [
+        "tpot_ms", "tpot_ms", "e2e_ms", "throughput", None]
+
+
+def _cell(cid: str, gpus: int, cap: float) -> Any:
+    return SimpleNamespace(cell_id=cid, gpus=gpus, capacity=SimpleNamespace(capacity_rps=cap),
+                           capacity_rps_per_gpu=cap / gpus)  # fmt: skip
+
+
+def _rec(target: float | None, cells: list[Any], pick: Any) -> Any:
+    wl = SimpleNamespace(configurations=cells, recommendation=SimpleNamespace(
+        cell_id=pick.cell_id, gpus=pick.gpus, capacity_rps=pick.capacity.capacity_rps,
+        capacity_rps_per_gpu=pick.capacity_rps_per_gpu))  # fmt: skip
+    return SimpleNamespace(target_rate=target, workloads={"w": wl})
+
+
+def test_intervals_and_too_close_to_call() -> None:
+    a, b, c = _cell("tp2", 2, 20.0), _cell("tp4", 4, 30.0), _cell("tp2-dp2", 4, 40.0)
+    err = ModelError(0.10, "ttft_ms", "src")
+    lines = model_error_lines(_rec(38, [a, b, c], c), err)
+    assert "median ±10.0% (source: src)" in lines[0]
+    assert "tp2 20 req/s -> [18, 22]; tp4 30 req/s -> [27, 33]; tp2-dp2 40 req/s -> [36, 44]" in lines[1]
+    assert any("against the target 38 req/s: tp2-dp2 [36, 44]" in x for x in lines)
+    assert any("stays ahead of tp4" in x for x in lines)  # 33 < 36 at ±10 %
+    assert not any("even at its interval's low end" in x for x in lines)  # 36 < 38
+    narrow = model_error_lines(_rec(38, [a, b, c], c), ModelError(0.04, "ttft_ms", "src"))
+    assert "  tp2-dp2 meets the target 38 req/s even at its interval's low end" in narrow
+    wide = model_error_lines(_rec(38, [a, b, c], c), ModelError(0.20, "ttft_ms", "src"))
+    assert any("too close to call on the model alone: tp2-dp2 [32, 48] req/s overlaps tp4 [24, 36]" in x for x in wide)
+    # without a target, cells compete per GPU across sizes: tp2 (10/GPU) vs tp2-dp2 (10/GPU)
+    per_gpu = model_error_lines(_rec(None, [a, b, c], c), err)
+    assert not any("against the target" in x for x in per_gpu)
+    assert any("req/s per GPU overlaps tp2 [9, 11]" in x for x in per_gpu)
+
+
+def _readme_main_job() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    line = next(x for x in text.splitlines() if ".venv/bin/bench sweep --engine sim" in x)
+    return shlex.split(line.split(".venv/bin/bench ", 1)[1])
+
+
+def test_the_readme_main_job_prints_the_model_interval(tmp_path: Path) -> None:
+    args = _readme_main_job()
+    args[args.index("--out") + 1] = str(tmp_path / "sweep")
+    r = subprocess.run([sys.executable, "-m", "bench_llm.bench", *args, "--no-progress"], cwd=REPO,
+                       capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert r.returncode in (0, 5), r.stderr[-3000:]
+    err = sim_model_error(())
+    assert (f"model error: capacities are the simulated engine's; measured engines differ by a median "
+            f"±{err.fraction:.1%} (source: the shipped validation rows") in r.stdout  # fmt: skip
+    assert re.search(r"; tp2-dp2 [0-9.]+ req/s -> \[[0-9.]+, [0-9.]+\]", r.stdout), r.stdout[-2000:]
+    # bench recommend re-judges the stored sweep, at another target: the interval comes with it
+    r = subprocess.run([sys.executable, "-m", "bench_llm.bench", "recommend", str(tmp_path / "sweep"),
+                        "--target-rate", "45"], cwd=REPO, capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert f"measured engines differ by a median ±{err.fraction:.1%}" in r.stdout, r.stdout[-2000:] + r.stderr
+    assert "against the target 45 req/s: tp2-dp2" in r.stdout
