@@ -22,7 +22,7 @@ The recommendation is a ``Recommendation`` (analysis/recommend_types.py): its
 ``read_recommendation``/``Recommendation.from_json``, so one shape serves all; a
 configuration's evidence carries the ``miss_share_*``/``server_*`` columns its points have.
 What is computed on the way is typed too: ``Diagnosis``, ``CellCapacity``,
-``analysis.capacity.PointMetrics``, ``CapacityResult``.
+``analysis.capacity_points.PointMetrics``, ``CapacityResult``.
 """
 
 from __future__ import annotations
@@ -40,14 +40,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from bench_llm.analysis.capacity import (
-    CapacityResult,
-    Probe,
-    capacity_from_probes,
-    judge_load,
-    point_metrics,
-    server_signals,
-)
+from bench_llm.analysis.capacity import CapacityResult, Probe, capacity_from_probes, judge_load
+from bench_llm.analysis.capacity_points import point_metrics
 from bench_llm.analysis.confidence import CONFIDENCE, separation
 from bench_llm.analysis.headline import build_headline, headline_lines
 from bench_llm.analysis.load import load_run
@@ -63,6 +57,7 @@ from bench_llm.analysis.recommend_types import (
     Separation,
     WorkloadRecommendation,
 )
+from bench_llm.analysis.server_signals import server_signals
 from bench_llm.analysis.slo import SLO
 from bench_llm.results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
 from bench_llm.results.sweep_layout import CELLS_FILE, points_files, read_cells_table, read_sweep_json

@@ -18,14 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pandas as pd
 
-from bench_llm.analysis.capacity import (
-    CapacitySearch,
-    LoadJudgement,
-    Probe,
-    Saturation,
-    closed_loop_plateau,
-    judge_load,
-)
+from bench_llm.analysis.capacity import CapacitySearch, LoadJudgement, Probe, judge_load
+from bench_llm.analysis.capacity_saturation import Saturation, closed_loop_plateau
 from bench_llm.analysis.capacity_steady import LIFETIMES
 from bench_llm.analysis.invariants import ONE_READ_SHARE_MAX
 from bench_llm.analysis.recommend import diagnose_cell, load_points, pooled_loads, rate_probes

@@ -154,7 +154,7 @@ def test_a_sweep_load_with_too_few_requests_stays_undecided_and_is_no_capacity(t
 
 
 def test_a_client_delay_makes_a_load_untrustworthy_only_where_it_matters() -> None:
-    from bench_llm.analysis.capacity import untrustworthy
+    from bench_llm.analysis.capacity_saturation import untrustworthy
     from bench_llm.analysis.slo import SLO
     from bench_llm.analysis.summary_types import ClientHealth
 
