@@ -22,7 +22,9 @@ from bench_llm.analysis.capacity import CapacitySearch, LoadJudgement, Probe, ju
 from bench_llm.analysis.capacity_saturation import Saturation, closed_loop_plateau
 from bench_llm.analysis.capacity_steady import LIFETIMES
 from bench_llm.analysis.invariants import ONE_READ_SHARE_MAX
-from bench_llm.analysis.recommend import diagnose_cell, load_points, pooled_loads, rate_probes
+from bench_llm.analysis.recommend_diagnosis import diagnose_cell
+from bench_llm.analysis.recommend_io import load_points
+from bench_llm.analysis.recommend_pooling import pooled_loads, rate_probes
 from bench_llm.analysis.slo import SLO
 from bench_llm.bench.errors import too_few_succeeded
 from bench_llm.bench.sweep import store

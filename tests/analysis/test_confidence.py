@@ -121,7 +121,9 @@ def test_a_sweep_load_with_too_few_requests_stays_undecided_and_is_no_capacity(t
     sweep reports no capacity rather than 10 req/s."""
     import json
 
-    from bench_llm.analysis.recommend import format_recommendation, load_points, recommend
+    from bench_llm.analysis.recommend import recommend
+    from bench_llm.analysis.recommend_io import load_points
+    from bench_llm.analysis.recommend_text import format_recommendation
     from bench_llm.analysis.recommend_types import Recommendation
     from bench_llm.bench.sweep.orchestrate import run_sweep
     from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from bench_llm.analysis.recommend import format_recommendation, load_points, recommend
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_io import load_points
+from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.bench.sweep.store import read_cells
 from tests.conftest import REPO

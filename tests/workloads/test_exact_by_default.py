@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from bench_llm.analysis.format import _prompt_line
-from bench_llm.analysis.recommend import format_recommendation, recommend
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.analysis.summary import approximate_prompts, prompt_length_accounting
 from bench_llm.bench.exact_prompts import exact_by_default
