@@ -53,7 +53,6 @@ class Saturation:
         return "; ".join(self.reasons) if self.reasons else "not saturated"
 
 
-
 #: A load with more than this share of anomalous records was not measured truthfully.
 ANOMALY_SHARE_MAX = 0.01
 #: A saturated client's own delay decides nothing while it stays under this share of the

@@ -253,7 +253,6 @@ def _axes(configs: list[Configuration], rec: Pick) -> int:
     return next((int(c.axes) for c in configs if c.cell_id == rec.cell_id), 0)
 
 
-
 def _point_summary(r: pd.Series) -> LoadVerdict:
     return LoadVerdict(
         load=load_text(r),
@@ -300,7 +299,6 @@ def _approximate_prompts(points: pd.DataFrame) -> list[str]:
         span = f"{r.min():.2f}x" if r.max() - r.min() < 0.005 else f"{r.min():.2f}-{r.max():.2f}x"
         out.append(f"{cell}: {len(off)} of {len(g)} loads, the engine counted {span} the requested prompt length (p50)")
     return out
-
 
 
 def _clean(v: Any) -> Any:

@@ -142,7 +142,6 @@ def _evidence_at(cfg: Configuration, value: float, kind: str = "rate") -> LoadVe
     return max(passing, key=lambda p: p.load_value) if passing else None
 
 
-
 def same_gpus_tradeoffs(configs: list[Configuration]) -> list[str]:
     """Same GPUs, spent on one fast request (lowest unloaded latency) or on more concurrent ones
     (highest capacity). A "fastest" claim needs a lead beyond ``SINGLE_REQUEST_MARGIN`` over the

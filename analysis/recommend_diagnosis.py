@@ -111,7 +111,6 @@ def _tuning(raw: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in parsed.items()} if isinstance(parsed, dict) else {}
 
 
-
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """What limits a configuration (``diagnose_cell``): an ``ADVICE`` code, its explanation,
@@ -209,7 +208,6 @@ def _evidence(base: pd.Series, point: pd.Series, queue: tuple[float, str] | None
     if queue is not None:
         ev["queue_ms"], ev["queue_source"] = queue
     return ev
-
 
 
 def _tuning_part(name: str, value: str) -> str:

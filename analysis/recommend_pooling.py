@@ -183,7 +183,6 @@ def load_text(row: pd.Series) -> str:
     return "one request at a time (baseline)" if bool(row.get("_base", False)) else text
 
 
-
 def float_or_nan(v: Any) -> float:
     """``float(v)``, NaN for what is no number (None, text)."""
     try:
