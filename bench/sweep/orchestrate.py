@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from bench_llm.analysis.recommend_io import JUDGING
 from bench_llm.bench.sweep import store
-from bench_llm.bench.sweep.cell import CellOutcome, CellRunner, SweepInterrupted, config_columns
+from bench_llm.bench.sweep.cell import CellRunner
+from bench_llm.bench.sweep.cell_outcome import CellOutcome, SweepInterrupted, config_columns
 from bench_llm.bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
 from bench_llm.bench.sweep.fingerprint import cell_fingerprint
 from bench_llm.bench.sweep.matrix import PlannedCell, expand, impossible_matrix

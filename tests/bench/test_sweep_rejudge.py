@@ -109,7 +109,7 @@ def test_a_rate_list_rejudged_probes_below_its_lowest_rate_and_a_looser_slo_meas
     assert before == {10.0, 20.0}
     r = _bench("sweep", "--resume", "--out", str(out), "--slo", TIGHT)
     added = _rates_of(out) - before
-    # halving below the lowest listed rate, down to an eighth of it at most (cell.GAP_FLOOR)
+    # halving below the lowest listed rate, down to an eighth of it at most (cell_search.GAP_FLOOR)
     assert added and added <= {5.0, 2.5, 1.25}, added
     assert "probing the missing loads, from 5 req/s" in r.stderr
     # back to the loose SLOs: the listed rates decide again, nothing is measured
