@@ -256,7 +256,7 @@ def format_jobs(s: JobSummary) -> list[str]:
 
 
 def judged_by_jobs(point: Any, run_dir: Path, slo: SLO) -> Any:
-    """A sweep point (``analysis.capacity.PointMetrics``) judged per job: with a job bound in
+    """A sweep point (``analysis.capacity_points.PointMetrics``) judged per job: with a job bound in
     the SLO, the unit a load is judged on is the job (``jobs`` judged, ``met`` counts jobs;
     attainment and goodput are the jobs'), so capacity is searched in jobs per second."""
     import dataclasses

@@ -45,7 +45,7 @@ def sweep_outcome(sweep: Path, rec: Recommendation) -> Outcome | None:
     request of every load did), ``UNTRUSTWORTHY`` when the answer rests on a load the client
     could not measure truthfully, ``NO_CONFIGURATION`` when SLOs were given and no
     configuration meets them, else None."""
-    from bench_llm.analysis.recommend import load_points
+    from bench_llm.analysis.recommend_io import load_points
 
     points = load_points(sweep)
     ok = int(points["ok"].fillna(0).sum()) if "ok" in points else 0
@@ -75,7 +75,7 @@ def _recommended(rec: Recommendation) -> bool:
 
 def _failed_cells(sweep: Path) -> list[str]:
     """``cell: reason`` of each failed cell of the sweep (cells.parquet)."""
-    from bench_llm.analysis.recommend import read_cells
+    from bench_llm.analysis.recommend_io import read_cells
 
     try:
         cells = read_cells(sweep)

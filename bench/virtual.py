@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bench_llm.analysis.capacity import max_in_flight
+from bench_llm.analysis.capacity_points import max_in_flight
 from bench_llm.analysis.load import Run
 from bench_llm.bench.execute import RunConfig, RunResult, prepare_run_dir, stats_notes
 from bench_llm.bench.run_meta import describe_run, run_meta, workload_meta

@@ -34,10 +34,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_llm.analysis.capacity import slo_outcomes  # noqa: E402
 from bench_llm.analysis.load import load_run  # noqa: E402
 from bench_llm.analysis.metrics import measured, request_metrics  # noqa: E402
 from bench_llm.analysis.slo import SLO  # noqa: E402
+from bench_llm.analysis.slo_judge import slo_outcomes  # noqa: E402
 from bench_llm.bench.sweep.store import read_cells  # noqa: E402
 from bench_llm.results.sweep_layout import RECOMMENDATION_FILE  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 A request turned away because the engine (or its router) is full never ran, so its latency
 says nothing, and a load that causes any is past what the configuration serves: the
-capacity rule (analysis/capacity.py) counts every type here as saturation. Recording (the
+capacity rule (analysis/capacity_saturation.py) counts every type here as saturation. Recording (the
 adapters and the recorder) and counting (analysis) share these names, so they live here.
 Where each comes from (docs/engines.md, "Admission limits"):
 """

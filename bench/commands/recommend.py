@@ -34,7 +34,8 @@ def command(
     Exit code: 0 a configuration meets the SLOs, 3 nothing was measured, 4 none meets them,
     5 the answer rests on a load that could not be measured truthfully (marked UNTRUSTWORTHY).
     """
-    from bench_llm.analysis.recommend import format_recommendation, recommend
+    from bench_llm.analysis.recommend import recommend
+    from bench_llm.analysis.recommend_text import format_recommendation
     from bench_llm.analysis.recommend_types import recommendation_json
     from bench_llm.analysis.slo import SLO
     from bench_llm.bench.outcome import sweep_outcome

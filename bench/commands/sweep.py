@@ -243,7 +243,8 @@ def command(config_path: Path | None, **flags: Any) -> None:
         return
     if out is None:
         raise BenchError("--out is required (the sweep folder), unless --dry-run")
-    from bench_llm.analysis.recommend import format_recommendation, recommend
+    from bench_llm.analysis.recommend import recommend
+    from bench_llm.analysis.recommend_text import format_recommendation
     from bench_llm.bench.outcome import sweep_outcome
     from bench_llm.bench.sweep.orchestrate import run_sweep
     from bench_llm.bench.sweep.store import write_recommendation

@@ -7,14 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_llm.analysis.capacity import (
-    Saturation,
-    admission_saturation,
-    open_loop_saturation,
-    point_metrics,
-    server_signals,
-)
+from bench_llm.analysis.capacity_points import point_metrics
+from bench_llm.analysis.capacity_saturation import Saturation, admission_saturation, open_loop_saturation
 from bench_llm.analysis.load import Run, load_run
+from bench_llm.analysis.server_signals import server_signals
 from bench_llm.analysis.slo import SLO
 from bench_llm.bench.exact_prompts import OFF, exact_by_default, sample_prompts
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec

@@ -11,9 +11,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_llm.analysis.recommend import JUDGING
+from bench_llm.analysis.recommend_io import JUDGING
 from bench_llm.bench.sweep import store
-from bench_llm.bench.sweep.cell import CellOutcome, CellRunner, SweepInterrupted, config_columns
+from bench_llm.bench.sweep.cell import CellRunner
+from bench_llm.bench.sweep.cell_outcome import CellOutcome, SweepInterrupted, config_columns
 from bench_llm.bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
 from bench_llm.bench.sweep.fingerprint import cell_fingerprint
 from bench_llm.bench.sweep.matrix import PlannedCell, expand, impossible_matrix
@@ -366,7 +367,7 @@ def _set_capacity(row: dict[str, Any], capacity: dict[str, dict[str, Any]], spec
 
 
 def judging(spec: dict[str, Any]) -> dict[str, Any]:
-    """The settings a sweep's verdicts depend on (analysis.recommend.JUDGING), comparable."""
+    """The settings a sweep's verdicts depend on (analysis.recommend_io.JUDGING), comparable."""
     return {k: _norm(spec.get(k)) for k in JUDGING}
 
 
@@ -383,7 +384,7 @@ def rejudged_points(sweep_dir: Path, cell_id: str, spec: SweepSpec) -> list[dict
     """A complete cell's points with attainment and verdicts recomputed from their run folders
     under the spec's SLOs (what ``bench recommend --slo`` does, kept in points.parquet)."""
     from bench_llm.analysis.capacity import judge_load
-    from bench_llm.analysis.recommend import rescore_point
+    from bench_llm.analysis.recommend_io import rescore_point
     from bench_llm.analysis.slo import SLO
     from bench_llm.results.reader import read_parquet_file
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from bench_llm.core.errors import SettingError
 
 if TYPE_CHECKING:  # imported where used: the sweep command imports this module before the heavy ones
-    from bench_llm.bench.sweep.cell import CellOutcome
+    from bench_llm.bench.sweep.cell_outcome import CellOutcome
     from bench_llm.bench.sweep.spec import SweepSpec
     from bench_llm.launch.config import ParallelConfig
 
@@ -187,7 +187,8 @@ class _ParentGone(Exception):
 def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
     """A cell's process: run the cell, send its printed lines and its outcome to the sweep
     (("line", text), then ("done", outcome) | ("interrupted",) | ("raised", exception))."""
-    from bench_llm.bench.sweep.cell import CellRunner, SweepInterrupted
+    from bench_llm.bench.sweep.cell import CellRunner
+    from bench_llm.bench.sweep.cell_outcome import SweepInterrupted
     from bench_llm.bench.sweep.engines import VirtualLauncher
 
     gc.freeze()  # as the sweep's own process does: the collector need not rescan bench's modules
@@ -409,7 +410,7 @@ def run_cells(
 
 
 def _died(r: _Running) -> CellOutcome:
-    from bench_llm.bench.sweep.cell import CellOutcome
+    from bench_llm.bench.sweep.cell_outcome import CellOutcome
 
     code = r.process.exitcode
     how = f"exit code {code}"

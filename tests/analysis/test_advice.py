@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from bench_llm.analysis.recommend import advice, diagnose_cell, recommend
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_diagnosis import advice, diagnose_cell
 from tests.analysis.test_recommend import SLO, _cfg, _point, _sweep
 
 

@@ -8,18 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from bench_llm.analysis.capacity import (
-    CapacitySearch,
-    Probe,
-    admission_saturation,
-    capacity_from_probes,
-    closed_loop_plateau,
-    open_loop_saturation,
-    passes,
-    point_metrics,
-    server_signals,
-)
+from bench_llm.analysis.capacity import CapacitySearch, Probe, capacity_from_probes, passes
+from bench_llm.analysis.capacity_points import point_metrics
+from bench_llm.analysis.capacity_saturation import admission_saturation, closed_loop_plateau, open_loop_saturation
 from bench_llm.analysis.load import load_run
+from bench_llm.analysis.server_signals import server_signals
 from bench_llm.analysis.slo import SLO
 from bench_llm.results.schema import SERVER_METRICS_SCHEMA
 from tests.helpers_records import record, write_run

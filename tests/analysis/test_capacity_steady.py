@@ -99,7 +99,8 @@ def test_the_interval_runs_between_the_rates_decided_with_a_margin_either_side_o
 
 
 def test_a_capacity_whose_confirmations_all_failed_is_printed_not_confirmed(tmp_path: Path) -> None:
-    from bench_llm.analysis.recommend import format_recommendation, recommend
+    from bench_llm.analysis.recommend import recommend
+    from bench_llm.analysis.recommend_text import format_recommendation
     from tests.analysis.test_recommend import _point, _sweep
 
     pts = [_point("tp1", r, 1.0) for r in (2.0, 4.0)] + [_point("tp1", 8.0, 0.2, sat=True)]

@@ -121,7 +121,9 @@ def test_a_sweep_load_with_too_few_requests_stays_undecided_and_is_no_capacity(t
     sweep reports no capacity rather than 10 req/s."""
     import json
 
-    from bench_llm.analysis.recommend import format_recommendation, load_points, recommend
+    from bench_llm.analysis.recommend import recommend
+    from bench_llm.analysis.recommend_io import load_points
+    from bench_llm.analysis.recommend_text import format_recommendation
     from bench_llm.analysis.recommend_types import Recommendation
     from bench_llm.bench.sweep.orchestrate import run_sweep
     from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
@@ -154,7 +156,7 @@ def test_a_sweep_load_with_too_few_requests_stays_undecided_and_is_no_capacity(t
 
 
 def test_a_client_delay_makes_a_load_untrustworthy_only_where_it_matters() -> None:
-    from bench_llm.analysis.capacity import untrustworthy
+    from bench_llm.analysis.capacity_saturation import untrustworthy
     from bench_llm.analysis.slo import SLO
     from bench_llm.analysis.summary_types import ClientHealth
 
@@ -187,12 +189,12 @@ def test_confidence_zero_is_the_point_estimate_and_old_sweeps_keep_it() -> None:
 def test_a_load_with_a_saturated_client_is_measured_again_with_more_client_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bench_llm.bench.sweep import cell
+    from bench_llm.bench.sweep import cell_loads
     from bench_llm.bench.sweep.orchestrate import run_sweep
     from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
     from tests.sweep_fakes import FixedSimLauncher
 
-    real = cell.run_load
+    real = cell_loads.run_load
     seen: list[int] = []
 
     def first_one_untrustworthy(**kw: Any) -> Any:
@@ -201,7 +203,7 @@ def test_a_load_with_a_saturated_client_is_measured_again_with_more_client_proce
         metrics["untrustworthy"] = None if len(seen) > 1 else "client saturated (its lag p99 80.0 ms): forced by the test"
         return metrics, sat, interrupted
 
-    monkeypatch.setattr(cell, "run_load", first_one_untrustworthy)
+    monkeypatch.setattr(cell_loads, "run_load", first_one_untrustworthy)
     spec = SweepSpec(
         model="m", gpus=1, matrix=MatrixSpec(tp=(1,)),
         loads=LoadSpec(rates=(10.0,), requests=8, warmup=0),

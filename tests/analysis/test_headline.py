@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench_llm.analysis.headline import build_headline, headline_lines
-from bench_llm.analysis.recommend import format_recommendation
+from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Recommendation
 
 

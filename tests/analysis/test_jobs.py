@@ -82,7 +82,7 @@ def test_a_recommendation_judged_per_job_says_its_units_are_jobs() -> None:
     """Issue 39: a sweep whose SLOs bound jobs judges each load per job, and its rates are jobs per
     second (a session-graph workload's --rate): the text says so instead of leaving "req/s" and
     "% of requests" to mislead."""
-    from bench_llm.analysis.recommend import format_recommendation
+    from bench_llm.analysis.recommend_text import format_recommendation
     from bench_llm.analysis.recommend_types import Recommendation
 
     jobs = format_recommendation(Recommendation.from_json(

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench_llm.analysis.recommend import _group_positions, pooled_loads
+from bench_llm.analysis.recommend_pooling import _group_positions, pooled_loads
 from tests.analysis.test_recommend import _point
 
 

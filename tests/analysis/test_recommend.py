@@ -8,7 +8,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from bench_llm.analysis.recommend import _target_separation, diagnose_cell, format_recommendation, recommend
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_choice import target_separation
+from bench_llm.analysis.recommend_diagnosis import diagnose_cell
+from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Configuration, Pick, Recommendation, Separation
 from bench_llm.bench.sweep.store import write_cells, write_points
 
@@ -226,8 +229,8 @@ def _bracket(cell: str, gpus: int, lo: float | None, hi: float | None, axes: int
 
 
 def _tsep(configs: list[dict[str, Any]], rec: dict[str, Any] | None, target: float) -> dict[str, Any] | None:
-    """``_target_separation`` on configurations and a pick written as the file has them."""
-    sep: Separation | None = _target_separation(
+    """``target_separation`` on configurations and a pick written as the file has them."""
+    sep: Separation | None = target_separation(
         [Configuration.from_json(c) for c in configs], Pick.from_json(rec) if rec else None, target
     )
     return sep.to_json() if sep else None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench_llm.analysis.recommend import format_recommendation, recommend
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Recommendation, read_recommendation, recommendation_json
 from bench_llm.bench.sweep.store import write_recommendation
 from tests.analysis.test_recommend import SLO, _point, _sweep, _two_plus_one

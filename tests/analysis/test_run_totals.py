@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench_llm.analysis.bootstrap import make_side, point_estimates
-from bench_llm.analysis.capacity import point_metrics
+from bench_llm.analysis.capacity_points import point_metrics
 from bench_llm.analysis.compare import compare_paths
 from bench_llm.analysis.gate import GateConfig, GateSettings, MetricGate, run_gate
 from bench_llm.analysis.load import load_run

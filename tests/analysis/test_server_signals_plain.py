@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench_llm.analysis.capacity import _frame_server_signals, _plain_server_signals, server_signals
+from bench_llm.analysis.server_signals import _frame_server_signals, _plain_server_signals, server_signals
 from bench_llm.results.schema import SERVER_METRICS_SCHEMA
 
 

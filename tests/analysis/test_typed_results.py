@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from bench_llm.analysis.capacity import point_metrics
+from bench_llm.analysis.capacity_points import point_metrics
 from bench_llm.analysis.load import load_run
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.summary import SummaryOptions, summarize

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench_llm.analysis.confidence import attainment_verdict
-from bench_llm.analysis.recommend import load_points
+from bench_llm.analysis.recommend_io import load_points
 from bench_llm.bench.errors import ExitCode
 from bench_llm.bench.sweep.spec import LoadSpec
 from bench_llm.bench.sweep.store import read_cells

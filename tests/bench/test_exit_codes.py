@@ -192,7 +192,7 @@ def test_top_errors_count_messages_that_differ_only_in_numbers() -> None:
 def test_a_sweep_load_names_its_most_frequent_error(tmp_path: Path) -> None:
     import dataclasses
 
-    from bench_llm.analysis.capacity import point_metrics
+    from bench_llm.analysis.capacity_points import point_metrics
     from bench_llm.analysis.load import load_run
     from bench_llm.analysis.slo import SLO
     from tests.helpers_records import record, write_run

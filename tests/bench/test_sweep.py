@@ -17,7 +17,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from bench_llm.analysis.recommend import load_points, recommend, sweep_dataset
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_io import load_points, sweep_dataset
 from bench_llm.bench.sweep.orchestrate import run_sweep
 from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError, WorkloadSpec, load_spec
 from bench_llm.bench.sweep.store import read_cells

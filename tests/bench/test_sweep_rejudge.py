@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from bench_llm.analysis.recommend import format_recommendation, load_points, recommend
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_io import load_points
+from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.bench.sweep.store import read_cells
 from tests.conftest import REPO
@@ -107,7 +109,7 @@ def test_a_rate_list_rejudged_probes_below_its_lowest_rate_and_a_looser_slo_meas
     assert before == {10.0, 20.0}
     r = _bench("sweep", "--resume", "--out", str(out), "--slo", TIGHT)
     added = _rates_of(out) - before
-    # halving below the lowest listed rate, down to an eighth of it at most (cell.GAP_FLOOR)
+    # halving below the lowest listed rate, down to an eighth of it at most (cell_search.GAP_FLOOR)
     assert added and added <= {5.0, 2.5, 1.25}, added
     assert "probing the missing loads, from 5 req/s" in r.stderr
     # back to the loose SLOs: the listed rates decide again, nothing is measured

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bench_llm.analysis.recommend import load_points, recommend
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_io import load_points
 from bench_llm.bench.cli import cli
 from bench_llm.bench.commands.sweep import _endpoints
 from bench_llm.bench.sweep.orchestrate import run_sweep

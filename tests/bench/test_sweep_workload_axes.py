@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_llm.analysis.recommend import load_points
+from bench_llm.analysis.recommend_io import load_points
 from bench_llm.bench.commands.sweep import _apply_flags, _axes, _workload_axes
 from bench_llm.bench.sweep.dryrun import dry_run_lines
 from bench_llm.bench.sweep.matrix import expand

@@ -41,7 +41,7 @@ def test_file_names_are_declared_once(package: str) -> None:
 
 
 def test_bench_writes_what_analysis_reads(tmp_path: Path) -> None:
-    from bench_llm.analysis.recommend import load_points, read_cells, sweep_dataset
+    from bench_llm.analysis.recommend_io import load_points, read_cells, sweep_dataset
     from bench_llm.bench.sweep import store
 
     assert store.POINTS_FILE is layout.POINTS_FILE and store.CELLS_SCHEMA is layout.CELLS_SCHEMA

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from bench_llm.adapters.sglang import SGLangAdapter
-from bench_llm.analysis.capacity import admission_saturation
+from bench_llm.analysis.capacity_saturation import admission_saturation
 from bench_llm.analysis.load import load_run
 from bench_llm.analysis.ttft_split import request_parts
 from bench_llm.results.reader import read_requests

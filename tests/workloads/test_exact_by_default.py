@@ -9,18 +9,18 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from bench_llm.analysis.format import _prompt_line
-from bench_llm.analysis.recommend import format_recommendation, recommend
+from bench_llm.analysis.recommend import recommend
+from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.analysis.summary import approximate_prompts, prompt_length_accounting
 from bench_llm.bench.exact_prompts import exact_by_default
 from bench_llm.bench.sweep import loads as sweep_loads
-from bench_llm.bench.sweep.cell import CellRunner
+from bench_llm.bench.sweep.cell_echo import echo_point
 from bench_llm.bench.sweep.loads import Load, build_schedule
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench_llm.workloads.prompts import word_prompts_exact
@@ -131,7 +131,7 @@ def test_sweep_lines_and_the_recommendation_say_the_prompts_were_approximate(tmp
     lines: list[str] = []
     row = {"ok": 10, "requests": 10, "throughput_rps": 2.0, "ttft_p90_ms": 100.0, "tpot_p90_ms": 10.0,
            "prompt_approximate": "the engine counted 1.53x the requested prompt length (p50), 100% of prompts off"}  # fmt: skip
-    CellRunner._echo_point(SimpleNamespace(echo=lines.append), "[1/1]", "tp1", "rate-2", row, 0.1)  # type: ignore[arg-type]
+    echo_point(lines.append, "[1/1]", "tp1", "rate-2", row, 0.1)
     assert "PROMPTS APPROXIMATE: the engine counted 1.53x" in lines[0]
 
     from tests.analysis.test_recommend import SLO, _point, _sweep
