@@ -242,7 +242,9 @@ class WorkloadLoads:
             if judgement.untrustworthy and not remeasured:
                 remeasured, n = True, last
                 # a saturated client gets twice the load-generating processes
-                workers = min(64, 2 * spec.workers) if "client saturated" in judgement.untrustworthy else None
+                # (read from the rows' client_saturated flag: a policy never matches a reason's wording)
+                saturated = any(r.get("untrustworthy") and r.get("client_saturated") for r in rows)
+                workers = min(64, 2 * spec.workers) if saturated else None
                 more = f" with {workers} client processes" if workers else ""
                 echo(f"{self.index} {self.cell_id}: {fmt_load(kind, value)}: measuring again{more}: {judgement.reason}")
             elif judgement.needs_more and len(rows) - spec.repeats - len(prior or ()) < MAX_REMEASURES:
