@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from bench_llm.core.errors import BenchError
+from bench_llm.core.layout import Layout
 from bench_llm.sim.presets import Dtype, EngineProfile, GpuSpec, ModelSpec
 
 GB = 1e9
@@ -23,14 +24,8 @@ class OutOfMemory(BenchError, ValueError):
     """The configuration cannot hold the model weights (plus reserve) on its GPUs."""
 
 
-@dataclass(frozen=True, slots=True)
-class Parallel:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    ep: int = 1
-    dcp: int = 1
-    pcp: int = 1
+#: The cost model's parallel layout is the one layout type (core/layout.py: the rules of what can run).
+Parallel = Layout
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,6 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from bench_llm.sim.backend import Arrival, ModelBackend, Outcome, _Collect, simu
 from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.presets import PROFILES, EngineProfile, ModelSpec
 from bench_llm.sim.request import SimRequest
+from bench_llm.sim.validation_figures import Row
 
 #: Where each row's published figure comes from (facts and figures only; see docs/simulator.md).
 SOURCES: dict[str, str] = {
@@ -61,26 +61,6 @@ SOURCES: dict[str, str] = {
                    "--enable-ep-moe (experts over 8 GPUs), bench_serving random 180 in / 400 out (range ratio 0: "
                    "uniform lengths), 600 prompts at 40 req/s, output tok/s",
 }
-
-
-@dataclass(frozen=True)
-class Row:
-    source: str  # key of SOURCES
-    config: str
-    figure: str
-    published: float
-    simulated: float
-    fitted: bool = False
-    #: held out, but a choice was made after its simulated figure had been seen (module docstring)
-    seen: bool = False
-
-    @property
-    def ratio(self) -> float:
-        return self.simulated / self.published
-
-    @property
-    def error(self) -> float:
-        return self.ratio - 1.0
 
 
 # -- workloads -----------------------------------------------------------------------------------

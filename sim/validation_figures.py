@@ -24,18 +24,30 @@ _KINDS = (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "tpot_ms"), ("token 
 
 
 @dataclass(frozen=True)
-class FigureRow:
-    source: str
+class Row:
+    """One validation figure: the published value beside the simulated one (``sim.validation``
+    computes them; ``validation_rows.json`` ships them)."""
+
+    source: str  # key of sim.validation.SOURCES
     config: str
     figure: str
     published: float
     simulated: float
     fitted: bool = False
+    #: held out, but a choice was made after its simulated figure had been seen (sim/validation.py)
     seen: bool = False
 
     @property
+    def ratio(self) -> float:
+        return self.simulated / self.published
+
+    @property
+    def error(self) -> float:
+        return self.ratio - 1.0
+
+    @property
     def abs_error(self) -> float:
-        return abs(self.simulated / self.published - 1.0)
+        return abs(self.error)
 
 
 def metric_kind(figure: str) -> str | None:
@@ -45,16 +57,16 @@ def metric_kind(figure: str) -> str | None:
 
 
 def write(rows: list[object], path: Path = PATH) -> None:
-    """``rows``: ``sim.validation.Row`` objects (dataclasses with FigureRow's fields)."""
-    data = [{f.name: getattr(r, f.name) for f in dataclasses.fields(FigureRow)} for r in rows]
+    """``rows``: the computed rows (``sim.validation.rows()``)."""
+    data = [{f.name: getattr(r, f.name) for f in dataclasses.fields(Row)} for r in rows]
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def load(path: Path = PATH) -> list[FigureRow]:
-    return [FigureRow(**d) for d in json.loads(path.read_text())]
+def load(path: Path = PATH) -> list[Row]:
+    return [Row(**d) for d in json.loads(path.read_text())]
 
 
-def median_abs_errors(rows: list[FigureRow] | None = None) -> dict[str, tuple[float, int]]:
+def median_abs_errors(rows: list[Row] | None = None) -> dict[str, tuple[float, int]]:
     """Per metric kind: (median |simulated / published - 1| over the held-out rows, their count)."""
     rows = load() if rows is None else rows
     by_kind: dict[str, list[float]] = {}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bench_llm.bench.sweep.model_error import ModelError, model_error_lines, sim_model_error
-from bench_llm.sim.validation_figures import FigureRow, median_abs_errors, metric_kind
+from bench_llm.sim.validation_figures import Row, median_abs_errors, metric_kind
 from tests.conftest import REPO
 
 PROFILE = ("# bench sim calibrate: the simulated engine's constants fitted to measured loads.\n"
@@ -50,9 +50,9 @@ def test_without_one_the_shipped_validation_rows_give_it(tmp_path: Path) -> None
 
 
 def test_the_median_is_over_held_out_rows_of_a_metric() -> None:
-    rows = [FigureRow("s", "a", "median TTFT ms", 100, 110), FigureRow("s", "b", "TTFT ms", 100, 70),
-            FigureRow("s", "c", "median TTFT ms", 100, 101), FigureRow("s", "d", "TTFT ms", 100, 200, fitted=True),
-            FigureRow("s", "e", "output tok/s", 100, 95), FigureRow("s", "f", "speed-up x", 1, 2)]  # fmt: skip
+    rows = [Row("s", "a", "median TTFT ms", 100, 110), Row("s", "b", "TTFT ms", 100, 70),
+            Row("s", "c", "median TTFT ms", 100, 101), Row("s", "d", "TTFT ms", 100, 200, fitted=True),
+            Row("s", "e", "output tok/s", 100, 95), Row("s", "f", "speed-up x", 1, 2)]  # fmt: skip
     assert median_abs_errors(rows) == {"ttft_ms": (pytest.approx(0.10), 3), "throughput": (pytest.approx(0.05), 1)}
     assert [metric_kind(f) for f in ("median ITL ms", "token ms", "e2e ms", "req/s", "speed-up x")] == [
         "tpot_ms", "tpot_ms", "e2e_ms", "throughput", None]
