@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench_llm.analysis.invariants import check_records
+from bench_llm.analysis.metrics import request_metrics
 from bench_llm.core.errors import BenchError
 from bench_llm.results.reader import find_runs, read_requests, read_run_meta
 from bench_llm.sim.calibrate import MeasuredLoad
@@ -59,30 +62,41 @@ def load_measured(paths: Sequence[Path], base: BaseConfig, sim_args: SimArgs | N
 
 
 def measured_load(run_dir: Path, base: BaseConfig, sim_args: SimArgs | None = None) -> MeasuredLoad:
+    """A run folder as a measured load. TTFT, TPOT and E2E are ``analysis.metrics.request_metrics``'
+    (docs/metrics.md: TPOT per sequence); a record that breaks the invariants
+    (``analysis.invariants``) is replayed as a send but never compared."""
     meta = read_run_meta(run_dir)
-    cols = ["phase", "send_ns", "first_token_ns", "end_ns", "prompt_tokens", "input_tokens_target", "output_tokens",
-            "max_output_tokens", "ok"]
-    rows = [r for r in read_requests(run_dir, cols).to_pylist() if r["send_ns"] is not None]
-    rows.sort(key=lambda r: r["send_ns"])
-    rows = rows[:MAX_REQUESTS_PER_LOAD]
-    if not rows:
+    table = read_requests(run_dir)
+    frame = request_metrics(table)
+    frame["anomaly"] = check_records(table).anomaly
+    frame = frame[frame["send_ns"].notna()].sort_values("send_ns", kind="stable").head(MAX_REQUESTS_PER_LOAD)
+    if frame.empty:
         raise BenchError(f"{run_dir}: no request was sent")
-    t0 = rows[0]["send_ns"]
-    sends, measured, ttft, tpot, e2e = [], [], [], [], []
-    for r in rows:
-        prompt = r["prompt_tokens"] or r["input_tokens_target"] or 1
-        out = r["output_tokens"] or r["max_output_tokens"] or 1
-        sends.append(Send(prompt_len=int(prompt), max_tokens=int(out), at_ns=int(r["send_ns"] - t0)))
-        if r["phase"] == "measure" and r["ok"] and r["first_token_ns"] and r["end_ns"] and (r["output_tokens"] or 0) > 1:
+    t0 = int(frame["send_ns"].iloc[0])
+    sends, measured, ttft, tpot, e2e, starts, ends = [], [], [], [], [], [], []
+    for r in frame.itertuples(index=False):
+        prompt = _count(r.prompt_tokens) or _count(r.input_tokens_target) or 1
+        out = _count(r.output_tokens) or _count(r.max_output_tokens) or 1
+        sends.append(Send(prompt_len=prompt, max_tokens=out, at_ns=int(r.send_ns) - t0))
+        if r.phase == "measure" and r.ok and r.anomaly == 0 and math.isfinite(r.tpot_ms) and math.isfinite(r.ttft_ms):
             measured.append(len(sends) - 1)
-            ttft.append((r["first_token_ns"] - r["send_ns"]) / 1e6)
-            tpot.append((r["end_ns"] - r["first_token_ns"]) / (r["output_tokens"] - 1) / 1e6)
-            e2e.append((r["end_ns"] - r["send_ns"]) / 1e6)
-    ends = [rows[i]["end_ns"] for i in measured]
-    starts = [rows[i]["send_ns"] for i in measured]
+            ttft.append(float(r.ttft_ms))
+            tpot.append(float(r.tpot_ms))
+            e2e.append(float(r.e2e_ms))
+            starts.append(int(r.send_ns))
+            ends.append(int(r.end_ns))
     duration = (max(ends) - min(starts)) / 1e9 if measured else 0.0
     return MeasuredLoad(str(run_dir), timing_of(meta, base, run_dir, sim_args), tuple(sends), tuple(measured), tuple(ttft),
                         tuple(tpot), tuple(e2e), duration)
+
+
+def _count(value: Any) -> int:
+    """A token count from a frame cell (None or NaN: 0)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(f) if math.isfinite(f) else 0
 
 
 def timing_of(meta: dict[str, Any], base: BaseConfig, where: Path, sim_args: SimArgs | None = None) -> ModelTiming:
