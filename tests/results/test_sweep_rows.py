@@ -1,0 +1,77 @@
+"""The sweep's typed rows (results/sweep_rows.py): one vocabulary, read back as written, and
+files of the earlier version (a run's load spelled ``"load": {"kind", "value", "label"}``) read."""
+
+from __future__ import annotations
+
+import math
+
+from bench_llm.results.sweep_rows import (
+    CapacityRecord,
+    CellColumns,
+    Confirmation,
+    LoadRef,
+    PointRow,
+    Reason,
+    ReasonCode,
+    RunMeta,
+    WorkloadColumns,
+    capacity_record,
+)
+
+CELL = CellColumns("tp2", "sim", "llama-3.1-8b", "h100", 2, 1, 1, 1, 1, 1, None, 2, 1, None)
+WORKLOAD = WorkloadColumns("chat", "chat", None, None)
+
+
+def _point(**kw: object) -> PointRow:
+    base = dict(cell=CELL, sweep_id="s1", workload=WORKLOAD, load=LoadRef("rate", 4.0, "rate-4"), repeat=0,
+                probe=True, role="probe", status="complete", saturated=False, saturation_reason=None,
+                run_dir="cell=tp2/load=rate-4", warmup_requests=2,
+                metrics={"requests": 100, "ok": 99, "attainment": 0.95, "miss_share_ttft_ms": 0.05})
+    base.update(kw)
+    return PointRow(**base)  # type: ignore[arg-type]
+
+
+def test_point_row_round_trips_in_the_sweeps_column_order() -> None:
+    p = _point().with_verdict("pass", None)
+    row = p.to_row()
+    assert list(row)[:14] == list(CELL.to_row())
+    assert row["load_kind"] == "rate" and row["load_value"] == 4.0 and row["load_label"] == "rate-4"
+    assert list(row)[-2:] == ["verdict", "verdict_reason"]
+    assert PointRow.from_row(row) == p
+    assert p.requests == 100 and p.ok == 99 and math.isclose(p.figure("attainment"), 0.95)
+
+
+def test_a_skipped_point_writes_no_run_folder_and_no_verdict() -> None:
+    row = _point(status="skipped", run_dir=None, warmup_requests=None, metrics={}).to_row()
+    assert "run_dir" not in row and "warmup_requests" not in row and "verdict" not in row
+
+
+def test_run_meta_writes_the_point_rows_load_keys_and_reads_the_old_nested_spelling() -> None:
+    meta = RunMeta("s1", {"tp": 2, "cell_id": "tp2"}, LoadRef("concurrency", 8.0, "conc-8"), "chat", 1, False, "load")
+    row = meta.to_row()
+    assert "load" not in row and row["load_kind"] == "concurrency" and row["load_value"] == 8.0
+    assert RunMeta.from_row(row) == meta
+    old = {"sweep_id": "s1", "cell": {"tp": 2, "cell_id": "tp2"}, "load": {"kind": "concurrency", "value": 8,
+           "label": "conc-8"}, "workload": "chat", "repeat": 1, "probe": False, "role": "load"}  # fmt: skip
+    assert RunMeta.from_row(old) == meta
+    assert RunMeta.from_row({"tags": {}}) is None
+
+
+def test_capacity_record_writes_only_the_keys_it_has() -> None:
+    stopped = capacity_record("search", optional=(), capacity_rps=None, upper_rps=None, precision=0.02,
+                              achieved_precision=None, converged=True, probes=0, note="fails")  # fmt: skip
+    assert set(stopped.to_row()) == {"method", "capacity_rps", "upper_rps", "precision", "achieved_precision",
+                                     "converged", "probes", "note"}  # fmt: skip
+    conf = Confirmation(4.0, "pass", None, 4000, 0.97, 5000, 0.96, 0.95, 0.97, True)
+    found = capacity_record("search", capacity_rps=4.0, upper_rps=4.1, precision=0.02, achieved_precision=0.025,
+                            converged=True, probes=6, note="", interval_low_rps=3.9, interval_high_rps=4.1,
+                            undecided=(4.05,), level=0.95, confirmation=conf).with_judged({"slo": {"ttft_ms": 300}})
+    row = found.to_row()
+    assert row["confirmation"]["pooled_attainment"] == 0.96 and row["judged"] == {"slo": {"ttft_ms": 300}}
+    back = CapacityRecord.from_row(row)
+    assert back == found and back.to_row() == row
+
+
+def test_a_reason_is_a_code_and_a_message() -> None:
+    r = Reason(ReasonCode.UNDECIDED, "undecided: 26 more requests needed", more_requests=26)
+    assert r.code == "undecided" and str(r) == r.message and r.more_requests == 26
