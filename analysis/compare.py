@@ -27,6 +27,7 @@ from bench_llm.analysis.bootstrap import (
 from bench_llm.analysis.load import Run, load_runs
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.smoothness import Deadlines
+from bench_llm.results.sweep_rows import LoadRef
 
 
 def config_key(meta: dict[str, Any]) -> str:
@@ -39,7 +40,7 @@ def config_key(meta: dict[str, Any]) -> str:
     if not isinstance(extra, dict):
         return ""
     cell = extra.get("cell")
-    load = extra.get("load")
+    load = LoadRef.from_row(extra)  # a sweep's load, in this or the earlier spelling
     parts = []
     if isinstance(cell, dict):
         if cell.get("cell_id"):
@@ -48,12 +49,11 @@ def config_key(meta: dict[str, Any]) -> str:
             parts.append(",".join(f"{k}={cell[k]}" for k in sorted(cell) if not isinstance(cell[k], (list, dict))))
     if isinstance(extra.get("workload"), str) and extra["workload"]:
         parts.append(extra["workload"])
-    if isinstance(load, dict):
-        value = load.get("value")
-        if load.get("kind") and isinstance(value, (int, float)):
-            parts.append(f"{load['kind']}={value:g}")
+    if load is not None:
+        if load.kind and math.isfinite(load.value):
+            parts.append(f"{load.kind}={load.value:g}")
         else:
-            parts.append(str(load.get("label")))
+            parts.append(load.label)
     return " / ".join(parts)
 
 

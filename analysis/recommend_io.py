@@ -19,6 +19,7 @@ from bench_llm.analysis.server_signals import server_signals
 from bench_llm.analysis.slo import SLO
 from bench_llm.results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
 from bench_llm.results.sweep_layout import CELLS_FILE, points_files, read_cells_table, read_sweep_json
+from bench_llm.results.sweep_rows import PointRow
 
 #: The settings a load's verdict depends on: ``bench sweep --resume`` may change them, and
 #: then re-judges the measured loads and probes what the new verdicts need.
@@ -67,16 +68,33 @@ def rescore_point(sweep: Path, rec: dict[str, Any], slo: SLO) -> dict[str, Any]:
     """One point (a row of points.parquet, changed in place) with its attainment, goodput and
     miss shares recomputed under ``slo`` from its run folder's request table."""
     rd = rec.get("run_dir")
-    if rec.get("status") in ("complete", "interrupted") and isinstance(rd, str) and (Path(sweep) / rd).exists():
-        run = load_run(Path(sweep) / rd)
-        server = read_server_metrics(Path(sweep) / rd)
-        m = point_metrics(run, slo, server_signals(server), server)
-        for k in list(rec):
-            if k.startswith("miss_share_"):
-                rec.pop(k)
-        rescored = ("attainment", "attainment_low", "attainment_high", "attainment_deff", "met", "goodput_rps")
-        rec.update({k: v for k, v in m.as_row().items() if k in rescored or k.startswith("miss_share_")})
+    if rec.get("status") in ("complete", "interrupted") and isinstance(rd, str):
+        _rescore_figures(sweep, rd, rec, slo)
     return rec
+
+
+def rescored(sweep: Path, point: PointRow, slo: SLO) -> PointRow:
+    """``rescore_point`` of a typed point: its figures recomputed under ``slo``."""
+    if not point.measured or point.run_dir is None:
+        return point
+    figures = dict(point.metrics)
+    _rescore_figures(sweep, point.run_dir, figures, slo)
+    return point.with_metrics(figures)
+
+
+def _rescore_figures(sweep: Path, run_dir: str, figures: dict[str, Any], slo: SLO) -> None:
+    """A run's attainment, goodput and miss shares under ``slo`` into ``figures`` (in place;
+    unchanged when its run folder is gone)."""
+    if not (Path(sweep) / run_dir).exists():
+        return
+    run = load_run(Path(sweep) / run_dir)
+    server = read_server_metrics(Path(sweep) / run_dir)
+    m = point_metrics(run, slo, server_signals(server), server)
+    for k in list(figures):
+        if k.startswith("miss_share_"):
+            figures.pop(k)
+    rescored = ("attainment", "attainment_low", "attainment_high", "attainment_deff", "met", "goodput_rps")
+    figures.update({k: v for k, v in m.as_row().items() if k in rescored or k.startswith("miss_share_")})
 
 
 def resume_command(sweep: Path, slo: dict[str, float]) -> str:

@@ -16,6 +16,7 @@ Why a load was not simply measured and passed is a ``Reason``: a code that polic
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -345,6 +346,67 @@ def capacity_record(
 ) -> CapacityRecord:
     """A record with the optional keys ``optional`` written (the rest of ``values`` are fields)."""
     return CapacityRecord(method=method, keys=frozenset(optional), **values)
+
+
+def capacity_json(records: Mapping[str, CapacityRecord]) -> str:
+    """``cells.parquet``'s ``capacity_json``: workload tag -> its capacity record."""
+    return json.dumps({tag: r.to_row() for tag, r in records.items()}, sort_keys=True)
+
+
+def read_capacity_json(text: str | None) -> dict[str, CapacityRecord]:
+    """``capacity_json`` read back (empty: none, or not a JSON object)."""
+    data = json.loads(text) if text else {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(tag): CapacityRecord.from_row(r) for tag, r in data.items() if isinstance(r, Mapping)}
+
+
+# --- the cell row ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CellRow:
+    """A cell of the sweep as ``cells.parquet`` has it (``results.sweep_layout.CELLS_SCHEMA``):
+    its configuration, status (``pending`` before it is written: complete | failed | skipped |
+    running on disk) and reason, capacity (the first workload's, and every workload's record in
+    ``capacity_json``), what limits it, the engine it ran on and when."""
+
+    cell: CellColumns
+    status: str
+    reason: str | None = None
+    log_tail: str | None = None
+    capacity_rps: float | None = None
+    capacity_rps_per_gpu: float | None = None
+    limiting_factor: str | None = None
+    #: workload tag -> ``CapacityRecord`` as JSON (``capacity_json``; read it with ``capacity``)
+    capacity_json: str | None = None
+    engine_version: str | None = None
+    engine_argv: str | None = None
+    #: JSON: what the engine says about itself
+    engine_info: str | None = None
+    #: JSON: bench's version and commit, the GPUs, the model's config hash (bench.sweep.fingerprint)
+    fingerprint: str | None = None
+    prefix_cache_reset: str | None = None
+    started_unix_s: float | None = None
+    ended_unix_s: float | None = None
+
+    @property
+    def cell_id(self) -> str:
+        return self.cell.cell_id
+
+    @property
+    def capacity(self) -> dict[str, CapacityRecord]:
+        return read_capacity_json(self.capacity_json)
+
+    def to_row(self) -> dict[str, Any]:
+        row = self.cell.to_row()
+        row.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "cell"})
+        return row
+
+    @classmethod
+    def from_row(cls, d: Mapping[str, Any]) -> CellRow:
+        names = [f.name for f in fields(cls) if f.name not in ("cell", "status")]
+        return cls(CellColumns.from_row(d), str(d.get("status") or ""), **{k: d.get(k) for k in names})
 
 
 # --- the sweep's part of a run's metadata ------------------------------------------------------

@@ -29,6 +29,7 @@ from bench_llm.analysis.summary import SummaryOptions, summarize
 from bench_llm.analysis.summary_types import RunSummary
 from bench_llm.results.reader import read_server_metrics, read_server_spans
 from bench_llm.results.sweep_layout import CELLS_FILE, RECOMMENDATION_FILE, read_cells_table
+from bench_llm.results.sweep_rows import LoadRef
 
 #: Quantile grid of a CDF: fine in the tail, where the interesting part is.
 CDF_GRID = np.unique(np.r_[np.linspace(0, 0.9, 91), 1 - np.logspace(-1, -4, 120), 1.0])
@@ -89,7 +90,7 @@ def _dict_at(d: dict[str, Any], key: str) -> dict[str, Any]:
 def _cell_info(meta: dict[str, Any]) -> tuple[int, float | None, str | None]:
     extra = _dict_at(meta, "extra")
     cell = _dict_at(extra, "cell")
-    load = _dict_at(extra, "load")
+    load = LoadRef.from_row(extra)  # a sweep's load, in this or the earlier spelling
     gpus = cell.get("gpus")
     if not isinstance(gpus, int) or gpus < 1:
         prod = 1
@@ -98,8 +99,9 @@ def _cell_info(meta: dict[str, Any]) -> tuple[int, float | None, str | None]:
             if isinstance(v, int) and v > 1 and axis in ("tp", "pp", "dp", "pcp"):
                 prod *= v
         gpus = prod
-    value = load.get("value")
-    return gpus, (float(value) if isinstance(value, (int, float)) else None), load.get("kind")
+    if load is None:
+        return gpus, None, None
+    return gpus, (load.value if math.isfinite(load.value) else None), load.kind or None
 
 
 def run_slo(meta: dict[str, Any], override: SLO) -> SLO:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bench_llm.analysis.recommend_diagnosis import diagnose_cell
 from bench_llm.analysis.recommend_io import load_points
@@ -29,6 +29,7 @@ from bench_llm.bench.sweep.engines import CellEngine, EngineStartError, Launcher
 from bench_llm.bench.sweep.spec import SweepSpec
 from bench_llm.bench.virtual import VirtualEngine
 from bench_llm.launch.config import ParallelConfig
+from bench_llm.results.sweep_rows import PointRow
 
 if TYPE_CHECKING:
     from bench_llm.loadgen.otlp import OtlpReceiver
@@ -87,7 +88,7 @@ class CellRunner:
         #: the cell's engine when it runs in virtual time
         self.virtual: VirtualEngine | None = None
 
-    def run(self, cfg: ParallelConfig, cell_id: str, index: str, prior: list[dict[str, Any]] | None = None) -> CellOutcome:
+    def run(self, cfg: ParallelConfig, cell_id: str, index: str, prior: list[PointRow] | None = None) -> CellOutcome:
         """Measure the cell (``measure_cell``); a complete cell with what limits it."""
         out = self.measure_cell(cfg, cell_id, index, prior)
         if out.status == "complete":
@@ -101,16 +102,16 @@ class CellRunner:
         return out
 
     def measure_cell(self, cfg: ParallelConfig, cell_id: str, index: str,
-                     prior: list[dict[str, Any]] | None = None) -> CellOutcome:  # fmt: skip
+                     prior: list[PointRow] | None = None) -> CellOutcome:  # fmt: skip
         """Measure the cell. ``prior``: a complete cell's points, re-judged at the sweep's
         (changed) SLOs (orchestrate.rejudged_points): its capacity searches continue from them, and
         only the loads the new verdicts need are measured, the engine started only for them."""
         spec = self.spec.for_cell(cfg)
         cdir = store.cell_dir(self.sweep_dir, cell_id)
         cdir.mkdir(parents=True, exist_ok=True)
-        priors: dict[str, list[dict[str, Any]]] = {}
+        priors: dict[str, list[PointRow]] = {}
         if prior is not None:
-            priors = {w.tag: [p for p in prior if p.get("workload") == w.tag] for w in spec.cell_workloads}
+            priors = {w.tag: [p for p in prior if p.workload.workload == w.tag] for w in spec.cell_workloads}
             wanted = missing_loads(spec, priors)
             self.echo(
                 f"{index} {cell_id}: measured loads re-judged at {SLO.from_dict(spec.slo)}: "

@@ -4,18 +4,20 @@ its interval, and its confirmation."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench_llm.analysis.invariants import ONE_READ_SHARE_MAX
 from bench_llm.bench.sweep.loads import fmt
+from bench_llm.results.sweep_rows import Confirmation, PointRow
 
 Echo = Callable[[str], None]
 
 
-def echo_point(echo: Echo, index: str, cell_id: str, label: str, row: dict[str, Any], secs: float) -> None:
+def echo_point(echo: Echo, index: str, cell_id: str, label: str, point: PointRow, secs: float) -> None:
     """The line printed after each run of a load: its counts, SLO attainment, latencies and
     every warning it carries."""
+    row: Mapping[str, Any] = point.metrics  # the run's figures
     parts = [
         f"{index} {cell_id} {label}:",
         f"{row['ok']}/{row['requests']} ok",
@@ -37,8 +39,8 @@ def echo_point(echo: Echo, index: str, cell_id: str, label: str, row: dict[str, 
         line += f"  TPOT not measurable: {100 * row['one_read_share']:.0f}% of responses in one read"
     if row.get("prompt_approximate"):
         line += f"  PROMPTS APPROXIMATE: {row['prompt_approximate']}"
-    if row.get("saturated"):
-        line += f"  SATURATED: {row['saturation_reason']}"
+    if point.saturated:
+        line += f"  SATURATED: {point.saturation_reason}"
     if row.get("top_error"):
         line += f"  errors: {row['top_error']}"
     if row.get("missing_rows"):
@@ -50,15 +52,15 @@ def fmt_load(kind: str, value: float) -> str:
     return f"{value:g} req/s" if kind == "rate" else f"concurrency {int(value)}"
 
 
-def confirmation_text(c: dict[str, Any] | None, level: float) -> str:
+def confirmation_text(c: Confirmation | None, level: float) -> str:
     """The confirmation line printed beside a capacity."""
     if c is None:
         return "capacity NOT CONFIRMED: every confirmation load failed (the capacity is the highest passing probe below them)"
-    att = 100 * float(c["attainment"])
-    head = f"confirmed: {c['requests']} requests at {c['rate']:g} req/s (fresh seed) met {att:.1f}%"
-    if c["verdict"] != "pass":
-        head = f"NOT confirmed ({c['verdict']}): {c['requests']} requests at {c['rate']:g} req/s (fresh seed) met {att:.1f}%"
-    return head + f"; with its probe, {100 * float(c['pooled_attainment']):.1f}% of {c['pooled_requests']}, {100 * level:g}% interval {100 * float(c['low']):.1f}-{100 * float(c['high']):.1f}%"
+    att = 100 * c.attainment
+    head = f"confirmed: {c.requests} requests at {c.rate:g} req/s (fresh seed) met {att:.1f}%"
+    if not c.passed:
+        head = f"NOT confirmed ({c.verdict}): {c.requests} requests at {c.rate:g} req/s (fresh seed) met {att:.1f}%"
+    return head + f"; with its probe, {100 * c.pooled_attainment:.1f}% of {c.pooled_requests}, {100 * level:g}% interval {100 * c.low:.1f}-{100 * c.high:.1f}%"
 
 
 def interval_text(low: float | None, upper: float | None) -> str:

@@ -31,6 +31,14 @@ from bench_llm.bench.sweep.loads import Load, run_load
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench_llm.bench.virtual import VirtualEngine
 from bench_llm.launch.config import ParallelConfig
+from bench_llm.results.sweep_rows import (
+    Confirmation,
+    LoadRef,
+    PointRow,
+    RunMeta,
+    capacity_record,
+    point_rows,
+)
 
 if TYPE_CHECKING:
     from bench_llm.loadgen.otlp import OtlpReceiver
@@ -76,7 +84,7 @@ class WorkloadLoads:
     first: bool
     #: this workload's measured points, re-judged at the sweep's (changed) SLOs (a resumed
     #: cell, ``CellRunner.run``): the searches go on from them
-    prior: list[dict[str, Any]] | None = None
+    prior: list[PointRow] | None = None
     seq: int = 0
 
     def __post_init__(self) -> None:
@@ -94,7 +102,7 @@ class WorkloadLoads:
         """All loads of the workload; False when the cell must stop (engine died)."""
         return self.capacity_search() if self.spec.loads.capacity else self.load_list()
 
-    def measure(self, load: Load, workers: int | None = None) -> tuple[dict[str, Any], bool] | None:
+    def measure(self, load: Load, workers: int | None = None) -> tuple[PointRow, bool] | None:
         """Run one load (with its repeats pooled by the caller); None if the engine died.
         ``workers``: client processes for this run (None: the sweep's)."""
         spec, runner, out = self.spec, self.runner, self.out
@@ -117,7 +125,7 @@ class WorkloadLoads:
             out.reason = f"engine stopped answering during load {label}"
             out.log_tail = logs_tail(store.cell_dir(runner.sweep_dir, self.cell_id))
             return None
-        return row, bool(row["saturated"])
+        return row, row.saturated
 
     def _run_load(
         self, load: Load, label: str, run_dir: Path, warmup: int, workers: int | None
@@ -125,18 +133,17 @@ class WorkloadLoads:
         """One run folder of ``load``: (metrics, saturation, interrupted); measured once more
         when a results-writing fault lost rows."""
         spec, runner, cfg = self.spec, self.runner, self.cfg
-        extra = {
-            "sweep_id": runner.sweep_id,
-            "cell": {**cfg.as_dict(), "cell_id": self.cell_id, "engine": spec.engine, "model": spec.model, "gpu": spec.gpu},
-            "load": {"kind": load.kind, "value": load.value, "label": label},
-            "workload": self.w.tag,
-            "repeat": load.repeat,
-            "probe": load.probe,
-            "role": load.role,
-            "saturated": False,
-            "prefix_cache": self.out.prefix_cache_reset,
-            **({"engine_info": self.out.engine_info} if self.out.engine_info else {}),
-        }
+        extra = RunMeta(
+            sweep_id=runner.sweep_id,
+            cell={**cfg.as_dict(), "cell_id": self.cell_id, "engine": spec.engine, "model": spec.model, "gpu": spec.gpu},
+            load=LoadRef(load.kind, load.value, label),
+            workload=self.w.tag,
+            repeat=load.repeat,
+            probe=load.probe,
+            role=load.role,
+            prefix_cache=self.out.prefix_cache_reset,
+            engine_info=self.out.engine_info,
+        )
         for attempt in range(2):
             metrics, sat, interrupted = run_load(
                 spec=spec if workers is None else replace(spec, workers=workers),
@@ -171,47 +178,45 @@ class WorkloadLoads:
         metrics: dict[str, Any],
         sat: Saturation,
         interrupted: bool,
-    ) -> dict[str, Any]:
+    ) -> PointRow:
         """The ``points.parquet`` row of one run: the cell, the load, its metrics and verdict,
         and a closed-loop plateau against the previous concurrency of the workload."""
         spec, runner = self.spec, self.runner
-        row = {
-            **config_columns(spec, self.cfg, self.cell_id),
-            "sweep_id": runner.sweep_id,
-            **workload_columns(self.w),
-            "load_label": label,
-            "load_kind": load.kind,
-            "load_value": float(load.value),
-            "repeat": load.repeat,
-            "probe": load.probe,
-            "role": load.role,
-            "status": "interrupted" if interrupted else "complete",
-            "saturated": sat.saturated,
-            "saturation_reason": str(sat) if sat.saturated else None,
-            "run_dir": str(run_dir.relative_to(runner.sweep_dir)),
-            "warmup_requests": warmup,
-            **metrics,
-        }
+        row = PointRow(
+            cell=config_columns(spec, self.cfg, self.cell_id),
+            sweep_id=runner.sweep_id,
+            workload=workload_columns(self.w),
+            load=LoadRef(load.kind, float(load.value), label),
+            repeat=load.repeat,
+            probe=load.probe,
+            role=load.role,
+            status="interrupted" if interrupted else "complete",
+            saturated=sat.saturated,
+            saturation_reason=str(sat) if sat.saturated else None,
+            run_dir=str(run_dir.relative_to(runner.sweep_dir)),
+            warmup_requests=warmup,
+            metrics=metrics,
+        )
         if spec.slo:  # this run's own verdict; the load's pools its runs (judge_load)
-            own = judge_load([row], spec.attainment_pct, spec.confidence)
-            row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
+            own = judge_load(point_rows([row]), spec.attainment_pct, spec.confidence)
+            row = row.with_verdict(own.verdict, own.reason or None)
         if load.kind == "concurrency" and load.role == "load" and self.out.points:
             prev = [
                 p
                 for p in self.out.points
-                if p["workload"] == self.w.tag and p["load_kind"] == "concurrency" and p.get("role") == "load"
+                if p.workload.workload == self.w.tag and p.load.kind == "concurrency" and p.role == "load"
             ]
             if prev:
                 plateau = closed_loop_plateau(
-                    prev[-1]["throughput_rps"], int(prev[-1]["load_value"]), metrics["throughput_rps"], int(load.value)
+                    prev[-1].metrics["throughput_rps"], int(prev[-1].load.value), metrics["throughput_rps"], int(load.value)
                 )
                 if plateau.saturated:
-                    row["saturated"] = True
-                    row["saturation_reason"] = "; ".join(filter(None, (row["saturation_reason"], str(plateau))))
+                    row = replace(row, saturated=True,
+                                  saturation_reason="; ".join(filter(None, (row.saturation_reason, str(plateau)))))  # fmt: skip
         return row
 
     def measure_pooled(
-        self, kind: str, value: float, role: str, requests: int | None = None, prior: list[dict[str, Any]] | None = None
+        self, kind: str, value: float, role: str, requests: int | None = None, prior: list[PointRow] | None = None
     ) -> LoadJudgement | None:
         """Measure one load (its repeats), then more until its sample decides it: a load
         the client could not measure truthfully once more, an undecided one with twice
@@ -219,7 +224,7 @@ class WorkloadLoads:
         stationary in a longer run of its own, up to ``loads.max_requests`` (docs/sweeps.md).
         ``prior``: runs of this load measured before (a confirmation: one more run, pooled)."""
         spec, loads, echo = self.spec, self.spec.loads, self.runner.echo
-        rows: list[dict[str, Any]] = list(prior or ())
+        rows: list[PointRow] = list(prior or ())
 
         def one(n: int | None, workers: int | None = None) -> bool:
             res = self.measure(Load(kind, value, self.w, len(rows), role, n, seq=self.seq), workers)
@@ -232,7 +237,7 @@ class WorkloadLoads:
         for _ in range(spec.repeats if role not in ("baseline", "confirm") else 1):
             if not one(requests):
                 return None
-        judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
+        judgement = judge_load(point_rows(rows), spec.attainment_pct, spec.confidence)
         if role == "baseline" or not spec.slo:
             return judgement
         remeasured = False
@@ -243,7 +248,7 @@ class WorkloadLoads:
                 remeasured, n = True, last
                 # a saturated client gets twice the load-generating processes
                 # (read from the rows' client_saturated flag: a policy never matches a reason's wording)
-                saturated = any(r.get("untrustworthy") and r.get("client_saturated") for r in rows)
+                saturated = any(r.metrics.get("untrustworthy") and r.metrics.get("client_saturated") for r in rows)
                 workers = min(64, 2 * spec.workers) if saturated else None
                 more = f" with {workers} client processes" if workers else ""
                 echo(f"{self.index} {self.cell_id}: {fmt_load(kind, value)}: measuring again{more}: {judgement.reason}")
@@ -253,7 +258,7 @@ class WorkloadLoads:
                     if n <= last and last >= loads.max_requests:
                         break  # the longest run allowed did not settle: not stationary
                 else:  # more of the same, pooled: up to max_requests in all
-                    n = min(2 * last, loads.max_requests - sum(int(r["requests"]) for r in rows))
+                    n = min(2 * last, loads.max_requests - sum(r.requests for r in rows))
                 if n < 1:
                     break
                 echo(f"{self.index} {self.cell_id}: {fmt_load(kind, value)} undecided ({judgement.reason}); {n} more requests")
@@ -262,7 +267,7 @@ class WorkloadLoads:
             if not one(n, workers):
                 return None
             last = n
-            judgement = judge_load(rows, spec.attainment_pct, spec.confidence)
+            judgement = judge_load(point_rows(rows), spec.attainment_pct, spec.confidence)
         return judgement
 
     def probe_of(self, value: float, j: LoadJudgement) -> Probe:
@@ -286,7 +291,7 @@ class WorkloadLoads:
             if base is None:
                 return False
             base_verdict, base_att = base.verdict, base.attainment
-            base_e2e_s = float(out.points[-1].get("e2e_p50_ms", float("nan"))) / 1000.0
+            base_e2e_s = out.points[-1].figure("e2e_p50_ms") / 1000.0
         else:  # re-judged: the baseline and the probes made are known
             judged = prior_loads(self.spec, self.prior)
             known, base_verdict = list(judged.probes), judged.base_verdict
@@ -295,16 +300,17 @@ class WorkloadLoads:
         if not math.isfinite(window):
             window = 0.0
         if base_verdict == "fail":  # decidedly, on a handful of requests: none pass there
-            out.capacity[w.tag] = {
-                "method": "search",
-                "capacity_rps": None,
-                "upper_rps": None,
-                "precision": loads.capacity_precision,
-                "achieved_precision": None,
-                "converged": True,
-                "probes": 0,
-                "note": f"fails the SLOs even one request at a time ({100 * base_att:.0f}% met)",
-            }
+            out.capacity[w.tag] = capacity_record(
+                "search",
+                optional=(),
+                capacity_rps=None,
+                upper_rps=None,
+                precision=loads.capacity_precision,
+                achieved_precision=None,
+                converged=True,
+                probes=0,
+                note=f"fails the SLOs even one request at a time ({100 * base_att:.0f}% met)",
+            )
             echo(f"{index} {cell_id}: capacity none: fails the SLOs even one request at a time")
             return True
         # later cells start near what earlier cells found per GPU (fewer probes)
@@ -315,7 +321,7 @@ class WorkloadLoads:
         if start is None:
             start = 2.0 / base_e2e_s if math.isfinite(base_e2e_s) and base_e2e_s > 0 else 1.0
         search = seeded_capacity_search(self.spec, start, base_e2e_s, known)
-        confirmed: dict[str, Any] | None = None
+        confirmed: Confirmation | None = None
         for attempt in range(MAX_CONFIRMATIONS + 1):
             while (rate := search.next_rate()) is not None:
                 # each probe sends for LIFETIMES long-request lifetimes of the loads passed so far
@@ -329,33 +335,33 @@ class WorkloadLoads:
             confirmed = self.confirm(cap)
             if confirmed is None:
                 return False
-            if confirmed["verdict"] == "pass":
+            if confirmed.passed:
                 # the capacity's probe is now the load with its confirmation pooled (as recommend reads it)
                 search.probes = [p for p in search.probes if abs(p.rate - cap) > 1e-9]
-                search.record(Probe(cap, True, confirmed["pooled_attainment"], sure=bool(confirmed["sure"])))
+                search.record(Probe(cap, True, confirmed.pooled_attainment, sure=confirmed.sure))
                 break
             # the answer did not hold on a longer, fresh-seed run: the search goes on below it
-            search.record(Probe(cap, False, confirmed["attainment"], False, confirmed["verdict"] == "undecided",
-                                confirmed["reason"] or ""))  # fmt: skip
+            search.record(Probe(cap, False, confirmed.attainment, False, confirmed.verdict == "undecided",
+                                confirmed.reason or ""))  # fmt: skip
             search.max_probes = max(search.max_probes + 1, len(search.probes) + MAX_REMEASURES)
         result = search.result()
-        if confirmed is not None and confirmed["rate"] != result.capacity_rps:
+        if confirmed is not None and confirmed.rate != result.capacity_rps:
             confirmed = None  # the last confirmation failed and no budget was left for another
-        out.capacity[w.tag] = {
-            "confirmation": confirmed,
-            "method": "search",
-            "capacity_rps": result.capacity_rps,
-            "upper_rps": result.upper_rps,
-            "interval_low_rps": result.interval_low_rps,
-            "interval_high_rps": result.interval_high_rps,
-            "precision": result.precision,
-            "achieved_precision": result.achieved_precision,
-            "converged": result.converged,
-            "probes": len(result.probes),
-            "undecided": list(result.undecided),
-            "level": result.level,
-            "note": result.note,
-        }
+        out.capacity[w.tag] = capacity_record(
+            "search",
+            confirmation=confirmed,
+            capacity_rps=result.capacity_rps,
+            upper_rps=result.upper_rps,
+            interval_low_rps=result.interval_low_rps,
+            interval_high_rps=result.interval_high_rps,
+            precision=result.precision,
+            achieved_precision=result.achieved_precision,
+            converged=result.converged,
+            probes=len(result.probes),
+            undecided=tuple(result.undecided),
+            level=result.level,
+            note=result.note,
+        )
         echo(f"{index} {cell_id}: capacity {cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
              + interval_text(result.interval_low_rps, result.interval_high_rps))  # fmt: skip
         if result.capacity_rps is not None and self.spec.slo:
@@ -368,22 +374,22 @@ class WorkloadLoads:
         """``LIFETIMES`` lifetimes of a long request (E2E p90) at the passing rate loads of
         this workload so far, in seconds (0 before any passed)."""
         life = [
-            float(p.get("e2e_p90_ms") or 0.0) / 1000.0
+            float(p.metrics.get("e2e_p90_ms") or 0.0) / 1000.0
             for p in self.out.points
-            if p.get("workload") == self.w.tag and p.get("load_kind") == "rate" and p.get("verdict") == "pass"
+            if p.workload.workload == self.w.tag and p.load.kind == "rate" and p.verdict == "pass"
         ]
         life = [v for v in life if math.isfinite(v)]
         return LIFETIMES * max(life) if life else 0.0
 
-    def confirm(self, rate: float) -> dict[str, Any] | None:
+    def confirm(self, rate: float) -> Confirmation | None:
         """Re-run the capacity found as a confirmation load: ``loads.max_requests`` requests
         (longer than any probe) with a fresh seed, pooled with the probe's own runs. Its
         verdict, attainment and interval (None: the engine died)."""
         prior = [
             p
             for p in self.out.points
-            if p.get("workload") == self.w.tag and p.get("load_kind") == "rate" and p.get("role") != "baseline"
-            and p.get("status") in ("complete", "interrupted") and abs(float(p["load_value"]) - rate) < 1e-9
+            if p.workload.workload == self.w.tag and p.load.kind == "rate" and p.role != "baseline"
+            and p.measured and abs(p.load.value - rate) < 1e-9
         ]  # fmt: skip
         n = self.spec.loads.max_requests
         self.runner.echo(f"{self.index} {self.cell_id}: confirming {rate:g} req/s: {n} requests, a fresh seed")
@@ -392,19 +398,19 @@ class WorkloadLoads:
         if j is None:
             return None
         runs = self.out.points[before:]
-        last = runs[-1] if runs else {}
-        return {
-            "rate": rate,
-            "verdict": j.verdict,
-            "reason": j.reason or None,
-            "requests": int(last.get("requests") or 0),
-            "attainment": float(last.get("attainment", math.nan)),
-            "pooled_requests": j.judged,
-            "pooled_attainment": j.attainment,
-            "low": j.low,
-            "high": j.high,
-            "sure": j.sure,
-        }
+        last = runs[-1] if runs else None
+        return Confirmation(
+            rate=rate,
+            verdict=j.verdict,
+            reason=j.reason or None,
+            requests=last.requests if last is not None else 0,
+            attainment=float(last.metrics.get("attainment", math.nan)) if last is not None else math.nan,
+            pooled_requests=j.judged,
+            pooled_attainment=j.attainment,
+            low=j.low,
+            high=j.high,
+            sure=j.sure,
+        )
 
     def load_list(self) -> bool:
         """The listed rates or concurrencies, lowest first (the rest skipped once one saturates
@@ -450,20 +456,18 @@ class WorkloadLoads:
         for k2, v2 in rest:
             label = Load(k2, v2, self.w).label(len(spec.cell_workloads) > 1, 1)
             out.points.append(
-                {
-                    **config_columns(spec, self.cfg, self.cell_id),
-                    "sweep_id": self.runner.sweep_id,
-                    **workload_columns(self.w),
-                    "load_label": label,
-                    "load_kind": k2,
-                    "load_value": float(v2),
-                    "repeat": 0,
-                    "probe": False,
-                    "role": "load",
-                    "status": "skipped",
-                    "saturated": True,
-                    "saturation_reason": f"skipped: saturated at {kind} {value:g}",
-                }
+                PointRow(
+                    cell=config_columns(spec, self.cfg, self.cell_id),
+                    sweep_id=self.runner.sweep_id,
+                    workload=workload_columns(self.w),
+                    load=LoadRef(k2, float(v2), label),
+                    repeat=0,
+                    probe=False,
+                    role="load",
+                    status="skipped",
+                    saturated=True,
+                    saturation_reason=f"skipped: saturated at {kind} {value:g}",
+                )
             )
         store.write_points(self.runner.sweep_dir, self.cell_id, out.points)
 
@@ -471,18 +475,19 @@ class WorkloadLoads:
         from bench_llm.analysis.capacity import capacity_from_probes
 
         result = capacity_from_probes(probes, precision=float("nan"))
-        self.out.capacity[self.w.tag] = {
-            "method": "rate list",
-            "capacity_rps": result.capacity_rps,
-            "upper_rps": result.upper_rps,
-            "precision": None,
-            "achieved_precision": result.achieved_precision,
-            "converged": result.upper_rps is not None,
-            "probes": len(probes),
-            "undecided": list(result.undecided),
-            "level": result.level,
-            "note": result.note,
-        }
+        self.out.capacity[self.w.tag] = capacity_record(
+            "rate list",
+            optional=("undecided", "level"),
+            capacity_rps=result.capacity_rps,
+            upper_rps=result.upper_rps,
+            precision=None,
+            achieved_precision=result.achieved_precision,
+            converged=result.upper_rps is not None,
+            probes=len(probes),
+            undecided=tuple(result.undecided),
+            level=result.level,
+            note=result.note,
+        )
         cap = cap_text(result.capacity_rps, result.upper_rps, self.cfg.gpus)
         self.runner.echo(f"{self.index} {self.cell_id}: capacity {cap}")
 

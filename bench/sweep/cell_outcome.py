@@ -13,6 +13,7 @@ from bench_llm.bench.sweep.engines import tail
 from bench_llm.bench.sweep.matrix import tuning_json
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench_llm.launch.config import ParallelConfig
+from bench_llm.results.sweep_rows import CapacityRecord, CellColumns, PointRow, WorkloadColumns
 
 
 class SweepInterrupted(Exception):
@@ -24,9 +25,9 @@ class CellOutcome:
     status: str  # complete | failed
     reason: str | None = None
     log_tail: str | None = None
-    points: list[dict[str, Any]] = field(default_factory=list)
+    points: list[PointRow] = field(default_factory=list)
     #: workload tag -> capacity record (capacity search / rate sweeps)
-    capacity: dict[str, dict[str, Any]] = field(default_factory=dict)
+    capacity: dict[str, CapacityRecord] = field(default_factory=dict)
     engine_version: str | None = None
     engine_argv: str | None = None
     #: what the cell's engine says about itself (version and server-info routes, launch/profiles.py)
@@ -37,51 +38,52 @@ class CellOutcome:
     limiting_factor: str | None = None
 
 
-def failed_deployment(points: list[dict[str, Any]]) -> str | None:
+def failed_deployment(points: list[PointRow]) -> str | None:
     """Why a cell whose loads (nearly) all failed is a failed deployment, its most frequent
     errors first (None: enough of its requests succeeded, ``bench.errors.too_few_succeeded``)."""
-    done = [p for p in points if p.get("status") in ("complete", "interrupted")]
-    ok = sum(int(p.get("ok") or 0) for p in done)
-    counted = sum(int(p.get("requests") or 0) - int(p.get("cancelled") or 0) for p in done)
+    done = [p for p in points if p.measured]
+    ok = sum(p.ok for p in done)
+    counted = sum(p.requests - int(p.metrics.get("cancelled") or 0) for p in done)
     if not done or not too_few_succeeded(ok, counted):
         return None
     errors: dict[str, int] = {}
     for p in done:
-        if p.get("top_error"):
-            errors[str(p["top_error"])] = errors.get(str(p["top_error"]), 0) + int(p.get("failed") or 0)
+        top = p.metrics.get("top_error")
+        if top:
+            errors[str(top)] = errors.get(str(top), 0) + int(p.metrics.get("failed") or 0)
     top = sorted(errors, key=lambda e: -errors[e])[:3]
     head = f"requests failed: {' | '.join(top)}; " if top else "requests failed; "
     return head + f"{counted - ok} of {counted} requests of its loads failed (read the engine log)"
 
 
-def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> dict[str, Any]:
-    return {
-        "cell_id": cell_id,
-        "engine": spec.for_cell(cfg).engine,
-        "model": spec.model,
-        "gpu": spec.gpu,
-        "tp": cfg.tp,
-        "pp": cfg.pp,
-        "dp": cfg.dp,
-        "ep": cfg.ep,
-        "dcp": cfg.dcp,
-        "pcp": cfg.pcp,
-        "disagg": str(cfg.disagg) if cfg.disagg else None,
-        "gpus": cfg.gpus,
-        "axes": cfg.axes,
-        "tuning": tuning_json(cfg),
-    }
+def config_columns(spec: SweepSpec, cfg: ParallelConfig, cell_id: str) -> CellColumns:
+    return CellColumns(
+        cell_id=cell_id,
+        engine=spec.for_cell(cfg).engine,
+        model=spec.model,
+        gpu=spec.gpu,
+        tp=cfg.tp,
+        pp=cfg.pp,
+        dp=cfg.dp,
+        ep=cfg.ep,
+        dcp=cfg.dcp,
+        pcp=cfg.pcp,
+        disagg=str(cfg.disagg) if cfg.disagg else None,
+        gpus=cfg.gpus,
+        axes=cfg.axes,
+        tuning=tuning_json(cfg),
+    )
 
 
-def workload_columns(w: WorkloadSpec) -> dict[str, Any]:
+def workload_columns(w: WorkloadSpec) -> WorkloadColumns:
     """The workload values a point ran with: its tag, and the named workload or the synthetic
     lengths (each a workload axis of the sweep, ``MatrixSpec``)."""
-    return {
-        "workload": w.tag,
-        "workload_name": w.name,
-        "input_tokens": None if w.name else w.input_tokens,
-        "output_tokens": None if w.name else w.output_tokens,
-    }
+    return WorkloadColumns(
+        workload=w.tag,
+        workload_name=w.name,
+        input_tokens=None if w.name else w.input_tokens,
+        output_tokens=None if w.name else w.output_tokens,
+    )
 
 
 def logs_tail(cdir: Path, lines: int = 20) -> str:

@@ -6,13 +6,14 @@ below a re-judged rate list (``gap_search``) and the loads a re-judged cell stil
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import pandas as pd
 
 from bench_llm.analysis.capacity import CapacitySearch, Probe
 from bench_llm.analysis.recommend_pooling import pooled_loads, rate_probes
 from bench_llm.bench.sweep.spec import SweepSpec
+from bench_llm.results.sweep_rows import PointRow, point_rows
 
 
 class PriorLoads(NamedTuple):
@@ -24,8 +25,8 @@ class PriorLoads(NamedTuple):
     base_e2e_s: float
 
 
-def prior_loads(spec: SweepSpec, rows: list[dict[str, Any]]) -> PriorLoads:
-    pooled = pooled_loads(pd.DataFrame(rows), spec.attainment_pct, spec.confidence) if rows else pd.DataFrame()
+def prior_loads(spec: SweepSpec, rows: list[PointRow]) -> PriorLoads:
+    pooled = pooled_loads(pd.DataFrame(point_rows(rows)), spec.attainment_pct, spec.confidence) if rows else pd.DataFrame()
     if pooled.empty:
         return PriorLoads((), None, math.nan, math.nan)
     base = pooled[pooled["_base"]]
@@ -83,7 +84,7 @@ def gap_search(spec: SweepSpec, probes: list[Probe]) -> CapacitySearch | None:
     )
 
 
-def missing_loads(spec: SweepSpec, priors: dict[str, list[dict[str, Any]]]) -> list[str]:
+def missing_loads(spec: SweepSpec, priors: dict[str, list[PointRow]]) -> list[str]:
     """The next load each workload's re-judged search would probe (empty: the measured loads
     decide every verdict, nothing to measure)."""
     out = []

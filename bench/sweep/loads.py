@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from bench_llm.loadgen.runner import RunOptions
 from bench_llm.loadgen.transport import Timeouts
 from bench_llm.results.reader import read_run_meta, read_server_metrics
 from bench_llm.results.schema import RUN_FILE
+from bench_llm.results.sweep_rows import RunMeta
 from bench_llm.results.writer import write_run_meta
 from bench_llm.workloads.errors import WorkloadError
 from bench_llm.workloads.prompts import make_synth, word_prompts_exact
@@ -156,7 +157,7 @@ def run_load(
     run_dir: Path,
     url: str,
     served_model: str,
-    extra: dict[str, Any],
+    extra: RunMeta,
     warmup: int,
     progress: bool | None,
     engine_version: str | None = None,
@@ -170,7 +171,7 @@ def run_load(
     from bench_llm.bench.virtual import simulate_run
     from bench_llm.core.eventloop import run_async
 
-    schedule = build_schedule(load, spec, warmup, url, sweep_salt(extra.get("sweep_id")))
+    schedule = build_schedule(load, spec, warmup, url, sweep_salt(extra.sweep_id))
     # a workload file's [request] extra_body reaches the sweep's requests as it does bench run's
     adapter = adapter_for_engine(spec.engine, model=served_model, api=spec.api, engine_version=engine_version,
                                  extra_body=schedule.request.extra_body)
@@ -193,7 +194,7 @@ def run_load(
             "target_concurrency": spec.target_concurrency,
             "sweep": spec.as_dict(),
         },
-        extra=extra,
+        extra=extra.to_row(),
         engine_version=engine_version,  # the cell's engine: its /metrics names (docs/engines.md)
     )
     if virtual is None:
@@ -240,8 +241,9 @@ def _mark_saturation(run_dir: Path, sat: Saturation, meta: dict[str, Any] | None
         meta = read_run_meta(run_dir)
     meta = dict(meta)
     extra = dict(meta.get("extra") or {})
-    extra["saturated"] = sat.saturated
-    extra["saturation_reasons"] = list(sat.reasons)
+    sweep = RunMeta.from_row(extra)
+    if sweep is not None:  # a sweep's run (only those are judged here)
+        extra.update(replace(sweep, saturated=sat.saturated, saturation_reasons=tuple(sat.reasons)).to_row())
     meta["extra_json"] = extra
     write_run_meta(run_dir, meta)
 

@@ -24,6 +24,7 @@ from bench_llm.core import __version__
 from bench_llm.core.errors import BenchError
 from bench_llm.launch.config import ParallelConfig
 from bench_llm.results.outdir import LOCK_FILE
+from bench_llm.results.sweep_rows import CapacityRecord, CellRow, PointRow, capacity_json, point_rows
 
 if TYPE_CHECKING:
     from bench_llm.loadgen.otlp import OtlpReceiver
@@ -54,11 +55,11 @@ class _Book:
     """A sweep's cell rows while its cells run (one process or several, ``bench.sweep.parallel``):
     a cell's row is marked running when it starts and stored with its outcome when it ends."""
 
-    def __init__(self, spec: SweepSpec, sweep_dir: Path, rows: dict[str, dict[str, Any]], rejudge: set[str],
+    def __init__(self, spec: SweepSpec, sweep_dir: Path, rows: dict[str, CellRow], rejudge: set[str],
                  save: Callable[[], None]) -> None:  # fmt: skip
         self.spec, self.sweep_dir, self.rows, self.rejudge, self.save = spec, sweep_dir, rows, rejudge, save
         self.ran: set[str] = set()
-        self.priors: dict[str, list[dict[str, Any]] | None] = {}
+        self.priors: dict[str, list[PointRow] | None] = {}
 
     def started(self, task: CellTask) -> CellTask:
         """The cell's row before it runs; the task with a re-judged cell's points."""
@@ -67,8 +68,9 @@ class _Book:
         self.priors[cid] = prior
         if prior is None:
             store.set_aside_partial(sweep_dir, cid)
-            self.rows[cid].update(status="running", reason=None, log_tail=None, started_unix_s=time.time(),
-                                  ended_unix_s=None, fingerprint=json.dumps(cell_fingerprint(spec.model), sort_keys=True))
+            self.rows[cid] = replace(self.rows[cid], status="running", reason=None, log_tail=None,
+                                     started_unix_s=time.time(), ended_unix_s=None,
+                                     fingerprint=json.dumps(cell_fingerprint(spec.model), sort_keys=True))  # fmt: skip
             self.save()
         return replace(task, prior=prior)
 
@@ -76,7 +78,8 @@ class _Book:
         """A cell cut short (Ctrl-C): --resume runs it again; a re-judged cell stays complete
         (its earlier loads stand)."""
         if self.priors.get(task.cell_id) is None:
-            self.rows[task.cell_id].update(status="running", reason="interrupted; rerun with --resume")
+            self.rows[task.cell_id] = replace(self.rows[task.cell_id], status="running",
+                                              reason="interrupted; rerun with --resume")  # fmt: skip
             self.save()
 
     def finished(self, task: CellTask, outcome: CellOutcome, echo: Echo) -> None:
@@ -87,10 +90,11 @@ class _Book:
             # the cell's measured loads stand; its verdicts at these SLOs wait on the missing loads
             echo(f"{i} {task.cell_id}: the missing loads were not measured: {outcome.reason}")
             return
-        _record_outcome(row, outcome, rejudged=self.priors.get(task.cell_id) is not None)
-        _set_capacity(row, outcome.capacity, spec, task.config)
-        if row["status"] == "complete" and spec.slo:
-            row["limiting_factor"] = outcome.limiting_factor
+        row = _record_outcome(row, outcome, rejudged=self.priors.get(task.cell_id) is not None)
+        row = _set_capacity(row, outcome.capacity, spec, task.config)
+        if row.status == "complete" and spec.slo:
+            row = replace(row, limiting_factor=outcome.limiting_factor)
+        self.rows[task.cell_id] = row
         self.save()
         if outcome.status == "failed":
             echo(f"{i} {task.cell_id}: FAILED: {outcome.reason}")
@@ -163,16 +167,16 @@ def run_sweep(
     # refused before anything is written; on a cluster cells run side by side as concurrent jobs
     workers = worker_count(jobs, len(planned), spec.virtual, side_by_side=spec.cluster is not None)
     _write_sweep_json(sweep_dir, sweep_id, spec, stored, command, planned)
-    previous = {r["cell_id"]: r for r in store.read_cells(sweep_dir)}
+    previous = {r.cell_id: r for r in store.read_cell_rows(sweep_dir)}
     # complete cells judged under other SLOs than these: re-judged, their gaps probed
     was = judging({**LEGACY_DEFAULTS, **(stored.get("spec") or {})}) if stored else judging(spec.as_dict())
-    rejudge = {cid for cid, r in previous.items() if r["status"] == "complete" and _judged_at(r, was) != judging(spec.as_dict())}
+    rejudge = {cid for cid, r in previous.items() if r.status == "complete" and _judged_at(r, was) != judging(spec.as_dict())}
     rows = _initial_rows(spec, planned, previous, retry_failed)
     held = _hold(spec, planned, rows, hold)
 
     def save() -> None:
         # cells not started yet are not written: cells.parquet lists complete|failed|skipped|running
-        store.write_cells(sweep_dir, [r for r in rows.values() if r["status"] != "pending"])
+        store.write_cell_rows(sweep_dir, [r for r in rows.values() if r.status != "pending"])
 
     save()
     if resume and hasattr(launcher, "recover"):  # the jobs a killed sweep left on the cluster
@@ -181,7 +185,7 @@ def run_sweep(
     todo = [
         c
         for c in planned
-        if not c.skip_reason and c.cell_id not in held and (rows[c.cell_id]["status"] not in ("complete", "failed") or c.cell_id in rejudge)
+        if not c.skip_reason and c.cell_id not in held and (rows[c.cell_id].status not in ("complete", "failed") or c.cell_id in rejudge)
     ]
     total = len(todo)
     workers = min(workers, total)
@@ -214,13 +218,13 @@ def run_sweep(
         sweep_dir,
         tuple(ran),
         tuple(reused),
-        tuple(r["cell_id"] for r in final if r["status"] == "failed"),
-        tuple(r["cell_id"] for r in final if r["status"] == "skipped"),
+        tuple(r.cell_id for r in final if r.status == "failed"),
+        tuple(r.cell_id for r in final if r.status == "skipped"),
         interrupted,
     )
 
 
-def _hold(spec: SweepSpec, planned: list[PlannedCell], rows: dict[str, dict[str, Any]],
+def _hold(spec: SweepSpec, planned: list[PlannedCell], rows: dict[str, CellRow],
           hold: Callable[[str], str | None] | None) -> set[str]:
     """The cells ``hold`` holds back this time, their rows marked skipped with its reason; a cell
     held back earlier (skipped, though the matrix can run it) and released now is pending again."""
@@ -229,13 +233,13 @@ def _hold(spec: SweepSpec, planned: list[PlannedCell], rows: dict[str, dict[str,
         return held
     for c in planned:
         row = rows[c.cell_id]
-        if c.skip_reason or row["status"] not in ("pending", "running", "skipped"):
+        if c.skip_reason or row.status not in ("pending", "running", "skipped"):
             continue
         reason = hold(c.cell_id)
         if reason is not None:
             held.add(c.cell_id)
             rows[c.cell_id] = _base_row(spec, c, "skipped", reason)
-        elif row["status"] == "skipped":
+        elif row.status == "skipped":
             rows[c.cell_id] = _base_row(spec, c, "pending", None)
     return held
 
@@ -289,14 +293,14 @@ def _write_sweep_json(sweep_dir: Path, sweep_id: str, spec: SweepSpec, stored: d
     )
 
 
-def _initial_rows(spec: SweepSpec, planned: list[PlannedCell], previous: dict[str, dict[str, Any]],
-                  retry_failed: bool) -> dict[str, dict[str, Any]]:
+def _initial_rows(spec: SweepSpec, planned: list[PlannedCell], previous: dict[str, CellRow],
+                  retry_failed: bool) -> dict[str, CellRow]:
     """Each cell's row before the run: kept from ``previous`` when finished (or failed without
     --retry-failed), else pending or skipped."""
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, CellRow] = {}
     for c in planned:
         old = previous.get(c.cell_id)
-        if old and (old["status"] in FINISHED or (old["status"] == "failed" and not retry_failed)):
+        if old and (old.status in FINISHED or (old.status == "failed" and not retry_failed)):
             rows[c.cell_id] = old
         else:
             rows[c.cell_id] = _base_row(spec, c, "skipped" if c.skip_reason else "pending", c.skip_reason)
@@ -307,7 +311,7 @@ def _initial_rows(spec: SweepSpec, planned: list[PlannedCell], previous: dict[st
 
 
 def _announce(echo: Echo, sweep_id: str, sweep_dir: Path, planned: list[PlannedCell], todo: list[PlannedCell],
-              rows: dict[str, dict[str, Any]], resume: bool) -> list[str]:
+              rows: dict[str, CellRow], resume: bool) -> list[str]:
     """Print the sweep's plan and each cell skipped or kept; the ids of the cells kept."""
     total = len(todo)
     echo(
@@ -322,21 +326,26 @@ def _announce(echo: Echo, sweep_id: str, sweep_dir: Path, planned: list[PlannedC
             echo(f"skip {c.cell_id}: {c.skip_reason}")
         elif c.cell_id not in [t.cell_id for t in todo]:
             reused.append(c.cell_id)
-            echo(f"done {c.cell_id}: {rows[c.cell_id]['status']} (kept from the earlier run)")
+            echo(f"done {c.cell_id}: {rows[c.cell_id].status} (kept from the earlier run)")
     return reused
 
 
-def _record_outcome(row: dict[str, Any], outcome: CellOutcome, rejudged: bool) -> None:
+def _record_outcome(row: CellRow, outcome: CellOutcome, rejudged: bool) -> CellRow:
     """A run cell's row after its run: status, reason, end time, the engine it ran on. A
     re-judged cell run without a launch keeps the engine fields it had."""
-    row.update(status=outcome.status, reason=outcome.reason, log_tail=outcome.log_tail, ended_unix_s=time.time())
-    for key in ("engine_version", "engine_argv", "prefix_cache_reset"):
-        if not rejudged or getattr(outcome, key) is not None:  # re-judged without a launch: kept
-            row[key] = getattr(outcome, key)
+    row = replace(row, status=outcome.status, reason=outcome.reason, log_tail=outcome.log_tail, ended_unix_s=time.time())
+    # re-judged without a launch: kept
+    if not rejudged or outcome.engine_version is not None:
+        row = replace(row, engine_version=outcome.engine_version)
+    if not rejudged or outcome.engine_argv is not None:
+        row = replace(row, engine_argv=outcome.engine_argv)
+    if not rejudged or outcome.prefix_cache_reset is not None:
+        row = replace(row, prefix_cache_reset=outcome.prefix_cache_reset)
     if outcome.engine_info:
-        row["engine_info"] = json.dumps(outcome.engine_info, sort_keys=True, default=str)
+        row = replace(row, engine_info=json.dumps(outcome.engine_info, sort_keys=True, default=str))
     elif not rejudged:
-        row["engine_info"] = None
+        row = replace(row, engine_info=None)
+    return row
 
 
 def _virtual_sweep_id(spec: SweepSpec) -> str:
@@ -348,22 +357,19 @@ def _virtual_sweep_id(spec: SweepSpec) -> str:
     return hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _base_row(spec: SweepSpec, c: PlannedCell, status: str, reason: str | None) -> dict[str, Any]:
-    return {**config_columns(spec, c.config, c.cell_id), "status": status, "reason": reason}
+def _base_row(spec: SweepSpec, c: PlannedCell, status: str, reason: str | None) -> CellRow:
+    return CellRow(config_columns(spec, c.config, c.cell_id), status, reason)
 
 
-def _set_capacity(row: dict[str, Any], capacity: dict[str, dict[str, Any]], spec: SweepSpec, cfg: ParallelConfig) -> None:
-    import json
-
+def _set_capacity(row: CellRow, capacity: dict[str, CapacityRecord], spec: SweepSpec, cfg: ParallelConfig) -> CellRow:
     if not capacity:
-        return
-    for record in capacity.values():  # the settings its verdicts were made under
-        record["judged"] = judging(spec.as_dict())
-    first = capacity.get(spec.cell_workloads[0].tag) or next(iter(capacity.values()))
-    cap = first.get("capacity_rps")
-    row["capacity_rps"] = cap
-    row["capacity_rps_per_gpu"] = cap / cfg.gpus if cap is not None else None
-    row["capacity_json"] = json.dumps(capacity, sort_keys=True)
+        return row
+    # the settings its verdicts were made under
+    judged = {tag: record.with_judged(judging(spec.as_dict())) for tag, record in capacity.items()}
+    first = judged.get(spec.cell_workloads[0].tag) or next(iter(judged.values()))
+    cap = first.capacity_rps
+    per_gpu = cap / cfg.gpus if cap is not None else None
+    return replace(row, capacity_rps=cap, capacity_rps_per_gpu=per_gpu, capacity_json=capacity_json(judged))
 
 
 def judging(spec: dict[str, Any]) -> dict[str, Any]:
@@ -371,49 +377,42 @@ def judging(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: _norm(spec.get(k)) for k in JUDGING}
 
 
-def _judged_at(row: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+def _judged_at(row: CellRow, default: dict[str, Any]) -> dict[str, Any]:
     """The settings a complete cell's verdicts were made under (``default``: a cell stored
     before cells recorded them, or one without a capacity record)."""
-    import json
-
-    records = json.loads(row["capacity_json"]).values() if row.get("capacity_json") else []
-    return next((r["judged"] for r in records if r.get("judged")), default)
+    records = row.capacity.values()
+    return next((dict(r.judged) for r in records if r.judged), default)
 
 
-def rejudged_points(sweep_dir: Path, cell_id: str, spec: SweepSpec) -> list[dict[str, Any]]:
+def rejudged_points(sweep_dir: Path, cell_id: str, spec: SweepSpec) -> list[PointRow]:
     """A complete cell's points with attainment and verdicts recomputed from their run folders
     under the spec's SLOs (what ``bench recommend --slo`` does, kept in points.parquet)."""
     from bench_llm.analysis.capacity import judge_load
-    from bench_llm.analysis.recommend_io import rescore_point
+    from bench_llm.analysis.recommend_io import rescored
     from bench_llm.analysis.slo import SLO
-    from bench_llm.results.reader import read_parquet_file
 
-    path = store.cell_dir(sweep_dir, cell_id) / store.POINTS_FILE
-    if not path.exists():
-        return []
     slo = SLO.from_dict(spec.slo)
     rows = []
-    for row in read_parquet_file(path).to_pylist():
-        row = rescore_point(sweep_dir, row, slo)
-        if spec.slo and row.get("status") in ("complete", "interrupted"):
-            own = judge_load([row], spec.attainment_pct, spec.confidence)
-            row["verdict"], row["verdict_reason"] = own.verdict, own.reason or None
+    for row in store.read_points(sweep_dir, cell_id):
+        row = rescored(sweep_dir, row, slo)
+        if spec.slo and row.measured:
+            own = judge_load(point_rows([row]), spec.attainment_pct, spec.confidence)
+            row = row.with_verdict(own.verdict, own.reason or None)
         rows.append(row)
     return rows
 
 
-def _capacity_hint(rows: dict[str, dict[str, Any]]) -> Callable[[ParallelConfig, str], float | None]:
+def _capacity_hint(rows: dict[str, CellRow]) -> Callable[[ParallelConfig, str], float | None]:
     """Start each capacity search near what earlier cells found, scaled by GPUs."""
 
     def hint(cfg: ParallelConfig, workload: str) -> float | None:
-        import json
-
         per_gpu = []
         for r in rows.values():
-            if r.get("status") == "complete" and r.get("capacity_json"):
-                cap = (json.loads(r["capacity_json"]).get(workload) or {}).get("capacity_rps")
+            if r.status == "complete" and r.capacity_json:
+                record = r.capacity.get(workload)
+                cap = record.capacity_rps if record is not None else None
                 if cap:
-                    per_gpu.append(cap / r["gpus"])
+                    per_gpu.append(cap / r.cell.gpus)
         if not per_gpu:
             return None
         return max(per_gpu) * cfg.gpus

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # imported where used: the sweep command imports this module 
     from bench_llm.bench.sweep.cell_outcome import CellOutcome
     from bench_llm.bench.sweep.spec import SweepSpec
     from bench_llm.launch.config import ParallelConfig
+    from bench_llm.results.sweep_rows import PointRow
 
 Echo = Callable[[str], None]
 
@@ -93,7 +94,7 @@ class CellTask:
     cell_id: str
     config: ParallelConfig
     index: str
-    prior: list[dict[str, Any]] | None = None
+    prior: list[PointRow] | None = None
 
 
 @dataclass(frozen=True)

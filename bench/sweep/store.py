@@ -30,11 +30,13 @@ from bench_llm.results.sweep_layout import (
     read_cells_table,
     read_sweep_json,
 )
+from bench_llm.results.sweep_rows import CellRow, PointRow, point_rows
 from bench_llm.results.writer import write_table_atomic
 
 __all__ = [
     "CELL_PREFIX", "CELLS_FILE", "CELLS_SCHEMA", "LOAD_PREFIX", "PARTIAL_DIR", "POINTS_FILE", "RECOMMENDATION_FILE",
-    "SWEEP_FILE", "cell_dir", "load_dir", "read_cells", "read_sweep_json", "set_aside_partial", "write_cells",
+    "SWEEP_FILE", "cell_dir", "load_dir", "read_cell_rows", "read_cells", "read_points", "read_sweep_json",
+    "set_aside_partial", "write_cell_rows", "write_cells",
     "write_points", "write_recommendation", "write_sweep_json",
 ]
 
@@ -51,14 +53,32 @@ def write_cells(sweep: Path, rows: list[dict[str, Any]]) -> None:
     write_table_atomic(pa.Table.from_pydict(cols, schema=CELLS_SCHEMA), Path(sweep) / CELLS_FILE)
 
 
+def write_cell_rows(sweep: Path, rows: list[CellRow]) -> None:
+    """``cells.parquet`` from typed rows (``write_cells``)."""
+    write_cells(sweep, [r.to_row() for r in rows])
+
+
+def read_cell_rows(sweep: Path) -> list[CellRow]:
+    return [CellRow.from_row(r) for r in read_cells(sweep)]
+
+
+def read_points(sweep: Path, cell_id: str) -> list[PointRow]:
+    """A cell's ``points.parquet`` rows (none: no file)."""
+    from bench_llm.results.reader import read_parquet_file
+
+    path = cell_dir(sweep, cell_id) / POINTS_FILE
+    return [PointRow.from_row(r) for r in read_parquet_file(path).to_pylist()] if path.exists() else []
+
+
 def read_cells(sweep: Path) -> list[dict[str, Any]]:
     table = read_cells_table(sweep)
     return [] if table is None else table.to_pylist()  # type: ignore[no-any-return]
 
 
-def write_points(sweep: Path, cell_id: str, rows: list[dict[str, Any]]) -> None:
-    if not rows:
+def write_points(sweep: Path, cell_id: str, points: list[PointRow]) -> None:
+    if not points:
         return
+    rows = point_rows(points)
     names: list[str] = []
     for r in rows:
         names.extend(k for k in r if k not in names)

@@ -24,6 +24,7 @@ from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpe
 from bench_llm.bench.sweep.store import read_cells
 from bench_llm.core.errors import BenchError
 from bench_llm.results.reader import read_run_meta
+from bench_llm.results.sweep_rows import LoadRef, RunMeta
 from tests.conftest import REPO
 from tests.sweep_fakes import FixedSimLauncher
 
@@ -71,7 +72,8 @@ def test_cells_run_skip_and_fail_with_the_engine_log(tmp_path: Path) -> None:
     extra = meta["extra"]
     assert extra["sweep_id"] == json.loads((out / "sweep.json").read_text())["sweep_id"]
     assert extra["cell"]["dp"] == 2 and extra["cell"]["tp"] == 2 and extra["cell"]["engine"] == "sim"
-    assert extra["load"] == {"kind": "rate", "value": 10.0, "label": "rate-10"}
+    # the point row's vocabulary (results/sweep_rows.py), no nested "load" any more
+    assert "load" not in extra and RunMeta.from_row(extra).load == LoadRef("rate", 10.0, "rate-10")
     assert extra["repeat"] == 0 and extra["saturated"] is False
     # warm-up once per cell, recorded and excluded
     first = pq.read_table(out / "cell=tp2" / "load=rate-10" / "requests").to_pandas()
