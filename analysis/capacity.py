@@ -25,6 +25,7 @@ from bench_llm.analysis.confidence import (
     wilson_interval,
     z_value,
 )
+from bench_llm.results.sweep_rows import Reason, ReasonCode
 
 
 @dataclass(frozen=True)
@@ -194,10 +195,28 @@ class LoadJudgement:
     #: one-sided 99 % z: 4.3 at 95 %) lies wholly on the verdict's side of the target (or it
     #: saturated), so another run of it, with another seed, would most likely decide the same
     sure: bool = False
+    #: under-sampled because too short: how many more requests its longest run needed
+    #: (the run's ``more_requests_needed``; 0: not that case) — what sizes the next run
+    more_requests: int = 0
 
     @property
     def passed(self) -> bool:
         return self.verdict == "pass"
+
+    @property
+    def code(self) -> ReasonCode | None:
+        """Why it did not simply pass, as a code (None: it passed)."""
+        if self.untrustworthy is not None:
+            return ReasonCode.UNTRUSTWORTHY
+        if self.verdict == "fail":
+            return ReasonCode.SATURATED if self.saturated else ReasonCode.FAILED
+        return ReasonCode.UNDECIDED if self.verdict == "undecided" else None
+
+    @property
+    def why(self) -> Reason | None:
+        """``code`` with the message (``reason``) and the requests a too-short run lacked."""
+        code = self.code
+        return None if code is None else Reason(code, self.reason, self.more_requests)
 
     @property
     def undecided(self) -> bool:
@@ -226,7 +245,9 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
     unsteady = [r for r in trusted if r.get("under_sampled")]
     if steady and unsteady and _size(unsteady) > _size(steady):
         steady = []  # the longest run, the best evidence, did not settle: nor did the load
-    under = None if steady else str(max(unsteady, key=lambda r: int(r.get("requests") or 0))["under_sampled"])
+    longest = None if steady else max(unsteady, key=lambda r: int(r.get("requests") or 0))
+    under = None if longest is None else str(longest["under_sampled"])
+    more = 0 if longest is None else _count(longest.get("more_requests_needed"))
     p = _Pool.of(steady or trusted, target, level)
     unsettled = ""
     if steady and len(steady) < len(trusted) and p.verdict != "fail":
@@ -235,26 +256,28 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
         if u.verdict == "fail":
             p, unsettled = u, " (runs that had not settled yet)"
     lo, hi = p.interval
-    common = dict(met=p.met, judged=p.judged, attainment=p.attainment, low=lo, high=hi, saturated=sat,
-                  under_sampled=under)  # fmt: skip
+
+    def judged(verdict: Verdict, reason: str = "", sure: bool = False) -> LoadJudgement:
+        return LoadJudgement(verdict, p.met, p.judged, p.attainment, lo, hi, sat, reason, None, under, sure, more)
+
     if sat:
         reasons = [str(r["saturation_reason"]) for r in trusted if r.get("saturation_reason")]
-        return LoadJudgement("fail", reason="saturated: " + (reasons[0] if reasons else "yes"), sure=True, **common)  # type: ignore[arg-type]
+        return judged("fail", "saturated: " + (reasons[0] if reasons else "yes"), sure=True)
     corr = f" (correlation counts them as {p.eff_n:.0f})" if p.eff_n < 0.99 * p.judged else ""
     interval = (f"{100 * p.attainment:.1f}% of {p.judged} met{corr}{unsettled}, "
                 f"{100 * level:g}% interval {100 * lo:.1f}-{100 * hi:.1f}%")  # fmt: skip
     if p.verdict == "fail":
         sure = p.eff_n > 0 and wilson_interval(p.eff_met, p.eff_n, sure_level(level))[1] < target - 1e-12
-        return LoadJudgement("fail", reason=f"{interval}, below {attainment_pct:g}%", sure=sure, **common)  # type: ignore[arg-type]
+        return judged("fail", f"{interval}, below {attainment_pct:g}%", sure)
     if p.verdict == "pass" and under is None:
         sure = target < 1.0 and p.eff_n > 0 and wilson_interval(p.eff_met, p.eff_n, sure_level(level))[0] >= target - 1e-12
-        return LoadJudgement("pass", sure=sure, **common)  # type: ignore[arg-type]
+        return judged("pass", sure=sure)
     if p.verdict == "pass":
-        return LoadJudgement("undecided", reason=f"under-sampled: {under}", **common)  # type: ignore[arg-type]
+        return judged("undecided", f"under-sampled: {under}")
     need = requests_to_pass(target, level)
     unit = "jobs" if any(_judged(r) != int(r.get("requests") or 0) for r in trusted) else "requests"
     small = f"; fewer than the {need} {unit} a pass needs at all" if p.judged < need else ""
-    return LoadJudgement("undecided", reason=f"{interval} straddles {attainment_pct:g}%{small}", **common)  # type: ignore[arg-type]
+    return judged("undecided", f"{interval} straddles {attainment_pct:g}%{small}")
 
 
 @dataclass(frozen=True)
@@ -286,6 +309,11 @@ class _Pool:
         eff_met = met / judged * eff_n if judged else 0.0
         interval = wilson_interval(eff_met, eff_n, level) if eff_n > 0 else (math.nan, math.nan)
         return cls(met, judged, eff_met, eff_n, _verdict(met, judged, eff_met, eff_n, target, level), interval)
+
+
+def _count(v: Any) -> int:
+    """A count column's value (0 where absent or NaN: points of older sweeps)."""
+    return int(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0
 
 
 def _size(runs: Sequence[Mapping[str, Any]]) -> int:

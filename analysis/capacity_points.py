@@ -27,6 +27,7 @@ from bench_llm.analysis.capacity_steady import (
     design_effect,
     long_enough,
     long_lifetime_s,
+    requests_needed,
     server_series,
     stationarity,
 )
@@ -115,6 +116,9 @@ class PointMetrics:
     prompt_ratio_p50: float = _NAN
     prompt_exact_share: float = _NAN
     prompt_approximate: str | None = None
+    #: a run too short to stand for its rate: how many more requests a run needs
+    #: (``capacity_steady.requests_needed``; 0: long enough, or ``under_sampled`` says otherwise)
+    more_requests_needed: int = 0
 
     def as_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {}
@@ -182,7 +186,9 @@ def request_point_metrics(
         miss_share = {key: float(res[f"miss_{key}"].mean()) for key, _ in slo.request_limits}
     send_span = (np.nanmax(intended) - np.nanmin(intended)) / 1e9 if len(intended) else _NAN
     short = None
+    more = 0
     if offered:
+        more = requests_needed(float(send_span), life_s, len(kept))
         short = long_enough(float(send_span), life_s, len(kept)) or stationarity(
             intended,
             kept["send_ns"].to_numpy(dtype=float),
@@ -231,6 +237,7 @@ def request_point_metrics(
         prompt_ratio_p50=lengths.ratio_p50,
         prompt_exact_share=lengths.exact_share,
         prompt_approximate=approximate_prompts(lengths, words=_word_prompts(okdf)),
+        more_requests_needed=more,
     )
 
 

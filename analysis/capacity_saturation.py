@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench_llm.analysis.capacity_steady import long_enough, long_lifetime_s
+from bench_llm.analysis.capacity_steady import long_enough, long_lifetime_s, requests_needed
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import measured, request_metrics
 from bench_llm.analysis.slo import SLO
@@ -48,6 +48,8 @@ class Saturation:
     #: not saturated, but what the timing tests saw cannot be judged on this run (too short,
     #: or every SLO met): why, and what a longer run needs ("undecided: N more requests needed")
     undecided: str | None = None
+    #: with ``undecided`` for a run too short: how many more requests a run needs (0: not that)
+    undecided_more: int = 0
 
     def __str__(self) -> str:
         return "; ".join(self.reasons) if self.reasons else "not saturated"
@@ -193,7 +195,8 @@ def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None, slo: S
     short = long_enough(float(send_span), life_s, n)
     if all_met or short:
         why = short or "undecided: every request met every SLO"
-        return Saturation(False, (), f"{why}; " + "; ".join(soft))
+        more = requests_needed(float(send_span), life_s, n) if short else 0
+        return Saturation(False, (), f"{why}; " + "; ".join(soft), more)
     return Saturation(True, tuple(soft))
 
 

@@ -53,14 +53,23 @@ def long_lifetime_s(e2e_ms: np.ndarray) -> float:
     return float(np.percentile(v, LONG_PERCENTILE)) / 1000.0 if len(v) else math.nan
 
 
-def long_enough(send_span_s: float, life_s: float, n: int) -> str | None:
-    """Why a run's sending span is too short to stand for its rate (None: long enough)."""
+def requests_needed(send_span_s: float, life_s: float, n: int) -> int:
+    """How many more requests than its ``n`` a run needs to send for ``LIFETIMES`` long-request
+    lifetimes at its pace (0: it is long enough, or cannot be judged). A sweep sizes its next
+    run by this number (``LoadJudgement.more_requests``), never by ``long_enough``'s wording."""
     if not (math.isfinite(send_span_s) and math.isfinite(life_s)) or life_s <= 0 or n < 2:
-        return None
+        return 0
     need_s = LIFETIMES * life_s
     if send_span_s >= need_s:
+        return 0
+    return math.ceil(n * need_s / max(send_span_s, 1e-9)) - n  # >= 1: the span is short of need_s
+
+
+def long_enough(send_span_s: float, life_s: float, n: int) -> str | None:
+    """Why a run's sending span is too short to stand for its rate (None: long enough)."""
+    more = requests_needed(send_span_s, life_s, n)
+    if not more:
         return None
-    more = math.ceil(n * need_s / max(send_span_s, 1e-9)) - n
     return (
         f"undecided: {more} more requests needed (sent for {send_span_s:.3g} s, under {LIFETIMES:g} lifetimes "
         f"of a long request, E2E p90 {life_s:.3g} s: no steady state yet)"

@@ -51,7 +51,7 @@ from bench_llm.analysis.recommend_io import (
     resume_command,
     sweep_settings,
 )
-from bench_llm.analysis.recommend_pooling import cell_capacity, float_or_nan, load_text, pooled_loads
+from bench_llm.analysis.recommend_pooling import cell_capacity, float_or_nan, load_text, one_at_a_time, pooled_loads
 from bench_llm.analysis.recommend_text import definitions as recommend_definitions
 from bench_llm.analysis.recommend_types import (
     CellCapacity,
@@ -231,6 +231,7 @@ def _configuration(
             load_text(base) if base is not None else None,
             _clean(float_or_nan(base.get("ttft_p50_ms"))) if base is not None else None,
             _clean(float_or_nan(base.get("tpot_p50_ms"))) if base is not None else None,
+            base is not None and one_at_a_time(base),
         ),
         loads=[_point_summary(r) for _, r in pooled.iterrows()],
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 from bench_llm.analysis.confidence import separation
 from bench_llm.analysis.recommend_diagnosis import TIE_FRACTION, layout_id
-from bench_llm.analysis.recommend_types import Configuration, LoadVerdict, Pick, Separation
+from bench_llm.analysis.recommend_types import Configuration, Lightest, LoadVerdict, Pick, Separation
 
 #: Lightest-load latencies closer than this (relative) do not name a "fastest single request".
 SINGLE_REQUEST_MARGIN = 0.10
@@ -168,7 +168,7 @@ def same_gpus_tradeoffs(configs: list[Configuration]) -> list[str]:
         best = max(caps.values())
         leaders = [cid for cid, v in caps.items() if best > 0 and v >= (1 - TIE_FRACTION) * best]
         fl = fastest.lightest
-        single = all(_one_at_a_time(c.lightest.load) for c in ranked)
+        single = all(_one_at_a_time(c.lightest) for c in ranked)
         same_layout = len({layout_id(c) for c in ranked}) == 1
         clear = len(ranked) < 2 or _clear_lead(fastest, ranked[1])
         what = "fastest single request" if single else "lowest latency at its lightest load"
@@ -204,6 +204,10 @@ def _clear_lead(fast: Configuration, next_: Configuration) -> bool:
     return bool(ttft or tpot)
 
 
-def _one_at_a_time(load: str | None) -> bool:
+def _one_at_a_time(lightest: Lightest) -> bool:
+    if lightest.one_at_a_time is not None:
+        return lightest.one_at_a_time
+    # a recommendation.json written before ``one_at_a_time``: its load's name is all it has
+    load = lightest.load
     return bool(load) and ("one request at a time" in str(load) or str(load) == "concurrency 1")
 

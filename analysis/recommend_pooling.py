@@ -176,6 +176,11 @@ def _unprobed(pooled: pd.DataFrame, rates: pd.DataFrame, res: CapacityResult) ->
     )
 
 
+def one_at_a_time(row: pd.Series) -> bool:
+    """A pooled load sent one request at a time: the baseline, or concurrency 1."""
+    return bool(row.get("_base", False)) or (row["load_kind"] == "concurrency" and float(row["load_value"]) == 1.0)
+
+
 def load_text(row: pd.Series) -> str:
     """A pooled load's name: "2 req/s", "concurrency 4", or the one-at-a-time baseline."""
     v = float(row["load_value"])

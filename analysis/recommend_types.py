@@ -124,10 +124,14 @@ class Lightest(ToJson):
     load: str | None
     ttft_p50_ms: float | None
     tpot_p50_ms: float | None
+    #: the load was one request at a time (the baseline, or concurrency 1); None: a file
+    #: written before this key, whose only record of it is the load's name
+    one_at_a_time: bool | None = field(default=None, metadata=OMIT_NONE)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Lightest:
-        return cls(d.get("load"), d.get("ttft_p50_ms"), d.get("tpot_p50_ms"))
+        one = d.get("one_at_a_time")
+        return cls(d.get("load"), d.get("ttft_p50_ms"), d.get("tpot_p50_ms"), one if isinstance(one, bool) else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -254,7 +254,7 @@ class WorkloadLoads:
                 echo(f"{self.index} {self.cell_id}: {fmt_load(kind, value)}: measuring again{more}: {judgement.reason}")
             elif judgement.needs_more and len(rows) - spec.repeats - len(prior or ()) < MAX_REMEASURES:
                 if judgement.under_sampled:  # a longer run, judged alone (judge_load): up to max_requests
-                    n = min(max(2 * last, last + _needed(judgement.under_sampled)), loads.max_requests)
+                    n = min(max(2 * last, last + judgement.more_requests), loads.max_requests)
                     if n <= last and last >= loads.max_requests:
                         break  # the longest run allowed did not settle: not stationary
                 else:  # more of the same, pooled: up to max_requests in all
@@ -490,13 +490,3 @@ class WorkloadLoads:
         )
         cap = cap_text(result.capacity_rps, result.upper_rps, self.cfg.gpus)
         self.runner.echo(f"{self.index} {self.cell_id}: capacity {cap}")
-
-
-def _needed(reason: str) -> int:
-    """The N of a too-short run's reason ("undecided: N more requests needed (...)"): how many
-    more requests than it sent a run needs to be long enough (0: it did not say)."""
-    import re
-
-    m = re.search(r"(\d+) more requests needed", reason)
-    return 0 if m is None else int(m.group(1))
-

@@ -227,6 +227,7 @@ def _judge(
     if sat.undecided and not metrics.get("under_sampled"):
         # the timing tests cannot judge this run: it cannot pass, and is measured again, longer
         metrics["under_sampled"] = sat.undecided
+        metrics["more_requests_needed"] = sat.undecided_more
     _mark_saturation(run.path, sat, run.meta)
     return metrics, sat, interrupted
 

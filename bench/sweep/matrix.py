@@ -23,6 +23,9 @@ class PlannedCell:
     skip_reason: str | None = None
     #: The tuning-axis values this cell runs with, ((flag, value), ...).
     tuning: tuple[tuple[str, str], ...] = ()
+    #: skipped because the layout itself is invalid or the engine refuses it (no number of GPUs
+    #: would run it), not for want of GPUs: ``impossible_matrix`` decides by this, not the wording
+    refused: bool = False
 
     @property
     def cell_id(self) -> str:
@@ -93,20 +96,21 @@ def expand(spec: SweepSpec, unsupported: UnsupportedFn | None = None) -> list[Pl
             name = "-".join([cfg.cell_id, f"dcp{dcp}", *_tuning_parts(tuning)])
             if name not in seen:
                 seen.add(name)
-                cells.append(_Invalid(cfg, f"invalid configuration: {exc}", tuning, name=name))
+                cells.append(_Invalid(cfg, f"invalid configuration: {exc}", tuning, refused=True, name=name))
             continue
         cid = tuned_cell_id(cfg, tuning)
         if cid in seen:
             continue
         seen.add(cid)
         reason = _shape_refusal(spec, cfg)
+        refused = reason is not None
         if reason is None:
             reason = _gpu_shortfall(spec, cfg)
         if reason is None and unsupported is not None:
             reasons = unsupported(spec.engine, cfg)
             if reasons:
-                reason = f"{spec.engine} does not support it: " + "; ".join(reasons)
-        cells.append(PlannedCell(cfg, reason, tuning))
+                reason, refused = f"{spec.engine} does not support it: " + "; ".join(reasons), True
+        cells.append(PlannedCell(cfg, reason, tuning, refused))
     # smallest first; a tuning axis keeps the order its values were given in
     cells.sort(key=lambda c: (c.config.gpus, c.config.axes, parallel_id(c.config), order.get(c.tuning, 0)))
     return cells
@@ -118,13 +122,10 @@ def impossible_matrix(planned: list[PlannedCell]) -> str | None:
     the GPUs available stop them."""
     if not planned or any(c.skip_reason is None for c in planned):
         return None
-    if not all(_layout_refusal(c.skip_reason or "") for c in planned):
+    if not all(c.refused for c in planned):
         return None
     return "no cell of the matrix can run: " + "; ".join(f"{c.cell_id}: {c.skip_reason}" for c in planned)
 
-
-def _layout_refusal(reason: str) -> bool:
-    return reason.startswith("invalid configuration: ") or " does not support it: " in reason
 
 
 def model_shape(engine: str, model: str) -> ModelShape | None:

@@ -46,7 +46,10 @@ def test_bench_writes_what_analysis_reads(tmp_path: Path) -> None:
 
     assert store.POINTS_FILE is layout.POINTS_FILE and store.CELLS_SCHEMA is layout.CELLS_SCHEMA
     store.write_cells(tmp_path, [{"cell_id": "tp1", "status": "complete", "gpus": 1}])
-    store.write_points(tmp_path, "tp1", [{"cell_id": "tp1", "load_value": 2.0}, {"cell_id": "tp1", "load_value": 4.0}])
+    from bench_llm.results.sweep_rows import PointRow
+
+    points = [PointRow.from_row({"cell_id": "tp1", "load_value": v}) for v in (2.0, 4.0)]
+    store.write_points(tmp_path, "tp1", points)
     store.write_sweep_json(tmp_path, {"spec": {"slo": {"ttft_ms": 500.0}}})
     assert (tmp_path / "cell=tp1" / "points.parquet").exists()
     assert store.load_dir(tmp_path, "tp1", "rate-2") == tmp_path / "cell=tp1" / "load=rate-2"
