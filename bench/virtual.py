@@ -74,22 +74,21 @@ class VirtualEngine:
 def virtual_engine(
     model: str, gpu: str | None, parallel: ParallelConfig, extra_args: Sequence[str] = (), flavor: str = "vllm"
 ) -> VirtualEngine:
-    """The configuration the launcher would start (its own argv, parsed by ``bench sim serve``),
+    """The configuration the launcher would start (its own argv, parsed as ``bench sim serve``
+    parses it: sim/serve_args.py),
     checked to fit in memory. Raises EngineStartError with the engine's own message."""
-    import click
-
-    from bench_llm.bench.commands.sim import build_config, serve
     from bench_llm.launch.launcher import LaunchSpec
     from bench_llm.launch.profiles import plan_engine
     from bench_llm.sim.costmodel import OutOfMemory
     from bench_llm.sim.faults import FaultSpec
+    from bench_llm.sim.serve_args import build_config, parse_serve_args
 
     spec = LaunchSpec(engine="sim", model=model, parallel=parallel, gpu=gpu, extra_args=tuple(extra_args), flavor=flavor)
     argv = plan_engine(spec, 0, lambda host: 0).processes[0].argv
     args = _without_address(argv[argv.index("serve") + 1 :])
     try:
-        cfg = build_config(serve.make_context("serve", list(args)).params)
-    except (click.UsageError, BenchError, ValueError) as exc:
+        cfg = build_config(parse_serve_args(args))
+    except (BenchError, ValueError) as exc:
         raise EngineStartError(f"bench sim: {exc}") from None
     if cfg.model_timing is None:
         raise EngineStartError("virtual time models --timing model only")

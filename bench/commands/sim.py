@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,9 @@ import click
 
 from bench_llm.bench.errors import ExitCode, setting_message
 from bench_llm.core.errors import BenchError
+from bench_llm.sim.serve_args import PROFILES, SERVE_OPTIONS, Option, build_config, parse_serve_args
 
-_GPUS = ("a100", "h100", "h200", "l40s")
-_PRESETS = ("llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")
-_PROFILES = ("vllm", "vllm-v0", "sglang", "sglang-2024", "trtllm", "tgi", "legacy-2023")
+_PROFILES = PROFILES  # (tests read it here)
 
 
 @click.group("sim")
@@ -23,92 +23,28 @@ def command() -> None:
     """The embedded simulated engine."""
 
 
-@command.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told otherwise).")
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--model", default=None, help="Served model name (default: sim-model, or the preset name with --timing model).")
-@click.option("--timing", type=click.Choice(["fixed", "model"]), default="fixed", show_default=True,
-              help="fixed: same TTFT/ITL for every request; model: batching, KV capacity and the cost model.")
-@click.option("--flavor", type=click.Choice(["vllm", "sglang", "tgi"]), default="vllm", show_default=True,
-              help="Which engine's API, stream format and metric names to imitate.")
-@click.option("--ttft-ms", default=50.0, show_default=True, type=float, help="Fixed timing: time to first token.")
-@click.option("--itl-ms", default=10.0, show_default=True, type=float, help="Fixed timing: inter-token latency (step).")
-@click.option("--tokens-per-chunk", default=1, show_default=True, type=int, help="Fixed timing: tokens per stream chunk.")
-@click.option("--fixed-grid", is_flag=True,
-              help="Fixed timing: step every stream on one global ITL grid (first token at the first step "
-                   "boundary at or after arrival+TTFT) instead of per-request deadlines.")
-@click.option("--model-preset", type=click.Choice(_PRESETS), default="llama-3.1-8b", show_default=True)
-@click.option("--gpu", type=click.Choice(_GPUS), default="h100", show_default=True)
-@click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default=None,
-              help="Weight precision (default: the preset's; llama-3.1-70b and deepseek-v3 default to fp8).")
-@click.option("--kv-dtype", type=click.Choice(["auto", "bf16", "fp8"]), default=None,
-              help="KV-cache dtype (default auto: the engine profile's default for the weights' precision, "
-                   "BF16 on vllm/sglang, FP8 for FP8 weights on trtllm).")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel degree.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline parallel stages.")
-@click.option("--dp", type=int, default=1, show_default=True, help="Data parallel replicas (behind --router).")
-@click.option("--ep", type=int, default=1, show_default=True, help="Expert parallel width (MoE presets): 1 or tp×pcp×dp (experts over every GPU; EP adds none).")
-@click.option("--expert-imbalance", type=float, default=None, metavar="MAX/MEAN",
-              help="MoE with --ep > 1: the busiest EP rank's expert load over the mean (1.0: balanced; "
-                   "default 1.3). That rank's GPU sets every MoE step.")
-@click.option("--dcp", type=int, default=1, show_default=True, help="Decode context parallel (divides --tp).")
-@click.option("--pcp", type=int, default=1, show_default=True, help="Prefill context parallel (extra GPUs).")
-@click.option("--disagg", default=None, metavar="P:D", help="Prefill/decode disaggregation: P prefill, D decode instances.")
-@click.option("--router", type=click.Choice(["round-robin", "least-queue", "kv-aware", "prefix-aware"]),
-              default="round-robin", show_default=True, help="How requests are spread over DP replicas.")
-@click.option("--profile", type=click.Choice(list(_PROFILES)), default=None,
-              help="Engine profile: scheduling policy, step/sequence/layer overheads and limits of one engine "
-                   "generation (vllm = V1, vllm-v0, sglang, sglang-2024, trtllm, tgi, legacy-2023); default: the flavour's.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
-              help="TOML overrides: [gpu], [model], [profile], [engine] tables.")
-@click.option("--max-num-seqs", type=int, default=None, help="Max running requests per instance.")
-@click.option("--max-num-batched-tokens", type=int, default=None, help="Token budget per step.")
-@click.option("--gpu-memory-utilization", type=float, default=None,
-              help="Share of GPU memory for weights + KV cache (default: the engine profile's, 0.9).")
-@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None, help="Prefix cache (default on).")
-@click.option("--slowdown", type=float, default=1.0, show_default=True, help="Multiply every step time by this factor.")
-@click.option("--jitter", type=float, default=0.0, show_default=True, help="Gaussian step-time jitter sigma (fraction).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for jitter and faults.")
-@click.option("--faults", default=None, help="Fault injection, e.g. reset=0.1,http500=0.05,stall=0.05:5s,slow_start=3s.")
-@click.option("--spin-us", type=int, default=0, show_default=True,
-              help="Busy-wait this many µs before each deadline (tighter emission times at the cost of CPU).")
-@click.option("--natural-stop", type=float, default=0.0, show_default=True, metavar="MEAN",
-              help="Requests that do not force their length (no ignore_eos; TGI always) end at a seeded "
-                   "end-of-sequence with this mean length (0: every request gets max_tokens).")
-@click.option("--max-concurrent-requests", type=int, default=128, show_default=True,
-              help="TGI flavour: requests admitted at once (TGI's own default); the next one gets an "
-                   "in-stream 'overloaded' error, as TGI answers (0: no limit).")
-@click.option("--max-num-queued-reqs", type=click.IntRange(0), default=0, show_default=True,
-              help="vLLM flavour: requests in the engine (waiting and running) at most (vLLM's "
-                   "--max-num-queued-reqs); the next one is answered HTTP 503, as vLLM does (0: no limit).")
-@click.option("--max-queued-requests", type=click.IntRange(0), default=0, show_default=True,
-              help="SGLang flavour: requests waiting at most (SGLang's --max-queued-requests); the next one's "
-                   "stream ends with an abort, status 503, as SGLang does (0: no limit).")
-@click.option("--engine-version", default=None, metavar="VERSION",
-              help="SGLang flavour: the release imitated and reported (default 0.5.23): 0.5.6-0.5.9 speak the 0.5.8 "
-                   "generation, 0.5.10-0.5.11 the 0.5.10 one, 0.5.12 on the 0.5.23 one (timings, spans, checks).")
-@click.option("--reasoning-tokens", type=click.IntRange(0), default=0, show_default=True,
-              help="Chat answers start with this many reasoning tokens (delta.reasoning_content), then the answer.")
-@click.option("--lora-adapters", default="", metavar="NAME,...",
-              help="LoRA adapters served besides the model (requests name one as their model).")
-@click.option("--max-loras", type=click.IntRange(1), default=1, show_default=True,
-              help="Adapters resident at once; loading another evicts the least recently used.")
-@click.option("--lora-swap-ms", type=click.FloatRange(0), default=0.0, show_default=True,
-              help="Time to load an adapter that is not resident, waited by the request that needs it.")
-@click.option("--mlock", is_flag=True,
-              help="Lock the engine's memory (mlockall; needs root) so host memory reclaim cannot stall emission.")
-@click.option("--otlp-traces-endpoint", default=None, metavar="URL",
-              help="Export each finished request's span over OTLP/HTTP to URL (http://HOST:PORT/v1/traces), "
-                   "in the flavour's naming (vLLM llm_request, SGLang rid; TGI none): bench run/sweep --otlp-receiver.")
-@click.option("--emission-log", type=click.Path(path_type=Path), default=None,
-              help="Parquet of every token's intended and actual send time (written at shutdown).")
-@click.option("--nnodes", type=click.IntRange(1), default=1, show_default=True,
-              help="Ranks of a multi-node instance (as vLLM's --nnodes): rank 0 serves once every rank joined.")
-@click.option("--node-rank", type=click.IntRange(0), default=0, show_default=True, help="This process's rank.")
-@click.option("--master-addr", default=None, help="Rendezvous address (rank 0's node).")
-@click.option("--master-port", type=int, default=None, help="Rendezvous port.")
-@click.option("--headless", is_flag=True, help="A rank > 0: join the rendezvous, serve no HTTP.")
-def serve(**kw: Any) -> None:
+def _click_option(o: Option) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``o`` (sim/serve_args.py's table) as a click option."""
+    kw: dict[str, Any] = {"default": o.default, "help": o.help, "show_default": o.show_default or None}
+    if o.metavar:
+        kw["metavar"] = o.metavar
+    decls = [o.flag] if o.dest is None else [o.flag, o.dest]
+    if o.kind == "flag":
+        kw["is_flag"] = True
+    elif o.kind == "switch":
+        decls[0] = f"{o.flag}/--no-{o.flag[2:]}"
+    elif o.choices is not None:
+        kw["type"] = click.Choice(list(o.choices))
+    elif o.kind == "path":
+        kw["type"] = click.Path(path_type=Path)
+    elif o.kind == "int":
+        kw["type"] = click.IntRange(int(o.minimum)) if o.minimum is not None else int
+    elif o.kind == "float":
+        kw["type"] = click.FloatRange(o.minimum) if o.minimum is not None else float
+    return click.option(*decls, **kw)
+
+
+def _serve(**kw: Any) -> None:
     """Serve the simulated engine until interrupted."""
     nnodes, rank = kw.pop("nnodes"), kw.pop("node_rank")
     master, master_port, headless = kw.pop("master_addr"), kw.pop("master_port"), kw.pop("headless")
@@ -169,90 +105,15 @@ def serve(**kw: Any) -> None:
         raise BenchError(f"cannot listen on {kw['host']}:{kw['port']}: {exc.strerror} (choose another --port)") from None
 
 
-def build_config(kw: dict[str, Any]) -> Any:
-    """Turn the CLI options into a ``ServerConfig`` (also used by tests)."""
-    from bench_llm.sim.config import ServerConfig
-    from bench_llm.sim.faults import FaultSpec
-    from bench_llm.sim.options import ModelTiming, apply_toml
-    from bench_llm.sim.timing import FixedTiming
-
-    faults = FaultSpec.parse(kw.get("faults"))
-    model_timing = None
-    if kw.get("timing", "fixed") == "model":
-        dp, dd = 0, 0
-        if kw.get("disagg"):
-            p, sep, d = str(kw["disagg"]).partition(":")
-            try:
-                dp, dd = int(p), int(d)
-                if not sep or dp < 1 or dd < 1:
-                    raise ValueError
-            except ValueError:
-                raise BenchError(f"--disagg {kw['disagg']!r}: expected P:D, e.g. 1:1") from None
-        cli: dict[str, Any] = {
-            "preset": kw.get("model_preset") or "llama-3.1-8b",
-            "gpu": kw.get("gpu") or "h100",
-            "tp": kw.get("tp", 1), "pp": kw.get("pp", 1), "dp": kw.get("dp", 1), "ep": kw.get("ep", 1),
-            "dcp": kw.get("dcp", 1), "pcp": kw.get("pcp", 1),
-            "disagg_prefill": dp, "disagg_decode": dd,
-            "router": kw.get("router") or "round-robin",
-            "profile": kw.get("profile") or kw.get("flavor") or "vllm",
-            "slowdown": kw.get("slowdown", 1.0), "jitter": kw.get("jitter", 0.0), "seed": kw.get("seed", 0),
-        }
-        for key in ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-                    "gpu_memory_utilization", "expert_imbalance"):
-            if kw.get(key) is not None:
-                cli[key] = kw[key]
-        try:
-            if kw.get("config_path"):
-                defaults = {k: v for k, v in cli.items() if _given(kw, k)}
-                model_timing = apply_toml(ModelTiming(**cli), Path(kw["config_path"]), defaults)
-            else:
-                model_timing = ModelTiming(**cli)
-        except ValueError as exc:
-            raise BenchError(str(exc)) from None
-    model = kw.get("model") or (model_timing.preset if model_timing else "sim-model")
-    timing = FixedTiming(float(kw.get("ttft_ms", 50.0)) / 1000, float(kw.get("itl_ms", 10.0)) / 1000,
-                         int(kw.get("tokens_per_chunk", 1)))
-    try:
-        return _server_config(ServerConfig, kw, model, timing, model_timing, faults)
-    except ValueError as exc:
-        raise BenchError(str(exc)) from None
+def _serve_command() -> click.Command:
+    """``bench sim serve``: its options from the one table (``SERVE_OPTIONS``)."""
+    fn: Callable[..., Any] = _serve
+    for o in reversed(SERVE_OPTIONS):
+        fn = _click_option(o)(fn)
+    return command.command("serve")(fn)
 
 
-def _server_config(make: Any, kw: dict[str, Any], model: str, timing: Any, model_timing: Any, faults: Any) -> Any:
-    return make(
-        model=model, timing=timing, flavor=kw.get("flavor") or "vllm", model_timing=model_timing, faults=faults,
-        emission_log=kw.get("emission_log"), seed=int(kw.get("seed", 0)),
-        fixed_grid=bool(kw.get("fixed_grid")), spin_us=int(kw.get("spin_us") or 0),
-        natural_stop_mean=float(kw.get("natural_stop") or 0.0),
-        max_concurrent_requests=int(kw.get("max_concurrent_requests", 128) or 0),
-        reasoning_tokens=int(kw.get("reasoning_tokens") or 0),
-        lora_adapters=tuple(a.strip() for a in str(kw.get("lora_adapters") or "").split(",") if a.strip()),
-        max_loras=int(kw.get("max_loras") or 1), lora_swap_ms=float(kw.get("lora_swap_ms") or 0.0),
-        otlp_traces_endpoint=kw.get("otlp_traces_endpoint"),
-        engine_version=kw.get("engine_version"),
-        max_num_queued_reqs=int(kw.get("max_num_queued_reqs") or 0),
-        max_queued_requests=int(kw.get("max_queued_requests") or 0),
-    )
-
-
-_DEFAULTS = {"preset": "llama-3.1-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 1, "ep": 1, "dcp": 1, "pcp": 1,
-             "disagg_prefill": 0, "disagg_decode": 0, "router": "round-robin", "slowdown": 1.0, "jitter": 0.0,
-             "seed": 0}
-
-
-def _given(kw: dict[str, Any], key: str) -> bool:
-    """True when a CLI value differs from its default (so the TOML file does not override it)."""
-    if key in ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-               "gpu_memory_utilization", "expert_imbalance"):
-        return True
-    if key == "profile":
-        return kw.get("profile") is not None
-    if key == "preset":
-        return kw.get("model_preset") not in (None, _DEFAULTS["preset"])
-    if key in ("disagg_prefill", "disagg_decode"):
-        return bool(kw.get("disagg"))
-    return kw.get(key) != _DEFAULTS.get(key)
+serve = _serve_command()
 
 
 @command.command("describe", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -268,11 +129,7 @@ def describe_cmd(ctx: click.Context) -> None:
     args = list(ctx.args)
     if "--timing" not in args:
         args = ["--timing", "model", *args]
-    try:
-        params = serve.make_context("serve", args).params
-    except click.UsageError as exc:
-        raise BenchError(str(exc)) from None
-    cfg = build_config(params)
+    cfg = build_config(parse_serve_args(args))
     if cfg.model_timing is None:
         raise BenchError("describe needs --timing model")
     cfg.model_timing.cost_model().check_fits()

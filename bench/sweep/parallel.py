@@ -57,7 +57,7 @@ PRELOAD = [
     "bench_llm.bench.sweep.engines",
     "bench_llm.bench.execute",
     "bench_llm.bench.virtual",
-    "bench_llm.bench.commands.sim",
+    "bench_llm.sim.serve_args",
     "bench_llm.launch.launcher",
     "bench_llm.adapters.openai",
     "bench_llm.adapters.sglang",
