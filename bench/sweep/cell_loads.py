@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bench_llm.analysis.capacity import LoadJudgement, Probe, judge_load
-from bench_llm.analysis.capacity_saturation import Saturation, closed_loop_plateau
+from bench_llm.analysis.capacity_saturation import closed_loop_plateau
 from bench_llm.analysis.capacity_steady import LIFETIMES
 from bench_llm.bench.sweep import store
 from bench_llm.bench.sweep.cell_echo import Echo, cap_text, confirmation_text, echo_point, fmt_load, interval_text
@@ -27,7 +27,7 @@ from bench_llm.bench.sweep.cell_outcome import (
 )
 from bench_llm.bench.sweep.cell_search import gap_search, prior_loads, seeded_capacity_search
 from bench_llm.bench.sweep.engines import alive, reset_prefix_cache
-from bench_llm.bench.sweep.loads import Load, run_load
+from bench_llm.bench.sweep.loads import Load, Measured, run_load
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench_llm.bench.virtual import VirtualEngine
 from bench_llm.launch.config import ParallelConfig
@@ -113,8 +113,9 @@ class WorkloadLoads:
         warmup = spec.loads.warmup if self.first else 0
         self.first = False
         t = time.monotonic()
-        metrics, sat, interrupted = self._run_load(load, label, run_dir, warmup, workers)
-        row = self._point_row(load, label, run_dir, warmup, metrics, sat, interrupted)
+        measured = self._run_load(load, label, run_dir, warmup, workers)
+        row = self._point_row(load, label, run_dir, warmup, measured)
+        interrupted = measured.interrupted
         out.points.append(row)
         store.write_points(runner.sweep_dir, self.cell_id, out.points)
         echo_point(runner.echo, self.index, self.cell_id, label, row, time.monotonic() - t)
@@ -129,9 +130,8 @@ class WorkloadLoads:
 
     def _run_load(
         self, load: Load, label: str, run_dir: Path, warmup: int, workers: int | None
-    ) -> tuple[dict[str, Any], Saturation, bool]:
-        """One run folder of ``load``: (metrics, saturation, interrupted); measured once more
-        when a results-writing fault lost rows."""
+    ) -> Measured:
+        """One run folder of ``load``, measured once more when a results-writing fault lost rows."""
         spec, runner, cfg = self.spec, self.runner, self.cfg
         extra = RunMeta(
             sweep_id=runner.sweep_id,
@@ -145,7 +145,7 @@ class WorkloadLoads:
             engine_info=self.out.engine_info,
         )
         for attempt in range(2):
-            metrics, sat, interrupted = run_load(
+            measured = run_load(
                 spec=spec if workers is None else replace(spec, workers=workers),
                 load=load,
                 run_dir=run_dir,
@@ -158,16 +158,16 @@ class WorkloadLoads:
                 virtual=self.virtual,
                 otlp=runner.otlp,
             )
-            if not metrics.get("missing_rows") or interrupted or attempt == 1:
+            if not measured.missing_rows or measured.interrupted or attempt == 1:
                 break
             # a results-writing fault lost rows: judging the load on part of it would be
             # wrong, so keep the incomplete folder aside and measure the load again
             kept = store.set_aside_partial(runner.sweep_dir, self.cell_id, run_dir)
             runner.echo(
-                f"{self.index} {self.cell_id} {label}: WARNING: {metrics['missing_rows']} requests have no row in the "
+                f"{self.index} {self.cell_id} {label}: WARNING: {measured.missing_rows} requests have no row in the "
                 f"results; measuring this load again (incomplete run kept in {kept})"
             )
-        return metrics, sat, interrupted
+        return measured
 
     def _point_row(
         self,
@@ -175,13 +175,11 @@ class WorkloadLoads:
         label: str,
         run_dir: Path,
         warmup: int,
-        metrics: dict[str, Any],
-        sat: Saturation,
-        interrupted: bool,
+        measured: Measured,
     ) -> PointRow:
         """The ``points.parquet`` row of one run: the cell, the load, its metrics and verdict,
         and a closed-loop plateau against the previous concurrency of the workload."""
-        spec, runner = self.spec, self.runner
+        spec, runner, sat = self.spec, self.runner, measured.saturation
         row = PointRow(
             cell=config_columns(spec, self.cfg, self.cell_id),
             sweep_id=runner.sweep_id,
@@ -190,12 +188,12 @@ class WorkloadLoads:
             repeat=load.repeat,
             probe=load.probe,
             role=load.role,
-            status="interrupted" if interrupted else "complete",
+            status="interrupted" if measured.interrupted else "complete",
             saturated=sat.saturated,
             saturation_reason=str(sat) if sat.saturated else None,
             run_dir=str(run_dir.relative_to(runner.sweep_dir)),
             warmup_requests=warmup,
-            metrics=metrics,
+            metrics=measured.columns(),
         )
         if spec.slo:  # this run's own verdict; the load's pools its runs (judge_load)
             own = judge_load(point_rows([row]), spec.attainment_pct, spec.confidence)
@@ -208,7 +206,8 @@ class WorkloadLoads:
             ]
             if prev:
                 plateau = closed_loop_plateau(
-                    prev[-1].metrics["throughput_rps"], int(prev[-1].load.value), metrics["throughput_rps"], int(load.value)
+                    prev[-1].figure("throughput_rps"), int(prev[-1].load.value), measured.figures.throughput_rps,
+                    int(load.value),
                 )
                 if plateau.saturated:
                     row = replace(row, saturated=True,

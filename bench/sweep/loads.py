@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_llm.analysis.capacity_points import point_metrics
+from bench_llm.analysis.capacity_points import PointMetrics, point_metrics
 from bench_llm.analysis.capacity_saturation import Saturation, admission_saturation, open_loop_saturation
 from bench_llm.analysis.load import Run, load_run
 from bench_llm.analysis.server_signals import server_signals
@@ -31,6 +31,22 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from bench_llm.loadgen.otlp import OtlpReceiver
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What ``run_load`` gives back for one run: its figures (with ``missing_rows``: scheduled
+    requests that have no row in the results, a results-writing fault), its saturation verdict
+    and whether it was interrupted."""
+
+    figures: PointMetrics
+    missing_rows: int
+    saturation: Saturation
+    interrupted: bool
+
+    def columns(self) -> dict[str, Any]:
+        """The run's figures as ``points.parquet`` columns (``PointRow.metrics``)."""
+        return {**self.figures.as_row(), "missing_rows": self.missing_rows}
 
 
 @dataclass(frozen=True)
@@ -163,9 +179,8 @@ def run_load(
     engine_version: str | None = None,
     virtual: VirtualEngine | None = None,
     otlp: OtlpReceiver | None = None,
-) -> tuple[dict[str, Any], Saturation, bool]:
-    """Run one load into ``run_dir`` (on ``virtual``'s model in virtual time when given);
-    returns (metrics, saturation, interrupted). ``otlp``: the receiver the cell's engine exports
+) -> Measured:
+    """Run one load into ``run_dir`` (on ``virtual``'s model in virtual time when given). ``otlp``: the receiver the cell's engine exports
     its spans to; the load's own go to its run folder (``server_spans.parquet``)."""
     from bench_llm.bench.execute import RunConfig, execute_run
     from bench_llm.bench.virtual import simulate_run
@@ -215,21 +230,18 @@ def run_load(
 
 def _judge(
     run: Run, server_metrics: pa.Table | None, slo: SLO, load: Load, expected: int, interrupted: bool
-) -> tuple[dict[str, Any], Saturation, bool]:
+) -> Measured:
     """``run_load``'s answer for a run: its metrics and saturation verdict (also recorded in
     its run table, ``_mark_saturation``)."""
     signals = server_signals(server_metrics)
-    metrics = point_metrics(run, slo, signals, server_metrics).as_row()
-    metrics["missing_rows"] = 0
-    if metrics["requests"] < expected and not interrupted:
-        metrics["missing_rows"] = expected - metrics["requests"]
+    figures = point_metrics(run, slo, signals, server_metrics)
+    missing = expected - figures.requests if figures.requests < expected and not interrupted else 0
     sat = open_loop_saturation(run, signals, slo) if load.kind == "rate" else admission_saturation(run)
-    if sat.undecided and not metrics.get("under_sampled"):
+    if sat.undecided and not figures.under_sampled:
         # the timing tests cannot judge this run: it cannot pass, and is measured again, longer
-        metrics["under_sampled"] = sat.undecided
-        metrics["more_requests_needed"] = sat.undecided_more
+        figures = replace(figures, under_sampled=sat.undecided, more_requests_needed=sat.undecided_more)
     _mark_saturation(run.path, sat, run.meta)
-    return metrics, sat, interrupted
+    return Measured(figures, missing, sat, interrupted)
 
 
 def _mark_saturation(run_dir: Path, sat: Saturation, meta: dict[str, Any] | None = None) -> None:
