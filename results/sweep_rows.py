@@ -409,6 +409,43 @@ class CellRow:
         return cls(CellColumns.from_row(d), str(d.get("status") or ""), **{k: d.get(k) for k in names})
 
 
+# --- the sweep's definition file -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SweepFile:
+    """``sweep.json``: the sweep's id, the bench version that wrote it, the definition as run
+    (``spec``: ``SweepSpec.as_dict``, read back by ``bench.sweep.spec.spec_from_dict``; None in
+    a file without one), the command, the planned cells and when it was created and updated."""
+
+    sweep_id: str
+    bench_version: str | None
+    spec: Mapping[str, Any] | None
+    command: str | None
+    cells: tuple[str, ...]
+    created_unix_s: float | None
+    updated_unix_s: float | None
+
+    def to_row(self) -> dict[str, Any]:
+        return {"sweep_id": self.sweep_id, "bench_version": self.bench_version,
+                "spec": dict(self.spec) if self.spec is not None else None, "command": self.command,
+                "cells": list(self.cells), "created_unix_s": self.created_unix_s,
+                "updated_unix_s": self.updated_unix_s}  # fmt: skip
+
+    @classmethod
+    def from_row(cls, d: Mapping[str, Any]) -> SweepFile:
+        spec = d.get("spec")
+        return cls(
+            sweep_id=str(d.get("sweep_id")),
+            bench_version=d.get("bench_version"),
+            spec=dict(spec) if isinstance(spec, Mapping) else None,
+            command=d.get("command"),
+            cells=tuple(str(c) for c in d.get("cells") or ()),
+            created_unix_s=_opt_float(d.get("created_unix_s")),
+            updated_unix_s=_opt_float(d.get("updated_unix_s")),
+        )
+
+
 # --- the sweep's part of a run's metadata ------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from bench_llm.core import __version__
 from bench_llm.core.errors import BenchError
 from bench_llm.launch.config import ParallelConfig
 from bench_llm.results.outdir import LOCK_FILE
-from bench_llm.results.sweep_rows import CapacityRecord, CellRow, PointRow, capacity_json, point_rows
+from bench_llm.results.sweep_rows import CapacityRecord, CellRow, PointRow, SweepFile, capacity_json, point_rows
 
 if TYPE_CHECKING:
     from bench_llm.loadgen.otlp import OtlpReceiver
@@ -102,8 +102,8 @@ class _Book:
                 echo(f"    | {line}")
 
 
-def _check_resume(stored: dict[str, Any], spec: SweepSpec) -> None:
-    old = {**LEGACY_DEFAULTS, **(stored.get("spec") or {})}
+def _check_resume(stored: SweepFile, spec: SweepSpec) -> None:
+    old = {**LEGACY_DEFAULTS, **(stored.spec or {})}
     new = spec.as_dict()
     differ = sorted(k for k in new if k not in RESUMABLE_CHANGES and _norm(old.get(k)) != _norm(new[k]))
     # a workload axis is measured inside every cell: a finished cell would lack a new value
@@ -124,10 +124,10 @@ def _norm(v: Any) -> Any:
 
 
 def stored_spec(sweep_dir: Path) -> SweepSpec | None:
-    data = store.read_sweep_json(sweep_dir)
-    if not data or "spec" not in data:
+    data = store.read_sweep_file(sweep_dir)
+    if data is None or data.spec is None:
         return None
-    return spec_from_dict(data["spec"])
+    return spec_from_dict(dict(data.spec))
 
 
 def run_sweep(
@@ -169,7 +169,7 @@ def run_sweep(
     _write_sweep_json(sweep_dir, sweep_id, spec, stored, command, planned)
     previous = {r.cell_id: r for r in store.read_cell_rows(sweep_dir)}
     # complete cells judged under other SLOs than these: re-judged, their gaps probed
-    was = judging({**LEGACY_DEFAULTS, **(stored.get("spec") or {})}) if stored else judging(spec.as_dict())
+    was = judging({**LEGACY_DEFAULTS, **(stored.spec or {})}) if stored else judging(spec.as_dict())
     rejudge = {cid for cid, r in previous.items() if r.status == "complete" and _judged_at(r, was) != judging(spec.as_dict())}
     rows = _initial_rows(spec, planned, previous, retry_failed)
     held = _hold(spec, planned, rows, hold)
@@ -262,34 +262,35 @@ def _with_launcher(spec: SweepSpec, launcher: Launcher | None) -> tuple[SweepSpe
     return spec, launcher
 
 
-def _open_sweep(spec: SweepSpec, sweep_dir: Path, resume: bool) -> tuple[dict[str, Any] | None, str]:
+def _open_sweep(spec: SweepSpec, sweep_dir: Path, resume: bool) -> tuple[SweepFile | None, str]:
     """The sweep already stored in ``sweep_dir`` (checked against ``spec`` on --resume) or None,
     and the sweep's id; ``BenchError`` for a directory that may not be used."""
-    stored = store.read_sweep_json(sweep_dir)
+    stored = store.read_sweep_file(sweep_dir)
     if stored is not None and not resume:
         raise BenchError(f"{sweep_dir} already holds a sweep; pass --resume to finish it, or choose another --out")
     if stored is not None:
         _check_resume(stored, spec)
-        return stored, str(stored.get("sweep_id"))
+        return stored, stored.sweep_id
     if sweep_dir.exists() and any(p.name != LOCK_FILE for p in sweep_dir.iterdir()):
         raise BenchError(f"{sweep_dir} exists and is not empty; choose another --out")
     return None, _virtual_sweep_id(spec) if spec.virtual else uuid.uuid4().hex[:12]
 
 
-def _write_sweep_json(sweep_dir: Path, sweep_id: str, spec: SweepSpec, stored: dict[str, Any] | None,
+def _write_sweep_json(sweep_dir: Path, sweep_id: str, spec: SweepSpec, stored: SweepFile | None,
                       command: tuple[str, ...], planned: list[PlannedCell]) -> None:
     """The sweep's definition (sweep.json); a resumed sweep keeps its command and creation time."""
+    created = stored.created_unix_s if stored is not None and stored.created_unix_s is not None else time.time()
     store.write_sweep_json(
         sweep_dir,
-        {
-            "sweep_id": sweep_id,
-            "bench_version": __version__,
-            "spec": spec.as_dict(),
-            "command": (stored or {}).get("command") or (" ".join(command) if command else None),
-            "cells": [c.cell_id for c in planned],
-            "created_unix_s": (stored or {}).get("created_unix_s", time.time()),
-            "updated_unix_s": time.time(),
-        },
+        SweepFile(
+            sweep_id=sweep_id,
+            bench_version=__version__,
+            spec=spec.as_dict(),
+            command=(stored.command if stored is not None else None) or (" ".join(command) if command else None),
+            cells=tuple(c.cell_id for c in planned),
+            created_unix_s=created,
+            updated_unix_s=time.time(),
+        ),
     )
 
 

@@ -30,22 +30,30 @@ from bench_llm.results.sweep_layout import (
     read_cells_table,
     read_sweep_json,
 )
-from bench_llm.results.sweep_rows import CellRow, PointRow, point_rows
+from bench_llm.results.sweep_rows import CellRow, PointRow, SweepFile, point_rows
 from bench_llm.results.writer import write_table_atomic
 
 __all__ = [
     "CELL_PREFIX", "CELLS_FILE", "CELLS_SCHEMA", "LOAD_PREFIX", "PARTIAL_DIR", "POINTS_FILE", "RECOMMENDATION_FILE",
-    "SWEEP_FILE", "cell_dir", "load_dir", "read_cell_rows", "read_cells", "read_points", "read_sweep_json",
+    "SWEEP_FILE", "cell_dir", "load_dir", "read_cell_rows", "read_cells", "read_points", "read_sweep_file", "read_sweep_json",
     "set_aside_partial", "write_cell_rows", "write_cells",
     "write_points", "write_recommendation", "write_sweep_json",
 ]
 
 
-def write_sweep_json(sweep: Path, data: dict[str, Any]) -> None:
+def write_sweep_json(sweep: Path, data: SweepFile | dict[str, Any]) -> None:
+    """``sweep.json`` (a ``SweepFile``; a payload as it is, for tests of older files)."""
+    payload = data.to_row() if isinstance(data, SweepFile) else data
     sweep.mkdir(parents=True, exist_ok=True)
     tmp = sweep / f".{SWEEP_FILE}.tmp"
-    tmp.write_text(redact(json.dumps(data, indent=2, sort_keys=True, default=str)))  # URLs' credentials
+    tmp.write_text(redact(json.dumps(payload, indent=2, sort_keys=True, default=str)))  # URLs' credentials
     os.replace(tmp, sweep / SWEEP_FILE)
+
+
+def read_sweep_file(sweep: Path) -> SweepFile | None:
+    """``sweep.json`` as a ``SweepFile`` (None: absent)."""
+    data = read_sweep_json(sweep)
+    return None if data is None else SweepFile.from_row(data)
 
 
 def write_cells(sweep: Path, rows: list[dict[str, Any]]) -> None:

@@ -75,3 +75,25 @@ def test_capacity_record_writes_only_the_keys_it_has() -> None:
 def test_a_reason_is_a_code_and_a_message() -> None:
     r = Reason(ReasonCode.UNDECIDED, "undecided: 26 more requests needed", more_requests=26)
     assert r.code == "undecided" and str(r) == r.message and r.more_requests == 26
+
+
+def test_sweep_file_round_trips_and_reads_a_file_without_a_definition() -> None:
+    from bench_llm.results.sweep_rows import SweepFile
+
+    f = SweepFile("abc", "1.0", {"model": "m", "slo": {}}, "bench sweep", ("tp1", "tp2"), 1.0, 2.0)
+    assert SweepFile.from_row(f.to_row()) == f
+    bare = SweepFile.from_row({"sweep_id": "abc"})
+    assert bare.spec is None and bare.cells == () and bare.created_unix_s is None
+
+
+def test_cell_row_round_trips_and_reads_its_capacity_records() -> None:
+    from bench_llm.results.sweep_layout import CELLS_SCHEMA
+    from bench_llm.results.sweep_rows import CellRow, capacity_json
+
+    rec = capacity_record("rate list", optional=("undecided", "level"), capacity_rps=4.0, upper_rps=8.0,
+                          precision=None, achieved_precision=1.0, converged=True, probes=2, note="",
+                          undecided=(), level=0.95)  # fmt: skip
+    row = CellRow(CELL, "complete", capacity_rps=4.0, capacity_json=capacity_json({"chat": rec}))
+    d = row.to_row()
+    assert set(d) == set(CELLS_SCHEMA.names)  # every cells.parquet column, spelled here once
+    assert CellRow.from_row(d) == row and row.capacity == {"chat": rec} and row.cell_id == "tp2"
