@@ -94,8 +94,7 @@ def recommend(
     # a sweep stored before verdicts had intervals was judged on the point estimate
     level = float(confidence if confidence is not None else spec.get("confidence", 0.0 if spec else CONFIDENCE))
     definitions = recommend_definitions(att, level, precision)
-    cell_rows = cells.to_dict("records")
-    cell_list = [CellStatus(**{f: _clean(c.get(f)) for f in _CELL_FIELDS}) for c in cell_rows]
+    cell_list = [CellStatus(**{f: _clean(c.get(f)) for f in _CELL_FIELDS}) for c in cells.to_dict("records")]
 
     def result(workloads: dict[str, WorkloadRecommendation], untrustworthy: list[str] | None) -> Recommendation:
         first = next(iter(workloads.values()), None)
@@ -111,7 +110,7 @@ def recommend(
         return result({}, None)
     workloads = {
         w: _recommend_workload(
-            points[points["workload"] == w], cell_rows, slo_used, att, target, target_c, precision, level,
+            points[points["workload"] == w], cell_list, slo_used, att, target, target_c, precision, level,
             resume_command(sweep, slo_used) if slo_used else "",
         )
         for w in dict.fromkeys(points["workload"].dropna())
@@ -125,7 +124,7 @@ _CELL_FIELDS = tuple(f.name for f in fields(CellStatus))
 
 def _recommend_workload(
     points: pd.DataFrame,
-    cells: list[dict[str, Any]],
+    cells: list[CellStatus],
     slo: dict[str, float],
     att: float,
     target: float | None,
@@ -134,11 +133,11 @@ def _recommend_workload(
     level: float = CONFIDENCE,
     resume: str = "",
 ) -> WorkloadRecommendation:
-    status = {c["cell_id"]: c for c in cells}
+    status = {c.cell_id: c.status for c in cells}
     configs = [
         _configuration(str(cell_id), g, slo, att, precision, level)
         for cell_id, g in points.groupby("cell_id", sort=False)
-        if status.get(cell_id, {}).get("status") in (None, "complete")
+        if status.get(str(cell_id)) in (None, "complete")
     ]
     configs.sort(key=lambda c: (c.gpus, c.axes, c.cell_id))
     configs = tried_levers(swept_causes(configs))

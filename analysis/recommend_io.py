@@ -19,11 +19,11 @@ from bench_llm.analysis.server_signals import server_signals
 from bench_llm.analysis.slo import SLO
 from bench_llm.results.reader import ResultsError, read_parquet_file, read_run_meta, read_server_metrics
 from bench_llm.results.sweep_layout import CELLS_FILE, points_files, read_cells_table, read_sweep_json
-from bench_llm.results.sweep_rows import PointRow
+from bench_llm.results.sweep_rows import JUDGING_KEYS, Judging, PointRow
 
 #: The settings a load's verdict depends on: ``bench sweep --resume`` may change them, and
 #: then re-judges the measured loads and probes what the new verdicts need.
-JUDGING = ("slo", "attainment_pct", "confidence")
+JUDGING = JUDGING_KEYS
 
 
 def read_cells(sweep: Path) -> pd.DataFrame:
@@ -120,9 +120,8 @@ def definition_settings(sweep: Path) -> dict[str, Any]:
     }
 
 
-def judging_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    spec = settings.get("sweep") or {}
-    return {k: spec.get(k) for k in JUDGING}
+def judging_settings(settings: dict[str, Any]) -> Judging:
+    return Judging.from_row(settings.get("sweep") or {})
 
 
 def sweep_settings(sweep: Path, points: pd.DataFrame) -> dict[str, Any]:

@@ -243,6 +243,30 @@ def point_rows(rows: list[PointRow]) -> list[dict[str, Any]]:
 # --- the capacity record -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Judging:
+    """The settings a load's verdict depends on, as the sweep ran them: its SLO bounds, the
+    attainment target and the confidence of the verdicts. Values as the definition has them
+    (compared, never interpreted here)."""
+
+    slo: Mapping[str, Any] | None
+    attainment_pct: Any
+    confidence: Any
+
+    def to_row(self) -> dict[str, Any]:
+        return {"slo": dict(self.slo) if self.slo is not None else None, "attainment_pct": self.attainment_pct,
+                "confidence": self.confidence}  # fmt: skip
+
+    @classmethod
+    def from_row(cls, d: Mapping[str, Any]) -> Judging:
+        slo = d.get("slo")
+        return cls(dict(slo) if isinstance(slo, Mapping) else slo, d.get("attainment_pct"), d.get("confidence"))
+
+
+#: The definition's keys a verdict depends on (``Judging``'s fields).
+JUDGING_KEYS = tuple(f.name for f in fields(Judging))
+
+
 @dataclass(frozen=True, slots=True)
 class Confirmation:
     """The capacity re-run as a confirmation load, pooled with its probe's own runs."""
@@ -292,13 +316,13 @@ class CapacityRecord:
     level: float | None = None
     #: a search's confirmation load (None: none held, or none was made)
     confirmation: Confirmation | None = None
-    judged: Mapping[str, Any] | None = None
+    judged: Judging | None = None
     #: which optional keys the record has on disk (a search that stopped at its baseline has
     #: no interval, level, undecided or confirmation keys)
     keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
-    def with_judged(self, judged: Mapping[str, Any]) -> CapacityRecord:
-        return replace(self, judged=dict(judged), keys=self.keys | {"judged"})
+    def with_judged(self, judged: Judging) -> CapacityRecord:
+        return replace(self, judged=judged, keys=self.keys | {"judged"})
 
     def to_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"method": self.method, "capacity_rps": self.capacity_rps, "upper_rps": self.upper_rps,
@@ -310,7 +334,7 @@ class CapacityRecord:
             "undecided": list(self.undecided),
             "level": self.level,
             "confirmation": self.confirmation.to_row() if self.confirmation is not None else None,
-            "judged": dict(self.judged) if self.judged is not None else None,
+            "judged": self.judged.to_row() if self.judged is not None else None,
         }
         row.update({k: v for k, v in optional.items() if k in self.keys})
         return row
@@ -333,7 +357,7 @@ class CapacityRecord:
             undecided=tuple(float(x) for x in d.get("undecided") or ()),
             level=_opt_float(d.get("level")),
             confirmation=Confirmation.from_row(conf) if isinstance(conf, Mapping) else None,
-            judged=dict(judged) if isinstance(judged, Mapping) else None,
+            judged=Judging.from_row(judged) if isinstance(judged, Mapping) else None,
             keys=frozenset(k for k in _CAPACITY_OPTIONAL if k in d),
         )
 

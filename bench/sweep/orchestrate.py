@@ -24,7 +24,15 @@ from bench_llm.core import __version__
 from bench_llm.core.errors import BenchError
 from bench_llm.launch.config import ParallelConfig
 from bench_llm.results.outdir import LOCK_FILE
-from bench_llm.results.sweep_rows import CapacityRecord, CellRow, PointRow, SweepFile, capacity_json, point_rows
+from bench_llm.results.sweep_rows import (
+    CapacityRecord,
+    CellRow,
+    Judging,
+    PointRow,
+    SweepFile,
+    capacity_json,
+    point_rows,
+)
 
 if TYPE_CHECKING:
     from bench_llm.loadgen.otlp import OtlpReceiver
@@ -373,16 +381,16 @@ def _set_capacity(row: CellRow, capacity: dict[str, CapacityRecord], spec: Sweep
     return replace(row, capacity_rps=cap, capacity_rps_per_gpu=per_gpu, capacity_json=capacity_json(judged))
 
 
-def judging(spec: dict[str, Any]) -> dict[str, Any]:
+def judging(spec: dict[str, Any]) -> Judging:
     """The settings a sweep's verdicts depend on (analysis.recommend_io.JUDGING), comparable."""
-    return {k: _norm(spec.get(k)) for k in JUDGING}
+    return Judging.from_row({k: _norm(spec.get(k)) for k in JUDGING})
 
 
-def _judged_at(row: CellRow, default: dict[str, Any]) -> dict[str, Any]:
+def _judged_at(row: CellRow, default: Judging) -> Judging:
     """The settings a complete cell's verdicts were made under (``default``: a cell stored
     before cells recorded them, or one without a capacity record)."""
     records = row.capacity.values()
-    return next((dict(r.judged) for r in records if r.judged), default)
+    return next((r.judged for r in records if r.judged is not None), default)
 
 
 def rejudged_points(sweep_dir: Path, cell_id: str, spec: SweepSpec) -> list[PointRow]:

@@ -9,6 +9,7 @@ from bench_llm.results.sweep_rows import (
     CapacityRecord,
     CellColumns,
     Confirmation,
+    Judging,
     LoadRef,
     PointRow,
     Reason,
@@ -65,9 +66,10 @@ def test_capacity_record_writes_only_the_keys_it_has() -> None:
     conf = Confirmation(4.0, "pass", None, 4000, 0.97, 5000, 0.96, 0.95, 0.97, True)
     found = capacity_record("search", capacity_rps=4.0, upper_rps=4.1, precision=0.02, achieved_precision=0.025,
                             converged=True, probes=6, note="", interval_low_rps=3.9, interval_high_rps=4.1,
-                            undecided=(4.05,), level=0.95, confirmation=conf).with_judged({"slo": {"ttft_ms": 300}})
+                            undecided=(4.05,), level=0.95, confirmation=conf).with_judged(Judging({"ttft_ms": 300}, 90.0, 0.95))
     row = found.to_row()
-    assert row["confirmation"]["pooled_attainment"] == 0.96 and row["judged"] == {"slo": {"ttft_ms": 300}}
+    assert row["confirmation"]["pooled_attainment"] == 0.96
+    assert row["judged"] == {"slo": {"ttft_ms": 300}, "attainment_pct": 90.0, "confidence": 0.95}
     back = CapacityRecord.from_row(row)
     assert back == found and back.to_row() == row
 
