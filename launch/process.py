@@ -15,13 +15,29 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from bench_llm.core.control import call
 from bench_llm.core.errors import BenchError
 
 
 class EngineStartError(BenchError, RuntimeError):
-    """The engine died or did not become ready; the message ends with its log tail."""
+    """The engine died or did not become ready. ``summary``: what the launcher saw, one line;
+    ``log``: the tail of the failed process's log ("" when there is none), which the message
+    ends with (``summary; last log lines:`` then the tail). A caller reads the two fields,
+    never the message."""
+
+    def __init__(self, message: object = "", *args: object, log: str = "") -> None:
+        self.summary = str(message)
+        self.log = log
+        super().__init__(f"{message}; last log lines:\n{log}" if log else message, *args)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (a cell's process) with its fields
+        return (_engine_start_error, (type(self), self.summary, self.log))
+
+
+def _engine_start_error(cls: type[EngineStartError], summary: str, log: str) -> EngineStartError:
+    return cls(summary, log=log)
 
 
 def python_module(module: str, *args: str) -> list[str]:
@@ -122,17 +138,13 @@ class ManagedProcess:
         while time.monotonic() < deadline:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
-                raise EngineStartError(
-                    f"engine exited with code {code} during start-up; last log lines:\n{log_tail(self.log_path)}"
-                )
+                raise EngineStartError(f"engine exited with code {code} during start-up", log=log_tail(self.log_path))
             reply = call(url, timeout_s=2)
             if reply.status == 200:
                 return
             last = reply.problem()
             time.sleep(interval_s)
-        raise EngineStartError(
-            f"engine not ready after {timeout_s:g} s ({url}: {last}); last log lines:\n{log_tail(self.log_path)}"
-        )
+        raise EngineStartError(f"engine not ready after {timeout_s:g} s ({url}: {last})", log=log_tail(self.log_path))
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the whole process group, then SIGKILL what is left."""

@@ -137,12 +137,10 @@ class CellRunner:
         try:
             handle = self.launcher.start(engine, log_path)
         except EngineStartError as exc:
-            text = str(exc)
-            # the launcher's message carries the tail of the process that failed (a replica's
-            # own log for DP / disaggregated cells); fall back to the cell's logs
-            log = text.split("last log lines:", 1)[1].strip("\n") if "last log lines:" in text else ""
-            log = log or logs_tail(cdir) or text
-            return CellOutcome("failed", _start_failure(text, log), log)
+            # the error carries the tail of the process that failed (a replica's own log for
+            # DP / disaggregated cells); fall back to the cell's logs
+            log = exc.log.strip("\n") or logs_tail(cdir) or str(exc)
+            return CellOutcome("failed", _start_failure(exc.summary, log), log)
         out = CellOutcome("complete", points=list(prior or ()))
         self.virtual = handle.engine if isinstance(handle, VirtualHandle) else None
         out.engine_version = getattr(handle, "version", None) or spec.engine_version
@@ -167,8 +165,7 @@ class CellRunner:
 
 def _start_failure(said: str, log: str) -> str:
     """One line: the engine's last meaningful log line first, then what the launcher saw."""
-    said = said.splitlines()[0] if said else "no reason given"
-    said = said.split("; last log lines")[0].rstrip(":; ")
+    said = said.splitlines()[0].rstrip(":; ") if said else "no reason given"
     last = [ln.strip() for ln in log.splitlines() if ln.strip()]
     if last and last[-1] not in said:
         return f"engine failed to start: {last[-1][:300]} ({said})"
