@@ -56,9 +56,10 @@ def _one_layout_two_values(tmp: Path, baseline_ttft: tuple[float, float]) -> Pat
     for p in pts:
         by_cell.setdefault(p["cell_id"], []).append(p)
     from bench_llm.bench.sweep.store import write_cells, write_points
+    from bench_llm.results.sweep_rows import PointRow
 
     for cell, cell_pts in by_cell.items():
-        write_points(tmp, cell, cell_pts)
+        write_points(tmp, cell, [PointRow.from_row(p) for p in cell_pts])
     write_cells(tmp, [{**_cfg("tp1"), "cell_id": c, "status": "complete"} for c in by_cell])
     return sweep
 
@@ -121,12 +122,13 @@ def test_a_skewed_expert_load_is_named_as_the_cause(tmp_path: Path, monkeypatch:
             pts.append(_tuned("tp2-ep2", "expert-imbalance", value, rate, 1.0 if ok else 0.3, tpot50=20 if ok else 80,
                               tpot90=30 if ok else 90, miss_tpot=0 if ok else 0.7))  # fmt: skip
     from bench_llm.bench.sweep.store import write_cells, write_points
+    from bench_llm.results.sweep_rows import PointRow
 
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for p in pts:
         by_cell.setdefault(p["cell_id"], []).append(p)
     for cell, cell_pts in by_cell.items():
-        write_points(tmp_path, cell, cell_pts)
+        write_points(tmp_path, cell, [PointRow.from_row(p) for p in cell_pts])
     write_cells(tmp_path, [{**_cfg("tp2-ep2"), "cell_id": c, "status": "complete"} for c in by_cell])
     configs = {c["cell_id"]: c for c in recommend(tmp_path).to_json()["workloads"]["w"]["configurations"]}
     skewed = configs["tp2-ep2-expert-imbalance_2.0"]["diagnosis"]

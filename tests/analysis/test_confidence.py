@@ -199,11 +199,13 @@ def test_a_load_with_a_saturated_client_is_measured_again_with_more_client_proce
 
     def first_one_untrustworthy(**kw: Any) -> Any:
         seen.append(kw["spec"].workers)
-        metrics, sat, interrupted = real(**kw)
+        from dataclasses import replace
+
+        measured = real(**kw)
         # the policy reads the row's flag, not the reason's wording: the reason names no client
-        metrics["untrustworthy"] = None if len(seen) > 1 else "forced by the test"
-        metrics["client_saturated"] = len(seen) == 1
-        return metrics, sat, interrupted
+        figures = replace(measured.figures, untrustworthy=None if len(seen) > 1 else "forced by the test",
+                          client_saturated=len(seen) == 1)  # fmt: skip
+        return replace(measured, figures=figures)
 
     monkeypatch.setattr(cell_loads, "run_load", first_one_untrustworthy)
     spec = SweepSpec(

@@ -14,6 +14,7 @@ from bench_llm.analysis.recommend_diagnosis import diagnose_cell
 from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Configuration, Pick, Recommendation, Separation
 from bench_llm.bench.sweep.store import write_cells, write_points
+from bench_llm.results.sweep_rows import PointRow
 
 SLO = {"ttft_ms": 500.0, "tpot_ms": 50.0}
 
@@ -65,7 +66,7 @@ def _sweep(tmp: Path, points: list[dict[str, Any]], extra_cells: list[dict[str, 
         by_cell.setdefault(p["cell_id"], []).append(p)
     rows = []
     for cell, pts in by_cell.items():
-        write_points(tmp, cell, pts)
+        write_points(tmp, cell, [PointRow.from_row(p) for p in pts])
         rows.append({**_cfg(cell), "status": "complete"})
     write_cells(tmp, rows + list(extra_cells))
     return tmp
