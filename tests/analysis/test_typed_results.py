@@ -48,7 +48,7 @@ def test_a_point_row_has_its_columns_in_order_and_one_miss_share_per_bound(tmp_p
     m = point_metrics(load_run(_run(tmp_path)), SLO.parse("ttft_ms=200,tpot_ms=50"))
     row = m.as_row()
     cols = list(row)
-    assert cols[:3] == ["requests", "ok", "failed"] and cols[-1] == "prompt_approximate"
+    assert cols[:3] == ["requests", "ok", "failed"] and cols[-2:] == ["prompt_approximate", "more_requests_needed"]
     i = cols.index("goodput_rps")
     assert cols[i + 1 : i + 3] == ["miss_share_ttft_ms", "miss_share_tpot_ms"] and "miss_share" not in row
     assert row["miss_share_ttft_ms"] == m.miss_share["ttft_ms"] and math.isclose(row["miss_share_ttft_ms"], 1 / 9)
