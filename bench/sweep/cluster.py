@@ -4,9 +4,11 @@ cluster's nodes by its manager, cells side by side as concurrent jobs (``--jobs 
 ``ClusterLauncher`` is the sweep's ``Launcher`` for a cluster: ``unsupported`` refuses, before
 anything starts, what the cluster cannot hold (a process larger than a node that its engine
 cannot spread, more nodes than allowed); ``start`` launches the cell on Slurm
-(``launch.slurm``); ``recover`` cancels the jobs a killed sweep left (``--resume``). The load
-generator runs on the launching host (``ClusterSpec.client``), never on an engine node, and
-each cell records its measured round trip to the engine (``engine_info.client``). A dry run
+(``launch.slurm``) or Kubernetes (``bench.sweep.cluster_kube``); ``recover`` cancels the jobs
+(deletes the objects) a killed sweep left (``--resume``). On Slurm the load generator runs on
+the launching host (``ClusterSpec.client``), never on an engine node, and each cell records its
+measured round trip to the engine (``engine_info.client``); on Kubernetes each load is a Job on
+a CPU node whose run folder comes back through the pod log API. A dry run
 prints the Slurm commands of each cell (``dry_run_lines``) or, for Kubernetes, the manifests
 (``launch.kube``).
 """
@@ -78,21 +80,25 @@ class ClusterLauncher:
         return out
 
     def start(self, cell: CellEngine, log_path: Path) -> Handle:
-        if self.cluster.manager != "slurm":
-            raise EngineStartError(
-                f"bench starts cells on Slurm only; for {self.cluster.manager} write the manifests with "
-                "--dry-run and apply them with the Kubernetes client (docs/sweeps.md, On a cluster)"
-            )
+        if self.cluster.manager == "kubernetes":
+            from bench_llm.bench.sweep.cluster_kube import launch_on_kubernetes
+
+            return launch_on_kubernetes(launch_spec(cell), log_path, self.cluster, cell.parallel.cell_id)
         from bench_llm.launch.slurm import launch_on_slurm
 
         return launch_on_slurm(launch_spec(cell), log_path, self.cluster, cell.parallel.cell_id)
 
     def recover(self, sweep_dir: Path) -> list[str]:
-        """Cancel every job a cell folder records and bench never released (a killed sweep)."""
+        """Cancel every job a cell folder records and bench never released (a killed sweep);
+        on Kubernetes, delete every object labelled with the sweep."""
         from bench_llm.bench.sweep import store
         from bench_llm.launch.slurm import JOB_RECORD, cancel_recorded, slurm_available
 
-        if self.cluster.manager != "slurm" or slurm_available() is not None:
+        if self.cluster.manager == "kubernetes":  # every object labelled with the sweep
+            from bench_llm.bench.sweep.cluster_kube import delete_sweep
+
+            return delete_sweep(sweep_dir, self.cluster)
+        if slurm_available() is not None:
             return []
         out = []
         root = store.cell_dir(sweep_dir, "x").parent
