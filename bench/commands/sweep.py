@@ -184,7 +184,8 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
                    "TTFT split (docs/metrics.md). Not in virtual time.")
 @click.option("--cluster", type=click.Choice(["slurm", "kubernetes"]),
               help="Place each cell's engine on a cluster's nodes (docs/sweeps.md, On a cluster): slurm runs each "
-                   "cell as one job (cells side by side with --jobs N); kubernetes: --dry-run writes the manifests.")
+                   "cell as one job (cells side by side with --jobs N); kubernetes applies each cell's manifests and "
+                   "runs its loads as Jobs (--dry-run writes the manifests).")
 @click.option("--gpus-per-node", type=click.IntRange(1), help="Cluster: GPUs per node. [default: 8]")
 @click.option("--max-nodes", type=click.IntRange(1), help="Cluster: most nodes one cell may take.")
 @click.option("--gres-type", help="Slurm: GPU type in the gres request, e.g. h100 (gpu:h100:N).")
