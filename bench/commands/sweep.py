@@ -194,6 +194,9 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
                    "--sbatch-arg=--account=A --sbatch-arg=--qos=Q.")
 @click.option("--time-limit", type=click.IntRange(1),
               help="Slurm: each cell's job --time in minutes, a dead-man limit if bench dies. [default: 120]")
+@click.option("--client-shares-node", is_flag=True, default=None,
+              help="Slurm: let engines run on the launching host's node (where the load generator runs); by "
+                   "default that node is excluded from every cell's job.")
 @click.option("--image", help="Kubernetes: the engine's container image.")
 @click.option("--client-image", help="Kubernetes: the load generator's image (bench installed).")
 @click.option("--namespace", help="Kubernetes: the namespace. [default: default]")
@@ -443,7 +446,7 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
 _CLUSTER_FLAGS = {
     "cluster": "manager", "gpus_per_node": "gpus_per_node", "max_nodes": "max_nodes", "gres_type": "gres_type",
     "sbatch_args": "sbatch_args", "time_limit": "time_limit_min", "image": "image", "client_image": "client_image",
-    "namespace": "namespace",
+    "namespace": "namespace", "client_shares_node": "client_shares_node",
 }  # fmt: skip
 
 

@@ -63,19 +63,22 @@ class ClusterLauncher:
         (``sbatch --test-only`` of the cell's job: asked before anything starts, makes no job)."""
         from dataclasses import replace
 
-        from bench_llm.launch.slurm import manager_refusal, placed_plan, sbatch_argv, slurm_available
+        from bench_llm.launch.slurm import client_exclusion, manager_refusal, placed_plan, sbatch_argv, slurm_available
 
         if not self.ask_manager or self.cluster.manager != "slurm" or slurm_available() is not None:
             return planned
+        exclude = client_exclusion(self.cluster)
+        why = (f" (nodes {', '.join(exclude)} excluded: the load generator runs on their host; "
+               "client_shares_node allows them)") if exclude else ""  # fmt: skip
         out = []
         for c in planned:
             if not c.skip_reason:
                 placed = placed_plan(LaunchSpec(engine=spec.for_cell(c.config).engine, model=spec.model,
                                                 parallel=c.config), self.cluster)  # fmt: skip
-                said = manager_refusal(sbatch_argv(c.cell_id, placed, self.cluster))
+                said = manager_refusal(sbatch_argv(c.cell_id, placed, self.cluster, exclude))
                 if said is not None:
                     c = replace(c, skip_reason=f"Slurm refuses its job ({placed.nodes} nodes of "
-                                               f"{placed.gpus_per_node} GPUs): {said}")  # fmt: skip
+                                               f"{placed.gpus_per_node} GPUs): {said}{why}")  # fmt: skip
             out.append(c)
         return out
 
@@ -84,9 +87,16 @@ class ClusterLauncher:
             from bench_llm.bench.sweep.cluster_kube import launch_on_kubernetes
 
             return launch_on_kubernetes(launch_spec(cell), log_path, self.cluster, cell.parallel.cell_id)
+        from bench_llm.bench.sweep.cluster_clock import measure_clocks
         from bench_llm.launch.slurm import launch_on_slurm
 
-        return launch_on_slurm(launch_spec(cell), log_path, self.cluster, cell.parallel.cell_id)
+        handle = launch_on_slurm(launch_spec(cell), log_path, self.cluster, cell.parallel.cell_id)
+        try:  # engine-side times (spans, logs) are stamped on the nodes' clocks
+            handle.clocks = measure_clocks(handle.job.job_id, handle.job.nodes)
+        except BaseException:
+            handle.stop()
+            raise
+        return handle
 
     def recover(self, sweep_dir: Path) -> list[str]:
         """Cancel every job a cell folder records and bench never released (a killed sweep);

@@ -44,7 +44,8 @@ def _sweep(out: Path, *extra: str) -> list[str]:
     return bench_argv(
         "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--rate", "4", "--requests", "8",
         "--warmup", "0", "--input-tokens", "64", "--output-tokens", "8", "--cluster", "slurm", "--gpus-per-node", "4",
-        "--time-limit", "5", "--sbatch-arg=--partition=gpu", "--no-progress", "--out", str(out), *extra,
+        "--time-limit", "5", "--sbatch-arg=--partition=gpu", "--no-progress", "--out", str(out),
+        "--client-shares-node", *extra,  # the test's nodes are all this machine, where the client runs
     )  # fmt: skip
 
 
@@ -156,6 +157,13 @@ def test_multi_node_and_side_by_side_cells(cluster: Cluster, tmp_path: Path) -> 
     client = json.loads(run_meta["extra_json"])["engine_info"]["client"]
     assert client["where"] == "launching-host" and client["samples"] == 5 and client["round_trip_ms"]["min"] > 0
     assert client["on_engine_node"] is True  # honest here: the test's "nodes" are this machine
+    assert client["excluded_nodes"] == []  # --client-shares-node
+    # each node's clock against the launching host's: here the same clock, so the offset is
+    # within its bound (half the best round trip through the srun step)
+    for node in infos["tp8"]["placement"]["nodes"]:
+        clock = node["clock"]
+        assert clock["samples"] == 16 and 0 < clock["bound_ns"] < 1_000_000_000, clock
+        assert abs(clock["offset_ns"]) <= clock["bound_ns"] + 1, clock  # +1: the midpoint is floored
     # the job ids are in the cell folders, released; the user's sbatch option was passed through
     record = json.loads((out / "cell=tp8" / "slurm_job.json").read_text())
     assert record["released"] and "--partition=gpu" in record["sbatch"] and "--nodes=2" in record["sbatch"]
@@ -223,3 +231,15 @@ def test_an_engine_that_fails_to_start_fails_its_cell_and_releases_the_job(clust
     assert json.loads((out / "cell=tp8" / "slurm_job.json").read_text())["released"] is True
     assert run.returncode != 0
     wait_until(lambda: not cluster.jobs(), 15, "the failed cell's job gone")
+
+
+def test_by_default_no_engine_goes_on_the_launching_hosts_nodes(cluster: Cluster, tmp_path: Path) -> None:
+    """Without --client-shares-node, the nodes on the launching host (where the load generator
+    runs) are excluded from every job: here that is every node, so Slurm refuses each cell's
+    job before anything starts, and the reason says why."""
+    out = tmp_path / "excluded"
+    argv = [a for a in _sweep(out, "--tp", "2,4") if a != "--client-shares-node"]
+    run = subprocess.run(argv, env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "nodes n1, n2 excluded: the load generator runs on their host" in run.stderr, run.stderr[-2000:]
+    assert cluster.jobs() == []
