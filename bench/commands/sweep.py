@@ -272,9 +272,10 @@ def command(config_path: Path | None, **flags: Any) -> None:
         receiver = None
         if otlp_receiver:
             from bench_llm.bench.launch_engine import otlp_note
+            from bench_llm.bench.sweep.cluster import otlp_host
             from bench_llm.loadgen.otlp import OtlpReceiver
 
-            receiver = stack.enter_context(OtlpReceiver("127.0.0.1", 0))
+            receiver = stack.enter_context(OtlpReceiver(otlp_host(spec.cluster), 0))  # the nodes' engines reach it
             click.echo(f"OTLP receiver at {receiver.endpoint} ({otlp_note(str(spec.engine), not spec.endpoints)})", err=True)
         if plan is not None:
             from bench_llm.bench.sweep.plan import run_planned

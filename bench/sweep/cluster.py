@@ -119,6 +119,42 @@ class ClusterLauncher:
         return out
 
 
+def otlp_refusal(cluster: ClusterSpec, jobs: int | None) -> str | None:
+    """Why ``--otlp-receiver`` cannot serve a sweep on ``cluster`` (None: it can). On Slurm the
+    receiver listens on the address by which this host reaches the nodes (``otlp_host``), and
+    the spans' times are on the front node's clock, whose offset is in ``engine_info``."""
+    if cluster.manager != "slurm":
+        return ("--otlp-receiver: not on Kubernetes (the engines' pods would need a route to this host; "
+                "docs/sweeps.md, On a cluster)")  # fmt: skip
+    if (jobs or 1) > 1:  # cells side by side run in processes of their own
+        return "--otlp-receiver on a cluster: with --jobs 1 only (one receiver cannot tell side-by-side cells' spans apart)"
+    return None
+
+
+def otlp_host(cluster: ClusterSpec | None) -> str:
+    """Where the sweep's OTLP receiver listens: the loopback, or on Slurm this host's address on
+    the route to the cluster's first node (a UDP socket connected toward it: no packet sent)."""
+    import socket
+
+    from bench_llm.launch.slurm import SlurmError, _slurm, slurm_available
+
+    if cluster is None or cluster.manager != "slurm" or slurm_available() is not None:
+        return "127.0.0.1"
+    try:
+        addrs = [f.split("=", 1)[1] for line in _slurm(["scontrol", "-o", "show", "node"]).splitlines()
+                 for f in line.split() if f.startswith("NodeAddr=")]  # fmt: skip
+    except SlurmError:
+        return "127.0.0.1"
+    if not addrs:
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addrs[0], 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
 def dry_run_lines(spec: SweepSpec) -> list[str]:
     """``bench sweep --dry-run`` on a cluster: each cell's Slurm commands, or its manifests."""
     from bench_llm.bench.sweep.cell import cell_engine

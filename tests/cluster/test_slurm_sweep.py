@@ -243,3 +243,31 @@ def test_by_default_no_engine_goes_on_the_launching_hosts_nodes(cluster: Cluster
     assert run.returncode != 0
     assert "nodes n1, n2 excluded: the load generator runs on their host" in run.stderr, run.stderr[-2000:]
     assert cluster.jobs() == []
+
+
+def test_request_spans_from_a_two_node_instance_with_its_nodes_clocks(cluster: Cluster, tmp_path: Path) -> None:
+    """--otlp-receiver on Slurm: the receiver listens on this host's address toward the nodes,
+    the two-node instance's rank 0 exports a span per request to it, and the run records each
+    node's clock offset against this host's with its bound (the spans' times are on rank 0's
+    node clock)."""
+    out = tmp_path / "spans"
+    run = subprocess.run(_sweep(out, "--tp", "8", "--otlp-receiver"), env=cluster.env, capture_output=True,
+                         text=True, timeout=240)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:] + cluster.log_tail()
+    (load,) = (out / "cell=tp8").glob("load=*")
+    spans = pq.read_table(load / "server_spans.parquet").to_pylist()
+    assert len(spans) == 8 and all(s["span_request_id"] for s in spans), spans[:2]
+    info = json.loads(pq.read_table(load / "run.parquet").to_pylist()[0]["extra_json"])["engine_info"]
+    lead = info["processes"][0]["node"]
+    (clock,) = [n["clock"] for n in info["placement"]["nodes"] if n["name"] == lead]
+    assert clock["samples"] == 16 and abs(clock["offset_ns"]) <= clock["bound_ns"] + 1
+    _nothing_left(cluster, [info])
+
+
+def test_otlp_receiver_refusals_on_a_cluster(tmp_path: Path) -> None:
+    from bench_llm.bench.sweep.cluster import otlp_refusal
+    from bench_llm.launch.placement import ClusterSpec
+
+    assert otlp_refusal(ClusterSpec(), 1) is None and otlp_refusal(ClusterSpec(), None) is None
+    assert "--jobs 1 only" in str(otlp_refusal(ClusterSpec(), 2))
+    assert "not on Kubernetes" in str(otlp_refusal(ClusterSpec(manager="kubernetes"), 1))
