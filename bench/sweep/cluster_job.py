@@ -124,6 +124,29 @@ def unpack_folder(folder: bytes, run_dir: Path) -> None:
         tar.extractall(run_dir, filter="data")  # names stay inside run_dir
 
 
+def client_round_trip(url: str, engine: str, samples: int = 5) -> dict[str, Any]:
+    """Where the load ran (the pod, its node) and its round trip to the engine: ``samples``
+    health probes timed on the pod's monotonic clock (min, median, max in ms)."""
+    import os
+    import socket
+    import statistics
+    import time
+
+    from bench_llm.core.control import EngineClient
+    from bench_llm.launch.profiles import profile
+
+    client, times = EngineClient(url, timeout_s=5), []
+    for _ in range(samples):
+        t = time.perf_counter_ns()
+        if client.get(profile(engine).routes.health, timeout_s=5).status is not None:
+            times.append((time.perf_counter_ns() - t) / 1e6)
+    return {
+        "where": "kubernetes-job", "host": socket.gethostname(), "node": os.environ.get("NODE_NAME"),
+        "round_trip_ms": {"min": min(times), "median": statistics.median(times), "max": max(times)} if times else None,
+        "samples": len(times),
+    }  # fmt: skip
+
+
 def run_in_pod(job: dict[str, Any], url: str, work: Path) -> Frame:
     """The pod's side: reset the prefix cache, run the load, pack its folder."""
     from bench_llm.bench.sweep.engines import reset_prefix_cache
@@ -131,6 +154,9 @@ def run_in_pod(job: dict[str, Any], url: str, work: Path) -> Frame:
 
     spec = job["spec"]
     extra = {**job["extra"], "prefix_cache": reset_prefix_cache(spec.engine, url)}
+    info = dict(extra.get("engine_info") or {})
+    info["client"] = {**(info.get("client") or {}), **client_round_trip(url, spec.engine)}
+    extra["engine_info"] = info
     run_dir = work / "run"
     metrics, _sat, interrupted = run_load(
         spec=spec, load=job["load"], run_dir=run_dir, url=url, served_model=job["served_model"], extra=extra,

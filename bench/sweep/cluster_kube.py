@@ -76,6 +76,7 @@ class KubeLoads:
         c = pod["containers"][0]
         c.pop("volumeMounts", None)
         c["command"], c["args"] = JOB_COMMAND[:1], [*JOB_COMMAND[1:], payload]
+        c["env"] = [*c.get("env", []), {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
         return obj
 
     def run_load(self, *, run_dir: Path, **job: Any) -> tuple[int, bool]:
@@ -113,7 +114,7 @@ class KubeHandle:
             "placement": {"manager": "kubernetes", "namespace": kube.namespace, "selector": kube.selector,
                           "objects": [f"{k}/{n}" for k, n in kube.created]},  # fmt: skip
             "client": {"where": "kubernetes-job", "node_selector": list(cluster.client_node_selector),
-                       "image": cluster.client_image, "engine_url": url, "round_trip_ms": None},  # fmt: skip
+                       "image": cluster.client_image, "engine_url": url},  # fmt: skip
         }
         self._deleted = False
 

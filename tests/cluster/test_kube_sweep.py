@@ -80,7 +80,8 @@ def test_a_sweep_on_kubernetes_measures_every_load_and_deletes_everything(
         info = meta["extra"]["engine_info"]
         assert info["placement"]["manager"] == "kubernetes"
         assert info["placement"]["selector"].startswith(f"bench-llm/cell={cell},bench-llm/sweep=")
-        assert info["client"]["where"] == "kubernetes-job"
+        client = info["client"]  # measured in the load Job's pod, toward the engine's Service
+        assert client["where"] == "kubernetes-job" and client["samples"] == 5 and client["round_trip_ms"]["min"] > 0
         assert meta["extra"]["sweep_id"] == sweep_id
     assert fake.objects == {}  # every object of every cell deleted, by label
     assert kubelet.running() == []
