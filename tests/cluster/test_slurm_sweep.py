@@ -78,10 +78,10 @@ def _ports(info: dict[str, Any]) -> set[int]:
     return out
 
 
-def _listening(port: int) -> bool:
+def _listening(port: int, address: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((address, port)) == 0
 
 
 def _engine_processes(ports: set[int]) -> list[str]:
@@ -271,3 +271,42 @@ def test_otlp_receiver_refusals_on_a_cluster(tmp_path: Path) -> None:
     assert otlp_refusal(ClusterSpec(), 1) is None and otlp_refusal(ClusterSpec(), None) is None
     assert "--jobs 1 only" in str(otlp_refusal(ClusterSpec(), 2))
     assert "not on Kubernetes" in str(otlp_refusal(ClusterSpec(manager="kubernetes"), 1))
+
+
+@pytest.fixture(scope="module")
+def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    made, why = start_cluster(tmp_path_factory.mktemp("slurm-netns"), netns=True)
+    if made is None:
+        pytest.skip(why)
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def test_nodes_in_their_own_network_namespaces(netns_cluster: Cluster, tmp_path: Path) -> None:
+    """Each slurmd in its own network namespace, at its own address on a bridge: the instance
+    across both nodes meets at rank 0's node address, the client reaches rank 0 there from this
+    host's namespace, and nothing is left listening at either address afterwards."""
+    cluster = netns_cluster
+    out = tmp_path / "netns"
+    run = subprocess.run(_sweep(out, "--tp", "8"), env=cluster.env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:] + cluster.log_tail()
+    cell = _cells(out)["tp8"]
+    assert cell["status"] == "complete"
+    assert all(p["ok"] == p["requests"] == 8 for p in _points(out, "tp8"))
+    info = json.loads(cell["engine_info"])
+    addresses = {n["name"]: n["address"] for n in info["placement"]["nodes"]}
+    assert sorted(addresses.values()) == sorted(cluster.addresses) and len(set(addresses.values())) == 2
+    lead, worker = info["processes"]
+    rank0 = addresses[lead["node"]]
+    for p in (lead, worker):
+        assert p["engine_argv"][p["engine_argv"].index("--master-addr") + 1] == rank0
+    assert info["client"]["engine_url"].startswith(f"http://{rank0}:")  # reached across the bridge
+    ranks = {**_ranks(out / "cell=tp8" / "engine.log"), **_ranks(out / "cell=tp8" / "engine.engine-rank1.log")}
+    assert {r: me["rendezvous"].split(":")[0] for r, me in ranks.items()} == {0: rank0, 1: rank0}
+    assert "rank 1 joined from" in (out / "cell=tp8" / "engine.log").read_text()
+    wait_until(lambda: not cluster.jobs(), 15, f"Slurm jobs gone ({cluster.jobs()})")
+    ports = _ports(info)
+    wait_until(lambda: not [(a, p) for a in addresses.values() for p in ports if _listening(p, a)], 15,
+               "nothing listening at the nodes' addresses")  # fmt: skip
