@@ -155,6 +155,20 @@ class KubeCell:
         kw = {"limit_bytes": limit_bytes} if limit_bytes else {}
         return str(core.read_namespaced_pod_log(name, self.namespace, **kw))
 
+    def engine_logs(self, tail_lines: int = 5000) -> dict[str, str]:
+        """The last lines of each engine pod's log, by pod name (a pod that cannot say: its error)."""
+        core = self._apis()[0]
+        out = {}
+        for pod in core.list_namespaced_pod(self.namespace, label_selector=self.selector).items:
+            if "job-name" in (pod.metadata.labels or {}):
+                continue
+            try:
+                out[pod.metadata.name] = str(core.read_namespaced_pod_log(pod.metadata.name, self.namespace,
+                                                                          tail_lines=tail_lines))  # fmt: skip
+            except Exception as exc:  # noqa: BLE001  # a pod not started yet has no log: say so, go on
+                out[pod.metadata.name] = f"(no log: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})\n"
+        return out
+
     def run_job(self, obj: dict[str, Any], timeout_s: float, limit_bytes: int | None = None) -> str:
         """Create the Job ``obj``, wait for it, and return its pod's log; the Job is deleted
         afterwards whatever happened. KubeError (with the log's last lines) when it fails."""

@@ -20,7 +20,7 @@ not run on a live cluster.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,6 @@ class KubeLoads:
     #: what the prefix-cache column says: the Job resets it (its run's ``prefix_cache`` says how)
     reset_note: str = "reset by the load Job (see the run's prefix_cache)"
     seq: int = 0
-    jobs: list[str] = field(default_factory=list)
 
     def job_object(self, payload: str) -> dict[str, Any]:
         """The next load's Job: the template with its own name and the load's command."""
@@ -83,7 +82,6 @@ class KubeLoads:
         """Run one load as a Job; its run folder unpacked into ``run_dir``; (measured requests
         the load should have, interrupted)."""
         obj = self.job_object(encode_payload(job))
-        self.jobs.append(obj["metadata"]["name"])
         name = obj["metadata"]["name"]
         try:
             log = self.kube.run_job(obj, self.job_timeout_s, limit_bytes=2 * MAX_FRAME_BYTES)
@@ -121,9 +119,27 @@ class KubeHandle:
     def stop(self) -> None:
         if not self._deleted:
             self._deleted = True
-            gone = self.kube.delete()
+            try:
+                save_engine_logs(self.kube, self.log_path)
+            finally:
+                gone = self.kube.delete()
             with self.log_path.open("a") as f:
                 f.write(f"kubernetes: deleted {', '.join(f'{k}/{n}' for k, n in gone) or 'nothing'}\n")
+
+
+def save_engine_logs(kube: KubeCell, log_path: Path) -> None:
+    """Each engine pod's log beside the cell's ``engine.log`` (``engine.<pod>.log``), read through
+    the API before the pods are deleted."""
+    try:
+        logs = kube.engine_logs()
+    except Exception as exc:  # noqa: BLE001  # the logs are a courtesy: deleting the cell must go on
+        logs, note = {}, f"kubernetes: engine pod logs not read: {type(exc).__name__}\n"
+    else:
+        note = "".join(f"kubernetes: pod {pod}'s log in {log_path.stem}.{pod}.log\n" for pod in logs)
+    for pod, text in logs.items():
+        log_path.with_name(f"{log_path.stem}.{pod}.log").write_text(text)
+    with log_path.open("a") as f:
+        f.write(note)
 
 
 def launch_on_kubernetes(spec: LaunchSpec, log_path: Path, cluster: ClusterSpec, cell_id: str,
@@ -140,7 +156,10 @@ def launch_on_kubernetes(spec: LaunchSpec, log_path: Path, cluster: ClusterSpec,
     try:
         kube.start(spec.ready_timeout_s)
     except BaseException:
-        kube.delete()
+        try:
+            save_engine_logs(kube, log_path)
+        finally:
+            kube.delete()
         raise
     with log_path.open("a") as f:
         f.write(f"kubernetes: ready; the engine is {url} inside the cluster\n")

@@ -44,7 +44,7 @@ class FakeKubelet:
 
     def __init__(self, workdir: Path, damage_jobs: bool = False) -> None:
         self.workdir = workdir
-        #: a Job's last argument cut short (as if another program wrote the Job)
+        #: a Job's last argument replaced (as if another program wrote the Job)
         self.damage_jobs = damage_jobs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, tuple[int, int]] = {}  # Deployment name -> (its port, the loopback port)
@@ -93,7 +93,7 @@ class FakeKubelet:
     def job(self, obj: dict[str, Any]) -> None:
         c = obj["spec"]["template"]["spec"]["containers"][0]
         if self.damage_jobs:
-            c = {**c, "args": [*c["args"][:-1], c["args"][-1][: len(c["args"][-1]) // 2]]}
+            c = {**c, "args": [*c["args"][:-1], "bm90IGEgbG9hZA=="]}  # base64 of "not a load"
         self._start(obj["metadata"]["name"], c, {})
 
     def ready(self, name: str, path: str) -> bool:
@@ -175,7 +175,8 @@ class FakeApi:
             if method == "DELETE":
                 return self._delete(plural, name or "", obj)
             if method == "GET" and sub == "log" and self.kubelet is not None:
-                return 200, self.kubelet.log(obj["metadata"]["labels"]["job-name"])
+                labels = obj["metadata"]["labels"]
+                return 200, self.kubelet.log(labels.get("job-name") or labels["bench-llm/process"])
             if method == "GET" and sub == "status":
                 return 200, {**obj, "status": self._status(plural, name or "", obj)}
             return 405, _status("method not allowed", 405)
@@ -192,6 +193,11 @@ class FakeApi:
             start = {"deployments": self.kubelet.deployment, "services": self.kubelet.service, "jobs": self.kubelet.job}
             if plural in start:
                 start[plural](obj)
+            if plural == "deployments":  # the ReplicaSet controller makes its pod
+                pod = f"{key[1]}-5d8f7-q2x9z"
+                self.objects[("pods", pod)] = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                    "name": pod, "namespace": obj["metadata"].get("namespace"),
+                    "labels": dict(obj["spec"]["template"]["metadata"]["labels"])}, "status": {"phase": "Running"}}  # fmt: skip
             if plural == "jobs":  # the Job controller makes its pod, labelled with the Job's name
                 job = key[1]
                 labels = {**obj["spec"]["template"]["metadata"]["labels"], "job-name": job,
@@ -205,9 +211,10 @@ class FakeApi:
         del self.objects[(plural, name)]
         if self.kubelet is not None and plural in ("deployments", "jobs"):
             self.kubelet.stop(name)
+            label = "job-name" if plural == "jobs" else "bench-llm/process"
             for key in [k for k, o in self.objects.items() if k[0] == "pods"
-                        and o["metadata"]["labels"].get("job-name") == name]:  # fmt: skip
-                del self.objects[key]  # propagationPolicy=Background: the Job's pods go too
+                        and o["metadata"]["labels"].get(label) == name]:  # fmt: skip
+                del self.objects[key]  # propagationPolicy=Background: the owner's pods go too
         # a Service and a custom object come back as the object; the others as a Status
         return 200, (obj if plural in ("services", "leaderworkersets") else _status("deleted", 200))
 
