@@ -62,7 +62,8 @@ def measure_node_clock(job: str, node: str, samples: int = SAMPLES) -> dict[str,
     proc = subprocess.Popen(clock_step_argv(job, node), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, bufsize=0)  # fmt: skip
     assert proc.stdin is not None and proc.stdout is not None
-    fd, buf, got = proc.stdout.fileno(), bytearray(), []
+    fd, buf = proc.stdout.fileno(), bytearray()
+    got: list[ClockSample] = []
     try:
         for i in range(samples + 1):  # the first exchange waits for the step to start: not a sample
             sent = time.time_ns()
