@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from bench_llm.bench.sweep.cluster_job import Frame, FrameError, frame_lines, re
 from bench_llm.core import __version__
 from bench_llm.results.reader import read_run_meta
 from tests.cluster.kube_fake import FakeApi, FakeKubelet, serving
-from tests.conftest import bench_argv
+from tests.conftest import bench_argv, wait_until
 
 pytest.importorskip("kubernetes", reason="the Kubernetes client is not installed (pip install 'bench-llm[kubernetes]')")
 
@@ -111,6 +112,27 @@ def test_a_failing_load_job_fails_the_cell_with_its_log_and_deletes_everything(
     assert cells["tp1"]["reason"] == ("load Job tp1-load-1 failed: error: the load Job's argument is not a load from "
                                       f"bench {__version__} (error)")  # zlib.error: the text is base64, not a compressed load  # fmt: skip
     assert fake.objects == {}
+    assert kubelet.running() == []
+
+
+def test_ctrl_c_during_a_load_deletes_the_cells_objects(
+    cluster: tuple[FakeApi, FakeKubelet, dict[str, str]], tmp_path: Path
+) -> None:
+    fake, kubelet, env = cluster
+    out = tmp_path / "sweep"
+    argv = _sweep(out, "--tp", "1")
+    argv[argv.index("--requests") + 1] = "400"  # a load of 100 s at 4 requests/s
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: any(k[0] == "jobs" for k in list(fake.objects)), 90, "the load Job created")
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert fake.objects == {}  # the Job, its pod, the Deployment, its pod and the Service
     assert kubelet.running() == []
 
 
