@@ -6,8 +6,12 @@ LeaderWorkerSets, Services), wait until each engine object reports its replicas 
 the cell failing, e.g. ``CrashLoopBackOff`` or an image that cannot be pulled, fails the wait at
 once with the pod's reason; the deadline fails it naming what was not ready), then create the
 load generator's Job and wait for it to succeed or fail, and, whatever happened, delete every
-object labelled with the cell (``bench-llm/cell``). Tested against a recorded API conversation
-(tests/cluster/test_kube_apply.py), not against a live cluster.
+object labelled with the cell (``bench-llm/cell``, and ``bench-llm/sweep`` when given). A sweep
+uses the steps on their own (``bench.sweep.cluster_kube``): ``start``, then per load
+``run_job`` (create a Job, wait, return its pod's log, delete it), ``engine_ready`` between
+loads, ``engine_logs`` and ``delete`` at the end. Tested against a recorded API conversation and a
+fake API server (tests/cluster/test_kube_apply.py, test_kube_sweep.py), not against a live
+cluster.
 """
 
 from __future__ import annotations
