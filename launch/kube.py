@@ -46,6 +46,11 @@ def _name(text: str) -> str:
     return out[:63].rstrip("-")
 
 
+def label_value(text: str) -> str:
+    """``text`` as the manifests' label values and names spell it (``bench-llm/sweep``, ``bench-llm/cell``)."""
+    return _name(text)
+
+
 def _in_image(argv: Sequence[str]) -> list[str]:
     """The program as the image has it: ``vllm serve ...``, ``python3 -m MODULE ...``."""
     argv = list(argv)

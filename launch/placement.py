@@ -56,6 +56,10 @@ class ClusterSpec:
     time_limit_min: int = 120
     #: Where the load generator runs (CLIENT_PLACES).
     client: str = "launching-host"
+    #: Slurm: may a cell's engine run on a node of the launching host (where the load generator
+    #: runs)? By default not: such nodes are excluded from every job (``sbatch --exclude``), so
+    #: the client never shares a node, its CPUs or its NIC with an engine.
+    client_shares_node: bool = False
     #: Kubernetes: the namespace, the engine's container image and the load generator's.
     namespace: str = "default"
     image: str | None = None

@@ -106,8 +106,30 @@ def placed_plan(spec: LaunchSpec, cluster: ClusterSpec, nodes: Sequence[Node] | 
     return placed
 
 
-def sbatch_argv(cell_id: str, placed: Placed, cluster: ClusterSpec) -> list[str]:
-    """The job that holds a cell's nodes."""
+def launching_host_nodes() -> tuple[str, ...]:
+    """The cluster's nodes that run on this host (Slurm ``NodeHostname``, short names compared)."""
+    me = socket.gethostname().split(".")[0]
+    out = []
+    for line in _slurm(["scontrol", "-o", "show", "node"]).splitlines():
+        name, host = re.search(r"\bNodeName=(\S+)", line), re.search(r"\bNodeHostName=(\S+)", line)
+        if name and host and host.group(1).split(".")[0] == me:
+            out.append(name.group(1))
+    return tuple(out)
+
+
+def client_exclusion(cluster: ClusterSpec) -> tuple[str, ...]:
+    """The nodes no cell's job may take: the launching host's, where the load generator runs
+    (none with ``client_shares_node``, or when Slurm cannot say)."""
+    if cluster.client_shares_node or slurm_available() is not None:
+        return ()
+    try:
+        return launching_host_nodes()
+    except SlurmError:
+        return ()
+
+
+def sbatch_argv(cell_id: str, placed: Placed, cluster: ClusterSpec, exclude: Sequence[str] = ()) -> list[str]:
+    """The job that holds a cell's nodes (``exclude``: nodes it may not take, ``client_exclusion``)."""
     gres = []
     if placed.gpus_per_node:
         kind = f"gpu:{cluster.gres_type}" if cluster.gres_type else "gpu"
@@ -115,7 +137,8 @@ def sbatch_argv(cell_id: str, placed: Placed, cluster: ClusterSpec) -> list[str]
     return [
         "sbatch", "--parsable", f"--job-name=bench-{cell_id}", f"--nodes={placed.nodes}",
         f"--ntasks-per-node={placed.processes_per_node}", *gres, f"--time={cluster.time_limit_min}",
-        "--output=/dev/null", *cluster.sbatch_args, f"--wrap={HOLD}",
+        "--output=/dev/null", *([f"--exclude={','.join(exclude)}"] if exclude else []), *cluster.sbatch_args,
+        f"--wrap={HOLD}",
     ]  # fmt: skip
 
 
@@ -319,6 +342,9 @@ class ClusterHandle(EngineHandle):
         self.job = job
         self.placed = placed
         self.client = client
+        #: each node's clock against the launching host's, by node name (set by the sweep:
+        #: ``bench.sweep.cluster_clock``)
+        self.clocks: dict[str, dict[str, Any]] = {}
         self._released = False
 
     @property
@@ -329,7 +355,8 @@ class ClusterHandle(EngineHandle):
         out["placement"] = {
             "manager": "slurm",
             "job_id": self.job.job_id,
-            "nodes": [{"name": n.name, "address": n.address, "hostname": n.hostname} for n in self.job.nodes],
+            "nodes": [{"name": n.name, "address": n.address, "hostname": n.hostname, "clock": self.clocks.get(n.name)}
+                      for n in self.job.nodes],  # fmt: skip
         }
         out["client"] = self.client
         return out
@@ -357,7 +384,8 @@ def launch_on_slurm(spec: LaunchSpec, log_path: Path, cluster: ClusterSpec, cell
         raise SlurmError(missing)
     shape = placed_plan(spec, cluster)
     record = log_path.parent / JOB_RECORD
-    job_id = submit(sbatch_argv(cell_id, shape, cluster), record, cluster)
+    exclude = client_exclusion(cluster)
+    job_id = submit(sbatch_argv(cell_id, shape, cluster, exclude), record, cluster)
     procs: list[ManagedProcess] = []
     job = SlurmJob(job_id, record, [], watch_submitter(job_id))
     deadline = time.monotonic() + spec.ready_timeout_s
@@ -385,7 +413,7 @@ def launch_on_slurm(spec: LaunchSpec, log_path: Path, cluster: ClusterSpec, cell
     url = f"http://{job.nodes[front.node].address}:{front.port}"
     server = engine_info(spec.engine, url)
     return ClusterHandle(
-        job=job, placed=placed, client=client_round_trip(url, job.nodes),
+        job=job, placed=placed, client={**client_round_trip(url, job.nodes), "excluded_nodes": list(exclude)},
         url=url, argv=list(front.argv), gpus=spec.parallel.gpus, log_path=log_path, processes=procs,
         version=server.get("version"), layout=None, server=server,
     )  # fmt: skip

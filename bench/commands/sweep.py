@@ -184,7 +184,8 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
                    "TTFT split (docs/metrics.md). Not in virtual time.")
 @click.option("--cluster", type=click.Choice(["slurm", "kubernetes"]),
               help="Place each cell's engine on a cluster's nodes (docs/sweeps.md, On a cluster): slurm runs each "
-                   "cell as one job (cells side by side with --jobs N); kubernetes: --dry-run writes the manifests.")
+                   "cell as one job (cells side by side with --jobs N); kubernetes applies each cell's manifests and "
+                   "runs its loads as Jobs (--dry-run writes the manifests).")
 @click.option("--gpus-per-node", type=click.IntRange(1), help="Cluster: GPUs per node. [default: 8]")
 @click.option("--max-nodes", type=click.IntRange(1), help="Cluster: most nodes one cell may take.")
 @click.option("--gres-type", help="Slurm: GPU type in the gres request, e.g. h100 (gpu:h100:N).")
@@ -193,6 +194,9 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
                    "--sbatch-arg=--account=A --sbatch-arg=--qos=Q.")
 @click.option("--time-limit", type=click.IntRange(1),
               help="Slurm: each cell's job --time in minutes, a dead-man limit if bench dies. [default: 120]")
+@click.option("--client-shares-node", is_flag=True, default=None,
+              help="Slurm: let engines run on the launching host's node (where the load generator runs); by "
+                   "default that node is excluded from every cell's job.")
 @click.option("--image", help="Kubernetes: the engine's container image.")
 @click.option("--client-image", help="Kubernetes: the load generator's image (bench installed).")
 @click.option("--namespace", help="Kubernetes: the namespace. [default: default]")
@@ -268,9 +272,10 @@ def command(config_path: Path | None, **flags: Any) -> None:
         receiver = None
         if otlp_receiver:
             from bench_llm.bench.launch_engine import otlp_note
+            from bench_llm.bench.sweep.cluster import otlp_host
             from bench_llm.loadgen.otlp import OtlpReceiver
 
-            receiver = stack.enter_context(OtlpReceiver("127.0.0.1", 0))
+            receiver = stack.enter_context(OtlpReceiver(otlp_host(spec.cluster), 0))  # the nodes' engines reach it
             click.echo(f"OTLP receiver at {receiver.endpoint} ({otlp_note(str(spec.engine), not spec.endpoints)})", err=True)
         if plan is not None:
             from bench_llm.bench.sweep.plan import run_planned
@@ -442,7 +447,7 @@ def _apply_flags(base: SweepSpec | None, flags: dict[str, Any]) -> SweepSpec:
 _CLUSTER_FLAGS = {
     "cluster": "manager", "gpus_per_node": "gpus_per_node", "max_nodes": "max_nodes", "gres_type": "gres_type",
     "sbatch_args": "sbatch_args", "time_limit": "time_limit_min", "image": "image", "client_image": "client_image",
-    "namespace": "namespace",
+    "namespace": "namespace", "client_shares_node": "client_shares_node",
 }  # fmt: skip
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bench_llm.analysis.recommend_diagnosis import diagnose_cell
 from bench_llm.analysis.recommend_io import load_points
@@ -26,6 +26,7 @@ from bench_llm.bench.sweep.cell_loads import WorkloadLoads
 from bench_llm.bench.sweep.cell_outcome import CellOutcome, failed_deployment, logs_tail
 from bench_llm.bench.sweep.cell_search import missing_loads
 from bench_llm.bench.sweep.engines import CellEngine, EngineStartError, Launcher, VirtualHandle
+from bench_llm.bench.sweep.loads import RemoteLoadError
 from bench_llm.bench.sweep.spec import SweepSpec
 from bench_llm.bench.virtual import VirtualEngine
 from bench_llm.launch.config import ParallelConfig
@@ -87,6 +88,8 @@ class CellRunner:
         self.otlp = otlp
         #: the cell's engine when it runs in virtual time
         self.virtual: VirtualEngine | None = None
+        #: where the cell's loads run when not here (a Kubernetes load Job, ``loads.RemoteLoads``)
+        self.remote: Any = None
 
     def run(self, cfg: ParallelConfig, cell_id: str, index: str, prior: list[PointRow] | None = None) -> CellOutcome:
         """Measure the cell (``measure_cell``); a complete cell with what limits it."""
@@ -143,6 +146,7 @@ class CellRunner:
             return CellOutcome("failed", _start_failure(exc.summary, log), log)
         out = CellOutcome("complete", points=list(prior or ()))
         self.virtual = handle.engine if isinstance(handle, VirtualHandle) else None
+        self.remote = getattr(handle, "remote", None)  # loads run on the cluster (cluster_kube)
         out.engine_version = getattr(handle, "version", None) or spec.engine_version
         argv = getattr(handle, "argv", None)
         out.engine_argv = json.dumps(list(argv)) if argv else None
@@ -158,6 +162,8 @@ class CellRunner:
                 first_run = False
                 if not ok:
                     break
+        except RemoteLoadError as exc:  # a load run on the cluster failed: the cell fails, the sweep goes on
+            out.status, out.reason, out.log_tail = "failed", str(exc), exc.log_tail or logs_tail(cdir)
         finally:
             handle.stop()
         return out

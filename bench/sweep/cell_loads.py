@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.analysis.capacity import LoadJudgement, Probe, judge_load
 from bench_llm.analysis.capacity_saturation import closed_loop_plateau
@@ -64,6 +64,7 @@ class CellContext(Protocol):
     capacity_hint: Callable[[ParallelConfig, str], float | None] | None
     otlp: OtlpReceiver | None
     virtual: VirtualEngine | None
+    remote: Any
 
 
 @dataclass
@@ -109,7 +110,9 @@ class WorkloadLoads:
         # re-measurements of a load come after its repeats, and are labelled as further repeats
         label = load.label(len(spec.cell_workloads) > 1, max(spec.repeats, load.repeat + 1))
         run_dir = store.load_dir(runner.sweep_dir, self.cell_id, label)
-        out.prefix_cache_reset = "fresh engine (virtual time)" if self.virtual else reset_prefix_cache(spec.engine, self.url)
+        remote = self.runner.remote
+        out.prefix_cache_reset = ("fresh engine (virtual time)" if self.virtual else remote.reset_note if remote
+                                  else reset_prefix_cache(spec.engine, self.url))  # fmt: skip
         warmup = spec.loads.warmup if self.first else 0
         self.first = False
         t = time.monotonic()
@@ -121,7 +124,7 @@ class WorkloadLoads:
         echo_point(runner.echo, self.index, self.cell_id, label, row, time.monotonic() - t)
         if interrupted:
             raise SweepInterrupted(self.cell_id)
-        if self.virtual is None and not alive(self.url, spec.engine):
+        if self.virtual is None and not (remote.alive() if remote else alive(self.url, spec.engine)):
             out.status = "failed"
             out.reason = f"engine stopped answering during load {label}"
             out.log_tail = logs_tail(store.cell_dir(runner.sweep_dir, self.cell_id))
@@ -157,6 +160,7 @@ class WorkloadLoads:
                 engine_version=self.out.engine_version,
                 virtual=self.virtual,
                 otlp=runner.otlp,
+                remote=runner.remote,
             )
             if not measured.missing_rows or measured.interrupted or attempt == 1:
                 break

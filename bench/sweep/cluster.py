@@ -4,9 +4,11 @@ cluster's nodes by its manager, cells side by side as concurrent jobs (``--jobs 
 ``ClusterLauncher`` is the sweep's ``Launcher`` for a cluster: ``unsupported`` refuses, before
 anything starts, what the cluster cannot hold (a process larger than a node that its engine
 cannot spread, more nodes than allowed); ``start`` launches the cell on Slurm
-(``launch.slurm``); ``recover`` cancels the jobs a killed sweep left (``--resume``). The load
-generator runs on the launching host (``ClusterSpec.client``), never on an engine node, and
-each cell records its measured round trip to the engine (``engine_info.client``). A dry run
+(``launch.slurm``) or Kubernetes (``bench.sweep.cluster_kube``); ``recover`` cancels the jobs
+(deletes the objects) a killed sweep left (``--resume``). On Slurm the load generator runs on
+the launching host (``ClusterSpec.client``), never on an engine node, and each cell records its
+measured round trip to the engine (``engine_info.client``); on Kubernetes each load is a Job on
+a CPU node whose run folder comes back through the pod log API. A dry run
 prints the Slurm commands of each cell (``dry_run_lines``) or, for Kubernetes, the manifests
 (``launch.kube``).
 """
@@ -61,38 +63,52 @@ class ClusterLauncher:
         (``sbatch --test-only`` of the cell's job: asked before anything starts, makes no job)."""
         from dataclasses import replace
 
-        from bench_llm.launch.slurm import manager_refusal, placed_plan, sbatch_argv, slurm_available
+        from bench_llm.launch.slurm import client_exclusion, manager_refusal, placed_plan, sbatch_argv, slurm_available
 
         if not self.ask_manager or self.cluster.manager != "slurm" or slurm_available() is not None:
             return planned
+        exclude = client_exclusion(self.cluster)
+        why = (f" (nodes {', '.join(exclude)} excluded: the load generator runs on their host; "
+               "client_shares_node allows them)") if exclude else ""  # fmt: skip
         out = []
         for c in planned:
             if not c.skip_reason:
                 placed = placed_plan(LaunchSpec(engine=spec.for_cell(c.config).engine, model=spec.model,
                                                 parallel=c.config), self.cluster)  # fmt: skip
-                said = manager_refusal(sbatch_argv(c.cell_id, placed, self.cluster))
+                said = manager_refusal(sbatch_argv(c.cell_id, placed, self.cluster, exclude))
                 if said is not None:
                     c = replace(c, skip_reason=f"Slurm refuses its job ({placed.nodes} nodes of "
-                                               f"{placed.gpus_per_node} GPUs): {said}")  # fmt: skip
+                                               f"{placed.gpus_per_node} GPUs): {said}{why}")  # fmt: skip
             out.append(c)
         return out
 
     def start(self, cell: CellEngine, log_path: Path) -> Handle:
-        if self.cluster.manager != "slurm":
-            raise EngineStartError(
-                f"bench starts cells on Slurm only; for {self.cluster.manager} write the manifests with "
-                "--dry-run and apply them with the Kubernetes client (docs/sweeps.md, On a cluster)"
-            )
+        if self.cluster.manager == "kubernetes":
+            from bench_llm.bench.sweep.cluster_kube import launch_on_kubernetes
+
+            return launch_on_kubernetes(launch_spec(cell), log_path, self.cluster, cell.parallel.cell_id)
+        from bench_llm.bench.sweep.cluster_clock import measure_clocks
         from bench_llm.launch.slurm import launch_on_slurm
 
-        return launch_on_slurm(launch_spec(cell), log_path, self.cluster, cell.parallel.cell_id)
+        handle = launch_on_slurm(launch_spec(cell), log_path, self.cluster, cell.parallel.cell_id)
+        try:  # engine-side times (spans, logs) are stamped on the nodes' clocks
+            handle.clocks = measure_clocks(handle.job.job_id, handle.job.nodes)
+        except BaseException:
+            handle.stop()
+            raise
+        return handle
 
     def recover(self, sweep_dir: Path) -> list[str]:
-        """Cancel every job a cell folder records and bench never released (a killed sweep)."""
+        """Cancel every job a cell folder records and bench never released (a killed sweep);
+        on Kubernetes, delete every object labelled with the sweep."""
         from bench_llm.bench.sweep import store
         from bench_llm.launch.slurm import JOB_RECORD, cancel_recorded, slurm_available
 
-        if self.cluster.manager != "slurm" or slurm_available() is not None:
+        if self.cluster.manager == "kubernetes":  # every object labelled with the sweep
+            from bench_llm.bench.sweep.cluster_kube import delete_sweep
+
+            return delete_sweep(sweep_dir, self.cluster)
+        if slurm_available() is not None:
             return []
         out = []
         root = store.cell_dir(sweep_dir, "x").parent
@@ -101,6 +117,42 @@ class ClusterLauncher:
             if job is not None:
                 out.append(job)
         return out
+
+
+def otlp_refusal(cluster: ClusterSpec, jobs: int | None) -> str | None:
+    """Why ``--otlp-receiver`` cannot serve a sweep on ``cluster`` (None: it can). On Slurm the
+    receiver listens on the address by which this host reaches the nodes (``otlp_host``), and
+    the spans' times are on the front node's clock, whose offset is in ``engine_info``."""
+    if cluster.manager != "slurm":
+        return ("--otlp-receiver: not on Kubernetes (the engines' pods would need a route to this host; "
+                "docs/sweeps.md, On a cluster)")  # fmt: skip
+    if (jobs or 1) > 1:  # cells side by side run in processes of their own
+        return "--otlp-receiver on a cluster: with --jobs 1 only (one receiver cannot tell side-by-side cells' spans apart)"
+    return None
+
+
+def otlp_host(cluster: ClusterSpec | None) -> str:
+    """Where the sweep's OTLP receiver listens: the loopback, or on Slurm this host's address on
+    the route to the cluster's first node (a UDP socket connected toward it: no packet sent)."""
+    import socket
+
+    from bench_llm.launch.slurm import SlurmError, _slurm, slurm_available
+
+    if cluster is None or cluster.manager != "slurm" or slurm_available() is not None:
+        return "127.0.0.1"
+    try:
+        addrs = [f.split("=", 1)[1] for line in _slurm(["scontrol", "-o", "show", "node"]).splitlines()
+                 for f in line.split() if f.startswith("NodeAddr=")]  # fmt: skip
+    except SlurmError:
+        return "127.0.0.1"
+    if not addrs:
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addrs[0], 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
 
 
 def dry_run_lines(spec: SweepSpec) -> list[str]:

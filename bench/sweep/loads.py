@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.analysis.capacity_points import PointMetrics, point_metrics
 from bench_llm.analysis.capacity_saturation import Saturation, admission_saturation, open_loop_saturation
@@ -31,6 +31,22 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from bench_llm.loadgen.otlp import OtlpReceiver
+
+
+class RemoteLoadError(BenchError):
+    """A load run elsewhere failed (its Job failed, its results did not come back): the cell
+    fails with ``reason``; ``log_tail``: the last lines of its log."""
+
+    def __init__(self, reason: str, log_tail: str = "") -> None:
+        super().__init__(reason)
+        self.log_tail = log_tail
+
+
+class RemoteLoads(Protocol):
+    """Runs a load elsewhere (a cluster's load Job, ``bench.sweep.cluster_kube``) and leaves its
+    run folder in ``run_dir``; (measured requests it should have, interrupted)."""
+
+    def run_load(self, *, run_dir: Path, **job: Any) -> tuple[int, bool]: ...
 
 
 @dataclass(frozen=True)
@@ -179,9 +195,16 @@ def run_load(
     engine_version: str | None = None,
     virtual: VirtualEngine | None = None,
     otlp: OtlpReceiver | None = None,
+    remote: RemoteLoads | None = None,
 ) -> Measured:
-    """Run one load into ``run_dir`` (on ``virtual``'s model in virtual time when given). ``otlp``: the receiver the cell's engine exports
-    its spans to; the load's own go to its run folder (``server_spans.parquet``)."""
+    """Run one load into ``run_dir`` (on ``virtual``'s model in virtual time when given).
+    ``otlp``: the receiver the cell's engine exports
+    its spans to; the load's own go to its run folder (``server_spans.parquet``). ``remote``:
+    the load runs there (this function, in a cluster's pod) and its run folder is judged here."""
+    if remote is not None:
+        expected, interrupted = remote.run_load(run_dir=run_dir, spec=spec, load=load, served_model=served_model,
+                                                extra=extra, warmup=warmup, engine_version=engine_version)  # fmt: skip
+        return _judge(load_run(run_dir), read_server_metrics(run_dir), SLO.from_dict(spec.slo), load, expected, interrupted)
     from bench_llm.bench.execute import RunConfig, execute_run
     from bench_llm.bench.virtual import simulate_run
     from bench_llm.core.eventloop import run_async

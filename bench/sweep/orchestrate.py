@@ -163,8 +163,11 @@ def run_sweep(
     spec, launcher = _with_launcher(spec, launcher)
     if otlp is not None and spec.virtual:
         raise BenchError("--otlp-receiver: a sweep in virtual time has no engine to send spans; use --clock auto")
-    if otlp is not None and spec.cluster is not None:  # the receiver listens on this host's loopback
-        raise BenchError("--otlp-receiver: not on a cluster (the nodes' engines cannot reach a receiver on 127.0.0.1)")
+    if otlp is not None and spec.cluster is not None:  # the nodes' engines must reach it (cluster.otlp_refusal)
+        from bench_llm.bench.sweep.cluster import otlp_refusal
+
+        if (why := otlp_refusal(spec.cluster, jobs)) is not None:
+            raise BenchError(why)
     sweep_dir = Path(sweep_dir)
     stored, sweep_id = _open_sweep(spec, sweep_dir, resume)
     planned = expand(spec, launcher.unsupported)

@@ -4,7 +4,8 @@ Debian's ``slurm-wlm`` (22.05) and ``munge``: one ``munged`` with its own key an
 ``slurmctld`` and two ``slurmd -N n1|n2``, each node declaring ``Gres=gpu:h100:4`` backed by
 character devices made with ``mknod`` (gres.conf refuses regular files), every state, spool,
 pid and log path under the scratch folder and free ports on 127.0.0.1; ``SLURM_CONF`` points
-at it. Both nodes have the address 127.0.0.1. ``start_cluster`` returns None with the reason
+at it. Both nodes have the address 127.0.0.1, or, with ``netns``, each slurmd runs in its own
+network namespace on a bridge, at its own address. ``start_cluster`` returns None with the reason
 when the programs are absent, this is not root (slurmd runs as root), or the daemons do not
 come up; ``Cluster.stop`` cancels every job and ends the daemons it started (by their pids).
 """
@@ -31,11 +32,87 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Netns:
+    """Each node's own network namespace, joined by a bridge: node i at ``addresses[i]``, the
+    launching host (this namespace) at ``gateway``. A namespace is held by a ``sleep`` started
+    with ``unshare -n``; a daemon enters it with ``nsenter --net=/proc/PID/ns/net`` (not ``ip
+    netns exec``, which remounts /sys, where slurmd then fails)."""
+
+    def __init__(self, nodes: int) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.bridge = f"bbr{tag}"
+        subnet = 100 + os.getpid() % 150
+        self.gateway = f"10.213.{subnet}.1"
+        self.addresses = [f"10.213.{subnet}.{10 + i}" for i in range(nodes)]
+        self.veths = [f"bv{tag}n{i}" for i in range(nodes)]
+        self.holders: list[subprocess.Popen[bytes]] = []
+
+    @staticmethod
+    def _ip(*argv: str, pid: int | None = None) -> None:
+        cmd = (["nsenter", f"--net=/proc/{pid}/ns/net"] if pid else []) + ["ip", *argv]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+        if out.returncode != 0:
+            raise OSError(f"{' '.join(cmd)}: {out.stderr.strip()}")
+
+    def start(self) -> str:
+        """"" when up, else why not (then nothing of it is left)."""
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self._ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            self._ip("link", "set", self.bridge, "up")
+            for veth, addr in zip(self.veths, self.addresses):
+                hold = subprocess.Popen(["unshare", "-n", "sleep", "infinity"])
+                self.holders.append(hold)
+                self._wait_own_netns(hold.pid)
+                self._ip("link", "add", veth, "type", "veth", "peer", "name", veth + "p")
+                self._ip("link", "set", veth + "p", "netns", str(hold.pid))
+                self._ip("link", "set", veth, "master", self.bridge)
+                self._ip("link", "set", veth, "up")
+                self._ip("link", "set", "lo", "up", pid=hold.pid)
+                self._ip("addr", "add", f"{addr}/24", "dev", veth + "p", pid=hold.pid)
+                self._ip("link", "set", veth + "p", "up", pid=hold.pid)
+                self._ip("route", "add", "default", "via", self.gateway, pid=hold.pid)
+        except OSError as exc:
+            self.stop()
+            return f"network namespaces not permitted here: {exc}"
+        return ""
+
+    @staticmethod
+    def _wait_own_netns(pid: int) -> None:
+        mine = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                if os.readlink(f"/proc/{pid}/ns/net") != mine:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.01)
+        raise OSError("unshare -n made no namespace")
+
+    def enter(self, i: int) -> list[str]:
+        return ["nsenter", f"--net=/proc/{self.holders[i].pid}/ns/net"]
+
+    def stop(self) -> None:
+        for hold in self.holders:
+            hold.kill()
+            hold.wait()
+        for name in [*self.veths, self.bridge]:
+            subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=10, check=False)
+
+
 @dataclass
 class Cluster:
     root: Path
     env: dict[str, str]
     pid_files: list[Path] = field(default_factory=list)
+    #: the nodes' own network namespaces, when the cluster has them
+    netns: Netns | None = None
+
+    @property
+    def addresses(self) -> list[str]:
+        """Each node's address."""
+        return list(self.netns.addresses) if self.netns is not None else ["127.0.0.1"] * len(NODES)
 
     def run(self, *argv: str, timeout_s: float = 20) -> str:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout_s,
@@ -74,6 +151,8 @@ class Cluster:
                     time.sleep(0.05)
                 if not _alive(pid):
                     break
+        if self.netns is not None:
+            self.netns.stop()
 
 
 def _alive(pid: int) -> bool:
@@ -87,8 +166,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def start_cluster(root: Path) -> tuple[Cluster | None, str]:
-    """(the cluster, "") or (None, why not)."""
+def start_cluster(root: Path, netns: bool = False) -> tuple[Cluster | None, str]:
+    """(the cluster, "") or (None, why not). ``netns``: each slurmd in its own network
+    namespace (``Netns``), so the nodes have distinct addresses."""
     missing = [p for p in PROGRAMS if shutil.which(p) is None]
     if missing:
         return None, f"Slurm/munge not installed ({', '.join(missing)} missing; apt-get install slurm-wlm munge)"
@@ -108,22 +188,28 @@ def start_cluster(root: Path) -> tuple[Cluster | None, str]:
     (root / "munge").chmod(0o700)
     env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
     cluster = Cluster(root, env)
+    if netns:
+        cluster.netns = Netns(len(NODES))
+        why = cluster.netns.start()
+        if why:
+            return None, why
     sock = root / "munge" / "munge.sock"
     munged = subprocess.run(["munged", f"--key-file={key}", f"--socket={sock}", f"--pid-file={root}/munge/munged.pid",
                              f"--log-file={root}/log/munged.log", f"--seed-file={root}/munge/seed", "--force"],
                             capture_output=True, text=True, timeout=20, check=False)  # fmt: skip
     cluster.pid_files.append(root / "munge" / "munged.pid")
     if munged.returncode != 0:
+        cluster.stop()
         return None, f"munged did not start: {munged.stderr.strip()}"
     host = socket.gethostname()
     ports = [_free_port() for _ in range(2 + len(NODES))]
     node_lines = "\n".join(
-        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={ports[2 + i]} CPUs=8 RealMemory=1000 "
+        f"NodeName={n} NodeHostname={host} NodeAddr={cluster.addresses[i]} Port={ports[2 + i]} CPUs=8 RealMemory=1000 "
         f"Gres=gpu:h100:{GPUS_PER_NODE} State=UNKNOWN"
         for i, n in enumerate(NODES)
     )
     (root / "slurm.conf").write_text(f"""ClusterName=benchtest
-SlurmctldHost=localhost(127.0.0.1)
+SlurmctldHost=localhost({cluster.netns.gateway if cluster.netns else "127.0.0.1"})
 SlurmctldPort={ports[0]}
 SlurmdPort={ports[1]}
 AuthType=auth/munge
@@ -154,7 +240,8 @@ PartitionName=gpu Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """)
     (root / "gres.conf").write_text("".join(
         f"NodeName={n} Name=gpu Type=h100 File={root}/dev/{n}/nvidia[0-{GPUS_PER_NODE - 1}]\n" for n in NODES))  # fmt: skip
-    starts = [["slurmctld", "-c"], *(["slurmd", "-N", n] for n in NODES)]
+    starts = [["slurmctld", "-c"],
+              *([*(cluster.netns.enter(i) if cluster.netns else []), "slurmd", "-N", n] for i, n in enumerate(NODES))]
     cluster.pid_files += [root / "run" / "slurmctld.pid", *(root / "run" / f"slurmd-{n}.pid" for n in NODES)]
     for argv in starts:
         out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=20, check=False)

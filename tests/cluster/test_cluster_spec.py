@@ -48,3 +48,16 @@ def test_dry_run_from_flags() -> None:
     text = out.output
     assert "cell tp8-pp2: 16 GPUs" in text and "--nodes=2" in text and "--qos=high" in text
     assert text.count("srun ") == 3  # tp8 on one node, tp8-pp2 as two ranks
+
+
+def test_the_launching_hosts_nodes_are_excluded_from_a_job() -> None:
+    from bench_llm.launch.config import ParallelConfig
+    from bench_llm.launch.launcher import LaunchSpec
+    from bench_llm.launch.slurm import placed_plan, sbatch_argv
+
+    cluster = ClusterSpec(gpus_per_node=4, sbatch_args=("--partition=gpu",))
+    placed = placed_plan(LaunchSpec(engine="sim", model="m", parallel=ParallelConfig.parse("tp=2")), cluster)
+    argv = sbatch_argv("tp2", placed, cluster, ("n1", "n2"))
+    # placed before the user's own options
+    assert argv.index("--exclude=n1,n2") < argv.index("--partition=gpu")
+    assert not any(a.startswith("--exclude") for a in sbatch_argv("tp2", placed, cluster))

@@ -146,3 +146,40 @@ def test_yaml_reads_back_as_the_objects(case: str) -> None:
     ls = sweep_cluster.launch_spec(cell_engine(spec, cell.config))
     text = manifests_yaml(ls, cell.cell_id, spec.cluster, ["bench", "run"])
     assert [d for d in yaml.safe_load_all(text) if d is not None] == _objects(case)
+
+
+def _pruned(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """The fields of ``obj`` a structural CRD schema does not declare (the API server would drop
+    them silently, so a field bench writes there would have no effect)."""
+    out: list[str] = []
+    if isinstance(obj, dict) and "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        for k, v in obj.items():
+            out += [f"{path}/{k}"] if k not in schema["properties"] else _pruned(v, schema["properties"][k], f"{path}/{k}")
+    elif isinstance(obj, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for k, v in obj.items():
+            out += _pruned(v, schema["additionalProperties"], f"{path}/{k}")
+    elif isinstance(obj, list) and "items" in schema:
+        for i, v in enumerate(obj):
+            out += _pruned(v, schema["items"], f"{path}[{i}]")
+    return out
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "vllm-pd-pair"])
+def test_leaderworkersets_validate_against_the_official_crd(case: str) -> None:
+    """Against LWS's own CRD (config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml of
+    github.com/kubernetes-sigs/lws, 1.3 MB, not vendored): give its path in ``BENCH_LWS_CRD``.
+    Checked by hand at lws commit 060ab4d: every LeaderWorkerSet valid, no pruned field."""
+    path = os.environ.get("BENCH_LWS_CRD")
+    if not path or not Path(path).is_file():
+        pytest.skip("BENCH_LWS_CRD does not name the LWS CRD file (github.com/kubernetes-sigs/lws, config/crd/bases)")
+    yaml = pytest.importorskip("yaml")
+    jsonschema = pytest.importorskip("jsonschema")
+    crd = yaml.safe_load(Path(path).read_text())
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
+    (lws,) = [o for o in _objects(case) if o["kind"] == "LeaderWorkerSet"]
+    jsonschema.validate(lws, schema)
+    assert _pruned(lws, schema) == []
+    bad = {**lws, "spec": {**lws["spec"], "leaderWorkerTemplate": {**lws["spec"]["leaderWorkerTemplate"], "restartPolicy": "Always", "groupSize": 2}}}
+    with pytest.raises(jsonschema.ValidationError):  # the check can fail: an enum the CRD does not allow
+        jsonschema.validate(bad, schema)
+    assert _pruned(bad, schema) == ["/spec/leaderWorkerTemplate/groupSize"]

@@ -44,7 +44,8 @@ def _sweep(out: Path, *extra: str) -> list[str]:
     return bench_argv(
         "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--rate", "4", "--requests", "8",
         "--warmup", "0", "--input-tokens", "64", "--output-tokens", "8", "--cluster", "slurm", "--gpus-per-node", "4",
-        "--time-limit", "5", "--sbatch-arg=--partition=gpu", "--no-progress", "--out", str(out), *extra,
+        "--time-limit", "5", "--sbatch-arg=--partition=gpu", "--no-progress", "--out", str(out),
+        "--client-shares-node", *extra,  # the test's nodes are all this machine, where the client runs
     )  # fmt: skip
 
 
@@ -77,10 +78,10 @@ def _ports(info: dict[str, Any]) -> set[int]:
     return out
 
 
-def _listening(port: int) -> bool:
+def _listening(port: int, address: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((address, port)) == 0
 
 
 def _engine_processes(ports: set[int]) -> list[str]:
@@ -156,6 +157,13 @@ def test_multi_node_and_side_by_side_cells(cluster: Cluster, tmp_path: Path) -> 
     client = json.loads(run_meta["extra_json"])["engine_info"]["client"]
     assert client["where"] == "launching-host" and client["samples"] == 5 and client["round_trip_ms"]["min"] > 0
     assert client["on_engine_node"] is True  # honest here: the test's "nodes" are this machine
+    assert client["excluded_nodes"] == []  # --client-shares-node
+    # each node's clock against the launching host's: here the same clock, so the offset is
+    # within its bound (half the best round trip through the srun step)
+    for node in infos["tp8"]["placement"]["nodes"]:
+        clock = node["clock"]
+        assert clock["samples"] == 16 and 0 < clock["bound_ns"] < 1_000_000_000, clock
+        assert abs(clock["offset_ns"]) <= clock["bound_ns"] + 1, clock  # +1: the midpoint is floored
     # the job ids are in the cell folders, released; the user's sbatch option was passed through
     record = json.loads((out / "cell=tp8" / "slurm_job.json").read_text())
     assert record["released"] and "--partition=gpu" in record["sbatch"] and "--nodes=2" in record["sbatch"]
@@ -223,3 +231,82 @@ def test_an_engine_that_fails_to_start_fails_its_cell_and_releases_the_job(clust
     assert json.loads((out / "cell=tp8" / "slurm_job.json").read_text())["released"] is True
     assert run.returncode != 0
     wait_until(lambda: not cluster.jobs(), 15, "the failed cell's job gone")
+
+
+def test_by_default_no_engine_goes_on_the_launching_hosts_nodes(cluster: Cluster, tmp_path: Path) -> None:
+    """Without --client-shares-node, the nodes on the launching host (where the load generator
+    runs) are excluded from every job: here that is every node, so Slurm refuses each cell's
+    job before anything starts, and the reason says why."""
+    out = tmp_path / "excluded"
+    argv = [a for a in _sweep(out, "--tp", "2,4") if a != "--client-shares-node"]
+    run = subprocess.run(argv, env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "nodes n1, n2 excluded: the load generator runs on their host" in run.stderr, run.stderr[-2000:]
+    assert cluster.jobs() == []
+
+
+def test_request_spans_from_a_two_node_instance_with_its_nodes_clocks(cluster: Cluster, tmp_path: Path) -> None:
+    """--otlp-receiver on Slurm: the receiver listens on this host's address toward the nodes,
+    the two-node instance's rank 0 exports a span per request to it, and the run records each
+    node's clock offset against this host's with its bound (the spans' times are on rank 0's
+    node clock)."""
+    out = tmp_path / "spans"
+    run = subprocess.run(_sweep(out, "--tp", "8", "--otlp-receiver"), env=cluster.env, capture_output=True,
+                         text=True, timeout=240)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:] + cluster.log_tail()
+    (load,) = (out / "cell=tp8").glob("load=*")
+    spans = pq.read_table(load / "server_spans.parquet").to_pylist()
+    assert len(spans) == 8 and all(s["span_request_id"] for s in spans), spans[:2]
+    info = json.loads(pq.read_table(load / "run.parquet").to_pylist()[0]["extra_json"])["engine_info"]
+    lead = info["processes"][0]["node"]
+    (clock,) = [n["clock"] for n in info["placement"]["nodes"] if n["name"] == lead]
+    assert clock["samples"] == 16 and abs(clock["offset_ns"]) <= clock["bound_ns"] + 1
+    _nothing_left(cluster, [info])
+
+
+def test_otlp_receiver_refusals_on_a_cluster(tmp_path: Path) -> None:
+    from bench_llm.bench.sweep.cluster import otlp_refusal
+    from bench_llm.launch.placement import ClusterSpec
+
+    assert otlp_refusal(ClusterSpec(), 1) is None and otlp_refusal(ClusterSpec(), None) is None
+    assert "--jobs 1 only" in str(otlp_refusal(ClusterSpec(), 2))
+    assert "not on Kubernetes" in str(otlp_refusal(ClusterSpec(manager="kubernetes"), 1))
+
+
+@pytest.fixture(scope="module")
+def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    made, why = start_cluster(tmp_path_factory.mktemp("slurm-netns"), netns=True)
+    if made is None:
+        pytest.skip(why)
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def test_nodes_in_their_own_network_namespaces(netns_cluster: Cluster, tmp_path: Path) -> None:
+    """Each slurmd in its own network namespace, at its own address on a bridge: the instance
+    across both nodes meets at rank 0's node address, the client reaches rank 0 there from this
+    host's namespace, and nothing is left listening at either address afterwards."""
+    cluster = netns_cluster
+    out = tmp_path / "netns"
+    run = subprocess.run(_sweep(out, "--tp", "8"), env=cluster.env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:] + cluster.log_tail()
+    cell = _cells(out)["tp8"]
+    assert cell["status"] == "complete"
+    assert all(p["ok"] == p["requests"] == 8 for p in _points(out, "tp8"))
+    info = json.loads(cell["engine_info"])
+    addresses = {n["name"]: n["address"] for n in info["placement"]["nodes"]}
+    assert sorted(addresses.values()) == sorted(cluster.addresses) and len(set(addresses.values())) == 2
+    lead, worker = info["processes"]
+    rank0 = addresses[lead["node"]]
+    for p in (lead, worker):
+        assert p["engine_argv"][p["engine_argv"].index("--master-addr") + 1] == rank0
+    assert info["client"]["engine_url"].startswith(f"http://{rank0}:")  # reached across the bridge
+    ranks = {**_ranks(out / "cell=tp8" / "engine.log"), **_ranks(out / "cell=tp8" / "engine.engine-rank1.log")}
+    assert {r: me["rendezvous"].split(":")[0] for r, me in ranks.items()} == {0: rank0, 1: rank0}
+    assert "rank 1 joined from" in (out / "cell=tp8" / "engine.log").read_text()
+    wait_until(lambda: not cluster.jobs(), 15, f"Slurm jobs gone ({cluster.jobs()})")
+    ports = _ports(info)
+    wait_until(lambda: not [(a, p) for a in addresses.values() for p in ports if _listening(p, a)], 15,
+               "nothing listening at the nodes' addresses")  # fmt: skip
