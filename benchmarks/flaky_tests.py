@@ -87,7 +87,11 @@ def repeat(named: Named, repeats: int) -> tuple[int, int, int, float]:
     if named.in_session:
         o = run_pytest(named.test, repeats)
         return o.passed, repeats, o.skipped, o.wall_s / max(repeats, 1)
-    outcomes = [run_pytest(named.test, 1) for _ in range(repeats)]
+    outcomes = []
+    for i in range(repeats):  # each run's verdict as it comes (a long series can be read, or cut, midway)
+        outcomes.append(run_pytest(named.test, 1))
+        o = outcomes[-1]
+        print(f"  run {i + 1}/{repeats}: {'FAILED' if o.failed else 'passed'} {o.wall_s:.1f} s", file=sys.stderr, flush=True)
     passed = sum(o.failed == 0 and o.passed > 0 for o in outcomes)
     skipped = sum(o.failed == 0 and o.passed == 0 and o.skipped > 0 for o in outcomes)
     walls = sorted(o.wall_s for o in outcomes)
