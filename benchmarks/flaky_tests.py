@@ -66,11 +66,19 @@ def _count(summary: str, word: str) -> int:
 def run_pytest(test: str, repeat_in_session: int) -> Outcome:
     """One pytest process; its summary line's counts (errors count as failures)."""
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
-    if repeat_in_session > 1:
-        argv += ["-p", "flaky_tests", f"--flaky-repeat={repeat_in_session}"]
+    if repeat_in_session > 1:  # -v: each repeat's verdict as it comes, echoed to stderr
+        argv += ["-v", "-p", "flaky_tests", f"--flaky-repeat={repeat_in_session}"]
     start = time.monotonic()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
-    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600, env=env)
+    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        out = []
+        for line in proc.stdout or ():
+            out.append(line)
+            if repeat_in_session > 1 and "[repeat" in line:
+                print(" ", line.rstrip(), file=sys.stderr, flush=True)
+        err = proc.stderr.read() if proc.stderr else ""
+        proc.wait(timeout=3600)
+    p = subprocess.CompletedProcess(argv, proc.returncode, "".join(out), err)
     lines = p.stdout.strip().splitlines()
     summary = lines[-1] if lines else ""
     failed = _count(summary, "failed") + _count(summary, "error")
@@ -121,15 +129,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--busy", type=int, default=2, help="busy-loop processes spinning while the tests run")
-    ap.add_argument("--only", default=None, help="a substring: run only the named tests that contain it")
+    ap.add_argument("--only", action="append", default=None,
+                    help="a substring: run only the named tests that contain it (repeatable, run in the order given)")
     args = ap.parse_args()
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         print(f"busy loops: {args.busy}; repeats: {args.repeats}")
         print(f"{'test':<98} passed/runs  skipped  wall s/run (median)")
-        for named in NAMED:
-            if args.only and args.only not in named.test:
-                continue
+        picked = [n for key in args.only for n in NAMED if key in n.test] if args.only else list(NAMED)
+        for named in dict.fromkeys(picked):
             passed, runs, skipped, wall = repeat(named, args.repeats)
             mark = " (one session)" if named.in_session else ""
             print(f"{named.test + mark:<98} {passed:>3}/{runs:<3}  {skipped:>7}  {wall:8.1f}", flush=True)
