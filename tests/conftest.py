@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +29,25 @@ def shared_path(*parts: str) -> Path:
 
 def bench_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "bench_llm.bench", *args]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``bench ARGS`` in this process (click's test runner): what ``subprocess.run(bench_argv(...))``
+    returns, without a fresh interpreter's start-up (1-3 s on a loaded 2-core host) per call. For
+    tests of what a verb computes or prints; a test of the process itself (signals, exit on a
+    crash, ``python -m``) keeps the subprocess."""
+    from click.testing import CliRunner
+
+    from bench_llm.bench.cli import cli
+
+    old = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(cli, list(args), prog_name="bench", catch_exceptions=False)
+    finally:
+        os.chdir(old)
+    return subprocess.CompletedProcess(["bench", *args], result.exit_code, result.stdout, result.stderr)
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.02) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from bench_llm.analysis.load import load_run
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.summary import summarize
 from bench_llm.results.synthetic import synthetic_run
-from tests.conftest import REPO, bench_argv
+from tests.conftest import run_cli
 
 OPTS = BootstrapOptions(resamples=400, seed=1)
 
@@ -107,13 +106,12 @@ def test_repeats_with_suffixed_labels_are_pooled(tmp_path: Path) -> None:
 
 def test_compare_cli_text_json_and_errors(tmp_path: Path) -> None:
     a, b = synthetic_run(tmp_path / "a", 200, 4, seed=1), synthetic_run(tmp_path / "b", 200, 4, seed=2, scale=1.3)
-    text = subprocess.run(bench_argv("compare", str(a), str(b), "--resamples", "200"), capture_output=True, text=True, timeout=120, cwd=REPO)
+    text = run_cli("compare", str(a), str(b), "--resamples", "200")  # in this process: the verb's output is tested
     assert text.returncode == 0, text.stderr
     assert "95% percentile bootstrap" in text.stdout and "WORSE" in text.stdout
-    js = subprocess.run(bench_argv("compare", str(a), str(b), "--json", "--resamples", "200", "--metrics", "ttft_p50_ms", "--level", "0.9"),
-                        capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    js = run_cli("compare", str(a), str(b), "--json", "--resamples", "200", "--metrics", "ttft_p50_ms", "--level", "0.9")
     data = json.loads(js.stdout)
     (c,) = data["groups"][0]["changes"]
     assert c["metric"] == "ttft_p50_ms" and c["level"] == 0.9 and c["significant"] and c["direction"] == "worse"
-    bad = subprocess.run(bench_argv("compare", str(a), str(b), "--metrics", "nope"), capture_output=True, text=True, timeout=60, cwd=REPO)
+    bad = run_cli("compare", str(a), str(b), "--metrics", "nope")
     assert bad.returncode == 2 and "unknown metric 'nope'" in bad.stderr and "Traceback" not in bad.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from bench_llm.analysis.gate import (
 )
 from bench_llm.core.config import ConfigError
 from bench_llm.results.synthetic import synthetic_run
-from tests.conftest import REPO, bench_argv
+from tests.conftest import REPO, run_cli
 
 
 def _change(rel: float, lo: float, hi: float, better: str = "lower", base: float = 100.0) -> Change:
@@ -77,7 +76,7 @@ def test_config_validation(tmp_path: Path) -> None:
         assert isinstance(cfg, GateConfig) and cfg.metrics
 
 
-def test_run_gate_outputs_and_cli(tmp_path: Path) -> None:
+def test_run_gate_outputs_and_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = synthetic_run(tmp_path / "base", 300, 8, seed=1)
     same = synthetic_run(tmp_path / "same", 300, 8, seed=2)
     slow = synthetic_run(tmp_path / "slow", 300, 8, seed=3, scale=1.3)
@@ -98,18 +97,16 @@ def test_run_gate_outputs_and_cli(tmp_path: Path) -> None:
     assert md.startswith("## Performance gate: FAILED") and "| `tpot_p50_ms` |" in md
     junit, md_path = tmp_path / "out" / "j.xml", tmp_path / "out" / "s.md"
     step = tmp_path / "step_summary.md"
-    proc = subprocess.run(
-        bench_argv("gate", "--baseline", str(base), "--current", str(slow), "--config", str(cfg), "--junit", str(junit), "--markdown", str(md_path)),
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={**__import__("os").environ, "GITHUB_STEP_SUMMARY": str(step)},
-    )  # fmt: skip
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    proc = run_cli("gate", "--baseline", str(base), "--current", str(slow), "--config", str(cfg), "--junit", str(junit),
+                   "--markdown", str(md_path))  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "gate FAILED" in proc.stdout and junit.exists() and "FAILED" in step.read_text()
-    proc = subprocess.run(bench_argv("gate", "--baseline", str(base), "--current", str(same), "--config", str(cfg)),
-                          capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY")
+    proc = run_cli("gate", "--baseline", str(base), "--current", str(same), "--config", str(cfg))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cfg.write_text("[metrics.nope]\nmax = 1\n")
-    proc = subprocess.run(bench_argv("gate", "--baseline", str(base), "--current", str(same), "--config", str(cfg)),
-                          capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    proc = run_cli("gate", "--baseline", str(base), "--current", str(same), "--config", str(cfg))
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
 
 
@@ -135,6 +132,6 @@ def test_ci_examples_use_existing_files_and_options() -> None:
             assert (REPO / ref).exists(), f"{name} refers to missing {ref}"
         flat = text.replace("\\\n", " ")
         for verb, args in re.findall(r"\bbench (sweep|gate|report|compare)\b([^\n]*(?:\n\s+--[^\n]*)*)", flat):
-            helptext = subprocess.run(bench_argv(verb, "--help"), capture_output=True, text=True, timeout=60, cwd=REPO).stdout
+            helptext = run_cli(verb, "--help").stdout
             for opt in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", args):
                 assert opt in helptext, f"{name}: bench {verb} has no option {opt}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench_llm.bench.errors import ExitCode
-from tests.conftest import REPO, bench_argv
+from tests.conftest import REPO, bench_argv, run_cli
 from tests.hostile_server import hostile
 
 
@@ -42,17 +42,17 @@ def test_a_run_whose_requests_all_fail_exits_3_and_names_the_cause(tmp_path: Pat
     [("127.0.0.1:8000", "e.g. http://127.0.0.1:8000"), ("http://127.0.0.1:8000/v1", "give the server's root (http://127.0.0.1:8000)")],
 )
 def test_url_hints(tmp_path: Path, url: str, hint: str) -> None:
-    p = _bench("run", "--url", url, "--out", str(tmp_path / "r"))
+    p = run_cli("run", "--url", url, "--out", str(tmp_path / "r"))
     assert p.returncode == ExitCode.BAD_INPUT and hint in _one_error_line(p)
     assert not (tmp_path / "r").exists()
 
 
 def test_absurd_sizes_are_refused_in_one_line(tmp_path: Path) -> None:
-    p = _bench("run", "--input-tokens", "10000000", "--requests", "2", "--out", str(tmp_path / "r"), timeout=30)
+    p = run_cli("run", "--input-tokens", "10000000", "--requests", "2", "--out", str(tmp_path / "r"))
     assert p.returncode == ExitCode.BAD_INPUT and "--input-tokens 10,000,000: more than a request can hold" in _one_error_line(p)
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"input_tokens": 10, "output_tokens": 5}\n{"input_tokens": 99999999999, "output_tokens": 5}\n')
-    p = _bench("workload", "show", str(trace), timeout=30)
+    p = run_cli("workload", "show", str(trace))
     assert p.returncode == ExitCode.BAD_INPUT and f"{trace}:2: field 'input_tokens'" in _one_error_line(p)
 
 
@@ -121,14 +121,14 @@ def _sweep_with(tmp: Path, ok: int) -> Path:
 
 
 def test_recommend_exit_codes(tmp_path: Path) -> None:
-    sweep = _sweep_with(tmp_path / "s", ok=50)
-    p = _bench("recommend", str(sweep), "--slo", "ttft_ms=500", "--target-rate", "1")
+    sweep = _sweep_with(tmp_path / "s", ok=50)  # in this process: the exit codes are click's, as in `bench`
+    p = run_cli("recommend", str(sweep), "--slo", "ttft_ms=500", "--target-rate", "1")
     assert p.returncode == 0, p.stdout + p.stderr
-    p = _bench("recommend", str(sweep), "--slo", "ttft_ms=500", "--target-rate", "50")
+    p = run_cli("recommend", str(sweep), "--slo", "ttft_ms=500", "--target-rate", "50")
     assert p.returncode == ExitCode.NO_CONFIGURATION == 4 and "RECOMMENDATION: none" in p.stdout
     assert p.stderr.startswith("no configuration meets the SLOs")
     failed = _sweep_with(tmp_path / "f", ok=0)
-    p = _bench("recommend", str(failed), "--slo", "ttft_ms=500")
+    p = run_cli("recommend", str(failed), "--slo", "ttft_ms=500")
     assert p.returncode == ExitCode.NO_DATA and "0 of 100 requests of the sweep succeeded" in _one_error_line(p)
 
 

@@ -27,7 +27,7 @@ from bench_llm.loadgen.runner import RunOptions
 from bench_llm.sim.backend import Arrival, ModelBackend, simulate
 from bench_llm.sim.virtual import CANCELLED, OK, Plan, Send, run
 from bench_llm.workloads.spec import RequestSpec, Schedule
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 #: 1/128 s: offsets that are exact in float seconds too (simulate() takes seconds).
 TICK_NS = 7_812_500
@@ -110,10 +110,13 @@ def test_the_same_sweep_twice_gives_byte_identical_points(tmp_path: Path) -> Non
         "--no-progress",
     ]  # fmt: skip
     outs = []
-    for name in ("a", "b"):
+    for name in ("a", "b"):  # "a" in this process, "b" in a fresh interpreter (its own hash seed, no warm state)
         out = tmp_path / name
-        r = subprocess.run([sys.executable, "-m", "bench_llm.bench", *args, "--out", str(out)],
-                           cwd=REPO, capture_output=True, text=True, timeout=240)  # fmt: skip
+        if name == "a":
+            r = run_cli(*args, "--out", str(out), cwd=REPO)
+        else:
+            r = subprocess.run([sys.executable, "-m", "bench_llm.bench", *args, "--out", str(out)],
+                               cwd=REPO, capture_output=True, text=True, timeout=240)  # fmt: skip
         assert r.returncode == 0, r.stderr[-3000:]
         assert "ran in virtual time" in r.stdout
         outs.append((out, r.stdout))
@@ -137,25 +140,22 @@ def test_the_same_sweep_twice_gives_byte_identical_points(tmp_path: Path) -> Non
 
 
 def test_bench_run_on_the_modelled_engine_is_virtual_by_default_and_real_time_stays(tmp_path: Path) -> None:
-    base = [sys.executable, "-m", "bench_llm.bench", "run", "--rate", "20", "--requests", "30", "--input-tokens", "64",
-            "--output-tokens", "8", "--no-scrape"]  # fmt: skip
+    base = ["run", "--rate", "20", "--requests", "30", "--input-tokens", "64", "--output-tokens", "8", "--no-scrape"]
     launch = ["--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--parallel", "tp=1,dp=2"]
-    r = subprocess.run([*base, *launch, "--out", str(tmp_path / "v")], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)  # fmt: skip
+    r = run_cli(*base, *launch, "--out", str(tmp_path / "v"))  # in this process: virtual time starts nothing
     assert r.returncode == 0, r.stderr[-2000:]
     meta = load_run(tmp_path / "v").meta
     assert meta["clock"] == CLOCK_LABEL and meta["config"]["engine_launch"]["clock"] == "virtual"
     assert "ready at" not in r.stderr  # no engine process was started
     # the plain run (embedded fixed-timing engine) measures bench's client in real time
-    r = subprocess.run([*base, "--out", str(tmp_path / "real")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "bench_llm.bench", *base, "--out", str(tmp_path / "real")], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert not load_run(tmp_path / "real").meta["clock"].startswith("virtual")
     # virtual time is for the modelled engine only; faults are not modelled there
-    bad = subprocess.run([*base, "--clock", "virtual", "--out", str(tmp_path / "x")], cwd=REPO, capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    bad = run_cli(*base, "--clock", "virtual", "--out", str(tmp_path / "x"))
     assert bad.returncode != 0 and "--launch --engine sim" in bad.stderr
-    bad = subprocess.run([*base, *launch, "--engine-arg=--faults=reset=0.1", "--out", str(tmp_path / "y")],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = run_cli(*base, *launch, "--engine-arg=--faults=reset=0.1", "--out", str(tmp_path / "y"))
     assert bad.returncode != 0 and "--faults" in bad.stderr and "--clock auto" in bad.stderr
 
 

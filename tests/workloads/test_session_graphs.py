@@ -17,7 +17,7 @@ import pytest
 from bench_llm.workloads.catalog import build_named_schedule
 from bench_llm.workloads.errors import WorkloadError
 from bench_llm.workloads.graph import read_graph_jsonl
-from tests.conftest import bench_argv
+from tests.conftest import bench_argv, run_cli
 
 GRAPH_JSONL = [
     {"job": "a", "node": "plan", "input_tokens": 40, "output_tokens": 6, "offset_s": 0.0},
@@ -165,23 +165,20 @@ def test_real_time_run_keeps_the_graph_and_builds_contexts(tmp_path: Path) -> No
 
 def test_agentic_builtin_in_virtual_time_keeps_the_graph(tmp_path: Path) -> None:
     out = tmp_path / "agentic"
-    p = subprocess.run(bench_argv("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
-                                  "agentic", "--rate", "0.5", "--requests", "80", "--clock", "virtual", "--out",
-                                  str(out), "--json", "--no-progress", "--slo", "job_ms=30000"),
-                       capture_output=True, text=True, timeout=120)
+    p = run_cli("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
+                "agentic", "--rate", "0.5", "--requests", "80", "--clock", "virtual", "--out",
+                str(out), "--json", "--no-progress", "--slo", "job_ms=30000")
     assert p.returncode == 0, p.stderr
     rows = check_graph_order(out)
     assert rows["ok"].all() and len(rows) == 80
     fanned = rows[rows["after"].map(len) > 1]
     assert len(fanned) > 0  # some jobs joined their sub-agents
-    summary = subprocess.run(bench_argv("summary", str(out), "--json", "--slo", "job_ms=30000"),
-                             capture_output=True, text=True, timeout=60)
+    summary = run_cli("summary", str(out), "--json", "--slo", "job_ms=30000")
     jobs = json.loads(summary.stdout)["jobs"]
     assert jobs["ok"] == jobs["jobs"] and jobs["met"] is not None
     assert jobs["metrics"]["parallelism"]["p90"] > 1.0  # sub-agents ran in parallel
     assert 0.3 < jobs["hit_rate"] < 1.0  # the growing contexts were reused by the prefix cache
-    report = subprocess.run(bench_argv("report", str(out), "--out", str(tmp_path / "r.html"), "--slo", "job_ms=30000"),
-                            capture_output=True, text=True, timeout=120)
+    report = run_cli("report", str(out), "--out", str(tmp_path / "r.html"), "--slo", "job_ms=30000")
     assert report.returncode == 0, report.stderr
     assert "<h3>Jobs (ms" in (tmp_path / "r.html").read_text(encoding="utf-8")
 
@@ -190,9 +187,9 @@ def test_closed_loop_runs_n_jobs_at_once(tmp_path: Path) -> None:
     """--concurrency 2 with a graph workload: two jobs in flight, a slot's next job starting
     when its whole job ended (virtual time)."""
     out = tmp_path / "closed"
-    p = subprocess.run(bench_argv("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
-                                  "agentic", "--concurrency", "2", "--requests", "60", "--clock", "virtual", "--out",
-                                  str(out), "--no-progress"), capture_output=True, text=True, timeout=120)
+    p = run_cli("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
+                "agentic", "--concurrency", "2", "--requests", "60", "--clock", "virtual", "--out",
+                str(out), "--no-progress")
     assert p.returncode == 0, p.stderr
     rows = check_graph_order(out)
     spans = rows.groupby("session_id").agg(start=("send_ns", "min"), end=("end_ns", "max")).sort_values("start")
@@ -288,9 +285,9 @@ def test_weka_replay_keeps_the_graph_in_virtual_time(tmp_path: Path) -> None:
     path = tmp_path / "cc.json"
     path.write_text(json.dumps(WEKA_TRACE))
     out = tmp_path / "weka"
-    p = subprocess.run(bench_argv("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
-                                  str(path), "--concurrency", "1", "--requests", "7", "--clock", "virtual", "--out",
-                                  str(out), "--no-progress"), capture_output=True, text=True, timeout=120)
+    p = run_cli("run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--workload",
+                str(path), "--concurrency", "1", "--requests", "7", "--clock", "virtual", "--out",
+                str(out), "--no-progress")
     assert p.returncode == 0, p.stderr
     rows = check_graph_order(out)
     assert rows["ok"].all() and len(rows) == 7
