@@ -18,6 +18,7 @@ from bench_llm.bench.sweep.cell_outcome import CellOutcome, SweepInterrupted, co
 from bench_llm.bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
 from bench_llm.bench.sweep.fingerprint import cell_fingerprint
 from bench_llm.bench.sweep.matrix import PlannedCell, expand, impossible_matrix
+from bench_llm.bench.sweep.model_error import model_error_columns
 from bench_llm.bench.sweep.parallel import CellTask, SweepContext, prestart, run_cells, worker_count
 from bench_llm.bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
 from bench_llm.core import __version__
@@ -364,6 +365,7 @@ def _set_capacity(row: dict[str, Any], capacity: dict[str, dict[str, Any]], spec
     row["capacity_rps"] = cap
     row["capacity_rps_per_gpu"] = cap / cfg.gpus if cap is not None else None
     row["capacity_json"] = json.dumps(capacity, sort_keys=True)
+    row.update(model_error_columns(spec.engine, spec.engine_args))  # the simulated engine's error, on its cell
 
 
 def judging(spec: dict[str, Any]) -> dict[str, Any]:
