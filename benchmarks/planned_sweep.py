@@ -9,6 +9,7 @@ installs) over ``--axis max-num-seqs=1,4,16``, the planner the simulated engine 
 launches vLLM once per measured cell (minutes of CPU).
 
     python benchmarks/planned_sweep.py --out /tmp/plan-sim
+    python benchmarks/planned_sweep.py --out /tmp/plan-sim-80 --target-rate 80
     python benchmarks/planned_sweep.py --out /tmp/plan-vllm --vllm /tmp/cal-vllm/profile.toml
 """
 
@@ -70,9 +71,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="a new folder for both sweeps")
     ap.add_argument("--vllm", type=Path, metavar="PROFILE", help="real vLLM-CPU, planned with this profile")
+    ap.add_argument("--target-rate", type=float, help="the sweeps' --target-rate (default: none, most load per GPU)")
     a = ap.parse_args()
     a.out.mkdir(parents=True)
     common, plan = vllm_args(a.vllm) if a.vllm else sim_args(a.out)
+    if a.target_rate is not None:
+        common += ["--target-rate", f"{a.target_rate:g}"]
     names = ("full", "planned", "no-refit")
     took = {"full": sweep(common, a.out / "full"), "planned": sweep([*common, "--plan", *plan], a.out / "planned"),
             "no-refit": sweep([*common, "--plan", "--no-plan-refit", *plan], a.out / "no-refit")}  # fmt: skip
