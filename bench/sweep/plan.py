@@ -332,7 +332,8 @@ def _refit_round(
     result.refit_s += time.monotonic() - t0
     if r is None or new is None:
         return
-    residual = max(abs((new[c.cell_id].predicted or 0.0) / (c.measured or 1.0) - 1) for c in measured if c.cell_id in new)
+    residual = max((abs((new[c.cell_id].predicted or 0.0) / (c.measured or 1.0) - 1) for c in measured if c.cell_id in new),
+                   default=0.0)  # fmt: skip
     if settings.error is not None:
         error, source = settings.error, "stated (--plan-error)"
     else:

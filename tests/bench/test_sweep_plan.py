@@ -198,3 +198,17 @@ def test_re_fitting_saves_launches(full: tuple[Path, Path], planned: tuple[Path,
         assert want is not None and got is not None and got.cell_id == want.cell_id
     assert len(_launched(planned[0])) < len(_launched(tmp_path / "off")) < len(_launched(full_dir))
     assert not json.loads((tmp_path / "off" / PLAN_FILE).read_text())["refits"]
+
+
+def test_the_refitted_profile_keeps_the_planners_tables(tmp_path: Path) -> None:
+    import tomllib
+
+    from bench_llm.bench.sweep.plan_refit import PLAN_KNOBS, profile_text, spread
+
+    base = tmp_path / "host.toml"
+    base.write_text('# held out, ttft_ms: median |error| 9.0%\n[model]\nname = "tiny"\nlayers = 2\n\n[gpu]\nmbu = 0.3\nmfu_gemm = 0.2\n')
+    values = {k: {"t_fixed_ms": 5.0, "per_seq_us": 40.0, "mbu": 0.45}[k.name] for k in PLAN_KNOBS}
+    data = tomllib.loads(profile_text(base, values))
+    assert data["model"] == {"name": "tiny", "layers": 2}  # the planner's model shape stays
+    assert data["gpu"] == {"mbu": 0.45, "mfu_gemm": 0.2} and data["profile"] == {"t_fixed_ms": 5.0, "per_seq_us": 40.0}
+    assert spread(list(range(20)), 9) == [0, 2, 5, 7, 10, 12, 14, 17, 19] and spread([1, 2], 9) == [1, 2]
