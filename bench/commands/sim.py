@@ -367,6 +367,9 @@ def calibrate_cmd(runs: tuple[Path, ...], out_path: Path, holdout: tuple[Path, .
     for ex in screened.excluded:  # a saturated client or anomalous records: not the engine's timings
         click.echo(f"left out: {ex.name}: {ex.reason} ({ex.detail})", err=True)
     loads = list(screened.loads)
+    left = [h for h in holdout if any(e.name == str(Path(h)) or e.name.startswith(str(Path(h)) + "/") for e in screened.excluded)]
+    if holdout and len(left) == len(holdout):
+        raise BenchError("--holdout: every held-out run was left out (" + ", ".join(map(str, left)) + "; see above)")
     fit_loads, held = split_held_out(loads, holdout, holdout_every)
     click.echo(f"calibrating on {len(fit_loads)} load(s), holding out {len(held)}", err=True)
     knobs = HARDWARE_KNOBS if fit_set == "hardware" else KNOBS

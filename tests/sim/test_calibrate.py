@@ -146,3 +146,8 @@ def test_calibration_leaves_out_saturated_and_anomalous_loads_naming_them(tmp_pa
     with pytest.raises(BenchError, match="every one was left out") as err:
         screened_loads([busy, broken], BaseConfig())
     assert str(busy) in str(err.value) and CLIENT_SATURATED in str(err.value) and ANOMALIES in str(err.value)
+    # the command names each run it leaves out, and says so when that empties the held-out set
+    p = subprocess.run(bench_argv("sim", "calibrate", str(good), str(busy), "--holdout", str(busy), "--out",
+                                  str(tmp_path / "p.toml")), capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert p.returncode == 2 and f"left out: {busy}: {CLIENT_SATURATED}" in p.stderr, p.stderr
+    assert "every held-out run was left out" in p.stderr
