@@ -64,6 +64,7 @@ from bench_llm.analysis.recommend_types import (
     Separation,
     WorkloadRecommendation,
 )
+from bench_llm.results.schema import MODEL_ERROR_SOURCE, model_error_column
 
 
 def recommend(
@@ -233,7 +234,17 @@ def _configuration(
             base is not None and one_at_a_time(base),
         ),
         loads=[_point_summary(r) for _, r in pooled.iterrows()],
+        model_error=_clean(float_or_nan(_first(g, model_error_column("capacity")))),
+        model_error_source=_clean(_first(g, MODEL_ERROR_SOURCE)),
     )
+
+
+def _first(g: pd.DataFrame, column: str) -> Any:
+    """The column's first non-null value in the cell's points (None: absent or all null)."""
+    if column not in g:
+        return None
+    values = g[column].dropna()
+    return values.iloc[0] if len(values) else None
 
 
 _CAPACITY_FIELDS = tuple(f.name for f in fields(CellCapacity))

@@ -25,7 +25,7 @@ def per_gpu_separation(configs: list[Configuration], rec: Pick) -> Separation | 
         return None
     runner = max(others, key=lambda c: (c.capacity_rps or 0.0) / c.gpus)  # every one has a capacity
     sep = separation(pick.cell_id, _per_gpu_bracket(pick), runner.cell_id, _per_gpu_bracket(runner))
-    return Separation(runner.cell_id, sep.separated, sep.text + " (per GPU)")
+    return Separation(runner.cell_id, sep.separated, sep.text + " (per GPU" + _model_note(pick, runner) + ")")
 
 
 def target_separation(configs: list[Configuration], rec: Pick | None, target: float) -> Separation | None:
@@ -47,7 +47,7 @@ def target_separation(configs: list[Configuration], rec: Pick | None, target: fl
     if not short:
         return None
     runner = max(short, key=lambda c: c.capacity_rps or 0.0)
-    open_ = [c for c in short if c.upper_rps is None or c.upper_rps > target + 1e-9]
+    open_ = [c for c in short if c.upper_rps is None or c.upper_rps > target + 1e-9 or _model_top(c) > target + 1e-9]
     name = rec.cell_id if rec is not None else "no configuration"
     if not open_:
         return Separation(
@@ -58,6 +58,8 @@ def target_separation(configs: list[Configuration], rec: Pick | None, target: fl
         )
     c = max(open_, key=lambda c: c.capacity_rps or 0.0)
     fails = f"failed only at {c.upper_rps:.4g} req/s" if c.upper_rps else "no load failed"
+    if _model_top(c) > target + 1e-9:  # a simulated capacity: a measured engine may do better by the model's error
+        fails += f"; with the simulated engine's error ±{(c.model_error or 0.0):.1%} it may reach {_model_top(c):.4g}"
     return Separation(
         c.cell_id,
         False,
@@ -71,7 +73,25 @@ def _per_gpu_bracket(c: Configuration) -> tuple[float | None, float | None]:
     decided with a margin; the probe bracket's ends where there are none), so "too close to
     call" uses the intervals meant to hold another seed's answer."""
     lo, hi = c.capacity.interval_low_rps or c.capacity_rps, c.capacity.interval_high_rps or c.upper_rps
+    model = c.model_interval_rps  # a simulated capacity: widened by the model's error (results/schema.py)
+    if model is not None:
+        lo, hi = min(lo or model[0], model[0]), max(hi or model[1], model[1])
     return (lo / c.gpus if lo else None), (hi / c.gpus if hi else None)
+
+
+def _model_top(c: Configuration) -> float:
+    """The top of a simulated capacity's model interval (0: a measured capacity)."""
+    model = c.model_interval_rps
+    return model[1] if model is not None else 0.0
+
+
+def _model_note(*configs: Configuration) -> str:
+    """Says the intervals compared hold the simulated engine's error, and where it comes from."""
+    sim = [c for c in configs if c.model_error is not None]
+    if not sim:
+        return ""
+    return (f"; simulated capacities widened by the model's error ±{max(c.model_error or 0.0 for c in sim):.1%}, "
+            f"from {sim[0].model_error_source}")
 
 
 def choose(configs: list[Configuration], target: float | None, target_c: int | None) -> tuple[Pick | None, str]:

@@ -152,6 +152,16 @@ class Configuration(ToJson):
     evidence: dict[str, Any]
     lightest: Lightest
     loads: list[LoadVerdict]
+    #: a simulated engine's relative error on this capacity and where it comes from (the points'
+    #: ``model_error_capacity`` and ``model_error_source``, results/schema.py); None: measured
+    model_error: float | None = field(default=None, metadata=OMIT_NONE)
+    model_error_source: str | None = field(default=None, metadata=OMIT_NONE)
+
+    @property
+    def model_interval_rps(self) -> tuple[float, float] | None:
+        """The capacity as a measured engine may find it, ``[c(1-e), c(1+e)]`` (None: measured)."""
+        c, e = self.capacity.capacity_rps, self.model_error
+        return None if c is None or e is None else (c * (1 - e), c * (1 + e))
 
     # the capacity's fields, as the file has them flat
     @property
@@ -188,6 +198,8 @@ class Configuration(ToJson):
             evidence=dict(d.get("evidence") or {}),
             lightest=_opt(d, "lightest", Lightest.from_json) or Lightest(None, None, None),
             loads=[LoadVerdict.from_json(x) for x in _dicts(d.get("loads"))],
+            model_error=d.get("model_error"),
+            model_error_source=d.get("model_error_source"),
         )
 
 

@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from bench_llm.analysis.client_health import client_health
 from bench_llm.analysis.invariants import check_records
 from bench_llm.analysis.metrics import request_metrics
 from bench_llm.core.errors import BenchError
-from bench_llm.results.reader import find_runs, read_requests, read_run_meta
+from bench_llm.results.reader import find_runs, read_monitor, read_requests, read_run_meta
 from bench_llm.sim.calibrate import MeasuredLoad
 from bench_llm.sim.options import ModelTiming, apply_toml
 from bench_llm.sim.presets import ModelSpec
@@ -30,6 +33,30 @@ from bench_llm.sim.virtual import Send
 
 #: Above this many requests a run's replay would cost more than it teaches: the first ones are used.
 MAX_REQUESTS_PER_LOAD = 2000
+
+#: Why a measured load is left out of calibration (codes, never matched by text). A load whose
+#: client was saturated measured the client, not the engine (``analysis.client_health``, the
+#: flag a sweep's points carry as ``client_saturated``); a load with anomalous records
+#: (``analysis.invariants``) has streams that broke their protocol, so its timings are suspect.
+CLIENT_SATURATED = "client_saturated"
+ANOMALIES = "anomalies"
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A run left out of calibration: its folder, the reason's code and what was seen."""
+
+    name: str
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Screened:
+    """The runs calibration may fit on, and those it left out (``Excluded``), in path order."""
+
+    loads: tuple[MeasuredLoad, ...]
+    excluded: tuple[Excluded, ...]
 
 
 @dataclass(frozen=True)
@@ -50,25 +77,47 @@ SimArgs = Callable[[list[str]], ModelTiming | None]
 
 
 def load_measured(paths: Sequence[Path], base: BaseConfig, sim_args: SimArgs | None = None) -> list[MeasuredLoad]:
-    """Every run under ``paths`` (run folders or sweeps) as a measured load, in path order."""
+    """Every run under ``paths`` fit to calibrate on, as a measured load (``screened_loads``)."""
+    return list(screened_loads(paths, base, sim_args).loads)
+
+
+def screened_loads(paths: Sequence[Path], base: BaseConfig, sim_args: SimArgs | None = None) -> Screened:
+    """Every run under ``paths`` (run folders or sweeps) as a measured load, in path order, less
+    the runs whose client was saturated or that hold anomalous records (``Excluded``, named);
+    refused when none is left."""
     runs = sorted({r for p in paths for r in find_runs(Path(p))})
     if not runs:
         raise BenchError(f"no bench run under {', '.join(map(str, paths))}")
-    loads = [measured_load(r, base, sim_args) for r in runs]
+    loads, excluded = [], []
+    for r in runs:
+        load, problems = _screened_load(r, base, sim_args)
+        if problems:
+            excluded.extend(problems)
+        else:
+            loads.append(load)
+    if not loads:
+        raise BenchError("no run to calibrate on: every one was left out ("
+                         + "; ".join(f"{e.name}: {e.reason} ({e.detail})" for e in excluded) + ")")
     empty = [ld.name for ld in loads if not ld.measured]
     if empty:
         raise BenchError(f"{empty[0]}: no successful measured request with two or more tokens to calibrate on")
-    return loads
+    return Screened(tuple(loads), tuple(excluded))
 
 
 def measured_load(run_dir: Path, base: BaseConfig, sim_args: SimArgs | None = None) -> MeasuredLoad:
-    """A run folder as a measured load. TTFT, TPOT and E2E are ``analysis.metrics.request_metrics``'
-    (docs/metrics.md: TPOT per sequence); a record that breaks the invariants
-    (``analysis.invariants``) is replayed as a send but never compared."""
+    """A run folder as a measured load, whatever its client's health (``screened_loads`` screens)."""
+    return _screened_load(run_dir, base, sim_args)[0]
+
+
+def _screened_load(run_dir: Path, base: BaseConfig, sim_args: SimArgs | None) -> tuple[MeasuredLoad, list[Excluded]]:
+    """A run folder as a measured load, and why it should not be calibrated on (empty: it may).
+    TTFT, TPOT and E2E are ``analysis.metrics.request_metrics``' (docs/metrics.md: TPOT per
+    sequence); a record that breaks the invariants (``analysis.invariants``) is never compared."""
     meta = read_run_meta(run_dir)
     table = read_requests(run_dir)
     frame = request_metrics(table)
     frame["anomaly"] = check_records(table).anomaly
+    problems = _problems(run_dir, frame)
     frame = frame[frame["send_ns"].notna()].sort_values("send_ns", kind="stable").head(MAX_REQUESTS_PER_LOAD)
     if frame.empty:
         raise BenchError(f"{run_dir}: no request was sent")
@@ -87,7 +136,21 @@ def measured_load(run_dir: Path, base: BaseConfig, sim_args: SimArgs | None = No
             ends.append(int(r.end_ns))
     duration = (max(ends) - min(starts)) / 1e9 if measured else 0.0
     return MeasuredLoad(str(run_dir), timing_of(meta, base, run_dir, sim_args), tuple(sends), tuple(measured), tuple(ttft),
-                        tuple(tpot), tuple(e2e), duration)
+                        tuple(tpot), tuple(e2e), duration), problems
+
+
+def _problems(run_dir: Path, frame: pd.DataFrame) -> list[Excluded]:
+    """Why this run's measured requests do not show the engine: anomalous records, a saturated client."""
+    out = []
+    measure = frame[frame["phase"] == "measure"]
+    anomalies = int((measure["anomaly"] != 0).sum())
+    if anomalies:
+        out.append(Excluded(str(run_dir), ANOMALIES, f"{anomalies} anomalous record(s)"))
+    if len(measure) and measure["send_ns"].notna().any():
+        health = client_health(measure, read_monitor(run_dir))
+        if health.saturated:
+            out.append(Excluded(str(run_dir), CLIENT_SATURATED, "; ".join(health.warnings) or "the client was saturated"))
+    return out
 
 
 def _count(value: Any) -> int:

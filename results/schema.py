@@ -3,14 +3,15 @@
 Bump ``SCHEMA_VERSION`` on any incompatible change; readers refuse newer major versions.
 A new nullable column bumps the minor version (older files read it as null):
 1.1 added ``requests.n`` (sequences per request); 1.2 added ``requests.protocol_anomaly`` and
-``schedule.after``, ``schedule.after_delay_ns`` and ``schedule.context_from`` (session graphs).
+``schedule.after``, ``schedule.after_delay_ns`` and ``schedule.context_from`` (session graphs);
+1.3 added the model-error columns (``MODEL_ERROR_FIELDS``) of a simulated sweep's points and cells.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 REQUESTS_SCHEMA = pa.schema(
     [
@@ -60,6 +61,25 @@ REQUESTS_SCHEMA = pa.schema(
     ],
     metadata={"bench.schema_version": SCHEMA_VERSION, "bench.table": "requests"},
 )
+
+#: The simulated engine's error (issue 36) on each load (``points.parquet``) and cell
+#: (``cells.parquet``) of a sweep run on it: per metric the relative error ``e`` (a figure ``x``
+#: stands for a measured engine's ``[x(1-e), x(1+e)]``), where it comes from, and the capacity's
+#: (the largest over the metrics a capacity under SLOs rests on). Null on a measured engine's rows.
+MODEL_ERROR_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2e_ms", "throughput", "capacity")
+MODEL_ERROR_SOURCE = "model_error_source"
+MODEL_ERROR_FIELDS: tuple[pa.Field, ...] = (
+    *(pa.field(f"model_error_{m}", pa.float64()) for m in MODEL_ERROR_METRICS),
+    pa.field(MODEL_ERROR_SOURCE, pa.string()),
+)
+
+
+def model_error_column(metric: str) -> str:
+    """The column holding the model's relative error on ``metric`` (one of ``MODEL_ERROR_METRICS``)."""
+    if metric not in MODEL_ERROR_METRICS:
+        raise ValueError(f"model error metric {metric!r}: one of {', '.join(MODEL_ERROR_METRICS)}")
+    return f"model_error_{metric}"
+
 
 #: One row per run. JSON columns hold nested settings as text.
 RUN_SCHEMA = pa.schema(

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench_llm.results.reader import read_parquet_file
+from bench_llm.results.schema import MODEL_ERROR_FIELDS
 
 SWEEP_FILE = "sweep.json"
 CELLS_FILE = "cells.parquet"
@@ -65,6 +66,8 @@ CELLS_SCHEMA = pa.schema(
         pa.field("prefix_cache_reset", pa.string()),
         pa.field("started_unix_s", pa.float64()),
         pa.field("ended_unix_s", pa.float64()),
+        # the simulated engine's error on this cell's figures (results/schema.py); null when measured
+        *MODEL_ERROR_FIELDS,
     ],
     metadata={"bench.table": "sweep_cells"},
 )

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from bench_llm.results.schema import MODEL_ERROR_FIELDS
+
 
 class ReasonCode(enum.StrEnum):
     """What kept a load (or a cell) from a plain verdict."""
@@ -413,6 +415,8 @@ class CellRow:
     prefix_cache_reset: str | None = None
     started_unix_s: float | None = None
     ended_unix_s: float | None = None
+    #: a simulated engine's error columns (``results.schema.MODEL_ERROR_FIELDS``); None: measured
+    model_error: Mapping[str, Any] | None = None
 
     @property
     def cell_id(self) -> str:
@@ -424,13 +428,16 @@ class CellRow:
 
     def to_row(self) -> dict[str, Any]:
         row = self.cell.to_row()
-        row.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "cell"})
+        row.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("cell", "model_error")})
+        row.update(self.model_error or {})
         return row
 
     @classmethod
     def from_row(cls, d: Mapping[str, Any]) -> CellRow:
-        names = [f.name for f in fields(cls) if f.name not in ("cell", "status")]
-        return cls(CellColumns.from_row(d), str(d.get("status") or ""), **{k: d.get(k) for k in names})
+        names = [f.name for f in fields(cls) if f.name not in ("cell", "status", "model_error")]
+        error = {f.name: d[f.name] for f in MODEL_ERROR_FIELDS if d.get(f.name) is not None}
+        return cls(CellColumns.from_row(d), str(d.get("status") or ""), **{k: d.get(k) for k in names},
+                   model_error=error or None)  # fmt: skip
 
 
 # --- the sweep's definition file -------------------------------------------------------------

@@ -212,8 +212,10 @@ def fit(
     knobs: Sequence[Knob] = KNOBS,
     rounds: int = 3,
     progress: Callable[[str], None] | None = None,
+    restarts: int = 8,
 ) -> Fit:
-    """Coordinate descent: each knob in turn by golden-section search on a log scale, ``rounds`` times.
+    """Coordinate descent: each knob in turn by golden-section search on a log scale, ``rounds`` times,
+    then up to ``restarts`` simplex searches (0: none; a planned sweep's cheap re-fit).
 
     The same knob values apply to every load (one engine, one host); each load keeps its own
     layout and limits. Deterministic: the loads' replays are, and so is the search.
@@ -243,13 +245,13 @@ def fit(
             progress(f"round {r + 1}: log error {best:.4f}")
     # Constants that trade off (a per-step fixed time against the weights' read time) leave the
     # coordinate search crawling along a valley: a simplex search in log space follows it.
-    for _ in range(8):  # restarted: a collapsed simplex stalls short of the valley's floor
+    for _ in range(restarts):  # restarted: a collapsed simplex stalls short of the valley's floor
         values, improved = _simplex(values, best, list(knobs), error)
         if improved > best * 0.99:
             best = min(best, improved)
             break
         best = improved
-    if progress:
+    if progress and restarts:
         progress(f"simplex: log error {best:.4f}")
     return Fit(before, values, start, best, count)
 

@@ -21,6 +21,7 @@ from bench_llm.analysis.load import load_runs
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.analysis.report import figures as F
 from bench_llm.analysis.report.data import RunView, build_run_view, load_points, read_sweep_tables
+from bench_llm.analysis.report.model_error import model_error_html
 from bench_llm.analysis.report.page import Section, render_page
 from bench_llm.analysis.slo import SLO
 from bench_llm.core.files import write_text_atomic
@@ -66,6 +67,9 @@ def build_report(results: Path, out: Path, options: ReportOptions = ReportOption
         cells, rec, notes = read_sweep_tables(results)
         top_notes += notes
         sections.append(_sweep_section(cells, rec))
+        model = model_error_html(results, cells)  # a simulated sweep: its figures with the model's error
+        if model is not None:
+            sections.append(Section("Model error", html=model[0]))
         split = _sweep_split_section(results)
         if split is not None:
             sections.append(split)

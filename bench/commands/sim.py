@@ -199,7 +199,7 @@ def calibrate_cmd(runs: tuple[Path, ...], out_path: Path, holdout: tuple[Path, .
     \b
       bench sim calibrate runs/c1 runs/c4 runs/c8 runs/c16 --holdout runs/c16 --out host.toml
     """
-    from bench_llm.bench.calibrate import BaseConfig, load_measured, model_from_hf_config, model_toml, split_held_out
+    from bench_llm.bench.calibrate import BaseConfig, model_from_hf_config, model_toml, screened_loads, split_held_out
     from bench_llm.sim.calibrate import (
         HARDWARE_KNOBS,
         KNOBS,
@@ -218,9 +218,15 @@ def calibrate_cmd(runs: tuple[Path, ...], out_path: Path, holdout: tuple[Path, .
     spec = model_from_hf_config(model_config) if model_config else None
     base = BaseConfig(model_preset, gpu, engine_profile, tp, config_path, spec)
     try:
-        loads = load_measured(runs, base, lambda argv: build_config(serve.make_context("serve", argv).params).model_timing)
+        screened = screened_loads(runs, base, lambda argv: build_config(serve.make_context("serve", argv).params).model_timing)
     except ValueError as exc:  # an unknown preset or GPU in the base configuration
         raise BenchError(setting_message(exc)) from None
+    for ex in screened.excluded:  # a saturated client or anomalous records: not the engine's timings
+        click.echo(f"left out: {ex.name}: {ex.reason} ({ex.detail})", err=True)
+    loads = list(screened.loads)
+    left = [h for h in holdout if any(e.name == str(Path(h)) or e.name.startswith(str(Path(h)) + "/") for e in screened.excluded)]
+    if holdout and len(left) == len(holdout):
+        raise BenchError("--holdout: every held-out run was left out (" + ", ".join(map(str, left)) + "; see above)")
     fit_loads, held = split_held_out(loads, holdout, holdout_every)
     click.echo(f"calibrating on {len(fit_loads)} load(s), holding out {len(held)}", err=True)
     knobs = HARDWARE_KNOBS if fit_set == "hardware" else KNOBS

@@ -177,6 +177,9 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--plan-error", type=float,
               help="The model's relative error on a capacity (e.g. 0.2). [default: the --plan-config profile's "
                    "held-out error, else the shipped validation's 20%]")
+@click.option("--plan-refit/--no-plan-refit", default=True, show_default=True,
+              help="Re-fit the planner's constants on the cells measured so far after each one, and re-rank the rest "
+                   "with the re-fitted model and its held-out error.")
 @click.option("--progress/--no-progress", default=None, help="Per-request progress bar (default: on a terminal).")
 @click.option("--otlp-receiver", is_flag=True,
               help="Receive the engines' per-request OpenTelemetry spans (one OTLP/HTTP receiver on 127.0.0.1 for the "
@@ -332,13 +335,19 @@ def _plan_settings(flags: dict[str, Any]) -> Any:
 
     on = bool(flags.pop("plan"))
     given = {"profile": flags.pop("plan_config"), "model": flags.pop("plan_model"), "error": flags.pop("plan_error")}
+    refit = bool(flags.pop("plan_refit"))
     if not on:
         extra = [k for k, v in given.items() if v is not None]
         if extra:
             name = {"profile": "config", "model": "model", "error": "error"}[extra[0]]
             raise BenchError(f"--plan-{name}: a planned sweep's setting; add --plan")
         return None
-    return PlanSettings(**given)
+    from bench_llm.bench.commands.sim import build_config, serve
+
+    def sim_args(argv: list[str]) -> Any:  # a simulated engine's recorded arguments, read by its own parser
+        return build_config(serve.make_context("serve", argv).params).model_timing
+
+    return PlanSettings(**given, refit=refit, sim_args=sim_args)
 
 
 #: Load flags -> LoadSpec fields.

@@ -28,6 +28,7 @@ from bench_llm.bench.sweep.cell_outcome import (
 from bench_llm.bench.sweep.cell_search import gap_search, prior_loads, seeded_capacity_search
 from bench_llm.bench.sweep.engines import alive, reset_prefix_cache
 from bench_llm.bench.sweep.loads import Load, Measured, run_load
+from bench_llm.bench.sweep.model_error import model_error_columns
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench_llm.bench.virtual import VirtualEngine
 from bench_llm.launch.config import ParallelConfig
@@ -197,7 +198,8 @@ class WorkloadLoads:
             saturation_reason=str(sat) if sat.saturated else None,
             run_dir=str(run_dir.relative_to(runner.sweep_dir)),
             warmup_requests=warmup,
-            metrics=measured.columns(),
+            # a simulated engine's figures carry the model's error (results/schema.MODEL_ERROR_FIELDS)
+            metrics={**measured.columns(), **model_error_columns(spec.engine, spec.engine_args)},
         )
         if spec.slo:  # this run's own verdict; the load's pools its runs (judge_load)
             own = judge_load(point_rows([row]), spec.attainment_pct, spec.confidence)

@@ -18,12 +18,15 @@ outside it.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.core.errors import BenchError
+from bench_llm.results.schema import MODEL_ERROR_METRICS, MODEL_ERROR_SOURCE, model_error_column
 
 _HELD_OUT = re.compile(r"^#\s*held out, ([^:]+): median \|error\| ([0-9.]+)%")
 
@@ -74,6 +77,58 @@ def sim_model_error(engine_args: tuple[str, ...] = ()) -> ModelError:
     err, n = errors_n[worst]
     return ModelError(err, worst, f"the shipped validation rows (bench sim validate), held-out median |error| "
                       f"of {worst} over {n} published rows, the largest of its metrics{note}")  # fmt: skip
+
+
+#: A calibrated profile's metric names (``sim.calibrate.score``) -> the columns' (``MODEL_ERROR_METRICS``).
+_PROFILE_METRICS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms", "throughput_rps": "throughput"}
+
+
+@dataclass(frozen=True)
+class MetricErrors:
+    """The model's relative error per metric (``MODEL_ERROR_METRICS`` less capacity; None: no
+    figure for it) and where they come from; a capacity's is the largest of them."""
+
+    errors: tuple[tuple[str, float | None], ...]
+    source: str
+
+    @property
+    def capacity(self) -> float | None:
+        known = [e for _, e in self.errors if e is not None]
+        return max(known) if known else None
+
+    def columns(self) -> dict[str, Any]:
+        """The ``MODEL_ERROR_FIELDS`` columns of a simulated sweep's point or cell row."""
+        out: dict[str, Any] = {model_error_column(m): e for m, e in self.errors}
+        out[model_error_column("capacity")] = self.capacity
+        out[MODEL_ERROR_SOURCE] = self.source
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def metric_errors(engine_args: tuple[str, ...] = ()) -> MetricErrors:
+    """Per metric, the simulated engine's error for cells run with these engine arguments: the
+    calibrated profile's held-out median |error| per metric, else the shipped validation rows'."""
+    metrics = [m for m in MODEL_ERROR_METRICS if m != "capacity"]
+    profile = profile_arg(engine_args)
+    note = ""
+    if profile is not None:
+        held = {_PROFILE_METRICS.get(k, k): v for k, v in held_out_errors(profile).items()}
+        if held:
+            return MetricErrors(tuple((m, held.get(m)) for m in metrics),
+                                f"{profile}'s held-out residuals per metric (bench sim calibrate)")  # fmt: skip
+        note = f"; {profile} states no held-out error"
+    from bench_llm.sim.validation_figures import median_abs_errors
+
+    shipped = median_abs_errors()
+    counts = ", ".join(f"{k} {n}" for k, (_, n) in sorted(shipped.items()))
+    return MetricErrors(tuple((m, shipped[m][0] if m in shipped else None) for m in metrics),
+                        f"the shipped validation rows' held-out median |error| per metric (bench sim validate; "
+                        f"published rows: {counts}){note}")  # fmt: skip
+
+
+def model_error_columns(engine: str, engine_args: tuple[str, ...]) -> dict[str, Any]:
+    """The model-error columns of a sweep row: the simulated engine's, none for a measured engine."""
+    return metric_errors(tuple(engine_args)).columns() if engine == "sim" else {}
 
 
 def _iv(c: float, e: float) -> tuple[float, float]:

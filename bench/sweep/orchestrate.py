@@ -18,6 +18,7 @@ from bench_llm.bench.sweep.cell_outcome import CellOutcome, SweepInterrupted, co
 from bench_llm.bench.sweep.engines import DefaultLauncher, DeploymentLauncher, Launcher, VirtualLauncher
 from bench_llm.bench.sweep.fingerprint import cell_fingerprint
 from bench_llm.bench.sweep.matrix import PlannedCell, expand, impossible_matrix
+from bench_llm.bench.sweep.model_error import model_error_columns
 from bench_llm.bench.sweep.parallel import CellTask, SweepContext, prestart, run_cells, worker_count
 from bench_llm.bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
 from bench_llm.core import __version__
@@ -381,7 +382,9 @@ def _set_capacity(row: CellRow, capacity: dict[str, CapacityRecord], spec: Sweep
     first = judged.get(spec.cell_workloads[0].tag) or next(iter(judged.values()))
     cap = first.capacity_rps
     per_gpu = cap / cfg.gpus if cap is not None else None
-    return replace(row, capacity_rps=cap, capacity_rps_per_gpu=per_gpu, capacity_json=capacity_json(judged))
+    # the simulated engine's error, on its cell
+    return replace(row, capacity_rps=cap, capacity_rps_per_gpu=per_gpu, capacity_json=capacity_json(judged),
+                   model_error=model_error_columns(spec.engine, spec.engine_args) or None)  # fmt: skip
 
 
 def judging(spec: dict[str, Any]) -> Judging:

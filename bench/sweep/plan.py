@@ -7,7 +7,10 @@ interval, ``[c(1-e), c(1+e)]``: ``e`` from the held-out residuals a ``bench sim 
 profile records, else the shipped validation bar (``DEFAULT_ERROR``), else what the user states.
 
 Then cells are measured one at a time, most promising first; after each, the measured capacity
-replaces that cell's interval and the cells are ranked again. A cell is held back while its
+replaces that cell's interval, the planner's constants are re-fitted on every load measured so far
+(``plan_refit``: the calibration's fit, kept cheap) and the cells still in play are predicted
+again with the re-fitted model, their interval from then on the re-fit's held-out error (never
+narrower than the re-fitted model's capacity error on the measured cells), and ranked again. A cell is held back while its
 interval cannot hold the answer; the planned sweep stops when no unmeasured cell can, so the
 recommendation (``analysis.recommend`` on the measured cells alone) is decided by measurement.
 The rule follows the recommendation's own:
@@ -27,6 +30,7 @@ wrongly. The report says which cells were measured, which were skipped and why.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench_llm.bench.calibrate import SimArgs
 from bench_llm.bench.sweep import store
 from bench_llm.bench.sweep.spec import SweepSpec
 from bench_llm.core.errors import BenchError
@@ -55,8 +60,13 @@ class PlanSettings:
     profile: Path | None = None
     #: The planner's model preset (default: the sweep's model).
     model: str | None = None
-    #: The model's relative error, stated by the user (overrides the profile's).
+    #: The model's relative error, stated by the user (overrides the profile's and the re-fits').
     error: float | None = None
+    #: Re-fit the planner's constants on the measured cells after each one (``plan_refit``).
+    refit: bool = True
+    #: Reads a simulated engine's recorded arguments (``bench sim serve``'s parser, passed in by the
+    #: command); needed to re-fit on cells measured on the simulated engine.
+    sim_args: SimArgs | None = None
 
 
 @dataclass
@@ -72,6 +82,28 @@ class PlanCell:
     reason: str | None = None
     #: The measured cell's time from its start to its end (engine start-up, capacity search).
     seconds: float | None = None
+    #: The first prediction (the planner's profile, before any re-fit) and the latest re-fit's.
+    first: float | None = None
+    refit: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.first is None:
+            self.first = self.predicted
+
+
+@dataclass(frozen=True)
+class RefitRound:
+    """One re-fit of the planner: after which cell, the interval it set and where that came from."""
+
+    after: str
+    error: float
+    held_out: float
+    metric: str
+    #: the re-fitted model's largest |predicted / measured - 1| capacity over the measured cells
+    capacity_residual: float
+    fitted: int
+    held: int
+    moved: tuple[tuple[str, float, float], ...]
 
 
 @dataclass
@@ -84,6 +116,10 @@ class PlanResult:
     measured_s: float = 0.0
     predicted_pick: str | None = None
     interrupted: bool = False
+    refits: list[RefitRound] = field(default_factory=list)
+    refit_s: float = 0.0
+    #: the last re-fitted profile's text (a ``--config`` file for the simulated engine)
+    refit_profile: str | None = None
 
     @property
     def launches(self) -> int:
@@ -228,8 +264,11 @@ def run_planned(
          f"from {source}; the model's pick: {result.predicted_pick or 'none'}")  # fmt: skip
     by_id = {c.cell_id: c for c in cells}
     margin = max(0.05, spec.loads.capacity_precision or 0.0)
+    work = Path(tempfile.mkdtemp(prefix="bench-plan-refit-"))
     if resume:
         _read_measured(out, by_id)
+        if any(c.status == "measured" for c in cells):
+            _refit_round(spec, settings, out, result, work, echo, jobs)
     t1 = time.monotonic()
     first = not resume
     while True:
@@ -262,10 +301,63 @@ def run_planned(
         if res.interrupted:
             result.interrupted = True
             break
-    result.measured_s = time.monotonic() - t1
+        if nxt.status == "measured":
+            _refit_round(spec, settings, out, result, work, echo, jobs)
+    result.measured_s = time.monotonic() - t1 - result.refit_s
+    shutil.rmtree(work, ignore_errors=True)
     _final_rows(spec, out, by_id)
     (Path(out) / PLAN_FILE).write_text(json.dumps(plan_json(result, spec), indent=2, sort_keys=True) + "\n")
     return result
+
+
+def _refit_round(
+    spec: SweepSpec, settings: PlanSettings, out: Path, result: PlanResult, work: Path, echo: Echo, jobs: int | None
+) -> None:
+    """Re-fit the planner on the measured cells, predict every cell again with it, and give the
+    cells still in play the re-fitted prediction and interval (the measured keep their figures)."""
+    from bench_llm.bench.sweep.plan_refit import base_config, refit
+
+    measured = [c for c in result.cells if c.status == "measured" and c.measured]
+    if not settings.refit or not measured:
+        return
+    t0 = time.monotonic()
+    try:
+        base = base_config(spec.engine, settings.model or spec.model, spec.gpu, settings.profile)
+        r = refit(out, [c.cell_id for c in measured], base, settings.sim_args, work, len(result.refits) + 1)
+        new = None if r is None else {c.cell_id: c for c in predict(spec, replace(settings, profile=r.profile), 0.0,
+                                                                     echo, jobs=jobs)}  # fmt: skip
+    except BenchError as exc:  # the re-fitted model could not run a cell: keep the predictions
+        echo(f"plan: re-fit not used: {exc}")
+        r = new = None
+    result.refit_s += time.monotonic() - t0
+    if r is None or new is None:
+        return
+    residual = max((abs((new[c.cell_id].predicted or 0.0) / (c.measured or 1.0) - 1) for c in measured if c.cell_id in new),
+                   default=0.0)  # fmt: skip
+    if settings.error is not None:
+        error, source = settings.error, "stated (--plan-error)"
+    else:
+        error = max(r.error, residual)
+        cells = ", ".join(c.cell_id for c in measured)
+        source = (f"the planner re-fitted on {r.fitted} measured load(s) of {cells}: held-out median |error| "
+                  f"{r.error:.1%} ({r.metric}, {r.held} load(s))")  # fmt: skip
+        if residual > r.error:
+            source += f"; its capacity error on the measured cells, {residual:.1%}, is larger and is used"
+    for c in result.cells:
+        p = new.get(c.cell_id)
+        if p is None:
+            continue
+        c.refit = p.predicted
+        if c.status in ("pending", "skipped"):
+            c.predicted = p.predicted
+            c.lo, c.hi = (p.predicted or 0.0) * (1 - error), (p.predicted or 0.0) * (1 + error)
+    result.error, result.source = error, source
+    result.refits.append(RefitRound(measured[-1].cell_id if not result.order else result.order[-1], error, r.error,
+                                    r.metric, residual, r.fitted, r.held, r.moved))  # fmt: skip
+    result.refit_profile = r.profile.read_text()
+    moved = ", ".join(f"{n} {b:.3g}->{a:.3g}" for n, b, a in r.moved)
+    echo(f"plan: re-fitted on {len(measured)} measured cell(s) ({moved}); interval now ±{error:.1%}"
+         + (f"; left out: {'; '.join(r.excluded)}" if r.excluded else ""))
 
 
 def _quiet(echo: Echo, first: bool) -> Echo:
@@ -306,26 +398,50 @@ def plan_json(result: PlanResult, spec: SweepSpec) -> dict[str, Any]:
         "measured_order": result.order,
         "plan_seconds": round(result.plan_s, 3),
         "measured_seconds": round(result.measured_s, 3),
+        "refit_seconds": round(result.refit_s, 3),
         "cells": [
             {"cell_id": c.cell_id, "gpus": c.gpus, "predicted_rps": c.predicted, "interval_rps": [c.lo, c.hi],
+             "first_predicted_rps": c.first, "refit_rps": c.refit,
              "measured_rps": c.measured, "status": c.status, "reason": c.reason, "seconds": c.seconds}
             for c in result.cells
         ],  # fmt: skip
+        "refits": [
+            {"after": r.after, "error": r.error, "held_out_error": r.held_out, "held_out_metric": r.metric,
+             "capacity_residual": r.capacity_residual, "fitted_loads": r.fitted, "held_out_loads": r.held,
+             "constants": {n: [b, a] for n, b, a in r.moved}}
+            for r in result.refits
+        ],  # fmt: skip
+        "refit_profile": result.refit_profile,
     }
+
+
+def engine_hours(result: PlanResult) -> str:
+    """GPU-hours the measured cells took, and about how many the skipped ones would have (each at
+    the measured cells' mean seconds per GPU)."""
+    done = [c for c in result.cells if c.status in ("measured", "failed") and c.seconds is not None]
+    used = sum((c.seconds or 0.0) * c.gpus for c in done) / 3600
+    per_gpu = sum(c.seconds or 0.0 for c in done) / max(1, sum(c.gpus for c in done))
+    saved = sum(c.gpus for c in result.cells if c.status == "skipped") * per_gpu / 3600
+    return f"engine-hours (GPU-hours): {used:.3g} used, about {saved:.3g} saved"
 
 
 def format_plan(result: PlanResult, recommended: str | None) -> list[str]:
     """Predicted vs measured for each measured cell, the cells skipped and why, what was saved."""
-    lines = [f"planned sweep: model error ±{result.error:.0%} from {result.source}"]
+    lines = [f"planned sweep: model error ±{result.error:.1%} from {result.source}"]
     measured = [c for c in result.cells if c.status in ("measured", "failed")]
-    lines.append(f"  {'cell':<28}{'predicted req/s':>22}{'measured':>10}{'error':>8}")
+    lines.append(f"  {'cell':<28}{'first':>8}{'predicted req/s at launch':>30}{'re-fitted':>10}{'measured':>10}{'error':>8}")
     for c in sorted(measured, key=lambda c: result.order.index(c.cell_id) if c.cell_id in result.order else -1):
         pred = f"{c.predicted or 0:.3g} ({c.lo:.3g}-{c.hi:.3g})"
+        refit = "-" if c.refit is None else f"{c.refit:.3g}"
         if c.status == "failed" or c.measured is None:
-            lines.append(f"  {c.cell_id:<28}{pred:>22}{'failed':>10}")
+            lines.append(f"  {c.cell_id:<28}{c.first or 0:>8.3g}{pred:>30}{refit:>10}{'failed':>10}")
             continue
         err = f"{(c.predicted or 0) / c.measured - 1:+.0%}" if c.measured else "n/a"
-        lines.append(f"  {c.cell_id:<28}{pred:>22}{c.measured:>10.3g}{err:>8}")
+        lines.append(f"  {c.cell_id:<28}{c.first or 0:>8.3g}{pred:>30}{refit:>10}{c.measured:>10.3g}{err:>8}")
+    for r in result.refits:
+        lines.append(f"  re-fit after {r.after}: on {r.fitted} load(s), held-out median |error| {r.held_out:.1%} "
+                     f"({r.metric}, {r.held} load(s)), capacity error on the measured cells {r.capacity_residual:.1%}; "
+                     f"interval ±{r.error:.1%}")  # fmt: skip
     skipped = [c for c in result.cells if c.status == "skipped"]
     for c in skipped:
         lines.append(f"  skipped {c.cell_id} (predicted {c.predicted or 0:.3g} req/s): {c.reason}")
@@ -335,8 +451,9 @@ def format_plan(result: PlanResult, recommended: str | None) -> list[str]:
     lines.append(
         f"  launches: {result.launches} of {total} ({total - result.launches} saved); the measured cells took "
         f"{sum(times):.0f} s, so about {per * (total - result.launches):.0f} s saved at their mean {per:.0f} s per cell; "
-        f"planning took {result.plan_s:.1f} s"
+        f"planning took {result.plan_s:.1f} s, re-fitting {result.refit_s:.1f} s"
     )
+    lines.append("  " + engine_hours(result))
     if recommended is not None:
         agree = "agrees" if recommended == result.predicted_pick else f"differs: the model picked {result.predicted_pick}"
         done = [c.cell_id for c in result.cells if c.status == "measured"]

@@ -110,3 +110,41 @@ def test_the_readme_main_job_prints_the_model_interval(tmp_path: Path) -> None:
                         "--target-rate", "45"], cwd=REPO, capture_output=True, text=True, timeout=280)  # fmt: skip
     assert f"measured engines differ by a median ±{err.fraction:.1%}" in r.stdout, r.stdout[-2000:] + r.stderr
     assert "against the target 45 req/s: tp2-dp2" in r.stdout
+
+
+def test_a_simulated_sweep_records_the_interval_in_parquet_and_the_report_shows_it(tmp_path: Path) -> None:
+    """Per load (TTFT, TPOT, E2E, throughput) and per cell (capacity): the calibrated profile's
+    held-out error per metric, with its source, in points.parquet and cells.parquet
+    (results/schema.MODEL_ERROR_FIELDS); the recommendation and the report read it from there."""
+    from click.testing import CliRunner
+
+    from bench_llm.analysis.recommend import recommend
+    from bench_llm.analysis.report import build_report
+    from bench_llm.bench.cli import cli
+    from bench_llm.bench.sweep.store import read_cells
+    from bench_llm.results.reader import read_parquet_file
+    from bench_llm.results.schema import MODEL_ERROR_SOURCE, model_error_column
+
+    profile = tmp_path / "host.toml"
+    profile.write_text(PROFILE)
+    out = tmp_path / "sweep"
+    res = CliRunner().invoke(cli, [
+        "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "1", "--capacity",
+        "--slo", "ttft_ms=300,tpot_ms=30", "--input-tokens", "256", "--output-tokens", "32", "--requests", "20",
+        "--precision", "0.3", "--jobs", "1", f"--engine-arg=--config={profile}", "--out", str(out)])  # fmt: skip
+    assert res.exit_code in (0, 5), res.output
+    points = read_parquet_file(out / "cell=tp1" / "points.parquet").to_pylist()
+    want = {"ttft_ms": 0.075, "tpot_ms": 0.04, "throughput": 0.02, "e2e_ms": None, "capacity": 0.075}
+    for row in points:
+        assert {m: row[model_error_column(m)] for m in want} == pytest.approx(want)
+        assert str(profile) in row[MODEL_ERROR_SOURCE] and "held-out residuals per metric" in row[MODEL_ERROR_SOURCE]
+    cells = {r["cell_id"]: r for r in read_cells(out)}
+    assert cells["tp1"][model_error_column("capacity")] == pytest.approx(0.075)
+    rec = recommend(out)
+    config = rec.workloads[next(iter(rec.workloads))].configuration("tp1")
+    assert config is not None and config.model_error == pytest.approx(0.075) and str(profile) in str(config.model_error_source)
+    cap = config.capacity_rps or 0.0
+    assert config.model_interval_rps == pytest.approx((cap * 0.925, cap * 1.075))
+    html = build_report(out, tmp_path / "report.html").path.read_text()
+    assert "Model error" in html and "model-error-loads" in html and "±7.5%" in html
+    assert f"{cap:.4g} [{cap * 0.925:.4g}, {cap * 1.075:.4g}]" in html

@@ -57,36 +57,49 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return hidden, root / "full"
 
 
+@pytest.fixture(scope="module")
+def planned(full: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The planned sweep without a target (re-fitting on), its folder and output."""
+    out = tmp_path_factory.mktemp("planned") / "p"
+    res = CliRunner().invoke(cli, _args(full[0], out, "--plan"))
+    assert res.exit_code == 0, res.output
+    return out, res.output
+
+
 def _launched(sweep: Path) -> list[str]:
     return [r["cell_id"] for r in read_cells(sweep) if r["status"] == "complete"]
 
 
-def test_the_planned_sweep_reaches_the_full_sweeps_answer_with_fewer_launches(full: tuple[Path, Path], tmp_path: Path) -> None:
+def test_the_planned_sweep_reaches_the_full_sweeps_answer_with_fewer_launches(
+    full: tuple[Path, Path], planned: tuple[Path, str]
+) -> None:
     hidden, full_dir = full
-    res = CliRunner().invoke(cli, _args(hidden, tmp_path / "p", "--plan"))
-    assert res.exit_code == 0, res.output
+    folder, output = planned
     want = recommend(full_dir).recommendation
-    got = recommend(tmp_path / "p").recommendation
+    got = recommend(folder).recommendation
     assert want is not None and got is not None
     assert got.cell_id == want.cell_id == "tp1-max-num-seqs_64"
     assert got.capacity_rps == want.capacity_rps  # the measured answer, not the predicted one
-    launched = _launched(tmp_path / "p")
+    launched = _launched(folder)
     assert len(launched) < len(_launched(full_dir)) == 6
     assert want.cell_id in launched
     # the hidden hardware is slower than the planner thinks: the predicted figures are off by far
     # more than the stated interval, yet the ranking holds
-    plan = json.loads((tmp_path / "p" / PLAN_FILE).read_text())
-    assert plan["model_error"] == DEFAULT_ERROR and "shipped validation" in plan["model_error_source"]
+    plan = json.loads((folder / PLAN_FILE).read_text())
+    assert f"model error ±{DEFAULT_ERROR:.0%} from the shipped validation" in output  # the first ranking's
     cells = {c["cell_id"]: c for c in plan["cells"]}
     assert cells["tp1-max-num-seqs_64"]["measured_rps"] < cells["tp1-max-num-seqs_64"]["predicted_rps"] * 0.8
+    # then re-fitted on what was measured: the interval is the re-fit's held-out error, said so
+    assert plan["refits"] and "re-fitted on" in plan["model_error_source"]
+    assert plan["model_error"] == plan["refits"][-1]["error"] >= plan["refits"][-1]["held_out_error"]
     # every skipped cell is in cells.parquet with the reason; the report says what was measured
-    rows = {r["cell_id"]: r for r in read_cells(tmp_path / "p")}
+    rows = {r["cell_id"]: r for r in read_cells(folder)}
     skipped = [cid for cid, r in rows.items() if r["status"] == "skipped"]
     assert sorted(skipped + launched) == sorted(rows)
     assert all("not measured (planned sweep): its interval's top" in rows[c]["reason"] for c in skipped)
-    assert "predicted req/s" in res.output and f"launches: {len(launched)} of 6 ({6 - len(launched)} saved)" in res.output
+    assert "predicted req/s" in output and f"launches: {len(launched)} of 6 ({6 - len(launched)} saved)" in output
     assert all(c["seconds"] is not None for c in plan["cells"] if c["status"] == "measured")
-    assert "the recommendation below is measured" in res.output
+    assert "the recommendation below is measured" in output
 
 
 def test_with_a_target_rate_the_smallest_configuration_meeting_it_is_measured(full: tuple[Path, Path], tmp_path: Path) -> None:
@@ -105,6 +118,15 @@ def test_with_a_target_rate_the_smallest_configuration_meeting_it_is_measured(fu
     statuses = {c["cell_id"]: c["status"] for c in plan["cells"]}
     assert set(statuses.values()) == {"measured", "skipped"}
     assert all(f"skipped {cid} " in res.output for cid, s in statuses.items() if s == "skipped")
+    # re-fitted after each measured cell: the last re-fit predicts every measured cell closer than the
+    # shipped constants did, and a cell launched after a re-fit was ranked by the re-fitted prediction
+    measured = [c for c in plan["cells"] if c["status"] == "measured"]
+    assert len(measured) >= 2 and len(plan["refits"]) == len(measured)
+    for c in measured:
+        assert abs(c["refit_rps"] - c["measured_rps"]) < abs(c["first_predicted_rps"] - c["measured_rps"]), c
+        if c["cell_id"] != plan["measured_order"][0]:
+            assert abs(c["predicted_rps"] - c["measured_rps"]) < abs(c["first_predicted_rps"] - c["measured_rps"]), c
+    assert "re-fit after tp1-max-num-seqs_64" in res.output and "engine-hours" in res.output
 
 
 def _cell(cid: str, gpus: int, pred: float, e: float = 0.2, measured: float | None = None) -> PlanCell:
@@ -162,3 +184,31 @@ def test_plan_needs_a_capacity_search(tmp_path: Path) -> None:
                                    "--plan-model", "no-such-model", "--out", str(tmp_path / "z")])  # fmt: skip
     assert res.exit_code != 0 and "--plan: the simulated engine could not run tp1" in res.output, res.output
     assert not (tmp_path / "z").exists() or not any((tmp_path / "z").glob("cell=*"))
+
+
+def test_re_fitting_saves_launches(full: tuple[Path, Path], planned: tuple[Path, str], tmp_path: Path) -> None:
+    """Without a target: the re-fitted model rules out more than the shipped constants' interval
+    does, with the same (measured) answer as the full sweep."""
+    hidden, full_dir = full
+    off = CliRunner().invoke(cli, _args(hidden, tmp_path / "off", "--plan", "--no-plan-refit"))
+    assert off.exit_code == 0, off.output
+    want = recommend(full_dir).recommendation
+    for folder in (planned[0], tmp_path / "off"):
+        got = recommend(folder).recommendation
+        assert want is not None and got is not None and got.cell_id == want.cell_id
+    assert len(_launched(planned[0])) < len(_launched(tmp_path / "off")) < len(_launched(full_dir))
+    assert not json.loads((tmp_path / "off" / PLAN_FILE).read_text())["refits"]
+
+
+def test_the_refitted_profile_keeps_the_planners_tables(tmp_path: Path) -> None:
+    import tomllib
+
+    from bench_llm.bench.sweep.plan_refit import PLAN_KNOBS, profile_text, spread
+
+    base = tmp_path / "host.toml"
+    base.write_text('# held out, ttft_ms: median |error| 9.0%\n[model]\nname = "tiny"\nlayers = 2\n\n[gpu]\nmbu = 0.3\nmfu_gemm = 0.2\n')
+    values = {k: {"t_fixed_ms": 5.0, "per_seq_us": 40.0, "mbu": 0.45}[k.name] for k in PLAN_KNOBS}
+    data = tomllib.loads(profile_text(base, values))
+    assert data["model"] == {"name": "tiny", "layers": 2}  # the planner's model shape stays
+    assert data["gpu"] == {"mbu": 0.45, "mfu_gemm": 0.2} and data["profile"] == {"t_fixed_ms": 5.0, "per_seq_us": 40.0}
+    assert spread(list(range(20)), 9) == [0, 2, 5, 7, 10, 12, 14, 17, 19] and spread([1, 2], 9) == [1, 2]

@@ -107,3 +107,47 @@ def test_calibrate_command_from_run_folders(tmp_path: Path) -> None:
     again = subprocess.run(bench_argv("sim", "calibrate", *runs, "--out", str(profile)), capture_output=True, text=True,
                            timeout=60, cwd=REPO)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def _rewrite(run_dir: Path, change: dict[str, object]) -> None:
+    """Replace columns of a run's requests (a saturated client, an anomalous stream)."""
+    import pyarrow as pa
+
+    from bench_llm.results.reader import read_requests
+    from bench_llm.results.writer import write_table_atomic
+
+    table = read_requests(run_dir)
+    for name, values in change.items():
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, table.schema.field(name).type))
+    for f in (run_dir / "requests").glob("*.parquet"):
+        f.unlink()
+    write_table_atomic(table, run_dir / "requests" / "part-000-000000.parquet")
+
+
+def test_calibration_leaves_out_saturated_and_anomalous_loads_naming_them(tmp_path: Path) -> None:
+    from bench_llm.bench.calibrate import ANOMALIES, CLIENT_SATURATED, BaseConfig, load_measured, screened_loads
+    from bench_llm.core.errors import BenchError
+    from bench_llm.results.reader import read_requests
+    from bench_llm.results.synthetic import synthetic_run
+
+    good, busy, broken = (synthetic_run(tmp_path / n, 20, 6, seed=i) for i, n in enumerate(("good", "busy", "broken")))
+    t = read_requests(busy)
+    intended = t["intended_send_ns"].to_pylist()
+    # the client sent every request 40 ms after its intended time: its send lag, not the engine, set the timings
+    _rewrite(busy, {"intended_send_ns": [x - 40_000_000 for x in intended]})
+    _rewrite(broken, {"protocol_anomaly": ["event_after_end"] + [None] * 19})
+    screened = screened_loads([tmp_path], BaseConfig())
+    assert [ld.name for ld in screened.loads] == [str(good)]
+    reasons = {(e.name, e.reason) for e in screened.excluded}
+    assert reasons == {(str(busy), CLIENT_SATURATED), (str(broken), ANOMALIES)}
+    assert all(e.detail for e in screened.excluded)
+    assert [ld.name for ld in load_measured([tmp_path], BaseConfig())] == [str(good)]
+    # nothing left: refused, each run named with its reason
+    with pytest.raises(BenchError, match="every one was left out") as err:
+        screened_loads([busy, broken], BaseConfig())
+    assert str(busy) in str(err.value) and CLIENT_SATURATED in str(err.value) and ANOMALIES in str(err.value)
+    # the command names each run it leaves out, and says so when that empties the held-out set
+    p = subprocess.run(bench_argv("sim", "calibrate", str(good), str(busy), "--holdout", str(busy), "--out",
+                                  str(tmp_path / "p.toml")), capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert p.returncode == 2 and f"left out: {busy}: {CLIENT_SATURATED}" in p.stderr, p.stderr
+    assert "every held-out run was left out" in p.stderr
