@@ -429,6 +429,7 @@ class CellRow:
     def to_row(self) -> dict[str, Any]:
         row = self.cell.to_row()
         row.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("cell", "model_error")})
+        row.update({f.name: None for f in MODEL_ERROR_FIELDS})  # every cells.parquet column, null when measured
         row.update(self.model_error or {})
         return row
 
