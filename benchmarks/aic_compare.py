@@ -10,9 +10,9 @@ installed into bench's, never committed):
    meta-llama/Meta-Llama-3.1-8B, Llama-3.1-70B -> meta-llama/Meta-Llama-3.1-70B); the row's engine
    version is not asked for: the package bundles one ("current") database per backend and GPU, which is
    used for every row. A row it refuses is recorded with its error.
-2. ``.venv/bin/python benchmarks/aic_compare.py compare OUT.json``: bench's figures for the same rows
-   (``sim.silicon.score``) beside AIConfigurator's, per group: TTFT and TPOT within ±20 % and median
-   |error| for each.
+2. ``.venv/bin/python benchmarks/aic_compare.py compare OUT.json``: bench's figures for the rows
+   AIConfigurator estimated (``sim.silicon.score`` on those rows) beside its, per group: TTFT and TPOT
+   within ±20 % and median |error| for each, and how many of the group's rows were estimated.
 
 Without aiconfigurator, ``estimate`` says so and exits 0 (a skip, not a failure); ``compare`` needs only
 bench and the JSON. The rows' file is found as ``sim.silicon.default_path`` finds it (or ``--rows``).
@@ -111,37 +111,43 @@ def _within(ratios: list[float]) -> int:
 
 def _cell(ratios: list[float]) -> str:
     if not ratios:
-        return f"{'-':>16}"
+        return f"{'-':>14}"
     return f"{_within(ratios):>3}/{len(ratios):<3} {statistics.median(abs(x - 1) for x in ratios):>6.0%}"
 
 
 def compare(aic_json: Path, rows: Path | None) -> int:
+    """Both estimators on the rows AIConfigurator estimated (bench is run on those rows only)."""
     from bench_llm.sim import silicon
 
     path = rows or silicon.default_path()
     if path is None:
         print(f"no H200 silicon rows (set ${silicon.ENV}): skipped")
         return 0
-    aic = json.loads(aic_json.read_text())
+    aic = {k: v for k, v in json.loads(aic_json.read_text()).items() if "ttft_ms" in v}
     points = silicon.load(path)
-    scored = silicon.score(points)
-    groups: dict[str, list[tuple[float, float, float | None, float | None]]] = {}
+    every: dict[str, int] = {}
+    for p in points:
+        every[p.group] = every.get(p.group, 0) + 1
+    scored = silicon.score([p for p in points if p.id in aic])
+    groups: dict[str, list[tuple[float, float, float, float]]] = {}
     for s in scored:
-        a = aic.get(s.point.id, {})
-        at = a.get("ttft_ms") / s.point.ttft_ms if "ttft_ms" in a else None
-        ap = a.get("tpot_ms") / s.point.tpot_ms if "tpot_ms" in a else None
-        groups.setdefault(s.point.group, []).append((*s.ratios, at, ap))
-    print(f"H200 rows ({path}); AIConfigurator estimates from {aic_json}; cells: within ±20 % / rows, median |error|")
-    print(f"{'group':<28} {'bench TTFT':>16} {'AIC TTFT':>16} {'bench TPOT':>16} {'AIC TPOT':>16}")
-    total: list[tuple[float, float, float | None, float | None]] = []
-    for name in sorted(groups) + ["all"]:
-        g = total if name == "all" else groups[name]
+        a = aic[s.point.id]
+        groups.setdefault(s.point.group, []).append(
+            (*s.ratios, float(a["ttft_ms"]) / s.point.ttft_ms, float(a["tpot_ms"]) / s.point.tpot_ms))
+    print(f"H200 rows ({path}) that AIConfigurator estimated ({aic_json}); cells: within ±20 % / rows, median |error|")
+    print(f"{'group':<28} {'rows':>9} {'bench TTFT':>14} {'AIC TTFT':>14} {'bench TPOT':>14} {'AIC TPOT':>14}")
+    total: list[tuple[float, float, float, float]] = []
+    for name in [*sorted(every), "all"]:
+        g = total if name == "all" else groups.get(name, [])
         if name != "all":
             total += g
-        print(f"{name:<28} {_cell([x[0] for x in g])} {_cell([x[2] for x in g if x[2] is not None])} "
-              f"{_cell([x[1] for x in g])} {_cell([x[3] for x in g if x[3] is not None])}")
-    refused = sum(1 for s in scored if "error" in aic.get(s.point.id, {"error": 1}))
-    print(f"rows without an AIConfigurator estimate (not bundled, refused or not run): {refused}")
+        n = sum(every.values()) if name == "all" else every[name]
+        print(f"{name:<28} {len(g):>4}/{n:<4} {_cell([x[0] for x in g])} {_cell([x[2] for x in g])} "
+              f"{_cell([x[1] for x in g])} {_cell([x[3] for x in g])}")
+    both_b = _within([x[0] for x in total]) + _within([x[1] for x in total])
+    both_a = _within([x[2] for x in total]) + _within([x[3] for x in total])
+    print(f"figures within ±20 % on these {len(total)} rows: bench {both_b} of {2 * len(total)}, "
+          f"AIConfigurator {both_a} of {2 * len(total)}")
     return 0
 
 
