@@ -4,6 +4,9 @@ and disaggregated deployments whose prefill pool has its own layout (issue 35), 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -108,3 +111,34 @@ def test_a_prefill_layout_needs_disaggregation() -> None:
         ModelTiming("llama-3.1-8b", "h200", prefill_tp=2)
     with pytest.raises(ValueError, match=">= 0"):
         _disagg(prefill_tp=-1)
+
+
+# -- benchmarks/aic_compare.py --------------------------------------------------------------------
+def _aic_compare() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "aic_compare.py"
+    spec = importlib.util.spec_from_file_location("aic_compare", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_aic_compare_skips_cleanly_without_aiconfigurator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if importlib.util.find_spec("aiconfigurator") is not None:
+        pytest.skip("aiconfigurator is installed here: the skip path cannot be exercised")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("id,model_path,backend,mode\n")
+    assert _aic_compare().main(["estimate", str(tmp_path / "out.json"), "--rows", str(rows)]) == 0
+    assert "skipped" in capsys.readouterr().out
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_aic_compare_asks_about_the_bundled_model_at_the_rows_layout() -> None:
+    mod = _aic_compare()
+    row = {"model_path": "nvidia/Llama-3.1-8B-Instruct-FP8", "mode": "agg", "backend": "vllm", "isl": "1000",
+           "osl": "100", "gemm_quant_mode": "fp8", "moe_quant_mode": "", "batch_size": "64", "tp_size": "2",
+           "pp_size": "", "attention_dp_size": "", "moe_tp_size": "", "moe_ep_size": ""}
+    kw = mod._kwargs(row)
+    assert kw["model_path"] == "meta-llama/Meta-Llama-3.1-8B"  # not bundled under its own name
+    assert (kw["batch_size"], kw["tp_size"], kw["attention_dp_size"], kw["isl"]) == (64, 2, 1, 1000)
+    assert "moe_tp_size" not in kw  # blank columns are left to AIConfigurator's defaults
