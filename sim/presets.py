@@ -210,8 +210,10 @@ TRTLLM_MLA_LAYER_US = 100.0
 TRTLLM_EP_A2A_SCALE = 0.25
 #: P/D hand-off (router, front end, KV set-up besides its bytes): the median of measured - simulated TTFT
 #: over the disaggregated DeepSeek rows at C <= 64 before it (TRT-LLM 35 rows: 995 ms, spread 0.4-7 s;
-#: SGLang 40 rows: 446 ms, spread 0-1.4 s); noisy, the rows repeat one configuration at up to 3x apart
-TRTLLM_PD_HANDOFF_MS = 1000.0
+#: SGLang 40 rows: 446 ms, spread 0-1.4 s); noisy, the rows repeat one configuration at up to 3x apart.
+#: Re-derived the same way once each pool ran its own layout (issue 35): TRT-LLM 1174 ms (quartiles 703 and
+#: 2221), SGLang 455 (39 rows, quartiles 329 and 738: kept at 450)
+TRTLLM_PD_HANDOFF_MS = 1170.0
 SGLANG_PD_HANDOFF_MS = 450.0
 #: SGLang's steady-state new_token_ratio (global_config: 0.7 x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14)
 SGLANG_NEW_TOKEN_RATIO_MIN = 0.098

@@ -270,7 +270,7 @@ FITTED: dict[str, tuple[str, int]] = {
     "vllm/sglang.tp_skew_cap_tp": ("vLLM Llama-3.1-70B and SGLang DeepSeek aggregated TPOT (TP8 rows)", 105),
     "trtllm.mla_layer_us": ("TRT-LLM DeepSeek aggregated TPOT, with ep_a2a_scale on a grid", 88),
     "trtllm.ep_a2a_scale": ("TRT-LLM DeepSeek aggregated TPOT, with mla_layer_us on a grid", 88),
-    "trtllm.disagg_handoff_ms": ("TRT-LLM DeepSeek disaggregated TTFT at C <= 64, median gap", 35),
+    "trtllm.disagg_handoff_ms": ("TRT-LLM DeepSeek disaggregated TTFT at C <= 64, median gap (per-pool layouts)", 35),
     "sglang.disagg_handoff_ms": ("SGLang DeepSeek disaggregated TTFT at C <= 64, median gap", 40),
 }
 
