@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.request import SimRequest, prefix_block_hashes
@@ -180,7 +180,8 @@ class ModelBackend:
         prof = timing.engine_profile
         self.block_size = prof.block_size
         self.prefix_caching = prefix
-        limits = Limits(seqs, budget, prof.block_size, cm.kv_blocks(), prof.watermark, prefix)
+        limits = Limits(seqs, budget, prof.block_size, cm.kv_blocks(), prof.watermark, prefix, prof.kv_reserve_ratio,
+                        prof.kv_reserve_clip)
         self.request_overhead_ns = int(prof.request_overhead_ms * 1e6)
         self.frontend_serial_ns = int(prof.frontend_serial_ms * 1e6)
         self._frontend_free_ns = 0  # when the front end's serial part is free for the next request
@@ -190,8 +191,13 @@ class ModelBackend:
         self.prefill_pool: list[Instance] = []
         self.decode_pool: list[Instance] = []
         if timing.disaggregated:
-            for i in range(timing.disagg_prefill * timing.dp):
-                inst = Instance(len(self.instances), cm, limits, "prefill", timing.pp, timing.slowdown, jitter,
+            pf = timing.prefill_pool_timing()
+            cm_pf = pf.cost_model() if pf is not timing else cm
+            if cm_pf is not cm:
+                cm_pf.check_fits()
+            limits_pf = replace(limits, num_blocks=cm_pf.kv_blocks())
+            for i in range(timing.disagg_prefill * pf.dp):
+                inst = Instance(len(self.instances), cm_pf, limits_pf, "prefill", timing.pp, timing.slowdown, jitter,
                                 random.Random(rng.random()))
                 self.instances.append(inst)
                 self.prefill_pool.append(inst)

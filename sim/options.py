@@ -41,6 +41,12 @@ class ModelTiming:
     pcp: int = 1
     disagg_prefill: int = 0  # 0: colocated
     disagg_decode: int = 0
+    #: the prefill pool's own layout when it differs from the decode pool's (tp/dp/ep above): each
+    #: prefill instance is ``prefill_dp`` DP ranks of ``prefill_tp`` GPUs with EP width ``prefill_ep``
+    #: (0: the decode pool's value), as P/D deployments run (e.g. TP8 prefill, DP8 x EP8 decode)
+    prefill_tp: int = 0
+    prefill_dp: int = 0
+    prefill_ep: int = 0
     router: Router = "round-robin"
     profile: str = "vllm"
     max_num_seqs: int | None = None
@@ -86,6 +92,15 @@ class ModelTiming:
             raise ValueError("jitter must be >= 0")
         if (self.disagg_prefill > 0) != (self.disagg_decode > 0):
             raise ValueError("disaggregation needs both prefill and decode instances")
+        if min(self.prefill_tp, self.prefill_dp, self.prefill_ep) < 0:
+            raise ValueError("prefill_tp, prefill_dp and prefill_ep must be >= 0 (0: the decode pool's)")
+        if self.prefill_layout_differs:
+            if not self.disaggregated:
+                raise ValueError("a prefill pool layout (prefill_tp/dp/ep) needs disaggregation")
+            pf = self.prefill_pool_timing()
+            problems = layout_problems("sim", Layout(pf.tp, pf.pp, pf.dp, pf.ep, pf.dcp, pf.pcp), self.model)
+            if problems:
+                raise ValueError("prefill pool: " + "; ".join(problems))
         self.engine_profile.scheduling_policy()  # an unknown [profile] policy fails here, with the known ones
 
     @property
@@ -123,10 +138,23 @@ class ModelTiming:
         return self.disagg_prefill > 0
 
     @property
+    def prefill_layout_differs(self) -> bool:
+        return any(v and v != getattr(self, k) for k, v in
+                   (("tp", self.prefill_tp), ("dp", self.prefill_dp), ("ep", self.prefill_ep)))
+
+    def prefill_pool_timing(self) -> "ModelTiming":
+        """The timing a prefill instance runs with: this one with the prefill pool's layout."""
+        if not self.prefill_layout_differs:
+            return self
+        return dataclasses.replace(self, tp=self.prefill_tp or self.tp, dp=self.prefill_dp or self.dp,
+                                   ep=self.prefill_ep or self.ep, dcp=1, prefill_tp=0, prefill_dp=0, prefill_ep=0)
+
+    @property
     def gpus(self) -> int:
         per = self.tp * self.pp * self.pcp
         if self.disaggregated:
-            return per * (self.disagg_prefill + self.disagg_decode) * self.dp
+            pf = self.prefill_pool_timing()
+            return pf.tp * pf.pp * pf.pcp * pf.dp * self.disagg_prefill + per * self.disagg_decode * self.dp
         return per * self.dp
 
     def cost_model(self) -> CostModel:
@@ -192,7 +220,9 @@ def describe(t: ModelTiming) -> dict[str, Any]:
         "era": t.engine_profile.era,
         "calibration": calibration(t.model.name, t.engine_profile),
         "parallel": {"tp": t.tp, "pp": t.pp, "dp": t.dp, "ep": t.ep, "dcp": t.dcp, "pcp": t.pcp,
-                     "disagg": f"{t.disagg_prefill}:{t.disagg_decode}" if t.disaggregated else None},
+                     "disagg": f"{t.disagg_prefill}:{t.disagg_decode}" if t.disaggregated else None,
+                     **({"prefill_pool": {"tp": t.prefill_pool_timing().tp, "dp": t.prefill_pool_timing().dp,
+                                          "ep": t.prefill_pool_timing().ep}} if t.prefill_layout_differs else {})},
         "gpus": t.gpus,
         "router": t.router,
         "weights_gb_per_gpu": round(cm.weights_gb_per_gpu, 2),

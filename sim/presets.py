@@ -170,6 +170,14 @@ class EngineProfile:
     #: keep the activations' BF16 (``--kv-cache-dtype auto``: "the model's data type"); TRT-LLM takes the
     #: checkpoint's KV quantisation, FP8 in NVIDIA's FP8 (ModelOpt) checkpoints
     kv_dtype_fp8: str = "bf16"
+    #: KV reserved at admission for output not yet generated (``sim.scheduler.Limits``): a new request needs
+    #: free KV for its prompt and its remaining output (at most ``kv_reserve_clip`` tokens) after each running
+    #: request's remaining output x this ratio is held back. 0: none (vLLM allocates as tokens come).
+    #: SGLang 0.5 (schedule_policy.PrefillAdder): running requests x ``new_token_ratio``, 0.7 decaying over 600
+    #: decode steps to 0.7 x 0.14 = 0.098 (global_config), outputs clipped at CLIP_MAX_NEW_TOKENS 4096.
+    #: TRT-LLM (capacity scheduler GUARANTEED_NO_EVICT, its default): every request's whole output, 1.0
+    kv_reserve_ratio: float = 0.0
+    kv_reserve_clip: int = 1 << 30
 
     def kv_dtype_for(self, weights: Dtype) -> Dtype:
         """The KV-cache dtype this engine uses by default for weights of ``weights`` precision."""
@@ -202,9 +210,15 @@ TRTLLM_MLA_LAYER_US = 100.0
 TRTLLM_EP_A2A_SCALE = 0.25
 #: P/D hand-off (router, front end, KV set-up besides its bytes): the median of measured - simulated TTFT
 #: over the disaggregated DeepSeek rows at C <= 64 before it (TRT-LLM 35 rows: 995 ms, spread 0.4-7 s;
-#: SGLang 40 rows: 446 ms, spread 0-1.4 s); noisy, the rows repeat one configuration at up to 3x apart
-TRTLLM_PD_HANDOFF_MS = 1000.0
+#: SGLang 40 rows: 446 ms, spread 0-1.4 s); noisy, the rows repeat one configuration at up to 3x apart.
+#: Re-derived the same way once each pool ran its own layout (issue 35): TRT-LLM 1174 ms (quartiles 703 and
+#: 2221), SGLang 455 (39 rows, quartiles 329 and 738: kept at 450)
+TRTLLM_PD_HANDOFF_MS = 1170.0
 SGLANG_PD_HANDOFF_MS = 450.0
+#: SGLang's steady-state new_token_ratio (global_config: 0.7 x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14)
+SGLANG_NEW_TOKEN_RATIO_MIN = 0.098
+#: trtllm-serve's --max_batch_size default (BuildConfig.max_batch_size, TensorRT-LLM 0.x-1.x)
+TRTLLM_MAX_BATCH_SIZE = 2048
 V0_PER_SEQ_US = 70.0  # vLLM 0.6.0 70B TP4 H100 ShareGPT 4 req/s median TPOT 23.58 ms (sglang-060)
 V0_REQUEST_OVERHEAD_MS = 40.0  # same row, median TTFT 179.15 ms
 PROFILES: dict[str, EngineProfile] = {
@@ -238,6 +252,7 @@ PROFILES: dict[str, EngineProfile] = {
                     "rows (sim.silicon); held out: SGLang 0.3.0 70B TP4 H100 ShareGPT rows",
         request_overhead_ms=4.0, moe_layer_us=MOE_LAYER_US, moe_gemm_tflops=MOE_GEMM_TFLOPS,
         per_seq_us=SGLANG_PER_SEQ_US, disagg_handoff_ms=SGLANG_PD_HANDOFF_MS, tp_skew_cap_tp=4,
+        kv_reserve_ratio=SGLANG_NEW_TOKEN_RATIO_MIN, kv_reserve_clip=4096,
     ),
     # SGLang at its first DeepSeek-V3 release (v0.4.1, Dec 2024): Triton MLA decode and fused-MoE
     # kernels, many small kernels per layer; MLA term fitted to the batch-1 row of sgl-project/sglang#2643.
@@ -258,7 +273,7 @@ PROFILES: dict[str, EngineProfile] = {
         mla_layer_us=TRTLLM_MLA_LAYER_US, ep_a2a_scale=TRTLLM_EP_A2A_SCALE, disagg_handoff_ms=TRTLLM_PD_HANDOFF_MS,
         calibration="dense: nothing fitted (held out: 405B TP8 vs PP8 ratios, NVIDIA blog; measured H200 70B rows); "
                     "MLA layer, EP all-to-all and P/D hand-off fitted on measured DeepSeek H200 rows (sim.silicon)",
-        kv_dtype_fp8="fp8",
+        kv_dtype_fp8="fp8", kv_reserve_ratio=1.0, max_num_seqs=TRTLLM_MAX_BATCH_SIZE,
     ),
     "tgi": EngineProfile(
         "tgi", policy="tgi-waiting-ratio", era="TGI 2.x router (2024)", t_fixed_ms=3.0, request_overhead_ms=5.0,

@@ -33,6 +33,12 @@ class Limits:
     num_blocks: int
     watermark: float = 0.01
     prefix_caching: bool = True
+    #: KV reserved for output not yet generated, at admission (``EngineProfile.kv_reserve_ratio``): a
+    #: new request is admitted only when the free KV, less ``reserve_ratio`` x each running request's
+    #: remaining output (at most ``reserve_clip`` tokens), holds its prompt and its whole remaining
+    #: output (at most ``reserve_clip``). 0: no reservation (vLLM: blocks are allocated as tokens come)
+    reserve_ratio: float = 0.0
+    reserve_clip: int = 1 << 30
 
 
 @dataclass(slots=True)
@@ -417,12 +423,18 @@ class Instance:
             if grown:
                 plan.add_prefill(req, chunk)
         # admit waiting requests
+        reserved = self._reserved_blocks() if lim.reserve_ratio > 0 and self.waiting else 0
         while self.waiting and plan.budget > 0 and len(self.running) < lim.max_num_seqs:
             req = self.waiting[0]
             if req.aborted:
                 self.waiting.popleft()
                 continue
             self._admit_prefix(req)
+            if lim.reserve_ratio > 0:
+                need = self._reservation(req)
+                if self.running and self.pool.available - reserved < need:
+                    break  # (an idle engine admits the request whatever its reservation, as the engines do)
+                reserved += need
             if req.prefilled_remote and not req.in_prefill:
                 if not self._grow(req, req.num_computed + 1, self._watermark_blocks):
                     break
@@ -439,6 +451,21 @@ class Instance:
             if req.admitted_ns is None:
                 req.admitted_ns = t
             plan.add_prefill(req, chunk)
+
+    def _reservation(self, req: SimRequest) -> int:
+        """KV blocks a request about to be admitted must find free: its prompt's blocks not yet held
+        and its remaining output (clipped), in full."""
+        lim = self.limits
+        out = min(req.max_tokens - req.generated, lim.reserve_clip)
+        return max(0, _blocks_short(req, req.prefill_target + out, lim.block_size))
+
+    def _reserved_blocks(self) -> int:
+        """KV blocks held back for the running requests' remaining output (``Limits.reserve_ratio``)."""
+        lim = self.limits
+        tokens = 0.0
+        for r in self.running:
+            tokens += min(r.max_tokens - r.generated, lim.reserve_clip)
+        return int(tokens * lim.reserve_ratio) // lim.block_size
 
     def _launch(self, plan: "_Plan", t: int) -> Batch:
         n_dec, dec_ctx = plan.n_dec, plan.dec_ctx

@@ -81,8 +81,10 @@ class Point:
     ep: int  # expert-parallel width (1: experts TP-sharded)
     prefill: int  # disagg: prefill instances (0: aggregated)
     decode: int
-    ttft_ms: float
-    tpot_ms: float
+    #: disagg: the prefill pool's (TP, DP, EP) per instance, when the row gives it (else the decode pool's)
+    prefill_layout: tuple[int, int, int] = (0, 0, 0)
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
 
     @property
     def group(self) -> str:
@@ -92,7 +94,7 @@ class Point:
     def key(self) -> tuple[object, ...]:
         """What the simulation depends on (rows with the same key are simulated once)."""
         return (self.backend, self.model, self.mode, self.isl, self.osl, self.concurrency, self.tp, self.dp, self.ep,
-                self.prefill, self.decode)
+                self.prefill, self.decode, self.prefill_layout)
 
 
 def _int(s: str | None, default: int = 1) -> int:
@@ -137,6 +139,7 @@ def load(path: Path) -> list[Point]:
         model = _model(r["model_path"])
         assert model is not None
         given = re.search(r"silicon_concurrency=(\d+)", r.get("silicon_data_source", ""))
+        pf = (0, 0, 0)
         if r["mode"] == "agg":
             tp, dp, ep = _layout(_int(r["tp_size"]), _int(r["attention_dp_size"]), _int(r["moe_tp_size"]),
                                  _int(r["moe_ep_size"]))
@@ -148,8 +151,12 @@ def load(path: Path) -> list[Point]:
                                  _int(d["decode_moe_tp_size"]), _int(d["decode_moe_ep_size"]))
             pre, dec = _int(d["prefill_num_workers"]), _int(d["decode_num_workers"])
             c = _int(d["decode_batch_size"]) * dp * dec
+            if d["prefill_tp_size"].strip():
+                pf = _layout(_int(d["prefill_tp_size"]), _int(d["prefill_attention_dp_size"]),
+                             _int(d["prefill_moe_tp_size"]), _int(d["prefill_moe_ep_size"]))
         out.append(Point(r["id"], r["backend"], model, r["mode"], int(r["isl"]), int(r["osl"]),
                          int(given.group(1)) if given else c, tp, dp, ep, pre, dec,
+                         pf if pf != (tp, dp, ep) else (0, 0, 0),
                          float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"])))
     return out
 
@@ -157,8 +164,10 @@ def load(path: Path) -> list[Point]:
 def engine_timing(p: Point) -> ModelTiming:
     """The modelled engine a row runs on (module docstring: the assumptions)."""
     prof = PROFILES[PROFILE_OF[p.backend]]
+    ptp, pdp, pep = p.prefill_layout
     return ModelTiming(p.model, "h200", "fp8", tp=p.tp, dp=p.dp, ep=p.ep,
-                       disagg_prefill=p.prefill, disagg_decode=p.decode, profile=prof.name,
+                       disagg_prefill=p.prefill, disagg_decode=p.decode, prefill_tp=ptp, prefill_dp=pdp, prefill_ep=pep,
+                       profile=prof.name,
                        enable_prefix_caching=False, router="least-queue")
 
 
@@ -247,6 +256,8 @@ def rows_table(scored: Sequence[Scored]) -> str:
     for s in scored:
         p = s.point
         layout = f"tp{p.tp} dp{p.dp} ep{p.ep}" + (f" P{p.prefill}:D{p.decode}" if p.mode == "disagg" else "")
+        if any(p.prefill_layout):
+            layout += " P:tp{}dp{}ep{}".format(*p.prefill_layout)
         lines.append(f"{p.group:<28} {p.isl:>5}/{p.osl:<4} {p.concurrency:>5} {layout:<22} {p.ttft_ms:>9.0f} "
                      f"{s.ttft_ms:>9.0f} {s.ratios[0]:>6.2f} {p.tpot_ms:>9.1f} {s.tpot_ms:>7.1f} {s.ratios[1]:>6.2f}")
     return "\n".join(lines)
@@ -259,7 +270,7 @@ FITTED: dict[str, tuple[str, int]] = {
     "vllm/sglang.tp_skew_cap_tp": ("vLLM Llama-3.1-70B and SGLang DeepSeek aggregated TPOT (TP8 rows)", 105),
     "trtllm.mla_layer_us": ("TRT-LLM DeepSeek aggregated TPOT, with ep_a2a_scale on a grid", 88),
     "trtllm.ep_a2a_scale": ("TRT-LLM DeepSeek aggregated TPOT, with mla_layer_us on a grid", 88),
-    "trtllm.disagg_handoff_ms": ("TRT-LLM DeepSeek disaggregated TTFT at C <= 64, median gap", 35),
+    "trtllm.disagg_handoff_ms": ("TRT-LLM DeepSeek disaggregated TTFT at C <= 64, median gap (per-pool layouts)", 35),
     "sglang.disagg_handoff_ms": ("SGLang DeepSeek disaggregated TTFT at C <= 64, median gap", 40),
 }
 
