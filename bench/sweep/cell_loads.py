@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.analysis.capacity import LoadJudgement, Probe, judge_load
+from bench_llm.analysis.capacity_client import client_limit
 from bench_llm.analysis.capacity_saturation import Saturation, closed_loop_plateau
 from bench_llm.analysis.capacity_steady import LIFETIMES
 from bench_llm.bench.sweep import store
@@ -25,6 +26,7 @@ from bench_llm.bench.sweep.cell_outcome import (
     logs_tail,
     workload_columns,
 )
+from bench_llm.bench.sweep.cell_repeats import run_repeats
 from bench_llm.bench.sweep.cell_search import gap_search, prior_loads, seeded_capacity_search
 from bench_llm.bench.sweep.engines import alive, reset_prefix_cache
 from bench_llm.bench.sweep.loads import Load, run_load
@@ -78,6 +80,9 @@ class WorkloadLoads:
     #: cell, ``CellRunner.run``): the searches go on from them
     prior: list[dict[str, Any]] | None = None
     seq: int = 0
+    #: a repeat search's run folders and points file (bench/sweep/cell_repeats.py)
+    label_prefix: str = ""
+    points_file: str = store.POINTS_FILE
 
     def __post_init__(self) -> None:
         self.seq = len(self.prior or ())  # a later load never reuses an earlier one's prompts (Load.seq)
@@ -99,7 +104,7 @@ class WorkloadLoads:
         ``workers``: client processes for this run (None: the sweep's)."""
         spec, runner, out = self.spec, self.runner, self.out
         # re-measurements of a load come after its repeats, and are labelled as further repeats
-        label = load.label(len(spec.cell_workloads) > 1, max(spec.repeats, load.repeat + 1))
+        label = self.label_prefix + load.label(len(spec.cell_workloads) > 1, max(spec.repeats, load.repeat + 1))
         run_dir = store.load_dir(runner.sweep_dir, self.cell_id, label)
         out.prefix_cache_reset = "fresh engine (virtual time)" if self.virtual else reset_prefix_cache(spec.engine, self.url)
         warmup = spec.loads.warmup if self.first else 0
@@ -107,8 +112,9 @@ class WorkloadLoads:
         t = time.monotonic()
         metrics, sat, interrupted = self._run_load(load, label, run_dir, warmup, workers)
         row = self._point_row(load, label, run_dir, warmup, metrics, sat, interrupted)
+        row["client_workers"] = workers or spec.workers  # (a client-limited load's lever: analysis/capacity_client.py)
         out.points.append(row)
-        store.write_points(runner.sweep_dir, self.cell_id, out.points)
+        store.write_points(runner.sweep_dir, self.cell_id, out.points, self.points_file)
         echo_point(runner.echo, self.index, self.cell_id, label, row, time.monotonic() - t)
         if interrupted:
             raise SweepInterrupted(self.cell_id)
@@ -356,12 +362,21 @@ class WorkloadLoads:
             "level": result.level,
             "note": result.note,
         }
+        if not self.label_prefix and self.prior is None and result.capacity_rps is not None and self.spec.slo:
+            if not run_repeats(self, result):  # fresh seeds: the interval (bench/sweep/cell_repeats.py)
+                return False
+        cap_json = out.capacity[w.tag]
+        rows = [p for p in out.points if p.get("workload") == w.tag]
+        limit = client_limit(rows, result.capacity_rps, result.upper_rps, self.spec.workers)
+        cap_json["client_limit"] = limit.as_json() if limit is not None else None
         echo(f"{index} {cell_id}: capacity {cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
-             + interval_text(result.interval_low_rps, result.interval_high_rps))  # fmt: skip
+             + interval_text(cap_json["interval_low_rps"], cap_json["interval_high_rps"]))  # fmt: skip
         if result.capacity_rps is not None and self.spec.slo:
             echo(f"{index} {cell_id}: {confirmation_text(confirmed, float(self.spec.confidence))}")
         if result.undecided:
             echo(f"{index} {cell_id}: {result.note}")
+        if limit is not None:
+            echo(f"{index} {cell_id}: {limit.text()}")
         return True
 
     def long_window(self) -> float:

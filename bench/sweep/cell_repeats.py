@@ -1,0 +1,92 @@
+"""Repeat capacity searches with fresh workload seeds (``loads.capacity_repeats``): the
+capacity's interval is their prediction interval (analysis/capacity_repeats.py,
+docs/sweeps.md: Capacity and its interval).
+
+Each repeat is the cell's whole capacity search again (the one-at-a-time baseline reused),
+its loads seeded apart from the main search's and from any other seed's (``SEQ_STRIDE``), its
+run folders prefixed ``seed<k>-`` and its points kept in ``repeat-<k>-points.parquet``, so the
+cell's own points, verdicts and table are the main search's alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench_llm.analysis.capacity import CapacityResult
+from bench_llm.analysis.capacity_repeats import REPEAT_POINTS, with_repeats
+from bench_llm.bench.sweep.cell_outcome import CellOutcome
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from bench_llm.bench.sweep.cell_loads import WorkloadLoads
+    from bench_llm.bench.sweep.spec import SweepSpec
+    from bench_llm.bench.virtual import VirtualEngine
+    from bench_llm.launch.config import ParallelConfig
+    from bench_llm.loadgen.otlp import OtlpReceiver
+
+#: A repeat's loads number from k × SEQ_STRIDE (a load's seed is the workload seed + 1000 ×
+#: its number, bench/sweep/loads.py): no repeat shares prompts or arrivals with the main
+#: search, another repeat, or another workload seed's search.
+SEQ_STRIDE = 1000
+
+
+@dataclass
+class _QuietRunner:
+    """The cell as a repeat search sees it: its lines are not printed (one summary is)."""
+
+    spec: SweepSpec
+    sweep_dir: Path
+    sweep_id: str
+    progress: bool | None
+    otlp: OtlpReceiver | None
+    virtual: VirtualEngine | None
+    capacity_hint: Callable[[ParallelConfig, str], float | None] | None = None
+
+    def echo(self, line: str) -> None:
+        del line
+
+
+def run_repeats(loads: WorkloadLoads, result: CapacityResult) -> bool:
+    """Run ``loads.capacity_repeats`` repeat searches after the main one found ``result``; set
+    the capacity's interval from them (in ``loads.out.capacity``). False: the engine died."""
+    spec, runner, w = loads.spec, loads.runner, loads.w
+    cap = loads.out.capacity[w.tag]
+    count = spec.loads.capacity_repeats
+    if count < 1:
+        return True
+    baseline = [p for p in loads.out.points if p.get("workload") == w.tag and p.get("role") == "baseline"]
+    quiet = _QuietRunner(runner.spec, runner.sweep_dir, runner.sweep_id, False, runner.otlp, runner.virtual)
+    caps: list[float | None] = []
+    for k in range(1, count + 1):
+        sub = replace(
+            loads, runner=quiet, out=CellOutcome("complete", points=[]), first=False, prior=list(baseline),
+            label_prefix=f"seed{k}-", points_file=REPEAT_POINTS.format(k=k),
+        )  # fmt: skip
+        sub.seq = k * SEQ_STRIDE
+        if not sub.capacity_search():
+            loads.out.status, loads.out.reason = sub.out.status, sub.out.reason
+            loads.out.log_tail = sub.out.log_tail
+            return False
+        caps.append((sub.out.capacity.get(w.tag) or {}).get("capacity_rps"))
+    low, high, got = with_repeats(result.capacity_rps, result.interval_low_rps, result.interval_high_rps, caps,
+                                  spec.loads.capacity_precision)  # fmt: skip
+    cap.update(interval_low_rps=low, interval_high_rps=high, repeats=_repeats_json(caps, got))
+    if got is not None:
+        runner.echo(f"{loads.index} {loads.cell_id}: {got.text()}")
+    else:
+        runner.echo(f"{loads.index} {loads.cell_id}: the repeat searches found no capacity ({caps}): "
+                    "the interval is the one search's")  # fmt: skip
+    return True
+
+
+def _repeats_json(caps: list[float | None], got: Any) -> dict[str, Any]:
+    return {
+        "capacities": caps,
+        "level": got.level if got is not None else None,
+        "low": got.low if got is not None else None,
+        "high": got.high if got is not None else None,
+        "resolution": got.resolution if got is not None else None,
+    }
