@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench_llm.analysis.capacity_client import untrusted_confirmation
 from bench_llm.analysis.confidence import (
     CONFIDENCE,
     Verdict,
@@ -216,8 +217,8 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
     for its rate, **undecided** otherwise (docs/sweeps.md, Confidence)."""
     target = attainment_pct / 100.0
     trusted = [r for r in runs if not r.get("untrustworthy")]
-    if not trusted:
-        why = next((str(r["untrustworthy"]) for r in runs if r.get("untrustworthy")), "no run")
+    if not trusted or untrusted_confirmation(runs):
+        why = untrusted_confirmation(runs) or next((str(r["untrustworthy"]) for r in runs if r.get("untrustworthy")), "no run")
         return LoadJudgement("undecided", 0, 0, math.nan, math.nan, math.nan, False, f"untrustworthy: {why}", why)
     sat = any(bool(r.get("saturated")) for r in trusted)
     # runs long and steady enough to stand for the rate decide it alone once there are any

@@ -32,6 +32,17 @@ def client_limited(health: ClientHealth) -> str | None:
     return f"client-limited: bench's client was saturated in {health.saturated_windows} of {windows} windows"
 
 
+def untrusted_confirmation(runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a load's confirmation could not be measured truthfully (None: it could, or the load
+    has none): every ``confirm`` run of it untrustworthy. Such a load does not pass on its
+    shorter probe alone: the capacity is never placed at a load its confirmation could not
+    measure (docs/sweeps.md, Untrustworthy loads)."""
+    confirms = [r for r in runs if r.get("role") == "confirm"]
+    if not confirms or not all(r.get("untrustworthy") for r in confirms):
+        return None
+    return f"its confirmation could not be measured truthfully ({confirms[-1]['untrustworthy']})"
+
+
 @dataclass(frozen=True)
 class ClientLimit:
     """The capacity search stopped at a load the client could not offer: the capacity is a lower

@@ -26,7 +26,7 @@ from bench_llm.bench.sweep.cell_outcome import (
     logs_tail,
     workload_columns,
 )
-from bench_llm.bench.sweep.cell_repeats import run_repeats
+from bench_llm.bench.sweep.cell_repeats import host_load, run_repeats
 from bench_llm.bench.sweep.cell_search import gap_search, prior_loads, seeded_capacity_search
 from bench_llm.bench.sweep.engines import alive, reset_prefix_cache
 from bench_llm.bench.sweep.loads import Load, run_load
@@ -376,7 +376,7 @@ class WorkloadLoads:
         if result.undecided:
             echo(f"{index} {cell_id}: {result.note}")
         if limit is not None:
-            echo(f"{index} {cell_id}: {limit.text()}")
+            echo(f"{index} {cell_id}: {limit.text()}{host_load(cap_json['client_limit'])}")
         return True
 
     def long_window(self) -> float:

@@ -90,3 +90,19 @@ def _repeats_json(caps: list[float | None], got: Any) -> dict[str, Any]:
         "high": got.high if got is not None else None,
         "resolution": got.resolution if got is not None else None,
     }
+
+
+def host_load(limit: dict[str, Any]) -> str:
+    """The host's load average when a capacity was found client-limited (kept in ``limit``):
+    a client starved by other work on a shared host looks saturated too, and more client
+    processes do not help it."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    limit["host_load_average"] = round(load, 2)
+    cpus = os.cpu_count() or 1
+    busy = f": the host is busy (more runnable processes than its {cpus} CPUs), the client may be starved" if load > cpus else ""
+    return f" (host load average {load:.1f} on {cpus} CPUs{busy})"

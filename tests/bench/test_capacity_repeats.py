@@ -92,3 +92,20 @@ def test_a_capacity_below_a_client_limited_load_is_a_lower_bound_with_the_lever(
     assert client_limit(rows, 60.0, 90.0) is None
     # one truthful run of the load: not client-limited
     assert client_limit([*rows, row(120.0, None)], 60.0, None) is None
+
+
+def test_a_load_whose_confirmation_was_client_limited_does_not_pass_on_its_probe() -> None:
+    """Real vLLM on a busy host: the probe at 9.078 req/s passed on 100 requests, its 600-request
+    confirmation was client-limited in 10 of 10 windows, and the load passed on the probe alone."""
+    from bench_llm.analysis.capacity import judge_load
+
+    probe = {"role": "probe", "requests": 100, "met": 100, "attainment": 1.0, "saturated": False}
+    why = "client-limited: bench's client was saturated in 10 of 10 windows"
+    confirm = {"role": "confirm", "requests": 600, "met": 600, "attainment": 1.0, "saturated": False,
+               "untrustworthy": why}  # fmt: skip
+    assert judge_load([probe], 90.0).passed
+    j = judge_load([probe, confirm], 90.0)
+    assert j.undecided and j.untrustworthy and why in j.untrustworthy
+    # a confirmation measured again truthfully (twice the client processes) decides with the probe
+    again = {**confirm, "untrustworthy": None}
+    assert judge_load([probe, confirm, again], 90.0).passed
