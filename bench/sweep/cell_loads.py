@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.analysis.capacity import LoadJudgement, Probe, judge_load
 from bench_llm.analysis.capacity_client import client_limit
+from bench_llm.analysis.capacity_repeats import REPEAT_POINTS
 from bench_llm.analysis.capacity_saturation import Saturation, closed_loop_plateau
 from bench_llm.analysis.capacity_steady import LIFETIMES
 from bench_llm.bench.sweep import store
@@ -26,7 +27,7 @@ from bench_llm.bench.sweep.cell_outcome import (
     logs_tail,
     workload_columns,
 )
-from bench_llm.bench.sweep.cell_repeats import host_load, run_repeats
+from bench_llm.bench.sweep.cell_repeats import SEQ_STRIDE, host_load, run_repeats
 from bench_llm.bench.sweep.cell_search import gap_search, prior_loads, seeded_capacity_search
 from bench_llm.bench.sweep.engines import alive, reset_prefix_cache
 from bench_llm.bench.sweep.loads import Load, run_load
@@ -378,6 +379,15 @@ class WorkloadLoads:
         if limit is not None:
             echo(f"{index} {cell_id}: {limit.text()}{host_load(cap_json['client_limit'])}")
         return True
+
+    def repeat(self, k: int, runner: CellContext) -> WorkloadLoads:
+        """The k-th repeat of this capacity search (bench/sweep/cell_repeats.py): the baseline
+        reused, its own seeds (loads numbered from k × SEQ_STRIDE), run folders and points file."""
+        base = [p for p in self.out.points if p.get("workload") == self.w.tag and p.get("role") == "baseline"]
+        sub = replace(self, runner=runner, out=CellOutcome("complete", points=[]), first=False, prior=base,
+                      label_prefix=f"seed{k}-", points_file=REPEAT_POINTS.format(k=k))  # fmt: skip
+        sub.seq = k * SEQ_STRIDE
+        return sub
 
     def long_window(self) -> float:
         """``LIFETIMES`` lifetimes of a long request (E2E p90) at the passing rate loads of

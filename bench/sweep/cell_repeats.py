@@ -10,19 +10,18 @@ cell's own points, verdicts and table are the main search's alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.analysis.capacity import CapacityResult
-from bench_llm.analysis.capacity_repeats import REPEAT_POINTS, with_repeats
+from bench_llm.analysis.capacity_repeats import with_repeats
+from bench_llm.bench.sweep.cell_echo import Echo
 from bench_llm.bench.sweep.cell_outcome import CellOutcome
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from bench_llm.bench.sweep.cell_loads import WorkloadLoads
-    from bench_llm.bench.sweep.spec import SweepSpec
+    from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
     from bench_llm.bench.virtual import VirtualEngine
     from bench_llm.launch.config import ParallelConfig
     from bench_llm.loadgen.otlp import OtlpReceiver
@@ -33,23 +32,55 @@ if TYPE_CHECKING:
 SEQ_STRIDE = 1000
 
 
-@dataclass
-class _QuietRunner:
-    """The cell as a repeat search sees it: its lines are not printed (one summary is)."""
+class _Runner(Protocol):
+    """What a repeat reads of the cell that runs it (``bench.sweep.cell_loads.CellContext``)."""
 
     spec: SweepSpec
     sweep_dir: Path
     sweep_id: str
-    progress: bool | None
+    echo: Echo
     otlp: OtlpReceiver | None
     virtual: VirtualEngine | None
-    capacity_hint: Callable[[ParallelConfig, str], float | None] | None = None
-
-    def echo(self, line: str) -> None:
-        del line
 
 
-def run_repeats(loads: WorkloadLoads, result: CapacityResult) -> bool:
+class _Repeatable(Protocol):
+    """A workload's capacity search (``bench.sweep.cell_loads.WorkloadLoads``)."""
+
+    out: CellOutcome
+    index: str
+    cell_id: str
+    w: WorkloadSpec
+
+    @property
+    def spec(self) -> SweepSpec: ...
+
+    @property
+    def runner(self) -> _Runner: ...
+
+    def repeat(self, k: int, runner: _QuietRunner) -> _Repeatable: ...
+
+    def capacity_search(self) -> bool: ...
+
+
+class _QuietRunner:
+    """The cell as a repeat search sees it: its lines are not printed (one summary is)."""
+
+    def __init__(self, runner: _Runner) -> None:
+        self.spec: SweepSpec = runner.spec
+        self.sweep_dir: Path = runner.sweep_dir
+        self.sweep_id: str = runner.sweep_id
+        self.progress: bool | None = False
+        self.otlp: OtlpReceiver | None = runner.otlp
+        self.virtual: VirtualEngine | None = runner.virtual
+        self.capacity_hint: Callable[[ParallelConfig, str], float | None] | None = None
+        self.echo: Echo = _silent
+
+
+def _silent(line: str) -> None:
+    del line
+
+
+def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
     """Run ``loads.capacity_repeats`` repeat searches after the main one found ``result``; set
     the capacity's interval from them (in ``loads.out.capacity``). False: the engine died."""
     spec, runner, w = loads.spec, loads.runner, loads.w
@@ -57,15 +88,10 @@ def run_repeats(loads: WorkloadLoads, result: CapacityResult) -> bool:
     count = spec.loads.capacity_repeats
     if count < 1:
         return True
-    baseline = [p for p in loads.out.points if p.get("workload") == w.tag and p.get("role") == "baseline"]
-    quiet = _QuietRunner(runner.spec, runner.sweep_dir, runner.sweep_id, False, runner.otlp, runner.virtual)
+    quiet = _QuietRunner(runner)
     caps: list[float | None] = []
     for k in range(1, count + 1):
-        sub = replace(
-            loads, runner=quiet, out=CellOutcome("complete", points=[]), first=False, prior=list(baseline),
-            label_prefix=f"seed{k}-", points_file=REPEAT_POINTS.format(k=k),
-        )  # fmt: skip
-        sub.seq = k * SEQ_STRIDE
+        sub = loads.repeat(k, quiet)
         if not sub.capacity_search():
             loads.out.status, loads.out.reason = sub.out.status, sub.out.reason
             loads.out.log_tail = sub.out.log_tail
