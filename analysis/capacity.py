@@ -149,7 +149,8 @@ def capacity_from_probes(
     )
     notes = []
     if lower is None and probes:
-        notes.append(f"no probed rate met the SLOs (lowest tried {min(p.rate for p in probes):g} req/s)")
+        what = "was decided" if all(p.undecided for p in probes) else "met the SLOs"
+        notes.append(f"no probed rate {what} (lowest tried {min(p.rate for p in probes):g} req/s)")
     elif search_upper is None and probes:
         notes.append(f"every probed rate met the SLOs; capacity is at least {lower:g} req/s")
     for p in sorted((p for p in probes if p.undecided), key=lambda p: p.rate):

@@ -370,14 +370,15 @@ class WorkloadLoads:
         rows = [p for p in out.points if p.get("workload") == w.tag]
         limit = client_limit(rows, result.capacity_rps, result.upper_rps, self.spec.workers)
         cap_json["client_limit"] = limit.as_json() if limit is not None else None
-        echo(f"{index} {cell_id}: capacity {cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
-             + interval_text(cap_json["interval_low_rps"], cap_json["interval_high_rps"]))  # fmt: skip
+        if limit is not None:  # a lower bound (or nothing) the client could measure: it says so first
+            echo(f"{index} {cell_id}: {limit.text()}{host_load(cap_json['client_limit'])}")
+        else:
+            echo(f"{index} {cell_id}: capacity {cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
+                 + interval_text(cap_json["interval_low_rps"], cap_json["interval_high_rps"]))  # fmt: skip
         if result.capacity_rps is not None and self.spec.slo:
             echo(f"{index} {cell_id}: {confirmation_text(confirmed, float(self.spec.confidence))}")
         if result.undecided:
             echo(f"{index} {cell_id}: {result.note}")
-        if limit is not None:
-            echo(f"{index} {cell_id}: {limit.text()}{host_load(cap_json['client_limit'])}")
         return True
 
     def repeat(self, k: int, runner: CellContext) -> WorkloadLoads:
