@@ -20,14 +20,22 @@ from typing import Any
 
 from bench_llm.analysis.summary_types import ClientHealth
 
-#: A run whose client was saturated in at least this share of its time windows is client-limited.
+#: A run whose client was saturated in at least this share of its time windows is client-limited...
 CLIENT_LIMITED_SHARE = 0.5
+#: ...when it has at least this many windows (a run of a few seconds, one or two windows, is
+#: judged by the lag rules alone, analysis/capacity_saturation.untrustworthy: one starved
+#: second of a busy host is not a client that cannot offer the load)
+CLIENT_LIMITED_MIN_WINDOWS = 5
 
 
 def client_limited(health: ClientHealth) -> str | None:
     """Why a run is client-limited (None: it is not)."""
     windows = len(health.windows)
-    if not health.saturated or not windows or health.saturated_windows < CLIENT_LIMITED_SHARE * windows:
+    if (
+        not health.saturated
+        or windows < CLIENT_LIMITED_MIN_WINDOWS
+        or health.saturated_windows < CLIENT_LIMITED_SHARE * windows
+    ):
         return None
     return f"client-limited: bench's client was saturated in {health.saturated_windows} of {windows} windows"
 

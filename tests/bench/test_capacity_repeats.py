@@ -75,6 +75,7 @@ def test_a_run_whose_client_was_saturated_in_most_windows_is_client_limited() ->
     assert client_limited(_health(9, 10)) == "client-limited: bench's client was saturated in 9 of 10 windows"
     assert client_limited(_health(1, 10)) is None
     assert client_limited(_health(0, 10)) is None
+    assert client_limited(_health(1, 2)) is None  # a run of two windows: the lag rules alone judge it
 
 
 def test_a_capacity_below_a_client_limited_load_is_a_lower_bound_with_the_lever() -> None:
