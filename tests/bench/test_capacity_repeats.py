@@ -110,3 +110,24 @@ def test_a_load_whose_confirmation_was_client_limited_does_not_pass_on_its_probe
     # a confirmation measured again truthfully (twice the client processes) decides with the probe
     again = {**confirm, "untrustworthy": None}
     assert judge_load([probe, confirm, again], 90.0).passed
+
+
+def test_too_close_to_call_uses_the_repeats_interval_against_a_target() -> None:
+    """A smaller configuration whose probe bracket failed below the target but whose interval
+    over the workload seeds reaches it may meet the target on another seed: too close to call."""
+    from bench_llm.analysis.recommend_choice import target_separation
+    from bench_llm.analysis.recommend_types import Configuration, Pick
+
+    def cfg(cell: str, gpus: int, lo: float, hi: float, high: float | None, seeds: int | None, axes: int = 1) -> Configuration:
+        return Configuration.from_json({"cell_id": cell, "gpus": gpus, "axes": axes, "kind": "rate", "capacity_rps": lo, "upper_rps": hi,
+                                        "interval_low_rps": lo * 0.95, "interval_high_rps": high,
+                                        "interval_seeds": seeds})  # fmt: skip
+
+    big = cfg("tp2-dp2", 4, 46.1, 46.8, None, None, axes=2)
+    pick = Pick.from_json({"cell_id": "tp2-dp2", "gpus": 4})
+    reaches = [cfg("tp4", 4, 36.5, 37.2, 38.9, 3), big]  # failed at 37.2, but seeds reach 38.9
+    sep = target_separation(reaches, pick, 38.0)
+    assert sep is not None and not sep.separated and "another seed's capacity may reach 38.9" in sep.text
+    below = [cfg("tp4", 4, 30.3, 30.6, 31.5, 3), big]
+    sep = target_separation(below, pick, 38.0)
+    assert sep is not None and sep.separated and "another seed's capacity lies below 31.5" in sep.text
