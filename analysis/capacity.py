@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench_llm.analysis.capacity_client import untrusted_confirmation
 from bench_llm.analysis.confidence import (
     CONFIDENCE,
     Verdict,
@@ -149,7 +150,8 @@ def capacity_from_probes(
     )
     notes = []
     if lower is None and probes:
-        notes.append(f"no probed rate met the SLOs (lowest tried {min(p.rate for p in probes):g} req/s)")
+        what = "was decided" if all(p.undecided for p in probes) else "met the SLOs"
+        notes.append(f"no probed rate {what} (lowest tried {min(p.rate for p in probes):g} req/s)")
     elif search_upper is None and probes:
         notes.append(f"every probed rate met the SLOs; capacity is at least {lower:g} req/s")
     for p in sorted((p for p in probes if p.undecided), key=lambda p: p.rate):
@@ -235,8 +237,8 @@ def judge_load(runs: Sequence[Mapping[str, Any]], attainment_pct: float, level: 
     for its rate, **undecided** otherwise (docs/sweeps.md, Confidence)."""
     target = attainment_pct / 100.0
     trusted = [r for r in runs if not r.get("untrustworthy")]
-    if not trusted:
-        why = next((str(r["untrustworthy"]) for r in runs if r.get("untrustworthy")), "no run")
+    if not trusted or untrusted_confirmation(runs):
+        why = untrusted_confirmation(runs) or next((str(r["untrustworthy"]) for r in runs if r.get("untrustworthy")), "no run")
         return LoadJudgement("undecided", 0, 0, math.nan, math.nan, math.nan, False, f"untrustworthy: {why}", why)
     sat = any(bool(r.get("saturated")) for r in trusted)
     # runs long and steady enough to stand for the rate decide it alone once there are any

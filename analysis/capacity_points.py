@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from bench_llm.analysis.capacity_client import client_limited
 from bench_llm.analysis.capacity_saturation import admission_rejections, nanmedian, span_rate, untrustworthy
 from bench_llm.analysis.capacity_steady import (
     design_effect,
@@ -105,6 +106,9 @@ class PointMetrics:
     under_sampled: str | None
     client_saturated: bool
     untrustworthy: str | None
+    #: why the client's saturation makes this run client-limited (analysis/capacity_client.py;
+    #: also in ``untrustworthy``); None: it is not
+    client_limited: str | None = None
     #: judged per job (a job bound in the SLO, analysis/jobs.py): the jobs judged; ``met`` counts jobs then
     jobs: float = _NAN
     server_queue_time_mean_ms: float = _NAN
@@ -230,15 +234,22 @@ def request_point_metrics(
         miss_share=miss_share,
         under_sampled=short,
         client_saturated=health.saturated,
-        untrustworthy=untrustworthy(
-            totals.anomalies, totals.measured, health, slo, measured_offered, lag_p50, run.meta.get("clock")
+        untrustworthy=_either(
+            untrustworthy(totals.anomalies, totals.measured, health, slo, measured_offered, lag_p50, run.meta.get("clock")),
+            client_limited(health),
         ),
+        client_limited=client_limited(health),
         **{f"server_{key}": float(sig.get(key, _NAN)) for key in _SERVER_SIGNALS},
         prompt_ratio_p50=lengths.ratio_p50,
         prompt_exact_share=lengths.exact_share,
         prompt_approximate=approximate_prompts(lengths, words=_word_prompts(okdf)),
         more_requests_needed=more,
     )
+
+
+def _either(*why: str | None) -> str | None:
+    """The reasons given, joined (None: none)."""
+    return "; ".join(dict.fromkeys(w for w in why if w)) or None
 
 
 def _word_prompts(okdf: pd.DataFrame) -> bool:

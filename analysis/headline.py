@@ -74,6 +74,10 @@ def _interval(cfg: Configuration | None, pick: Pick) -> tuple[tuple[float | None
         return (lo / gpus, None), "lower bound: no tested load failed"
     low = _num(cfg.capacity.interval_low_rps) if cfg is not None else None
     high = _num(cfg.capacity.interval_high_rps) if cfg is not None else None
+    seeds = cfg.capacity.interval_seeds if cfg is not None else None
+    if low is not None and seeds:  # (docs/sweeps.md, Capacity and its interval: its measured coverage)
+        high = high if high is not None else hi
+        return (low / gpus, high / gpus), f"interval: another workload seed's capacity, 90% over {seeds} seeds"
     if low is not None and low < lo:  # (docs/sweeps.md, Confidence: its measured coverage)
         high = high if high is not None else hi
         return (low / gpus, high / gpus), "interval: loads decided with a margin either side"

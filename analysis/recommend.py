@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench_llm.analysis.capacity_repeats import cell_interval, load_repeat_points
 from bench_llm.analysis.confidence import CONFIDENCE
 from bench_llm.analysis.recommend_choice import choose, per_gpu_separation, same_gpus_tradeoffs, target_separation
 from bench_llm.analysis.recommend_diagnosis import Diagnosis, diagnose_cell, swept_causes, tried_levers
@@ -48,6 +49,7 @@ from bench_llm.analysis.recommend_io import (
     judging_settings,
     load_points,
     read_cells,
+    rescore_point,
     resume_command,
     sweep_settings,
 )
@@ -64,6 +66,7 @@ from bench_llm.analysis.recommend_types import (
     Separation,
     WorkloadRecommendation,
 )
+from bench_llm.analysis.slo import SLO
 from bench_llm.results.schema import MODEL_ERROR_SOURCE, model_error_column
 
 
@@ -109,10 +112,14 @@ def recommend(
 
     if points.empty:
         return result({}, None)
+    repeats = load_repeat_points(sweep)  # the capacity intervals' repeat searches (analysis/capacity_repeats.py)
+    if not repeats.empty and (slo is not None or rejudged):
+        repeats = pd.DataFrame([rescore_point(sweep, r, SLO.from_dict(slo_used)) for r in repeats.to_dict("records")])
     workloads = {
         w: _recommend_workload(
             points[points["workload"] == w], cell_list, slo_used, att, target, target_c, precision, level,
             resume_command(sweep, slo_used) if slo_used else "",
+            repeats[repeats["workload"] == w] if not repeats.empty else repeats,
         )
         for w in dict.fromkeys(points["workload"].dropna())
     }  # fmt: skip
@@ -133,10 +140,11 @@ def _recommend_workload(
     precision: float | None,
     level: float = CONFIDENCE,
     resume: str = "",
+    repeats: pd.DataFrame | None = None,
 ) -> WorkloadRecommendation:
     status = {c.cell_id: c.status for c in cells}
     configs = [
-        _configuration(str(cell_id), g, slo, att, precision, level)
+        _configuration(str(cell_id), g, slo, att, precision, level, _of_cell(repeats, str(cell_id)))
         for cell_id, g in points.groupby("cell_id", sort=False)
         if status.get(str(cell_id)) in (None, "complete")
     ]
@@ -206,15 +214,25 @@ def _recommend_workload(
     )  # fmt: skip
 
 
+def _of_cell(repeats: pd.DataFrame | None, cell_id: str) -> pd.DataFrame:
+    if repeats is None or repeats.empty or "cell_id" not in repeats:
+        return pd.DataFrame()
+    return repeats[repeats["cell_id"] == cell_id]
+
+
 def _configuration(
-    cell_id: str, g: pd.DataFrame, slo: dict[str, float], att: float, precision: float | None, level: float
+    cell_id: str, g: pd.DataFrame, slo: dict[str, float], att: float, precision: float | None, level: float,
+    repeats: pd.DataFrame | None = None,
 ) -> Configuration:
-    """One configuration of the recommendation: its capacity, diagnosis, lightest load and
-    every load's pooled verdict."""
+    """One configuration of the recommendation: its capacity (its interval from the cell's
+    repeat searches, ``repeats``, when it has them), diagnosis, lightest load and every load's
+    pooled verdict."""
     gpus = int(g["gpus"].iloc[0])
     axes = int(g["axes"].iloc[0]) if "axes" in g else 0
     pooled = pooled_loads(g, att, level)  # once per cell: the capacity and the diagnosis read it too
     cap = cell_capacity(g, att, precision, level, pooled)
+    if repeats is not None and not repeats.empty:
+        cap = cell_interval(cap, repeats, att, level)
     diag = diagnose_cell(g, slo, att, level, pooled) if slo else Diagnosis("unknown", "no SLO given", {})
     base = pooled.iloc[0] if len(pooled) else None
     return Configuration(

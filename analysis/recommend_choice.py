@@ -47,17 +47,17 @@ def target_separation(configs: list[Configuration], rec: Pick | None, target: fl
     if not short:
         return None
     runner = max(short, key=lambda c: c.capacity_rps or 0.0)
-    open_ = [c for c in short if c.upper_rps is None or c.upper_rps > target + 1e-9 or _model_top(c) > target + 1e-9]
+    open_ = [c for c in short if _top(c) is None or _top(c) > target + 1e-9 or _model_top(c) > target + 1e-9]  # type: ignore[operator]
     name = rec.cell_id if rec is not None else "no configuration"
     if not open_:
-        return Separation(
-            runner.cell_id,
-            True,
-            f"{name} is separated from {runner.cell_id}: {runner.cell_id} failed at "
-            f"{runner.upper_rps:.4g} req/s, at or below the target {target:g}",
-        )
+        why = (f"failed at {runner.upper_rps:.4g} req/s" if runner.capacity.interval_seeds is None
+               else f"another seed's capacity lies below {_top(runner):.4g} req/s")  # fmt: skip
+        return Separation(runner.cell_id, True, f"{name} is separated from {runner.cell_id}: {runner.cell_id} {why}, "
+                          f"at or below the target {target:g}")  # fmt: skip
     c = max(open_, key=lambda c: c.capacity_rps or 0.0)
     fails = f"failed only at {c.upper_rps:.4g} req/s" if c.upper_rps else "no load failed"
+    if c.capacity.interval_seeds and _top(c) is not None:
+        fails = f"another seed's capacity may reach {_top(c):.4g} req/s ({c.capacity.interval_seeds} seeds)"
     if _model_top(c) > target + 1e-9:  # a simulated capacity: a measured engine may do better by the model's error
         fails += f"; with the simulated engine's error ±{(c.model_error or 0.0):.1%} it may reach {_model_top(c):.4g}"
     return Separation(
@@ -66,6 +66,12 @@ def target_separation(configs: list[Configuration], rec: Pick | None, target: fl
         f"{name} and {c.cell_id} are too close to call at {target:g} req/s ({c.cell_id} passed "
         f"{c.capacity_rps:.4g} req/s and {fails}: it may meet the target too)",
     )
+
+
+def _top(c: Configuration) -> float | None:
+    """The top of a configuration's capacity interval (the repeats' or margin-decided,
+    docs/sweeps.md), else of its probe bracket: "too close to call" uses the intervals."""
+    return c.capacity.interval_high_rps if c.capacity.interval_high_rps is not None else c.upper_rps
 
 
 def _per_gpu_bracket(c: Configuration) -> tuple[float | None, float | None]:

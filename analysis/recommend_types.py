@@ -98,6 +98,9 @@ class CellCapacity(ToJson):
     #: (analysis.capacity.CapacityResult); None where no load was
     interval_low_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
     interval_high_rps: float | None = field(default=None, metadata=_of_kinds("rate"))
+    #: the interval is a prediction interval over this many workload seeds' capacity
+    #: searches (analysis/capacity_repeats.py); None: the one search's margin-decided interval
+    interval_seeds: int | None = field(default=None, metadata=OMIT_NONE)
     precision: float | None = field(default=None, metadata=_of_kinds("rate"))
     achieved_precision: float | None = field(default=None, metadata=_of_kinds("rate"))
     converged: bool | None = field(default=None, metadata=_of_kinds("rate"))

@@ -12,8 +12,11 @@ sweep (8B, 2 H100s, TP1/TP2, ``--workload chat``), in virtual time (deterministi
    least 0.85 (the sweep is not too cautious either).
 
 ``--seeds 0-7`` adds the coverage of the printed intervals: the sweep again at each workload
-seed; for every pair of seeds (i, j), does seed i's printed interval [capacity, upper) hold
-seed j's capacity? Prints the share per job.
+seed; for every pair of seeds (i, j), does seed i's printed interval [interval_low,
+interval_high) (in virtual time the 90 % prediction interval over the sweep's own repeat
+searches, analysis/capacity_repeats.py) hold seed j's capacity? Prints the share per job
+(docs/sweeps.md, Measured coverage). Each sweep repeats its searches on two more seeds, so a
+seed costs about three searches of CPU (the README job about 30 s, the chat sweep minutes).
 
     python benchmarks/capacity_verdict.py                 # the table (a few minutes of CPU)
     python benchmarks/capacity_verdict.py --seeds 0-7     # and the coverage (more minutes)

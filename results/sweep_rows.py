@@ -319,12 +319,20 @@ class CapacityRecord:
     #: a search's confirmation load (None: none held, or none was made)
     confirmation: Confirmation | None = None
     judged: Judging | None = None
+    #: the repeat searches on fresh workload seeds behind the interval (bench/sweep/cell_repeats.py)
+    repeats: Mapping[str, Any] | None = None
+    #: the load above which bench's client could not measure truthfully (analysis/capacity_client.py)
+    client_limit: Mapping[str, Any] | None = None
     #: which optional keys the record has on disk (a search that stopped at its baseline has
     #: no interval, level, undecided or confirmation keys)
     keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def with_judged(self, judged: Judging) -> CapacityRecord:
         return replace(self, judged=judged, keys=self.keys | {"judged"})
+
+    def with_extra(self, **values: Any) -> CapacityRecord:
+        """The record with optional keys set (and written): the interval, repeats, client limit."""
+        return replace(self, keys=self.keys | set(values), **values)
 
     def to_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"method": self.method, "capacity_rps": self.capacity_rps, "upper_rps": self.upper_rps,
@@ -337,6 +345,8 @@ class CapacityRecord:
             "level": self.level,
             "confirmation": self.confirmation.to_row() if self.confirmation is not None else None,
             "judged": self.judged.to_row() if self.judged is not None else None,
+            "repeats": dict(self.repeats) if self.repeats is not None else None,
+            "client_limit": dict(self.client_limit) if self.client_limit is not None else None,
         }
         row.update({k: v for k, v in optional.items() if k in self.keys})
         return row
@@ -360,15 +370,18 @@ class CapacityRecord:
             level=_opt_float(d.get("level")),
             confirmation=Confirmation.from_row(conf) if isinstance(conf, Mapping) else None,
             judged=Judging.from_row(judged) if isinstance(judged, Mapping) else None,
+            repeats=dict(d["repeats"]) if isinstance(d.get("repeats"), Mapping) else None,
+            client_limit=dict(d["client_limit"]) if isinstance(d.get("client_limit"), Mapping) else None,
             keys=frozenset(k for k in _CAPACITY_OPTIONAL if k in d),
         )
 
 
-_CAPACITY_OPTIONAL = ("interval_low_rps", "interval_high_rps", "undecided", "level", "confirmation", "judged")
+_CAPACITY_OPTIONAL = ("interval_low_rps", "interval_high_rps", "undecided", "level", "confirmation", "judged",
+                      "repeats", "client_limit")
 
 
 def capacity_record(
-    method: str, *, optional: tuple[str, ...] = _CAPACITY_OPTIONAL[:-1], **values: Any
+    method: str, *, optional: tuple[str, ...] = _CAPACITY_OPTIONAL[:5], **values: Any
 ) -> CapacityRecord:
     """A record with the optional keys ``optional`` written (the rest of ``values`` are fields)."""
     return CapacityRecord(method=method, keys=frozenset(optional), **values)

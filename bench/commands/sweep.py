@@ -125,6 +125,7 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--capacity-start", type=float, help="First rate the first cell's capacity search probes (in real time later cells start from what earlier ones found; default: 2x the one-at-a-time rate).")
 @click.option("--precision", type=float, help="Capacity search: stop when the bracket is within this fraction. [default: 0.1]")
 @click.option("--max-probes", type=int, help="Capacity search: most loads per cell. [default: 8]")
+@click.option("--capacity-repeats", type=int, help="Capacity search: repeat it with this many fresh workload seeds; the capacity's interval is their 90% prediction interval (docs/sweeps.md). [default: 0; 2 in virtual time]")
 @click.option("--requests", "n_requests", type=int, help="Measured requests per load (at least). [default: 30]")
 @click.option("--warmup", type=int, help="Warm-up requests per cell (recorded, excluded). [default: 4]")
 @click.option("--min-window", type=float, help="Rate loads send for at least this many seconds (default: capacity: 8x one-at-a-time latency).")
@@ -355,6 +356,7 @@ _LOAD_FLAGS = {
     "capacity_start": "capacity_start",
     "precision": "capacity_precision",
     "max_probes": "capacity_max_probes",
+    "capacity_repeats": "capacity_repeats",
     "n_requests": "requests",
     "warmup": "warmup",
     "min_window": "min_window_s",

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.analysis.capacity import LoadJudgement, Probe, judge_load
+from bench_llm.analysis.capacity_client import client_limit
+from bench_llm.analysis.capacity_repeats import REPEAT_POINTS
 from bench_llm.analysis.capacity_saturation import closed_loop_plateau
 from bench_llm.analysis.capacity_steady import LIFETIMES
 from bench_llm.bench.sweep import store
@@ -25,6 +27,7 @@ from bench_llm.bench.sweep.cell_outcome import (
     logs_tail,
     workload_columns,
 )
+from bench_llm.bench.sweep.cell_repeats import SEQ_STRIDE, host_load, run_repeats
 from bench_llm.bench.sweep.cell_search import gap_search, prior_loads, seeded_capacity_search
 from bench_llm.bench.sweep.engines import alive, reset_prefix_cache
 from bench_llm.bench.sweep.loads import Load, Measured, run_load
@@ -52,6 +55,10 @@ WINDOW_E2E_MULTIPLE = 8.0
 MAX_REMEASURES = 3
 #: Most confirmation loads per capacity search: each failed one moves the search below it.
 MAX_CONFIRMATIONS = 3
+#: In real time a confirmation sends for at least this long (seconds), whatever
+#: ``loads.max_requests``: real vLLM passed 600 requests (4.5 s) at 132.8 req/s and met 2 % over
+#: 60 s, its queue still building (docs/sweeps.md). Virtual time confirms with max_requests (4,000).
+CONFIRM_MIN_S = 60.0
 
 
 class CellContext(Protocol):
@@ -88,6 +95,9 @@ class WorkloadLoads:
     #: cell, ``CellRunner.run``): the searches go on from them
     prior: list[PointRow] | None = None
     seq: int = 0
+    #: a repeat search's run folders and points file (bench/sweep/cell_repeats.py)
+    label_prefix: str = ""
+    points_file: str = store.POINTS_FILE
 
     def __post_init__(self) -> None:
         self.seq = len(self.prior or ())  # a later load never reuses an earlier one's prompts (Load.seq)
@@ -109,7 +119,7 @@ class WorkloadLoads:
         ``workers``: client processes for this run (None: the sweep's)."""
         spec, runner, out = self.spec, self.runner, self.out
         # re-measurements of a load come after its repeats, and are labelled as further repeats
-        label = load.label(len(spec.cell_workloads) > 1, max(spec.repeats, load.repeat + 1))
+        label = self.label_prefix + load.label(len(spec.cell_workloads) > 1, max(spec.repeats, load.repeat + 1))
         run_dir = store.load_dir(runner.sweep_dir, self.cell_id, label)
         remote = self.runner.remote
         out.prefix_cache_reset = ("fresh engine (virtual time)" if self.virtual else remote.reset_note if remote
@@ -119,9 +129,11 @@ class WorkloadLoads:
         t = time.monotonic()
         measured = self._run_load(load, label, run_dir, warmup, workers)
         row = self._point_row(load, label, run_dir, warmup, measured)
+        # a client-limited load's lever: analysis/capacity_client.py
+        row = row.with_metrics({**row.metrics, "client_workers": workers or spec.workers})
         interrupted = measured.interrupted
         out.points.append(row)
-        store.write_points(runner.sweep_dir, self.cell_id, out.points)
+        store.write_points(runner.sweep_dir, self.cell_id, out.points, self.points_file)
         echo_point(runner.echo, self.index, self.cell_id, label, row, time.monotonic() - t)
         if interrupted:
             raise SweepInterrupted(self.cell_id)
@@ -367,13 +379,33 @@ class WorkloadLoads:
             level=result.level,
             note=result.note,
         )
-        echo(f"{index} {cell_id}: capacity {cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
-             + interval_text(result.interval_low_rps, result.interval_high_rps))  # fmt: skip
+        if not self.label_prefix and self.prior is None and result.capacity_rps is not None and self.spec.slo:
+            if not run_repeats(self, result):  # fresh seeds: the interval (bench/sweep/cell_repeats.py)
+                return False
+        rows = [p.to_row() for p in out.points if p.workload.workload == w.tag]
+        limit = client_limit(rows, result.capacity_rps, result.upper_rps, self.spec.workers)
+        record = out.capacity[w.tag]
+        if limit is not None:  # a lower bound (or nothing) the client could measure: it says so first
+            held = limit.as_json()
+            echo(f"{index} {cell_id}: {limit.text()}{host_load(held)}")
+            out.capacity[w.tag] = record.with_extra(client_limit=held)
+        else:
+            echo(f"{index} {cell_id}: capacity {cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
+                 + interval_text(record.interval_low_rps, record.interval_high_rps))  # fmt: skip
         if result.capacity_rps is not None and self.spec.slo:
             echo(f"{index} {cell_id}: {confirmation_text(confirmed, float(self.spec.confidence))}")
         if result.undecided:
             echo(f"{index} {cell_id}: {result.note}")
         return True
+
+    def repeat(self, k: int, runner: CellContext) -> WorkloadLoads:
+        """The k-th repeat of this capacity search (bench/sweep/cell_repeats.py): the baseline
+        reused, its own seeds (loads numbered from k × SEQ_STRIDE), run folders and points file."""
+        base = [p for p in self.out.points if p.workload.workload == self.w.tag and p.role == "baseline"]
+        sub = replace(self, runner=runner, out=CellOutcome("complete", points=[]), first=False, prior=base,
+                      label_prefix=f"seed{k}-", points_file=REPEAT_POINTS.format(k=k))  # fmt: skip
+        sub.seq = k * SEQ_STRIDE
+        return sub
 
     def long_window(self) -> float:
         """``LIFETIMES`` lifetimes of a long request (E2E p90) at the passing rate loads of
@@ -397,6 +429,8 @@ class WorkloadLoads:
             and p.measured and abs(p.load.value - rate) < 1e-9
         ]  # fmt: skip
         n = self.spec.loads.max_requests
+        if self.virtual is None:
+            n = max(n, math.ceil(rate * CONFIRM_MIN_S))
         self.runner.echo(f"{self.index} {self.cell_id}: confirming {rate:g} req/s: {n} requests, a fresh seed")
         before = len(self.out.points)
         j = self.measure_pooled("rate", rate, "confirm", n, prior)

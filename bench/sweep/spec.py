@@ -58,6 +58,7 @@ VIRTUAL_LOAD_DEFAULTS: dict[str, Any] = {
     "max_requests": 4000,
     "capacity_precision": 0.02,
     "capacity_max_probes": 12,
+    "capacity_repeats": 2,
 }
 
 
@@ -155,6 +156,10 @@ class LoadSpec:
     #: Stop bisecting when (upper - lower) <= precision × lower.
     capacity_precision: float = 0.1
     capacity_max_probes: int = 8
+    #: Repeat searches with fresh workload seeds after the capacity is found: the capacity
+    #: interval is their prediction interval (analysis/capacity_repeats.py). 0: the one
+    #: search's margin-decided interval. Virtual time: 2 (they cost CPU only).
+    capacity_repeats: int = 0
     capacity_max_rate: float = 1000.0
     capacity_min_rate: float = 0.01
     #: Measured requests per load (at least; see min_window_s).
@@ -190,6 +195,8 @@ class LoadSpec:
             raise SweepSpecError("loads.capacity_precision must be between 0 and 1 (a fraction, e.g. 0.1)")
         if self.capacity_max_probes < 2:
             raise SweepSpecError("loads.capacity_max_probes must be at least 2")
+        if isinstance(self.capacity_repeats, bool) or not isinstance(self.capacity_repeats, int) or self.capacity_repeats < 0:
+            raise SweepSpecError("loads.capacity_repeats must be a whole number >= 0")
         if not 0 < self.capacity_min_rate < self.capacity_max_rate:
             raise SweepSpecError("loads: need 0 < capacity_min_rate < capacity_max_rate")
         if self.requests < 1:

@@ -83,7 +83,7 @@ def read_cells(sweep: Path) -> list[dict[str, Any]]:
     return [] if table is None else table.to_pylist()  # type: ignore[no-any-return]
 
 
-def write_points(sweep: Path, cell_id: str, points: list[PointRow]) -> None:
+def write_points(sweep: Path, cell_id: str, points: list[PointRow], name: str = POINTS_FILE) -> None:
     if not points:
         return
     rows = point_rows(points)
@@ -91,7 +91,7 @@ def write_points(sweep: Path, cell_id: str, points: list[PointRow]) -> None:
     for r in rows:
         names.extend(k for k in r if k not in names)
     table = pa.Table.from_pylist([{k: redact_value(r.get(k)) for k in names} for r in rows])
-    write_table_atomic(table, cell_dir(sweep, cell_id) / POINTS_FILE)
+    write_table_atomic(table, cell_dir(sweep, cell_id) / name)
 
 
 def set_aside_partial(sweep: Path, cell_id: str, folder: Path | None = None) -> Path | None:

@@ -1,0 +1,135 @@
+"""Repeat capacity searches with fresh workload seeds (``loads.capacity_repeats``): the
+capacity's interval is their prediction interval (analysis/capacity_repeats.py,
+docs/sweeps.md: Capacity and its interval).
+
+Each repeat is the cell's whole capacity search again (the one-at-a-time baseline reused),
+its loads seeded apart from the main search's and from any other seed's (``SEQ_STRIDE``), its
+run folders prefixed ``seed<k>-`` and its points kept in ``repeat-<k>-points.parquet``, so the
+cell's own points, verdicts and table are the main search's alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bench_llm.analysis.capacity import CapacityResult
+from bench_llm.analysis.capacity_repeats import with_repeats
+from bench_llm.bench.sweep.cell_echo import Echo
+from bench_llm.bench.sweep.cell_outcome import CellOutcome
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
+    from bench_llm.bench.virtual import VirtualEngine
+    from bench_llm.launch.config import ParallelConfig
+    from bench_llm.loadgen.otlp import OtlpReceiver
+
+#: A repeat's loads number from k × SEQ_STRIDE (a load's seed is the workload seed + 1000 ×
+#: its number, bench/sweep/loads.py): no repeat shares prompts or arrivals with the main
+#: search, another repeat, or another workload seed's search.
+SEQ_STRIDE = 1000
+
+
+class _Runner(Protocol):
+    """What a repeat reads of the cell that runs it (``bench.sweep.cell_loads.CellContext``)."""
+
+    spec: SweepSpec
+    sweep_dir: Path
+    sweep_id: str
+    echo: Echo
+    otlp: OtlpReceiver | None
+    virtual: VirtualEngine | None
+
+
+class _Repeatable(Protocol):
+    """A workload's capacity search (``bench.sweep.cell_loads.WorkloadLoads``)."""
+
+    out: CellOutcome
+    index: str
+    cell_id: str
+    w: WorkloadSpec
+
+    @property
+    def spec(self) -> SweepSpec: ...
+
+    @property
+    def runner(self) -> _Runner: ...
+
+    def repeat(self, k: int, runner: _QuietRunner) -> _Repeatable: ...
+
+    def capacity_search(self) -> bool: ...
+
+
+class _QuietRunner:
+    """The cell as a repeat search sees it: its lines are not printed (one summary is)."""
+
+    def __init__(self, runner: _Runner) -> None:
+        self.spec: SweepSpec = runner.spec
+        self.sweep_dir: Path = runner.sweep_dir
+        self.sweep_id: str = runner.sweep_id
+        self.progress: bool | None = False
+        self.otlp: OtlpReceiver | None = runner.otlp
+        self.virtual: VirtualEngine | None = runner.virtual
+        self.capacity_hint: Callable[[ParallelConfig, str], float | None] | None = None
+        self.echo: Echo = _silent
+
+
+def _silent(line: str) -> None:
+    del line
+
+
+def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
+    """Run ``loads.capacity_repeats`` repeat searches after the main one found ``result``; set
+    the capacity's interval from them (in ``loads.out.capacity``). False: the engine died."""
+    spec, runner, w = loads.spec, loads.runner, loads.w
+    cap = loads.out.capacity[w.tag]
+    count = spec.loads.capacity_repeats
+    if count < 1:
+        return True
+    quiet = _QuietRunner(runner)
+    caps: list[float | None] = []
+    for k in range(1, count + 1):
+        sub = loads.repeat(k, quiet)
+        if not sub.capacity_search():
+            loads.out.status, loads.out.reason = sub.out.status, sub.out.reason
+            loads.out.log_tail = sub.out.log_tail
+            return False
+        found = sub.out.capacity.get(w.tag)
+        caps.append(found.capacity_rps if found is not None else None)
+    low, high, got = with_repeats(result.capacity_rps, result.interval_low_rps, result.interval_high_rps, caps,
+                                  spec.loads.capacity_precision)  # fmt: skip
+    loads.out.capacity[w.tag] = cap.with_extra(interval_low_rps=low, interval_high_rps=high, repeats=_repeats_json(caps, got))
+    if got is not None:
+        runner.echo(f"{loads.index} {loads.cell_id}: {got.text()}")
+    else:
+        runner.echo(f"{loads.index} {loads.cell_id}: the repeat searches found no capacity ({caps}): "
+                    "the interval is the one search's")  # fmt: skip
+    return True
+
+
+def _repeats_json(caps: list[float | None], got: Any) -> dict[str, Any]:
+    return {
+        "capacities": caps,
+        "level": got.level if got is not None else None,
+        "low": got.low if got is not None else None,
+        "high": got.high if got is not None else None,
+        "resolution": got.resolution if got is not None else None,
+    }
+
+
+def host_load(limit: dict[str, Any]) -> str:
+    """The host's load average when a capacity was found client-limited (kept in ``limit``):
+    a client starved by other work on a shared host looks saturated too, and more client
+    processes do not help it."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    limit["host_load_average"] = round(load, 2)
+    cpus = os.cpu_count() or 1
+    busy = f": the host is busy (more runnable processes than its {cpus} CPUs), the client may be starved" if load > cpus else ""
+    return f" (host load average {load:.1f} on {cpus} CPUs{busy})"
