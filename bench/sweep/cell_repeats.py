@@ -41,6 +41,7 @@ class _Runner(Protocol):
     echo: Echo
     otlp: OtlpReceiver | None
     virtual: VirtualEngine | None
+    remote: Any
 
 
 class _Repeatable(Protocol):
@@ -72,6 +73,7 @@ class _QuietRunner:
         self.progress: bool | None = False
         self.otlp: OtlpReceiver | None = runner.otlp
         self.virtual: VirtualEngine | None = runner.virtual
+        self.remote: Any = runner.remote  # a cluster's load Jobs (bench/sweep/cluster_kube.py)
         self.capacity_hint: Callable[[ParallelConfig, str], float | None] | None = None
         self.echo: Echo = _silent
 
