@@ -23,6 +23,7 @@ from bench_llm.bench.sweep import loads as sweep_loads
 from bench_llm.bench.sweep.cell_echo import echo_point
 from bench_llm.bench.sweep.loads import Load, build_schedule
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench_llm.results.sweep_rows import PointRow
 from bench_llm.workloads.prompts import word_prompts_exact
 
 
@@ -131,7 +132,7 @@ def test_sweep_lines_and_the_recommendation_say_the_prompts_were_approximate(tmp
     lines: list[str] = []
     row = {"ok": 10, "requests": 10, "throughput_rps": 2.0, "ttft_p90_ms": 100.0, "tpot_p90_ms": 10.0,
            "prompt_approximate": "the engine counted 1.53x the requested prompt length (p50), 100% of prompts off"}  # fmt: skip
-    echo_point(lines.append, "[1/1]", "tp1", "rate-2", row, 0.1)
+    echo_point(lines.append, "[1/1]", "tp1", "rate-2", PointRow.from_row(row), 0.1)
     assert "PROMPTS APPROXIMATE: the engine counted 1.53x" in lines[0]
 
     from tests.analysis.test_recommend import SLO, _point, _sweep
