@@ -36,7 +36,7 @@ def sim_args(out: Path) -> tuple[list[str], list[str]]:
     hidden.write_text(HIDDEN)
     common = ["--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "1,2", "--axis",
               "max-num-seqs=4,16,64", "--capacity", "--slo", "ttft_ms=300,tpot_ms=30", "--input-tokens", "256",
-              "--output-tokens", "32", "--requests", "20", "--precision", "0.2", "--jobs", "1",
+              "--output-tokens", "32", "--requests", "20", "--precision", "0.2", "--jobs", "1", "--capacity-repeats", "0",
               f"--engine-arg=--config={hidden}"]  # fmt: skip
     return common, []
 
