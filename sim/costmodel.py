@@ -88,7 +88,10 @@ class CostModel:
         # KV bytes per token on one GPU (all layers of its stage)
         self.kv_bytes_token_gpu = self.layers_stage * model.kv_elems_per_token_layer(t) * self.b_kv / parallel.dcp
         self.kv_bytes_token_layer_total = model.kv_elems_per_token_layer(1) * self.b_kv
-        moe_rate = (profile.moe_gemm_tflops_fp8 if dtype == "fp8" else profile.moe_gemm_tflops) * 1e12
+        # the expert-GEMM ceiling by dtype and FP8 scaling; none on a GPU without wgmma (presets: GpuSpec.wgmma)
+        moe_tflops = ((profile.moe_gemm_tflops_fp8 if model.fp8_block_scaled else 0.0) if dtype == "fp8"
+                      else profile.moe_gemm_tflops)
+        moe_rate = moe_tflops * 1e12 if gpu.wgmma else 0.0
         self.moe_flops_factor = self.flops / moe_rate if 0 < moe_rate < self.flops else 1.0
         t_skew = min(t, profile.tp_skew_cap_tp) if profile.tp_skew_cap_tp else t
         self.skew_s = profile.tp_skew_us_at_4 * 1e-6 * (t_skew / 4.0) ** 1.25 if t > 1 else 0.0

@@ -33,6 +33,11 @@ class GpuSpec:
     mfu_attn: float = 0.5
     mbu: float = 0.8
     mbu_kv: float = 0.75
+    #: Hopper's warpgroup MMA (wgmma). The expert-GEMM ceilings (``EngineProfile.moe_gemm_tflops*``) model
+    #: kernels that leave it unused; a GPU without it (A100, L40S) runs those kernels on the mma.sync path they
+    #: were written for, at its dense rate (issue 35: Mixtral A100 BF16 1000/1000 offline 0.95x -> 0.65x with
+    #: the Hopper-fitted 90 TFLOP/s applied to an A100, whose own dense BF16 rate is 225)
+    wgmma: bool = False
 
     def peak_flops(self, dtype: Dtype) -> float:
         if dtype == "fp8" and self.fp8_tflops > 0:
@@ -43,8 +48,9 @@ class GpuSpec:
 GPUS: dict[str, GpuSpec] = {
     "a100": GpuSpec("a100", 312.0, 0.0, 2.039, 80.0, ar_alpha_us=(9.0, 12.0, 16.0), ar_bus_gb_s=(230.0, 240.0, 250.0),
                     p2p_gb_s=240.0, a2a_gb_s=120.0, mfu_gemm=0.72),
-    "h100": GpuSpec("h100", 989.0, 1979.0, 3.35, 80.0),
-    "h200": GpuSpec("h200", 989.0, 1979.0, 4.8, 141.0, ar_alpha_us=(6.0, 9.0, 15.0), ar_bus_gb_s=(289.0, 330.0, 331.0)),
+    "h100": GpuSpec("h100", 989.0, 1979.0, 3.35, 80.0, wgmma=True),
+    "h200": GpuSpec("h200", 989.0, 1979.0, 4.8, 141.0, ar_alpha_us=(6.0, 9.0, 15.0), ar_bus_gb_s=(289.0, 330.0, 331.0),
+                    wgmma=True),
     # PCIe only (no NVLink): slow, latency-heavy collectives (reference §2.4, unverified).
     "l40s": GpuSpec("l40s", 362.0, 733.0, 0.864, 48.0, ar_alpha_us=(25.0, 30.0, 40.0), ar_bus_gb_s=(22.0, 22.0, 22.0),
                     p2p_alpha_us=15.0, p2p_gb_s=25.0, a2a_alpha_us=30.0, a2a_gb_s=20.0, mfu_gemm=0.65),
@@ -70,6 +76,10 @@ class ModelSpec:
     #: Latent KV (MLA): elements per token per layer, shared by all heads (0: regular GQA KV).
     mla_kv_dim: int = 0
     max_model_len: int = 131072
+    #: the FP8 checkpoint's weight scales are per 128x128 block (DeepSeek-V3/R1: ``weight_block_size``
+    #: [128, 128]); False: per tensor (Mixtral FP8 checkpoints). Selects the expert-GEMM rate
+    #: (``EngineProfile.moe_gemm_tflops_fp8`` applies to block-scaled experts only)
+    fp8_block_scaled: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -94,7 +104,7 @@ MODELS: dict[str, ModelSpec] = {
     ),
     "deepseek-v3": ModelSpec(
         "deepseek-v3", 671.0, 37.0, 61, 7168, 128, 128, 128, default_dtype="fp8", expert_params_b=656.0, experts=256,
-        top_k=8, moe_layers=58, mla_kv_dim=576, max_model_len=163840,
+        top_k=8, moe_layers=58, mla_kv_dim=576, max_model_len=163840, fp8_block_scaled=True,
     ),
 }
 
@@ -132,12 +142,22 @@ class EngineProfile:
     moe_layer_us: float = 0.0
     #: FLOP/s ceiling (TFLOP/s) of the expert (grouped) GEMMs, whatever the GPU (0: the dense GEMM rate):
     #: vLLM's and SGLang's 2024 fused-MoE Triton kernels did not use Hopper's wgmma, so Hopper ran them at
-    #: about Ampere's rate; fitted to vLLM CI Mixtral H200 throughput, the A100 row is the held-out check
+    #: about Ampere's rate; fitted to vLLM CI Mixtral H200 throughput. Hopper only (``GpuSpec.wgmma``): an A100
+    #: runs those kernels at its dense rate (the vLLM CI Mixtral A100 throughput row: 1.04; 0.92 when capped)
     moe_gemm_tflops: float = 0.0
-    #: the same ceiling for FP8 expert GEMMs (0: the dense FP8 rate). FP8 MoE runs on other kernels than the
-    #: 2024 BF16 Triton ones the ceiling above was fitted to (block-scaled FP8 grouped GEMMs: DeepGEMM/CUTLASS
-    #: in SGLang and vLLM 2025, TRT-LLM's own), so the BF16 ceiling does not carry over (issue 35: it put
-    #: Mixtral FP8 offline throughput at 0.19x and SGLang DeepSeek TPOT at 1.1-1.5x)
+    #: the same ceiling for block-scaled FP8 expert GEMMs (``ModelSpec.fp8_block_scaled``: DeepSeek's 128x128
+    #: blocks; 0: the dense FP8 rate). FP8 MoE runs on other kernels than the 2024 BF16 Triton ones the ceiling
+    #: above was fitted to (DeepGEMM/CUTLASS in SGLang 0.5, TRT-LLM's own), so the BF16 ceiling does not carry
+    #: over (issue 35: it put SGLang DeepSeek TPOT at 1.1-1.5x); vLLM keeps block-FP8 experts on its Triton
+    #: kernel. Per-tensor FP8 experts (Mixtral FP8 checkpoints) run at the dense FP8 rate on every profile:
+    #: vLLM's ``fused_moe_kernel`` (model_executor/layers/fused_moe/fused_moe.py) accumulates them in place,
+    #: ``tl.dot(a, b, acc=accumulator)``, and scales once after the K loop, where block-FP8 reloads both
+    #: scale vectors and rescales every K step (``accumulator += tl.dot(a, b) * a_scale[:, None] *
+    #: b_scale[None, :]``, BLOCK_SIZE_K capped at the 128 block: ``invoke_fused_moe_kernel``); compressed-
+    #: tensors per-tensor/per-channel FP8 MoE on SM90 runs CUTLASS grouped GEMMs, block-quantised excluded
+    #: (``CompressedTensorsW8A8Fp8MoEMethod``: ``use_cutlass = not self.block_quant and _is_fp8_w8a8_sm90``).
+    #: Issue 35: the ceiling on per-tensor experts put Mixtral FP8 TP2 H100 1000/1000 offline at 0.19x
+    #: (1.00x before the ceiling existed)
     moe_gemm_tflops_fp8: float = 0.0
     #: fixed time per MLA attention layer per step (latent projections, rope split, extra kernels)
     mla_layer_us: float = 0.0
