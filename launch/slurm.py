@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -34,11 +33,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench_llm.core.control import EngineClient
 from bench_llm.launch.launcher import (
     EngineHandle,
     LaunchSpec,
     UnsupportedConfigError,
+    client_round_trip,
     engine_environment,
     engine_info,
 )
@@ -311,28 +310,6 @@ def cancel_recorded(cell_dir: Path) -> str | None:
     return job
 
 
-def client_round_trip(url: str, nodes: Sequence[Node] = (), health: str = "/health", samples: int = 5) -> dict[str, Any]:
-    """Where the load generator runs, whether that host is one of the engine's nodes, and its
-    measured round trip to the engine (``samples`` health probes, timed on this host's
-    monotonic clock)."""
-    client = EngineClient(url, timeout_s=5)
-    times = []
-    for _ in range(samples):
-        t = time.perf_counter_ns()
-        reply = client.get(health, timeout_s=5)
-        if reply.status is not None:
-            times.append((time.perf_counter_ns() - t) / 1e6)
-    return {
-        "where": "launching-host",
-        "host": socket.gethostname(),
-        "on_engine_node": any(n.hostname and n.hostname.split(".")[0] == socket.gethostname().split(".")[0]
-                              for n in nodes),  # fmt: skip
-        "engine_url": url,
-        "round_trip_ms": {"min": min(times), "median": statistics.median(times), "max": max(times)} if times else None,
-        "samples": len(times),
-    }
-
-
 class ClusterHandle(EngineHandle):
     """A cell's engine on a cluster: its processes (``srun`` steps) and the job; ``stop()``
     ends the steps and releases the job."""
@@ -413,7 +390,8 @@ def launch_on_slurm(spec: LaunchSpec, log_path: Path, cluster: ClusterSpec, cell
     url = f"http://{job.nodes[front.node].address}:{front.port}"
     server = engine_info(spec.engine, url)
     return ClusterHandle(
-        job=job, placed=placed, client={**client_round_trip(url, job.nodes), "excluded_nodes": list(exclude)},
+        job=job, placed=placed, client={**client_round_trip(url, spec.engine, "launching-host", engine_hosts=[n.hostname for n in job.nodes]).as_json(),
+                                    "excluded_nodes": list(exclude)},
         url=url, argv=list(front.argv), gpus=spec.parallel.gpus, log_path=log_path, processes=procs,
         version=server.get("version"), layout=None, server=server,
     )  # fmt: skip

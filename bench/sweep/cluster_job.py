@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import os
 import pickle
 import sys
 import tarfile
@@ -125,38 +126,17 @@ def unpack_folder(folder: bytes, run_dir: Path) -> None:
         tar.extractall(run_dir, filter="data")  # names stay inside run_dir
 
 
-def client_round_trip(url: str, engine: str, samples: int = 5) -> dict[str, Any]:
-    """Where the load ran (the pod, its node) and its round trip to the engine: ``samples``
-    health probes timed on the pod's monotonic clock (min, median, max in ms)."""
-    import os
-    import socket
-    import statistics
-    import time
-
-    from bench_llm.core.control import EngineClient
-    from bench_llm.launch.profiles import profile
-
-    client, times = EngineClient(url, timeout_s=5), []
-    for _ in range(samples):
-        t = time.perf_counter_ns()
-        if client.get(profile(engine).routes.health, timeout_s=5).status is not None:
-            times.append((time.perf_counter_ns() - t) / 1e6)
-    return {
-        "where": "kubernetes-job", "host": socket.gethostname(), "node": os.environ.get("NODE_NAME"),
-        "round_trip_ms": {"min": min(times), "median": statistics.median(times), "max": max(times)} if times else None,
-        "samples": len(times),
-    }  # fmt: skip
-
-
 def run_in_pod(job: dict[str, Any], url: str, work: Path) -> Frame:
     """The pod's side: reset the prefix cache, run the load, pack its folder."""
     from bench_llm.bench.sweep.engines import reset_prefix_cache
     from bench_llm.bench.sweep.loads import run_load
+    from bench_llm.launch.launcher import client_round_trip
 
     spec = job["spec"]
     meta: RunMeta = job["extra"]
     info = dict(meta.engine_info or {})
-    info["client"] = {**(info.get("client") or {}), **client_round_trip(url, spec.engine)}
+    probe = client_round_trip(url, spec.engine, "kubernetes-job", node=os.environ.get("NODE_NAME"))
+    info["client"] = {**(info.get("client") or {}), **probe.as_json()}
     extra = replace(meta, prefix_cache=reset_prefix_cache(spec.engine, url), engine_info=info)
     run_dir = work / "run"
     measured = run_load(
@@ -169,8 +149,6 @@ def run_in_pod(job: dict[str, Any], url: str, work: Path) -> Frame:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import os
-
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         job = decode_payload(args[0])
