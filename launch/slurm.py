@@ -41,7 +41,16 @@ from bench_llm.launch.launcher import (
     engine_environment,
     engine_info,
 )
-from bench_llm.launch.placement import NODE_HOST, ClusterSpec, Node, Placed, PlacementError, place, placeholder
+from bench_llm.launch.placement import (
+    NODE_HOST,
+    ClusterSpec,
+    Node,
+    NodeClock,
+    Placed,
+    PlacementError,
+    place,
+    placeholder,
+)
 from bench_llm.launch.process import EngineStartError, ManagedProcess, free_port
 from bench_llm.launch.profiles import plan_engine, unsupported_axes
 
@@ -321,7 +330,7 @@ class ClusterHandle(EngineHandle):
         self.client = client
         #: each node's clock against the launching host's, by node name (set by the sweep:
         #: ``bench.sweep.cluster_clock``)
-        self.clocks: dict[str, dict[str, Any]] = {}
+        self.clocks: dict[str, NodeClock] = {}
         self._released = False
 
     @property
@@ -332,7 +341,7 @@ class ClusterHandle(EngineHandle):
         out["placement"] = {
             "manager": "slurm",
             "job_id": self.job.job_id,
-            "nodes": [{"name": n.name, "address": n.address, "hostname": n.hostname, "clock": self.clocks.get(n.name)}
+            "nodes": [{"name": n.name, "address": n.address, "hostname": n.hostname, "clock": _clock_json(self.clocks.get(n.name))}
                       for n in self.job.nodes],  # fmt: skip
         }
         out["client"] = self.client
@@ -345,6 +354,10 @@ class ClusterHandle(EngineHandle):
             if not self._released:
                 self._released = True
                 self.job.release()
+
+
+def _clock_json(clock: NodeClock | None) -> dict[str, object] | None:
+    return clock.as_json() if clock is not None else None
 
 
 def _log_for(log_path: Path, i: int, role: str, rank: int, ranks: int) -> Path:
