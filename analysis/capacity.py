@@ -22,6 +22,7 @@ from bench_llm.analysis.confidence import (
     CONFIDENCE,
     Verdict,
     attainment_verdict,
+    interval_verdict,
     requests_to_pass,
     wilson_interval,
     z_value,
@@ -349,14 +350,7 @@ def _verdict(met: int, judged: int, eff_met: float, eff_n: float, target: float,
     """``attainment_verdict`` on the effective counts (a 100 % target: every request met)."""
     if target >= 1.0 or eff_n >= judged - 1e-9:
         return attainment_verdict(met, judged, target, level)
-    lo, hi = wilson_interval(eff_met, eff_n, level)
-    if not math.isfinite(lo):
-        return "undecided"
-    if lo >= target - 1e-12:
-        return "pass"
-    if hi < target - 1e-12:
-        return "fail"
-    return "undecided"
+    return interval_verdict(*wilson_interval(eff_met, eff_n, level), target)
 
 
 def _judged(row: Mapping[str, Any]) -> int:

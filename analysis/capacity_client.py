@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from bench_llm.analysis.summary_types import ClientHealth
+from bench_llm.results.sweep_rows import ClientLimit, PointRow
 
 #: A run whose client was saturated in at least this share of its time windows is client-limited...
 CLIENT_LIMITED_SHARE = 0.5
@@ -51,52 +51,39 @@ def untrusted_confirmation(runs: Sequence[Mapping[str, Any]]) -> str | None:
     return f"its confirmation could not be measured truthfully ({confirms[-1]['untrustworthy']})"
 
 
-@dataclass(frozen=True)
-class ClientLimit:
-    """The capacity search stopped at a load the client could not offer: the capacity is a lower
-    bound. ``rate``: the lowest such load above the capacity; ``workers``: the most client
-    processes any run of it had."""
-
-    capacity_rps: float | None
-    rate: float
-    workers: int
-    reason: str
-
-    def text(self) -> str:
-        cap = f"≥ {self.capacity_rps:g} req/s" if self.capacity_rps is not None else "unknown"
-        return (
-            f"capacity {cap}, client-limited: bench's client could not offer {self.rate:g} req/s truthfully "
-            f"({self.reason}, with {self.workers} client process{'es' if self.workers != 1 else ''}); "
-            f"measure further with more client processes (--workers {2 * self.workers}) or the client on cores "
-            "of its own"
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {"rate": self.rate, "workers": self.workers, "reason": self.reason}
+def client_limit_text(limit: ClientLimit, capacity_rps: float | None) -> str:
+    """What the sweep prints of a client limit: the capacity as a lower bound, and the lever."""
+    cap = f"≥ {capacity_rps:g} req/s" if capacity_rps is not None else "unknown"
+    return (
+        f"capacity {cap}, client-limited: bench's client could not offer {limit.rate:g} req/s truthfully "
+        f"({limit.reason}, with {limit.workers} client process{'es' if limit.workers != 1 else ''}); "
+        f"measure further with more client processes (--workers {2 * limit.workers}) or the client on cores "
+        "of its own"
+    )
 
 
 def client_limit(
-    rows: Sequence[Mapping[str, Any]], capacity: float | None, upper: float | None, default_workers: int = 1
+    points: Sequence[PointRow], capacity: float | None, upper: float | None, default_workers: int = 1
 ) -> ClientLimit | None:
     """The client limit of a capacity search (None: none): its lowest load above ``capacity``
-    (rows: ``points.parquet`` rows of one workload, ``client_limited`` read from each run)
-    whose every run was client-limited, when no load at or below it failed decidedly
-    (``upper``: the lowest failed rate)."""
-    by_rate: dict[float, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        if r.get("load_kind") == "rate" and r.get("role") != "baseline":
-            by_rate.setdefault(float(r["load_value"]), []).append(r)
+    (``points``: one workload's, ``client_limited`` read from each run's figures) whose every
+    run was client-limited, when no load at or below it failed decidedly (``upper``: the
+    lowest failed rate)."""
+    by_rate: dict[float, list[PointRow]] = {}
+    for p in points:
+        if p.load.kind == "rate" and p.role != "baseline":
+            by_rate.setdefault(float(p.load.value), []).append(p)
     limited = sorted(
         rate
         for rate, runs in by_rate.items()
-        if (capacity is None or rate > capacity + 1e-9) and runs and all(r.get("client_limited") for r in runs)
+        if (capacity is None or rate > capacity + 1e-9) and runs and all(p.metrics.get("client_limited") for p in runs)
     )
     if not limited or (upper is not None and upper <= limited[0] + 1e-9):
         return None
     rate = limited[0]
     runs = by_rate[rate]
-    workers = max(int(_num(r.get("client_workers"), default_workers)) for r in runs)
-    return ClientLimit(capacity, rate, workers, str(runs[-1]["client_limited"]))
+    workers = max(int(_num(p.metrics.get("client_workers"), default_workers)) for p in runs)
+    return ClientLimit(rate, workers, str(runs[-1].metrics["client_limited"]))
 
 
 def _num(v: Any, default: float) -> float:

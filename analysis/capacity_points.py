@@ -39,6 +39,7 @@ from bench_llm.analysis.invariants import check_records, timing_measurable
 from bench_llm.analysis.jobs import judged_by_jobs
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import measured, request_metrics
+from bench_llm.analysis.server_signals import ServerSignals
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.slo_judge import slo_outcomes
 from bench_llm.analysis.summary import approximate_prompts, prompt_length_accounting
@@ -136,7 +137,7 @@ class PointMetrics:
 
 
 def point_metrics(
-    run: Run, slo: SLO, signals: dict[str, Any] | None = None, server: pa.Table | None = None
+    run: Run, slo: SLO, signals: ServerSignals | None = None, server: pa.Table | None = None
 ) -> PointMetrics:
     """The numbers a sweep keeps for one load run (``request_point_metrics``); with a job bound
     in the SLO, judged per job (``analysis.jobs.judged_by_jobs``)."""
@@ -145,7 +146,7 @@ def point_metrics(
 
 
 def request_point_metrics(
-    run: Run, slo: SLO, signals: dict[str, Any] | None = None, server: pa.Table | None = None
+    run: Run, slo: SLO, signals: ServerSignals | None = None, server: pa.Table | None = None
 ) -> PointMetrics:
     """The numbers a sweep keeps for one load run (flat; NaN where not measurable).
 

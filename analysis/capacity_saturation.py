@@ -20,6 +20,7 @@ import pandas as pd
 from bench_llm.analysis.capacity_steady import long_enough, long_lifetime_s, requests_needed
 from bench_llm.analysis.load import Run
 from bench_llm.analysis.metrics import measured, request_metrics
+from bench_llm.analysis.server_signals import ServerSignals
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.slo_judge import slo_outcomes
 from bench_llm.analysis.summary_types import ClientHealth
@@ -139,7 +140,7 @@ def admission_saturation(run: Run) -> Saturation:
     return Saturation(bool(reasons), tuple(reasons))
 
 
-def open_loop_saturation(run: Run, signals: dict[str, Any] | None = None, slo: SLO | None = None) -> Saturation:
+def open_loop_saturation(run: Run, signals: ServerSignals | None = None, slo: SLO | None = None) -> Saturation:
     """Is this open-loop run past what the engine sustains? (See the module docstring.)
 
     The one saturation rule of a rate load. Each test judges the run against the workload's

@@ -49,10 +49,16 @@ def attainment_verdict(met: int, judged: int, target: float, level: float = CONF
     """pass / fail / undecided of ``met`` of ``judged`` requests against ``target`` (0..1).
     A target of 100 % cannot be shown by an interval: every request must meet it."""
     lo, hi = wilson_interval(met, judged, level)
+    if target >= 1.0 and math.isfinite(lo):
+        return "pass" if met == judged else "fail"
+    return interval_verdict(lo, hi, target)
+
+
+def interval_verdict(lo: float, hi: float, target: float) -> Verdict:
+    """pass when the whole interval ``[lo, hi]`` is at or above ``target``, fail when it is
+    wholly below, undecided otherwise (and without an interval: nan)."""
     if not math.isfinite(lo):
         return "undecided"
-    if target >= 1.0:
-        return "pass" if met == judged else "fail"
     if lo >= target - 1e-12:
         return "pass"
     if hi < target - 1e-12:

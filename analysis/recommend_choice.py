@@ -10,7 +10,7 @@ from typing import Any
 
 from bench_llm.analysis.confidence import separation
 from bench_llm.analysis.recommend_diagnosis import TIE_FRACTION, layout_id
-from bench_llm.analysis.recommend_types import Configuration, Lightest, LoadVerdict, Pick, Separation
+from bench_llm.analysis.recommend_types import Configuration, Lightest, LoadVerdict, Pick, Separation, model_interval
 
 #: Lightest-load latencies closer than this (relative) do not name a "fastest single request".
 SINGLE_REQUEST_MARGIN = 0.10
@@ -47,7 +47,8 @@ def target_separation(configs: list[Configuration], rec: Pick | None, target: fl
     if not short:
         return None
     runner = max(short, key=lambda c: c.capacity_rps or 0.0)
-    open_ = [c for c in short if _top(c) is None or _top(c) > target + 1e-9 or _model_top(c) > target + 1e-9]  # type: ignore[operator]
+    open_ = [c for c in short if _top(c) is None or _top(c) > target + 1e-9  # type: ignore[operator]
+             or model_target_call(c.cell_id, c.capacity_rps, c.model_error, target) is not None]  # fmt: skip
     name = rec.cell_id if rec is not None else "no configuration"
     if not open_:
         why = (f"failed at {runner.upper_rps:.4g} req/s" if runner.capacity.interval_seeds is None
@@ -58,14 +59,30 @@ def target_separation(configs: list[Configuration], rec: Pick | None, target: fl
     fails = f"failed only at {c.upper_rps:.4g} req/s" if c.upper_rps else "no load failed"
     if c.capacity.interval_seeds and _top(c) is not None:
         fails = f"another seed's capacity may reach {_top(c):.4g} req/s ({c.capacity.interval_seeds} seeds)"
-    if _model_top(c) > target + 1e-9:  # a simulated capacity: a measured engine may do better by the model's error
-        fails += f"; with the simulated engine's error ±{(c.model_error or 0.0):.1%} it may reach {_model_top(c):.4g}"
+    # a simulated capacity: a measured engine may do better by the model's error
+    call = model_target_call(c.cell_id, c.capacity_rps, c.model_error, target)
     return Separation(
         c.cell_id,
         False,
         f"{name} and {c.cell_id} are too close to call at {target:g} req/s ({c.cell_id} passed "
-        f"{c.capacity_rps:.4g} req/s and {fails}: it may meet the target too)",
+        f"{c.capacity_rps:.4g} req/s and {fails}" + (f"; {call})" if call else ": it may meet the target too)"),
     )
+
+
+def model_target_call(cell_id: str, capacity_rps: float | None, model_error: float | None, target: float) -> str | None:
+    """The one rule, and its words, for a simulated capacity against a target load (used by
+    ``target_separation`` and by the sweep's model-error lines, bench/sweep/model_error.py): the
+    capacity's model interval ``[c(1-e), c(1+e)]`` (``model_interval``) holds the target, so a
+    measured engine may meet it or fall short: too close to call on the model alone. None: a
+    measured capacity (no error), or an interval wholly on one side of the target."""
+    interval = model_interval(capacity_rps, model_error)
+    if interval is None or model_error is None:
+        return None
+    lo, hi = interval
+    if lo >= target - 1e-9 or hi < target - 1e-9:
+        return None
+    return (f"too close to call against the target {target:g} req/s: {cell_id} [{lo:.4g}, {hi:.4g}] at the simulated "
+            f"engine's error ±{model_error:.1%}: a measured engine may meet it or fall short")  # fmt: skip
 
 
 def _top(c: Configuration) -> float | None:
@@ -83,12 +100,6 @@ def _per_gpu_bracket(c: Configuration) -> tuple[float | None, float | None]:
     if model is not None:
         lo, hi = min(lo or model[0], model[0]), max(hi or model[1], model[1])
     return (lo / c.gpus if lo else None), (hi / c.gpus if hi else None)
-
-
-def _model_top(c: Configuration) -> float:
-    """The top of a simulated capacity's model interval (0: a measured capacity)."""
-    model = c.model_interval_rps
-    return model[1] if model is not None else 0.0
 
 
 def _model_note(*configs: Configuration) -> str:

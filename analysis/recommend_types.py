@@ -46,6 +46,14 @@ def _dicts(v: Any) -> list[dict[str, Any]]:
     return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
 
 
+def model_interval(capacity_rps: float | None, model_error: float | None) -> tuple[float, float] | None:
+    """A simulated capacity as a measured engine may find it, ``[c(1-e), c(1+e)]`` for the
+    simulated engine's relative error ``e`` (None: no capacity, or a measured one)."""
+    if capacity_rps is None or model_error is None:
+        return None
+    return capacity_rps * (1 - model_error), capacity_rps * (1 + model_error)
+
+
 @dataclass(frozen=True, slots=True)
 class LoadVerdict(ToJson):
     """One load of a configuration, its repeats pooled and judged (``pooled_loads``)."""
@@ -162,9 +170,8 @@ class Configuration(ToJson):
 
     @property
     def model_interval_rps(self) -> tuple[float, float] | None:
-        """The capacity as a measured engine may find it, ``[c(1-e), c(1+e)]`` (None: measured)."""
-        c, e = self.capacity.capacity_rps, self.model_error
-        return None if c is None or e is None else (c * (1 - e), c * (1 + e))
+        """The capacity as a measured engine may find it (``model_interval``; None: measured)."""
+        return model_interval(self.capacity.capacity_rps, self.model_error)
 
     # the capacity's fields, as the file has them flat
     @property

@@ -3,9 +3,15 @@ waiting queue's growth, from the run's scraped /metrics (the points' ``server_*`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+
+#: A load's server signals by name (``queue_time_mean_ms``, ``kv_cache_usage_max``,
+#: ``preemptions``, ``waiting_max``, ``waiting_growth``): only those the scrape had.
+ServerSignals = Mapping[str, float]
 
 
 def server_signals(table: pa.Table | None) -> dict[str, float]:

@@ -10,6 +10,8 @@ in the run folder, waits on the engine's own readiness probe, and returns an
 from __future__ import annotations
 
 import os
+import socket
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -259,6 +261,55 @@ def engine_info(engine: str, url: str) -> dict[str, Any]:
                 out[path] = obj
                 break
     return out
+
+
+@dataclass(frozen=True)
+class ClientRoundTrip:
+    """Where a load generator ran and its measured round trip to the engine (the record
+    ``engine_info.client`` carries, docs/sweeps.md "Where the client runs")."""
+
+    #: ``launching-host`` (Slurm) or ``kubernetes-job`` (a load Job's pod)
+    where: str
+    host: str
+    engine_url: str
+    #: health probes that answered, each timed on the client's monotonic clock (ms)
+    times_ms: tuple[float, ...]
+    #: the node the client ran on, where the manager says (a Kubernetes pod's ``NODE_NAME``)
+    node: str | None = None
+    #: whether the client's host is one of the engine's nodes (None: not known there)
+    on_engine_node: bool | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON ``engine_info.client`` records (keys of what is not known left out)."""
+        t = self.times_ms
+        out: dict[str, Any] = {"where": self.where, "host": self.host, "engine_url": self.engine_url}
+        if self.node is not None:
+            out["node"] = self.node
+        if self.on_engine_node is not None:
+            out["on_engine_node"] = self.on_engine_node
+        out["round_trip_ms"] = {"min": min(t), "median": statistics.median(t), "max": max(t)} if t else None
+        out["samples"] = len(t)
+        return out
+
+
+def client_round_trip(url: str, engine: str, where: str, *, engine_hosts: Sequence[str] | None = None,
+                      node: str | None = None, samples: int = 5) -> ClientRoundTrip:  # fmt: skip
+    """This host's round trip to the engine at ``url``: ``samples`` probes of the engine
+    profile's health route, each timed on this host's monotonic clock (a probe with no answer
+    is not counted). ``engine_hosts``: the host names of the engine's nodes, to say whether
+    this host is one of them (None: not known)."""
+    client = EngineClient(url, timeout_s=5)
+    health = profile(engine).routes.health
+    times = []
+    for _ in range(samples):
+        t = time.perf_counter_ns()
+        if client.get(health, timeout_s=5).status is not None:
+            times.append((time.perf_counter_ns() - t) / 1e6)
+    me = socket.gethostname()
+    on_node = None
+    if engine_hosts is not None:
+        on_node = any(h and h.split(".")[0] == me.split(".")[0] for h in engine_hosts)
+    return ClientRoundTrip(where, me, url, tuple(times), node, on_node)
 
 
 def _connect_host(host: str) -> str:

@@ -94,6 +94,28 @@ class Node:
 
 
 @dataclass(frozen=True)
+class NodeClock:
+    """A node's wall clock against the launching host's (``bench.sweep.cluster_clock``):
+    ``offset_ns`` node minus launching host, ``bound_ns`` its error bound, from ``samples``
+    exchanges; or ``error`` when the node's step did not answer (no offset then)."""
+
+    node: str
+    samples: int
+    offset_ns: int | None = None
+    bound_ns: int | None = None
+    error: str | None = None
+    #: what was compared (recorded with each measured offset)
+    CLOCK = "time.time_ns (wall clock), node minus launching host"
+
+    def as_json(self) -> dict[str, object]:
+        """As ``engine_info.placement.nodes[].clock`` records it."""
+        if self.error is not None:
+            return {"node": self.node, "error": self.error, "samples": self.samples}
+        return {"node": self.node, "offset_ns": self.offset_ns, "bound_ns": self.bound_ns, "samples": self.samples,
+                "clock": self.CLOCK}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class PlacedProcess:
     """One process of a placed launch."""
 

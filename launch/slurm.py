@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -34,15 +33,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench_llm.core.control import EngineClient
 from bench_llm.launch.launcher import (
     EngineHandle,
     LaunchSpec,
     UnsupportedConfigError,
+    client_round_trip,
     engine_environment,
     engine_info,
 )
-from bench_llm.launch.placement import NODE_HOST, ClusterSpec, Node, Placed, PlacementError, place, placeholder
+from bench_llm.launch.placement import (
+    NODE_HOST,
+    ClusterSpec,
+    Node,
+    NodeClock,
+    Placed,
+    PlacementError,
+    place,
+    placeholder,
+)
 from bench_llm.launch.process import EngineStartError, ManagedProcess, free_port
 from bench_llm.launch.profiles import plan_engine, unsupported_axes
 
@@ -311,28 +319,6 @@ def cancel_recorded(cell_dir: Path) -> str | None:
     return job
 
 
-def client_round_trip(url: str, nodes: Sequence[Node] = (), health: str = "/health", samples: int = 5) -> dict[str, Any]:
-    """Where the load generator runs, whether that host is one of the engine's nodes, and its
-    measured round trip to the engine (``samples`` health probes, timed on this host's
-    monotonic clock)."""
-    client = EngineClient(url, timeout_s=5)
-    times = []
-    for _ in range(samples):
-        t = time.perf_counter_ns()
-        reply = client.get(health, timeout_s=5)
-        if reply.status is not None:
-            times.append((time.perf_counter_ns() - t) / 1e6)
-    return {
-        "where": "launching-host",
-        "host": socket.gethostname(),
-        "on_engine_node": any(n.hostname and n.hostname.split(".")[0] == socket.gethostname().split(".")[0]
-                              for n in nodes),  # fmt: skip
-        "engine_url": url,
-        "round_trip_ms": {"min": min(times), "median": statistics.median(times), "max": max(times)} if times else None,
-        "samples": len(times),
-    }
-
-
 class ClusterHandle(EngineHandle):
     """A cell's engine on a cluster: its processes (``srun`` steps) and the job; ``stop()``
     ends the steps and releases the job."""
@@ -344,7 +330,7 @@ class ClusterHandle(EngineHandle):
         self.client = client
         #: each node's clock against the launching host's, by node name (set by the sweep:
         #: ``bench.sweep.cluster_clock``)
-        self.clocks: dict[str, dict[str, Any]] = {}
+        self.clocks: dict[str, NodeClock] = {}
         self._released = False
 
     @property
@@ -355,7 +341,7 @@ class ClusterHandle(EngineHandle):
         out["placement"] = {
             "manager": "slurm",
             "job_id": self.job.job_id,
-            "nodes": [{"name": n.name, "address": n.address, "hostname": n.hostname, "clock": self.clocks.get(n.name)}
+            "nodes": [{"name": n.name, "address": n.address, "hostname": n.hostname, "clock": _clock_json(self.clocks.get(n.name))}
                       for n in self.job.nodes],  # fmt: skip
         }
         out["client"] = self.client
@@ -368,6 +354,10 @@ class ClusterHandle(EngineHandle):
             if not self._released:
                 self._released = True
                 self.job.release()
+
+
+def _clock_json(clock: NodeClock | None) -> dict[str, object] | None:
+    return clock.as_json() if clock is not None else None
 
 
 def _log_for(log_path: Path, i: int, role: str, rank: int, ranks: int) -> Path:
@@ -413,7 +403,8 @@ def launch_on_slurm(spec: LaunchSpec, log_path: Path, cluster: ClusterSpec, cell
     url = f"http://{job.nodes[front.node].address}:{front.port}"
     server = engine_info(spec.engine, url)
     return ClusterHandle(
-        job=job, placed=placed, client={**client_round_trip(url, job.nodes), "excluded_nodes": list(exclude)},
+        job=job, placed=placed, client={**client_round_trip(url, spec.engine, "launching-host", engine_hosts=[n.hostname for n in job.nodes]).as_json(),
+                                    "excluded_nodes": list(exclude)},
         url=url, argv=list(front.argv), gpus=spec.parallel.gpus, log_path=log_path, processes=procs,
         version=server.get("version"), layout=None, server=server,
     )  # fmt: skip

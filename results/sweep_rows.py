@@ -299,6 +299,56 @@ class Confirmation:
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityRepeats:
+    """The repeat capacity searches on fresh workload seeds behind a capacity's interval
+    (bench/sweep/cell_repeats.py): each repeat's capacity (None: it found none) and the
+    prediction interval from them with the main search's (analysis/capacity_repeats.py; its
+    fields None where too few searches found one)."""
+
+    capacities: tuple[float | None, ...]
+    level: float | None = None
+    low: float | None = None
+    high: float | None = None
+    resolution: float | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        return {"capacities": list(self.capacities), "level": self.level, "low": self.low, "high": self.high,
+                "resolution": self.resolution}  # fmt: skip
+
+    @classmethod
+    def from_row(cls, d: Mapping[str, Any]) -> CapacityRepeats:
+        caps = d.get("capacities")
+        return cls(tuple(_opt_float(c) for c in caps) if isinstance(caps, (list, tuple)) else (),
+                   _opt_float(d.get("level")), _opt_float(d.get("low")), _opt_float(d.get("high")),
+                   _opt_float(d.get("resolution")))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimit:
+    """The load above a capacity that bench's client could not offer truthfully
+    (analysis/capacity_client.py): the capacity is then a lower bound. ``rate``: the lowest
+    such load; ``workers``: the most client processes any run of it had; ``reason``: why its
+    runs were client-limited; ``host_load_average``: the host's load average when the sweep
+    found it (None: not known; not written then)."""
+
+    rate: float
+    workers: int
+    reason: str
+    host_load_average: float | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"rate": self.rate, "workers": self.workers, "reason": self.reason}
+        if self.host_load_average is not None:
+            row["host_load_average"] = self.host_load_average
+        return row
+
+    @classmethod
+    def from_row(cls, d: Mapping[str, Any]) -> ClientLimit:
+        return cls(_float(d.get("rate")), _int(d.get("workers"), 1), str(d.get("reason") or ""),
+                   _opt_float(d.get("host_load_average")))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class CapacityRecord:
     """A cell's capacity for one workload, as the sweep found it (``method``: ``search`` or
     ``rate list``), with the settings its verdicts were judged at (``judged``: the spec's
@@ -320,9 +370,9 @@ class CapacityRecord:
     confirmation: Confirmation | None = None
     judged: Judging | None = None
     #: the repeat searches on fresh workload seeds behind the interval (bench/sweep/cell_repeats.py)
-    repeats: Mapping[str, Any] | None = None
+    repeats: CapacityRepeats | None = None
     #: the load above which bench's client could not measure truthfully (analysis/capacity_client.py)
-    client_limit: Mapping[str, Any] | None = None
+    client_limit: ClientLimit | None = None
     #: which optional keys the record has on disk (a search that stopped at its baseline has
     #: no interval, level, undecided or confirmation keys)
     keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
@@ -345,16 +395,15 @@ class CapacityRecord:
             "level": self.level,
             "confirmation": self.confirmation.to_row() if self.confirmation is not None else None,
             "judged": self.judged.to_row() if self.judged is not None else None,
-            "repeats": dict(self.repeats) if self.repeats is not None else None,
-            "client_limit": dict(self.client_limit) if self.client_limit is not None else None,
+            "repeats": self.repeats.to_row() if self.repeats is not None else None,
+            "client_limit": self.client_limit.to_row() if self.client_limit is not None else None,
         }
         row.update({k: v for k, v in optional.items() if k in self.keys})
         return row
 
     @classmethod
     def from_row(cls, d: Mapping[str, Any]) -> CapacityRecord:
-        conf = d.get("confirmation")
-        judged = d.get("judged")
+        conf, judged, repeats, limit = d.get("confirmation"), d.get("judged"), d.get("repeats"), d.get("client_limit")
         return cls(
             method=str(d.get("method") or ""),
             capacity_rps=_opt_float(d.get("capacity_rps")),
@@ -370,8 +419,8 @@ class CapacityRecord:
             level=_opt_float(d.get("level")),
             confirmation=Confirmation.from_row(conf) if isinstance(conf, Mapping) else None,
             judged=Judging.from_row(judged) if isinstance(judged, Mapping) else None,
-            repeats=dict(d["repeats"]) if isinstance(d.get("repeats"), Mapping) else None,
-            client_limit=dict(d["client_limit"]) if isinstance(d.get("client_limit"), Mapping) else None,
+            repeats=CapacityRepeats.from_row(repeats) if isinstance(repeats, Mapping) else None,
+            client_limit=ClientLimit.from_row(limit) if isinstance(limit, Mapping) else None,
             keys=frozenset(k for k in _CAPACITY_OPTIONAL if k in d),
         )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.analysis.capacity import LoadJudgement, Probe, judge_load
-from bench_llm.analysis.capacity_client import client_limit
+from bench_llm.analysis.capacity_client import client_limit, client_limit_text
 from bench_llm.analysis.capacity_repeats import REPEAT_POINTS
 from bench_llm.analysis.capacity_saturation import closed_loop_plateau
 from bench_llm.analysis.capacity_steady import LIFETIMES
@@ -382,13 +382,13 @@ class WorkloadLoads:
         if not self.label_prefix and self.prior is None and result.capacity_rps is not None and self.spec.slo:
             if not run_repeats(self, result):  # fresh seeds: the interval (bench/sweep/cell_repeats.py)
                 return False
-        rows = [p.to_row() for p in out.points if p.workload.workload == w.tag]
-        limit = client_limit(rows, result.capacity_rps, result.upper_rps, self.spec.workers)
+        points = [p for p in out.points if p.workload.workload == w.tag]
+        limit = client_limit(points, result.capacity_rps, result.upper_rps, self.spec.workers)
         record = out.capacity[w.tag]
         if limit is not None:  # a lower bound (or nothing) the client could measure: it says so first
-            held = limit.as_json()
-            echo(f"{index} {cell_id}: {limit.text()}{host_load(held)}")
-            out.capacity[w.tag] = record.with_extra(client_limit=held)
+            limit, load_note = host_load(limit)
+            echo(f"{index} {cell_id}: {client_limit_text(limit, result.capacity_rps)}{load_note}")
+            out.capacity[w.tag] = record.with_extra(client_limit=limit)
         else:
             echo(f"{index} {cell_id}: capacity {cap_text(result.capacity_rps, result.upper_rps, cfg.gpus)}"
                  + interval_text(record.interval_low_rps, record.interval_high_rps))  # fmt: skip

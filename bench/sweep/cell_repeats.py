@@ -10,13 +10,15 @@ cell's own points, verdicts and table are the main search's alone.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bench_llm.analysis.capacity import CapacityResult
-from bench_llm.analysis.capacity_repeats import with_repeats
+from bench_llm.analysis.capacity_repeats import RepeatInterval, with_repeats
 from bench_llm.bench.sweep.cell_echo import Echo
 from bench_llm.bench.sweep.cell_outcome import CellOutcome
+from bench_llm.results.sweep_rows import CapacityRepeats, ClientLimit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -102,7 +104,7 @@ def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
         caps.append(found.capacity_rps if found is not None else None)
     low, high, got = with_repeats(result.capacity_rps, result.interval_low_rps, result.interval_high_rps, caps,
                                   spec.loads.capacity_precision)  # fmt: skip
-    loads.out.capacity[w.tag] = cap.with_extra(interval_low_rps=low, interval_high_rps=high, repeats=_repeats_json(caps, got))
+    loads.out.capacity[w.tag] = cap.with_extra(interval_low_rps=low, interval_high_rps=high, repeats=_repeats(caps, got))
     if got is not None:
         runner.echo(f"{loads.index} {loads.cell_id}: {got.text()}")
     else:
@@ -111,27 +113,22 @@ def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
     return True
 
 
-def _repeats_json(caps: list[float | None], got: Any) -> dict[str, Any]:
-    return {
-        "capacities": caps,
-        "level": got.level if got is not None else None,
-        "low": got.low if got is not None else None,
-        "high": got.high if got is not None else None,
-        "resolution": got.resolution if got is not None else None,
-    }
+def _repeats(caps: list[float | None], got: RepeatInterval | None) -> CapacityRepeats:
+    if got is None:
+        return CapacityRepeats(tuple(caps))
+    return CapacityRepeats(tuple(caps), got.level, got.low, got.high, got.resolution)
 
 
-def host_load(limit: dict[str, Any]) -> str:
-    """The host's load average when a capacity was found client-limited (kept in ``limit``):
-    a client starved by other work on a shared host looks saturated too, and more client
-    processes do not help it."""
+def host_load(limit: ClientLimit) -> tuple[ClientLimit, str]:
+    """The host's load average when a capacity was found client-limited (the limit with it
+    kept, and what to print): a client starved by other work on a shared host looks saturated
+    too, and more client processes do not help it."""
     import os
 
     try:
         load = os.getloadavg()[0]
     except OSError:
-        return ""
-    limit["host_load_average"] = round(load, 2)
+        return limit, ""
     cpus = os.cpu_count() or 1
     busy = f": the host is busy (more runnable processes than its {cpus} CPUs), the client may be starved" if load > cpus else ""
-    return f" (host load average {load:.1f} on {cpus} CPUs{busy})"
+    return replace(limit, host_load_average=round(load, 2)), f" (host load average {load:.1f} on {cpus} CPUs{busy})"

@@ -19,10 +19,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from bench_llm.bench.distributed.clock import ClockSample, estimate_offset
-from bench_llm.launch.placement import Node
+from bench_llm.launch.placement import Node, NodeClock
 
 SAMPLES = 16
 #: Seconds the step may take to start and to answer each line.
@@ -56,7 +55,7 @@ def _reply(fd: int, buf: bytearray, timeout_s: float) -> int | None:
         return None
 
 
-def measure_node_clock(job: str, node: str, samples: int = SAMPLES) -> dict[str, Any]:
+def measure_node_clock(job: str, node: str, samples: int = SAMPLES) -> NodeClock:
     """The node's wall clock against this host's: ``offset_ns`` (node minus here), ``bound_ns``
     (its error bound), ``samples``; or ``error`` when the step did not answer."""
     proc = subprocess.Popen(clock_step_argv(job, node), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -71,11 +70,11 @@ def measure_node_clock(job: str, node: str, samples: int = SAMPLES) -> dict[str,
             there = _reply(fd, buf, STEP_START_S if i == 0 else REPLY_S)
             back = time.time_ns()
             if there is None:
-                return {"node": node, "error": "the clock step did not answer", "samples": len(got)}
+                return NodeClock(node, len(got), error="the clock step did not answer")
             if i:
                 got.append(ClockSample(sent, there, back))
     except OSError as exc:
-        return {"node": node, "error": f"the clock step: {exc}", "samples": len(got)}
+        return NodeClock(node, len(got), error=f"the clock step: {exc}")
     finally:
         try:
             proc.stdin.close()
@@ -87,10 +86,9 @@ def measure_node_clock(job: str, node: str, samples: int = SAMPLES) -> dict[str,
             proc.kill()
             proc.wait()
     est = estimate_offset(got)
-    return {"node": node, "offset_ns": est.offset_ns, "bound_ns": est.rtt_ns // 2, "samples": est.samples,
-            "clock": "time.time_ns (wall clock), node minus launching host"}  # fmt: skip
+    return NodeClock(node, est.samples, est.offset_ns, est.rtt_ns // 2)
 
 
-def measure_clocks(job: str, nodes: Sequence[Node]) -> dict[str, dict[str, Any]]:
+def measure_clocks(job: str, nodes: Sequence[Node]) -> dict[str, NodeClock]:
     """Each node's clock (``measure_node_clock``), by node name."""
     return {n.name: measure_node_clock(job, n.name) for n in nodes}

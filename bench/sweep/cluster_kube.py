@@ -27,11 +27,12 @@ from typing import Any
 from bench_llm.bench.sweep.cluster_job import (
     MAX_FRAME_BYTES,
     FrameError,
+    PayloadError,
     encode_payload,
     read_frame,
     unpack_folder,
 )
-from bench_llm.bench.sweep.loads import RemoteLoadError
+from bench_llm.bench.sweep.loads import LoadJob, RemoteLoadError
 from bench_llm.launch.kube import label_value, manifests
 from bench_llm.launch.kube_apply import KubeCell, KubeError, api_client
 from bench_llm.launch.launcher import LaunchSpec
@@ -78,10 +79,14 @@ class KubeLoads:
         c["env"] = [*c.get("env", []), {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
         return obj
 
-    def run_load(self, *, run_dir: Path, **job: Any) -> tuple[int, bool]:
+    def run_load(self, run_dir: Path, job: LoadJob) -> tuple[int, bool]:
         """Run one load as a Job; its run folder unpacked into ``run_dir``; (measured requests
         the load should have, interrupted)."""
-        obj = self.job_object(encode_payload(job))
+        try:
+            payload = encode_payload(job)
+        except PayloadError as exc:
+            raise RemoteLoadError(str(exc)) from None
+        obj = self.job_object(payload)
         name = obj["metadata"]["name"]
         try:
             log = self.kube.run_job(obj, self.job_timeout_s, limit_bytes=2 * MAX_FRAME_BYTES)

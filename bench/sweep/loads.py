@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -13,8 +14,9 @@ from bench_llm.analysis.load import Run, load_run
 from bench_llm.analysis.server_signals import server_signals
 from bench_llm.analysis.slo import SLO
 from bench_llm.bench.exact_prompts import OFF, exact_by_default, sample_prompts
-from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec, spec_from_dict
 from bench_llm.bench.virtual import VirtualEngine
+from bench_llm.core.config import ConfigError, from_mapping
 from bench_llm.core.errors import BenchError
 from bench_llm.launch.profiles import adapter_for_engine
 from bench_llm.loadgen.runner import RunOptions
@@ -46,7 +48,7 @@ class RemoteLoads(Protocol):
     """Runs a load elsewhere (a cluster's load Job, ``bench.sweep.cluster_kube``) and leaves its
     run folder in ``run_dir``; (measured requests it should have, interrupted)."""
 
-    def run_load(self, *, run_dir: Path, **job: Any) -> tuple[int, bool]: ...
+    def run_load(self, run_dir: Path, job: LoadJob) -> tuple[int, bool]: ...
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,48 @@ class Load:
         if repeats > 1:
             core += f"-r{self.repeat + 1}"
         return core
+
+    def to_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_row(cls, d: Mapping[str, Any]) -> Load:
+        """A load as ``to_row`` wrote it (ConfigError naming the key of a value of the wrong kind)."""
+        return from_mapping(cls, dict(d), "load")
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """One load as it runs elsewhere (a cluster's load Job): ``run_load``'s arguments but the
+    run folder, the engine's URL and the client's own (the pod has its own)."""
+
+    spec: SweepSpec
+    load: Load
+    served_model: str
+    extra: RunMeta
+    warmup: int
+    engine_version: str | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        return {"spec": self.spec.as_dict(), "load": self.load.to_row(), "served_model": self.served_model,
+                "extra": self.extra.to_row(), "warmup": self.warmup, "engine_version": self.engine_version}  # fmt: skip
+
+    @classmethod
+    def from_row(cls, d: Mapping[str, Any]) -> LoadJob:
+        """A job as ``to_row`` wrote it; ConfigError (a ``BenchError``, one line) for what is not one."""
+        known = {"spec", "load", "served_model", "extra", "warmup", "engine_version"}
+        unknown = sorted(set(d) - known)
+        if unknown or not {"spec", "load", "served_model", "extra", "warmup"} <= set(d):
+            raise ConfigError(f"a load job has the keys {', '.join(sorted(known))}; this one has {', '.join(sorted(d))}")
+        spec, extra = d["spec"], d["extra"]
+        if not isinstance(spec, dict) or not isinstance(extra, Mapping) or not isinstance(d["load"], Mapping):
+            raise ConfigError("a load job's spec, load and extra are tables")
+        meta = RunMeta.from_row(extra)
+        served, warmup, version = d["served_model"], d["warmup"], d.get("engine_version")
+        if meta is None or not isinstance(served, str) or isinstance(warmup, bool) or not isinstance(warmup, int) \
+                or not (version is None or isinstance(version, str)):  # fmt: skip
+            raise ConfigError("a load job's extra is a sweep run's metadata, served_model a string, warmup an integer")
+        return cls(spec_from_dict(spec), Load.from_row(d["load"]), served, meta, warmup, version)
 
 
 #: (engine URL, model) -> whether it counts the word prompts at their requested lengths
@@ -202,8 +246,8 @@ def run_load(
     its spans to; the load's own go to its run folder (``server_spans.parquet``). ``remote``:
     the load runs there (this function, in a cluster's pod) and its run folder is judged here."""
     if remote is not None:
-        expected, interrupted = remote.run_load(run_dir=run_dir, spec=spec, load=load, served_model=served_model,
-                                                extra=extra, warmup=warmup, engine_version=engine_version)  # fmt: skip
+        job = LoadJob(spec, load, served_model, extra, warmup, engine_version)
+        expected, interrupted = remote.run_load(run_dir, job)
         return _judge(load_run(run_dir), read_server_metrics(run_dir), SLO.from_dict(spec.slo), load, expected, interrupted)
     from bench_llm.bench.execute import RunConfig, execute_run
     from bench_llm.bench.virtual import simulate_run

@@ -11,9 +11,9 @@ c(1+e)]``. ``e`` is the largest held-out median |error| over the metrics a capac
 - the shipped validation rows (``sim.validation_figures``: published figures vs the simulated
   engine, held-out rows only).
 
-Cells whose intervals overlap are "too close to call" on the model alone: only measurement
-decides between them. A median error is not a bound: about half of the measured figures lie
-outside it.
+A cell whose interval holds the target is "too close to call" on the model alone (the
+recommendation's rule, ``analysis.recommend_choice.model_target_call``): only measurement
+decides it. A median error is not a bound: about half of the measured figures lie outside it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_llm.analysis.recommend_types import Recommendation
+from bench_llm.analysis.recommend_choice import model_target_call
+from bench_llm.analysis.recommend_types import Recommendation, model_interval
 from bench_llm.core.errors import BenchError
 from bench_llm.results.schema import MODEL_ERROR_METRICS, MODEL_ERROR_SOURCE, model_error_column
 
@@ -131,16 +132,16 @@ def model_error_columns(engine: str, engine_args: tuple[str, ...]) -> dict[str, 
     return metric_errors(tuple(engine_args)).columns() if engine == "sim" else {}
 
 
-def _iv(c: float, e: float) -> tuple[float, float]:
-    return c * (1 - e), c * (1 + e)
-
-
-def _fmt(lo: float, hi: float) -> str:
-    return f"[{lo:.4g}, {hi:.4g}]"
+def _fmt(interval: tuple[float, float] | None) -> str:
+    return "" if interval is None else f"[{interval[0]:.4g}, {interval[1]:.4g}]"
 
 
 def model_error_lines(rec: Recommendation, err: ModelError) -> list[str]:
-    """The sweep's capacities with the model's interval, and which cells the model cannot separate."""
+    """The sweep's capacities with the model's interval, and the ones it leaves too close to
+    call against the target: decided and phrased by the recommendation's own rule
+    (``analysis.recommend_choice.model_target_call``). Whether the pick is separated from its
+    runner-up once the intervals are widened by the model's error is the recommendation's
+    separation, printed with it."""
     e = err.fraction
     lines = [f"model error: capacities are the simulated engine's; measured engines differ by a median "
              f"±{e:.1%} (source: {err.source})"]  # fmt: skip
@@ -151,37 +152,17 @@ def model_error_lines(rec: Recommendation, err: ModelError) -> list[str]:
             continue
         head = f"  {name}: " if len(rec.workloads) > 1 else "  "
         lines.append(head + "; ".join(f"{c.cell_id} {c.capacity.capacity_rps:.4g} req/s -> "
-                                      f"{_fmt(*_iv(c.capacity.capacity_rps, e))}" for c in cells))  # type: ignore[arg-type]
-        if target is not None:
-            for c in cells:
-                lo, hi = _iv(c.capacity.capacity_rps, e)  # type: ignore[arg-type]
-                if lo < target <= hi:
-                    lines.append(f"  too close to call against the target {target:g} req/s: {c.cell_id} "
-                                 f"{_fmt(lo, hi)} (a measured engine may meet it or fall short)")  # fmt: skip
+                                      f"{_fmt(model_interval(c.capacity.capacity_rps, e))}" for c in cells))  # fmt: skip
+        if target is None:
+            continue
+        for c in cells:
+            call = model_target_call(c.cell_id, c.capacity.capacity_rps, e, target)
+            if call is not None:
+                lines.append(f"  {call}")
         pick = wl.recommendation
-        if pick is None or pick.capacity_rps is None:
-            continue
-        # with a target, cells of the pick's size compete on capacity; without, all cells per GPU
-        per_gpu = target is None
-        pv = pick.capacity_rps_per_gpu if per_gpu else pick.capacity_rps
-        if pv is None:
-            continue
-        plo, phi = _iv(pv, e)
-        if target is not None and _iv(pick.capacity_rps, e)[0] >= target:
+        low = model_interval(pick.capacity_rps if pick is not None else None, e)
+        if pick is not None and low is not None and low[0] >= target - 1e-9:
             lines.append(f"  {pick.cell_id} meets the target {target:g} req/s even at its interval's low end")
-        rivals = [c for c in cells if c.cell_id != pick.cell_id and (per_gpu or c.gpus == pick.gpus)]
-        unit = "req/s per GPU" if per_gpu else "req/s"
-        close = []
-        for c in rivals:
-            v = c.capacity_rps_per_gpu if per_gpu else c.capacity.capacity_rps
-            if v is not None and _iv(v, e)[1] >= plo and _iv(v, e)[0] <= phi:
-                close.append(f"{c.cell_id} {_fmt(*_iv(v, e))}")
-        if close:
-            lines.append(f"  too close to call on the model alone: {pick.cell_id} {_fmt(plo, phi)} {unit} overlaps "
-                         + ", ".join(close) + " (measure them to decide)")
-        elif rivals:
-            lines.append(f"  {pick.cell_id} {_fmt(plo, phi)} {unit} stays ahead of "
-                         + ", ".join(c.cell_id for c in rivals) + " even at the model's error")
     return lines
 
 

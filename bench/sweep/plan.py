@@ -175,18 +175,18 @@ def predict(spec: SweepSpec, settings: PlanSettings, error: float, echo: Echo, j
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
         folder = Path(tmp) / "plan"
         run_sweep(sim, folder, echo=lambda line: None, jobs=jobs, progress=False)
-        rows = store.read_cells(folder)
-    failed = [r for r in rows if r["status"] == "failed"]
+        rows = store.read_cell_rows(folder)
+    failed = [r for r in rows if r.status == "failed"]
     if failed:  # a cell the model cannot run is no cell it can rule out
-        raise BenchError(f"--plan: the simulated engine could not run {failed[0]['cell_id']}: {failed[0].get('reason')} "
+        raise BenchError(f"--plan: the simulated engine could not run {failed[0].cell_id}: {failed[0].reason} "
                          "(--plan-model names the preset it models, --plan-config a profile)")  # fmt: skip
     cells = []
     for r in rows:
-        if r["status"] == "skipped":
+        if r.status == "skipped":
             continue
-        cap = r.get("capacity_rps") if r["status"] == "complete" else None
+        cap = r.capacity_rps if r.status == "complete" else None
         c = float(cap or 0.0)
-        cells.append(PlanCell(r["cell_id"], int(r["gpus"]), int(r.get("axes") or 0), cap, c * (1 - error), c * (1 + error)))
+        cells.append(PlanCell(r.cell_id, r.cell.gpus, r.cell.axes, cap, c * (1 - error), c * (1 + error)))
     return cells
 
 
@@ -367,26 +367,27 @@ def _quiet(echo: Echo, first: bool) -> Echo:
 
 
 def _read_measured(out: Path, by_id: dict[str, PlanCell]) -> None:
-    for r in store.read_cells(out):
-        c = by_id.get(r["cell_id"])
+    for r in store.read_cell_rows(out):
+        c = by_id.get(r.cell_id)
         if c is None:
             continue
-        if r.get("started_unix_s") and r.get("ended_unix_s"):
-            c.seconds = float(r["ended_unix_s"]) - float(r["started_unix_s"])
-        if r["status"] == "complete":
-            c.status, c.measured, c.reason = "measured", float(r.get("capacity_rps") or 0.0), None
-        elif r["status"] == "failed":
-            c.status, c.reason = "failed", r.get("reason")
+        if r.started_unix_s and r.ended_unix_s:
+            c.seconds = float(r.ended_unix_s) - float(r.started_unix_s)
+        if r.status == "complete":
+            c.status, c.measured, c.reason = "measured", float(r.capacity_rps or 0.0), None
+        elif r.status == "failed":
+            c.status, c.reason = "failed", r.reason
 
 
 def _final_rows(spec: SweepSpec, out: Path, by_id: dict[str, PlanCell]) -> None:
     """The skipped cells' rows with the final reason (the last round stored the one before)."""
-    rows = store.read_cells(out)
-    for r in rows:
-        c = by_id.get(r["cell_id"])
-        if c is not None and c.status == "skipped" and r["status"] == "skipped":
-            r["reason"] = HELD + (c.reason or "")
-    store.write_cells(out, rows)
+    rows = []
+    for r in store.read_cell_rows(out):
+        c = by_id.get(r.cell_id)
+        if c is not None and c.status == "skipped" and r.status == "skipped":
+            r = replace(r, reason=HELD + (c.reason or ""))
+        rows.append(r)
+    store.write_cell_rows(out, rows)
 
 
 def plan_json(result: PlanResult, spec: SweepSpec) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from bench_llm.analysis.capacity import CapacitySearch, Probe, capacity_from_pro
 from bench_llm.analysis.capacity_steady import long_enough
 from bench_llm.analysis.confidence import (
     attainment_verdict,
+    interval_verdict,
     requests_to_pass,
     separation,
     wilson_interval,
@@ -52,6 +53,14 @@ def test_a_verdict_needs_the_whole_interval_on_one_side_of_the_target() -> None:
     assert attainment_verdict(800, 1000, 0.85) == "fail"
     assert attainment_verdict(0, 6, 0.9) == "fail"  # a handful of requests can fail decisively
     assert attainment_verdict(100, 100, 1.0) == "pass" and attainment_verdict(99, 100, 1.0) == "fail"
+    assert attainment_verdict(0, 0, 1.0) == "undecided"  # no requests: nothing to judge, even at 100 %
+
+
+def test_an_interval_decides_only_wholly_on_one_side() -> None:
+    assert interval_verdict(0.9, 0.95, 0.9) == "pass"  # at the target counts
+    assert interval_verdict(0.8, 0.8999, 0.9) == "fail"
+    assert interval_verdict(0.85, 0.95, 0.9) == "undecided"
+    assert interval_verdict(math.nan, math.nan, 0.9) == "undecided"
 
 
 def _row(met: int, n: int, **kw: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ model error) is judged as before."""
 
 from __future__ import annotations
 
-from bench_llm.analysis.recommend_choice import choose, per_gpu_separation, target_separation
+from bench_llm.analysis.recommend_choice import choose, model_target_call, per_gpu_separation, target_separation
 from bench_llm.analysis.recommend_types import CellCapacity, Configuration, Lightest
 
 SOURCE = "the shipped validation rows' held-out median |error| per metric"
@@ -44,7 +44,8 @@ def test_with_a_target_a_smaller_configuration_whose_model_interval_reaches_it_k
     simulated = [_config("a", 1, 90, 88, 95, 95, 0.125), _config("b", 2, 150, 140, 160, 160, 0.125)]
     sep = target_separation(simulated, pick, 100.0)
     assert sep is not None and not sep.separated and sep.runner_up == "a"
-    assert "may reach 101.2" in sep.text
+    assert "too close to call against the target 100 req/s: a [78.75, 101.2] at the simulated engine's error ±12.5%" in sep.text
+    assert model_target_call("a", 90, 0.125, 100.0) in sep.text  # the sweep's model-error lines say the same words
     # an error too small to reach the target leaves it decided
     small = [_config("a", 1, 90, 88, 95, 95, 0.05), _config("b", 2, 150, 140, 160, 160, 0.05)]
     decided = target_separation(small, pick, 100.0)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from bench_llm.analysis.capacity_client import ClientLimit, client_limit, client_limited
+from bench_llm.analysis.capacity_client import client_limit, client_limit_text, client_limited
 from bench_llm.analysis.capacity_repeats import prediction_interval, t_quantile
 from bench_llm.analysis.recommend import recommend
 from bench_llm.analysis.summary_types import ClientHealth, ClientWindow
 from bench_llm.bench.sweep.store import read_cells
+from bench_llm.results.sweep_rows import ClientLimit, PointRow
 from tests.conftest import REPO, bench_argv
 
 TP2 = ["sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "2", "--tp", "2",
@@ -79,16 +80,19 @@ def test_a_run_whose_client_was_saturated_in_most_windows_is_client_limited() ->
 
 
 def test_a_capacity_below_a_client_limited_load_is_a_lower_bound_with_the_lever() -> None:
-    def row(rate: float, limited: str | None, workers: int = 1) -> dict:
-        return {"load_kind": "rate", "role": "probe", "load_value": rate, "client_limited": limited,
-                "client_workers": workers}  # fmt: skip
+    def row(rate: float, limited: str | None, workers: int = 1, role: str = "probe") -> PointRow:
+        return PointRow.from_row({"load_kind": "rate", "role": role, "load_value": rate, "load_label": f"rate-{rate:g}",
+                                  "client_limited": limited, "client_workers": workers})  # fmt: skip
 
     why = "client-limited: bench's client was saturated in 9 of 10 windows"
     rows = [row(60.0, None), row(120.0, why), row(120.0, why, 2)]
     limit = client_limit(rows, 60.0, None)
-    assert limit == ClientLimit(60.0, 120.0, 2, why)
-    assert limit.text().startswith("capacity ≥ 60 req/s, client-limited: bench's client could not offer 120 req/s")
-    assert "--workers 4" in limit.text()
+    assert limit == ClientLimit(120.0, 2, why)
+    text = client_limit_text(limit, 60.0)
+    assert text.startswith("capacity ≥ 60 req/s, client-limited: bench's client could not offer 120 req/s")
+    assert "--workers 4" in text
+    # a baseline's run is not a load of the search
+    assert client_limit([row(60.0, None), row(120.0, why, role="baseline")], 60.0, None) is None
     # a load that failed decidedly below the client-limited one: the capacity is no lower bound
     assert client_limit(rows, 60.0, 90.0) is None
     # one truthful run of the load: not client-limited

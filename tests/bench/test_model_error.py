@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench_llm.analysis.recommend_choice import model_target_call
 from bench_llm.bench.sweep.model_error import ModelError, model_error_lines, sim_model_error
 from bench_llm.sim.validation_figures import Row, median_abs_errors, metric_kind
 from tests.conftest import REPO
@@ -76,17 +77,18 @@ def test_intervals_and_too_close_to_call() -> None:
     lines = model_error_lines(_rec(38, [a, b, c], c), err)
     assert "median ±10.0% (source: src)" in lines[0]
     assert "tp2 20 req/s -> [18, 22]; tp4 30 req/s -> [27, 33]; tp2-dp2 40 req/s -> [36, 44]" in lines[1]
-    assert any("against the target 38 req/s: tp2-dp2 [36, 44]" in x for x in lines)
-    assert any("stays ahead of tp4" in x for x in lines)  # 33 < 36 at ±10 %
-    assert not any("even at its interval's low end" in x for x in lines)  # 36 < 38
+    # decided and phrased once, by the recommendation's rule: the same words as its separation
+    call = model_target_call("tp2-dp2", 40.0, 0.10, 38)
+    assert call == ("too close to call against the target 38 req/s: tp2-dp2 [36, 44] at the simulated engine's "
+                    "error ±10.0%: a measured engine may meet it or fall short")  # fmt: skip
+    assert lines[2:] == [f"  {call}"]  # tp2 [18, 22] and tp4 [27, 33] fall short of 38 whatever the error
     narrow = model_error_lines(_rec(38, [a, b, c], c), ModelError(0.04, "ttft_ms", "src"))
-    assert "  tp2-dp2 meets the target 38 req/s even at its interval's low end" in narrow
-    wide = model_error_lines(_rec(38, [a, b, c], c), ModelError(0.20, "ttft_ms", "src"))
-    assert any("too close to call on the model alone: tp2-dp2 [32, 48] req/s overlaps tp4 [24, 36]" in x for x in wide)
-    # without a target, cells compete per GPU across sizes: tp2 (10/GPU) vs tp2-dp2 (10/GPU)
-    per_gpu = model_error_lines(_rec(None, [a, b, c], c), err)
-    assert not any("against the target" in x for x in per_gpu)
-    assert any("req/s per GPU overlaps tp2 [9, 11]" in x for x in per_gpu)
+    assert narrow[2:] == ["  tp2-dp2 meets the target 38 req/s even at its interval's low end"]
+    wide = model_error_lines(_rec(38, [a, b, c], c), ModelError(0.30, "ttft_ms", "src"))
+    assert [x.split(": ")[1].split(" [")[0] for x in wide[2:]] == ["tp4", "tp2-dp2"]  # 30 × 1.3 = 39 reaches 38
+    # without a target the pick's separation from its runner-up is the recommendation's, printed with it
+    assert model_error_lines(_rec(None, [a, b, c], c), err)[2:] == []
+    assert model_target_call("m", 40.0, None, 38) is None  # a measured capacity has no model interval
 
 
 def _readme_main_job() -> list[str]:

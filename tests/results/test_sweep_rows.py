@@ -7,7 +7,9 @@ import math
 
 from bench_llm.results.sweep_rows import (
     CapacityRecord,
+    CapacityRepeats,
     CellColumns,
+    ClientLimit,
     Confirmation,
     Judging,
     LoadRef,
@@ -72,6 +74,29 @@ def test_capacity_record_writes_only_the_keys_it_has() -> None:
     assert row["judged"] == {"slo": {"ttft_ms": 300}, "attainment_pct": 90.0, "confidence": 0.95}
     back = CapacityRecord.from_row(row)
     assert back == found and back.to_row() == row
+
+
+def test_capacity_repeats_and_client_limit_are_typed_and_read_from_files_of_the_mapping_form() -> None:
+    # capacity_json as the sweep wrote it when both were free-form mappings (bench before the typed records)
+    old = {"method": "search", "capacity_rps": 9.0, "upper_rps": 18.0, "precision": 0.02, "achieved_precision": 1.0,
+           "converged": False, "probes": 4, "note": "", "interval_low_rps": 8.5, "interval_high_rps": 9.7,
+           "repeats": {"capacities": [9.2, None], "level": 0.95, "low": 8.5, "high": 9.7, "resolution": 0.18},
+           "client_limit": {"rate": 18.0, "workers": 2, "host_load_average": 3.25,
+                            "reason": "client-limited: bench's client was saturated in 9 of 10 windows"}}  # fmt: skip
+    rec = CapacityRecord.from_row(old)
+    assert rec.repeats == CapacityRepeats((9.2, None), 0.95, 8.5, 9.7, 0.18)
+    assert rec.client_limit == ClientLimit(18.0, 2, old["client_limit"]["reason"], 3.25)
+    assert rec.to_row() == old  # written back key for key
+    # a search whose repeats found no interval; a limit found where the host load is not known
+    bare = rec.with_extra(repeats=CapacityRepeats((None, None)), client_limit=ClientLimit(18.0, 1, "why"))
+    row = bare.to_row()
+    assert row["repeats"] == {"capacities": [None, None], "level": None, "low": None, "high": None, "resolution": None}
+    assert row["client_limit"] == {"rate": 18.0, "workers": 1, "reason": "why"}
+    assert CapacityRecord.from_row(row) == bare
+    # damaged values read as unknown, not as an exception
+    odd = CapacityRecord.from_row({**old, "repeats": {"capacities": "x"}, "client_limit": {"rate": "fast"}})
+    assert odd.repeats == CapacityRepeats(()) and odd.client_limit is not None
+    assert math.isnan(odd.client_limit.rate) and odd.client_limit.workers == 1
 
 
 def test_a_reason_is_a_code_and_a_message() -> None:
