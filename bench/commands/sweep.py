@@ -147,7 +147,7 @@ def _endpoints(texts: tuple[str, ...]) -> tuple[EndpointSpec, ...] | None:
 @click.option("--target-rate", type=float, help="Load (req/s) the recommendation must serve.")
 @click.option("--target-concurrency", type=int, help="Concurrency the recommendation must serve (concurrency sweeps).")
 @click.option("--engine-arg", "engine_args", multiple=True, help="Extra engine argument (repeatable).")
-@click.option("--engine-env", "engine_env", multiple=True, help="NAME=value for the engine's environment (repeatable).")
+@click.option("--engine-env", "engine_env", multiple=True, help="NAME=value for the engine's environment, or NAME for bench's own value (a secret's only form; repeatable).")
 @click.option("--ready-timeout", type=float, help="Seconds to wait for an engine to become ready. [default: 600]")
 @click.option("--engine-version", help="The engine's version (e.g. 3.3.6): version-gated flags and metric names "
                                        "(docs/engines.md). [default: what each launched engine reports]")
@@ -240,6 +240,8 @@ def command(config_path: Path | None, **flags: Any) -> None:
     explicit = _explicit_loads(config_path, flags, resumed=base is not None and config_path is None)
     spec = _apply_flags(base, flags).with_clock(explicit)
     spec.validate()
+    if not dry_run:
+        spec.engine_env_pairs()  # a variable passed by name but unset fails here, before any launch
     if plan is not None:
         from bench_llm.bench.sweep.plan import check
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,9 +36,10 @@ if TYPE_CHECKING:
     from bench_llm.loadgen.otlp import OtlpReceiver
 
 
-def cell_engine(spec: SweepSpec, cfg: ParallelConfig) -> CellEngine:
-    """What the launcher gets for one cell (a tuning cell's flags travel in ``cfg.extra_args``)."""
-    env = tuple((name, value) for name, _, value in (item.partition("=") for item in spec.engine_env))
+def cell_engine(spec: SweepSpec, cfg: ParallelConfig, environ: Mapping[str, str] | None = None) -> CellEngine:
+    """What the launcher gets for one cell (a tuning cell's flags travel in ``cfg.extra_args``);
+    ``environ``: where a variable passed by name takes its value (bench's own environment)."""
+    env = spec.engine_env_pairs(environ)
     return CellEngine(
         engine=spec.for_cell(cfg).engine,
         model=spec.model,

@@ -7,17 +7,16 @@ secret-looking variables masked.
 
 from __future__ import annotations
 
-import re
 import shlex
 
 from bench_llm.bench.sweep.cell import cell_engine
 from bench_llm.bench.sweep.engines import DefaultLauncher
 from bench_llm.bench.sweep.matrix import expand
-from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
+from bench_llm.bench.sweep.spec import DRY_RUN_ENVIRON, SweepSpec, WorkloadSpec
+from bench_llm.core.redact import secret_name
 from bench_llm.launch.process import EngineStartError
 
 #: Environment names whose values a dry run does not print.
-_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 
 def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> list[str]:
@@ -49,7 +48,7 @@ def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> l
             lines.append(f"{head}, running {named}deployment at {urls[c.config.deployment]} (bench starts nothing)")
             continue
         try:
-            procs = launcher.plan(cell_engine(spec, c.config))
+            procs = launcher.plan(cell_engine(spec, c.config, DRY_RUN_ENVIRON))
         except EngineStartError as exc:
             lines.append(f"{head}, skipped: {exc}")
             continue
@@ -67,4 +66,4 @@ def _values(w: WorkloadSpec) -> str:
 
 
 def _shown(name: str, value: str) -> str:
-    return "***" if _SECRET.search(name) else value
+    return "***" if secret_name(name) else value

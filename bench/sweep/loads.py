@@ -119,7 +119,8 @@ class LoadJob:
     engine_version: str | None = None
 
     def to_row(self) -> dict[str, Any]:
-        return {"spec": self.spec.as_dict(), "load": self.load.to_row(), "served_model": self.served_model,
+        # the load's pod starts no engine: the engine's environment (secrets among it) stays here
+        return {"spec": replace(self.spec, engine_env=()).as_dict(), "load": self.load.to_row(), "served_model": self.served_model,
                 "extra": self.extra.to_row(), "warmup": self.warmup, "engine_version": self.engine_version}  # fmt: skip
 
     @classmethod

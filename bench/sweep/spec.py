@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from bench_llm.core.errors import BenchError
+from bench_llm.core.redact import secret_name
 from bench_llm.launch.config import AXES, DEPLOYMENT_NAME, Disagg, ParallelConfig
 from bench_llm.launch.placement import ClusterSpec
 from bench_llm.launch.profiles import PROFILES, launchable_engines
@@ -298,7 +300,8 @@ class SweepSpec:
     api: str = "completions"
     #: Extra arguments appended to every engine's argv.
     engine_args: tuple[str, ...] = ()
-    #: Extra environment for the engine, as "NAME=value" strings.
+    #: Extra environment for the engine: "NAME=value", or "NAME" for bench's own value of NAME
+    #: when the engine starts (the only form a secret may take: ``engine_env_pairs``).
     engine_env: tuple[str, ...] = ()
     #: The engine's version when known: version-gated launch flags, /metrics names and SGLang's
     #: stream shape (docs/engines.md). None: each launched engine's own answer.
@@ -368,8 +371,7 @@ class SweepSpec:
             if name.replace("_", "-") in fixed:
                 raise SweepSpecError(f"--{name} is both a matrix axis and an --engine-arg; give it in one place")
         for item in self.engine_env:
-            if "=" not in item or item.startswith("="):
-                raise SweepSpecError(f"engine_env {item!r}: expected NAME=value")
+            _check_env_item(item)
         from bench_llm.analysis.slo import SLO, SLOError
 
         try:
@@ -439,6 +441,20 @@ class SweepSpec:
         engine = next((e.engine for e in self.endpoints if e.name == cfg.deployment and e.engine), None)
         return replace(self, engine=engine) if engine and engine != self.engine else self
 
+    def engine_env_pairs(self, environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+        """The engine's extra environment as (name, value): a bare ``NAME`` takes bench's own
+        value (``environ``, default ``os.environ``); SweepSpecError names what is unset."""
+        env = os.environ if environ is None else environ
+        pairs = []
+        for item in self.engine_env:
+            name, eq, value = item.partition("=")
+            if not eq:
+                if name not in env:
+                    raise SweepSpecError(f"engine_env {name}: not set in bench's environment (export it, or give NAME=value)")
+                value = env[name]
+            pairs.append((name, value))
+        return tuple(pairs)
+
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
@@ -487,6 +503,41 @@ def load_spec(path: Path) -> SweepSpec:
         return from_mapping(SweepSpec, data, "", str(path))
     except ConfigError as exc:
         raise SweepSpecError(str(exc)) from None
+
+
+class _NamedOnly(Mapping[str, str]):
+    """Every variable set, to ``***``: what a dry run shows for a variable passed by name."""
+
+    def __getitem__(self, name: str) -> str:
+        return "***"
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+#: ``environ`` for a dry run: it starts nothing, so it reads no value (and needs none set).
+DRY_RUN_ENVIRON: Mapping[str, str] = _NamedOnly()
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_env_item(item: str) -> None:
+    """One ``engine_env`` item: ``NAME=value`` or ``NAME``; a secret's value never appears in a
+    spec (it is written to sweep.json and the command line is stored), so it must be ``NAME``."""
+    name, eq, _ = item.partition("=")
+    if not _ENV_NAME.fullmatch(name):
+        raise SweepSpecError(f"engine_env {name[:64]!r}: expected NAME=value or NAME (a variable name)")
+    if eq and secret_name(name):
+        raise SweepSpecError(
+            f"engine_env {name}: a secret's value is not given on the command line or in a file bench writes; "
+            f"export {name} and pass --engine-env {name} (bench hands its own value to the engine)"
+        )
 
 
 def spec_from_dict(data: dict[str, Any]) -> SweepSpec:

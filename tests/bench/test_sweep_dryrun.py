@@ -84,7 +84,7 @@ def test_vllm_matrix_argv_gpus_env_and_skips() -> None:
 def test_sglang_disagg_and_refused_flags_by_name() -> None:
     spec = _spec(
         "sglang", MatrixSpec(tp=(1,), dcp=(1,), disagg=("1:1",), flags={"max-running-requests": ("16",)}),
-        engine_env=("HF_TOKEN=hf_secret",),
+        engine_env=("HF_TOKEN",),
     )  # fmt: skip
     (cell,) = _cells(dry_run_lines(spec)).values()
     roles = [line.split(":", 1)[0].strip() for line in cell[1::2]]
