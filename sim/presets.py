@@ -31,6 +31,9 @@ class GpuSpec:
     mfu_gemm: float = 0.77  # BF16 GEMMs at large token counts
     mfu_gemm_fp8: float = 0.55  # achieved fraction of the FP8 peak (NIM TTFT fit, §3.4)
     mfu_attn: float = 0.5
+    #: MLA decode attention where compute-bound (all heads of a GPU over the latent cache): FlashMLA's README
+    #: gives 660 TFLOP/s on H800 SXM5, 989 dense BF16 (deepseek-ai/FlashMLA), 0.67 of the peak
+    mfu_mla_decode: float = 660.0 / 989.0
     mbu: float = 0.8
     mbu_kv: float = 0.75
 

@@ -157,3 +157,26 @@ def test_the_vllm_skew_stops_growing_above_tp4() -> None:
 
     assert skew("vllm", 8) == skew("vllm", 4) > skew("vllm", 2) > 0
     assert skew("sglang-2024", 8) > 2 * skew("sglang-2024", 4)  # its DeepSeek TP8 rows were fitted with the growth
+
+
+def test_mla_decode_attention_is_compute_bound_with_all_heads_on_a_gpu() -> None:
+    """MLA decode attention on the latent cache costs 2 x (576 + 512) FLOPs per context token, layer and head:
+    with attention DP (128 heads on every GPU) a batch of 64 at 8 k context is bound by those FLOPs (~20 ms at
+    FlashMLA's 660 TFLOP/s), far above the latent's read (~5 ms of FP8 bytes); at TP8 (16 heads a GPU) the
+    FLOPs are an eighth and the read still dominates; a GQA model's decode attention stays the read."""
+    from bench_llm.sim.costmodel import _blend
+    from bench_llm.sim.options import ModelTiming
+
+    def attn(tp: int, dp: int, model: str = "deepseek-v3") -> tuple[float, float]:
+        cm = ModelTiming(model, "h200", "fp8", tp=tp, dp=dp, ep=8 if model == "deepseek-v3" else 1,
+                         profile="trtllm").cost_model()
+        ctx = 64 * 8192
+        return cm.step([], 64, ctx).parts["attn_decode"], ctx * cm.kv_bytes_token_gpu / cm._kv_read_bw
+
+    dp8, read_dp8 = attn(1, 8)
+    tp8, read_tp8 = attn(8, 1)
+    flops_dp8 = 64 * 8192 * 2 * 61 * (576 + 512) * 128 / 660e12
+    assert dp8 == pytest.approx(_blend(read_dp8, flops_dp8)) and dp8 > 3 * read_dp8
+    assert tp8 < 1.5 * read_tp8
+    gqa, read_gqa = attn(8, 1, "llama-3.1-70b")
+    assert gqa == read_gqa
