@@ -195,7 +195,10 @@ class ModelBackend:
             cm_pf = pf.cost_model() if pf is not timing else cm
             if cm_pf is not cm:
                 cm_pf.check_fits()
-            limits_pf = replace(limits, num_blocks=cm_pf.kv_blocks())
+            limits_pf = replace(limits, num_blocks=cm_pf.kv_blocks(),
+                                max_num_seqs=timing.prefill_max_num_seqs or limits.max_num_seqs,
+                                max_num_batched_tokens=timing.prefill_max_num_batched_tokens
+                                or limits.max_num_batched_tokens)
             for i in range(timing.disagg_prefill * pf.dp):
                 inst = Instance(len(self.instances), cm_pf, limits_pf, "prefill", timing.pp, timing.slowdown, jitter,
                                 random.Random(rng.random()))

@@ -102,6 +102,14 @@ class CostModel:
         self._two_layers = 2.0 * self.layers_stage
         self._attn_split = t * parallel.pcp
         self._kv_read_bw = self.bw * gpu.mbu_kv
+        # MLA decode attention runs on the latent cache with the projections absorbed (FlashMLA, TRT-LLM's MLA
+        # generation kernels): per context token, per layer and per head on the GPU, a score over the 576-wide
+        # latent + rope key and a 512-wide value product, 2 x (576 + 512) FLOPs. With attention DP every GPU
+        # holds all 128 heads, so at long contexts the step is bound by these FLOPs, not by the latent's bytes
+        # (DCP: each rank takes dcp x the heads over 1/dcp of the context, the same FLOPs)
+        self._mla_dec_flops_ctx = (self._two_layers * (2 * model.mla_kv_dim - 64) * model.heads / t / parallel.pcp
+                                   if model.mla_kv_dim else 0.0)
+        self._mla_dec_flops = gpu.bf16_tflops * 1e12 * gpu.mfu_mla_decode
         self._fixed_s = profile.t_fixed_ms * 1e-3
         self._per_seq_s = profile.per_seq_us * 1e-6
         self._eager_s = self.layers_stage * profile.eager_layer_us * 1e-6
@@ -192,6 +200,8 @@ class CostModel:
         # it would written out in full, so the times are bit for bit those of the formula)
         t_attn_pf = self._two_layers * attn_pf_flops * 2.0 * m.heads * m.head_dim / self._attn_split / self.attn_flops
         t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / self._kv_read_bw
+        if self._mla_dec_flops_ctx and decode_ctx_sum:
+            t_attn_dec = _blend(t_attn_dec, decode_ctx_sum * self._mla_dec_flops_ctx / self._mla_dec_flops)
         stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers
         # an eager step (a prefill, or more decodes than the engine has CUDA graphs for) lasts at least
         # the CPU time of launching its layers' kernels; the GPU's work overlaps it

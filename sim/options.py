@@ -47,6 +47,11 @@ class ModelTiming:
     prefill_tp: int = 0
     prefill_dp: int = 0
     prefill_ep: int = 0
+    #: the prefill pool's own running-request and per-step token limits (0: the decode pool's): P/D
+    #: deployments launch their prefill workers with small batches (AIConfigurator's generator: a prefill
+    #: worker's max_batch_size is its prefill batch size, 1 by default; max_num_tokens ISL + 1 500)
+    prefill_max_num_seqs: int = 0
+    prefill_max_num_batched_tokens: int = 0
     router: Router = "round-robin"
     profile: str = "vllm"
     max_num_seqs: int | None = None
@@ -94,6 +99,11 @@ class ModelTiming:
             raise ValueError("disaggregation needs both prefill and decode instances")
         if min(self.prefill_tp, self.prefill_dp, self.prefill_ep) < 0:
             raise ValueError("prefill_tp, prefill_dp and prefill_ep must be >= 0 (0: the decode pool's)")
+        if min(self.prefill_max_num_seqs, self.prefill_max_num_batched_tokens) < 0:
+            raise ValueError("prefill_max_num_seqs and prefill_max_num_batched_tokens must be >= 0 (0: the decode "
+                             "pool's)")
+        if (self.prefill_max_num_seqs or self.prefill_max_num_batched_tokens) and not self.disaggregated:
+            raise ValueError("prefill pool limits (prefill_max_num_seqs/_batched_tokens) need disaggregation")
         if self.prefill_layout_differs:
             if not self.disaggregated:
                 raise ValueError("a prefill pool layout (prefill_tp/dp/ep) needs disaggregation")

@@ -31,6 +31,9 @@ class GpuSpec:
     mfu_gemm: float = 0.77  # BF16 GEMMs at large token counts
     mfu_gemm_fp8: float = 0.55  # achieved fraction of the FP8 peak (NIM TTFT fit, §3.4)
     mfu_attn: float = 0.5
+    #: MLA decode attention where compute-bound (all heads of a GPU over the latent cache): FlashMLA's README
+    #: gives 660 TFLOP/s on H800 SXM5, 989 dense BF16 (deepseek-ai/FlashMLA), 0.67 of the peak
+    mfu_mla_decode: float = 660.0 / 989.0
     mbu: float = 0.8
     mbu_kv: float = 0.75
     #: Hopper's warpgroup MMA (wgmma). The expert-GEMM ceilings (``EngineProfile.moe_gemm_tflops*``) model
@@ -233,7 +236,12 @@ TRTLLM_EP_A2A_SCALE = 0.25
 #: SGLang 40 rows: 446 ms, spread 0-1.4 s); noisy, the rows repeat one configuration at up to 3x apart.
 #: Re-derived the same way once each pool ran its own layout (issue 35): TRT-LLM 1174 ms (quartiles 703 and
 #: 2221), SGLang 455 (39 rows, quartiles 329 and 738: kept at 450)
-TRTLLM_PD_HANDOFF_MS = 1170.0
+#: Issue 35's P/D pass: re-derived the same way on the 15 TRT-LLM rows at C <= 64 whose deployment is known
+#: (given, or taken from the labelled rows at the same concurrency; the 20 others run a guessed 1P:1D and
+#: sat 1-7 s above): 796 ms (quartiles 550 and 1174), rounded to 800. It stays a fitted constant: the gap it
+#: stands for grows with the request rate per prefill worker (about 0.5 s at 2.5 req/s, 0.7-0.9 s at 4-7,
+#: 2.7-4.4 s near the worker's measured capacity), the shape of a queue (docs/simulator.md)
+TRTLLM_PD_HANDOFF_MS = 800.0
 SGLANG_PD_HANDOFF_MS = 450.0
 #: SGLang's steady-state new_token_ratio (global_config: 0.7 x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14)
 SGLANG_NEW_TOKEN_RATIO_MIN = 0.098

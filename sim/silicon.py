@@ -48,6 +48,8 @@ _REL = Path("shared") / "reference" / "silicon" / "h200_silicon.csv"
 #: requests per stream simulated (the first synchronised, the rest refills); AIPerf sent 20
 WAVES = 3
 MEASURED_PER_STREAM = 20
+#: the prefill workers' per-step prompt tokens beyond the ISL (AIConfigurator's generator rules)
+PREFILL_TOKENS_SLACK = 1500
 #: the engines the rows name -> the profile that models each
 PROFILE_OF = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 
@@ -85,6 +87,9 @@ class Point:
     prefill_layout: tuple[int, int, int] = (0, 0, 0)
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
+    #: disagg: running requests per prefill rank (the row's ``prefill_batch_size``; blank: 1, the generator's
+    #: default)
+    prefill_batch: int = 1
 
     @property
     def group(self) -> str:
@@ -94,7 +99,7 @@ class Point:
     def key(self) -> tuple[object, ...]:
         """What the simulation depends on (rows with the same key are simulated once)."""
         return (self.backend, self.model, self.mode, self.isl, self.osl, self.concurrency, self.tp, self.dp, self.ep,
-                self.prefill, self.decode, self.prefill_layout)
+                self.prefill, self.decode, self.prefill_layout, self.prefill_batch)
 
 
 def _int(s: str | None, default: int = 1) -> int:
@@ -124,40 +129,59 @@ def _figures(r: dict[str, str]) -> tuple[object, ...]:
             round(float(r["silicon_ttft_ms"]), 1), round(float(r["silicon_tpot_ms"]), 2))
 
 
+def _deployment(r: dict[str, str]) -> tuple[str, ...]:
+    """A disaggregated row's worker counts and decode pool layout (what its concurrency is made of)."""
+    return tuple(r[k].strip() for k in ("prefill_num_workers", "decode_num_workers", "decode_batch_size",
+                                         "decode_tp_size", "decode_attention_dp_size", "decode_moe_ep_size"))
+
+
 def load(path: Path) -> list[Point]:
     """The rows of ``path`` whose model has a preset (the others are not scored).
 
     Some disaggregated rows leave the worker counts (and so the concurrency per decode worker)
     blank; most are the same measurement as a row that gives them (the same engine, lengths,
     concurrency, TTFT and TPOT, under another label): those take that row's counts and pool
-    layout. The rest run one prefill and one decode instance."""
+    layout. Others were measured at the concurrency of a labelled row (same engine and lengths) whose
+    labelled rows all agree on the deployment: they take it (the prefill layout of the first such row).
+    The rest run one prefill and one decode instance."""
     with path.open(newline="") as f:
         raw = [r for r in csv.DictReader(f) if _model(r["model_path"]) and r["backend"] in PROFILE_OF]
-    known = {_figures(r): r for r in raw if r["mode"] == "disagg" and r["decode_num_workers"].strip()}
+    labelled = [r for r in raw if r["mode"] == "disagg" and r["decode_num_workers"].strip()]
+    known = {_figures(r): r for r in labelled}
+    # the same engine, lengths and concurrency: AIConfigurator sets C = decode workers x decode batch (x DP ranks)
+    # for the deployment it measures, so a row at a labelled row's C ran that deployment, as long as every
+    # labelled row at that C agrees on the decode pool and the prefill worker count (a re-measurement: the
+    # README's own rows measured twice)
+    by_c: dict[tuple[object, ...], list[dict[str, str]]] = {}
+    for r in labelled:
+        by_c.setdefault(_figures(r)[:4], []).append(r)
+    same_c = {k: v[0] for k, v in by_c.items() if len({_deployment(r) for r in v}) == 1}
     out = []
     for r in raw:
         model = _model(r["model_path"])
         assert model is not None
         given = re.search(r"silicon_concurrency=(\d+)", r.get("silicon_data_source", ""))
         pf = (0, 0, 0)
+        pbs = 1
         if r["mode"] == "agg":
             tp, dp, ep = _layout(_int(r["tp_size"]), _int(r["attention_dp_size"]), _int(r["moe_tp_size"]),
                                  _int(r["moe_ep_size"]))
             pre = dec = 0
             c = _int(r["batch_size"]) * dp
         else:
-            d = known.get(_figures(r), r)
+            d = known.get(_figures(r)) or same_c.get(_figures(r)[:4], r)
             tp, dp, ep = _layout(_int(d["decode_tp_size"]), _int(d["decode_attention_dp_size"]),
                                  _int(d["decode_moe_tp_size"]), _int(d["decode_moe_ep_size"]))
             pre, dec = _int(d["prefill_num_workers"]), _int(d["decode_num_workers"])
             c = _int(d["decode_batch_size"]) * dp * dec
+            pbs = _int(d["prefill_batch_size"])
             if d["prefill_tp_size"].strip():
                 pf = _layout(_int(d["prefill_tp_size"]), _int(d["prefill_attention_dp_size"]),
                              _int(d["prefill_moe_tp_size"]), _int(d["prefill_moe_ep_size"]))
         out.append(Point(r["id"], r["backend"], model, r["mode"], int(r["isl"]), int(r["osl"]),
                          int(given.group(1)) if given else c, tp, dp, ep, pre, dec,
                          pf if pf != (tp, dp, ep) else (0, 0, 0),
-                         float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"])))
+                         float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"]), pbs))
     return out
 
 
@@ -165,10 +189,21 @@ def engine_timing(p: Point) -> ModelTiming:
     """The modelled engine a row runs on (module docstring: the assumptions)."""
     prof = PROFILES[PROFILE_OF[p.backend]]
     ptp, pdp, pep = p.prefill_layout
+    seqs = budget = 0
+    if p.mode == "disagg":
+        # the prefill workers as AIConfigurator's generator launches them (rule_plugin/{trtllm,sglang}.rule):
+        # max_batch_size = the prefill batch size (SGLang --max-running-requests), and a step's prompt tokens
+        # capped at ISL + 1 500 (TRT-LLM max_num_tokens, rounded up to its 32-token blocks; SGLang
+        # --max-prefill-tokens)
+        budget = p.isl + PREFILL_TOKENS_SLACK
+        if p.backend == "trtllm":
+            budget = -(-budget // 32) * 32
+        seqs = p.prefill_batch
     return ModelTiming(p.model, "h200", "fp8", tp=p.tp, dp=p.dp, ep=p.ep,
                        disagg_prefill=p.prefill, disagg_decode=p.decode, prefill_tp=ptp, prefill_dp=pdp, prefill_ep=pep,
                        profile=prof.name,
-                       enable_prefix_caching=False, router="least-queue")
+                       enable_prefix_caching=False, router="least-queue",
+                       prefill_max_num_seqs=seqs, prefill_max_num_batched_tokens=budget)
 
 
 def simulate(p: Point) -> tuple[float, float]:
@@ -270,7 +305,8 @@ FITTED: dict[str, tuple[str, int]] = {
     "vllm/sglang.tp_skew_cap_tp": ("vLLM Llama-3.1-70B and SGLang DeepSeek aggregated TPOT (TP8 rows)", 105),
     "trtllm.mla_layer_us": ("TRT-LLM DeepSeek aggregated TPOT, with ep_a2a_scale on a grid", 88),
     "trtllm.ep_a2a_scale": ("TRT-LLM DeepSeek aggregated TPOT, with mla_layer_us on a grid", 88),
-    "trtllm.disagg_handoff_ms": ("TRT-LLM DeepSeek disaggregated TTFT at C <= 64, median gap (per-pool layouts)", 35),
+    "trtllm.disagg_handoff_ms": ("TRT-LLM DeepSeek disaggregated TTFT at C <= 64 on the rows whose deployment is "
+                                 "known, median gap", 15),
     "sglang.disagg_handoff_ms": ("SGLang DeepSeek disaggregated TTFT at C <= 64, median gap", 40),
 }
 

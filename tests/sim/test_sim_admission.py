@@ -113,6 +113,30 @@ def test_a_prefill_layout_needs_disaggregation() -> None:
         _disagg(prefill_tp=-1)
 
 
+def test_the_prefill_pool_takes_its_own_batch_limits() -> None:
+    """P/D prefill workers run small batches (AIConfigurator's generator: max_batch_size 1, ISL + 1 500
+    tokens a step): with one request per step a burst of prompts is prefilled one after another (no step
+    carries more than one prompt), and the mean TTFT of 16 prompts arriving together rises above the batched
+    pool's, a little: a 1 024-token DeepSeek prefill is compute-bound, batching saves only the weight reads."""
+    def run(timing: ModelTiming) -> tuple[float, int]:
+        backend = ModelBackend(timing)
+        res = simulate(backend, [Arrival(0.0, 1024, 4) for _ in range(16)])
+        return sum(o.ttft_s for o in res) / len(res), max(backend.stats.iteration_tokens)
+
+    one = _disagg(prefill_tp=8, prefill_dp=1, prefill_ep=1, prefill_max_num_seqs=1, prefill_max_num_batched_tokens=2528)
+    batched = _disagg(prefill_tp=8, prefill_dp=1, prefill_ep=1)
+    b = ModelBackend(one)
+    assert b.prefill_pool[0].limits.max_num_seqs == 1 and b.prefill_pool[0].limits.max_num_batched_tokens == 2528
+    assert b.decode_pool[0].limits.max_num_seqs == ModelBackend(batched).decode_pool[0].limits.max_num_seqs
+    (ttft_one, most_one), (ttft_batched, most_batched) = run(one), run(batched)
+    assert most_one == 1024 and most_batched >= 2 * 1024
+    assert ttft_one > 1.05 * ttft_batched
+    with pytest.raises(ValueError, match="need disaggregation"):
+        ModelTiming("llama-3.1-8b", "h200", prefill_max_num_seqs=1)
+    with pytest.raises(ValueError, match=">= 0"):
+        _disagg(prefill_max_num_seqs=-1)
+
+
 # -- benchmarks/aic_compare.py --------------------------------------------------------------------
 def _aic_compare() -> ModuleType:
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "aic_compare.py"

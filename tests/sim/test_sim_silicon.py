@@ -50,6 +50,34 @@ def test_load_maps_models_layouts_and_concurrency(rows_csv: Path) -> None:
     assert (e.mode, e.tp, e.ep, e.prefill, e.decode, e.concurrency) == ("disagg", 8, 1, 1, 1, 2)
 
 
+def _disagg_row(rid: str, c: int, labelled: str, figures: str) -> str:
+    return (f"{rid},x; silicon_concurrency={c},trtllm,0.8,deepseek-ai/DeepSeek-R1,h200_sxm,fp8,disagg,1024,1024,fp8,"
+            f"fp8,,8,1,1,1,8,{labelled},{figures}")
+
+
+def test_a_disagg_row_without_workers_takes_the_deployment_measured_at_its_concurrency(tmp_path: Path) -> None:
+    """C = decode workers x decode batch: an unlabelled row at a labelled row's concurrency ran that
+    deployment (when every labelled row there agrees); elsewhere it runs one prefill and one decode instance."""
+    blank = "," * 13  # the 14 pool columns, empty
+    rows = (
+        _disagg_row("given", 144, "1,1,8,1,1,1,8,16,9,8,1,1,1,8", "1037.0,20.2"),
+        _disagg_row("same_c", 144, blank, "1002.0,12.9"),  # another measurement at C144: 9 decode workers
+        _disagg_row("other_c", 88, blank, "938.0,10.5"),  # no labelled row at C88
+        _disagg_row("split_a", 48, "1,1,8,1,1,1,8,16,3,8,1,1,1,8", "1449.0,21.4"),
+        _disagg_row("split_b", 48, "1,1,8,1,1,1,8,8,6,8,1,1,1,8", "1719.0,16.8"),
+        _disagg_row("split_c", 48, blank, "4223.0,12.4"),  # labelled rows at C48 disagree: not guessed
+    )
+    path = tmp_path / "rows.csv"
+    path.write_text("\n".join((COLUMNS, *rows)) + "\n")
+    points = {p.id: p for p in silicon.load(path)}
+    assert (points["same_c"].prefill, points["same_c"].decode, points["same_c"].concurrency) == (1, 9, 144)
+    assert (points["other_c"].prefill, points["other_c"].decode) == (1, 1)
+    assert (points["split_c"].prefill, points["split_c"].decode) == (1, 1)
+    assert all(p.prefill_batch == 1 for p in points.values())
+    timing = silicon.engine_timing(points["same_c"])
+    assert (timing.prefill_max_num_seqs, timing.prefill_max_num_batched_tokens) == (1, 2528)  # 1024 + 1 500, 32s
+
+
 def test_engine_defaults_the_rows_run_with(rows_csv: Path) -> None:
     points = {p.id: p for p in silicon.load(rows_csv)}
     trt, sgl = silicon.engine_timing(points["a"]), silicon.engine_timing(points["b"])
@@ -129,3 +157,26 @@ def test_the_vllm_skew_stops_growing_above_tp4() -> None:
 
     assert skew("vllm", 8) == skew("vllm", 4) > skew("vllm", 2) > 0
     assert skew("sglang-2024", 8) > 2 * skew("sglang-2024", 4)  # its DeepSeek TP8 rows were fitted with the growth
+
+
+def test_mla_decode_attention_is_compute_bound_with_all_heads_on_a_gpu() -> None:
+    """MLA decode attention on the latent cache costs 2 x (576 + 512) FLOPs per context token, layer and head:
+    with attention DP (128 heads on every GPU) a batch of 64 at 8 k context is bound by those FLOPs (~20 ms at
+    FlashMLA's 660 TFLOP/s), far above the latent's read (~5 ms of FP8 bytes); at TP8 (16 heads a GPU) the
+    FLOPs are an eighth and the read still dominates; a GQA model's decode attention stays the read."""
+    from bench_llm.sim.costmodel import _blend
+    from bench_llm.sim.options import ModelTiming
+
+    def attn(tp: int, dp: int, model: str = "deepseek-v3") -> tuple[float, float]:
+        cm = ModelTiming(model, "h200", "fp8", tp=tp, dp=dp, ep=8 if model == "deepseek-v3" else 1,
+                         profile="trtllm").cost_model()
+        ctx = 64 * 8192
+        return cm.step([], 64, ctx).parts["attn_decode"], ctx * cm.kv_bytes_token_gpu / cm._kv_read_bw
+
+    dp8, read_dp8 = attn(1, 8)
+    tp8, read_tp8 = attn(8, 1)
+    flops_dp8 = 64 * 8192 * 2 * 61 * (576 + 512) * 128 / 660e12
+    assert dp8 == pytest.approx(_blend(read_dp8, flops_dp8)) and dp8 > 3 * read_dp8
+    assert tp8 < 1.5 * read_tp8
+    gqa, read_gqa = attn(8, 1, "llama-3.1-70b")
+    assert gqa == read_gqa
