@@ -16,9 +16,11 @@ Each probe changes one assumption of ``sim.silicon.simulate`` and prints the per
   output length and is not counted): each prompt is prefilled nearly alone.
 * ``desync``: the first (synchronised) wave as shipped, weighted 1/20, and the other 19/20 as
   ``phases``.
+* ``aic``: the shipped closed loop on the engine launched as AIConfigurator's generator does in
+  benchmark mode (``aic_launch``).
 * ``waves``: the shipped closed loop run for all 20 requests per stream, mean TTFT per wave.
 
-Usage: ``python benchmarks/silicon_probes.py sync|pool|phases|desync [GROUP-PREFIX] [--rows]`` and
+Usage: ``python benchmarks/silicon_probes.py sync|pool|phases|desync|aic [GROUP-PREFIX] [--rows]`` and
 ``python benchmarks/silicon_probes.py waves GROUP-PREFIX ISL/OSL C``. Needs the rows
 (``../shared/reference/silicon/h200_silicon.csv`` or ``$BENCH_SILICON_ROWS``).
 """
@@ -33,6 +35,8 @@ from collections.abc import Callable, Sequence
 
 from bench_llm.sim import silicon
 from bench_llm.sim.backend import ModelBackend
+from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.presets import PROFILES
 from bench_llm.sim.virtual import Outcome, Plan, Send, run
 
 POOL = 100  # AIPerf's default number of synthetic dataset entries
@@ -95,8 +99,34 @@ def desync(p: silicon.Point) -> tuple[float, float]:
     return _weighted(first, phases(p))
 
 
+def aic_launch(p: silicon.Point) -> ModelTiming:
+    """The engine as AIConfigurator's generator launches it in benchmark mode (aiconfigurator 095f58a,
+    ``generator/rule_plugin/benchmark/{vllm,trtllm,sglang}.rule``, added 2026-01-30): the running limit is
+    the row's batch size per rank; the step's token budget is batch + ISL + 1500 (vLLM
+    ``max-num-batched-tokens``, TRT-LLM ``max_num_tokens`` rounded up to 32 tokens) or ISL + 1500 (SGLang
+    ``max-prefill-tokens``), and SGLang runs with ``--enable-mixed-chunk`` (prefill chunks share a step with
+    the decodes). TRT-LLM's ``enable_chunked_prefill: false`` is not modelled (the budget holds a whole
+    prompt)."""
+    timing = silicon.engine_timing(p)
+    bs = max(1, p.concurrency // max(1, p.dp))
+    if p.backend == "sglang":
+        mixed = dataclasses.replace(PROFILES["sglang"], policy="v1-chunked")
+        return dataclasses.replace(timing, max_num_seqs=bs, max_num_batched_tokens=p.isl + 1500, profile_spec=mixed)
+    budget = bs + p.isl + 1500
+    if p.backend == "trtllm":
+        budget = -(-budget // 32) * 32
+    return dataclasses.replace(timing, max_num_seqs=bs, max_num_batched_tokens=budget)
+
+
+def aic(p: silicon.Point) -> tuple[float, float]:
+    """The shipped closed loop on the engine ``aic_launch`` builds."""
+    c, waves = p.concurrency, silicon.WAVES
+    out = run(ModelBackend(aic_launch(p)), [Send(p.isl, p.osl)] * (c * waves), Plan(concurrency=c)).outcomes
+    return _weighted(_means(out[:c]), _means(out[c:]))
+
+
 PROBES: dict[str, Callable[[silicon.Point], tuple[float, float]]] = {
-    "sync": silicon.simulate, "pool": pool, "phases": phases, "desync": desync}
+    "sync": silicon.simulate, "pool": pool, "phases": phases, "desync": desync, "aic": aic}
 
 
 def table(probe: str, group: str, rows: bool) -> str:
