@@ -433,6 +433,7 @@ class Instance:
             if lim.reserve_ratio > 0:
                 need = self._reservation(req)
                 if self.running and self.pool.available - reserved < need:
+                    self._unadmit_prefix(req)
                     break  # (an idle engine admits the request whatever its reservation, as the engines do)
                 reserved += need
             if req.prefilled_remote and not req.in_prefill:
@@ -445,12 +446,31 @@ class Instance:
                 continue
             chunk = self._chunk(plan, req, whole)
             if not chunk or not self._grow(req, req.num_computed + chunk, self._watermark_blocks):
+                self._unadmit_prefix(req)
                 break
             self.waiting.popleft()
             self.running.append(req)
             if req.admitted_ns is None:
                 req.admitted_ns = t
             plan.add_prefill(req, chunk)
+
+    def _unadmit_prefix(self, req: SimRequest) -> None:
+        """Undo ``_admit_prefix`` for a request left waiting: a waiting request holds no blocks (vLLM's
+        scheduler looks its prefix up again at each try and takes the blocks only when it is admitted).
+        Without it, requests preempted under KV pressure and put back at the queue's head each kept
+        their prompt's cached blocks while waiting, until the waiting ones held the whole KV cache and
+        nothing could run (a deadlock at 70B TP1, 8192/1024, C64 with prefix caching)."""
+        if not req.cache_checked or req.prefilled_remote or not req.shared_blocks or req.private_blocks:
+            return
+        hit = len(req.shared_blocks)
+        self.pool.release_all(req.shared_blocks)
+        req.shared_blocks = []
+        req.num_computed = 0
+        req.cache_checked = False
+        if req.generated == 0:
+            req.cached_tokens = 0
+            self.pool.queries -= req.prompt_len
+            self.pool.hits -= hit * self.limits.block_size
 
     def _reservation(self, req: SimRequest) -> int:
         """KV blocks a request about to be admitted must find free: its prompt's blocks not yet held
