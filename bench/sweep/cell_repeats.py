@@ -21,6 +21,7 @@ from bench_llm.bench.sweep.cell_outcome import CellOutcome
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from bench_llm.bench.sweep.repeat_workers import Found
     from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
     from bench_llm.bench.virtual import VirtualEngine
     from bench_llm.launch.config import ParallelConfig
@@ -90,16 +91,19 @@ def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
     count = spec.loads.capacity_repeats
     if count < 1:
         return True
+    from bench_llm.bench.sweep.repeat_workers import current as current_workers
+
     quiet = _QuietRunner(runner)
+    subs = [loads.repeat(k, quiet) for k in range(1, count + 1)]
+    workers = current_workers() if runner.virtual is not None and runner.remote is None else None
+    # side by side in worker processes (bench/sweep/repeat_workers.py), else one after the other
+    found = workers.run(subs, w.tag) if workers is not None else _one_by_one(subs, w.tag)
     caps: list[float | None] = []
-    for k in range(1, count + 1):
-        sub = loads.repeat(k, quiet)
-        if not sub.capacity_search():
-            loads.out.status, loads.out.reason = sub.out.status, sub.out.reason
-            loads.out.log_tail = sub.out.log_tail
+    for one in found:
+        if not one.ok:
+            loads.out.status, loads.out.reason, loads.out.log_tail = one.status, one.reason, one.log_tail
             return False
-        found = sub.out.capacity.get(w.tag)
-        caps.append(found.capacity_rps if found is not None else None)
+        caps.append(one.capacity_rps)
     low, high, got = with_repeats(result.capacity_rps, result.interval_low_rps, result.interval_high_rps, caps,
                                   spec.loads.capacity_precision)  # fmt: skip
     loads.out.capacity[w.tag] = cap.with_extra(interval_low_rps=low, interval_high_rps=high, repeats=_repeats_json(caps, got))
@@ -109,6 +113,18 @@ def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
         runner.echo(f"{loads.index} {loads.cell_id}: the repeat searches found no capacity ({caps}): "
                     "the interval is the one search's")  # fmt: skip
     return True
+
+
+def _one_by_one(subs: list[_Repeatable], tag: str) -> list[Found]:
+    """The repeat searches in this process, stopping at the first whose engine died."""
+    from bench_llm.bench.sweep.repeat_workers import run_search
+
+    found: list[Found] = []
+    for sub in subs:
+        found.append(run_search(sub, tag))
+        if not found[-1].ok:
+            break
+    return found
 
 
 def _repeats_json(caps: list[float | None], got: Any) -> dict[str, Any]:
