@@ -214,6 +214,9 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
                         ctx.progress)  # fmt: skip
     global _threads_at_fork_point
     _threads_at_fork_point = _threads()  # just forked: the repeat searches' workers fork from here
+    # the sweep still ends this process with it (its own copy of the flag); unflagged here, it
+    # may start those workers, daemonic themselves: they end with it (bench/sweep/repeat_workers.py)
+    multiprocessing.current_process().daemon = False
     try:
         with repeat_workers(ctx.spec, ctx.jobs):
             outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
