@@ -44,7 +44,9 @@ def _args(hidden: Path, out: Path, *extra: str) -> list[str]:
         "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "1,2",
         "--axis", "max-num-seqs=4,16,64", "--capacity", "--slo", "ttft_ms=300,tpot_ms=30",
         "--input-tokens", "256", "--output-tokens", "32", "--requests", "20", "--precision", "0.2",
-        "--jobs", "1", f"--engine-arg=--config={hidden}", "--out", str(out),
+        # the full sweep's cells and the planner's predictions two at a time: the same files as one
+        # at a time (tests/bench/test_sweep_parallel.py), about half the wall time on two cores
+        "--jobs", "2", f"--engine-arg=--config={hidden}", "--out", str(out),
         # one search per cell: what is compared here is the planner (the repeat searches widen each
         # measured cell's lower bound, and are tested in tests/bench/test_capacity_repeats.py)
         "--capacity-repeats", "0", *extra,
