@@ -21,7 +21,6 @@ from bench_llm.bench.sweep.cell_outcome import CellOutcome
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from bench_llm.bench.sweep.repeat_workers import Found
     from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
     from bench_llm.bench.virtual import VirtualEngine
     from bench_llm.launch.config import ParallelConfig
@@ -92,12 +91,13 @@ def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
     if count < 1:
         return True
     from bench_llm.bench.sweep.repeat_workers import current as current_workers
+    from bench_llm.bench.sweep.repeat_workers import one_by_one
 
     quiet = _QuietRunner(runner)
     subs = [loads.repeat(k, quiet) for k in range(1, count + 1)]
     workers = current_workers() if runner.virtual is not None and runner.remote is None else None
     # side by side in worker processes (bench/sweep/repeat_workers.py), else one after the other
-    found = workers.run(subs, w.tag) if workers is not None else _one_by_one(subs, w.tag)
+    found = workers.run(subs, w.tag) if workers is not None else one_by_one(subs, w.tag)
     caps: list[float | None] = []
     for one in found:
         if not one.ok:
@@ -113,18 +113,6 @@ def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
         runner.echo(f"{loads.index} {loads.cell_id}: the repeat searches found no capacity ({caps}): "
                     "the interval is the one search's")  # fmt: skip
     return True
-
-
-def _one_by_one(subs: list[_Repeatable], tag: str) -> list[Found]:
-    """The repeat searches in this process, stopping at the first whose engine died."""
-    from bench_llm.bench.sweep.repeat_workers import run_search
-
-    found: list[Found] = []
-    for sub in subs:
-        found.append(run_search(sub, tag))
-        if not found[-1].ok:
-            break
-    return found
 
 
 def _repeats_json(caps: list[float | None], got: Any) -> dict[str, Any]:

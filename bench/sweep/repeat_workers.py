@@ -63,6 +63,17 @@ def run_search(sub: Any, tag: str) -> Found:
     return Found(ok, sub.out.status, sub.out.reason, sub.out.log_tail, cap)
 
 
+def one_by_one(subs: Sequence[Search], tag: str) -> list[Found]:
+    """The repeat searches in this process, one after the other, stopping at the first whose
+    engine died (what ``RepeatWorkers.run`` gives when there are no workers)."""
+    found: list[Found] = []
+    for sub in subs:
+        found.append(run_search(sub, tag))
+        if not found[-1].ok:
+            break
+    return found
+
+
 def worker_count(spec: SweepSpec, jobs: int | None) -> int:
     """Repeat searches at once for one cell: ``loads.capacity_repeats``, at most ``jobs`` (None:
     the CPUs); 0 where they run in the cell's own process (real time, one CPU, no repeats,
