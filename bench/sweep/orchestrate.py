@@ -20,7 +20,7 @@ from bench_llm.bench.sweep.engines import DefaultLauncher, DeploymentLauncher, L
 from bench_llm.bench.sweep.fingerprint import cell_fingerprint
 from bench_llm.bench.sweep.matrix import PlannedCell, expand, impossible_matrix
 from bench_llm.bench.sweep.model_error import model_error_columns
-from bench_llm.bench.sweep.parallel import CellTask, SweepContext, prestart, run_cells, worker_count
+from bench_llm.bench.sweep.parallel import CellTask, SweepContext, child_start_method, prestart, run_cells, worker_count
 from bench_llm.bench.sweep.repeat_workers import repeat_workers
 from bench_llm.bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
 from bench_llm.core import __version__
@@ -217,7 +217,7 @@ def run_sweep(
     else:
         runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, hint, otlp)
         interrupted = False
-        with repeat_workers(spec, jobs) if tasks else contextlib.nullcontext():  # a cell's repeat searches side by side
+        with repeat_workers(spec, jobs, child_start_method) if tasks else contextlib.nullcontext():  # a cell's repeat searches side by side
             for task in tasks:
                 task = book.started(task)
                 try:

@@ -188,6 +188,15 @@ def start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+def child_start_method() -> str:
+    """``start_method``, with the fork server running (and importing ``PRELOAD``) when it is the
+    one: for processes this one starts (the repeat searches' workers, bench/sweep/repeat_workers.py)."""
+    method = start_method()
+    if method == "forkserver":
+        prestart()
+    return method
+
+
 class _ParentGone(Exception):
     pass
 
@@ -198,7 +207,7 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
     from bench_llm.bench.sweep.cell import CellRunner
     from bench_llm.bench.sweep.cell_outcome import SweepInterrupted
     from bench_llm.bench.sweep.engines import VirtualLauncher
-    from bench_llm.bench.sweep.repeat_workers import repeat_workers
+    from bench_llm.bench.sweep.repeat_workers import picklable, repeat_workers
 
     gc.freeze()  # as the sweep's own process does: the collector need not rescan bench's modules
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -218,7 +227,7 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
     # may start those workers, daemonic themselves: they end with it (bench/sweep/repeat_workers.py)
     multiprocessing.current_process().daemon = False
     try:
-        with repeat_workers(ctx.spec, ctx.jobs):
+        with repeat_workers(ctx.spec, ctx.jobs, child_start_method):
             outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
     except _ParentGone:
         return
@@ -241,16 +250,6 @@ def _try_send(conn: Connection, msg: tuple[Any, ...]) -> None:
         conn.send(msg)
     except OSError:
         pass
-
-
-def picklable(exc: BaseException, trace: str | None = None) -> BaseException:
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001  # whatever fails to pickle travels as its text
-        return RuntimeError(f"{type(exc).__name__}: {exc}" + (f"\n{trace}" if trace else ""))
 
 
 #: The function a cell's process runs (tests put one in that dies).

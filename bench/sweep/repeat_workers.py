@@ -6,7 +6,7 @@ the simulated engine's model, writing only its own run folders and points file. 
 repeats of a cell can run at once, one process each, and give the same files and capacities
 as one after the other (tests/bench/test_repeat_workers.py).
 
-The workers are started before the cell runs, where forking is safe (``parallel._method``: a
+The workers are started before the cell runs, where forking is safe (``parallel.start_method``: a
 fork of the sweep before it read any Parquet, or of a cell's process as it starts; otherwise
 from the fork server): by the time the main search has found its capacity, Arrow's thread
 pools run in the cell's process, and a lock held by one of their threads would stay held in a
@@ -25,7 +25,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Protocol
@@ -103,8 +103,6 @@ def _serve(conn: Connection) -> None:
         try:
             reply: tuple[str, Any] = ("found", run_search(sub, tag))
         except BaseException as exc:  # noqa: BLE001  # the search raised: its cell raises it, as in one process
-            from bench_llm.bench.sweep.parallel import picklable
-
             reply = ("raised", picklable(exc))
         try:
             conn.send(reply)
@@ -194,6 +192,17 @@ class RepeatWorkers:
         self.procs, self.conns = [], []
 
 
+def picklable(exc: BaseException, trace: str | None = None) -> BaseException:
+    """``exc`` if it crosses a process boundary intact, else a RuntimeError with its text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001  # whatever fails to pickle travels as its text
+        return RuntimeError(f"{type(exc).__name__}: {exc}" + (f"\n{trace}" if trace else ""))
+
+
 def _died(code: int | None) -> Found:
     how = f"exit code {code}" if code is not None and code >= 0 else f"signal {-code}" if code is not None else "unknown"
     return Found(False, "failed", f"a repeat search's process died ({how}) before the search finished", None, None)
@@ -208,21 +217,17 @@ def current() -> RepeatWorkers | None:
 
 
 @contextlib.contextmanager
-def repeat_workers(spec: SweepSpec, jobs: int | None) -> Iterator[RepeatWorkers | None]:
+def repeat_workers(spec: SweepSpec, jobs: int | None, start_method: Callable[[], str]) -> Iterator[RepeatWorkers | None]:
     """The repeat searches' workers for a sweep's own process (cells one at a time) or a
     cell's process (``parallel.run_cell``), started here, where forking is safe, and ended on
-    leaving. Yields None when the repeats run in-process (``worker_count``)."""
+    leaving. ``start_method``: how they start (``parallel.child_start_method``, asked only when
+    there are workers to start). Yields None when the repeats run in-process (``worker_count``)."""
     global _current
     count = worker_count(spec, jobs)
     if count < 2 or _current is not None:
         yield None
         return
-    from bench_llm.bench.sweep import parallel
-
-    method = parallel.start_method()
-    if method == "forkserver":
-        parallel.prestart()
-    pool = RepeatWorkers(count, method)
+    pool = RepeatWorkers(count, start_method())
     _current = pool
     try:
         yield pool
