@@ -92,16 +92,20 @@ def run_repeats(loads: _Repeatable, result: CapacityResult) -> bool:
     count = spec.loads.capacity_repeats
     if count < 1:
         return True
+    from bench_llm.bench.sweep.repeat_workers import current as current_workers
+    from bench_llm.bench.sweep.repeat_workers import one_by_one
+
     quiet = _QuietRunner(runner)
+    subs = [loads.repeat(k, quiet) for k in range(1, count + 1)]
+    workers = current_workers() if runner.virtual is not None and runner.remote is None else None
+    # side by side in worker processes (bench/sweep/repeat_workers.py), else one after the other
+    found = workers.run(subs, w.tag) if workers is not None else one_by_one(subs, w.tag)
     caps: list[float | None] = []
-    for k in range(1, count + 1):
-        sub = loads.repeat(k, quiet)
-        if not sub.capacity_search():
-            loads.out.status, loads.out.reason = sub.out.status, sub.out.reason
-            loads.out.log_tail = sub.out.log_tail
+    for one in found:
+        if not one.ok:
+            loads.out.status, loads.out.reason, loads.out.log_tail = one.status, one.reason, one.log_tail
             return False
-        found = sub.out.capacity.get(w.tag)
-        caps.append(found.capacity_rps if found is not None else None)
+        caps.append(one.capacity_rps)
     low, high, got = with_repeats(result.capacity_rps, result.interval_low_rps, result.interval_high_rps, caps,
                                   spec.loads.capacity_precision)  # fmt: skip
     loads.out.capacity[w.tag] = cap.with_extra(interval_low_rps=low, interval_high_rps=high, repeats=_repeats(caps, got))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -19,7 +20,8 @@ from bench_llm.bench.sweep.engines import DefaultLauncher, DeploymentLauncher, L
 from bench_llm.bench.sweep.fingerprint import cell_fingerprint
 from bench_llm.bench.sweep.matrix import PlannedCell, expand, impossible_matrix
 from bench_llm.bench.sweep.model_error import model_error_columns
-from bench_llm.bench.sweep.parallel import CellTask, SweepContext, prestart, run_cells, worker_count
+from bench_llm.bench.sweep.parallel import CellTask, SweepContext, child_start_method, prestart, run_cells, worker_count
+from bench_llm.bench.sweep.repeat_workers import repeat_workers
 from bench_llm.bench.sweep.spec import LEGACY_DEFAULTS, WORKLOAD_AXES, SweepSpec, spec_from_dict
 from bench_llm.core import __version__
 from bench_llm.core.errors import BenchError
@@ -210,20 +212,21 @@ def run_sweep(
     book = _Book(spec, sweep_dir, rows, rejudge, save)
     tasks = [CellTask(i, c.cell_id, c.config, f"[{i}/{total}]") for i, c in enumerate(todo, 1)]
     if workers > 1:
-        ctx = SweepContext(spec, sweep_dir, sweep_id, progress, None if spec.virtual else launcher)
+        ctx = SweepContext(spec, sweep_dir, sweep_id, progress, None if spec.virtual else launcher, jobs)
         interrupted = run_cells(tasks, ctx, workers, echo, book.started, book.finished, book.stopped)
     else:
         runner = CellRunner(spec, sweep_dir, sweep_id, launcher, echo, progress, hint, otlp)
         interrupted = False
-        for task in tasks:
-            task = book.started(task)
-            try:
-                outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
-            except (SweepInterrupted, KeyboardInterrupt):
-                book.stopped(task)
-                interrupted = True
-                break
-            book.finished(task, outcome, echo)
+        with repeat_workers(spec, jobs, child_start_method) if tasks else contextlib.nullcontext():  # a cell's repeat searches side by side
+            for task in tasks:
+                task = book.started(task)
+                try:
+                    outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
+                except (SweepInterrupted, KeyboardInterrupt):
+                    book.stopped(task)
+                    interrupted = True
+                    break
+                book.finished(task, outcome, echo)
     ran = [c.cell_id for c in todo if c.cell_id in book.ran]
     final = list(rows.values())
     return SweepResult(

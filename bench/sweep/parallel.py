@@ -108,6 +108,9 @@ class SweepContext:
     #: The cells' launcher (None: the simulated engine in virtual time); a cluster's runs real
     #: cells side by side, each its own job (``bench.sweep.cluster``).
     launcher: Any = None
+    #: the sweep's ``jobs`` (None: one per CPU): how many repeat searches a cell runs at once
+    #: (bench/sweep/repeat_workers.py)
+    jobs: int | None = None
 
 
 def worker_count(jobs: int | None, cells: int, virtual: bool, side_by_side: bool = False) -> int:
@@ -135,13 +138,15 @@ def fork_point(spec: SweepSpec, jobs: int | None) -> None:
     """Called by a new sweep once it has imported its own modules and before it reads or
     starts anything, when its cells will run in several processes: imports ``PRELOAD`` here,
     so that the cells' processes, forked from this one, start with them, and notes the threads
-    those imports left (``_method``)."""
+    those imports left (``start_method``)."""
     global _threads_at_fork_point
     if not sys.platform.startswith("linux") or not spec.virtual or (jobs is not None and jobs < 2):
         return
     from bench_llm.bench.sweep.matrix import expand
+    from bench_llm.bench.sweep.repeat_workers import worker_count as repeat_worker_count
 
-    if worker_count(jobs, sum(1 for c in expand(spec) if not c.skip_reason), True) < 2:
+    cells = worker_count(jobs, sum(1 for c in expand(spec) if not c.skip_reason), True)
+    if cells < 2 and repeat_worker_count(spec, jobs) < 2:  # nothing will be forked from this process
         return
     for name in PRELOAD:
         try:
@@ -163,14 +168,16 @@ def _threads() -> frozenset[str] | None:
 def prestart() -> None:
     """Start the fork server, when the cells' processes will come from it: it imports bench
     (``PRELOAD``) while the sweep announces its plan, so the cells start at once when asked."""
-    if _method() == "forkserver":
+    if start_method() == "forkserver":
         multiprocessing.set_forkserver_preload(PRELOAD)
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
 
 
-def _method() -> str:
+def start_method() -> str:
+    """How a process forked from this one starts now: "fork" when no thread has started since
+    the fork point, else the fork server (spawn where there is none)."""
     if START_METHOD != "auto":
         return START_METHOD if START_METHOD in multiprocessing.get_all_start_methods() else "spawn"
     # fewer is fine (numpy's BLAS stops its threads at each fork and starts new ones when next
@@ -179,6 +186,15 @@ def _method() -> str:
     if now is not None and _threads_at_fork_point is not None and now <= _threads_at_fork_point:
         return "fork"
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def child_start_method() -> str:
+    """``start_method``, with the fork server running (and importing ``PRELOAD``) when it is the
+    one: for processes this one starts (the repeat searches' workers, bench/sweep/repeat_workers.py)."""
+    method = start_method()
+    if method == "forkserver":
+        prestart()
+    return method
 
 
 class _ParentGone(Exception):
@@ -191,6 +207,7 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
     from bench_llm.bench.sweep.cell import CellRunner
     from bench_llm.bench.sweep.cell_outcome import SweepInterrupted
     from bench_llm.bench.sweep.engines import VirtualLauncher
+    from bench_llm.bench.sweep.repeat_workers import picklable, repeat_workers
 
     gc.freeze()  # as the sweep's own process does: the collector need not rescan bench's modules
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -204,8 +221,14 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
     launcher = ctx.launcher if ctx.launcher is not None else VirtualLauncher()
     runner = CellRunner(ctx.spec, ctx.sweep_dir, ctx.sweep_id, launcher, lambda line: send(("line", line)),
                         ctx.progress)  # fmt: skip
+    global _threads_at_fork_point
+    _threads_at_fork_point = _threads()  # just forked: the repeat searches' workers fork from here
+    # the sweep still ends this process with it (its own copy of the flag); unflagged here, it
+    # may start those workers, daemonic themselves: they end with it (bench/sweep/repeat_workers.py)
+    multiprocessing.current_process().daemon = False
     try:
-        outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
+        with repeat_workers(ctx.spec, ctx.jobs, child_start_method):
+            outcome = runner.run(task.config, task.cell_id, task.index, task.prior)
     except _ParentGone:
         return
     except (SweepInterrupted, KeyboardInterrupt):
@@ -216,7 +239,7 @@ def run_cell(conn: Connection, ctx: SweepContext, task: CellTask) -> None:
         # the cell has ended: the sweep stopping the others (SIGINT) must not cut this report
         # short (a full disk printed a KeyboardInterrupt traceback from here, 1 time in 3)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _try_send(conn, ("raised", _picklable(exc, traceback.format_exc())))
+        _try_send(conn, ("raised", picklable(exc, traceback.format_exc())))
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ended: a Ctrl-C now is moot, the outcome goes to the sweep
     _try_send(conn, ("done", outcome))
@@ -227,16 +250,6 @@ def _try_send(conn: Connection, msg: tuple[Any, ...]) -> None:
         conn.send(msg)
     except OSError:
         pass
-
-
-def _picklable(exc: BaseException, trace: str) -> BaseException:
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001  # whatever fails to pickle travels as its text
-        return RuntimeError(f"{type(exc).__name__}: {exc}\n{trace}")
 
 
 #: The function a cell's process runs (tests put one in that dies).
@@ -300,7 +313,7 @@ class _Pool:
 
     def start(self, task: CellTask) -> None:
         # chosen at each start: a thread started since the last one makes forking this process unsafe
-        method = _method()
+        method = start_method()
         if method == "forkserver":
             prestart()  # with PRELOAD, if nothing started it yet
         mp: Any = multiprocessing.get_context(method)  # its Process and Pipe (typeshed's context lacks them)

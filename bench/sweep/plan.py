@@ -172,6 +172,9 @@ def predict(spec: SweepSpec, settings: PlanSettings, error: float, echo: Echo, j
     from bench_llm.bench.sweep.orchestrate import run_sweep
 
     sim = planner_spec(spec, settings)
+    # one search per cell: a prediction is the capacity alone, its interval the model's error
+    # (the repeat searches' seeds interval would cost twice the search again and go unread)
+    sim = replace(sim, loads=replace(sim.loads, capacity_repeats=0))
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
         folder = Path(tmp) / "plan"
         run_sweep(sim, folder, echo=lambda line: None, jobs=jobs, progress=False)

@@ -15,7 +15,7 @@ from bench_llm.analysis.recommend_io import load_points
 from bench_llm.bench.errors import ExitCode
 from bench_llm.bench.sweep.spec import LoadSpec
 from bench_llm.bench.sweep.store import read_cells
-from tests.conftest import REPO, bench_argv
+from tests.conftest import REPO, bench_argv, run_cli
 from tests.hostile_server import hostile
 
 SIM_8B = ["sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--no-progress"]
@@ -58,9 +58,10 @@ def test_shared_prefix_on_dp4_meeting_every_slo_is_not_saturated(tmp_path: Path)
 
 def test_a_capacity_is_confirmed_by_a_longer_fresh_load_and_a_failed_one_moves_it_down(tmp_path: Path) -> None:
     out = tmp_path / "tp2"
-    r = _bench("sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "2", "--tp", "2",
-               "--capacity", "--slo", "ttft_ms=300,tpot_ms=40", "--input-tokens", "128", "--output-tokens", "16",
-               "--engine-arg=--max-num-seqs=8", "--no-progress", "--out", str(out))  # fmt: skip
+    # one search (--capacity-repeats 0): the confirmations are the main search's; in this process
+    r = run_cli("sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "2", "--tp", "2",
+                "--capacity", "--slo", "ttft_ms=300,tpot_ms=40", "--input-tokens", "128", "--output-tokens", "16",
+                "--engine-arg=--max-num-seqs=8", "--capacity-repeats", "0", "--no-progress", "--out", str(out))  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     cap = json.loads(read_cells(out)[0]["capacity_json"])["in128-out16"]
     conf = cap["confirmation"]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +15,7 @@ import pytest
 from bench_llm.analysis.recommend_choice import model_target_call
 from bench_llm.bench.sweep.model_error import ModelError, model_error_lines, sim_model_error
 from bench_llm.sim.validation_figures import Row, median_abs_errors, metric_kind
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 PROFILE = ("# bench sim calibrate: the simulated engine's constants fitted to measured loads.\n"
            "# held out, ttft_ms: median |error| 7.5%, bias +3.0%, r 0.950 (4 loads)\n"
@@ -98,18 +96,19 @@ def _readme_main_job() -> list[str]:
 
 
 def test_the_readme_main_job_prints_the_model_interval(tmp_path: Path) -> None:
+    """The README's main job as written, in this process (``run_cli``: the process is not
+    under test), and one capacity search per cell: the model's interval is the capacity's ±
+    the model error, whatever the seeds' interval (its repeat searches: test_capacity_repeats.py)."""
     args = _readme_main_job()
     args[args.index("--out") + 1] = str(tmp_path / "sweep")
-    r = subprocess.run([sys.executable, "-m", "bench_llm.bench", *args, "--no-progress"], cwd=REPO,
-                       capture_output=True, text=True, timeout=280)  # fmt: skip
+    r = run_cli(*args, "--no-progress", "--capacity-repeats", "0", cwd=REPO)
     assert r.returncode in (0, 5), r.stderr[-3000:]
     err = sim_model_error(())
     assert (f"model error: capacities are the simulated engine's; measured engines differ by a median "
             f"±{err.fraction:.1%} (source: the shipped validation rows") in r.stdout  # fmt: skip
     assert re.search(r"; tp2-dp2 [0-9.]+ req/s -> \[[0-9.]+, [0-9.]+\]", r.stdout), r.stdout[-2000:]
     # bench recommend re-judges the stored sweep, at another target: the interval comes with it
-    r = subprocess.run([sys.executable, "-m", "bench_llm.bench", "recommend", str(tmp_path / "sweep"),
-                        "--target-rate", "45"], cwd=REPO, capture_output=True, text=True, timeout=280)  # fmt: skip
+    r = run_cli("recommend", str(tmp_path / "sweep"), "--target-rate", "45", cwd=REPO)
     assert f"measured engines differ by a median ±{err.fraction:.1%}" in r.stdout, r.stdout[-2000:] + r.stderr
     assert "against the target 45 req/s: tp2-dp2" in r.stdout
 
@@ -133,7 +132,7 @@ def test_a_simulated_sweep_records_the_interval_in_parquet_and_the_report_shows_
     res = CliRunner().invoke(cli, [
         "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "1", "--capacity",
         "--slo", "ttft_ms=300,tpot_ms=30", "--input-tokens", "256", "--output-tokens", "32", "--requests", "20",
-        "--precision", "0.3", "--jobs", "1", f"--engine-arg=--config={profile}", "--out", str(out)])  # fmt: skip
+        "--precision", "0.3", "--capacity-repeats", "0", "--jobs", "1", f"--engine-arg=--config={profile}", "--out", str(out)])  # fmt: skip
     assert res.exit_code in (0, 5), res.output
     points = read_parquet_file(out / "cell=tp1" / "points.parquet").to_pylist()
     want = {"ttft_ms": 0.075, "tpot_ms": 0.04, "throughput": 0.02, "e2e_ms": None, "capacity": 0.075}

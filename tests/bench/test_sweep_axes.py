@@ -5,8 +5,6 @@ four-cell sweep (tp × max-num-seqs) on the simulated engine that recommends amo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from bench_llm.launch.config import ParallelConfig
 from bench_llm.launch.profiles import unsupported_axes
 from bench_llm.launch.tuning import SIM_TUNING_FLAGS, unsupported_args
 from bench_llm.sim.options import ModelTiming, describe
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 
 def _spec(**kw: object) -> SweepSpec:
@@ -121,14 +119,11 @@ def test_the_simulated_engine_honours_the_flags_it_takes() -> None:
 
 def test_tp_by_max_num_seqs_on_the_simulated_engine_measures_four_cells_and_recommends(tmp_path: Path) -> None:
     out = tmp_path / "axes"
-    r = subprocess.run(
-        [
-            sys.executable, "-m", "bench_llm.bench", "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
-            "--tp", "1,2", "--axis", "max-num-seqs=8,32", "--rate", "8,24", "--requests", "20", "--warmup", "1",
-            "--input-tokens", "128", "--output-tokens", "64", "--slo", "ttft_ms=500,tpot_ms=40",
-            "--target-rate", "20", "--out", str(out), "--no-progress",
-        ],
-        cwd=REPO, capture_output=True, text=True, timeout=240,
+    r = run_cli(  # in this process: the sweep's answer is under test, not its process
+        "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100",
+        "--tp", "1,2", "--axis", "max-num-seqs=8,32", "--rate", "8,24", "--requests", "20", "--warmup", "1",
+        "--input-tokens", "128", "--output-tokens", "64", "--slo", "ttft_ms=500,tpot_ms=40",
+        "--target-rate", "20", "--out", str(out), "--no-progress", cwd=REPO,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     cells = {c["cell_id"]: c for c in read_cells(out)}

@@ -119,18 +119,18 @@ import multiprocessing, sys
 import pyarrow as pa, pyarrow.parquet as pq
 from bench_llm.bench.sweep import parallel
 from tests.bench.test_sweep_parallel import _spec
-seen = [parallel._method()]
+seen = [parallel.start_method()]
 parallel.fork_point(_spec(), 1)
-seen.append(parallel._method())
+seen.append(parallel.start_method())
 parallel.fork_point(_spec(), 2)
-seen.append(parallel._method())
+seen.append(parallel.start_method())
 pq.write_table(pa.table({"a": list(range(1000))}), sys.argv[1])
-seen.append(parallel._method())
+seen.append(parallel.start_method())
 child = multiprocessing.get_context("fork").Process(target=print, args=("",))
 child.start(), child.join()  # numpy's BLAS stops its thread at a fork: fewer threads is fine
-seen.append(parallel._method())
+seen.append(parallel.start_method())
 pq.read_table(sys.argv[1])
-seen.append(parallel._method())
+seen.append(parallel.start_method())
 print(" ".join(seen))
 """
 

@@ -22,8 +22,9 @@ from bench_llm.bench.sweep.plan import (
     model_error,
     next_cell,
     planner_spec,
+    predict,
 )
-from bench_llm.bench.sweep.spec import SweepSpec
+from bench_llm.bench.sweep.spec import LoadSpec, SweepSpec
 from bench_llm.bench.sweep.store import read_cells
 from bench_llm.core.errors import BenchError
 
@@ -43,7 +44,9 @@ def _args(hidden: Path, out: Path, *extra: str) -> list[str]:
         "sweep", "--engine", "sim", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "1,2",
         "--axis", "max-num-seqs=4,16,64", "--capacity", "--slo", "ttft_ms=300,tpot_ms=30",
         "--input-tokens", "256", "--output-tokens", "32", "--requests", "20", "--precision", "0.2",
-        "--jobs", "1", f"--engine-arg=--config={hidden}", "--out", str(out),
+        # the full sweep's cells and the planner's predictions two at a time: the same files as one
+        # at a time (tests/bench/test_sweep_parallel.py), about half the wall time on two cores
+        "--jobs", "2", f"--engine-arg=--config={hidden}", "--out", str(out),
         # one search per cell: what is compared here is the planner (the repeat searches widen each
         # measured cell's lower bound, and are tested in tests/bench/test_capacity_repeats.py)
         "--capacity-repeats", "0", *extra,
@@ -175,6 +178,28 @@ def test_the_errors_source_is_stated(tmp_path: Path) -> None:
     assert sim.engine_args == (f"--config={profile}",)  # a real engine's own arguments stay with it
     own = SweepSpec(model="m", engine_args=("--config", "hw.toml", "--max-num-batched-tokens=512"))
     assert planner_spec(own, PlanSettings()).engine_args == ("--max-num-batched-tokens=512",)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_predictions_run_one_capacity_search_per_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prediction is a capacity alone (its interval is the model's error): the planner's
+    virtual-time sweep runs no repeat searches, whatever the measured cells run."""
+    from bench_llm.bench.sweep import orchestrate
+
+    seen: list[int] = []
+
+    def run_sweep(spec: SweepSpec, folder: Path, **kw: object) -> None:
+        seen.append(spec.loads.capacity_repeats)
+        raise _Stop
+
+    monkeypatch.setattr(orchestrate, "run_sweep", run_sweep)
+    spec = SweepSpec(model="llama-3.1-8b", loads=LoadSpec(capacity=True, capacity_repeats=2), slo={"ttft_ms": 300.0})
+    with pytest.raises(_Stop):
+        predict(spec, PlanSettings(), 0.2, lambda line: None)
+    assert seen == [0] and spec.loads.capacity_repeats == 2
 
 
 def test_plan_needs_a_capacity_search(tmp_path: Path) -> None:

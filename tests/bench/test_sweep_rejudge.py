@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,22 +21,23 @@ from bench_llm.analysis.recommend_io import load_points
 from bench_llm.analysis.recommend_text import format_recommendation
 from bench_llm.analysis.recommend_types import Recommendation
 from bench_llm.bench.sweep.store import read_cells
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 SWEEP = [
     "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "4", "--tp", "2,4",
     "--capacity", "--confidence", "0", "--input-tokens", "128", "--output-tokens", "16", "--requests", "20",
     "--warmup", "2", "--capacity-start", "20", "--precision", "0.5", "--max-probes", "5",
     "--target-rate", "3", "--engine-arg=--max-num-seqs=8",
+    # one search per cell: re-judging reads the main search's probes (the seeds' interval:
+    # tests/bench/test_capacity_repeats.py)
+    "--capacity-repeats", "0",
 ]  # fmt: skip
 LOOSE = "ttft_ms=300,tpot_ms=40"
 TIGHT = "ttft_ms=40,tpot_ms=40"
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(
-        [sys.executable, "-m", "bench_llm.bench", *args, "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=280
-    )
+    r = run_cli(*args, "--no-progress", cwd=REPO)  # in this process: no interpreter start-up per command
     assert r.returncode in (0, 4), r.stderr[-3000:]  # 4: no configuration meets the SLOs
     return r
 

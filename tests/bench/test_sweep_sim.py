@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench_llm.bench.errors import ExitCode
 from bench_llm.bench.sweep.store import read_cells
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 BASE = [
     "sweep", "--engine", "sim", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "4",
@@ -29,17 +29,14 @@ BASE = [
     # these pin the model's answer on small, fast probes: the point estimate decides (at 95 %
     # a 90 % target needs 35 requests per passing load; tests/analysis/test_confidence.py pins that)
     "--confidence", "0",
+    # one search per cell: these tests read capacities and the recommendation, not the seeds'
+    # interval (tests/bench/test_capacity_repeats.py)
+    "--capacity-repeats", "0",
 ]  # fmt: skip
 
 
 def _sweep(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(
-        [sys.executable, "-m", "bench_llm.bench", *BASE, *args, "--out", str(out), "--no-progress"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    r = run_cli(*BASE, *args, "--out", str(out), "--no-progress", cwd=REPO)  # in this process: no start-up
     # 4: a load the client could not measure truthfully on a busy host (named in the output)
     assert r.returncode in (0, ExitCode.UNTRUSTWORTHY), r.stderr[-3000:]
     return r
@@ -89,9 +86,7 @@ def test_long_prompts_with_a_tight_ttft_favour_tp4(tmp_path: Path) -> None:
         assert cells[cid]["limiting_factor"] == "prefill_unloaded"
     assert "RECOMMENDATION: tp4" in r.stdout
     # bench recommend reads the same answer back from the Parquet alone
-    again = subprocess.run(
-        [sys.executable, "-m", "bench_llm.bench", "recommend", str(out), "--json"], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    again = run_cli("recommend", str(out), "--json", cwd=REPO)
     assert again.returncode in (0, ExitCode.UNTRUSTWORTHY), again.stderr
     assert json.loads(again.stdout)["recommendation"]["cell_id"] == "tp4"
 

@@ -10,7 +10,6 @@ than the shipped one.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from bench_llm.sim.calibrate import KNOBS, MeasuredLoad, current_values, fit, predict, score, with_values
 from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.virtual import Send
-from tests.conftest import REPO, bench_argv
+from tests.conftest import REPO, run_cli
 
 HIDDEN = {"t_fixed_ms": 4.0, "per_seq_us": 30.0, "request_overhead_ms": 12.0, "mfu_gemm": 0.5, "mbu": 0.6}
 #: Tolerance of the recovered constants (relative). The loads below (tp 1 and 2, prompts of 256
@@ -84,15 +83,14 @@ def test_calibrate_command_from_run_folders(tmp_path: Path) -> None:
     runs = []
     for c in (1, 4, 8):
         out = tmp_path / f"c{c}"
-        p = subprocess.run(bench_argv(
+        p = run_cli(  # each bench command in this process (run_cli): the process is not under test
             "run", "--launch", "--engine", "sim", "--model", "llama-3.1-8b", "--requests", "30", "--concurrency", str(c),
             "--input-tokens", "256", "--output-tokens", "24", f"--engine-arg=--config={hidden}", "--out", str(out),
-            "--no-progress"), capture_output=True, text=True, timeout=120, cwd=REPO)
+            "--no-progress", cwd=REPO)
         assert p.returncode == 0, p.stderr
         runs.append(str(out))
     profile = tmp_path / "profile.toml"
-    p = subprocess.run(bench_argv("sim", "calibrate", *runs, "--holdout", runs[1], "--rounds", "1", "--out", str(profile)),
-                       capture_output=True, text=True, timeout=200, cwd=REPO)
+    p = run_cli("sim", "calibrate", *runs, "--holdout", runs[1], "--rounds", "1", "--out", str(profile), cwd=REPO)
     assert p.returncode == 0, p.stderr
     rows = {line.split()[0]: line.split() for line in p.stdout.splitlines() if line.startswith(("ttft_ms", "tpot_ms"))}
     for metric in ("ttft_ms", "tpot_ms"):
@@ -101,11 +99,9 @@ def test_calibrate_command_from_run_folders(tmp_path: Path) -> None:
     text = profile.read_text()
     assert "[gpu]" in text and "[profile]" in text and "held out, ttft_ms" in text
     # the profile loads where the simulated engine runs
-    d = subprocess.run(bench_argv("sim", "describe", "--config", str(profile)), capture_output=True, text=True,
-                       timeout=60, cwd=REPO)
+    d = run_cli("sim", "describe", "--config", str(profile), cwd=REPO)
     assert d.returncode == 0, d.stderr
-    again = subprocess.run(bench_argv("sim", "calibrate", *runs, "--out", str(profile)), capture_output=True, text=True,
-                           timeout=60, cwd=REPO)
+    again = run_cli("sim", "calibrate", *runs, "--out", str(profile), cwd=REPO)
     assert again.returncode == 2 and "exists" in again.stderr
 
 
@@ -147,7 +143,6 @@ def test_calibration_leaves_out_saturated_and_anomalous_loads_naming_them(tmp_pa
         screened_loads([busy, broken], BaseConfig())
     assert str(busy) in str(err.value) and CLIENT_SATURATED in str(err.value) and ANOMALIES in str(err.value)
     # the command names each run it leaves out, and says so when that empties the held-out set
-    p = subprocess.run(bench_argv("sim", "calibrate", str(good), str(busy), "--holdout", str(busy), "--out",
-                                  str(tmp_path / "p.toml")), capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    p = run_cli("sim", "calibrate", str(good), str(busy), "--holdout", str(busy), "--out", str(tmp_path / "p.toml"), cwd=REPO)
     assert p.returncode == 2 and f"left out: {busy}: {CLIENT_SATURATED}" in p.stderr, p.stderr
     assert "every held-out run was left out" in p.stderr
