@@ -218,7 +218,7 @@ def test_bench_run_makes_prompts_exact_by_default_where_the_engine_counts_otherw
         return res, read_requests(tmp_path / name).to_pylist()
 
     res, rows = run("default")
-    assert "note: prompts made exact with" in res.stderr and "x their requested lengths" in res.stderr
+    assert "note: prompts made exact with" in res.stderr and "x their requested lengths" in res.stderr, res.stderr
     assert {r["input_tokens_source"] for r in rows} == {"server_tokenize"}
     prompt = json.loads(res.stdout)["tokens"]["prompt"]
     assert prompt["exact_share"] == 1.0 and prompt["engine_added"] == 1  # 40 + the start token
