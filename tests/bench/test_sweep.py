@@ -112,6 +112,9 @@ def test_recommendation_file_and_rescoring(tmp_path: Path) -> None:
 
 def test_resume_after_a_kill_runs_only_the_missing_cells(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
+    # small real-time loads (1 s + 0.5 s per cell) and the point estimate deciding (confidence 0:
+    # no extension loads): resume does not depend on their size, and tp2 + tp4 still take seconds
+    # after tp1 completes, so the kill lands mid-sweep (asserted below: tp4 not complete)
     script = textwrap.dedent(
         f"""
         import sys
@@ -120,9 +123,9 @@ def test_resume_after_a_kill_runs_only_the_missing_cells(tmp_path: Path) -> None
         from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, WorkloadSpec
         from tests.sweep_fakes import FixedSimLauncher
         spec = SweepSpec(model="m", matrix=MatrixSpec(tp=(1, 2, 4)),
-                         loads=LoadSpec(rates=(10.0, 20.0), requests=20, warmup=0),
+                         loads=LoadSpec(rates=(10.0, 20.0), requests=10, warmup=0),
                          workloads=(WorkloadSpec(input_tokens=32, output_tokens=8),),
-                         slo={{"ttft_ms": 1000.0}})
+                         slo={{"ttft_ms": 1000.0}}, confidence=0.0)
         run_sweep(spec, Path({str(out)!r}), launcher=FixedSimLauncher(), echo=print, progress=False)
         """
     )
@@ -150,9 +153,10 @@ def test_resume_after_a_kill_runs_only_the_missing_cells(tmp_path: Path) -> None
     spec = SweepSpec(
         model="m",
         matrix=MatrixSpec(tp=(1, 2, 4)),
-        loads=LoadSpec(rates=(10.0, 20.0), requests=20, warmup=0),
+        loads=LoadSpec(rates=(10.0, 20.0), requests=10, warmup=0),
         workloads=(WorkloadSpec(input_tokens=32, output_tokens=8),),
         slo={"ttft_ms": 1000.0},
+        confidence=0.0,
     )
     launcher = FixedSimLauncher()
     res = run_sweep(spec, out, resume=True, launcher=launcher, echo=lambda s: None, progress=False)
