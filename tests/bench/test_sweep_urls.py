@@ -42,9 +42,10 @@ _PROCS: list[ManagedProcess] = []
 
 @pytest.fixture
 def two_deployments(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A fast simulated engine and a slow one (TTFT 20 ms and 4 s), running before the sweep."""
+    """A fast simulated engine and a slow one (TTFT 20 ms and 1.5 s), running before the sweep.
+    The slow one's TTFT is a server-side floor above the 1 s SLO, so no host noise lets it pass."""
     fast = _serve(tmp_path, "fast", 20.0)
-    slow = _serve(tmp_path, "slow", 4000.0)
+    slow = _serve(tmp_path, "slow", 1500.0)
     (fast_url, fast_proc), (slow_url, slow_proc) = next(fast), next(slow)
     _PROCS[:] = [fast_proc, slow_proc]
     yield {"fast": fast_url, "slow": slow_url}
@@ -58,10 +59,10 @@ def _spec(urls: dict[str, str]) -> SweepSpec:
         engine="sim",
         # the slow deployment is the smaller one: it is picked only if it meets the SLOs
         endpoints=(EndpointSpec("big", urls["fast"], 2), EndpointSpec("small", urls["slow"], 1)),
-        loads=LoadSpec(rates=(4.0, 8.0), requests=10, warmup=1),
+        loads=LoadSpec(rates=(8.0, 16.0), requests=10, warmup=1),
         workloads=(WorkloadSpec(input_tokens=32, output_tokens=8),),
-        # a bound far above what a busy shared host adds to the client's timings
-        slo={"ttft_ms": 2000.0},
+        # a bound far above what a busy shared host adds to the client's timings (50x the fast TTFT)
+        slo={"ttft_ms": 1000.0},
         attainment_pct=50.0,
     ).with_clock()
 
@@ -76,14 +77,14 @@ def test_two_running_deployments_are_measured_and_the_one_meeting_the_slos_is_re
     assert sorted(res.ran) == ["big", "small"] and not res.failed
     cells = {r["cell_id"]: r for r in read_cells(out)}
     assert cells["big"]["gpus"] == 2 and cells["small"]["gpus"] == 1
-    assert cells["small"]["capacity_rps"] is None and cells["big"]["capacity_rps"] == 8.0
+    assert cells["small"]["capacity_rps"] is None and cells["big"]["capacity_rps"] == 16.0
     assert recommend(out).to_json()["recommendation"]["cell_id"] == "big"
     # what each server says about itself, read through the engine profile's routes
     info = json.loads(cells["big"]["engine_info"])
     assert info["url"] == two_deployments["fast"] and info["started_by_bench"] is False
     assert info["version"].endswith("bench-sim") and cells["big"]["engine_version"] == info["version"]
     assert info["/v1/models"]["data"][0]["id"] == "m" and "/version" in info
-    meta = read_run_meta(out / "cell=big" / "load=rate-4")
+    meta = read_run_meta(out / "cell=big" / "load=rate-8")
     assert meta["extra"]["cell"]["deployment"] == "big" and meta["extra"]["cell"]["gpus"] == 2
     assert meta["extra"]["engine_info"]["url"] == two_deployments["fast"]
     # the deployments were measured, not stopped
