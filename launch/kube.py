@@ -8,7 +8,10 @@ worker's node rank ``$(LWS_WORKER_INDEX)``, both injected by LWS (``RecreateGrou
 a lost rank restarts the group, as the instance cannot serve without it). Every process with
 a port gets a ``Service`` (a LeaderWorkerSet's selects its leader), and a router's URLs to its
 instances name those Services. The load generator is a ``batch/v1`` ``Job`` on a CPU node
-(``client_node_selector``) that writes its run folder to the ``bench-results`` volume.
+(``client_node_selector``) that writes its run folder to the ``bench-results`` volume. A
+variable whose name says it holds a secret (``core.redact.secret_name``; bench takes such a value
+from its own environment only) goes into a ``Secret`` of the cell and reaches the pods through
+``secretKeyRef``, never as a value in a pod's spec.
 Everything carries the labels ``bench-llm/sweep`` and ``bench-llm/cell``, so a cell is deleted
 by label.
 
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from bench_llm.core.redact import secret_name
 from bench_llm.launch.engines import EngineLayout, ProcessPlan
 from bench_llm.launch.multinode import PlacementError, multinode_ranks
 from bench_llm.launch.placement import NODE_HOST, ClusterSpec, process_gpus
@@ -84,14 +88,21 @@ def _argv(argv: Sequence[str], services: dict[int, str]) -> list[str]:
 
 
 def _container(name: str, image: str, argv: list[str], env: dict[str, str], gpus: int, port: int | None,
-               ready: str | None) -> dict[str, Any]:  # fmt: skip
+               ready: str | None, secret: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """``secret``: the cell's Secret, which holds the value of every secret-named variable."""
+
+    def var(k: str, v: str) -> dict[str, Any]:
+        if secret is not None and secret_name(k):  # the value lives in the Secret, not in the pod's spec
+            return {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}}
+        return {"name": k, "value": v}
+
     c: dict[str, Any] = {
         "name": name,
         "image": image,
         "command": argv[:1],
         "args": argv[1:],
         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-        + [{"name": k, "value": v} for k, v in sorted(env.items())],
+        + [var(k, v) for k, v in sorted(env.items())],
     }
     if gpus:
         c["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}}  # a quantity, as the API spells it
@@ -135,15 +146,21 @@ def manifests(spec: LaunchSpec, cell_id: str, cluster: ClusterSpec, client_argv:
     names = [_name(f"{cell}-{p.role}{i}") for i, p in enumerate(layout.processes)]
     services = {p.port: names[i] for i, p in enumerate(layout.processes)}
     out: list[dict[str, Any]] = []
+    hidden = {k: v for k, v in dict(spec.env).items() if secret_name(k)}
+    secret = _name(f"{cell}-env") if hidden else None
+    if secret is not None:  # a secret given by name (--engine-env HF_TOKEN) reaches the pods through a Secret
+        out.append({"apiVersion": "v1", "kind": "Secret", "metadata": _meta(secret, base, cluster.namespace),
+                    "type": "Opaque", "stringData": hidden})  # fmt: skip
     for i, plan in enumerate(layout.processes):
-        out += _process_objects(spec, cluster, layout, i, plan, names[i], base, image, services)
+        out += _process_objects(spec, cluster, layout, i, plan, names[i], base, image, services, secret)
     front = layout.processes[layout.front_index]
     out.append(_client_job(cell, base, cluster, client_argv, f"http://{names[layout.front_index]}:{front.port}", cell_id))
     return out
 
 
 def _process_objects(spec: LaunchSpec, cluster: ClusterSpec, layout: EngineLayout, i: int, plan: ProcessPlan,
-                     name: str, base: dict[str, str], image: str, services: dict[int, str]) -> list[dict[str, Any]]:  # fmt: skip
+                     name: str, base: dict[str, str], image: str, services: dict[int, str],
+                     secret: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     ns = cluster.namespace
     gpus = process_gpus(layout, plan, spec.parallel.gpus)
     if any(a.startswith("bench_llm.") for a in plan.argv):  # bench's own process (the vLLM P/D proxy)
@@ -167,8 +184,8 @@ def _process_objects(spec: LaunchSpec, cluster: ClusterSpec, layout: EngineLayou
                 "leaderWorkerTemplate": {
                     "size": ranks,
                     "restartPolicy": "RecreateGroupOnPodRestart",
-                    "leaderTemplate": _pod(labels, _container("engine", image, leader, env, per, plan.port, plan.ready_path)),
-                    "workerTemplate": _pod(labels, _container("engine", image, worker, env, per, None, None)),
+                    "leaderTemplate": _pod(labels, _container("engine", image, leader, env, per, plan.port, plan.ready_path, secret)),
+                    "workerTemplate": _pod(labels, _container("engine", image, worker, env, per, None, None, secret)),
                 },
             },
         })  # fmt: skip
@@ -179,7 +196,7 @@ def _process_objects(spec: LaunchSpec, cluster: ClusterSpec, layout: EngineLayou
             "spec": {
                 "replicas": 1,
                 "selector": {"matchLabels": {"bench-llm/process": name}},
-                "template": _pod(labels, _container("engine", image, argv, env, gpus, plan.port, plan.ready_path)),
+                "template": _pod(labels, _container("engine", image, argv, env, gpus, plan.port, plan.ready_path, secret)),
             },
         })  # fmt: skip
         selector = {"bench-llm/process": name}

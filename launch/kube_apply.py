@@ -91,6 +91,8 @@ class KubeCell:
             apps.create_namespaced_deployment(ns, obj)
         elif kind == "Service":
             core.create_namespaced_service(ns, obj)
+        elif kind == "Secret":
+            core.create_namespaced_secret(ns, obj)
         elif kind == "Job":
             batch.create_namespaced_job(ns, obj)
         elif kind == "LeaderWorkerSet":
@@ -222,6 +224,9 @@ class KubeCell:
         for s in core.list_namespaced_service(ns, label_selector=sel).items:
             core.delete_namespaced_service(s.metadata.name, ns)
             gone.append(("Service", s.metadata.name))
+        for s in core.list_namespaced_secret(ns, label_selector=sel).items:
+            core.delete_namespaced_secret(s.metadata.name, ns)
+            gone.append(("Secret", s.metadata.name))
         return gone
 
     def run_load(self, ready_timeout_s: float, job_timeout_s: float) -> None:

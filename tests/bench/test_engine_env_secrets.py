@@ -67,3 +67,13 @@ def test_sweep_json_and_the_stored_command_hold_the_name_only(tmp_path: Path, mo
     monkeypatch.delenv("BENCH_T_API_TOKEN")
     unset = run_cli(*common[:-1], str(tmp_path / "other"), "--engine-env", "BENCH_T_API_TOKEN")
     assert unset.returncode != 0 and "BENCH_T_API_TOKEN: not set" in unset.stdout + unset.stderr
+
+
+def test_a_kubernetes_dry_run_shows_the_secret_by_reference_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    shown = run_cli("sweep", "--dry-run", "--engine", "vllm", "--model", "org/m", "--gpus", "4", "--tp", "1",
+                    "--rate", "1", "--cluster", "kubernetes", "--gpus-per-node", "4", "--namespace", "bench",
+                    "--image", "img", "--client-image", "bimg", "--engine-env", "HF_TOKEN")  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert SECRET not in shown.stdout and 'kind: "Secret"' in shown.stdout and 'HF_TOKEN: "***"' in shown.stdout
+    assert 'secretKeyRef:\n                  name: "tp1-env"\n                  key: "HF_TOKEN"' in shown.stdout

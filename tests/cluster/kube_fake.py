@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 
 _PATH = re.compile(r"^/(?:api/v1|apis/[^/]+/v1)/namespaces/([^/]+)/([a-z]+)(?:/([^/]+))?(?:/(status|log))?$")
 _KINDS = {"deployments": "Deployment", "services": "Service", "jobs": "Job", "leaderworkersets": "LeaderWorkerSet",
-          "pods": "Pod"}  # fmt: skip
+          "pods": "Pod", "secrets": "Secret"}  # fmt: skip
 
 
 def free_port() -> int:
@@ -49,12 +49,17 @@ class FakeKubelet:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, tuple[int, int]] = {}  # Deployment name -> (its port, the loopback port)
         self.services: dict[str, str] = {}  # Service name -> the Deployment it selects
+        self.secrets: dict[str, dict[str, str]] = {}  # Secret name -> its data
+        self.envs: dict[str, dict[str, str]] = {}  # pod's process name -> the environment its spec gave it
 
     def _env(self, container: dict[str, Any]) -> dict[str, str]:
         env = {"POD_IP": "127.0.0.1"}
         for e in container.get("env", []):
             if "value" in e:
                 env[e["name"]] = self._resolve(e["value"])
+            elif "secretKeyRef" in e.get("valueFrom", {}):
+                ref = e["valueFrom"]["secretKeyRef"]
+                env[e["name"]] = self.secrets[ref["name"]][ref["key"]]
         return env
 
     def _resolve(self, text: str) -> str:
@@ -75,7 +80,7 @@ class FakeKubelet:
         return [sys.executable if a == "python3" else a for a in argv]
 
     def _start(self, name: str, container: dict[str, Any], moved: dict[str, str]) -> None:
-        env = self._env(container)
+        env = self.envs[name] = self._env(container)
         log = (self.workdir / f"{name}.log").open("wb")
         self.procs[name] = subprocess.Popen(self._argv(container, env, moved), stdout=log, stderr=subprocess.STDOUT,
                                             env={**_base_env(), **env}, cwd=self.workdir)  # fmt: skip
@@ -150,6 +155,8 @@ class FakeApi:
         self.ready_after, self.crash, self.never_ready = ready_after, crash, never_ready
         self.kubelet = kubelet
         self.conversation: list[str] = []
+        #: every object as it was created (kept after it is deleted)
+        self.bodies: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     def handle(self, method: str, target: str, body: dict[str, Any] | None) -> tuple[int, dict[str, Any] | str]:
@@ -189,7 +196,10 @@ class FakeApi:
         obj["metadata"].update(uid=f"uid-{len(self.objects)}", resourceVersion="1",
                                creationTimestamp="2026-01-01T00:00:00Z")  # fmt: skip
         self.objects[key] = obj
+        self.bodies.append(obj)
         if self.kubelet is not None:
+            if plural == "secrets":
+                self.kubelet.secrets[key[1]] = dict(obj.get("stringData") or {})
             start = {"deployments": self.kubelet.deployment, "services": self.kubelet.service, "jobs": self.kubelet.job}
             if plural in start:
                 start[plural](obj)

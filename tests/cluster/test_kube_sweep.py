@@ -27,6 +27,8 @@ from bench_llm.results.reader import read_run_meta
 from tests.cluster.kube_fake import FakeApi, FakeKubelet, serving
 from tests.conftest import bench_argv, wait_until
 
+SECRET = "hf_planted-kube-0123456789"
+
 pytest.importorskip("kubernetes", reason="the Kubernetes client is not installed (pip install 'bench-llm[kubernetes]')")
 
 
@@ -68,10 +70,20 @@ def test_a_sweep_on_kubernetes_measures_every_load_and_deletes_everything(
 ) -> None:
     fake, kubelet, env = cluster
     out = tmp_path / "sweep"
-    run = subprocess.run(_sweep(out, "--tp", "1,2"), env=env, capture_output=True, text=True, timeout=240)
+    env = {**env, "BENCH_T_HUB_TOKEN": SECRET}  # handed to the engine by name: through a Secret
+    run = subprocess.run(_sweep(out, "--tp", "1,2", "--engine-env", "BENCH_T_HUB_TOKEN"), env=env,
+                         capture_output=True, text=True, timeout=240)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     cells = {r["cell_id"]: r for r in pq.read_table(out / "cells.parquet").to_pylist()}
     assert {c: r["status"] for c, r in cells.items()} == {"tp1": "complete", "tp2": "complete"}, cells
+    secrets = [b for b in fake.bodies if b["kind"] == "Secret"]
+    assert [s["stringData"] for s in secrets] == [{"BENCH_T_HUB_TOKEN": SECRET}] * 2
+    for body in fake.bodies:  # the value is in the cell's Secret and in no other object
+        assert body["kind"] == "Secret" or SECRET not in json.dumps(body), body["kind"]
+    engines = [n for n in kubelet.envs if "-engine" in n]
+    assert engines and all(kubelet.envs[n]["BENCH_T_HUB_TOKEN"] == SECRET for n in engines)  # the pod got it
+    for f in out.rglob("*"):
+        assert not f.is_file() or SECRET.encode() not in f.read_bytes(), f
     sweep_id = json.loads((out / "sweep.json").read_text())["sweep_id"]
     for cell in ("tp1", "tp2"):
         (point,) = _points(out, cell)
@@ -90,10 +102,10 @@ def test_a_sweep_on_kubernetes_measures_every_load_and_deletes_everything(
     assert fake.objects == {}  # every object of every cell deleted, by label
     assert kubelet.running() == []
     posts = [c.split()[1].rsplit("/", 1)[-1] for c in fake.conversation if c.startswith("POST")]
-    assert posts == ["deployments", "services", "jobs"] * 2
+    assert posts == ["secrets", "deployments", "services", "jobs"] * 2
     listed = [c.split("?")[0].rsplit("/", 1)[-1] for c in fake.conversation
               if "labelSelector=bench-llm/cell%3Dtp1%2Cbench-llm/sweep%3D" in c and "/pods?" not in c]  # fmt: skip
-    assert listed == ["jobs", "leaderworkersets", "deployments", "services"]  # the cell's objects, found to delete
+    assert listed == ["jobs", "leaderworkersets", "deployments", "services", "secrets"]  # the cell's objects, found to delete
     job_logs = sorted(p.name for p in kubelet.workdir.glob("*-load-*.log"))
     assert job_logs == ["tp1-load-1.log", "tp2-load-1.log"]
 
