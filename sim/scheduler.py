@@ -463,8 +463,7 @@ class Instance:
         if not req.cache_checked or req.prefilled_remote or not req.shared_blocks or req.private_blocks:
             return
         hit = len(req.shared_blocks)
-        self.pool.release_all(req.shared_blocks)
-        req.shared_blocks = []
+        self.free(req)  # its shared blocks (it holds no private one yet)
         req.num_computed = 0
         req.cache_checked = False
         if req.generated == 0:

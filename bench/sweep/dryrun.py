@@ -16,8 +16,6 @@ from bench_llm.bench.sweep.spec import DRY_RUN_ENVIRON, SweepSpec, WorkloadSpec
 from bench_llm.core.redact import secret_name
 from bench_llm.launch.process import EngineStartError
 
-#: Environment names whose values a dry run does not print.
-
 
 def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> list[str]:
     """The dry-run text, one line per element (on a cluster: ``bench.sweep.cluster``'s)."""

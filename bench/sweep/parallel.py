@@ -190,7 +190,7 @@ def start_method() -> str:
 
 def child_start_method() -> str:
     """``start_method``, with the fork server running (and importing ``PRELOAD``) when it is the
-    one: for processes this one starts (the repeat searches' workers, bench/sweep/repeat_workers.py)."""
+    one: for processes this one starts (cells, the repeat searches' workers)."""
     method = start_method()
     if method == "forkserver":
         prestart()
@@ -313,9 +313,7 @@ class _Pool:
 
     def start(self, task: CellTask) -> None:
         # chosen at each start: a thread started since the last one makes forking this process unsafe
-        method = start_method()
-        if method == "forkserver":
-            prestart()  # with PRELOAD, if nothing started it yet
+        method = child_start_method()
         mp: Any = multiprocessing.get_context(method)  # its Process and Pipe (typeshed's context lacks them)
         parent, child = mp.Pipe(duplex=False)
         proc = mp.Process(target=WORKER, args=(child, self.ctx, task), name=f"bench-cell-{task.cell_id}", daemon=True)
