@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -88,12 +88,12 @@ def _argv(argv: Sequence[str], services: dict[int, str]) -> list[str]:
 
 
 def _container(name: str, image: str, argv: list[str], env: dict[str, str], gpus: int, port: int | None,
-               ready: str | None, secret: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """``secret``: the cell's Secret, which holds the value of every secret-named variable."""
+               ready: str | None, secrets: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``secrets``: variable -> the cell's Secret that holds its value (``manifests``)."""
 
     def var(k: str, v: str) -> dict[str, Any]:
-        if secret is not None and secret_name(k):  # the value lives in the Secret, not in the pod's spec
-            return {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}}
+        if secrets and k in secrets:  # the value lives in the Secret, not in the pod's spec
+            return {"name": k, "valueFrom": {"secretKeyRef": {"name": secrets[k], "key": k}}}
         return {"name": k, "value": v}
 
     c: dict[str, Any] = {
@@ -147,12 +147,13 @@ def manifests(spec: LaunchSpec, cell_id: str, cluster: ClusterSpec, client_argv:
     services = {p.port: names[i] for i, p in enumerate(layout.processes)}
     out: list[dict[str, Any]] = []
     hidden = {k: v for k, v in dict(spec.env).items() if secret_name(k)}
-    secret = _name(f"{cell}-env") if hidden else None
-    if secret is not None:  # a secret given by name (--engine-env HF_TOKEN) reaches the pods through a Secret
+    secret = _name(f"{cell}-env")
+    secrets = dict.fromkeys(hidden, secret)  # exactly the variables the Secret holds
+    if hidden:  # a secret given by name (--engine-env HF_TOKEN) reaches the pods through a Secret
         out.append({"apiVersion": "v1", "kind": "Secret", "metadata": _meta(secret, base, cluster.namespace),
                     "type": "Opaque", "stringData": hidden})  # fmt: skip
     for i, plan in enumerate(layout.processes):
-        out += _process_objects(spec, cluster, layout, i, plan, names[i], base, image, services, secret)
+        out += _process_objects(spec, cluster, layout, i, plan, names[i], base, image, services, secrets)
     front = layout.processes[layout.front_index]
     out.append(_client_job(cell, base, cluster, client_argv, f"http://{names[layout.front_index]}:{front.port}", cell_id))
     return out
@@ -160,7 +161,7 @@ def manifests(spec: LaunchSpec, cell_id: str, cluster: ClusterSpec, client_argv:
 
 def _process_objects(spec: LaunchSpec, cluster: ClusterSpec, layout: EngineLayout, i: int, plan: ProcessPlan,
                      name: str, base: dict[str, str], image: str, services: dict[int, str],
-                     secret: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                     secrets: Mapping[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     ns = cluster.namespace
     gpus = process_gpus(layout, plan, spec.parallel.gpus)
     if any(a.startswith("bench_llm.") for a in plan.argv):  # bench's own process (the vLLM P/D proxy)
@@ -184,8 +185,8 @@ def _process_objects(spec: LaunchSpec, cluster: ClusterSpec, layout: EngineLayou
                 "leaderWorkerTemplate": {
                     "size": ranks,
                     "restartPolicy": "RecreateGroupOnPodRestart",
-                    "leaderTemplate": _pod(labels, _container("engine", image, leader, env, per, plan.port, plan.ready_path, secret)),
-                    "workerTemplate": _pod(labels, _container("engine", image, worker, env, per, None, None, secret)),
+                    "leaderTemplate": _pod(labels, _container("engine", image, leader, env, per, plan.port, plan.ready_path, secrets)),
+                    "workerTemplate": _pod(labels, _container("engine", image, worker, env, per, None, None, secrets)),
                 },
             },
         })  # fmt: skip
@@ -196,7 +197,7 @@ def _process_objects(spec: LaunchSpec, cluster: ClusterSpec, layout: EngineLayou
             "spec": {
                 "replicas": 1,
                 "selector": {"matchLabels": {"bench-llm/process": name}},
-                "template": _pod(labels, _container("engine", image, argv, env, gpus, plan.port, plan.ready_path, secret)),
+                "template": _pod(labels, _container("engine", image, argv, env, gpus, plan.port, plan.ready_path, secrets)),
             },
         })  # fmt: skip
         selector = {"bench-llm/process": name}

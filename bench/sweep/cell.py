@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,10 +36,10 @@ if TYPE_CHECKING:
     from bench_llm.loadgen.otlp import OtlpReceiver
 
 
-def cell_engine(spec: SweepSpec, cfg: ParallelConfig, environ: Mapping[str, str] | None = None) -> CellEngine:
+def cell_engine(spec: SweepSpec, cfg: ParallelConfig, dry_run: bool = False) -> CellEngine:
     """What the launcher gets for one cell (a tuning cell's flags travel in ``cfg.extra_args``);
-    ``environ``: where a variable passed by name takes its value (bench's own environment)."""
-    env = spec.engine_env_pairs(environ)
+    ``dry_run``: a variable passed by name shows ``***`` (``SweepSpec.engine_env_pairs``)."""
+    env = spec.engine_env_pairs(dry_run=dry_run)
     return CellEngine(
         engine=spec.for_cell(cfg).engine,
         model=spec.model,

@@ -159,7 +159,6 @@ def dry_run_lines(spec: SweepSpec) -> list[str]:
     """``bench sweep --dry-run`` on a cluster: each cell's Slurm commands, or its manifests."""
     from bench_llm.bench.sweep.cell import cell_engine
     from bench_llm.bench.sweep.matrix import expand
-    from bench_llm.bench.sweep.spec import DRY_RUN_ENVIRON
 
     cluster = spec.cluster
     assert cluster is not None
@@ -177,7 +176,7 @@ def dry_run_lines(spec: SweepSpec) -> list[str]:
             lines.append(f"{head}, skipped: {c.skip_reason}")
             continue
         lines.append(head)
-        ls = launch_spec(cell_engine(spec, c.config, DRY_RUN_ENVIRON))
+        ls = launch_spec(cell_engine(spec, c.config, dry_run=True))
         if cluster.manager == "slurm":
             from bench_llm.launch.slurm import dry_run_commands
 

@@ -12,7 +12,7 @@ import shlex
 from bench_llm.bench.sweep.cell import cell_engine
 from bench_llm.bench.sweep.engines import DefaultLauncher
 from bench_llm.bench.sweep.matrix import expand
-from bench_llm.bench.sweep.spec import DRY_RUN_ENVIRON, SweepSpec, WorkloadSpec
+from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench_llm.core.redact import secret_name
 from bench_llm.launch.process import EngineStartError
 
@@ -46,7 +46,7 @@ def dry_run_lines(spec: SweepSpec, launcher: DefaultLauncher | None = None) -> l
             lines.append(f"{head}, running {named}deployment at {urls[c.config.deployment]} (bench starts nothing)")
             continue
         try:
-            procs = launcher.plan(cell_engine(spec, c.config, DRY_RUN_ENVIRON))
+            procs = launcher.plan(cell_engine(spec, c.config, dry_run=True))
         except EngineStartError as exc:
             lines.append(f"{head}, skipped: {exc}")
             continue

@@ -28,7 +28,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -441,14 +441,18 @@ class SweepSpec:
         engine = next((e.engine for e in self.endpoints if e.name == cfg.deployment and e.engine), None)
         return replace(self, engine=engine) if engine and engine != self.engine else self
 
-    def engine_env_pairs(self, environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    def engine_env_pairs(self, environ: Mapping[str, str] | None = None, *, dry_run: bool = False
+                         ) -> tuple[tuple[str, str], ...]:  # fmt: skip
         """The engine's extra environment as (name, value): a bare ``NAME`` takes bench's own
-        value (``environ``, default ``os.environ``); SweepSpecError names what is unset."""
+        value (``environ``, default ``os.environ``); SweepSpecError names what is unset.
+        ``dry_run``: it starts nothing, so it reads no value (``***``) and needs none set."""
         env = os.environ if environ is None else environ
         pairs = []
         for item in self.engine_env:
             name, eq, value = item.partition("=")
-            if not eq:
+            if not eq and dry_run:
+                value = "***"
+            elif not eq:
                 if name not in env:
                     raise SweepSpecError(f"engine_env {name}: not set in bench's environment (export it, or give NAME=value)")
                 value = env[name]
@@ -504,25 +508,6 @@ def load_spec(path: Path) -> SweepSpec:
     except ConfigError as exc:
         raise SweepSpecError(str(exc)) from None
 
-
-class _NamedOnly(Mapping[str, str]):
-    """Every variable set, to ``***``: what a dry run shows for a variable passed by name."""
-
-    def __getitem__(self, name: str) -> str:
-        return "***"
-
-    def __contains__(self, name: object) -> bool:
-        return True
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
-#: ``environ`` for a dry run: it starts nothing, so it reads no value (and needs none set).
-DRY_RUN_ENVIRON: Mapping[str, str] = _NamedOnly()
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

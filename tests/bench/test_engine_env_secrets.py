@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_llm.bench.sweep.spec import DRY_RUN_ENVIRON, LoadSpec, MatrixSpec, SweepSpec, SweepSpecError
+from bench_llm.bench.sweep.spec import LoadSpec, MatrixSpec, SweepSpec, SweepSpecError
 from tests.conftest import run_cli
 
 SECRET = "hf_planted-0123456789-secret"
@@ -34,7 +34,7 @@ def test_a_variable_passed_by_name_takes_bench_s_value_when_the_engine_starts() 
     assert spec.engine_env_pairs({"HF_TOKEN": SECRET}) == (("VLLM_SERVER_DEV_MODE", "1"), ("HF_TOKEN", SECRET))
     with pytest.raises(SweepSpecError, match="engine_env HF_TOKEN: not set in bench's environment"):
         spec.engine_env_pairs({})
-    assert spec.engine_env_pairs(DRY_RUN_ENVIRON)[1] == ("HF_TOKEN", "***")  # a dry run reads no value
+    assert spec.engine_env_pairs({}, dry_run=True)[1] == ("HF_TOKEN", "***")  # a dry run reads no value
 
 
 def test_the_load_job_sent_to_a_cluster_carries_no_engine_environment() -> None:
