@@ -7,7 +7,6 @@ import http.server
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from bench_llm.core import __version__
 from bench_llm.core.control import ControlError, EngineClient
 from bench_llm.core.errors import BenchError
 from bench_llm.core.pairs import Pair, split_pairs
-from tests.conftest import REPO, bench_argv
+from tests.conftest import REPO, bench_argv, http_server
 
 
 class _Engine(http.server.BaseHTTPRequestHandler):
@@ -48,13 +47,8 @@ class _Engine(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def engine() -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with http_server(_Engine) as url:
+        yield url
 
 
 def test_control_client_reports_answers_and_failures_without_raising(engine: str) -> None:

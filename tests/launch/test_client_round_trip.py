@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from bench_llm.launch import launcher, slurm
 from bench_llm.launch.launcher import ClientRoundTrip, client_round_trip
 from bench_llm.launch.process import free_port
+from tests.conftest import http_server
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -31,13 +31,8 @@ class _Health(http.server.BaseHTTPRequestHandler):
 @pytest.fixture()
 def engine() -> Iterator[str]:
     _Health.paths = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with http_server(_Health) as url:
+        yield url
 
 
 def test_probes_the_profiles_health_route_and_records_where_it_ran(engine: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pandas as pd
 import pytest
@@ -25,6 +25,7 @@ from bench_llm.bench.sweep.loads import Load, build_schedule
 from bench_llm.bench.sweep.spec import SweepSpec, WorkloadSpec
 from bench_llm.results.sweep_rows import PointRow
 from bench_llm.workloads.prompts import word_prompts_exact
+from tests.conftest import http_server
 
 
 def _server(count: Callable[[str], int], calls: list[str]) -> Iterator[str]:
@@ -43,13 +44,8 @@ def _server(count: Callable[[str], int], calls: list[str]) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    srv = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with http_server(Handler) as url:
+        yield url
 
 
 @pytest.fixture()

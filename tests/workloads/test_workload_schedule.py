@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from bench_llm.workloads.prompts import ServerTokenizeSynth, TokenizerSynth
 from bench_llm.workloads.spec import Schedule
 from bench_llm.workloads.stats import prefix_reuse
 from bench_llm.workloads.synthetic import WorkloadError as SyntheticWorkloadError
-from tests.conftest import shared_path
+from tests.conftest import http_server, shared_path
 
 
 def _build(ref: str, **kw: object) -> Schedule:
@@ -208,14 +207,8 @@ def tokenize_server() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    srv = HTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with http_server(Handler) as url:
+        yield url
 
 
 def test_server_tokenize_calibration(tokenize_server: str) -> None:
