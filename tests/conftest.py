@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -83,3 +84,16 @@ def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """``benchmarks/NAME.py`` (scripts, not a package) loaded afresh as the module ``NAME``
+    (registered, as a dataclass defined there looks its module up)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -11,17 +10,14 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
+from tests.conftest import benchmark_module
+
 _COLS = ("id,backend,backend_version,model_path,mode,isl,osl,gemm_quant_mode,moe_quant_mode,batch_size,tp_size,"
          "pp_size,attention_dp_size,moe_tp_size,moe_ep_size")
 
 
 def _mod() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "aic_compare.py"
-    spec = importlib.util.spec_from_file_location("aic_compare_cache", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("aic_compare")
 
 
 def _rows(tmp_path: Path) -> Path:

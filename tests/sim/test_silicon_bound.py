@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from bench_llm.sim.presets import GPUS, MODELS
 from bench_llm.sim.silicon import Point
+from tests.conftest import benchmark_module
 
 
 def _mod() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "silicon_bound.py"
-    spec = importlib.util.spec_from_file_location("silicon_bound", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("silicon_bound")
 
 
 def _row(ttft_ms: float, tpot_ms: float, tp: int = 1, isl: int = 4000, osl: int = 100, c: int = 32) -> Point:

@@ -15,6 +15,7 @@ from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.presets import PROFILES
 from bench_llm.sim.scheduler import Limits
 from bench_llm.sim.virtual import Plan, Send, run
+from tests.conftest import benchmark_module
 
 
 def _peak_running(timing: ModelTiming, n: int, isl: int, osl: int) -> int:
@@ -139,12 +140,7 @@ def test_the_prefill_pool_takes_its_own_batch_limits() -> None:
 
 # -- benchmarks/aic_compare.py --------------------------------------------------------------------
 def _aic_compare() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "aic_compare.py"
-    spec = importlib.util.spec_from_file_location("aic_compare", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("aic_compare")
 
 
 def test_aic_compare_skips_cleanly_without_aiconfigurator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

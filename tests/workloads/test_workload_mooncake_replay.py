@@ -11,22 +11,18 @@ longer slices and prints the figures.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO, shared_path
+from tests.conftest import benchmark_module, shared_path
 
 pytestmark = pytest.mark.slow
 
 
-def _bench_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("mooncake_prefix_replay", REPO / "benchmarks" / "mooncake_prefix_replay.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _bench_module() -> ModuleType:
+    return benchmark_module("mooncake_prefix_replay")
 
 
 @pytest.mark.timeout(240)
