@@ -31,28 +31,17 @@ import dataclasses
 import random
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from bench_llm.sim import silicon
 from bench_llm.sim.backend import ModelBackend
 from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.presets import PROFILES
-from bench_llm.sim.virtual import Outcome, Plan, Send, run
+from bench_llm.sim.virtual import Plan, Send, run
 
 POOL = 100  # AIPerf's default number of synthetic dataset entries
 BLOCK = 16
 PER_STREAM = silicon.MEASURED_PER_STREAM
-
-
-def _means(outcomes: Sequence[Outcome]) -> tuple[float, float]:
-    ttft = [(o.token_ns[0] - o.intended_ns) / 1e6 for o in outcomes]
-    tpot = [(o.token_ns[-1] - o.token_ns[0]) / 1e6 / max(1, len(o.token_ns) - 1) for o in outcomes]
-    return statistics.fmean(ttft), statistics.fmean(tpot)
-
-
-def _weighted(first: tuple[float, float], later: tuple[float, float]) -> tuple[float, float]:
-    w = 1 / PER_STREAM
-    return w * first[0] + (1 - w) * later[0], w * first[1] + (1 - w) * later[1]
 
 
 def _prompt(pid: int, isl: int) -> tuple[int, ...]:
@@ -79,7 +68,7 @@ def pool(p: silicon.Point) -> tuple[float, float]:
         sends.append(Send(p.isl, p.osl, _prompt(pid, p.isl), warmup=k < 2 * c))
     timing = dataclasses.replace(silicon.engine_timing(p), enable_prefix_caching=True)
     out = run(ModelBackend(timing), sends, Plan(concurrency=c, warmup_concurrency=c)).outcomes[2 * c:]
-    return _weighted(_means(out[:c]), _means(out[c:]))
+    return silicon.wave_weighted(silicon.outcome_means(out[:c]), silicon.outcome_means(out[c:]))
 
 
 def phases(p: silicon.Point) -> tuple[float, float]:
@@ -89,14 +78,14 @@ def phases(p: silicon.Point) -> tuple[float, float]:
     rng = random.Random(7)
     sends = [Send(p.isl, max(1, int(p.osl * rng.random()))) for _ in range(c)]
     sends += [Send(p.isl, p.osl)] * (c * silicon.WAVES)
-    return _means(run(ModelBackend(silicon.engine_timing(p)), sends, Plan(concurrency=c)).outcomes[c:])
+    return silicon.outcome_means(run(ModelBackend(silicon.engine_timing(p)), sends, Plan(concurrency=c)).outcomes[c:])
 
 
 def desync(p: silicon.Point) -> tuple[float, float]:
     """The synchronised first wave (1/20), then streams at random phases (19/20)."""
     c = p.concurrency
-    first = _means(run(ModelBackend(silicon.engine_timing(p)), [Send(p.isl, p.osl)] * c, Plan(concurrency=c)).outcomes)
-    return _weighted(first, phases(p))
+    first = silicon.outcome_means(run(ModelBackend(silicon.engine_timing(p)), [Send(p.isl, p.osl)] * c, Plan(concurrency=c)).outcomes)
+    return silicon.wave_weighted(first, phases(p))
 
 
 def aic_launch(p: silicon.Point) -> ModelTiming:
@@ -122,7 +111,7 @@ def aic(p: silicon.Point) -> tuple[float, float]:
     """The shipped closed loop on the engine ``aic_launch`` builds."""
     c, waves = p.concurrency, silicon.WAVES
     out = run(ModelBackend(aic_launch(p)), [Send(p.isl, p.osl)] * (c * waves), Plan(concurrency=c)).outcomes
-    return _weighted(_means(out[:c]), _means(out[c:]))
+    return silicon.wave_weighted(silicon.outcome_means(out[:c]), silicon.outcome_means(out[c:]))
 
 
 PROBES: dict[str, Callable[[silicon.Point], tuple[float, float]]] = {
@@ -155,7 +144,7 @@ def waves(group: str, lengths: str, concurrency: int) -> str:
         c = p.concurrency
         out = run(ModelBackend(silicon.engine_timing(p)), [Send(p.isl, p.osl)] * (c * PER_STREAM),
                   Plan(concurrency=c)).outcomes
-        per_wave = [_means(out[w * c:(w + 1) * c])[0] for w in range(PER_STREAM)]
+        per_wave = [silicon.outcome_means(out[w * c:(w + 1) * c])[0] for w in range(PER_STREAM)]
         lines.append(f"{p.group} {lengths} C{c} tp{p.tp} dp{p.dp} ep{p.ep}: measured {p.ttft_ms:.0f} ms; "
                      f"per wave {' '.join(f'{t:.0f}' for t in per_wave)}; mean of 20 {statistics.fmean(per_wave):.0f}")
     return "\n".join(lines)

@@ -39,7 +39,7 @@ from pathlib import Path
 from bench_llm.sim.backend import ModelBackend
 from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.presets import PROFILES
-from bench_llm.sim.virtual import Plan, Send, run
+from bench_llm.sim.virtual import Outcome, Plan, Send, run
 
 #: where the rows are looked for, in order (the first that exists): $BENCH_SILICON_ROWS, then
 #: ``shared/reference/silicon/`` in a parent of the repository or of the working directory
@@ -206,16 +206,25 @@ def engine_timing(p: Point) -> ModelTiming:
                        prefill_max_num_seqs=seqs, prefill_max_num_batched_tokens=budget)
 
 
+def outcome_means(outcomes: Sequence[Outcome]) -> tuple[float, float]:
+    """(mean TTFT ms, mean TPOT ms) of simulated requests, as the rows' client measured them."""
+    ttft = [(o.token_ns[0] - o.intended_ns) / 1e6 for o in outcomes]
+    tpot = [(o.token_ns[-1] - o.token_ns[0]) / 1e6 / max(1, len(o.token_ns) - 1) for o in outcomes]
+    return statistics.fmean(ttft), statistics.fmean(tpot)
+
+
+def wave_weighted(first: tuple[float, float], later: tuple[float, float]) -> tuple[float, float]:
+    """The means of a 20-request-per-stream run from its first (synchronised) wave and the rest."""
+    w = 1 / MEASURED_PER_STREAM
+    return w * first[0] + (1 - w) * later[0], w * first[1] + (1 - w) * later[1]
+
+
 def simulate(p: Point) -> tuple[float, float]:
     """(mean TTFT ms, mean TPOT ms) of the row's closed loop in virtual time (module docstring)."""
     c = p.concurrency
     res = run(ModelBackend(engine_timing(p)), [Send(p.isl, p.osl) for _ in range(c * WAVES)], Plan(concurrency=c))
     # a closed loop takes the sends in order: the first c are the synchronised first wave
-    ttft = [(o.token_ns[0] - o.intended_ns) / 1e6 for o in res.outcomes]
-    tpot = [(o.token_ns[-1] - o.token_ns[0]) / 1e6 / max(1, len(o.token_ns) - 1) for o in res.outcomes]
-    w = 1 / MEASURED_PER_STREAM
-    return (w * statistics.fmean(ttft[:c]) + (1 - w) * statistics.fmean(ttft[c:]),
-            w * statistics.fmean(tpot[:c]) + (1 - w) * statistics.fmean(tpot[c:]))
+    return wave_weighted(outcome_means(res.outcomes[:c]), outcome_means(res.outcomes[c:]))
 
 
 @dataclass(frozen=True)
