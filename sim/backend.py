@@ -201,17 +201,17 @@ class ModelBackend:
                                 or limits.max_num_batched_tokens)
             for i in range(timing.disagg_prefill * pf.dp):
                 inst = Instance(len(self.instances), cm_pf, limits_pf, "prefill", timing.pp, timing.slowdown, jitter,
-                                random.Random(rng.random()))
+                                random.Random(rng.random()), timing.spec_accept)
                 self.instances.append(inst)
                 self.prefill_pool.append(inst)
             for i in range(timing.disagg_decode * timing.dp):
                 inst = Instance(len(self.instances), cm, limits, "decode", timing.pp, timing.slowdown, jitter,
-                                random.Random(rng.random()))
+                                random.Random(rng.random()), timing.spec_accept)
                 self.instances.append(inst)
                 self.decode_pool.append(inst)
         else:
             for i in range(timing.dp):
-                inst = Instance(i, cm, limits, "both", timing.pp, timing.slowdown, jitter, random.Random(rng.random()))
+                inst = Instance(i, cm, limits, "both", timing.pp, timing.slowdown, jitter, random.Random(rng.random()), timing.spec_accept)
                 self.instances.append(inst)
             self.prefill_pool = list(self.instances)
         self.max_model_len = min(timing.model.max_model_len, cm.kv_tokens())
@@ -389,6 +389,9 @@ class ModelBackend:
     def _emit_tokens(self, reqs: list[SimRequest], end: int) -> None:
         """A finished step's tokens (one per request, at ``end``) to their sinks; runs once per
         generated token, so it is kept lean."""
+        if self.timing.spec_tokens:
+            self._emit_speculative(reqs, end)
+            return
         stats = self.stats
         stats.generation_tokens += len(reqs)
         observer = self.observer
@@ -407,6 +410,33 @@ class ModelBackend:
                 times.append(end)
             elif req.sink is not None:
                 req.sink.emit(req, 1, at, finished)
+
+    def _emit_speculative(self, reqs: list[SimRequest], end: int) -> None:
+        """``_emit_tokens`` with speculative decoding: each request's ``step_tokens`` (its own token and
+        the accepted drafts) leave together at ``end``, as one chunk of the stream."""
+        stats = self.stats
+        observer = self.observer
+        for req in reqs:
+            n = req.step_tokens
+            stats.generation_tokens += n
+            if req.first_token_ns is None:
+                req.first_token_ns = end
+            req.last_token_ns = end
+            finished = req.finished
+            if finished:
+                stats.finished += 1
+            if observer is not None:
+                for _ in range(n):
+                    observer(req, "token", end)
+            times = req.token_times
+            if times is not None and not finished:
+                times.extend([end] * n)
+            elif req.sink is not None:
+                if times is not None:
+                    times.extend([end] * (n - 1))
+                    req.sink.emit(req, 1, (end,), finished)
+                else:
+                    req.sink.emit(req, n, (end,) * n, finished)
 
     def _start_together(self, t: int) -> None:
         """MoE with DP attention + EP: every DP rank steps together (idle ranks run a dummy

@@ -37,7 +37,7 @@ class StepCost:
 
 #: The terms of a step's time, as ``StepCost.parts`` names them (``CostModel.times`` order).
 STEP_PARTS = ("linear", "attn_prefill", "attn_decode", "tp", "dcp", "pcp", "ep", "moe_mla_layers", "eager", "pp_send",
-              "fixed")
+              "fixed", "spec_draft")
 
 #: Entries of a cost model's per-token-count cache before it starts afresh (bounds its memory).
 _BY_TOKENS_CACHE = 1 << 16
@@ -68,11 +68,17 @@ class CostModel:
         dtype: Dtype,
         kv_dtype: Dtype = "bf16",
         expert_imbalance: float = 1.0,
+        spec_tokens: int = 0,
+        spec_draft_layers: float = 1.0,
     ) -> None:
         self.m, self.g, self.prof, self.par, self.dtype = model, gpu, profile, parallel, dtype
         self.b_w = 1.0 if dtype == "fp8" else 2.0
         self.b_kv = 1.0 if kv_dtype == "fp8" else 2.0
         self.expert_imbalance = max(1.0, expert_imbalance)
+        #: speculative decoding: each decode step verifies ``spec_tokens`` drafts per sequence (1 + k query
+        #: tokens through the target model) and runs ``spec_tokens`` draft passes of ``spec_draft_layers`` layers
+        self.spec_tokens = spec_tokens
+        self._draft_share = spec_tokens * spec_draft_layers / (model.layers / parallel.pp)
         t, p = parallel.tp, parallel.pp
         self.layers_stage = model.layers / p
         self.flops = gpu.peak_flops(dtype)
@@ -189,20 +195,19 @@ class CostModel:
         for chunk, ctx in prefill:
             pf_tokens += chunk
             attn_pf_flops += chunk * (ctx + chunk / 2.0)
-        key = (pf_tokens, n_decode)
-        by_tokens = self._by_tokens.get(key)
-        if by_tokens is None:
-            if len(self._by_tokens) >= _BY_TOKENS_CACHE:
-                self._by_tokens.clear()
-            by_tokens = self._by_tokens[key] = self._token_parts(pf_tokens, n_decode)
-        t_lin, t_tp, t_dcp, t_pcp, t_ep, t_layers, send = by_tokens
+        # with speculative decoding a decode carries 1 + k query tokens through every layer
+        n_query = n_decode * (1 + self.spec_tokens)
+        t_lin, t_tp, t_dcp, t_pcp, t_ep, t_layers, send = self._parts_by_tokens(pf_tokens, n_query)
         # attention (the precomputed factors are the leftmost ones: every product rounds as
         # it would written out in full, so the times are bit for bit those of the formula)
         t_attn_pf = self._two_layers * attn_pf_flops * 2.0 * m.heads * m.head_dim / self._attn_split / self.attn_flops
         t_attn_dec = decode_ctx_sum * self.kv_bytes_token_gpu / self._kv_read_bw
         if self._mla_dec_flops_ctx and decode_ctx_sum:
-            t_attn_dec = _blend(t_attn_dec, decode_ctx_sum * self._mla_dec_flops_ctx / self._mla_dec_flops)
-        stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers
+            # (a sequence's KV is read once for all its query tokens; the FLOPs are per query token)
+            t_attn_dec = _blend(t_attn_dec, decode_ctx_sum * (1 + self.spec_tokens) * self._mla_dec_flops_ctx
+                                / self._mla_dec_flops)
+        draft = self._draft_s(n_decode, decode_ctx_sum) if self.spec_tokens and n_decode else 0.0
+        stage = t_lin + t_attn_pf + t_attn_dec + t_tp + t_dcp + t_pcp + t_ep + t_layers + draft
         # an eager step (a prefill, or more decodes than the engine has CUDA graphs for) lasts at least
         # the CPU time of launching its layers' kernels; the GPU's work overlaps it
         eager = 0.0
@@ -214,7 +219,25 @@ class CostModel:
         latency = p * stage + (p - 1) * send + fixed
         occupancy = stage + send + fixed if p > 1 else latency
         return latency, occupancy, (t_lin, t_attn_pf, t_attn_dec, t_tp, t_dcp, t_pcp, t_ep, t_layers, eager,
-                                    (p - 1) * send, fixed)
+                                    (p - 1) * send, fixed, p * draft)
+
+    def _parts_by_tokens(self, pf_tokens: int, n_query: int) -> tuple[float, float, float, float, float, float, float]:
+        """``_token_parts``, cached per (prefill tokens, decode query tokens)."""
+        key = (pf_tokens, n_query)
+        by_tokens = self._by_tokens.get(key)
+        if by_tokens is None:
+            if len(self._by_tokens) >= _BY_TOKENS_CACHE:
+                self._by_tokens.clear()
+            by_tokens = self._by_tokens[key] = self._token_parts(pf_tokens, n_query)
+        return by_tokens
+
+    def _draft_s(self, n_decode: int, decode_ctx_sum: int) -> float:
+        """The draft passes of a speculative step: ``spec_tokens`` passes over one token per sequence, each
+        through ``spec_draft_layers`` layers costed as the target's layers are (weights, collectives, per-layer
+        fixed costs, attention over the context); the draft's own embedding and LM head are not counted."""
+        t_lin, t_tp, t_dcp, _, t_ep, t_layers, _ = self._parts_by_tokens(0, n_decode)
+        t_attn = decode_ctx_sum * self.kv_bytes_token_gpu / self._kv_read_bw
+        return self._draft_share * (t_lin + t_tp + t_dcp + t_ep + t_layers + t_attn)
 
     def _token_parts(self, pf_tokens: int, n_decode: int) -> tuple[float, float, float, float, float, float, float]:
         """The step's costs that depend on its token counts alone (linear layers, collectives,

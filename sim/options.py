@@ -20,6 +20,9 @@ from bench_llm.core.layout import Layout, layout_problems
 from bench_llm.sim.costmodel import CostModel, Parallel
 from bench_llm.sim.presets import GPUS, MODELS, PROFILES, Dtype, EngineProfile, GpuSpec, ModelSpec, calibration
 
+#: draft tokens per step beyond which no engine goes (vLLM's and SGLang's examples use 1-5)
+MAX_SPEC_TOKENS = 8
+
 Router = Literal["round-robin", "least-queue", "kv-aware", "prefix-aware"]
 
 
@@ -68,6 +71,14 @@ class ModelTiming:
     kv_link_gb_s: float = 45.0
     kv_setup_ms: float = 1.0
     kv_link_efficiency: float = 0.7
+    #: speculative decoding (MTP, EAGLE, a draft model): draft tokens proposed per decode step and verified by
+    #: the next target pass (vLLM/SGLang ``num_speculative_tokens``, TRT-LLM ``num_nextn_predict_layers``); 0: off
+    spec_tokens: int = 0
+    #: chance that a draft token is accepted when the ones before it were (one rate for the whole chain); a
+    #: property of the model and the text, not of the engine: measure it (engines report accepted drafts)
+    spec_accept: float = 0.85
+    #: layers of one draft pass, in the target model's layers (DeepSeek's MTP module: one decoder layer)
+    spec_draft_layers: float = 1.0
     gpu_spec: GpuSpec | None = None
     model_spec: ModelSpec | None = None
     profile_spec: EngineProfile | None = None
@@ -95,6 +106,12 @@ class ModelTiming:
             raise ValueError("slowdown must be > 0")
         if self.jitter < 0:
             raise ValueError("jitter must be >= 0")
+        if not 0 <= self.spec_tokens <= MAX_SPEC_TOKENS:
+            raise ValueError(f"spec_tokens {self.spec_tokens} must be in 0..{MAX_SPEC_TOKENS}")
+        if not 0 <= self.spec_accept <= 1:
+            raise ValueError(f"spec_accept {self.spec_accept} is a probability: in [0, 1]")
+        if self.spec_draft_layers < 0:
+            raise ValueError("spec_draft_layers must be >= 0")
         if (self.disagg_prefill > 0) != (self.disagg_decode > 0):
             raise ValueError("disaggregation needs both prefill and decode instances")
         if min(self.prefill_tp, self.prefill_dp, self.prefill_ep) < 0:
@@ -170,7 +187,7 @@ class ModelTiming:
     def cost_model(self) -> CostModel:
         return CostModel(
             self.model, self.gpu_model, self.engine_profile, self.parallel, self.weight_dtype, self.kv_cache_dtype,
-            self.expert_imbalance if self.ep > 1 else 1.0,
+            self.expert_imbalance if self.ep > 1 else 1.0, self.spec_tokens, self.spec_draft_layers,
         )
 
     def limits(self) -> tuple[int, int, bool]:
@@ -244,6 +261,8 @@ def describe(t: ModelTiming) -> dict[str, Any]:
         "slowdown": t.slowdown,
         "jitter": t.jitter,
         "seed": t.seed,
+        **({"speculative": {"draft_tokens": t.spec_tokens, "accept": t.spec_accept,
+                            "draft_layers": t.spec_draft_layers}} if t.spec_tokens else {}),
         **({"moe": moe_layout(t)} if t.model.is_moe else {}),
     }
 

@@ -20,7 +20,7 @@ class SimRequest:
         "num_computed", "generated", "cached_tokens", "shared_blocks", "private_blocks", "admitted_ns",
         "first_token_ns", "last_token_ns", "finished", "aborted", "replica", "prefill_done_ns", "in_flight",
         "prefilled_remote", "preemptions", "finish_reason", "cache_checked", "tag", "prefill_target",
-        "token_times", "seqs",
+        "token_times", "seqs", "step_tokens",
     )
 
     def __init__(
@@ -69,6 +69,8 @@ class SimRequest:
         #: steps, each step charging ``seqs`` decode tokens (scheduler ``_launch``); ``generated``
         #: counts one sequence's tokens
         self.seqs = 1
+        #: tokens the last step gave it (more than 1 only with speculative decoding: accepted drafts)
+        self.step_tokens = 1
 
     @property
     def total_len(self) -> int:

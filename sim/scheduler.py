@@ -58,10 +58,12 @@ def _blocks_short(req: SimRequest, tokens: int, block_size: int) -> int:
 class _Plan:
     """The step being planned (a mutable accumulator, local to ``Instance.start_step``)."""
 
-    __slots__ = ("budget", "work", "prefill", "n_dec", "dec_ctx")
+    __slots__ = ("budget", "work", "prefill", "n_dec", "dec_ctx", "width")
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, width: int = 1) -> None:
         self.budget = budget
+        #: budget tokens one decode takes: 1, or 1 + k with speculative decoding (it verifies k drafts)
+        self.width = width
         self.work: list[tuple[SimRequest, int]] = []
         self.prefill: list[tuple[int, int]] = []  # (chunk tokens, context before the chunk)
         self.n_dec = 0
@@ -72,7 +74,7 @@ class _Plan:
         req.in_flight = True
         self.n_dec += 1
         self.dec_ctx += req.num_computed + 1
-        self.budget -= 1
+        self.budget -= self.width
 
     def add_prefill(self, req: SimRequest, chunk: int) -> None:
         self.work.append((req, chunk))
@@ -94,6 +96,7 @@ class Instance:
         slowdown: float = 1.0,
         jitter: float = 0.0,
         rng: random.Random | None = None,
+        spec_accept: float = 0.0,
     ) -> None:
         self.index = index
         self.cost = cost
@@ -120,6 +123,11 @@ class Instance:
         self.policy = cost.prof.scheduling_policy()
         self.decode_steps = 0  # decode steps since the last prefill step (prefill-first policies)
         self.several = False  # a request of several sequences (n > 1) was added: ``_launch`` counts them
+        #: speculative decoding: a decode computes (and holds KV for) 1 + k tokens and keeps 1 + the accepted
+        #: drafts, drawn from ``rng`` (``finish_step``); ``ahead`` is that 1 + k
+        self.spec_tokens = cost.spec_tokens
+        self.spec_accept = spec_accept
+        self.ahead = 1 + cost.spec_tokens
         #: mixed steps, both roles, no PP: a step may be planned by ``_decodes_only``
         self._mixed_alone = self.policy.mixed and role == "both" and pp == 1
 
@@ -273,7 +281,7 @@ class Instance:
             decodes = self._decodes_only()
             if decodes is not None:
                 return self._launch(decodes, t)
-        plan = _Plan(self.limits.max_num_batched_tokens)
+        plan = _Plan(self.limits.max_num_batched_tokens, self.ahead)
         pol = self.policy
         if pol.mixed or self.role != "both":
             if self.role != "prefill":
@@ -302,7 +310,8 @@ class Instance:
         running = self.running
         n = len(running)
         lim = self.limits
-        if not n or n > lim.max_num_batched_tokens or (self.waiting and n < lim.max_num_seqs):
+        ahead = self.ahead
+        if not n or n * ahead > lim.max_num_batched_tokens or (self.waiting and n < lim.max_num_seqs):
             return None
         bs = lim.block_size
         dec_ctx = 0
@@ -311,7 +320,7 @@ class Instance:
             nc = req.num_computed
             if nc < req.prefill_target or req.aborted or req.in_flight:
                 return None
-            need = _blocks_short(req, nc + 1, bs)
+            need = _blocks_short(req, nc + ahead, bs)
             if need > 0:
                 if growing is None:
                     growing = [(req, need)]
@@ -325,7 +334,7 @@ class Instance:
             for req, need in growing:
                 pool.alloc(need)
                 req.private_blocks += need
-        plan = _Plan(lim.max_num_batched_tokens - n)
+        plan = _Plan(lim.max_num_batched_tokens - n * ahead, ahead)
         for req in running:
             req.in_flight = True
         plan.work = [(req, 1) for req in running]
@@ -345,18 +354,19 @@ class Instance:
         running = self.running
         share = -(-len(running) // self.pp) if self.pp > 1 else len(running)
         bs = self.limits.block_size
+        ahead = self.ahead
         work = plan.work
         budget = plan.budget
         n_dec = plan.n_dec
         dec_ctx = plan.dec_ctx
         n = len(running)  # changes only when the general path preempts
-        while i < n and budget > 0 and n_dec < share:
+        while i < n and budget >= ahead and n_dec < share:
             req = running[i]
             i += 1
             nc = req.num_computed
             if req.in_flight or nc < req.prefill_target or req.aborted:
                 continue
-            if _blocks_short(req, nc + 1, bs) > 0:
+            if _blocks_short(req, nc + ahead, bs) > 0:
                 # a new block is needed: the general path (may preempt)
                 plan.budget, plan.n_dec, plan.dec_ctx = budget, n_dec, dec_ctx
                 i = self._decode_growing(plan, req, i)
@@ -367,13 +377,13 @@ class Instance:
             req.in_flight = True
             n_dec += 1
             dec_ctx += nc + 1
-            budget -= 1
+            budget -= ahead
         plan.budget, plan.n_dec, plan.dec_ctx = budget, n_dec, dec_ctx
 
     def _decode_growing(self, plan: "_Plan", req: SimRequest, i: int) -> int:
         """``_plan_decodes`` for a request that needs a new KV block (``i``: the index after it);
         returns the index to continue from."""
-        while not self._grow(req, req.num_computed + 1):
+        while not self._grow(req, req.num_computed + self.ahead):
             victim = next((r for r in reversed(self.running) if not r.in_flight and r is not req), None)
             if victim is None:
                 break
@@ -437,7 +447,7 @@ class Instance:
                     break  # (an idle engine admits the request whatever its reservation, as the engines do)
                 reserved += need
             if req.prefilled_remote and not req.in_prefill:
-                if not self._grow(req, req.num_computed + 1, self._watermark_blocks):
+                if not self._grow(req, req.num_computed + self.ahead, self._watermark_blocks):
                     break
                 self.waiting.popleft()
                 self.running.append(req)
@@ -538,7 +548,13 @@ class Instance:
                     self.free(req)
                     append(req)
                     continue
-            req.generated += 1
+            if self.spec_tokens:
+                kept = 1 if was_prefill else self._accepted_tokens(req)
+                req.num_computed += kept - 1
+                req.generated += kept
+                req.step_tokens = kept
+            else:
+                req.generated += 1
             if req.prefill_done_ns is None:
                 req.prefill_done_ns = end
             if req.generated >= req.max_tokens:
@@ -547,6 +563,16 @@ class Instance:
                 self.free(req)
             append(req)
         return out
+
+    def _accepted_tokens(self, req: SimRequest) -> int:
+        """Tokens a speculative decode keeps: its own, then each draft in turn while they are accepted
+        (the first rejected one ends the chain), no more than the output has left."""
+        kept = 1
+        room = min(self.spec_tokens + 1, req.max_tokens - req.generated)
+        random_ = self.rng.random
+        while kept < room and random_() < self.spec_accept:
+            kept += 1
+        return kept
 
     def abort(self, req: SimRequest) -> None:
         req.aborted = True

@@ -50,6 +50,20 @@ WAVES = 3
 MEASURED_PER_STREAM = 20
 #: the prefill workers' per-step prompt tokens beyond the ISL (AIConfigurator's generator rules)
 PREFILL_TOKENS_SLACK = 1500
+#: Measurement campaigns that ran DeepSeek with multi-token prediction (MTP), as (backend, mode, the day the
+#: source says the rows were measured). The source has no MTP column; the inference rests on the rows
+#: themselves, not on the model: every TRT-LLM aggregated DeepSeek row measured that day whose configuration
+#: (lengths, concurrency, layout) was also measured on 2025-12-15 (15 of its 41 rows) has 1.2-1.9x less TPOT
+#: than that measurement, and most have more TTFT (``mtp_evidence``); the next campaign (2026-01-28, two
+#: rows) has one row at the earlier TPOT, so it is not taken for MTP. AIConfigurator, whose generated benchmarks measured
+#: them, set MTP with one draft token by default for DeepSeek at the time (aiconfigurator sdk/task.py before
+#: 2026-06: ``nextn = 1 if ctx.model_family == "DEEPSEEK"``, accept rates [0.85, 0, ...]; its CLI templates
+#: ``nextn: 1 # mtp 1`` since 2025-09), which its generator turns into TRT-LLM's ``speculative_config``
+#: (decoding_type MTP, num_nextn_predict_layers). Those rows run with MTP_DRAFTS drafts at MTP_ACCEPT.
+MTP_CAMPAIGNS = frozenset({("trtllm", "agg", "2026-01-14")})
+MTP_DRAFTS = 1
+#: AIConfigurator's default acceptance of DeepSeek's first MTP draft token (not fitted here)
+MTP_ACCEPT = 0.85
 #: the engines the rows name -> the profile that models each
 PROFILE_OF = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 
@@ -90,6 +104,10 @@ class Point:
     #: disagg: running requests per prefill rank (the row's ``prefill_batch_size``; blank: 1, the generator's
     #: default)
     prefill_batch: int = 1
+    #: MTP draft tokens per step the row is run with (``MTP_CAMPAIGNS``; 0: none)
+    spec_tokens: int = 0
+    #: the day the source says the row was measured ("" when it does not; not part of ``key``)
+    measured: str = ""
 
     @property
     def group(self) -> str:
@@ -99,7 +117,7 @@ class Point:
     def key(self) -> tuple[object, ...]:
         """What the simulation depends on (rows with the same key are simulated once)."""
         return (self.backend, self.model, self.mode, self.isl, self.osl, self.concurrency, self.tp, self.dp, self.ep,
-                self.prefill, self.decode, self.prefill_layout, self.prefill_batch)
+                self.prefill, self.decode, self.prefill_layout, self.prefill_batch, self.spec_tokens)
 
 
 def _int(s: str | None, default: int = 1) -> int:
@@ -127,6 +145,19 @@ def _figures(r: dict[str, str]) -> tuple[object, ...]:
     given = re.search(r"silicon_concurrency=(\d+)", r.get("silicon_data_source", ""))
     return (r["backend"], r["isl"], r["osl"], given.group(1) if given else None,
             round(float(r["silicon_ttft_ms"]), 1), round(float(r["silicon_tpot_ms"]), 2))
+
+
+def measured_day(r: dict[str, str]) -> str:
+    """The day a row was measured, as its source says (``measured=YYYY-MM-DD...``; "" when it does not)."""
+    m = re.search(r"measured=(\d{4}-\d\d-\d\d)", r.get("silicon_data_source", ""))
+    return m.group(1) if m else ""
+
+
+def _spec_tokens(r: dict[str, str]) -> int:
+    """MTP draft tokens of a DeepSeek row's campaign (``MTP_CAMPAIGNS``), else 0."""
+    if _model(r["model_path"]) != "deepseek-v3":
+        return 0
+    return MTP_DRAFTS if (r["backend"], r["mode"], measured_day(r)) in MTP_CAMPAIGNS else 0
 
 
 def _deployment(r: dict[str, str]) -> tuple[str, ...]:
@@ -181,7 +212,26 @@ def load(path: Path) -> list[Point]:
         out.append(Point(r["id"], r["backend"], model, r["mode"], int(r["isl"]), int(r["osl"]),
                          int(given.group(1)) if given else c, tp, dp, ep, pre, dec,
                          pf if pf != (tp, dp, ep) else (0, 0, 0),
-                         float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"]), pbs))
+                         float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"]), pbs, _spec_tokens(r),
+                         measured_day(r)))
+    return out
+
+
+def mtp_evidence(points: Sequence[Point]) -> list[tuple[float, float]]:
+    """For each row run with MTP, (TPOT, TTFT) of the same configuration measured earlier (on a day before
+    the row's) over the row's own: the measured figures alone, no model (``MTP_CAMPAIGNS``)."""
+    def config(p: Point) -> tuple[object, ...]:
+        return (p.backend, p.model, p.mode, p.isl, p.osl, p.concurrency, p.tp, p.dp, p.ep, p.prefill, p.decode)
+
+    plain: dict[tuple[object, ...], list[Point]] = {}
+    for p in points:
+        if not p.spec_tokens:
+            plain.setdefault(config(p), []).append(p)
+    out = []
+    for p in points:
+        for q in plain.get(config(p), []) if p.spec_tokens else []:
+            if q.measured < p.measured:
+                out.append((q.tpot_ms / p.tpot_ms, q.ttft_ms / p.ttft_ms))
     return out
 
 
@@ -203,7 +253,8 @@ def engine_timing(p: Point) -> ModelTiming:
                        disagg_prefill=p.prefill, disagg_decode=p.decode, prefill_tp=ptp, prefill_dp=pdp, prefill_ep=pep,
                        profile=prof.name,
                        enable_prefix_caching=False, router="least-queue",
-                       prefill_max_num_seqs=seqs, prefill_max_num_batched_tokens=budget)
+                       prefill_max_num_seqs=seqs, prefill_max_num_batched_tokens=budget,
+                       spec_tokens=p.spec_tokens, spec_accept=MTP_ACCEPT)
 
 
 def outcome_means(outcomes: Sequence[Outcome]) -> tuple[float, float]:
@@ -302,6 +353,8 @@ def rows_table(scored: Sequence[Scored]) -> str:
         layout = f"tp{p.tp} dp{p.dp} ep{p.ep}" + (f" P{p.prefill}:D{p.decode}" if p.mode == "disagg" else "")
         if any(p.prefill_layout):
             layout += " P:tp{}dp{}ep{}".format(*p.prefill_layout)
+        if p.spec_tokens:
+            layout += f" mtp{p.spec_tokens}"
         lines.append(f"{p.group:<28} {p.isl:>5}/{p.osl:<4} {p.concurrency:>5} {layout:<22} {p.ttft_ms:>9.0f} "
                      f"{s.ttft_ms:>9.0f} {s.ratios[0]:>6.2f} {p.tpot_ms:>9.1f} {s.tpot_ms:>7.1f} {s.ratios[1]:>6.2f}")
     return "\n".join(lines)
@@ -320,6 +373,10 @@ FITTED: dict[str, tuple[str, int]] = {
 }
 
 
+def _campaigns() -> str:
+    return ", ".join(f"{b} {m} measured {d}" for b, m, d in sorted(MTP_CAMPAIGNS))
+
+
 def report(path: Path, workers: int | None = None, per_row: bool = False) -> str:
     """The scored rows of ``path``: per (backend, model, mode), then the constants fitted on them."""
     from bench_llm.sim.validation import default_workers
@@ -332,6 +389,14 @@ def report(path: Path, workers: int | None = None, per_row: bool = False) -> str
     if per_row:
         lines.append(rows_table(scored))
     lines.append(group_table(scored))
+    pairs = mtp_evidence(points)
+    if pairs:
+        tpot = sorted(r for r, _ in pairs)
+        ttft = sorted(r for _, r in pairs)
+        lines.append(f"run with MTP ({MTP_DRAFTS} draft token, acceptance {MTP_ACCEPT}, not fitted): "
+                     f"{sum(1 for p in points if p.spec_tokens)} rows of the campaigns {_campaigns()}; the same "
+                     f"configurations measured earlier had TPOT {tpot[0]:.2f}-{tpot[-1]:.2f}x theirs (median "
+                     f"{statistics.median(tpot):.2f}), TTFT {ttft[0]:.2f}-{ttft[-1]:.2f}x ({len(pairs)} pairs)")
     lines.append(f"constants fitted on these rows: {len(FITTED)} ({fitted}); every row was seen when terms were "
                  f"added (in-sample figures; docs/simulator.md)")
     return "\n".join(lines)
