@@ -76,6 +76,12 @@ SERVE_OPTIONS: tuple[Option, ...] = (
     Option("--expert-imbalance", "float", metavar="MAX/MEAN",
            help="MoE with --ep > 1: the busiest EP rank's expert load over the mean (1.0: balanced; "
                 "default 1.3). That rank's GPU sets every MoE step."),
+    Option("--spec-tokens", "int", minimum=0, metavar="K",
+           help="Speculative decoding (MTP, EAGLE, a draft model): draft tokens each decode step verifies per "
+                "sequence (vLLM's speculative_config num_speculative_tokens; default 0: off)."),
+    Option("--spec-accept", "float", minimum=0, metavar="RATE",
+           help="With --spec-tokens: chance a draft token is accepted when the ones before it were (default "
+                "0.85); measure it on the real engine (accepted over drafted tokens)."),
     Option("--dcp", "int", 1, show_default=True, help="Decode context parallel (divides --tp)."),
     Option("--pcp", "int", 1, show_default=True, help="Prefill context parallel (extra GPUs)."),
     Option("--disagg", metavar="P:D", help="Prefill/decode disaggregation: P prefill, D decode instances."),
@@ -212,7 +218,7 @@ def build_config(kw: dict[str, Any]) -> Any:
             "slowdown": kw.get("slowdown", 1.0), "jitter": kw.get("jitter", 0.0), "seed": kw.get("seed", 0),
         }  # fmt: skip
         for key in ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-                    "gpu_memory_utilization", "expert_imbalance"):  # fmt: skip
+                    "gpu_memory_utilization", "expert_imbalance", "spec_tokens", "spec_accept"):  # fmt: skip
             if kw.get(key) is not None:
                 cli[key] = kw[key]
         try:
@@ -257,7 +263,7 @@ _DEFAULTS = {"preset": "llama-3.1-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 1,
 def _given(kw: dict[str, Any], key: str) -> bool:
     """True when a CLI value differs from its default (so the TOML file does not override it)."""
     if key in ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-               "gpu_memory_utilization", "expert_imbalance"):  # fmt: skip
+               "gpu_memory_utilization", "expert_imbalance", "spec_tokens", "spec_accept"):  # fmt: skip
         return True
     if key == "profile":
         return kw.get("profile") is not None

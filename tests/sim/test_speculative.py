@@ -13,11 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from bench_llm.core.errors import BenchError
 from bench_llm.sim import silicon
 from bench_llm.sim.backend import ModelBackend
-from bench_llm.sim.options import ModelTiming
+from bench_llm.sim.options import ModelTiming, describe
 from bench_llm.sim.scheduler import Instance
+from bench_llm.sim.serve_args import build_config, parse_serve_args
 from bench_llm.sim.virtual import Plan, Send, run
+from tests.sim_helpers import run_against, spaced
 
 from .test_sim_silicon import COLUMNS
 
@@ -109,6 +112,24 @@ def test_spec_settings_are_checked() -> None:
         dataclasses.replace(BASE, spec_tokens=9)
     with pytest.raises(ValueError, match="probability"):
         dataclasses.replace(BASE, spec_accept=1.5)
+    with pytest.raises(BenchError, match="spec_accept"):
+        build_config(parse_serve_args(["--timing", "model", "--spec-tokens", "1", "--spec-accept", "2"]))
+
+
+def test_the_serve_flags_reach_the_model_and_its_stream(tmp_path: Path) -> None:
+    """``bench sim serve --spec-tokens 1 --spec-accept 1``: in real time, a 21-token answer arrives as its
+    first token and then ten chunks of two tokens (the accepted draft leaves with its step)."""
+    kw = parse_serve_args(["--timing", "model", "--model-preset", "llama-3.1-8b", "--gpu", "h100",
+                           "--spec-tokens", "1", "--spec-accept", "1"])
+    cfg = build_config(kw)
+    mt = cfg.model_timing
+    assert mt is not None and (mt.spec_tokens, mt.spec_accept) == (1, 1.0)
+    assert describe(mt)["speculative"] == {"draft_tokens": 1, "accept": 1.0, "draft_layers": 1.0}
+    assert "speculative" not in describe(build_config(parse_serve_args(["--timing", "model"])).model_timing)
+    rows = run_against(cfg, spaced(["a b c d"], 21, gap_ms=5), tmp_path)
+    (row,) = rows
+    assert row["ok"] and row["output_tokens"] == 21
+    assert len(set(row["chunk_ns"])) == 11
 
 
 #: made-up rows (figures invented): the same configuration measured on two days, and a row of another engine
