@@ -18,9 +18,12 @@ Each probe changes one assumption of ``sim.silicon.simulate`` and prints the per
   ``phases``.
 * ``aic``: the shipped closed loop on the engine launched as AIConfigurator's generator does in
   benchmark mode (``aic_launch``).
+* ``desync-floor``: ``desync``, with DeepSeek's prefill steps floored at the eager-forward CPU time
+  fitted on a 2024 SGLang row (``SGLANG_2024_EAGER_LAYER_US`` per layer, 220 ms for 61 layers): the
+  H200 rows' flat ~250 ms DeepSeek TTFT at C 4-16 asks for about that much per prefill step.
 * ``waves``: the shipped closed loop run for all 20 requests per stream, mean TTFT per wave.
 
-Usage: ``python benchmarks/silicon_probes.py sync|pool|phases|desync|aic [GROUP-PREFIX] [--rows]`` and
+Usage: ``python benchmarks/silicon_probes.py sync|pool|phases|desync|aic|desync-floor [GROUP-PREFIX] [--rows]`` and
 ``python benchmarks/silicon_probes.py waves GROUP-PREFIX ISL/OSL C``. Needs the rows
 (``../shared/reference/silicon/h200_silicon.csv`` or ``$BENCH_SILICON_ROWS``).
 """
@@ -36,7 +39,7 @@ from collections.abc import Callable
 from bench_llm.sim import silicon
 from bench_llm.sim.backend import ModelBackend
 from bench_llm.sim.options import ModelTiming
-from bench_llm.sim.presets import PROFILES
+from bench_llm.sim.presets import PROFILES, SGLANG_2024_EAGER_LAYER_US
 from bench_llm.sim.virtual import Plan, Send, run
 
 POOL = 100  # AIPerf's default number of synthetic dataset entries
@@ -71,21 +74,34 @@ def pool(p: silicon.Point) -> tuple[float, float]:
     return silicon.wave_weighted(silicon.outcome_means(out[:c]), silicon.outcome_means(out[c:]))
 
 
-def phases(p: silicon.Point) -> tuple[float, float]:
+def phases(p: silicon.Point, timing: ModelTiming | None = None) -> tuple[float, float]:
     """Streams at random phases: each stream's first request (not counted) has a random fraction of the
     output length, then ``WAVES`` requests per stream."""
     c = p.concurrency
     rng = random.Random(7)
     sends = [Send(p.isl, max(1, int(p.osl * rng.random()))) for _ in range(c)]
     sends += [Send(p.isl, p.osl)] * (c * silicon.WAVES)
-    return silicon.outcome_means(run(ModelBackend(silicon.engine_timing(p)), sends, Plan(concurrency=c)).outcomes[c:])
+    engine = ModelBackend(timing or silicon.engine_timing(p))
+    return silicon.outcome_means(run(engine, sends, Plan(concurrency=c)).outcomes[c:])
 
 
-def desync(p: silicon.Point) -> tuple[float, float]:
+def desync(p: silicon.Point, timing: ModelTiming | None = None) -> tuple[float, float]:
     """The synchronised first wave (1/20), then streams at random phases (19/20)."""
     c = p.concurrency
-    first = silicon.outcome_means(run(ModelBackend(silicon.engine_timing(p)), [Send(p.isl, p.osl)] * c, Plan(concurrency=c)).outcomes)
-    return silicon.wave_weighted(first, phases(p))
+    engine = ModelBackend(timing or silicon.engine_timing(p))
+    first = silicon.outcome_means(run(engine, [Send(p.isl, p.osl)] * c, Plan(concurrency=c)).outcomes)
+    return silicon.wave_weighted(first, phases(p, timing))
+
+
+def desync_floor(p: silicon.Point) -> tuple[float, float]:
+    """``desync`` with DeepSeek's prefill-carrying steps at least ``SGLANG_2024_EAGER_LAYER_US`` per layer
+    (decode steps stay graphed)."""
+    timing = silicon.engine_timing(p)
+    if p.model == "deepseek-v3":
+        prof = dataclasses.replace(timing.engine_profile, eager_layer_us=SGLANG_2024_EAGER_LAYER_US,
+                                   cuda_graph_max_bs=1 << 20)
+        timing = dataclasses.replace(timing, profile_spec=prof)
+    return desync(p, timing)
 
 
 def aic_launch(p: silicon.Point) -> ModelTiming:
@@ -115,7 +131,8 @@ def aic(p: silicon.Point) -> tuple[float, float]:
 
 
 PROBES: dict[str, Callable[[silicon.Point], tuple[float, float]]] = {
-    "sync": silicon.simulate, "pool": pool, "phases": phases, "desync": desync, "aic": aic}
+    "sync": silicon.simulate, "pool": pool, "phases": phases, "desync": desync, "aic": aic,
+    "desync-floor": desync_floor}
 
 
 def table(probe: str, group: str, rows: bool) -> str:
