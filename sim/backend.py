@@ -387,35 +387,12 @@ class ModelBackend:
             inst.start_step(t)
 
     def _emit_tokens(self, reqs: list[SimRequest], end: int) -> None:
-        """A finished step's tokens (one per request, at ``end``) to their sinks; runs once per
-        generated token, so it is kept lean."""
-        if self.timing.spec_tokens:
-            self._emit_speculative(reqs, end)
-            return
+        """A finished step's tokens (``step_tokens`` per request: 1, or with speculative decoding its own
+        token and the accepted drafts, leaving together as one chunk) at ``end`` to their sinks; runs once
+        per generated token, so it is kept lean."""
         stats = self.stats
-        stats.generation_tokens += len(reqs)
         observer = self.observer
         at = (end,)
-        for req in reqs:
-            if req.first_token_ns is None:
-                req.first_token_ns = end
-            req.last_token_ns = end
-            finished = req.finished
-            if finished:
-                stats.finished += 1
-            if observer is not None:
-                observer(req, "token", end)
-            times = req.token_times
-            if times is not None and not finished:
-                times.append(end)
-            elif req.sink is not None:
-                req.sink.emit(req, 1, at, finished)
-
-    def _emit_speculative(self, reqs: list[SimRequest], end: int) -> None:
-        """``_emit_tokens`` with speculative decoding: each request's ``step_tokens`` (its own token and
-        the accepted drafts) leave together at ``end``, as one chunk of the stream."""
-        stats = self.stats
-        observer = self.observer
         for req in reqs:
             n = req.step_tokens
             stats.generation_tokens += n
@@ -429,14 +406,16 @@ class ModelBackend:
                 for _ in range(n):
                     observer(req, "token", end)
             times = req.token_times
-            if times is not None and not finished:
-                times.extend([end] * n)
-            elif req.sink is not None:
-                if times is not None:
-                    times.extend([end] * (n - 1))
-                    req.sink.emit(req, 1, (end,), finished)
-                else:
-                    req.sink.emit(req, n, (end,) * n, finished)
+            if times is not None:
+                if n > 1:  # the sink below is handed the last token alone
+                    times.extend(at * (n if not finished else n - 1))
+                elif not finished:
+                    times.append(end)
+                if not finished:
+                    continue
+                n = 1
+            if req.sink is not None:
+                req.sink.emit(req, n, at * n, finished)
 
     def _start_together(self, t: int) -> None:
         """MoE with DP attention + EP: every DP rank steps together (idle ranks run a dummy
