@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench_llm.analysis.recommend_types import model_interval
 from bench_llm.bench.calibrate import SimArgs
 from bench_llm.bench.sweep import store
 from bench_llm.bench.sweep.spec import SweepSpec
@@ -189,7 +190,8 @@ def predict(spec: SweepSpec, settings: PlanSettings, error: float, echo: Echo, j
             continue
         cap = r.capacity_rps if r.status == "complete" else None
         c = float(cap or 0.0)
-        cells.append(PlanCell(r.cell_id, r.cell.gpus, r.cell.axes, cap, c * (1 - error), c * (1 + error)))
+        lo, hi = model_interval(c, error) or (c, c)  # (a float capacity and error: always an interval)
+        cells.append(PlanCell(r.cell_id, r.cell.gpus, r.cell.axes, cap, lo, hi))
     return cells
 
 
