@@ -196,6 +196,11 @@ class ModelTiming:
         big = self.gpu_model.memory_gb >= 70 and self.gpu != "a100"
         seqs = self.max_num_seqs or prof.max_num_seqs or (1024 if big else 256)
         budget = self.max_num_batched_tokens or prof.max_num_batched_tokens or (8192 if big else 2048)
+        if self.spec_tokens:
+            # a speculative decode takes 1 + k tokens of the step's budget, and the model gives every decode
+            # its k drafts: it runs no more requests than a step can hold (vLLM's V1 scheduler instead trims
+            # the drafts of the requests the budget cannot hold; an approximation at the budget's edge)
+            seqs = min(seqs, max(1, budget // (1 + self.spec_tokens)))
         prefix = prof.enable_prefix_caching if self.enable_prefix_caching is None else self.enable_prefix_caching
         return seqs, budget, prefix
 

@@ -105,6 +105,12 @@ def test_a_decode_takes_its_verify_tokens_from_the_step_budget() -> None:
 
     assert widest_decode(1) == 4
     assert widest_decode(0) > 4
+    # no more running requests than the budget can step at once (the others would wait behind them)
+    assert dataclasses.replace(timing, spec_tokens=1).limits()[0] == 4
+    assert dataclasses.replace(timing, spec_tokens=0).limits()[0] == 16
+    many = run(ModelBackend(dataclasses.replace(timing, spec_tokens=3, max_num_batched_tokens=16)),
+               [Send(4, 30) for _ in range(16)], Plan(concurrency=16))
+    assert all(len(o.token_ns) == 30 for o in many.outcomes)
 
 
 def test_spec_settings_are_checked() -> None:
