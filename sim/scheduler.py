@@ -585,7 +585,7 @@ class Instance:
             tail = self.spec_tail_rng.random
             while chain < k and tail() < self.spec_accept:
                 chain += 1
-        self.spec.observe(chain, req.seqs)
+        self.spec.by_accepted[chain] += req.seqs  # (``SpecDecodeCounts.observe``, inlined)
         return kept
 
     def abort(self, req: SimRequest) -> None:

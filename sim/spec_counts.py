@@ -16,35 +16,43 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class SpecDecodeCounts:
-    """Cumulative speculative-decoding counts of one engine (or the sum of its instances)."""
+    """Cumulative speculative-decoding counts of one engine (or the sum of its instances), kept as
+    verification steps by the drafts they accepted (one increment a step: the scheduler's hot path);
+    vLLM's four counters derive from it."""
 
     k: int  # draft tokens verified per step (``spec_tokens``)
-    drafts: int = 0  # verification steps (one per sequence per decode step)
-    draft_tokens: int = 0
-    accepted: int = 0  # draft tokens accepted
-    #: steps whose accepted chain reached draft position i (0-based), i < k
-    accepted_per_pos: list[int] = field(default_factory=list)
+    #: verification steps (one per sequence per decode step) by the number of drafts accepted, 0..k
+    by_accepted: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if len(self.accepted_per_pos) != self.k:
-            self.accepted_per_pos = [0] * self.k
+        if len(self.by_accepted) != self.k + 1:
+            self.by_accepted = [0] * (self.k + 1)
 
     def observe(self, accepted: int, seqs: int = 1) -> None:
         """One verification step of ``seqs`` sequences, each accepting its first ``accepted`` drafts."""
-        self.drafts += seqs
-        self.draft_tokens += self.k * seqs
-        self.accepted += accepted * seqs
-        per_pos = self.accepted_per_pos
-        for i in range(accepted):
-            per_pos[i] += seqs
+        self.by_accepted[accepted] += seqs
+
+    @property
+    def drafts(self) -> int:
+        return sum(self.by_accepted)
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.k * self.drafts
+
+    @property
+    def accepted(self) -> int:
+        return sum(n * c for n, c in enumerate(self.by_accepted))
+
+    @property
+    def accepted_per_pos(self) -> list[int]:
+        """Steps whose accepted chain reached draft position i (0-based), i < k."""
+        return [sum(self.by_accepted[i + 1 :]) for i in range(self.k)]
 
     @classmethod
     def total(cls, k: int, parts: Iterable[SpecDecodeCounts]) -> SpecDecodeCounts:
         out = cls(k)
         for p in parts:
-            out.drafts += p.drafts
-            out.draft_tokens += p.draft_tokens
-            out.accepted += p.accepted
-            for i, n in enumerate(p.accepted_per_pos):
-                out.accepted_per_pos[i] += n
+            for n, c in enumerate(p.by_accepted):
+                out.by_accepted[n] += c
         return out
