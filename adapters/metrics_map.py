@@ -41,6 +41,15 @@ COMMON_NAMES: dict[str, str] = {
     "decode_seconds": "time in decode (histogram)",
     "inference_seconds": "prefill + decode time (histogram)",
     "inference_per_token_seconds": "inference time (prefill included) / generated tokens, per request (histogram)",
+    "spec_decode_drafts": "speculative decoding: verification steps with drafts, one per sequence per step (counter)",
+    "spec_decode_draft_tokens": "speculative decoding: draft tokens verified (counter)",
+    "spec_decode_accepted_tokens": "speculative decoding: draft tokens accepted (counter)",
+    "spec_decode_accepted_tokens_per_pos": "speculative decoding: steps whose accepted drafts reached draft position "
+    "``position`` (0-based) (counter)",
+    "spec_accept_length_last_interval": "speculative decoding: mean tokens per verification step (the step's own "
+    "included) over the engine's last log interval (gauge; not a run's figure: take the counters)",
+    "spec_accept_rate_last_interval": "speculative decoding: accepted share of the draft tokens over the engine's "
+    "last log interval (gauge; not a run's figure: take the counters)",
 }
 
 VLLM: dict[str, str] = {
@@ -66,6 +75,11 @@ VLLM: dict[str, str] = {
     "vllm:request_prefill_time_seconds": "prefill_seconds",
     "vllm:request_decode_time_seconds": "decode_seconds",
     "vllm:request_inference_time_seconds": "inference_seconds",
+    # only with a speculative config (v1/spec_decode/metrics.py)
+    "vllm:spec_decode_num_drafts": "spec_decode_drafts",
+    "vllm:spec_decode_num_draft_tokens": "spec_decode_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "spec_decode_accepted_tokens",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "spec_decode_accepted_tokens_per_pos",
 }
 
 SGLANG: dict[str, str] = {
@@ -84,6 +98,8 @@ SGLANG: dict[str, str] = {
     "sglang:request_time_per_output_token_seconds": "tpot_seconds",  # 0.5.22+
     "sglang:e2e_request_latency_seconds": "e2e_seconds",
     "sglang:queue_time_seconds": "queue_seconds",  # 0.5.3+
+    "sglang:spec_accept_length": "spec_accept_length_last_interval",  # 0 without speculative decoding
+    "sglang:spec_accept_rate": "spec_accept_rate_last_interval",
 }
 
 #: SGLang families that exist only in some releases: family -> (first, last) release with it

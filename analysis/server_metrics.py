@@ -9,6 +9,7 @@ engine's buckets; the mean (``_sum``/``_count``) is exact.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,6 +219,73 @@ def prefix_cache_hit_rate(table: pa.Table) -> float | None:
     return float(g.mean()) if len(g) else None
 
 
+@dataclass(frozen=True, slots=True)
+class SpecDecodeAcceptance(ToJson):
+    """Speculative decoding over the run, from the engine's own counters (docs/metrics.md,
+    "Speculative decoding acceptance"): each count is its counter's increase between the first
+    and the last scrape, summed over label sets (DP ranks)."""
+
+    drafts: float  # verification steps: one per sequence per decode step that checked drafts
+    draft_tokens: float
+    accepted_tokens: float
+    #: accepted draft tokens / draft tokens (NaN: no drafts in the window)
+    acceptance_rate: float
+    #: accepted draft tokens / drafts, the step's own token not counted (NaN: no drafts)
+    accepted_per_step: float
+    #: steps whose accepted drafts reached position i (0-based) / drafts; () when not exported
+    by_position: tuple[float, ...]
+    #: each draft's acceptance given that the ones before it were accepted (a chain stops at its
+    #: first rejection): accepted / (accepted + steps that ended on a rejection), the steps that
+    #: accepted all k drafts being the last position's count; what ``bench sim serve --spec-accept``
+    #: takes. None without the per-position counter; NaN with no drafts
+    chain_acceptance: float | None
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens a verification step yields on average: its own plus the accepted drafts."""
+        return 1.0 + self.accepted_per_step
+
+
+def _counter_increase(table: pa.Table, common: str) -> float | None:
+    """The increase of the counter ``common`` over the scraped window (Σ of its deltas, which
+    count a reset's value as the increase); None when the engine does not export it."""
+    t = table.filter(pc.equal(table["common"], common))
+    if not t.num_rows:
+        return None
+    return float(pc.sum(pc.fill_null(t["delta"], 0)).as_py() or 0)
+
+
+def spec_decode_acceptance(table: pa.Table) -> SpecDecodeAcceptance | None:
+    """Speculative decoding's acceptance over the run, or None when the engine exports no
+    speculative counters (no speculative decoding, or an engine without such counters)."""
+    drafts = _counter_increase(table, "spec_decode_drafts")
+    draft_tokens = _counter_increase(table, "spec_decode_draft_tokens")
+    accepted = _counter_increase(table, "spec_decode_accepted_tokens")
+    if drafts is None or draft_tokens is None or accepted is None:
+        return None
+    per_pos: dict[int, float] = {}
+    t = table.filter(pc.equal(table["common"], "spec_decode_accepted_tokens_per_pos"))
+    for labels, delta in zip(t["labels"].to_pylist(), t["delta"].to_pylist()):
+        pos = json.loads(labels or "{}").get("position")
+        if pos is not None and str(pos).isdigit():
+            per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + float(delta or 0.0)
+    k = max(per_pos, default=-1) + 1  # the engine registers every position 0..k-1
+    by_position = tuple(per_pos.get(i, 0.0) / drafts if drafts else math.nan for i in range(k))
+    chain: float | None = None
+    if k:
+        trials = accepted + drafts - per_pos.get(k - 1, 0.0)  # accepted drafts + first rejections
+        chain = accepted / trials if trials else math.nan
+    return SpecDecodeAcceptance(
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted_tokens=accepted,
+        acceptance_rate=accepted / draft_tokens if draft_tokens else math.nan,
+        accepted_per_step=accepted / drafts if drafts else math.nan,
+        by_position=by_position,
+        chain_acceptance=chain,
+    )
+
+
 def server_summary(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None:
     """What `bench summary` shows about the engine's own view of the run."""
     table = load_server_metrics(run_dir)
@@ -232,6 +300,9 @@ def server_summary(run_dir: Path, requests: pa.Table) -> dict[str, Any] | None:
     rate = prefix_cache_hit_rate(table)
     if rate is not None:
         out["prefix_cache_hit_rate"] = rate
+    spec = spec_decode_acceptance(table)
+    if spec is not None:
+        out["spec_decode"] = spec
     p = table.filter(pc.equal(table["common"], "preemptions"))
     if p.num_rows:
         out["preemptions"] = float(pc.sum(pc.fill_null(p["delta"], 0)).as_py() or 0)

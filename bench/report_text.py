@@ -13,7 +13,7 @@ import click
 from bench_llm.analysis.format import format_summary
 from bench_llm.analysis.jobs import JobSummary, format_jobs, job_summary
 from bench_llm.analysis.load import load_run
-from bench_llm.analysis.server_metrics import TtftCrossCheck
+from bench_llm.analysis.server_metrics import SpecDecodeAcceptance, TtftCrossCheck
 from bench_llm.analysis.slo import SLO
 from bench_llm.analysis.summary import REQUEST_SCALAR_COLUMNS, SummaryOptions, summarize_run
 from bench_llm.analysis.summary_types import RunSummary, json_of
@@ -139,7 +139,26 @@ def _server_lines(server: dict[str, Any]) -> list[str]:
         gauges.append("prefix-cache hit rate " + ("- (no lookups)" if math.isnan(hit) else f"{100 * hit:.1f}%"))
     if gauges:
         lines.append(f"server metrics ({server.get('scrapes', 0)} scrapes): " + ", ".join(gauges))
+    spec: SpecDecodeAcceptance | None = server.get("spec_decode")
+    if spec is not None:
+        lines.append(_spec_line(spec))
     return lines
+
+
+def _spec_line(s: SpecDecodeAcceptance) -> str:
+    """The engine's speculative-decoding acceptance over the run (docs/metrics.md)."""
+    if not s.drafts or not s.draft_tokens:
+        return "speculative decoding (engine counters): no drafts verified"
+    line = (
+        f"speculative decoding (engine counters): acceptance {100 * s.acceptance_rate:.1f}% "
+        f"({s.accepted_tokens:,.0f} of {s.draft_tokens:,.0f} draft tokens), {s.accepted_per_step:.3f} accepted per "
+        f"verification step over {s.drafts:,.0f} steps (acceptance length {s.acceptance_length:.3f})"
+    )
+    if s.by_position:
+        line += "; reached by position " + " ".join(f"{100 * r:.1f}%" for r in s.by_position)
+    if s.chain_acceptance is not None and _finite(s.chain_acceptance):
+        line += f"; per draft in a chain {100 * s.chain_acceptance:.1f}% (bench sim serve --spec-accept)"
+    return line
 
 
 def print_summary(run_dir: Path, slo: SLO, percentiles: tuple[float, ...], as_json: bool) -> RunSummary:

@@ -334,16 +334,24 @@ class _Samples:
 
     GAUGES = (("waiting", "gauge"), ("running", "gauge"), ("kv_cache_usage", "gauge"),
               ("preemptions", "counter"), ("prefix_cache_queries", "counter"), ("prefix_cache_hits", "counter"))
+    #: with speculative decoding: vLLM's counters (then one per draft position, labelled as vLLM's)
+    SPEC = (("spec_decode_drafts", "counter"), ("spec_decode_draft_tokens", "counter"),
+            ("spec_decode_accepted_tokens", "counter"))
 
     def __init__(self, backend: ModelBackend) -> None:
         self.backend = backend
-        self.rows: list[tuple[int, float, float, float, float, float, float]] = []
+        self.spec_k = backend.timing.spec_tokens
+        self.rows: list[tuple[int, tuple[float, ...]]] = []
 
     def take(self, t: int) -> None:
         b = self.backend
         if self.rows and self.rows[-1][0] >= t:
             return
-        self.rows.append((t, b.waiting, b.running, b.kv_usage, b.preemptions, b.prefix_queries, b.prefix_hits))
+        row: tuple[float, ...] = (b.waiting, b.running, b.kv_usage, b.preemptions, b.prefix_queries, b.prefix_hits)
+        spec = b.spec_decode
+        if spec is not None:
+            row += (spec.drafts, spec.draft_tokens, spec.accepted, *spec.accepted_per_pos)
+        self.rows.append((t, row))
 
     def table(self, outcomes: Sequence[Outcome]) -> pa.Table:
         """The samples, plus the queue-time histogram's sum and count (the engine's
@@ -351,19 +359,24 @@ class _Samples:
         done = sorted((o.end_ns, o.queue_ns) for o in outcomes if o.state == OK and o.queue_ns is not None)
         ends = np.array([e for e, _ in done], dtype=np.int64)
         queue_sum = np.concatenate([[0.0], np.cumsum([q / 1e9 for _, q in done])])
-        names = [*self.GAUGES, ("queue_seconds", "histogram_sum"), ("queue_seconds", "histogram_count")]
+        series = [(c, kind, "") for c, kind in self.GAUGES]
+        if self.spec_k:
+            series += [(c, kind, "") for c, kind in self.SPEC]
+            series += [("spec_decode_accepted_tokens_per_pos", "counter", f'{{"position":"{i}"}}')
+                       for i in range(self.spec_k)]
+        series += [("queue_seconds", "histogram_sum", ""), ("queue_seconds", "histogram_count", "")]
         cols: dict[str, list[Any]] = {name: [] for name in SERVER_METRICS_SCHEMA.names}
-        last: list[float | None] = [None] * len(names)
-        for row in self.rows:
-            finished = int(np.searchsorted(ends, row[0], side="right"))
-            values = [*row[1:], float(queue_sum[finished]), float(finished)]
-            for k, ((common, kind), value) in enumerate(zip(names, values)):
+        last: list[float | None] = [None] * len(series)
+        for t, sampled in self.rows:
+            finished = int(np.searchsorted(ends, t, side="right"))
+            values = [*sampled, float(queue_sum[finished]), float(finished)]
+            for k, ((common, kind, labels), value) in enumerate(zip(series, values)):
                 suffix = {"histogram_sum": "_sum", "histogram_count": "_count"}.get(kind, "")
-                cols["ts_ns"].append(row[0])
+                cols["ts_ns"].append(t)
                 cols["metric"].append(f"virtual:{common}{suffix}")
                 cols["common"].append(common)
                 cols["type"].append(kind)
-                cols["labels"].append("")
+                cols["labels"].append(labels)
                 cols["le"].append(None)
                 cols["value"].append(float(value))
                 prev = last[k]

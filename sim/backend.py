@@ -29,6 +29,7 @@ from bench_llm.sim.options import ModelTiming
 from bench_llm.sim.request import SimRequest, prefix_block_hashes
 from bench_llm.sim.routing import prefix_aware
 from bench_llm.sim.scheduler import Batch, Instance, Limits
+from bench_llm.sim.spec_counts import SpecDecodeCounts
 from bench_llm.sim.timing import FixedTiming
 
 
@@ -280,6 +281,12 @@ class ModelBackend:
     @property
     def preemptions(self) -> int:
         return sum(i.preemptions for i in self.instances)
+
+    @property
+    def spec_decode(self) -> SpecDecodeCounts | None:
+        """Speculative decoding's counts over every instance; None when it is off."""
+        k = self.timing.spec_tokens
+        return SpecDecodeCounts.total(k, (i.spec for i in self.instances)) if k else None
 
     # -- events --------------------------------------------------------------------------
     def next_event_ns(self) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from bench_llm.sim.metrics import Histogram, Registry
+from bench_llm.sim.spec_counts import SpecDecodeCounts
 
 TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0)
 
@@ -51,6 +52,9 @@ class FlavorMetrics:
         self.sched = (Registry({"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
                                 "moe_ep_rank": "0"}) if flavor == "sglang" else self.reg)
         self._last = (0, 0, 0)  # SGLang: prefix queries, hits and retractions at the last page
+        #: SGLang: drafts and accepted drafts at the last page, and the acceptance gauges then
+        self._last_spec = (0, 0)
+        self._spec_gauges = (0.0, 0.0)
         p = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_"}[flavor]
         self.p = p
         r = self.reg
@@ -160,7 +164,9 @@ class FlavorMetrics:
     def render(
         self, running: int, waiting: int, kv_usage: float, queries: int, hits: int, preemptions: int,
         kv_tokens: int, batch_tokens: int, iteration_tokens: list[int], gen_throughput: float,
+        spec: SpecDecodeCounts | None = None,
     ) -> str:
+        """The page; ``spec``: speculative decoding's counts, None when it is off."""
         r = self.reg
         if self.iter_tokens is not None:
             for n in iteration_tokens:
@@ -185,6 +191,7 @@ class FlavorMetrics:
             s.gauge("sglang:gen_throughput", "The generation throughput (token/s).", round(gen_throughput, 3))
             s.gauge("sglang:num_retracted_reqs", "The number of retracted requests.", preemptions - p0)
             s.counters["sglang:num_retracted_requests"] = ("Total number of retracted requests.", float(preemptions))
+            self._sglang_spec(spec)
             return s.render() + r.render()
         else:
             r.gauge("vllm:num_requests_running", "Requests in model execution batches.", running)
@@ -193,4 +200,35 @@ class FlavorMetrics:
             r.counters["vllm:prefix_cache_queries"] = ("Prefix cache queries (tokens).", float(queries))
             r.counters["vllm:prefix_cache_hits"] = ("Prefix cache hits (tokens).", float(hits))
             r.counters["vllm:num_preemptions"] = ("Preemptions.", float(preemptions))
+            if spec is not None:
+                self._vllm_spec(spec)
         return r.render()
+
+    def _vllm_spec(self, spec: SpecDecodeCounts) -> None:
+        """vLLM's four counters, registered only with a speculative config (then from 0, every
+        position of the k; v1/spec_decode/metrics.py ``SpecDecodingProm``)."""
+        r = self.reg
+        r.counters["vllm:spec_decode_num_drafts"] = ("Number of spec decoding drafts.", float(spec.drafts))
+        r.counters["vllm:spec_decode_num_draft_tokens"] = ("Number of draft tokens.", float(spec.draft_tokens))
+        r.counters["vllm:spec_decode_num_accepted_tokens"] = ("Number of accepted tokens.", float(spec.accepted))
+        r.labelled["vllm:spec_decode_num_accepted_tokens_per_pos"] = (
+            "Accepted tokens per draft position.", "position",
+            {str(i): float(n) for i, n in enumerate(spec.accepted_per_pos)},
+        )
+
+    def _sglang_spec(self, spec: SpecDecodeCounts | None) -> None:
+        """SGLang's two gauges (0 without speculative decoding, as SGLang sets them): the mean
+        acceptance length (the step's own token included) and the accepted share of the drafts,
+        over the decode steps since the last log point (here: since the last page; a page with no
+        verification since keeps the last values, as SGLang logs only after decode steps)."""
+        if spec is not None:
+            d0, a0 = self._last_spec
+            if spec.drafts > d0:
+                drafts, accepted = spec.drafts - d0, spec.accepted - a0
+                self._spec_gauges = (1.0 + accepted / drafts, accepted / (drafts * spec.k))
+            self._last_spec = (spec.drafts, spec.accepted)
+        length, rate = self._spec_gauges
+        s = self.sched
+        s.gauge("sglang:spec_accept_length", "The average acceptance length of speculative decoding.", length)
+        s.gauge("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding "
+                "(`accepted tokens / total draft tokens` in batch).", rate)

@@ -21,6 +21,7 @@ from typing import Literal
 from bench_llm.sim.costmodel import CostModel
 from bench_llm.sim.kvcache import BlockPool
 from bench_llm.sim.request import SimRequest
+from bench_llm.sim.spec_counts import SpecDecodeCounts
 
 Role = Literal["both", "prefill", "decode"]
 
@@ -128,6 +129,11 @@ class Instance:
         self.spec_tokens = cost.spec_tokens
         self.spec_accept = spec_accept
         self.ahead = 1 + cost.spec_tokens
+        #: the engine's counters (/metrics): each verification step's whole accepted chain. Where the
+        #: output's end cut the chain short, its rest is drawn from ``spec_tail_rng`` (counters only), so
+        #: the tokens and timings stay those of ``rng`` alone
+        self.spec = SpecDecodeCounts(cost.spec_tokens)
+        self.spec_tail_rng = random.Random(0x5EED0000 + index)
         #: mixed steps, both roles, no PP: a step may be planned by ``_decodes_only``
         self._mixed_alone = self.policy.mixed and role == "both" and pp == 1
 
@@ -566,12 +572,20 @@ class Instance:
 
     def _accepted_tokens(self, req: SimRequest) -> int:
         """Tokens a speculative decode keeps: its own, then each draft in turn while they are accepted
-        (the first rejected one ends the chain), no more than the output has left."""
+        (the first rejected one ends the chain), no more than the output has left; counted in ``spec``
+        with the whole chain the engine verified (``sim.spec_counts``)."""
         kept = 1
-        room = min(self.spec_tokens + 1, req.max_tokens - req.generated)
+        k = self.spec_tokens
+        room = min(k + 1, req.max_tokens - req.generated)
         random_ = self.rng.random
         while kept < room and random_() < self.spec_accept:
             kept += 1
+        chain = kept - 1
+        if kept == room <= k:  # cut by the output's end, not by a rejection: the engine verified on
+            tail = self.spec_tail_rng.random
+            while chain < k and tail() < self.spec_accept:
+                chain += 1
+        self.spec.by_accepted[chain] += req.seqs  # (``SpecDecodeCounts.observe``, inlined)
         return kept
 
     def abort(self, req: SimRequest) -> None:

@@ -280,16 +280,18 @@ class SimServer:
             st = (b.running, b.waiting, b.kv_usage, b.prefix_queries, b.prefix_hits, b.preemptions)
             its = b.stats.iteration_tokens
             gen = b.stats.generation_tokens
+            spec = b.spec_decode
         else:
             st = (b.running, b.waiting, 0.0, 0, 0, 0)
             its = []
             gen = 0
+            spec = None
         n0, t0 = self._gen_mark
         now = _now()
         if now - t0 > 1e9:
             self.gen_throughput = (gen - n0) / ((now - t0) / 1e9)
             self._gen_mark = (gen, now)
-        return self.metrics.render(*st, self.kv_tokens, self._budget(), its, self.gen_throughput)
+        return self.metrics.render(*st, self.kv_tokens, self._budget(), its, self.gen_throughput, spec)
 
     def _budget(self) -> int:
         mt = self.config.model_timing

@@ -61,7 +61,7 @@ def test_kept_tokens_follow_the_acceptance_chain() -> None:
     inst.rng = random.Random(1)
 
     class _Req:
-        max_tokens, generated = 1 << 20, 0
+        max_tokens, generated, seqs = 1 << 20, 0, 1
 
     kept = [inst._accepted_tokens(_Req()) for _ in range(20_000)]  # type: ignore[arg-type]
     assert statistics.fmean(kept) == pytest.approx(1 + 0.6 + 0.36 + 0.216, abs=0.03)
