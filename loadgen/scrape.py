@@ -88,20 +88,28 @@ def parse_metrics(text: str, ts_ns: int, names: MetricNames = _ALL_NAMES) -> lis
 
 
 class DeltaTracker:
-    """Adds ``delta`` (vs the previous scrape) to counter-like rows."""
+    """Adds ``delta`` (vs the previous scrape) to counter-like rows.
+
+    The first page is the baseline (no deltas). A series first seen on a later page was created
+    since the page before, at 0 (engines create a labelled series, or a whole counter in TGI's
+    exporter, when it is first counted: an ``abort`` reason, a first preemption): its value is
+    its delta, not lost to the baseline."""
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, str, float | None], float] = {}
+        self._pages = 0
 
     def apply(self, rows: list[dict[str, Any]]) -> None:
         last = self._last
+        born = None if self._pages == 0 else 0.0  # a new series' previous value
+        self._pages += 1
         for row in rows:
             if row["type"] not in _DELTA_TYPES and row["metric"] not in CUMULATIVE_GAUGES:
                 row["delta"] = None
                 continue
             key = (row["metric"], row["labels"], row["le"])
             value = row["value"]
-            prev = last.get(key)
+            prev = last.get(key, born)
             row["delta"] = None if prev is None else (value - prev if value >= prev else value)
             last[key] = value
 

@@ -92,6 +92,20 @@ sglang:total_retracted_reqs{model_name="m"} %d
 """
 
 
+def test_a_series_born_during_the_run_counts_from_zero() -> None:
+    """A counter (or label value) the engine creates after the first scrape started at 0 then: its
+    first value is its increase. On the first page everything is the baseline."""
+    d = DeltaTracker()
+    first = parse_metrics('vllm:request_success_total{finished_reason="length"} 3\n', 0)
+    later = parse_metrics('vllm:request_success_total{finished_reason="length"} 5\n'
+                          'vllm:request_success_total{finished_reason="abort"} 2\n', 1)
+    d.apply(first)
+    d.apply(later)
+    assert [r["delta"] for r in first] == [None]
+    assert {r["labels"]: r["delta"] for r in later} == {'{"finished_reason":"length"}': 2.0,
+                                                         '{"finished_reason":"abort"}': 2.0}
+
+
 def test_sglang_priority_breakdown_is_not_summed_into_the_total() -> None:
     rows = parse_metrics(SGLANG_PRIORITY_PAGE % (4, 4), 1)
     waiting = [r for r in rows if r["common"] == "waiting"]
