@@ -165,3 +165,23 @@ def test_rows_of_an_mtp_campaign_run_with_one_draft(tmp_path: Path) -> None:
     later_pts = [points["m1"], dataclasses.replace(later, measured="2026-02-01")]
     assert silicon.mtp_evidence(later_pts) == []
     assert "run with MTP" in silicon.report(path, workers=1)
+
+
+REAL = silicon.default_path()
+
+
+@pytest.mark.skipif(REAL is None, reason="no ../shared/reference/silicon/h200_silicon.csv (measured H200 rows) here")
+def test_the_measured_mtp_campaign() -> None:
+    """The real rows: the MTP campaign's configurations measured earlier without MTP had more TPOT (the
+    inference rests on that, model-free), and a small sample of the campaign (1 024/1 024 TP8 EP8, C <= 8)
+    runs within ±20 % of its TPOT with one draft at the unfitted 0.85 and 1.4x or more off without it."""
+    assert REAL is not None
+    points = silicon.load(REAL)
+    pairs = silicon.mtp_evidence(points)
+    assert len(pairs) >= 15 and min(t for t, _ in pairs) > 1.15
+    sample = [p for p in points if p.spec_tokens and (p.isl, p.osl) == (1024, 1024) and p.concurrency <= 8]
+    assert len(sample) >= 2
+    for s in silicon.score(sample):
+        assert abs(s.ratios[1] - 1) <= 0.20, silicon.rows_table([s])
+        plain = silicon.simulate(dataclasses.replace(s.point, spec_tokens=0))
+        assert plain[1] / s.point.tpot_ms > 1.4
