@@ -219,7 +219,7 @@ class CostModel:
         latency = p * stage + (p - 1) * send + fixed
         occupancy = stage + send + fixed if p > 1 else latency
         return latency, occupancy, (t_lin, t_attn_pf, t_attn_dec, t_tp, t_dcp, t_pcp, t_ep, t_layers, eager,
-                                    (p - 1) * send, fixed, p * draft)
+                                    (p - 1) * send, fixed, draft)
 
     def _parts_by_tokens(self, pf_tokens: int, n_query: int) -> tuple[float, float, float, float, float, float, float]:
         """``_token_parts``, cached per (prefill tokens, decode query tokens)."""
