@@ -15,6 +15,16 @@ from typing import Protocol
 from bench_llm.sim.metrics import Histogram, Registry
 from bench_llm.sim.spec_counts import SpecDecodeCounts
 
+#: vLLM's token and request counters, created at 0 when the engine starts (vLLM 0.32
+#: ``v1/metrics/loggers.py``), so a scrape before the first request already shows them
+VLLM_PROMPT_TOKENS = ("vllm:prompt_tokens", "Prefill tokens processed.")
+VLLM_GENERATION_TOKENS = ("vllm:generation_tokens", "Generation tokens processed.")
+VLLM_CACHED_TOKENS = ("vllm:prompt_tokens_cached", "Prompt tokens served from the prefix cache.")
+VLLM_SUCCESS = ("vllm:request_success", "Finished requests.")
+#: the ``finished_reason`` values vLLM creates (its engine's ``FinishReason``; an OpenAI answer's
+#: ``tool_calls`` is a ``stop`` to the engine)
+VLLM_FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
 TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0)
 
 
@@ -88,6 +98,10 @@ class FlavorMetrics:
             )
         if flavor == "vllm":
             self.iter_tokens = r.histogram("vllm:iteration_tokens_total", "Tokens per engine step.", TOKEN_BUCKETS)
+            for name, help in (VLLM_PROMPT_TOKENS, VLLM_GENERATION_TOKENS, VLLM_CACHED_TOKENS):
+                r.inc(name, help, 0.0)
+            for reason in VLLM_FINISH_REASONS:
+                r.inc_labelled(*VLLM_SUCCESS, "finished_reason", reason, 0.0)
         else:
             self.iter_tokens = None
 
@@ -100,7 +114,7 @@ class FlavorMetrics:
         elif self.flavor == "sglang":
             self.reg.inc("sglang:prompt_tokens", "Prompt tokens.", prompt_tokens)
         else:
-            self.reg.inc("vllm:prompt_tokens", "Prefill tokens processed.", prompt_tokens)
+            self.reg.inc(*VLLM_PROMPT_TOKENS, prompt_tokens)
             if self.in_tokens is not None:
                 self.in_tokens.observe(prompt_tokens)
 
@@ -141,11 +155,11 @@ class FlavorMetrics:
             r.inc("sglang:num_requests", "Finished requests.")
             self.e2e.observe(e2e_s)
             return
-        r.inc("vllm:generation_tokens", "Generation tokens processed.", tokens)
-        r.inc("vllm:prompt_tokens_cached", "Prompt tokens served from the prefix cache.", cached)
+        r.inc(*VLLM_GENERATION_TOKENS, tokens)
+        r.inc(*VLLM_CACHED_TOKENS, cached)
         if queue_s is not None and self.inference is not None:
             self.inference.observe(max(0.0, e2e_s - queue_s))
-        r.inc_labelled("vllm:request_success", "Finished requests.", "finished_reason", reason)
+        r.inc_labelled(*VLLM_SUCCESS, "finished_reason", reason if reason in VLLM_FINISH_REASONS else "stop")
         self.e2e.observe(e2e_s)
         if prefill_s is not None and self.prefill is not None:
             self.prefill.observe(prefill_s)
@@ -158,7 +172,7 @@ class FlavorMetrics:
         if self.flavor == "tgi":
             self.reg.inc_labelled("tgi_request_failure", "Failed requests.", "err", err)
         elif self.flavor == "vllm":
-            self.reg.inc_labelled("vllm:request_success", "Finished requests.", "finished_reason", "abort")
+            self.reg.inc_labelled(*VLLM_SUCCESS, "finished_reason", "abort")
 
     # -- page ------------------------------------------------------------------------------
     def render(

@@ -263,3 +263,26 @@ def test_tgi_validation_in_the_stream_and_body_errors_as_422() -> None:
     assert res[1][0] == 422
     assert res[2][0] == 200 and b"`temperature` must be strictly positive" in res[2][1]
     assert res[3][0] == 422 and orjson.loads(res[3][1])["error_type"] == "validation"
+
+
+def test_vllm_counters_exist_from_the_start() -> None:
+    """vLLM creates its token and request counters at 0 when it starts (every finished_reason), so a
+    scrape before the first request shows them and the first request's tokens are an increase."""
+    from bench_llm.loadgen.scrape import parse_metrics
+
+    before, _, after = calls(
+        cfg("vllm"),
+        ("GET", "/metrics", None),
+        ("POST", "/v1/completions", {"model": "llama-3.1-8b", "prompt": "a b c", "max_tokens": 4, "ignore_eos": True}),
+        ("GET", "/metrics", None),
+    )
+    def page(body: bytes, t: int) -> dict[tuple[str, str | None], float]:
+        return {(r["metric"], orjson.loads(r["labels"]).get("finished_reason")): r["value"]
+                for r in parse_metrics(body.decode(), t)}
+
+    first, later = page(before[1], 0), page(after[1], 1)
+    assert first[("vllm:generation_tokens_total", None)] == 0.0 and first[("vllm:prompt_tokens_total", None)] == 0.0
+    reasons = {why for m, why in first if m == "vllm:request_success_total"}
+    assert reasons == {"stop", "length", "abort", "error", "repetition"}
+    assert later[("vllm:generation_tokens_total", None)] == 4.0
+    assert later[("vllm:request_success_total", "length")] == 1.0
