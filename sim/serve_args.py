@@ -217,8 +217,7 @@ def build_config(kw: dict[str, Any]) -> Any:
             "profile": kw.get("profile") or kw.get("flavor") or "vllm",
             "slowdown": kw.get("slowdown", 1.0), "jitter": kw.get("jitter", 0.0), "seed": kw.get("seed", 0),
         }  # fmt: skip
-        for key in ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-                    "gpu_memory_utilization", "expert_imbalance", "spec_tokens", "spec_accept"):  # fmt: skip
+        for key in _UNSET_BY_DEFAULT:
             if kw.get(key) is not None:
                 cli[key] = kw[key]
         try:
@@ -255,6 +254,11 @@ def _server_config(make: Any, kw: dict[str, Any], model: str, timing: Any, model
     )  # fmt: skip
 
 
+#: engine options with no default of their own (None unless given): a given one is passed on, and wins over
+#: the TOML file's value
+_UNSET_BY_DEFAULT = ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+                     "gpu_memory_utilization", "expert_imbalance", "spec_tokens", "spec_accept")
+
 _DEFAULTS = {"preset": "llama-3.1-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 1, "ep": 1, "dcp": 1, "pcp": 1,
              "disagg_prefill": 0, "disagg_decode": 0, "router": "round-robin", "slowdown": 1.0, "jitter": 0.0,
              "seed": 0}  # fmt: skip
@@ -262,8 +266,7 @@ _DEFAULTS = {"preset": "llama-3.1-8b", "gpu": "h100", "tp": 1, "pp": 1, "dp": 1,
 
 def _given(kw: dict[str, Any], key: str) -> bool:
     """True when a CLI value differs from its default (so the TOML file does not override it)."""
-    if key in ("dtype", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-               "gpu_memory_utilization", "expert_imbalance", "spec_tokens", "spec_accept"):  # fmt: skip
+    if key in _UNSET_BY_DEFAULT:
         return True
     if key == "profile":
         return kw.get("profile") is not None

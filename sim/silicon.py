@@ -153,11 +153,9 @@ def measured_day(r: dict[str, str]) -> str:
     return m.group(1) if m else ""
 
 
-def _spec_tokens(r: dict[str, str]) -> int:
+def _spec_tokens(model: str, backend: str, mode: str, day: str) -> int:
     """MTP draft tokens of a DeepSeek row's campaign (``MTP_CAMPAIGNS``), else 0."""
-    if _model(r["model_path"]) != "deepseek-v3":
-        return 0
-    return MTP_DRAFTS if (r["backend"], r["mode"], measured_day(r)) in MTP_CAMPAIGNS else 0
+    return MTP_DRAFTS if model == "deepseek-v3" and (backend, mode, day) in MTP_CAMPAIGNS else 0
 
 
 def _deployment(r: dict[str, str]) -> tuple[str, ...]:
@@ -192,6 +190,7 @@ def load(path: Path) -> list[Point]:
         model = _model(r["model_path"])
         assert model is not None
         given = re.search(r"silicon_concurrency=(\d+)", r.get("silicon_data_source", ""))
+        day = measured_day(r)
         pf = (0, 0, 0)
         pbs = 1
         if r["mode"] == "agg":
@@ -212,8 +211,8 @@ def load(path: Path) -> list[Point]:
         out.append(Point(r["id"], r["backend"], model, r["mode"], int(r["isl"]), int(r["osl"]),
                          int(given.group(1)) if given else c, tp, dp, ep, pre, dec,
                          pf if pf != (tp, dp, ep) else (0, 0, 0),
-                         float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"]), pbs, _spec_tokens(r),
-                         measured_day(r)))
+                         float(r["silicon_ttft_ms"]), float(r["silicon_tpot_ms"]), pbs,
+                         _spec_tokens(model, r["backend"], r["mode"], day), day))
     return out
 
 
